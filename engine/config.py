@@ -1,0 +1,78 @@
+"""The engine's one configuration object. The engine never reads environment variables."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+ATTENTION_BACKENDS = ("auto", "torch", "triton")
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class RequestClassConfig:
+    """One request class (the service maps its queues onto these)."""
+
+    name: str
+    max_running: int
+    priority: int = 0  # lower value = served first
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("request_classes: a class needs a non-empty name")
+        if self.max_running < 1:
+            raise ValueError(f"request_classes[{self.name}].max_running must be >= 1, got {self.max_running}")
+
+
+@dataclass
+class EngineConfig:
+    model: str
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None  # None: the model's max_position_embeddings
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # overrides both sizing rules below
+    kv_cache_memory_bytes: int | None = None
+    gpu_memory_utilization: float = 0.9
+    long_prefill_token_threshold: int = 0  # largest prefill chunk per request per step; 0 = no cap
+    dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
+    device: str = "auto"  # auto: cuda when available, else cpu
+    attention_backend: str = "auto"  # auto: triton on CUDA, torch elsewhere
+    request_classes: list[RequestClassConfig] = field(default_factory=list)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.request_classes = [
+            c if isinstance(c, RequestClassConfig) else RequestClassConfig(**c) for c in self.request_classes
+        ]
+        if not self.request_classes:
+            self.request_classes = [RequestClassConfig("default", max_running=self.max_num_seqs)]
+        names = [c.name for c in self.request_classes]
+        if len(set(names)) != len(names):
+            raise ValueError(f"request_classes: duplicate class names in {names}")
+        _require(self.max_num_seqs >= 1, "max_num_seqs", self.max_num_seqs, ">= 1")
+        _require(self.max_num_batched_tokens >= 1, "max_num_batched_tokens", self.max_num_batched_tokens, ">= 1")
+        _require(self.block_size in (8, 16, 32, 64, 128), "block_size", self.block_size, "one of 8, 16, 32, 64, 128")
+        _require(self.long_prefill_token_threshold >= 0, "long_prefill_token_threshold",
+                 self.long_prefill_token_threshold, ">= 0")
+        _require(0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization",
+                 self.gpu_memory_utilization, "in (0, 1]")
+        if self.num_kv_blocks is not None:
+            _require(self.num_kv_blocks >= 1, "num_kv_blocks", self.num_kv_blocks, ">= 1")
+        if self.kv_cache_memory_bytes is not None:
+            _require(self.kv_cache_memory_bytes >= 1, "kv_cache_memory_bytes", self.kv_cache_memory_bytes, ">= 1")
+        if self.max_model_len is not None:
+            _require(self.max_model_len >= 1, "max_model_len", self.max_model_len, ">= 1")
+        _require(self.dtype in DTYPES, "dtype", self.dtype, f"one of {DTYPES}")
+        _require(self.attention_backend in ATTENTION_BACKENDS, "attention_backend", self.attention_backend,
+                 f"one of {ATTENTION_BACKENDS}")
+
+    def request_class(self, name: str) -> RequestClassConfig:
+        for c in self.request_classes:
+            if c.name == name:
+                return c
+        raise ValueError(f"request_class: unknown class {name!r}; known: {[c.name for c in self.request_classes]}")
+
+
+def _require(ok: bool, name: str, value: object, rule: str) -> None:
+    if not ok:
+        raise ValueError(f"{name} must be {rule}, got {value!r}")
