@@ -1,0 +1,85 @@
+"""Paged attention and KV-cache writes for the engine: Triton kernels on CUDA, PyTorch references elsewhere.
+
+Contract (both backends, same signatures):
+
+- `paged_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, max_query_len, max_seq_len,
+  scale, out=None, *, backend=None) -> out`
+  - `q` [T, Hq, D]: every query token of the step, sequences concatenated in `query_start_loc` order.
+  - `k_cache`, `v_cache` [num_blocks, block_size, Hkv, D], same dtype as `q`; `Hq` a multiple of `Hkv`
+    (query head h reads KV head h // (Hq // Hkv)).
+  - `block_table` [S, max_blocks], `seq_lens` [S], `query_start_loc` [S + 1]: int32 (int64 accepted), on
+    q's device. `seq_lens[s]` counts the cached tokens of sequence s including this step's (already written
+    by `reshape_and_cache`). Block-table entries past a sequence's last block are ignored.
+  - `max_query_len`, `max_seq_len`: Python ints, upper bounds of the query lengths and `seq_lens`.
+  - Query token i of sequence s sits at position `seq_lens[s] - query_len(s) + i` and attends to every
+    cached key at or before it. Output [T, Hq, D] in q's dtype (written into `out` when given); softmax in
+    fp32.
+- `reshape_and_cache(k, v, k_cache, v_cache, slot_mapping, *, backend=None)`: writes `k`, `v` [T, Hkv, D]
+  in place at `slot_mapping[t] = block_id * block_size + offset` (int32 or int64); a negative slot is
+  skipped.
+
+`backend`: None (or "auto") picks Triton for CUDA tensors and the PyTorch reference otherwise; "triton" or
+"torch" forces one on any device (Triton on CPU tensors needs `TRITON_INTERPRET=1` set before triton is
+first imported). Any tensor layout (strides) is accepted. Wrong shapes, dtypes or devices raise ValueError.
+The Triton module is imported only when first dispatched to, so CPU users need not install triton.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.reference import paged_attention_ref, reshape_and_cache_ref
+
+BACKENDS = ("triton", "torch")
+
+__all__ = ["BACKENDS", "paged_attention", "paged_attention_ref", "reshape_and_cache", "reshape_and_cache_ref",
+           "resolve_backend"]
+
+
+def resolve_backend(backend: str | None, device: torch.device) -> str:
+    """The backend for `device`: the forced one, else Triton on CUDA and the reference elsewhere."""
+    if backend is None or backend == "auto":
+        return "triton" if device.type == "cuda" else "torch"
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS} or None, got {backend!r}")
+    return backend
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    max_query_len: int,
+    max_seq_len: int,
+    scale: float,
+    out: torch.Tensor | None = None,
+    *,
+    backend: str | None = None,
+) -> torch.Tensor:
+    if resolve_backend(backend, q.device) == "torch":
+        return paged_attention_ref(q, k_cache, v_cache, block_table, seq_lens, query_start_loc,
+                                   max_query_len, max_seq_len, scale, out)
+    from kernels.triton_paged_attention import paged_attention_triton
+
+    return paged_attention_triton(q, k_cache, v_cache, block_table, seq_lens, query_start_loc,
+                                  max_query_len, max_seq_len, scale, out)
+
+
+def reshape_and_cache(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    backend: str | None = None,
+) -> None:
+    if resolve_backend(backend, k.device) == "torch":
+        reshape_and_cache_ref(k, v, k_cache, v_cache, slot_mapping)
+        return
+    from kernels.triton_cache import reshape_and_cache_triton
+
+    reshape_and_cache_triton(k, v, k_cache, v_cache, slot_mapping)
