@@ -1,0 +1,40 @@
+"""Conveyor's inference engine: continuous batching over a paged KV cache.
+
+    from engine import LLM, SamplingParams
+    outputs = LLM("path/to/model").generate(["Hello"], SamplingParams(max_tokens=8))
+
+Heavy modules (torch, transformers) load on first use of the names that need them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from engine.config import EngineConfig, RequestClassConfig
+from engine.outputs import RequestMetrics, RequestOutput
+from engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from engine.host import EngineHost
+    from engine.llm import LLM
+    from engine.llm_engine import LLMEngine
+
+_LAZY = {"LLM": "engine.llm", "LLMEngine": "engine.llm_engine", "EngineHost": "engine.host"}
+
+__all__ = [
+    "LLM",
+    "EngineConfig",
+    "EngineHost",
+    "LLMEngine",
+    "RequestClassConfig",
+    "RequestMetrics",
+    "RequestOutput",
+    "SamplingParams",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'engine' has no attribute {name!r}")

@@ -1,0 +1,203 @@
+"""EngineHost: one LLMEngine stepping in a background thread, behind a thread-safe submit/cancel API.
+
+Only the engine thread touches the engine's state. Callers validate and build their Sequence in their own
+thread (so bad input raises there, synchronously), then hand it over through a lock-protected inbox; the
+engine thread sleeps on a Condition when it has nothing to do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine, StepError
+from engine.outputs import RequestOutput
+from engine.sampling_params import SamplingParams
+from engine.sequence import Sequence
+from engine.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+OnUpdate = Callable[[RequestOutput], None]
+
+
+class EngineShutdownError(RuntimeError):
+    """Set on futures still outstanding when the host shuts down."""
+
+
+@dataclass
+class _Pending:
+    future: Future[RequestOutput]
+    on_update: OnUpdate | None
+
+
+class EngineHost:
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self._cond = threading.Condition()
+        self._inbox: list[Sequence] = []  # submitted, not yet handed to the engine
+        self._cancels: list[str] = []
+        self._pending: dict[str, _Pending] = {}  # every request whose future is unresolved
+        self._stopping = False
+        self._stats = engine.stats()
+        self._thread = threading.Thread(target=self._loop, name="engine-host", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> EngineHost:
+        return cls(LLMEngine(config))
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.engine.tokenizer
+
+    @property
+    def config(self) -> EngineConfig:
+        return self.engine.config
+
+    # --- caller side ---------------------------------------------------------------------------------
+
+    def submit(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_class: str = "default",
+        on_update: OnUpdate | None = None,
+    ) -> Future[RequestOutput]:
+        """Raises ValueError here, in the caller, for invalid input; the future resolves when it finishes."""
+        seq = self.engine.make_sequence(request_id, prompt, params, request_class)
+        future: Future[RequestOutput] = Future()
+        future.set_running_or_notify_cancel()  # cancel through cancel(), which also frees the KV blocks
+        with self._cond:
+            if self._stopping:
+                raise RuntimeError("EngineHost is shut down")
+            if request_id in self._pending:
+                raise ValueError(f"request_id {request_id!r} is already running or waiting")
+            self._pending[request_id] = _Pending(future, on_update)
+            self._inbox.append(seq)
+            self._cond.notify()
+        return future
+
+    async def generate(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_class: str = "default",
+        on_update: OnUpdate | None = None,
+    ) -> RequestOutput:
+        return await asyncio.wrap_future(self.submit(request_id, prompt, params, request_class, on_update))
+
+    def cancel(self, request_id: str) -> bool:
+        """Aborts within a step and frees its KV blocks; the future resolves with finish_reason "abort"."""
+        with self._cond:
+            if request_id not in self._pending or self._stopping:
+                return False
+            self._cancels.append(request_id)
+            self._cond.notify()
+            return True
+
+    def stats(self) -> dict[str, object]:
+        with self._cond:
+            return dict(self._stats)
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Stops the thread after its current step; outstanding futures fail with EngineShutdownError."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if wait and threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    # --- engine thread -------------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        try:
+            while self._wait_for_work():
+                self._step_once()
+        finally:
+            self._fail_all(EngineShutdownError("EngineHost shut down before the request finished"))
+
+    def _wait_for_work(self) -> bool:
+        """Blocks until there is something to do; False when shutting down."""
+        with self._cond:
+            while not self._has_work():
+                self._cond.wait()
+            return not self._stopping
+
+    def _has_work(self) -> bool:
+        return self._stopping or bool(self._inbox or self._cancels) or self.engine.has_unfinished_requests()
+
+    def _step_once(self) -> None:
+        self._take_inbox()
+        try:
+            outputs = self.engine.step()
+        except StepError as exc:
+            self._fail(exc.request_ids, exc.__cause__ or exc)
+            outputs = []
+        except Exception as exc:  # engine state unknown: abort everything it holds, keep serving
+            log.exception("engine step failed")
+            self._fail(self._abort_all_in_engine(), exc)
+            outputs = []
+        self._deliver(outputs)
+        with self._cond:
+            self._stats = self.engine.stats()
+
+    def _take_inbox(self) -> None:
+        with self._cond:
+            inbox, self._inbox = self._inbox, []
+            cancels, self._cancels = self._cancels, []
+        for seq in inbox:
+            self.engine.enqueue(seq)
+        for request_id in cancels:
+            self.engine.abort_request(request_id)
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            with self._cond:
+                pending = self._pending.get(out.request_id)
+                if out.finished:
+                    self._pending.pop(out.request_id, None)
+            if pending is None:
+                continue
+            if pending.on_update is not None:
+                try:
+                    pending.on_update(out)
+                except Exception:  # a caller's callback must not stop the engine
+                    log.exception("on_update callback failed for %s", out.request_id)
+            if out.finished:
+                pending.future.set_result(out)
+
+    def _fail(self, request_ids: list[str], exc: BaseException) -> None:
+        for request_id in request_ids:
+            with self._cond:
+                pending = self._pending.pop(request_id, None)
+            if pending is not None:
+                pending.future.set_exception(exc)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        with self._cond:
+            self._stopping = True
+            self._inbox.clear()
+            request_ids = list(self._pending)
+        self._fail(request_ids, exc)
+
+    def _abort_all_in_engine(self) -> list[str]:
+        """Aborts every request the engine holds; returns their ids (not those still in the inbox)."""
+        with self._cond:
+            candidates = list(self._pending)
+        aborted = []
+        for request_id in candidates:
+            try:
+                if self.engine.abort_request(request_id):
+                    aborted.append(request_id)
+            except Exception:
+                log.exception("could not abort %s after a failed step", request_id)
+                aborted.append(request_id)
+        return aborted

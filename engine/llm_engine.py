@@ -1,0 +1,278 @@
+"""The engine loop: validate and queue requests, then step: schedule -> forward -> sample -> stop checks."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Protocol
+
+import torch
+
+from engine.batch import ScheduledChunk
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig
+from engine.outputs import RequestMetrics, RequestOutput
+from engine.sampler import Sampler
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler, SchedulerOutput
+from engine.sequence import Sequence
+from engine.stats import EngineTotals, StepStats, stats_dict
+from engine.tokenizer import IncrementalDetokenizer, Tokenizer
+
+
+class Runner(Protocol):
+    """What the engine needs from the model runner (engine.model_runner.ModelRunner, or a test double)."""
+
+    num_kv_blocks: int
+    block_size: int
+    max_model_len: int
+    vocab_size: int
+    device: torch.device
+    last_forward_seconds: float
+
+    def execute(self, chunks: list[ScheduledChunk]) -> torch.Tensor: ...  # [num sampling chunks, V] fp32
+
+
+class StepError(RuntimeError):
+    """A step failed; the requests it was running were aborted (their blocks freed). Cause in __cause__."""
+
+    def __init__(self, request_ids: list[str], cause: BaseException) -> None:
+        super().__init__(f"engine step failed for {len(request_ids)} request(s): {cause!r}")
+        self.request_ids = request_ids
+
+
+class LLMEngine:
+    def __init__(
+        self, config: EngineConfig, *, runner: Runner | None = None, tokenizer: Tokenizer | None = None
+    ) -> None:
+        if runner is None:
+            from engine.model_runner import ModelRunner  # heavy: loads the weights
+
+            runner = ModelRunner(config)
+        self.config = config
+        self.runner = runner
+        self.tokenizer = tokenizer if tokenizer is not None else Tokenizer(config.model)
+        self.max_model_len = runner.max_model_len
+        self.vocab_size = runner.vocab_size
+        self.block_manager = BlockManager(runner.num_kv_blocks, runner.block_size)
+        self.scheduler = Scheduler(config, self.block_manager, self.max_model_len)
+        self.sampler = Sampler(runner.device, config.seed)
+        self.eos_token_ids = self.tokenizer.eos_token_ids
+        self.default_class = config.request_classes[0].name
+        self._arrivals = itertools.count()
+        self._pending_outputs: list[RequestOutput] = []  # aborts between steps, reported by the next step
+        self.last_step = StepStats()
+        self.totals = EngineTotals()
+
+    # --- requests ------------------------------------------------------------------------------------
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        request_class: str | None = None,
+    ) -> None:
+        """Validates everything first (ValueError naming the field), so a bad request disturbs nothing."""
+        self.enqueue(self.make_sequence(request_id, prompt, params, request_class))
+
+    def make_sequence(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        request_class: str | None = None,
+    ) -> Sequence:
+        """Validates a request and builds its Sequence without touching engine state (thread-safe).
+
+        NOTE: prompt + max_tokens must fit max_model_len (and the whole KV cache); we reject rather than
+        silently shorten max_tokens, so a caller never gets a surprise "length" finish.
+        """
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
+        params = params if params is not None else SamplingParams()
+        params.validate()
+        cls = self.config.request_class(request_class if request_class is not None else self.default_class)
+        prompt_ids = self._prompt_token_ids(prompt)
+        self._check_length(len(prompt_ids), params.max_tokens)
+        return Sequence(
+            request_id=request_id,
+            prompt_token_ids=prompt_ids,
+            params=params,
+            request_class=cls.name,
+            priority=cls.priority,
+            arrival_order=-1,  # set by enqueue, in the engine's own order
+            metrics=RequestMetrics(arrival_time=time.time()),
+            generator=self.sampler.make_generator(params.seed) if params.seed is not None else None,
+            prompt=prompt if isinstance(prompt, str) else None,
+            detokenizer=IncrementalDetokenizer(self.tokenizer),
+            logprobs=[] if params.logprobs is not None else None,
+        )
+
+    def enqueue(self, seq: Sequence) -> None:
+        if self.scheduler.get(seq.request_id) is not None:
+            raise ValueError(f"request_id {seq.request_id!r} is already running or waiting")
+        seq.arrival_order = next(self._arrivals)
+        self.scheduler.add(seq)
+
+    def abort_request(self, request_id: str) -> bool:
+        """Frees the request's blocks at once; its final output (finish_reason "abort") comes from step()."""
+        seq = self.scheduler.abort(request_id)
+        if seq is None:
+            return False
+        self.totals.aborted_requests += 1
+        self._pending_outputs.append(_to_output(seq, num_new_tokens=0))
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished() or bool(self._pending_outputs)
+
+    # --- the step ------------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Runs one batch; returns an output for every request that got a token or finished."""
+        start = time.perf_counter()
+        outputs, self._pending_outputs = self._pending_outputs, []
+        sched = self.scheduler.schedule()
+        forward_seconds = 0.0
+        if sched.chunks:
+            outputs += self._run(sched)
+            forward_seconds = self.runner.last_forward_seconds
+        self._record_step(sched, time.perf_counter() - start, forward_seconds)
+        return outputs
+
+    def _run(self, sched: SchedulerOutput) -> list[RequestOutput]:
+        sampling_seqs = sched.sampling_seqs()
+        try:
+            logits = self.runner.execute(sched.chunks)  # [len(sampling_seqs), V]
+            sampled = self.sampler(logits, sampling_seqs, self.eos_token_ids)
+        except Exception as exc:
+            self._fail(sched.seqs)
+            raise StepError([s.request_id for s in sched.seqs], exc) from exc
+        now = time.time()
+        outputs = []
+        for seq, token, logprobs in zip(sampling_seqs, sampled.token_ids, sampled.logprobs, strict=True):
+            self._append_token(seq, token, logprobs, now)
+            outputs.append(_to_output(seq, num_new_tokens=1))
+        return outputs
+
+    def _fail(self, seqs: list[Sequence]) -> None:
+        for seq in seqs:
+            self.scheduler.finish(seq, "abort")
+        self.totals.failed_requests += len(seqs)
+
+    def _append_token(self, seq: Sequence, token: int, logprobs: dict[int, float] | None, now: float) -> None:
+        seq.output_token_ids.append(token)
+        if seq.metrics.first_token_time is None:
+            seq.metrics.first_token_time = now
+        if seq.logprobs is not None and logprobs is not None:
+            seq.logprobs.append(logprobs)
+        assert seq.detokenizer is not None
+        delta = seq.detokenizer.step(seq.output_token_ids)
+        seq.text += delta
+        reason = self._stop_reason(seq, token, delta)
+        if reason is not None:
+            self.scheduler.finish(seq, reason)
+            self.totals.finished_requests += 1
+        self.totals.generated_tokens += 1
+
+    def _stop_reason(self, seq: Sequence, token: int, delta: str) -> str | None:
+        params = seq.params
+        if seq.num_output_tokens >= params.min_tokens:
+            if not params.ignore_eos and token in self.eos_token_ids:
+                return "stop"
+            if token in params.stop_token_ids:
+                return "stop"
+            if delta and _truncate_at_stop_string(seq, len(delta)):
+                return "stop"
+        if seq.num_output_tokens >= params.max_tokens:
+            return "length"
+        return None
+
+    # --- validation ----------------------------------------------------------------------------------
+
+    def _prompt_token_ids(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt)
+        elif isinstance(prompt, list | tuple):
+            ids = list(prompt)
+            bad = [t for t in ids if type(t) is not int or not 0 <= t < self.vocab_size]
+            if bad:
+                raise ValueError(f"prompt: token ids must be ints in [0, {self.vocab_size}), got {bad[:5]}")
+        else:
+            raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+        if not ids:
+            raise ValueError("prompt must not be empty")
+        return ids
+
+    def _check_length(self, num_prompt_tokens: int, max_tokens: int) -> None:
+        if num_prompt_tokens >= self.max_model_len:
+            raise ValueError(
+                f"prompt is {num_prompt_tokens} tokens; it must be shorter than max_model_len "
+                f"({self.max_model_len}) to leave room for output"
+            )
+        if num_prompt_tokens + max_tokens > self.max_model_len:
+            raise ValueError(
+                f"max_tokens ({max_tokens}) + prompt ({num_prompt_tokens} tokens) must be <= max_model_len "
+                f"({self.max_model_len})"
+            )
+        needed = self.block_manager.blocks_for_tokens(num_prompt_tokens + max_tokens)
+        if needed > self.block_manager.num_blocks:
+            raise ValueError(
+                f"max_tokens ({max_tokens}) + prompt ({num_prompt_tokens} tokens) need {needed} KV blocks; "
+                f"the cache has {self.block_manager.num_blocks}"
+            )
+
+    # --- stats ---------------------------------------------------------------------------------------
+
+    def _record_step(self, sched: SchedulerOutput, step_seconds: float, forward_seconds: float) -> None:
+        self.last_step = StepStats(
+            num_seqs=len(sched.seqs),
+            prefill_tokens=sched.num_prefill_tokens,
+            decode_tokens=sched.num_decode_tokens,
+            preemptions=len(sched.preempted),
+            step_seconds=step_seconds,
+            forward_seconds=forward_seconds,
+        )
+        self.totals.add_step(self.last_step)
+
+    def stats(self) -> dict[str, object]:
+        names = list(self.scheduler.classes)
+        return stats_dict(
+            running={n: self.scheduler.num_running(n) for n in names},
+            waiting={n: self.scheduler.num_waiting(n) for n in names},
+            kv_blocks_used=self.block_manager.num_used_blocks,
+            kv_blocks_total=self.block_manager.num_blocks,
+            block_size=self.block_manager.block_size,
+            preemptions_total=self.scheduler.num_preemptions,
+            last_step=self.last_step,
+            totals=self.totals,
+        )
+
+
+def _truncate_at_stop_string(seq: Sequence, delta_len: int) -> bool:
+    """Looks for a stop string ending in the newest text; cuts the text before it. True if found."""
+    stops = seq.params.stop_strings
+    if not stops:
+        return False
+    # Only a match that overlaps the new text can be new.
+    start = max(0, len(seq.text) - delta_len - max(len(s) for s in stops) + 1)
+    hits = [i for i in (seq.text.find(s, start) for s in stops) if i >= 0]
+    if not hits:
+        return False
+    seq.text = seq.text[: min(hits)]
+    return True
+
+
+def _to_output(seq: Sequence, num_new_tokens: int) -> RequestOutput:
+    return RequestOutput(
+        request_id=seq.request_id,
+        prompt_token_ids=seq.prompt_token_ids,
+        token_ids=list(seq.output_token_ids),
+        text=seq.text,
+        finish_reason=seq.finish_reason,
+        metrics=RequestMetrics(**vars(seq.metrics)),
+        logprobs=list(seq.logprobs) if seq.logprobs is not None else None,
+        num_new_tokens=num_new_tokens,
+        prompt=seq.prompt,
+    )

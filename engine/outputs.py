@@ -1,0 +1,37 @@
+"""What the engine hands back to callers: one RequestOutput per request per step it changed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass
+class RequestMetrics:
+    """Wall-clock timestamps (time.time()) of one request's life, plus how often it was preempted."""
+
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
+    num_preemptions: int = 0
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]  # all generated tokens so far
+    text: str  # detokenised generated text (truncated before a matched stop string)
+    finish_reason: FinishReason | None  # None while running
+    metrics: RequestMetrics
+    # Per generated token: {token id: logprob} with the top-n tokens and the sampled one.
+    logprobs: list[dict[int, float]] | None = None
+    num_new_tokens: int = 0  # tokens added by the step that produced this output
+    prompt: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None

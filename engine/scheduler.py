@@ -1,0 +1,206 @@
+"""Continuous batching: which tokens of which requests run in the next step.
+
+Unified token budget: a request is just prompt + output tokens, of which `num_computed_tokens` are in the
+KV cache; prefill chunks and decode tokens are both "the next tokens to compute". Each step serves the
+running requests first (priority, arrival), then admits waiting ones by (class priority, arrival) while
+the token budget, `max_num_seqs` and each class's `max_running` allow.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+from engine.batch import ScheduledChunk
+from engine.block_manager import BlockManager
+from engine.config import EngineConfig
+from engine.outputs import FinishReason
+from engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class SchedulerOutput:
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    seqs: list[Sequence] = field(default_factory=list)  # seqs[i] owns chunks[i]
+    preempted: list[Sequence] = field(default_factory=list)
+    num_prefill_tokens: int = 0
+    num_decode_tokens: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prefill_tokens + self.num_decode_tokens
+
+    def sampling_seqs(self) -> list[Sequence]:
+        """The sequences that get logits this step, in chunk order (the runner's logits rows)."""
+        return [seq for seq, chunk in zip(self.seqs, self.chunks, strict=True) if chunk.sample]
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, block_manager: BlockManager, max_model_len: int) -> None:
+        self.block_manager = block_manager
+        self.max_model_len = max_model_len
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.long_prefill_token_threshold = config.long_prefill_token_threshold
+        self.classes = {c.name: c for c in config.request_classes}
+        self.waiting: dict[str, deque[Sequence]] = {name: deque() for name in self.classes}
+        self.running: list[Sequence] = []  # sorted by priority_key: the last one is preempted first
+        self.num_preemptions = 0
+        self._running_per_class: Counter[str] = Counter()
+        self._unfinished: dict[str, Sequence] = {}
+
+    # --- requests in and out -------------------------------------------------------------------------
+
+    def add(self, seq: Sequence) -> None:
+        assert seq.request_id not in self._unfinished, f"duplicate request id {seq.request_id}"
+        assert seq.request_class in self.classes, f"unknown class {seq.request_class}"
+        assert seq.max_total_tokens <= self.max_model_len
+        self._unfinished[seq.request_id] = seq
+        seq.status = SequenceStatus.WAITING
+        self.waiting[seq.request_class].append(seq)
+
+    def get(self, request_id: str) -> Sequence | None:
+        return self._unfinished.get(request_id)
+
+    def abort(self, request_id: str) -> Sequence | None:
+        """Removes a waiting or running request and frees its blocks at once."""
+        seq = self._unfinished.get(request_id)
+        if seq is not None:
+            self.finish(seq, "abort")
+        return seq
+
+    def finish(self, seq: Sequence, reason: FinishReason) -> None:
+        if seq.status is SequenceStatus.WAITING:
+            assert not seq.block_table, "waiting requests hold no blocks"
+            self.waiting[seq.request_class].remove(seq)
+        else:
+            assert seq.status is SequenceStatus.RUNNING, f"{seq.request_id} is {seq.status}"
+            self._remove_running(seq)
+            self.block_manager.free(seq)
+        del self._unfinished[seq.request_id]
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        seq.metrics.finished_time = time.time()
+
+    def has_unfinished(self) -> bool:
+        return bool(self._unfinished)
+
+    def num_running(self, request_class: str) -> int:
+        return self._running_per_class[request_class]
+
+    def num_waiting(self, request_class: str) -> int:
+        return len(self.waiting[request_class])
+
+    # --- one step ------------------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self._schedule_running(out, self.max_num_batched_tokens)
+        # NOTE: after a preemption memory is short; admitting new work would only evict it again.
+        if not out.preempted:
+            self._schedule_waiting(out, budget)
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        for seq in list(self.running):
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            n = self._chunk_size(seq, budget)
+            if n == 0:
+                continue
+            if self._reserve_or_preempt(seq, n, out):
+                self._add_chunk(out, seq, n)
+                budget -= n
+        return budget
+
+    def _reserve_or_preempt(self, seq: Sequence, n: int, out: SchedulerOutput) -> bool:
+        """Finds blocks for n more tokens of seq, preempting the lowest running request until they fit.
+
+        Requests are visited in priority order, so the victim is always one not yet scheduled this step
+        (or seq itself, in which case seq is not scheduled).
+        """
+        while not self.block_manager.can_append(seq, n):
+            victim = self.running[-1]
+            assert victim not in out.seqs, "a scheduled request cannot be preempted"
+            self._preempt(victim)
+            out.preempted.append(victim)
+            if victim is seq:
+                return False
+        self.block_manager.append_slots(seq, n)
+        return True
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        while budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self._next_admissible()
+            if seq is None:
+                return
+            n = self._chunk_size(seq, budget)
+            if not self.block_manager.can_append(seq, n):
+                return  # strict priority: lower requests do not jump a head that does not fit
+            self.waiting[seq.request_class].popleft()
+            self.block_manager.append_slots(seq, n)
+            self._admit(seq)
+            self._add_chunk(out, seq, n)
+            budget -= n
+
+    def _next_admissible(self) -> Sequence | None:
+        """The head of the best class queue whose class is under its max_running."""
+        heads = [
+            queue[0] for name, queue in self.waiting.items()
+            if queue and self._running_per_class[name] < self.classes[name].max_running
+        ]
+        return min(heads, key=lambda s: s.priority_key, default=None)
+
+    def _chunk_size(self, seq: Sequence, budget: int) -> int:
+        n = min(seq.num_uncomputed_tokens, budget)
+        if self.long_prefill_token_threshold > 0:
+            n = min(n, self.long_prefill_token_threshold)
+        assert seq.num_computed_tokens + n <= self.max_model_len
+        return n
+
+    def _add_chunk(self, out: SchedulerOutput, seq: Sequence, n: int) -> None:
+        start = seq.num_computed_tokens
+        end = start + n
+        chunk = ScheduledChunk(
+            token_ids=seq.token_slice(start, end),
+            start_pos=start,
+            block_table=list(seq.block_table),
+            sample=end == seq.num_tokens,
+        )
+        is_decode = n == 1 and seq.num_output_tokens > 0 and end == seq.num_tokens
+        if is_decode:
+            out.num_decode_tokens += 1
+        else:
+            out.num_prefill_tokens += n
+        # NOTE: counted as computed when scheduled; a failed step aborts these requests anyway.
+        seq.num_computed_tokens = end
+        out.chunks.append(chunk)
+        out.seqs.append(seq)
+
+    # --- running set ---------------------------------------------------------------------------------
+
+    def _admit(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.RUNNING
+        if seq.metrics.first_scheduled_time is None:
+            seq.metrics.first_scheduled_time = time.time()
+        self._add_running(seq)
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Recompute preemption: its generated tokens join the tokens to recompute, so output is unchanged."""
+        self._remove_running(seq)
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        self.waiting[seq.request_class].appendleft(seq)
+        seq.metrics.num_preemptions += 1
+        self.num_preemptions += 1
+
+    def _add_running(self, seq: Sequence) -> None:
+        bisect.insort(self.running, seq, key=lambda s: s.priority_key)
+        self._running_per_class[seq.request_class] += 1
+
+    def _remove_running(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self._running_per_class[seq.request_class] -= 1

@@ -1,0 +1,88 @@
+"""One request's state inside the engine: its tokens, how many are in the KV cache, and its blocks."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from engine.outputs import FinishReason, RequestMetrics
+from engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from engine.tokenizer import IncrementalDetokenizer
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Sequence:
+    """Prefill and decode are the same thing here: tokens not yet in the KV cache get computed.
+
+    `block_table` is read by everyone but changed only by the BlockManager.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    request_class: str
+    priority: int  # of its class; lower = served first
+    arrival_order: int  # engine-wide counter; kept across preemptions
+    metrics: RequestMetrics
+    generator: torch.Generator | None = None  # only for seeded requests
+    prompt: str | None = None
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    block_table: list[int] = field(default_factory=list)
+    status: SequenceStatus = SequenceStatus.WAITING
+    finish_reason: FinishReason | None = None
+    detokenizer: IncrementalDetokenizer | None = None
+    text: str = ""  # generated text, cut before a matched stop string
+    logprobs: list[dict[int, float]] | None = None
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def max_total_tokens(self) -> int:
+        return self.num_prompt_tokens + self.params.max_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    @property
+    def priority_key(self) -> tuple[int, int]:
+        """Sort key: smaller is served first and preempted last."""
+        return (self.priority, self.arrival_order)
+
+    def token_slice(self, start: int, end: int) -> list[int]:
+        """Tokens [start, end) of prompt + output, without concatenating the whole history."""
+        n_prompt = self.num_prompt_tokens
+        if end <= n_prompt:
+            return self.prompt_token_ids[start:end]
+        if start >= n_prompt:
+            return self.output_token_ids[start - n_prompt : end - n_prompt]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: end - n_prompt]
+
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids

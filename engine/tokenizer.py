@@ -1,0 +1,82 @@
+"""A thin wrapper over transformers' AutoTokenizer: encode, decode, chat template, EOS ids, streaming text."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+from transformers import AutoTokenizer
+
+
+class Tokenizer:
+    """Thread-safe: the service encodes in caller threads while the engine thread decodes."""
+
+    def __init__(self, model_path: str | Path) -> None:
+        path = Path(model_path)
+        self._tok = AutoTokenizer.from_pretrained(str(path))
+        self._lock = threading.Lock()
+        self.eos_token_ids: frozenset[int] = frozenset(_eos_ids(self._tok.eos_token_id, path))
+
+    @property
+    def hf_tokenizer(self) -> object:
+        return self._tok
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._tok)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        with self._lock:
+            return list(self._tok.encode(text, add_special_tokens=add_special_tokens))
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        with self._lock:
+            return self._tok.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(
+        self, messages: list[dict[str, str]], add_generation_prompt: bool = True
+    ) -> list[int]:
+        """Renders with the model's own chat template; the template already holds any BOS."""
+        with self._lock:
+            if not self._tok.chat_template:
+                raise ValueError("messages: the model folder has no chat template")
+            text = self._tok.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=add_generation_prompt
+            )
+        return self.encode(text, add_special_tokens=False)
+
+
+class IncrementalDetokenizer:
+    """Turns a growing list of generated ids into text deltas.
+
+    NOTE: decoding a short window (prefix_offset..end) and subtracting the text of the already-emitted part
+    keeps multi-token characters and SentencePiece spaces right without decoding the whole output each step.
+    """
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self._tokenizer = tokenizer
+        self._prefix_offset = 0
+        self._read_offset = 0
+        self.text = ""
+
+    def step(self, output_ids: list[int]) -> str:
+        """Appends and returns the text newly readable from output_ids (may be "" mid-character)."""
+        prefix_text = self._tokenizer.decode(output_ids[self._prefix_offset : self._read_offset])
+        full_text = self._tokenizer.decode(output_ids[self._prefix_offset :])
+        if len(full_text) <= len(prefix_text) or full_text.endswith("\ufffd"):
+            return ""
+        delta = full_text[len(prefix_text) :]
+        self._prefix_offset = self._read_offset
+        self._read_offset = len(output_ids)
+        self.text += delta
+        return delta
+
+
+def _eos_ids(tokenizer_eos: int | None, model_path: Path) -> set[int]:
+    ids = {tokenizer_eos} if tokenizer_eos is not None else set()
+    gen_config = model_path / "generation_config.json"
+    if gen_config.is_file():
+        eos = json.loads(gen_config.read_text()).get("eos_token_id")
+        ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    return ids
