@@ -1,0 +1,1 @@
+"""Conveyor's HTTP surface and job store."""

@@ -1,0 +1,37 @@
+"""Engines and sessions: SQLite (WAL, busy timeout) for embedded mode, Postgres via psycopg otherwise."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+def make_engine(url: str, **kwargs: Any) -> Engine:
+    """`postgresql://` URLs use psycopg 3; SQLite files get WAL and a busy timeout on every connection."""
+    parsed = make_url(url)
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    if parsed.get_backend_name() != "sqlite":
+        return create_engine(parsed, pool_pre_ping=True, **kwargs)
+    engine = create_engine(parsed, connect_args={"check_same_thread": False, "timeout": 30}, **kwargs)
+    event.listen(engine, "connect", _sqlite_pragmas)
+    return engine
+
+
+def make_session_factory(engine: Engine) -> sessionmaker[Session]:
+    # expire_on_commit=False: transitions commit, and callers keep reading the rows they got back.
+    return sessionmaker(bind=engine, expire_on_commit=False)
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.close()
