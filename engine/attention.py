@@ -1,0 +1,57 @@
+"""Paged attention as the model layers see it: per-step metadata and one module per layer.
+
+The layer writes the step's new K/V into its cache slots, then attends over the cache through the block
+tables. Both calls go to `kernels` with a backend resolved once, when the model is built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+import kernels
+
+KVCache = tuple[torch.Tensor, torch.Tensor]  # K and V, each [num_blocks, block_size, Hkv, D]
+
+
+@dataclass(frozen=True)
+class AttentionMetadata:
+    """Where this step's tokens go in the cache and what each sequence attends to (S sequences, T tokens)."""
+
+    slot_mapping: torch.Tensor  # [T] int64: block_id * block_size + offset of each new token
+    block_tables: torch.Tensor  # [S, max_blocks] int32, padded with 0 past each sequence's last block
+    seq_lens: torch.Tensor  # [S] int32: cached tokens per sequence, this step's included
+    query_start_loc: torch.Tensor  # [S + 1] int32: offsets of each sequence's tokens in the step
+    max_query_len: int
+    max_seq_len: int
+
+
+class PagedAttention(nn.Module):
+    """Causal grouped-query attention over the paged KV cache (no weights: projections live in the model)."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, backend: str) -> None:
+        super().__init__()
+        assert num_heads % num_kv_heads == 0, (num_heads, num_kv_heads)
+        assert backend in kernels.BACKENDS, backend
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = head_dim**-0.5
+        self.backend = backend
+
+    def forward(
+        self,
+        q: torch.Tensor,  # [T, Hq, D]
+        k: torch.Tensor,  # [T, Hkv, D]
+        v: torch.Tensor,  # [T, Hkv, D]
+        kv_cache: KVCache,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:  # [T, Hq, D]
+        k_cache, v_cache = kv_cache
+        kernels.reshape_and_cache(k, v, k_cache, v_cache, meta.slot_mapping, backend=self.backend)
+        return kernels.paged_attention(
+            q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
+            meta.max_query_len, meta.max_seq_len, self.scale, backend=self.backend,
+        )

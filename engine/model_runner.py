@@ -1,0 +1,187 @@
+"""The model runner: loads the model, owns the KV cache, runs one flattened forward per step.
+
+A step is a list of ScheduledChunk (prefill chunks and decode tokens of different sequences). The runner
+concatenates their tokens into one batch of T tokens, derives positions and cache slots with tensor ops,
+runs the model once, and computes logits only at the last token of each chunk that samples.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from itertools import chain
+from typing import Any
+
+import torch
+
+import kernels
+from engine.attention import AttentionMetadata, KVCache
+from engine.batch import ScheduledChunk
+from engine.config import EngineConfig
+from engine.kv_cache import KVCacheLayout, allocate_kv_cache, plan_num_blocks
+from engine.loader import check_tokenizer_files, load_model, resolve_device, resolve_dtype
+
+logger = logging.getLogger("engine")
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    meta: AttentionMetadata
+    sample_indices: torch.Tensor  # [N] int64: the token rows whose logits are returned
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.attention_backend = kernels.resolve_backend(config.attention_backend, self.device)
+        check_tokenizer_files(config.model)
+        self.model, self.hf_config = load_model(config.model, self.device, self.dtype, self.attention_backend)
+        settings = self.model.settings
+        self.vocab_size: int = settings.vocab_size
+        self.block_size: int = config.block_size
+        self.max_model_len: int = resolve_max_model_len(config.max_model_len, self.hf_config)
+        layout = KVCacheLayout(num_layers=settings.num_layers, block_size=config.block_size,
+                               num_kv_heads=settings.num_kv_heads, head_dim=settings.head_dim,
+                               dtype=self.dtype)
+        cuda_free = self._profile_cuda_free_bytes(layout) if self._needs_profiling() else None
+        self.num_kv_blocks: int = plan_num_blocks(config, layout, self.max_model_len, cuda_free)
+        self.kv_caches = allocate_kv_cache(layout, self.num_kv_blocks, self.device)
+        self.last_forward_seconds: float = 0.0
+        logger.info("model runner ready: device=%s dtype=%s attention=%s max_model_len=%d", self.device,
+                    self.dtype, self.attention_backend, self.max_model_len)
+
+    @torch.inference_mode()
+    def execute(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
+        """float32 logits [number of chunks with sample=True, vocab_size], in chunk order."""
+        if not chunks:
+            return torch.empty(0, self.vocab_size, device=self.device)
+        step = prepare_step(chunks, self.block_size, self.device)
+        self._check_bounds(step, chunks)
+        start = time.perf_counter()
+        logits = self._forward(step, self.kv_caches)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.last_forward_seconds = time.perf_counter() - start
+        return logits
+
+    def _forward(self, step: StepInputs, kv_caches: list[KVCache]) -> torch.Tensor:  # [N, V] fp32
+        hidden = self.model(step.input_ids, step.positions, step.meta, kv_caches)  # [T, H]
+        return self.model.compute_logits(hidden[step.sample_indices])
+
+    def _check_bounds(self, step: StepInputs, chunks: list[ScheduledChunk]) -> None:
+        # Out-of-range ids would read or write outside the cache (silently, in a Triton kernel).
+        assert max(c.seq_len for c in chunks) <= self.max_model_len, "a chunk runs past max_model_len"
+        assert max(max(c.block_table) for c in chunks) < self.num_kv_blocks, "block id out of range"
+
+    # --- KV cache sizing on CUDA ------------------------------------------------------------------------
+
+    def _needs_profiling(self) -> bool:
+        c = self.config
+        return self.device.type == "cuda" and c.num_kv_blocks is None and c.kv_cache_memory_bytes is None
+
+    @torch.inference_mode()
+    def _profile_cuda_free_bytes(self, layout: KVCacheLayout) -> int:
+        """gpu_memory_utilization x device memory, minus the peak of a forward at max_num_batched_tokens
+        (weights included) and memory torch does not manage (CUDA context, other processes)."""
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        chunks = profiling_chunks(self.config.max_num_batched_tokens, self.config.max_num_seqs,
+                                  self.max_model_len, layout.block_size)
+        num_blocks = sum(len(c.block_table) for c in chunks)
+        scratch_cache = allocate_kv_cache(layout, num_blocks, self.device)
+        self._forward(prepare_step(chunks, self.block_size, self.device), scratch_cache)
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device) - num_blocks * layout.bytes_per_block
+        del scratch_cache
+        torch.cuda.empty_cache()
+        free, total = torch.cuda.mem_get_info(self.device)
+        non_torch = (total - free) - torch.cuda.memory_reserved(self.device)
+        budget = int(self.config.gpu_memory_utilization * total)
+        gib = 2**30
+        logger.info("CUDA memory: total %.2f GiB, budget %.2f GiB, torch peak (weights + activations) "
+                    "%.2f GiB, non-torch %.2f GiB", total / gib, budget / gib, peak / gib, non_torch / gib)
+        return budget - peak - non_torch
+
+
+def prepare_step(chunks: list[ScheduledChunk], block_size: int, device: torch.device) -> StepInputs:
+    """Flattens the chunks into one batch: Python builds a few flat lists, tensor ops derive the rest."""
+    query_lens = torch.tensor([len(c.token_ids) for c in chunks], dtype=torch.int64)  # [S]
+    start_pos = torch.tensor([c.start_pos for c in chunks], dtype=torch.int64)  # [S]
+    sample = torch.tensor([c.sample for c in chunks], dtype=torch.bool)  # [S]
+    max_blocks = max(len(c.block_table) for c in chunks)
+    block_tables = torch.tensor([c.block_table + [0] * (max_blocks - len(c.block_table)) for c in chunks],
+                                dtype=torch.int32)  # [S, max_blocks]
+    input_ids = torch.tensor(list(chain.from_iterable(c.token_ids for c in chunks)), dtype=torch.int64)  # [T]
+
+    query_start_loc = torch.zeros(len(chunks) + 1, dtype=torch.int64)
+    torch.cumsum(query_lens, 0, out=query_start_loc[1:])  # [S + 1]
+    seq_of_token = torch.repeat_interleave(torch.arange(len(chunks)), query_lens)  # [T]
+    offsets = torch.arange(input_ids.shape[0]) - query_start_loc[seq_of_token]  # [T], index within the chunk
+    positions = start_pos[seq_of_token] + offsets  # [T]
+    block_ids = block_tables[seq_of_token, positions // block_size].long()  # [T]
+    slot_mapping = block_ids * block_size + positions % block_size  # [T]
+    seq_lens = start_pos + query_lens  # [S]
+
+    meta = AttentionMetadata(
+        slot_mapping=slot_mapping.to(device, non_blocking=True),
+        block_tables=block_tables.to(device, non_blocking=True),
+        seq_lens=seq_lens.to(device=device, dtype=torch.int32, non_blocking=True),
+        query_start_loc=query_start_loc.to(device=device, dtype=torch.int32, non_blocking=True),
+        max_query_len=int(query_lens.max()),
+        max_seq_len=int(seq_lens.max()),
+    )
+    return StepInputs(
+        input_ids=input_ids.to(device, non_blocking=True),
+        positions=positions.to(device, non_blocking=True),
+        meta=meta,
+        sample_indices=(query_start_loc[1:] - 1)[sample].to(device, non_blocking=True),  # [N]
+    )
+
+
+def profiling_chunks(num_tokens: int, max_num_seqs: int, max_model_len: int, block_size: int
+                     ) -> list[ScheduledChunk]:
+    """A worst-case-ish step for memory profiling: the whole token budget, over as many sequences as allowed,
+    each sampling (so logits are [max_num_seqs, V]); blocks numbered consecutively."""
+    num_seqs = max(min(max_num_seqs, num_tokens), -(-num_tokens // max_model_len))
+    lens = [num_tokens // num_seqs + (i < num_tokens % num_seqs) for i in range(num_seqs)]
+    chunks, next_block = [], 0
+    for length in lens:
+        blocks = list(range(next_block, next_block + -(-length // block_size)))
+        chunks.append(ScheduledChunk(token_ids=[0] * length, start_pos=0, block_table=blocks, sample=True))
+        next_block += len(blocks)
+    return chunks
+
+
+def resolve_max_model_len(requested: int | None, hf_config: dict[str, Any]) -> int:
+    """`requested`, or the model's max_position_embeddings when None; never beyond it.
+
+    NOTE: sliding-window attention is not implemented. A model whose window is shorter than max_model_len is
+    served with max_model_len capped to the window (a warning says so), where full attention and sliding
+    attention agree, rather than silently computing something the model was not trained for.
+    """
+    limit = int(hf_config["max_position_embeddings"])
+    if requested is not None and requested > limit:
+        raise ValueError(f"max_model_len={requested} exceeds the model's max_position_embeddings={limit}")
+    max_len = requested if requested is not None else limit
+    window = sliding_window(hf_config)
+    if window is not None and window < max_len:
+        logger.warning("max_model_len capped from %d to the model's sliding_window=%d (sliding-window "
+                       "attention is not implemented)", max_len, window)
+        max_len = window
+    return max_len
+
+
+def sliding_window(hf_config: dict[str, Any]) -> int | None:
+    """The attention window the checkpoint uses, or None when every layer attends to the full context."""
+    window = hf_config.get("sliding_window")
+    if not window or hf_config.get("use_sliding_window") is False:
+        return None
+    layer_types = hf_config.get("layer_types")
+    if layer_types and "sliding_attention" not in layer_types:
+        return None
+    return int(window)

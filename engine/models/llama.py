@@ -1,0 +1,268 @@
+"""The Llama family (Llama, Mistral, Qwen2, Qwen3) as one decoder, switched by a few flags.
+
+Reads top to bottom: settings parsed from config.json, RMSNorm, rotary embedding, attention, MLP, decoder
+layer, model. The forward pass takes one flattened step (every scheduled token of every sequence,
+concatenated) and reads/writes K/V through the paged cache. Parameters are allocated uninitialised; the
+loader fills every one of them from the checkpoint and checks none was missed.
+
+Fused projections: q/k/v live in one `qkv_proj`, gate/up in one `gate_up_proj` (one matmul each instead
+of three and two); `PACKED_PARAMS` tells the loader where the checkpoint's separate tensors go.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.attention import AttentionMetadata, KVCache, PagedAttention
+
+# checkpoint name fragment -> (our fused parameter fragment, shard index within it)
+PACKED_PARAMS: dict[str, tuple[str, int]] = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+
+ROPE_TYPES = ("default", "llama3")
+
+
+@dataclass(frozen=True)
+class LlamaSettings:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None  # llama3 parameters; None for plain RoPE
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    qk_norm: bool  # Qwen3: RMSNorm over each head of q and k before RoPE
+    tie_word_embeddings: bool
+    dtype: torch.dtype  # of every parameter (RoPE angles are always computed in fp32)
+
+    @classmethod
+    def from_hf(cls, cfg: dict[str, Any], dtype: torch.dtype, *, qkv_bias: bool, o_bias: bool,
+                mlp_bias: bool, qk_norm: bool) -> LlamaSettings:
+        num_heads = cfg["num_attention_heads"]
+        rope_theta, rope_scaling = parse_rope(cfg)
+        return cls(
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_heads=num_heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or num_heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // num_heads,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            max_position_embeddings=cfg["max_position_embeddings"],
+            rope_theta=rope_theta,
+            rope_scaling=rope_scaling,
+            qkv_bias=qkv_bias,
+            o_bias=o_bias,
+            mlp_bias=mlp_bias,
+            qk_norm=qk_norm,
+            tie_word_embeddings=cfg.get("tie_word_embeddings", False),
+            dtype=dtype,
+        )
+
+
+def parse_rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
+    """(theta, llama3 scaling or None) from either `rope_parameters` (transformers 5) or the older
+    top-level `rope_theta` + `rope_scaling`."""
+    params = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+    theta = float(params.pop("rope_theta", cfg.get("rope_theta", 10000.0)))
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in ROPE_TYPES:
+        raise ValueError(f"rope_scaling: unsupported rope_type {rope_type!r}; supported: {list(ROPE_TYPES)}")
+    return theta, (params if rope_type == "llama3" else None)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(dim, dtype=dtype))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., dim]
+        # Normalise in fp32 and cast back before the weight, as transformers does (bit-level parity).
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+Rotation = tuple[torch.Tensor, torch.Tensor]  # cos, sin: [T, 1, D] each
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotate-half RoPE. cos/sin come from the step's positions in fp32, once per step for all layers."""
+
+    def __init__(self, head_dim: int, theta: float, scaling: dict[str, Any] | None) -> None:
+        super().__init__()
+        exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim  # [D/2]
+        inv_freq = 1.0 / theta**exponents  # [D/2], fp32
+        if scaling is not None:
+            inv_freq = llama3_inv_freq(inv_freq, scaling)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> Rotation:  # positions [T]
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, D/2]
+        angles = torch.cat((freqs, freqs), dim=-1)[:, None, :]  # [T, 1, D]
+        return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rotation(x: torch.Tensor, rotation: Rotation) -> torch.Tensor:  # [T, H, D]
+    cos, sin = rotation
+    return x * cos + rotate_half(x) * sin
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:  # [..., D]
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:
+    """Llama 3.1 long-context scaling: slow (long-wavelength) frequencies divided by `factor`, fast ones
+    kept, the band between interpolated smoothly."""
+    factor = scaling["factor"]
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_len = scaling["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv_freq  # [D/2]
+    scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    in_band = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+    return torch.where(in_band, smoothed, scaled)
+
+
+class Attention(nn.Module):
+    def __init__(self, s: LlamaSettings, attention_backend: str) -> None:
+        super().__init__()
+        self.q_size = s.num_heads * s.head_dim
+        self.kv_size = s.num_kv_heads * s.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = s.num_heads, s.num_kv_heads, s.head_dim
+        self.qkv_proj = Linear(s.hidden_size, self.q_size + 2 * self.kv_size, s.qkv_bias, s.dtype)
+        self.o_proj = Linear(self.q_size, s.hidden_size, s.o_bias, s.dtype)
+        self.q_norm = RMSNorm(s.head_dim, s.rms_norm_eps, s.dtype) if s.qk_norm else None
+        self.k_norm = RMSNorm(s.head_dim, s.rms_norm_eps, s.dtype) if s.qk_norm else None
+        self.attn = PagedAttention(s.num_heads, s.num_kv_heads, s.head_dim, attention_backend)
+
+    def forward(
+        self, x: torch.Tensor, rotation: Rotation, kv_cache: KVCache, meta: AttentionMetadata
+    ) -> torch.Tensor:  # [T, H]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)  # [T, Hq, D]
+        k = k.view(-1, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        v = v.view(-1, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotation(q, rotation), apply_rotation(k, rotation)
+        out = self.attn(q, k, v, kv_cache, meta)  # [T, Hq, D]
+        return self.o_proj(out.reshape(-1, self.q_size))  # [T, H]
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, s: LlamaSettings) -> None:
+        super().__init__()
+        self.gate_up_proj = Linear(s.hidden_size, 2 * s.intermediate_size, s.mlp_bias, s.dtype)
+        self.down_proj = Linear(s.intermediate_size, s.hidden_size, s.mlp_bias, s.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H]
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [T, I] each
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, s: LlamaSettings, attention_backend: str) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps, s.dtype)
+        self.self_attn = Attention(s, attention_backend)
+        self.post_attention_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps, s.dtype)
+        self.mlp = MLP(s)
+
+    def forward(
+        self, x: torch.Tensor, rotation: Rotation, kv_cache: KVCache, meta: AttentionMetadata
+    ) -> torch.Tensor:  # [T, H]
+        x = x + self.self_attn(self.input_layernorm(x), rotation, kv_cache, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, s: LlamaSettings, attention_backend: str) -> None:
+        super().__init__()
+        self.embed_tokens = Embedding(s.vocab_size, s.hidden_size, s.dtype)
+        self.rotary = RotaryEmbedding(s.head_dim, s.rope_theta, s.rope_scaling)
+        self.layers = nn.ModuleList(DecoderLayer(s, attention_backend) for _ in range(s.num_layers))
+        self.norm = RMSNorm(s.hidden_size, s.rms_norm_eps, s.dtype)
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+        kv_caches: list[KVCache],
+    ) -> torch.Tensor:  # [T, H]
+        x = self.embed_tokens(input_ids)  # [T, H]
+        rotation = self.rotary(positions, x.dtype)
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            x = layer(x, rotation, kv_cache, meta)
+        return self.norm(x)
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, s: LlamaSettings, attention_backend: str) -> None:
+        super().__init__()
+        self.settings = s
+        self.model = LlamaModel(s, attention_backend)
+        self.lm_head = Linear(s.hidden_size, s.vocab_size, False, s.dtype)
+        if s.tie_word_embeddings:
+            # One parameter, loaded once as model.embed_tokens.weight (named_parameters() lists it once).
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+        kv_caches: list[KVCache],
+    ) -> torch.Tensor:  # [T] ids, [T] positions -> [T, H] final hidden states
+        return self.model(input_ids, positions, meta, kv_caches)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, H] -> [N, V] fp32
+        return self.lm_head(hidden).float()
+
+    def packed_shard_sizes(self) -> dict[str, list[int]]:
+        """Rows of each checkpoint tensor inside our fused parameters, in PACKED_PARAMS shard order."""
+        s = self.settings
+        q, kv = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
+        return {"qkv_proj": [q, kv, kv], "gate_up_proj": [s.intermediate_size, s.intermediate_size]}
+
+
+# nn.Linear and nn.Embedding without their random init: the loader overwrites every weight anyway.
+
+
+class Linear(nn.Module):
+    def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype))
+        self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class Embedding(nn.Module):
+    def __init__(self, num_embeddings: int, dim: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_embeddings, dim, dtype=dtype))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, H]
+        return F.embedding(ids, self.weight)
