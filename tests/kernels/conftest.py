@@ -1,0 +1,87 @@
+"""Kernel tests run the Triton kernels on the CPU through the interpreter.
+
+TRITON_INTERPRET must be set before any `@triton.jit` kernel module is imported, hence before the imports.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+TOLERANCE = {torch.float32: 2e-5, torch.float16: 2e-3}
+
+
+@dataclass
+class PagedBatch:
+    """One step's attention inputs: queries plus a paged cache reached through a shuffled block table."""
+
+    q: torch.Tensor  # [T, Hq, D]
+    k_cache: torch.Tensor  # [num_blocks, block_size, Hkv, D]
+    v_cache: torch.Tensor
+    block_table: torch.Tensor  # [S, max_blocks] int32, unused entries -1
+    seq_lens: torch.Tensor  # [S] int32
+    query_start_loc: torch.Tensor  # [S + 1] int32
+    max_query_len: int
+    max_seq_len: int
+    scale: float
+
+    def args(self) -> tuple:
+        return (self.q, self.k_cache, self.v_cache, self.block_table, self.seq_lens, self.query_start_loc,
+                self.max_query_len, self.max_seq_len, self.scale)
+
+
+def build_paged_batch(
+    query_lens: list[int],
+    seq_lens: list[int],
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    head_dim: int = 64,
+    block_size: int = 16,
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+) -> PagedBatch:
+    """Every cache block (used or not) holds random values in [-1, 1), so a read of a wrong slot shows."""
+    gen = torch.Generator().manual_seed(seed)
+    blocks_per_seq = [-(-n // block_size) for n in seq_lens]
+    num_blocks = sum(blocks_per_seq) + 2  # two spare blocks nobody owns
+
+    def uniform(*shape: int) -> torch.Tensor:
+        return (torch.rand(*shape, generator=gen) * 2 - 1).to(dtype)
+
+    physical = torch.randperm(num_blocks, generator=gen).to(torch.int32)
+    block_table = torch.full((len(seq_lens), max(blocks_per_seq)), -1, dtype=torch.int32)
+    first = 0
+    for s, count in enumerate(blocks_per_seq):
+        block_table[s, :count] = physical[first:first + count]
+        first += count
+    starts = [0]
+    for n in query_lens:
+        starts.append(starts[-1] + n)
+    return PagedBatch(
+        q=uniform(starts[-1], num_heads, head_dim),
+        k_cache=uniform(num_blocks, block_size, num_kv_heads, head_dim),
+        v_cache=uniform(num_blocks, block_size, num_kv_heads, head_dim),
+        block_table=block_table,
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        query_start_loc=torch.tensor(starts, dtype=torch.int32),
+        max_query_len=max(query_lens),
+        max_seq_len=max(seq_lens),
+        scale=head_dim ** -0.5,
+    )
+
+
+@pytest.fixture
+def paged_batch() -> Callable[..., PagedBatch]:
+    return build_paged_batch
+
+
+@pytest.fixture
+def tolerance() -> dict[torch.dtype, float]:
+    return TOLERANCE

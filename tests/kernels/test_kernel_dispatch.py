@@ -1,0 +1,51 @@
+"""The one dispatch point: Triton on CUDA, the reference elsewhere, either one when forced."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernels
+
+
+def test_backend_resolution() -> None:
+    assert kernels.resolve_backend(None, torch.device("cpu")) == "torch"
+    assert kernels.resolve_backend(None, torch.device("cuda")) == "triton"
+    assert kernels.resolve_backend("triton", torch.device("cpu")) == "triton"
+    assert kernels.resolve_backend("torch", torch.device("cuda")) == "torch"
+
+
+def test_cpu_tensors_use_the_reference_by_default(paged_batch, monkeypatch) -> None:
+    calls: list[str] = []
+    reference = kernels.paged_attention_ref
+
+    def spy(*args, **kwargs):
+        calls.append("ref")
+        return reference(*args, **kwargs)
+
+    monkeypatch.setattr(kernels, "paged_attention_ref", spy)
+    batch = paged_batch([2, 1], [6, 9], head_dim=16)
+    kernels.paged_attention(*batch.args())
+    assert calls == ["ref"]
+
+
+def test_forced_backends_agree_on_cpu(paged_batch) -> None:
+    batch = paged_batch([3, 1], [8, 20], head_dim=16)
+    torch_out = kernels.paged_attention(*batch.args(), backend="torch")
+    triton_out = kernels.paged_attention(*batch.args(), backend="triton")
+    assert (torch_out - triton_out).abs().max().item() <= 2e-5
+
+    k, v = torch.randn(2, 2, 16), torch.randn(2, 2, 16)
+    caches = [torch.zeros(2, 16, 2, 16) for _ in range(4)]
+    kernels.reshape_and_cache(k, v, caches[0], caches[1], torch.tensor([3, 20]), backend="torch")
+    kernels.reshape_and_cache(k, v, caches[2], caches[3], torch.tensor([3, 20]), backend="triton")
+    assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+
+
+def test_unknown_backend_is_a_value_error(paged_batch) -> None:
+    batch = paged_batch([1], [4], head_dim=16)
+    with pytest.raises(ValueError, match="backend"):
+        kernels.paged_attention(*batch.args(), backend="cuda")
+    with pytest.raises(ValueError, match="backend"):
+        kernels.reshape_and_cache(torch.zeros(1, 2, 16), torch.zeros(1, 2, 16), batch.k_cache, batch.v_cache,
+                                  torch.tensor([0]), backend="flash")

@@ -1,0 +1,82 @@
+"""Triton paged attention (under TRITON_INTERPRET=1) against the PyTorch reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import paged_attention_ref
+from kernels.triton_paged_attention import choose_num_splits, paged_attention_triton
+
+CASES = {
+    # name: (query_lens, seq_lens, Hq, Hkv, D, block_size); lengths avoid multiples of the block size
+    "decode": ([1, 1, 1, 1], [1, 17, 45, 70], 8, 4, 64, 16),
+    "prefill": ([9, 20], [9, 20], 4, 4, 64, 16),
+    "mixed_prefill_chunk_decode": ([12, 1, 5, 0, 1, 3], [12, 33, 29, 7, 70, 40], 8, 1, 64, 32),
+    "head_dim_128_block_64": ([3, 1, 6], [3, 75, 40], 8, 2, 128, 64),
+}
+
+
+def assert_close_to_reference(batch, got: torch.Tensor, tolerance: float) -> None:
+    expected = paged_attention_ref(*batch.args())
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    err = (got.float() - expected.float()).abs().max().item()
+    assert err <= tolerance, f"max abs error {err:.3g} > {tolerance}"
+
+
+@pytest.mark.parametrize("num_splits", [1, 3], ids=["no_split", "split3"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_triton_matches_reference(paged_batch, tolerance, case, dtype, num_splits) -> None:
+    query_lens, seq_lens, num_heads, num_kv_heads, head_dim, block_size = case
+    batch = paged_batch(query_lens, seq_lens, num_heads, num_kv_heads, head_dim, block_size, dtype)
+    got = paged_attention_triton(*batch.args(), num_splits=num_splits)
+    assert_close_to_reference(batch, got, tolerance[dtype])
+
+
+@pytest.mark.parametrize("group", [1, 2, 4, 8])
+def test_triton_gqa_ratios(paged_batch, tolerance, group) -> None:
+    batch = paged_batch([5, 1], [21, 35], num_heads=8, num_kv_heads=8 // group, head_dim=32, block_size=16)
+    assert_close_to_reference(batch, paged_attention_triton(*batch.args()), tolerance[torch.float32])
+
+
+def test_triton_split_kv_long_decode_many_splits(paged_batch, tolerance) -> None:
+    # More splits than some sequences have key tiles: empty splits must weigh nothing in the merge.
+    batch = paged_batch([1, 1], [300, 20], num_heads=4, num_kv_heads=1, head_dim=16, block_size=16)
+    got = paged_attention_triton(*batch.args(), num_splits=5)
+    assert_close_to_reference(batch, got, tolerance[torch.float32])
+
+
+def test_triton_strided_q_into_out_ignoring_table_padding(paged_batch, tolerance) -> None:
+    batch = paged_batch([4, 1], [10, 37], num_heads=4, num_kv_heads=2, head_dim=16, block_size=16)
+    qkv = torch.cat([batch.q, torch.randn_like(batch.q)], dim=1)  # q as a strided view, like a fused QKV
+    batch.q = qkv[:, :4]
+    expected = paged_attention_ref(*batch.args())
+    batch.block_table[0, 1:] = 10_000  # past the last block: must not be read
+    out = torch.full_like(batch.q, float("nan"))
+    got = paged_attention_triton(*batch.args(), out=out)
+    assert got is out
+    assert (got - expected).abs().max().item() <= tolerance[torch.float32]
+
+
+def test_triton_odd_head_dim_and_block_size(paged_batch, tolerance) -> None:
+    batch = paged_batch([3, 1], [7, 30], num_heads=2, num_kv_heads=1, head_dim=24, block_size=8)
+    assert_close_to_reference(batch, paged_attention_triton(*batch.args()), tolerance[torch.float32])
+
+
+def test_triton_rejects_bad_inputs(paged_batch) -> None:
+    batch = paged_batch([1], [5], head_dim=16)
+    with pytest.raises(ValueError, match="num_splits"):
+        paged_attention_triton(*batch.args(), num_splits=0)
+    batch.q = batch.q[:, :3]
+    with pytest.raises(ValueError, match="multiple of KV heads"):
+        paged_attention_triton(*batch.args())
+    wide = paged_batch([1], [5], head_dim=512)
+    with pytest.raises(ValueError, match="head dim"):
+        paged_attention_triton(*wide.args())
+
+
+def test_split_heuristic_only_splits_cuda_decodes() -> None:
+    cpu = torch.device("cpu")
+    assert choose_num_splits(1, 8, 1, 32_768, cpu) == 1
+    assert choose_num_splits(1, 8, 4, 32_768, torch.device("cuda")) == 1  # prefill present: no split
