@@ -1,0 +1,13 @@
+"""`python -m worker`: the Celery worker with settings from CONVEYOR_* (same as `conveyor worker`)."""
+
+from __future__ import annotations
+
+import logging
+
+from api.settings import load_settings
+from worker.main import run_worker
+
+if __name__ == "__main__":
+    settings = load_settings()
+    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    run_worker(settings)

@@ -1,0 +1,102 @@
+"""A Celery consumer bootstep that feeds job messages to the JobRunner, each queue held to its own limit.
+
+A Celery worker shares one prefetch window across all its queues, so a flood of documents could fill it and
+keep interactive jobs out. On kombu's Redis transport QoS is per channel: this step opens one channel per job
+queue with prefetch_count = that queue's max_running, and acknowledges a message only when its job has ended
+(late ack), so each queue holds at most max_running unacknowledged jobs in this worker.
+
+kombu channels are not thread-safe: jobs end on the runner's finisher thread, which only queues the message;
+the ack itself runs on the consumer's event loop (hub.call_soon wakes it), or on the stopping thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue as stdlib_queue
+import time
+from typing import Any
+
+from celery import bootsteps
+from celery.bootsteps import CLOSE
+from kombu import Consumer
+from kombu.message import Message
+
+from worker.dispatch import Publish, job_queue
+from worker.job_runner import JobRunner, RunnerStoppedError
+
+log = logging.getLogger(__name__)
+
+STORE_ERROR_BACKOFF_S = 1.0
+
+
+def job_consumer_step(
+    runner: JobRunner, limits: dict[str, int], *, grace_s: float, publish: Publish
+) -> type[bootsteps.ConsumerStep]:
+    """A ConsumerStep class bound to this worker's runner (Celery instantiates steps itself)."""
+
+    class JobConsumerStep(bootsteps.ConsumerStep):
+        name = "conveyor.jobs"
+
+        def __init__(self, parent: Any, **kwargs: Any) -> None:
+            super().__init__(parent, **kwargs)
+            self._acks: stdlib_queue.SimpleQueue[Message] = stdlib_queue.SimpleQueue()
+            self._hub: Any = None
+
+        def start(self, c: Any) -> None:
+            self._hub = c.hub
+            self.consumers = [
+                Consumer(c.connection.channel(), queues=[job_queue(name)], callbacks=[self._on_message],
+                         accept=["json"], prefetch_count=limit)
+                for name, limit in limits.items()
+            ]
+            for consumer in self.consumers:
+                consumer.consume()
+            log.info("consuming job queues %s", limits)
+
+        def stop(self, c: Any) -> None:
+            if c.blueprint.state == CLOSE:  # worker shutdown, not a reconnect
+                for consumer in self.consumers or []:
+                    try:
+                        consumer.cancel()
+                    except Exception:
+                        log.debug("cancel of consumer failed", exc_info=True)
+                runner.shutdown(grace_s, publish, tick=self._flush_acks)
+            self._flush_acks()
+            super().stop(c)
+
+        def _on_message(self, body: Any, message: Message) -> None:
+            job_id = body.get("job_id") if isinstance(body, dict) else None
+            if not isinstance(job_id, str):
+                log.error("dropping malformed job message %r", body)
+                message.ack()
+                return
+            try:
+                started = runner.run(job_id, on_done=lambda: self._ack_later(message))
+            except RunnerStoppedError:
+                message.requeue()
+                return
+            except Exception:
+                log.exception("could not start job %s; message returned to the queue", job_id)
+                time.sleep(STORE_ERROR_BACKOFF_S)  # the store is likely down: do not spin on redelivery
+                message.requeue()
+                return
+            if not started:
+                message.ack()
+
+        def _ack_later(self, message: Message) -> None:
+            self._acks.put(message)
+            if self._hub is not None:
+                self._hub.call_soon(self._flush_acks)
+
+        def _flush_acks(self) -> None:
+            while True:
+                try:
+                    message = self._acks.get_nowait()
+                except stdlib_queue.Empty:
+                    return
+                try:
+                    message.ack()
+                except Exception as exc:  # channel gone (reconnect): the outcome is stored anyway
+                    log.warning("ack failed (%s: %s)", type(exc).__name__, exc)
+
+    return JobConsumerStep

@@ -1,0 +1,55 @@
+"""A worker's presence in the store: registered at start, a heartbeat every few seconds, stopped at exit."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import uuid
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.store import workers
+from api.store.models import utcnow
+
+log = logging.getLogger(__name__)
+
+
+def new_worker_id(kind: str = "worker") -> str:
+    return f"{kind}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+class Heartbeat:
+    def __init__(
+        self, sessions: sessionmaker[Session], worker_id: str, queues: list[str], interval_s: float
+    ) -> None:
+        self.worker_id = worker_id
+        self._sessions = sessions
+        self._queues = queues
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="worker-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        with self._sessions() as session:
+            workers.register(session, self.worker_id, hostname=socket.gethostname(), pid=os.getpid(),
+                             queues=self._queues, now=utcnow())
+        self._thread.start()
+        log.info("worker %s registered for queues %s", self.worker_id, self._queues)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        with self._sessions() as session:
+            workers.mark_stopped(session, self.worker_id, utcnow())
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            try:
+                with self._sessions() as session:
+                    if not workers.heartbeat(session, self.worker_id, utcnow()):
+                        log.error("worker %s is not registered as running in the store", self.worker_id)
+            except Exception:  # the store may be briefly down; the next beat retries
+                log.exception("heartbeat failed")

@@ -1,0 +1,262 @@
+"""The bridge between the job store and one EngineHost, shared by the Celery worker and the embedded runtime.
+
+A job id comes in (from a broker message or an in-process queue); the runner claims the row (a conditional
+UPDATE, so a duplicate or late message is dropped), hands the prompt to the engine, and writes the outcome.
+Database writes happen on one "finisher" thread, never on the engine thread, and at most twice per job
+(first token, outcome). A watcher thread polls the store for cancels and enforces `timeout`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.store import jobs
+from api.store.models import Job, utcnow
+from engine.host import EngineHost
+from engine.outputs import RequestOutput
+from engine.sampling_params import SamplingParams
+from worker.dispatch import Publish, publish_and_mark
+
+log = logging.getLogger(__name__)
+
+OnDone = Callable[[], None]  # called once per started job, after its outcome is stored (the caller acks)
+
+INVALID_REQUEST, ENGINE_ERROR, TIMEOUT = "invalid_request", "engine_error", "timeout"
+ABORT_WAIT_S = 10.0  # how long an abort may take to come back from the engine at shutdown
+
+
+@dataclass
+class RunningJob:
+    job_id: str
+    attempt: int
+    queue: str
+    request_id: str
+    timeout_s: float | None
+    started: float  # time.monotonic() at claim
+    on_done: OnDone
+    abort_reason: str | None = None  # "cancelled" | "timeout" | "shutdown" once the runner aborts it
+    first_token_seen: bool = False
+
+
+class RunnerStoppedError(RuntimeError):
+    """The runner is shutting down: the caller must put the message back, not drop it."""
+
+
+class JobRunner:
+    def __init__(
+        self, host: EngineHost, sessions: sessionmaker[Session], worker_id: str, *, cancel_poll_s: float = 0.5
+    ) -> None:
+        self.host = host
+        self.worker_id = worker_id
+        self._sessions = sessions
+        self._cancel_poll_s = cancel_poll_s
+        self._lock = threading.Lock()
+        self._running: dict[str, RunningJob] = {}
+        self._idle = threading.Condition(self._lock)
+        self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="job-finisher")
+        self._stop = threading.Event()
+        self._shut_down = False
+        self._watcher = threading.Thread(target=self._watch, name="job-watcher", daemon=True)
+
+    def start(self) -> None:
+        self._watcher.start()
+
+    # --- taking a job --------------------------------------------------------------------------------
+
+    def run(self, job_id: str, on_done: OnDone) -> bool:
+        """Claims and submits the job; False (on_done not called) when it is not ours to run.
+
+        Raises RunnerStoppedError once shutdown has begun, and store errors as they come.
+        """
+        if self._stop.is_set():
+            raise RunnerStoppedError("the runner is shutting down")
+        with self._sessions() as session:
+            job = jobs.claim(session, job_id, self.worker_id, utcnow())
+        if job is None:
+            log.info("job %s not claimable (done, cancelled, expired or already running); dropped", job_id)
+            return False
+        handle = RunningJob(job.id, job.attempts, job.queue, f"{job.id}#{job.attempts}", job.timeout_s,
+                            time.monotonic(), on_done)
+        try:
+            prompt, params = self._engine_input(job)
+            with self._lock:
+                self._running[job.id] = handle
+            future = self.host.submit(handle.request_id, prompt, params, job.queue,
+                                      on_update=lambda out: self._on_update(handle, out))
+        except ValueError as exc:
+            self._finisher.submit(self._finish_error, handle, INVALID_REQUEST, str(exc))
+            return True
+        except Exception as exc:
+            log.exception("engine refused job %s", job.id)
+            self._finisher.submit(self._finish_error, handle, ENGINE_ERROR, f"{type(exc).__name__}: {exc}")
+            return True
+        future.add_done_callback(lambda f: self._finisher.submit(self._finish, handle, f))
+        return True
+
+    def _engine_input(self, job: Job) -> tuple[str | list[int], SamplingParams]:
+        try:
+            params = SamplingParams(**(job.params or {}))
+        except TypeError as exc:
+            raise ValueError(f"params: {exc}") from exc
+        if job.messages is not None:
+            return self.host.tokenizer.apply_chat_template(job.messages), params
+        if job.prompt is None:
+            raise ValueError("prompt: the job has neither a prompt nor messages")
+        return job.prompt, params
+
+    # --- engine thread -------------------------------------------------------------------------------
+
+    def _on_update(self, handle: RunningJob, out: RequestOutput) -> None:
+        if handle.first_token_seen or out.metrics.first_token_time is None:
+            return
+        handle.first_token_seen = True
+        self._finisher.submit(self._record_first_token, handle, _to_datetime(out.metrics.first_token_time))
+
+    # --- finisher thread -----------------------------------------------------------------------------
+
+    def _record_first_token(self, handle: RunningJob, at: datetime) -> None:
+        with self._sessions() as session:
+            jobs.record_first_token(session, handle.job_id, handle.attempt, at)
+
+    def _finish(self, handle: RunningJob, future: Future[RequestOutput]) -> None:
+        try:
+            out = future.result()
+        except Exception as exc:
+            self._finish_error(handle, ENGINE_ERROR, f"{type(exc).__name__}: {exc}")
+            return
+        if out.finish_reason == "abort":
+            self._finish_aborted(handle, out)
+            return
+        with self._sessions() as session:
+            stored = jobs.complete(
+                session, handle.job_id, handle.attempt, result_text=out.text,
+                finish_reason=str(out.finish_reason), prompt_tokens=len(out.prompt_token_ids),
+                completion_tokens=len(out.token_ids), preemptions=out.metrics.num_preemptions,
+                first_token_at=_to_datetime(out.metrics.first_token_time), now=utcnow(),
+            )
+        if not stored:
+            log.info("job %s attempt %d finished but is no longer running here; result dropped",
+                     handle.job_id, handle.attempt)
+        self._release(handle)
+
+    def _finish_aborted(self, handle: RunningJob, out: RequestOutput) -> None:
+        if handle.abort_reason == TIMEOUT:
+            message = f"timeout: ran longer than {handle.timeout_s} s"
+            self._finish_error(handle, TIMEOUT, message, out.metrics.num_preemptions)
+            return
+        if handle.abort_reason is None:  # aborted by the engine itself
+            self._finish_error(handle, ENGINE_ERROR, "aborted by the engine", out.metrics.num_preemptions)
+            return
+        self._release(handle)  # cancelled (already so in the store) or handed back at shutdown
+
+    def _finish_error(self, handle: RunningJob, code: str, message: str, preemptions: int = 0) -> None:
+        with self._sessions() as session:
+            jobs.fail(session, handle.job_id, handle.attempt, code=code, message=message, now=utcnow(),
+                      preemptions=preemptions)
+        self._release(handle)
+
+    def _release(self, handle: RunningJob) -> None:
+        with self._lock:
+            self._running.pop(handle.job_id, None)
+            self._idle.notify_all()
+        try:
+            handle.on_done()
+        except Exception:
+            log.exception("on_done failed for job %s", handle.job_id)
+
+    # --- watcher thread ------------------------------------------------------------------------------
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self._cancel_poll_s):
+            try:
+                self.check_once()
+            except Exception:  # the database may be briefly unreachable; try again next tick
+                log.exception("cancel/timeout check failed")
+
+    def check_once(self) -> None:
+        """Aborts running jobs that were cancelled in the store or have run past their timeout."""
+        with self._lock:
+            live = [h for h in self._running.values() if h.abort_reason is None]
+        if not live:
+            return
+        with self._sessions() as session:
+            cancelled = jobs.cancelled_among(session, [h.job_id for h in live])
+        now = time.monotonic()
+        for handle in live:
+            if handle.job_id in cancelled:
+                self._abort(handle, "cancelled")
+            elif handle.timeout_s is not None and now - handle.started > handle.timeout_s:
+                self._abort(handle, TIMEOUT)
+
+    def _abort(self, handle: RunningJob, reason: str) -> None:
+        handle.abort_reason = reason
+        if self.host.cancel(handle.request_id):
+            log.info("job %s: aborting in the engine (%s)", handle.job_id, reason)
+
+    # --- shutdown ------------------------------------------------------------------------------------
+
+    @property
+    def num_running(self) -> int:
+        with self._lock:
+            return len(self._running)
+
+    def running_by_queue(self) -> dict[str, int]:
+        with self._lock:
+            counts: dict[str, int] = {}
+            for handle in self._running.values():
+                counts[handle.queue] = counts.get(handle.queue, 0) + 1
+            return counts
+
+    def wait_idle(self, timeout_s: float, tick: Callable[[], None] | None = None) -> bool:
+        """Waits until no job is in flight, calling `tick` (e.g. flush acks) every 0.1 s in this thread."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if tick is not None:
+                tick()
+            with self._lock:
+                remaining = deadline - time.monotonic()
+                if not self._running or remaining <= 0:
+                    return not self._running
+                self._idle.wait(min(0.1, remaining))
+
+    def shutdown(
+        self, grace_s: float, publish: Publish | None, tick: Callable[[], None] | None = None
+    ) -> list[str]:
+        """Stops taking jobs, lets in-flight ones finish within grace_s, then aborts the rest and puts them
+        back in the queue (running -> queued in the store, then re-published). Returns the requeued ids.
+        Idempotent: a second call does nothing."""
+        self._stop.set()
+        with self._lock:
+            if self._shut_down:
+                return []
+            self._shut_down = True
+        requeued: list[tuple[str, str]] = []
+        if not self.wait_idle(grace_s, tick):
+            with self._lock:
+                left = list(self._running.values())
+            for handle in left:
+                self._abort(handle, "shutdown")
+            self.wait_idle(ABORT_WAIT_S, tick)
+            with self._sessions() as session:
+                requeued = jobs.requeue_orphans(session, [self.worker_id], utcnow())
+            log.warning("shutdown: requeued %d unfinished job(s)", len(requeued))
+        self._finisher.shutdown(wait=True)
+        if tick is not None:
+            tick()
+        if self._watcher.is_alive():
+            self._watcher.join()
+        if publish is not None and requeued:
+            publish_and_mark(self._sessions, publish, requeued)
+        return [job_id for job_id, _ in requeued]
+
+
+def _to_datetime(ts: float | None) -> datetime | None:
+    return datetime.fromtimestamp(ts, tz=timezone.utc) if ts is not None else None

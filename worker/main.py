@@ -1,0 +1,54 @@
+"""`conveyor worker`: one process per GPU, one engine loaded once, consuming both job queues via Celery."""
+
+from __future__ import annotations
+
+import logging
+
+from api.settings import Settings
+from api.store.db import make_engine, make_session_factory
+from engine.host import EngineHost
+from worker.celery_app import CONTROL_QUEUE, make_celery_app
+from worker.consumer import job_consumer_step
+from worker.dispatch import CeleryPublisher
+from worker.heartbeat import Heartbeat, new_worker_id
+from worker.job_runner import JobRunner
+from worker.model import engine_config, resolve_model
+from worker.reconciler import Reconciler
+
+log = logging.getLogger(__name__)
+
+SHUTDOWN_GRACE_S = 30.0  # SIGTERM: in-flight jobs get this long to finish before they are requeued
+
+
+def run_worker(settings: Settings) -> None:
+    """Blocks until SIGTERM/SIGINT; then stops taking jobs, finishes or requeues in-flight ones, and exits."""
+    app = make_celery_app(settings)
+    sessions = make_session_factory(make_engine(settings.database_url))
+    worker_id = new_worker_id()
+    config = engine_config(settings, resolve_model(settings))
+    log.info("loading engine for %s", config.model)
+    host = EngineHost.from_config(config)
+    publisher = CeleryPublisher(settings, app)
+    runner = JobRunner(host, sessions, worker_id, cancel_poll_s=settings.cancel_poll_s)
+    heartbeat = Heartbeat(sessions, worker_id, list(settings.queues), settings.worker_heartbeat_s)
+    reconciler = Reconciler(sessions, publisher.publish, settings)
+    limits = {name: queue.max_running for name, queue in settings.queues.items()}
+    app.steps["consumer"].add(
+        job_consumer_step(runner, limits, grace_s=SHUTDOWN_GRACE_S, publish=publisher.publish)
+    )
+    heartbeat.start()
+    runner.start()
+    reconciler.start()
+    try:
+        worker = app.Worker(
+            hostname=f"{worker_id}@%h", pool="solo", concurrency=1, queues=[CONTROL_QUEUE],
+            without_mingle=True, without_gossip=True, without_heartbeat=True, loglevel=settings.log_level,
+        )
+        worker.start()
+    finally:
+        runner.shutdown(SHUTDOWN_GRACE_S, publisher.publish)  # no-op when the consumer step already did it
+        reconciler.stop()
+        heartbeat.stop()
+        host.shutdown()
+        publisher.close()
+        log.info("worker %s stopped", worker_id)
