@@ -1,0 +1,137 @@
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from engine.config import EngineConfig
+from engine.loader import load_model, read_hf_config, resolve_dtype, safetensors_files
+from engine.model_runner import ModelRunner
+
+CPU = torch.device("cpu")
+
+
+def copy_of(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def load(path: Path, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    return load_model(path, CPU, dtype, "torch")[0]
+
+
+def test_missing_folder_and_missing_config_name_the_culprit(tmp_path, llama_dir):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        read_hf_config(tmp_path / "nowhere")
+    path = copy_of(llama_dir, tmp_path / "m")
+    (path / "config.json").unlink()
+    with pytest.raises(FileNotFoundError, match=r"config\.json"):
+        load(path)
+
+
+def test_missing_weights_name_safetensors(tmp_path, llama_dir):
+    path = copy_of(llama_dir, tmp_path / "m")
+    (path / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match=r"\*\.safetensors"):
+        load(path)
+
+
+def test_missing_shard_listed_by_the_index_is_named(tmp_path, tiny_model_dir):
+    path = copy_of(tiny_model_dir("LlamaForCausalLM", max_shard_size="40KB"), tmp_path / "m")
+    victim = sorted(path.glob("model-*.safetensors"))[1]
+    victim.unlink()
+    with pytest.raises(FileNotFoundError, match=re.escape(victim.name)):
+        load(path)
+
+
+def test_missing_tokenizer_is_named_by_the_runner(tmp_path, llama_dir):
+    path = copy_of(llama_dir, tmp_path / "m")
+    (path / "tokenizer.json").unlink()
+    with pytest.raises(FileNotFoundError, match="tokenizer"):
+        ModelRunner(EngineConfig(model=str(path), num_kv_blocks=64))
+
+
+def test_unsupported_architecture_is_named_with_the_supported_ones(tmp_path, llama_dir):
+    path = copy_of(llama_dir, tmp_path / "m")
+    config = json.loads((path / "config.json").read_text())
+    config["architectures"] = ["GPT2LMHeadModel"]
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"GPT2LMHeadModel.*LlamaForCausalLM"):
+        load(path)
+
+
+def test_unsupported_rope_type_is_named(tmp_path, llama_dir):
+    path = copy_of(llama_dir, tmp_path / "m")
+    config = json.loads((path / "config.json").read_text())
+    config["rope_parameters"] = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0}
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="yarn"):
+        load(path)
+
+
+def test_sharded_checkpoint_loads_equal_to_unsharded(tmp_path, llama_dir, tiny_model_dir):
+    sharded_dir = tiny_model_dir("LlamaForCausalLM", max_shard_size="40KB")
+    assert len(safetensors_files(sharded_dir)) > 1
+    whole = dict(load(llama_dir).named_parameters())
+    sharded = dict(load(sharded_dir).named_parameters())
+    # Without the index, every *.safetensors in the folder is read.
+    no_index_dir = copy_of(sharded_dir, tmp_path / "no-index")
+    (no_index_dir / "model.safetensors.index.json").unlink()
+    no_index = dict(load(no_index_dir).named_parameters())
+    assert whole.keys() == sharded.keys() == no_index.keys()
+    for name, param in whole.items():
+        assert torch.equal(param, sharded[name]), name
+        assert torch.equal(param, no_index[name]), name
+
+
+def test_fused_projections_hold_the_checkpoint_tensors(llama_dir):
+    model = load(llama_dir)
+    tensors = load_file(llama_dir / "model.safetensors")
+    attn = model.model.layers[1].self_attn
+    q, k, v = attn.qkv_proj.weight.split([attn.q_size, attn.kv_size, attn.kv_size])
+    assert torch.equal(q, tensors["model.layers.1.self_attn.q_proj.weight"])
+    assert torch.equal(k, tensors["model.layers.1.self_attn.k_proj.weight"])
+    assert torch.equal(v, tensors["model.layers.1.self_attn.v_proj.weight"])
+    gate, up = model.model.layers[1].mlp.gate_up_proj.weight.chunk(2)
+    assert torch.equal(gate, tensors["model.layers.1.mlp.gate_proj.weight"])
+    assert torch.equal(up, tensors["model.layers.1.mlp.up_proj.weight"])
+    assert torch.equal(model.lm_head.weight, tensors["lm_head.weight"])
+
+
+def test_tied_embeddings_share_one_parameter(tiny_model_dir):
+    path = tiny_model_dir("LlamaForCausalLM", tie_word_embeddings=True)
+    assert "lm_head.weight" not in load_file(path / "model.safetensors")
+    model = load(path)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+
+
+def test_a_missing_tensor_and_an_unexpected_one_are_named(tmp_path, llama_dir):
+    path = copy_of(llama_dir, tmp_path / "m")
+    tensors = load_file(path / "model.safetensors")
+    del tensors["model.layers.0.self_attn.k_proj.weight"]
+    tensors["model.layers.0.self_attn.mystery.weight"] = torch.zeros(2)
+    save_file(tensors, path / "model.safetensors")
+    with pytest.raises(ValueError, match=r"qkv_proj\.weight\[1\].*mystery"):
+        load(path)
+
+
+def test_wrong_shape_is_named(tmp_path, llama_dir):
+    path = copy_of(llama_dir, tmp_path / "m")
+    tensors = load_file(path / "model.safetensors")
+    tensors["model.norm.weight"] = torch.zeros(3)
+    save_file(tensors, path / "model.safetensors")
+    with pytest.raises(ValueError, match=r"model\.norm\.weight.*\(3,\)"):
+        load(path)
+
+
+def test_dtype_auto_is_float32_on_cpu_and_weights_take_the_requested_dtype(llama_dir):
+    assert resolve_dtype("auto", CPU) == torch.float32
+    assert resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16
+    model = load(llama_dir, torch.bfloat16)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert model.model.rotary.inv_freq.dtype == torch.float32  # RoPE angles stay fp32

@@ -1,0 +1,113 @@
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from engine.batch import ScheduledChunk
+from engine.config import EngineConfig
+from engine.model_runner import (
+    ModelRunner,
+    prepare_step,
+    profiling_chunks,
+    resolve_max_model_len,
+    sliding_window,
+)
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def runner(llama_dir) -> ModelRunner:
+    return ModelRunner(EngineConfig(model=str(llama_dir), num_kv_blocks=40, max_model_len=256))
+
+
+def test_runner_exposes_what_the_engine_needs(runner, llama_dir):
+    assert runner.vocab_size == 512
+    assert runner.block_size == 16
+    assert runner.max_model_len == 256
+    assert runner.num_kv_blocks == 40
+    assert runner.device == CPU
+    assert runner.dtype == torch.float32
+    assert runner.attention_backend == "torch"  # auto on CPU
+    assert runner.hf_config["architectures"] == ["LlamaForCausalLM"]
+
+
+def test_max_model_len_defaults_to_max_position_embeddings(llama_dir):
+    assert ModelRunner(EngineConfig(model=str(llama_dir), num_kv_blocks=64)).max_model_len == 1024
+
+
+def test_max_model_len_beyond_the_model_is_refused(llama_dir):
+    with pytest.raises(ValueError, match=r"max_model_len=2048.*max_position_embeddings=1024"):
+        ModelRunner(EngineConfig(model=str(llama_dir), num_kv_blocks=200, max_model_len=2048))
+
+
+def test_sliding_window_caps_max_model_len(caplog):
+    mistral = {"max_position_embeddings": 4096, "sliding_window": 1024}
+    with caplog.at_level(logging.WARNING, logger="engine"):
+        assert resolve_max_model_len(None, mistral) == 1024
+    assert "sliding_window=1024" in caplog.text
+    assert resolve_max_model_len(512, mistral) == 512
+    qwen2_off = {"max_position_embeddings": 4096, "sliding_window": 1024, "use_sliding_window": False}
+    assert sliding_window(qwen2_off) is None
+    full_layers = {"sliding_window": 1024, "layer_types": ["full_attention", "full_attention"]}
+    assert sliding_window(full_layers) is None
+
+
+def test_prepare_step_flattens_chunks_into_tensors():
+    chunks = [
+        ScheduledChunk([11, 12, 13], start_pos=0, block_table=[4, 1], sample=True),  # a prefill
+        ScheduledChunk([21], start_pos=17, block_table=[2, 7], sample=True),  # a decode in its 2nd block
+        ScheduledChunk([31, 32], start_pos=15, block_table=[5, 3, 9], sample=False),  # chunk across blocks
+    ]
+    step = prepare_step(chunks, block_size=16, device=CPU)
+    assert step.input_ids.tolist() == [11, 12, 13, 21, 31, 32]
+    assert step.positions.tolist() == [0, 1, 2, 17, 15, 16]
+    assert step.meta.slot_mapping.tolist() == [64, 65, 66, 7 * 16 + 1, 5 * 16 + 15, 3 * 16 + 0]
+    assert step.meta.block_tables.tolist() == [[4, 1, 0], [2, 7, 0], [5, 3, 9]]
+    assert step.meta.block_tables.dtype == torch.int32
+    assert step.meta.seq_lens.tolist() == [3, 18, 17]
+    assert step.meta.query_start_loc.tolist() == [0, 3, 4, 6]
+    assert (step.meta.max_query_len, step.meta.max_seq_len) == (3, 18)
+    assert step.sample_indices.tolist() == [2, 3]
+
+
+def test_execute_returns_logits_only_for_sampling_chunks_in_order(runner):
+    a, b, c = [5, 6, 7, 8], [9, 10], [30, 31, 32]
+    # Alone, each in its own blocks...
+    alone_a = runner.execute([ScheduledChunk(a, 0, [0], True)])[0]
+    alone_c = runner.execute([ScheduledChunk(c, 0, [1], True)])[0]
+    # ...then together with a chunk that does not sample in between.
+    logits = runner.execute([ScheduledChunk(a, 0, [2], True), ScheduledChunk(b, 0, [3], False),
+                             ScheduledChunk(c, 0, [4], True)])
+    assert logits.shape == (2, runner.vocab_size) and logits.dtype == torch.float32
+    torch.testing.assert_close(logits[0], alone_a, atol=1e-5, rtol=0)
+    torch.testing.assert_close(logits[1], alone_c, atol=1e-5, rtol=0)
+    assert not torch.allclose(logits[0], logits[1])
+    assert runner.last_forward_seconds > 0
+
+
+def test_execute_with_nothing_sampling_or_nothing_scheduled(runner):
+    assert runner.execute([ScheduledChunk([1, 2], 0, [0], False)]).shape == (0, runner.vocab_size)
+    assert runner.execute([]).shape == (0, runner.vocab_size)
+
+
+def test_new_keys_and_values_land_in_their_slots_only(runner):
+    for k_cache, v_cache in runner.kv_caches:
+        k_cache.zero_(), v_cache.zero_()
+    runner.execute([ScheduledChunk([3, 4, 5], start_pos=14, block_table=[0, 6], sample=False)])
+    for k_cache, v_cache in runner.kv_caches:
+        for cache in (k_cache, v_cache):
+            written = cache.abs().sum(dim=(2, 3)).nonzero().tolist()  # [[block, offset]]
+            assert written == [[0, 14], [0, 15], [6, 0]]  # positions 14, 15, 16
+
+
+def test_profiling_step_spans_the_token_budget_within_limits():
+    chunks = profiling_chunks(num_tokens=1000, max_num_seqs=64, max_model_len=256, block_size=16)
+    assert sum(len(c.token_ids) for c in chunks) == 1000
+    assert len(chunks) == 64 and all(c.sample for c in chunks)
+    blocks = [b for c in chunks for b in c.block_table]
+    assert len(blocks) == len(set(blocks))
+    long_budget = profiling_chunks(num_tokens=1000, max_num_seqs=2, max_model_len=256, block_size=16)
+    assert len(long_budget) == 4 and max(len(c.token_ids) for c in long_budget) <= 256
