@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import paged_attention_ref, reshape_and_cache_ref
+from kernels import paged_attention_ref, reference, reshape_and_cache_ref
 
 
 def naive_paged_attention(batch) -> torch.Tensor:
@@ -42,15 +42,27 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("budget", [reference.GROUP_BUDGET_ELEMENTS, 1], ids=["grouped", "one_per_group"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
-def test_reference_matches_naive_oracle(paged_batch, tolerance, case, dtype) -> None:
+def test_reference_matches_naive_oracle(paged_batch, tolerance, monkeypatch, case, dtype, budget) -> None:
+    monkeypatch.setattr(reference, "GROUP_BUDGET_ELEMENTS", budget)
     query_lens, seq_lens, num_heads, num_kv_heads, head_dim, block_size = case
     batch = paged_batch(query_lens, seq_lens, num_heads, num_kv_heads, head_dim, block_size, dtype)
     got = paged_attention_ref(*batch.args())
     assert got.dtype == dtype and got.shape == batch.q.shape
     err = (got.float() - naive_paged_attention(batch).float()).abs().max().item()
     assert err <= tolerance[dtype]
+
+
+def test_sequences_grouped_by_kind_then_context_length(monkeypatch) -> None:
+    query_lens, seq_lens = [1, 7, 1, 0, 1, 3], [90, 7, 10, 5, 40, 30]
+    groups = reference._group_sequences(query_lens, seq_lens, row_elements=8, num_heads=2)
+    assert groups == [[2, 4, 0], [1, 5]]  # decodes first, each kind by context length; query length 0 dropped
+    # Padded cost per sequence: longest context x (2 * 8 + 2 * 2 * longest query) elements.
+    monkeypatch.setattr(reference, "GROUP_BUDGET_ELEMENTS", 2000)
+    groups = reference._group_sequences(query_lens, seq_lens, row_elements=8, num_heads=2)
+    assert groups == [[2, 4], [0], [1], [5]]
 
 
 def test_reference_writes_into_out_and_ignores_block_table_padding(paged_batch) -> None:
