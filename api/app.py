@@ -1,0 +1,60 @@
+"""create_app: one FastAPI instance with its own settings, store, publisher, tokenizer and metrics."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.deps import Services
+from api.dispatch import JobPublisher, Runtime
+from api.errors import install_error_handlers
+from api.metrics import Metrics
+from api.middleware import BodySizeLimit, ResponseCounter
+from api.routes import health, jobs, queues
+from api.settings import Settings
+from api.store.db import make_engine, make_session_factory
+from api.tokens import PromptTokenizer
+
+
+def create_app(
+    settings: Settings,
+    *,
+    publisher: JobPublisher,
+    tokenizer: PromptTokenizer,
+    session_factory: sessionmaker[Session] | None = None,
+    runtime: Runtime | None = None,
+) -> FastAPI:
+    """`runtime` (the embedded worker) is started and stopped with the app. Tables come from migrations."""
+    owns_engine = session_factory is None
+    if session_factory is None:
+        session_factory = make_session_factory(make_engine(settings.database_url))
+    metrics = Metrics(settings, session_factory)
+    services = Services(settings, session_factory, publisher, tokenizer, metrics)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        if runtime is not None:
+            runtime.start()
+        try:
+            yield
+        finally:
+            if runtime is not None:
+                runtime.stop()
+            if owns_engine:
+                bind = session_factory.kw["bind"]
+                bind.dispose()
+
+    app = FastAPI(
+        title="Conveyor", version="0.1.0", lifespan=lifespan,
+        description="A job queue for asynchronous LLM inference.",
+    )
+    app.state.services = services
+    install_error_handlers(app)
+    for router in (jobs.router, queues.router, health.router):
+        app.include_router(router)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(ResponseCounter, metrics=metrics)  # outermost: 413s are counted too
+    return app

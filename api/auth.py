@@ -1,0 +1,37 @@
+"""Bearer API keys, each bound to a tenant. With auth off (loopback only) requests are the default tenant."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from api.deps import ServicesDep, SessionDep
+from api.errors import ApiError
+from api.store import keys
+from api.store.models import DEFAULT_TENANT
+
+bearer_scheme = HTTPBearer(auto_error=False, description="Authorization: Bearer <API key>")
+
+
+def current_tenant(
+    services: ServicesDep,
+    session: SessionDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)],
+) -> str:
+    if not services.settings.auth_enabled:
+        return DEFAULT_TENANT
+    if credentials is None or not credentials.credentials:
+        raise _unauthorized("Authorization: a Bearer API key is required")
+    tenant = keys.tenant_for_key(session, credentials.credentials)
+    if tenant is None:
+        raise _unauthorized("Authorization: the API key is invalid or revoked")
+    return tenant
+
+
+def _unauthorized(message: str) -> ApiError:
+    return ApiError(401, "unauthorized", message, "Authorization", {"WWW-Authenticate": "Bearer"})
+
+
+CurrentTenant = Annotated[str, Depends(current_tenant)]

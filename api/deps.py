@@ -1,0 +1,40 @@
+"""What routes depend on: the app's services and a database session per request."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.dispatch import JobPublisher
+from api.metrics import Metrics
+from api.settings import Settings
+from api.tokens import PromptTokenizer
+
+
+@dataclass(frozen=True)
+class Services:
+    """Everything one app instance shares between requests; built once in create_app."""
+
+    settings: Settings
+    session_factory: sessionmaker[Session]
+    publisher: JobPublisher
+    tokenizer: PromptTokenizer
+    metrics: Metrics
+
+
+def get_services(request: Request) -> Services:
+    services: Services = request.app.state.services
+    return services
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    with get_services(request).session_factory() as session:
+        yield session
+
+
+ServicesDep = Annotated[Services, Depends(get_services)]
+SessionDep = Annotated[Session, Depends(get_session)]

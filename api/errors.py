@@ -1,0 +1,77 @@
+"""One error shape everywhere: {"error": {"code": ..., "message": ..., "field": ...}}."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+LOCATIONS = ("body", "query", "path", "header", "cookie")
+
+
+class ApiError(Exception):
+    """An HTTP error raised by the API layer (never by the store)."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        field: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.field = field
+        self.headers = headers
+
+
+def error_response(
+    status: int, code: str, message: str, field: str | None = None, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    body = {"error": {"code": code, "message": message, "field": field}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+
+
+async def _api_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ApiError)
+    return error_response(exc.status, exc.code, exc.message, exc.field, exc.headers)
+
+
+async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    first: dict[str, Any] = exc.errors()[0]
+    field = field_name(first.get("loc", ()))
+    message = f"{field}: {first.get('msg', 'invalid value')}" if field else str(first.get("msg"))
+    return error_response(422, "invalid_request", message, field or None)
+
+
+async def _http_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    return error_response(exc.status_code, code, str(exc.detail), None, getattr(exc, "headers", None))
+
+
+def field_name(loc: tuple[Any, ...] | list[Any]) -> str:
+    """('body', 'messages', 0, 'content') -> 'messages[0].content'; union branch names are dropped."""
+    parts = list(loc[1:] if loc and loc[0] in LOCATIONS else loc)
+    out = ""
+    for part in parts:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif "[" in str(part) or str(part).startswith(("function-", "list[", "str", "int")):
+            continue  # pydantic's union member tags, e.g. 'list[str]'
+        else:
+            out += ("." if out else "") + str(part)
+    return out

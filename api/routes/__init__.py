@@ -1,0 +1,1 @@
+"""HTTP routes, thin: parse, call the store or a use case, shape the response."""

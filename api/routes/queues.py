@@ -1,0 +1,27 @@
+"""/v1/queues: depth, running jobs, limits and the oldest queued job's age, per queue."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from api.auth import CurrentTenant
+from api.deps import ServicesDep, SessionDep
+from api.schemas.errors import ErrorBody
+from api.schemas.queues import QueueList, QueuePublic
+from api.store import jobs
+from api.store.models import utcnow
+
+router = APIRouter(prefix="/v1/queues", tags=["queues"])
+
+
+@router.get("", response_model=QueueList, responses={401: {"model": ErrorBody}})
+def list_queues(session: SessionDep, services: ServicesDep, _tenant: CurrentTenant) -> QueueList:
+    counts = jobs.queue_counts(session)
+    now = utcnow()
+    data = []
+    for name, limits in services.settings.queues.items():
+        c = counts.get(name, jobs.QueueCounts(0, 0, None))
+        age = round((now - c.oldest_queued_at).total_seconds(), 3) if c.oldest_queued_at else None
+        data.append(QueuePublic(name=name, queued=c.queued, running=c.running, oldest_queued_age_s=age,
+                                limits=limits))
+    return QueueList(data=data)

@@ -1,0 +1,1 @@
+"""Request and response models, one family per resource."""

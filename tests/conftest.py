@@ -1,0 +1,129 @@
+"""Shared fixtures for the service tests: database URLs (SQLite and a fresh Postgres database per session),
+a flushed Redis database, the tiny demo model, and Settings for tests.
+
+The service tests never skip: when Postgres or Redis is unreachable, these fixtures raise and the tests fail.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+POSTGRES_SERVER = os.environ.get("CONVEYOR_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+REDIS_SERVER = os.environ.get("CONVEYOR_TEST_REDIS", "redis://127.0.0.1:6379")
+
+
+@pytest.fixture(autouse=True)
+def _no_conveyor_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests build their Settings explicitly; a developer's CONVEYOR_* variables must not leak in."""
+    for name in list(os.environ):
+        if name.startswith("CONVEYOR_") and not name.startswith("CONVEYOR_TEST_"):
+            monkeypatch.delenv(name)
+
+
+@contextmanager
+def fresh_postgres_database() -> Iterator[str]:
+    """CREATE DATABASE conveyor_test_<random> on the local server; dropped on exit."""
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    server = make_url(POSTGRES_SERVER)
+    name = "conveyor_test_" + secrets.token_hex(6)
+    admin_dsn = server.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(admin_dsn, autocommit=True, connect_timeout=5) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield server.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with psycopg.connect(admin_dsn, autocommit=True, connect_timeout=5) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A fresh, empty Postgres database for this test session (not migrated)."""
+    with fresh_postgres_database() as url:
+        yield url
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    """A fresh SQLite file for this test (not migrated)."""
+    return f"sqlite:///{tmp_path / 'conveyor.db'}"
+
+
+@pytest.fixture
+def redis_url() -> str:
+    """A flushed Redis database; the number is random per test so concurrent runs rarely share one."""
+    import redis
+
+    url = f"{REDIS_SERVER}/{secrets.randbelow(15) + 1}"
+    client = redis.Redis.from_url(url, socket_connect_timeout=5)
+    client.flushdb()
+    client.close()
+    return url
+
+
+@pytest.fixture(scope="session")
+def _migrated_postgres(postgres_url: str) -> str:
+    from api.store.migrate import upgrade
+
+    upgrade(postgres_url)
+    return postgres_url
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def database_url(request: pytest.FixtureRequest, sqlite_url: str) -> Iterator[str]:
+    """A migrated, empty database: each test runs once on SQLite and once on Postgres."""
+    from api.store.migrate import upgrade
+
+    if request.param == "sqlite":
+        upgrade(sqlite_url)
+        yield sqlite_url
+        return
+    url = request.getfixturevalue("_migrated_postgres")
+    _empty_tables(url)
+    yield url
+
+
+def _empty_tables(url: str) -> None:
+    from sqlalchemy import text
+
+    from api.store.db import make_engine
+
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        for statement in ("DELETE FROM jobs", "DELETE FROM api_keys", "DELETE FROM workers",
+                          "DELETE FROM tenants WHERE id <> 'default'"):
+            conn.execute(text(statement))
+    engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def demo_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny random-weight demo model, built once per session."""
+    from engine.demo import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("demo-model"))
+
+
+@pytest.fixture
+def make_settings(tmp_path: Path) -> Callable[..., Any]:
+    """Settings for tests: data under tmp_path, auth on, fast reconciler timings; keyword overrides win."""
+    from api.settings import Settings
+
+    def make(**overrides: Any) -> Settings:
+        values: dict[str, Any] = dict(
+            data_dir=tmp_path / "data", auth_enabled=True, reconcile_interval_s=0.2, dispatch_grace_s=0.5,
+            worker_heartbeat_s=0.2, worker_dead_after_s=2.0, cancel_poll_s=0.1,
+        )
+        values.update(overrides)
+        return Settings(**values)
+
+    return make
