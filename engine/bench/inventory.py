@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import re
 import subprocess
 import time
 from importlib import metadata
@@ -34,7 +35,15 @@ def inventory(model_path: str | None, params: dict[str, Any]) -> dict[str, Any]:
 
 
 def _version() -> str | None:
-    return _package_version("conveyor")
+    """The installed package's version, else the one in the checkout's pyproject.toml."""
+    installed = _package_version("conveyor")
+    if installed is not None:
+        return installed
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    if not pyproject.is_file():
+        return None
+    found = re.search(r'^version\s*=\s*"([^"]+)"', pyproject.read_text(), re.MULTILINE)
+    return found.group(1) if found else None
 
 
 def _package_version(name: str) -> str | None:
