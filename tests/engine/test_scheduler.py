@@ -6,8 +6,10 @@ import random
 from pathlib import Path
 
 import pytest
+import torch
 from fake_runner import FakeRunner, reference
 
+from engine.batch import ScheduledChunk
 from engine.config import EngineConfig, RequestClassConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
@@ -225,3 +227,28 @@ def assert_block_accounting(engine: LLMEngine, total: int) -> None:
     assert all(not s.block_table for q in engine.scheduler.waiting.values() for s in q)
     for seq in engine.scheduler.running:  # only the last block has unused slots
         assert len(seq.block_table) == -(-seq.num_computed_tokens // bm.block_size)
+
+
+class EosRunner(FakeRunner):
+    """Always prefers EOS (id 2); the next best token is 7."""
+
+    def execute(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
+        rows = super().execute(chunks)
+        rows[:] = 0.0
+        rows[:, 2], rows[:, 7] = 10.0, 5.0
+        return rows
+
+
+def test_eos_stops_after_min_tokens_unless_ignored(tokenizer) -> None:
+    assert 2 in tokenizer.eos_token_ids
+    cfg = EngineConfig(model="unused", num_kv_blocks=16)
+    engine = LLMEngine(cfg, runner=EosRunner(16, 16, 512, VOCAB), tokenizer=tokenizer)
+    engine.add_request("eos", [5, 6], SamplingParams(max_tokens=8, temperature=0))
+    engine.add_request("min", [5, 6], SamplingParams(max_tokens=8, temperature=0, min_tokens=3))
+    engine.add_request("ignore", [5, 6], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
+    outs = {}
+    while engine.has_unfinished_requests():
+        outs.update({o.request_id: o for o in engine.step() if o.finished})
+    assert (outs["eos"].token_ids, outs["eos"].finish_reason) == ([2], "stop")
+    assert (outs["min"].token_ids, outs["min"].finish_reason) == ([7, 7, 7, 2], "stop")
+    assert (outs["ignore"].token_ids, outs["ignore"].finish_reason) == ([2] * 8, "length")
