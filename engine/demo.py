@@ -89,6 +89,8 @@ def build_tiny_model(
         rope_scaling=rope_scaling, **ids, **overrides,
     ))
     model = _random_model(arch, config, seed)
+    for stale in [*out.glob("*.safetensors"), *out.glob("*.safetensors.index.json")]:
+        stale.unlink()  # a previous build's shards or index would shadow the new weights
     save_kwargs: dict[str, Any] = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
     model.save_pretrained(out, **save_kwargs)
     _generation_config(ids).save_pretrained(out)

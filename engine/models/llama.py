@@ -31,6 +31,8 @@ PACKED_PARAMS: dict[str, tuple[str, int]] = {
 }
 
 ROPE_TYPES = ("default", "llama3")
+REQUIRED_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                 "max_position_embeddings")
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,9 @@ class LlamaSettings:
     @classmethod
     def from_hf(cls, cfg: dict[str, Any], dtype: torch.dtype, *, qkv_bias: bool, o_bias: bool,
                 mlp_bias: bool, qk_norm: bool) -> LlamaSettings:
+        missing = [key for key in REQUIRED_KEYS if key not in cfg]
+        if missing:
+            raise ValueError(f"config.json: missing key(s) {missing}")
         num_heads = cfg["num_attention_heads"]
         rope_theta, rope_scaling = parse_rope(cfg)
         return cls(

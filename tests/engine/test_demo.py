@@ -48,3 +48,9 @@ def test_rejects_unknown_arch_and_tiny_vocab(tmp_path):
         build_tiny_model(tmp_path, "GPT2LMHeadModel")
     with pytest.raises(ValueError, match="vocab_size"):
         build_tiny_model(tmp_path, vocab_size=100)
+
+
+def test_rebuilding_into_the_same_folder_leaves_no_stale_weights(tmp_path):
+    build_tiny_model(tmp_path, max_shard_size="40KB")
+    build_tiny_model(tmp_path)
+    assert sorted(p.name for p in tmp_path.glob("*.safetensors*")) == ["model.safetensors"]

@@ -65,6 +65,15 @@ def test_unsupported_architecture_is_named_with_the_supported_ones(tmp_path, lla
         load(path)
 
 
+def test_missing_config_key_is_named(tmp_path, llama_dir):
+    path = copy_of(llama_dir, tmp_path / "m")
+    config = json.loads((path / "config.json").read_text())
+    del config["num_hidden_layers"]
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="num_hidden_layers"):
+        load(path)
+
+
 def test_unsupported_rope_type_is_named(tmp_path, llama_dir):
     path = copy_of(llama_dir, tmp_path / "m")
     config = json.loads((path / "config.json").read_text())

@@ -23,6 +23,7 @@ CASES = {
     "llama": ("LlamaForCausalLM", {}),
     "llama-tied": ("LlamaForCausalLM", {"tie_word_embeddings": True}),
     "llama3-rope": ("LlamaForCausalLM", {"rope_scaling": LLAMA3_ROPE}),
+    "llama-biases": ("LlamaForCausalLM", {"attention_bias": True, "mlp_bias": True}),
     "mistral": ("MistralForCausalLM", {}),
     "qwen2": ("Qwen2ForCausalLM", {}),
     "qwen3": ("Qwen3ForCausalLM", {}),  # head_dim 32 != hidden / heads = 16, q/k norms

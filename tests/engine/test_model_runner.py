@@ -111,3 +111,17 @@ def test_profiling_step_spans_the_token_budget_within_limits():
     assert len(blocks) == len(set(blocks))
     long_budget = profiling_chunks(num_tokens=1000, max_num_seqs=2, max_model_len=256, block_size=16)
     assert len(long_budget) == 4 and max(len(c.token_ids) for c in long_budget) <= 256
+
+
+def test_bfloat16_runs_end_to_end_close_to_float32(llama_dir, runner):
+    config = EngineConfig(model=str(llama_dir), num_kv_blocks=40, max_model_len=256, dtype="bfloat16")
+    bf16 = ModelRunner(config)
+    assert bf16.dtype == torch.bfloat16
+    assert all(k.dtype == torch.bfloat16 for k, _ in bf16.kv_caches)
+    ids = [7, 99, 45, 3, 250, 17, 18, 400, 12, 5]
+    chunks = [ScheduledChunk(ids[:6], 0, [1], False), ScheduledChunk(ids[6:], 6, [1], True)]
+    ref = [runner.execute([c]) for c in chunks][-1][0]
+    low = [bf16.execute([c]) for c in chunks][-1][0]
+    assert low.dtype == torch.float32
+    assert (low - ref).abs().max() < 0.1 * ref.abs().max()  # bf16 keeps ~3 significant digits
+    assert int(low.argmax()) == int(ref.argmax())
