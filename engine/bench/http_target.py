@@ -185,8 +185,8 @@ def _fill(rec: RequestRecord, job: dict[str, Any]) -> None:
 
 
 def _queue_sample(body: Any, t: float) -> StepSample:
-    """Accepts `{"queues": [{"name", "queued", "running"}, ...]}`, a bare list, or `{name: {...}}`."""
-    queues = body.get("queues", body) if isinstance(body, dict) else body
+    """Reads `{"data": [{"name", "queued", "running"}, ...]}` (the service's QueueList) or a bare list."""
+    queues = body.get("data", body) if isinstance(body, dict) else body
     items = queues.items() if isinstance(queues, dict) else ((q.get("name"), q) for q in queues)
     waiting, running = {}, {}
     for name, q in items:
