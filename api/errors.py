@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 LOCATIONS = ("body", "query", "path", "header", "cookie")
+UNION_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "url", "none"})
 
 
 class ApiError(Exception):
@@ -64,14 +65,17 @@ async def _http_error(_request: Request, exc: Exception) -> JSONResponse:
 
 
 def field_name(loc: tuple[Any, ...] | list[Any]) -> str:
-    """('body', 'messages', 0, 'content') -> 'messages[0].content'; union branch names are dropped."""
+    """('body', 'messages', 0, 'content') -> 'messages[0].content'; union member tags are dropped."""
     parts = list(loc[1:] if loc and loc[0] in LOCATIONS else loc)
-    out = ""
-    for part in parts:
+    out = str(parts[0]) if parts else ""
+    for part in parts[1:]:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif "[" in str(part) or str(part).startswith(("function-", "list[", "str", "int")):
-            continue  # pydantic's union member tags, e.g. 'list[str]'
-        else:
-            out += ("." if out else "") + str(part)
+        elif not _is_union_tag(str(part)):
+            out += f".{part}"
     return out
+
+
+def _is_union_tag(part: str) -> bool:
+    """pydantic names the failing member of a union in loc: 'str', 'list[constrained-str]', 'WebhookSpec'."""
+    return "[" in part or "-" in part or part in UNION_TAGS or part[:1].isupper()

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from api.deps import Services, ServicesDep
 from api.schemas.health import Check, Health, Readiness
-from api.store import readiness
+from api.store import readiness, workers
 from api.store.models import utcnow
 
 router = APIRouter(tags=["health"])
@@ -54,7 +52,7 @@ def _worker(services: Services) -> Check:
     dead_after = services.settings.worker_dead_after_s
     try:
         with services.session_factory() as session:
-            n = readiness.live_workers(session, utcnow() - timedelta(seconds=dead_after))
+            n = len(workers.live_workers(session, now=utcnow(), dead_after_s=dead_after))
     except Exception as exc:
         return Check(ok=False, detail=f"unknown: {type(exc).__name__}")
     if n == 0:

@@ -1,0 +1,103 @@
+"""/readyz (database, broker, a live worker) and /metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy.orm import Session
+
+from api.dispatch import RecordingPublisher
+from api.store import jobs, workers
+from api.store.models import utcnow
+from tests.api.conftest import Service
+
+
+def samples(service: Service) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = service.http.get("/metrics").text
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def test_not_ready_without_a_live_worker_or_broker(
+    make_service: Callable[..., Service], session: Session
+) -> None:
+    publisher = RecordingPublisher(reachable=False)
+    svc = make_service(publisher=publisher)
+    r = svc.http.get("/readyz")
+    assert r.status_code == 503
+    body = r.json()
+    assert body["ready"] is False
+    assert body["checks"]["database"]["ok"] is True
+    assert body["checks"]["broker"] == {"ok": False, "detail": "unreachable"}
+    assert body["checks"]["worker"]["ok"] is False and "no worker seen" in body["checks"]["worker"]["detail"]
+
+    stale = utcnow() - timedelta(seconds=svc.settings.worker_dead_after_s + 1)
+    workers.register(session, "w-old", hostname="h", pid=1, queues=["interactive"], now=stale)
+    publisher.reachable = True
+    assert svc.http.get("/readyz").status_code == 503  # a silent worker is not a live one
+
+    workers.register(session, "w-new", hostname="h", pid=2, queues=["interactive"], now=utcnow())
+    r = svc.http.get("/readyz")
+    assert r.status_code == 200, r.text
+    assert r.json()["checks"]["worker"] == {"ok": True, "detail": "1 live worker(s)"}
+
+
+def test_metrics_count_submissions_rejections_queues_and_outcomes(service: Service, session: Session) -> None:
+    alice = service.client("alice")
+    ids = [
+        alice.post("/v1/jobs", json={"prompt": "x", "queue": q}).json()["id"]
+        for q in ("interactive", "interactive", "documents")
+    ]
+    alice.post("/v1/jobs", json={"prompt": "x", "queue": "nope"})
+    alice.post("/v1/jobs", json={"prompt": "x", "max_tokens": 100000})
+    alice.get("/v1/jobs/job_missing")
+    assert jobs.claim(session, ids[0], "w1", utcnow()) is not None
+    assert jobs.complete(
+        session,
+        ids[0],
+        1,
+        result_text="t",
+        finish_reason="stop",
+        prompt_tokens=1,
+        completion_tokens=1,
+        preemptions=3,
+        first_token_at=None,
+        now=utcnow(),
+    )
+    assert jobs.claim(session, ids[2], "w1", utcnow()) is not None
+
+    m = samples(service)
+    assert m[("conveyor_jobs_submitted_total", (("queue", "interactive"),))] == 2
+    assert m[("conveyor_jobs_submitted_total", (("queue", "documents"),))] == 1
+    assert m[("conveyor_jobs_rejected_total", (("code", "unknown_queue"), ("queue", "unknown")))] == 1
+    assert (
+        m[("conveyor_jobs_rejected_total", (("code", "max_tokens_too_large"), ("queue", "interactive")))] == 1
+    )
+    assert m[("conveyor_queue_depth", (("queue", "interactive"),))] == 1
+    assert m[("conveyor_queue_running", (("queue", "documents"),))] == 1
+    assert m[("conveyor_queue_oldest_age_seconds", (("queue", "interactive"),))] >= 0
+    assert m[("conveyor_jobs_finished_total", (("queue", "interactive"), ("status", "succeeded")))] == 1
+    assert m[("conveyor_job_preemptions_total", (("queue", "interactive"),))] == 3
+    not_found = (
+        "conveyor_http_responses_total",
+        (("method", "GET"), ("route", "/v1/jobs/{job_id}"), ("status", "404")),
+    )
+    assert m[not_found] == 1
+    accepted = (
+        "conveyor_http_responses_total",
+        (("method", "POST"), ("route", "/v1/jobs"), ("status", "202")),
+    )
+    assert m[accepted] == 3
+
+
+def test_each_app_has_its_own_registry(make_service: Callable[..., Service]) -> None:
+    first, second = make_service(), make_service()
+    first.client("alice").post("/v1/jobs", json={"prompt": "x"})
+    key = ("conveyor_jobs_submitted_total", (("queue", "interactive"),))
+    assert samples(first)[key] == 1
+    assert key not in samples(second)

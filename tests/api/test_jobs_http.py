@@ -1,0 +1,247 @@
+"""The job lifecycle over HTTP, with the store playing the worker's part (claim, first token, complete)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session
+from transformers import AutoTokenizer
+
+from api.store import jobs
+from api.store.models import utcnow
+from tests.api.conftest import Service, error_of
+
+
+def test_submit_run_complete_read_back(
+    service: Service, alice: TestClient, session: Session, demo_model_dir: Path
+) -> None:
+    body = {
+        "prompt": "Good morning!",
+        "max_tokens": 8,
+        "temperature": 0,
+        "metadata": {"doc": [1, "a"]},
+        "webhook": "https://example.com/hook",
+        "timeout": 30,
+    }
+    r = alice.post("/v1/jobs", json=body)
+    assert r.status_code == 202, r.text
+    job = r.json()
+    assert job["status"] == "queued" and job["queue"] == "interactive" and job["attempts"] == 0
+    assert job["metadata"] == {"doc": [1, "a"]} and job["result"] is None and job["error"] is None
+    tokenizer = AutoTokenizer.from_pretrained(demo_model_dir)
+    assert job["usage"]["prompt_tokens"] == len(tokenizer.encode("Good morning!")) > 3
+    assert service.publisher.published == [(job["id"], "interactive")]
+
+    row = jobs.get(session, job["id"])
+    assert row is not None and row.dispatched_at is not None and row.timeout_s == 30
+    assert row.params["max_tokens"] == 8 and row.params["temperature"] == 0 and row.params["stop"] == []
+    assert row.webhook == {"url": "https://example.com/hook"}
+    start = row.created_at + timedelta(seconds=1)
+    assert jobs.claim(session, job["id"], "w1", start) is not None
+    assert alice.get(f"/v1/jobs/{job['id']}").json()["status"] == "running"
+    assert jobs.record_first_token(session, job["id"], 1, start + timedelta(seconds=0.5))
+    assert jobs.complete(
+        session,
+        job["id"],
+        1,
+        result_text="hi there",
+        finish_reason="length",
+        prompt_tokens=5,
+        completion_tokens=8,
+        preemptions=2,
+        first_token_at=None,
+        now=start + timedelta(seconds=2),
+    )
+
+    done = alice.get(f"/v1/jobs/{job['id']}").json()
+    assert done["status"] == "succeeded"
+    assert done["result"] == {"text": "hi there", "finish_reason": "length"}
+    assert done["usage"] == {"prompt_tokens": 5, "completion_tokens": 8}
+    assert (done["queue_time_s"], done["time_to_first_token_s"], done["end_to_end_s"]) == (1.0, 1.5, 3.0)
+    assert done["attempts"] == 1 and done["preemptions"] == 2 and done["metadata"] == {"doc": [1, "a"]}
+
+
+def test_messages_are_counted_with_the_chat_template(alice: TestClient, demo_model_dir: Path) -> None:
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}]
+    r = alice.post("/v1/jobs", json={"messages": messages, "queue": "documents"})
+    assert r.status_code == 202, r.text
+    tok = AutoTokenizer.from_pretrained(demo_model_dir)
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert r.json()["usage"]["prompt_tokens"] == len(tok.encode(text, add_special_tokens=False))
+    assert r.json()["queue"] == "documents"
+
+
+def test_cancel_queued_job(alice: TestClient, session: Session) -> None:
+    job = alice.post("/v1/jobs", json={"prompt": "x"}).json()
+    r = alice.post(f"/v1/jobs/{job['id']}/cancel")
+    assert r.status_code == 200 and r.json()["status"] == "cancelled"
+    assert r.json()["error"]["code"] == "cancelled" and r.json()["finished_at"] is not None
+    assert jobs.claim(session, job["id"], "w1", utcnow()) is None  # the broker message arrives late
+    assert alice.get(f"/v1/jobs/{job['id']}").json()["status"] == "cancelled"
+    again = alice.post(f"/v1/jobs/{job['id']}/cancel")
+    assert again.status_code == 200 and again.json()["status"] == "cancelled"
+
+
+def test_cancel_running_job_flips_the_row(alice: TestClient, session: Session) -> None:
+    job = alice.post("/v1/jobs", json={"prompt": "x"}).json()
+    assert jobs.claim(session, job["id"], "w1", utcnow()) is not None
+    assert alice.post(f"/v1/jobs/{job['id']}/cancel").json()["status"] == "cancelled"
+    assert jobs.cancelled_among(session, [job["id"]]) == {job["id"]}
+    assert not jobs.complete(
+        session,
+        job["id"],
+        1,
+        result_text="late",
+        finish_reason="stop",
+        prompt_tokens=1,
+        completion_tokens=1,
+        preemptions=0,
+        first_token_at=None,
+        now=utcnow(),
+    )
+
+
+def test_cancel_finished_job_is_409(alice: TestClient, session: Session) -> None:
+    job = alice.post("/v1/jobs", json={"prompt": "x"}).json()
+    assert jobs.claim(session, job["id"], "w1", utcnow()) is not None
+    assert jobs.fail(session, job["id"], 1, code="timeout", message="over 1 s", now=utcnow())
+    r = alice.post(f"/v1/jobs/{job['id']}/cancel")
+    assert r.status_code == 409
+    assert error_of(r) == {
+        "code": "not_cancellable",
+        "message": f"id: job {job['id']} already failed",
+        "field": "id",
+    }
+    failed = alice.get(f"/v1/jobs/{job['id']}").json()
+    assert failed["error"] == {"code": "timeout", "message": "over 1 s"}
+
+
+def test_ttl_expiry(alice: TestClient, session: Session) -> None:
+    by_reconciler = alice.post("/v1/jobs", json={"prompt": "x", "ttl": 5}).json()
+    by_claim = alice.post("/v1/jobs", json={"prompt": "y", "ttl": 5}).json()
+    assert by_reconciler["expires_at"] is not None
+    later = utcnow() + timedelta(seconds=6)
+    assert jobs.claim(session, by_claim["id"], "w1", later) is None
+    assert jobs.expire_overdue(session, later) == [by_reconciler["id"]]
+    for job in (by_reconciler, by_claim):
+        got = alice.get(f"/v1/jobs/{job['id']}").json()
+        assert got["status"] == "expired" and got["error"]["code"] == "expired" and got["started_at"] is None
+
+
+def test_queue_deadline_is_the_default_ttl(make_service, session: Session) -> None:  # type: ignore[no-untyped-def]
+    svc = make_service(queues={"documents": {"deadline_s": 7}})
+    client = svc.client("alice")
+    job = client.post("/v1/jobs", json={"prompt": "x", "queue": "documents"}).json()
+    row = jobs.get(session, job["id"])
+    assert row is not None and row.ttl_s == 7
+    explicit = client.post("/v1/jobs", json={"prompt": "x", "queue": "documents", "ttl": 100}).json()
+    assert jobs.get(session, explicit["id"]).ttl_s == 100  # type: ignore[union-attr]
+
+
+def test_other_tenants_jobs_are_404(service: Service, alice: TestClient) -> None:
+    bob = service.client("bob")
+    job = alice.post("/v1/jobs", json={"prompt": "secret"}).json()
+    for r in (bob.get(f"/v1/jobs/{job['id']}"), bob.post(f"/v1/jobs/{job['id']}/cancel")):
+        assert r.status_code == 404
+        assert error_of(r) == {
+            "code": "not_found",
+            "message": f"id: job {job['id']} not found",
+            "field": "id",
+        }
+    assert bob.get("/v1/jobs").json()["data"] == []
+    assert alice.get(f"/v1/jobs/{job['id']}").json()["status"] == "queued"
+
+
+def test_unknown_job_is_404(alice: TestClient) -> None:
+    r = alice.get("/v1/jobs/job_nope")
+    assert r.status_code == 404 and error_of(r)["code"] == "not_found"
+
+
+def test_idempotent_resubmission(service: Service, alice: TestClient) -> None:
+    body = {"prompt": "once", "max_tokens": 4}
+    first = alice.post("/v1/jobs", json=body, headers={"Idempotency-Key": "k-1"})
+    again = alice.post("/v1/jobs", json=body, headers={"Idempotency-Key": "k-1"})
+    assert first.status_code == 202 and again.status_code == 200
+    assert again.json() == first.json()
+    assert len(service.publisher.published) == 1
+    other = alice.post("/v1/jobs", json={**body, "max_tokens": 5}, headers={"Idempotency-Key": "k-1"})
+    assert other.status_code == 409
+    original = first.json()["id"]
+    assert error_of(other) == {
+        "code": "idempotency_conflict",
+        "field": "Idempotency-Key",
+        "message": f"Idempotency-Key: already used for job {original} with a different request body",
+    }
+    # Keys are per tenant: bob's "k-1" is a new job.
+    bob = service.client("bob")
+    theirs = bob.post("/v1/jobs", json=body, headers={"Idempotency-Key": "k-1"})
+    assert theirs.status_code == 202 and theirs.json()["id"] != first.json()["id"]
+
+
+def test_pagination_and_filters(service: Service, alice: TestClient, session: Session) -> None:
+    ids = [alice.post("/v1/jobs", json={"prompt": f"p{i}"}).json()["id"] for i in range(5)]
+    doc = alice.post("/v1/jobs", json={"prompt": "d", "queue": "documents"}).json()["id"]
+    assert jobs.claim(session, ids[0], "w1", utcnow()) is not None
+    seen: list[str] = []
+    cursor = None
+    while True:
+        params: dict[str, str | int] = {"limit": 2, **({"cursor": cursor} if cursor else {})}
+        page = alice.get("/v1/jobs", params=params).json()
+        assert len(page["data"]) <= 2
+        seen += [j["id"] for j in page["data"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert sorted(seen) == sorted([*ids, doc]) and len(seen) == 6
+    created = [j["created_at"] for j in alice.get("/v1/jobs", params={"limit": 100}).json()["data"]]
+    assert created == sorted(created, reverse=True)
+    queued_interactive = alice.get("/v1/jobs", params={"status": "queued", "queue": "interactive"}).json()
+    assert {j["id"] for j in queued_interactive["data"]} == set(ids[1:])
+    running = alice.get("/v1/jobs", params={"status": "running"}).json()
+    assert [j["id"] for j in running["data"]] == [ids[0]]
+
+
+def test_list_rejects_bad_filters(alice: TestClient) -> None:
+    cases = [
+        ({"status": "done"}, "status"),
+        ({"queue": "gpu"}, "queue"),
+        ({"cursor": "garbage!"}, "cursor"),
+        ({"limit": 0}, "limit"),
+        ({"limit": 101}, "limit"),
+    ]
+    for params, field in cases:
+        r = alice.get("/v1/jobs", params=params)
+        assert r.status_code == 422, (params, r.text)
+        assert error_of(r)["field"] == field and error_of(r)["message"].startswith(f"{field}:")
+
+
+def test_queues_report_depth_running_limits_and_age(
+    service: Service, alice: TestClient, session: Session
+) -> None:
+    a = alice.post("/v1/jobs", json={"prompt": "a"}).json()["id"]
+    alice.post("/v1/jobs", json={"prompt": "b"})
+    assert jobs.claim(session, a, "w1", utcnow()) is not None
+    queues = {q["name"]: q for q in alice.get("/v1/queues").json()["data"]}
+    assert set(queues) == {"interactive", "documents"}
+    assert (queues["interactive"]["queued"], queues["interactive"]["running"]) == (1, 1)
+    assert queues["interactive"]["oldest_queued_age_s"] >= 0
+    assert queues["documents"] == {
+        "name": "documents",
+        "queued": 0,
+        "running": 0,
+        "oldest_queued_age_s": None,
+        "limits": service.settings.queues["documents"].model_dump(),
+    }
+
+
+def test_publish_failure_leaves_job_undispatched(make_service, session: Session) -> None:  # type: ignore[no-untyped-def]
+    from api.dispatch import RecordingPublisher
+
+    svc = make_service(publisher=RecordingPublisher(reachable=False))
+    r = svc.client("alice").post("/v1/jobs", json={"prompt": "x"})
+    assert r.status_code == 202  # accepted: the job is in the store, the reconciler will publish it
+    row = jobs.get(session, r.json()["id"])
+    assert row is not None and row.dispatched_at is None
+    assert jobs.undispatched(session, utcnow() + timedelta(seconds=1)) == [(row.id, "interactive")]
