@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> None:
         from engine.llm import LLM
 
         llm = LLM(model, device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
-                  num_kv_blocks=args.num_kv_blocks)
+                  num_kv_blocks=args.num_kv_blocks, max_model_len=args.max_model_len)
         params = SamplingParams(
             max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
             seed=args.seed, stop=args.stop or None, ignore_eos=args.ignore_eos,
@@ -60,6 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--num-kv-blocks", type=int, default=None)
+    p.add_argument("--max-model-len", type=int, default=None)
     return p
 
 

@@ -121,6 +121,8 @@ class EngineHost:
         try:
             while self._wait_for_work():
                 self._step_once()
+        except Exception:
+            log.exception("engine host thread stopped on an unexpected error")
         finally:
             self._fail_all(EngineShutdownError("EngineHost shut down before the request finished"))
 

@@ -9,6 +9,7 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
+from engine.tokenizer import Tokenizer
 
 Prompt = str | list[int]
 Messages = list[dict[str, str]]
@@ -20,7 +21,7 @@ class LLM:
         self._ids = itertools.count()
 
     @property
-    def tokenizer(self) -> object:
+    def tokenizer(self) -> Tokenizer:
         return self.engine.tokenizer
 
     def generate(

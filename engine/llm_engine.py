@@ -11,7 +11,7 @@ import torch
 from engine.batch import ScheduledChunk
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
-from engine.outputs import RequestMetrics, RequestOutput
+from engine.outputs import FinishReason, RequestMetrics, RequestOutput
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput
@@ -176,7 +176,7 @@ class LLMEngine:
             self.totals.finished_requests += 1
         self.totals.generated_tokens += 1
 
-    def _stop_reason(self, seq: Sequence, token: int, delta: str) -> str | None:
+    def _stop_reason(self, seq: Sequence, token: int, delta: str) -> FinishReason | None:
         params = seq.params
         if seq.num_output_tokens >= params.min_tokens:
             if not params.ignore_eos and token in self.eos_token_ids:
@@ -196,7 +196,7 @@ class LLMEngine:
             ids = self.tokenizer.encode(prompt)
         elif isinstance(prompt, list | tuple):
             ids = list(prompt)
-            bad = [t for t in ids if type(t) is not int or not 0 <= t < self.vocab_size]
+            bad = [t for t in ids if not _is_token_id(t, self.vocab_size)]
             if bad:
                 raise ValueError(f"prompt: token ids must be ints in [0, {self.vocab_size}), got {bad[:5]}")
         else:
@@ -248,6 +248,10 @@ class LLMEngine:
             last_step=self.last_step,
             totals=self.totals,
         )
+
+
+def _is_token_id(value: object, vocab_size: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < vocab_size
 
 
 def _truncate_at_stop_string(seq: Sequence, delta_len: int) -> bool:

@@ -109,7 +109,7 @@ def _mask_until_min_tokens(
     if not rows:
         return logits
     logits = logits.clone()
-    logits[torch.tensor(rows), torch.tensor(cols)] = float("-inf")
+    logits[torch.tensor(rows, device=logits.device), torch.tensor(cols, device=logits.device)] = float("-inf")
     return logits
 
 

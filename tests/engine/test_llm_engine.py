@@ -173,3 +173,11 @@ def test_llm_generate_returns_outputs_in_input_order(llama_dir: Path) -> None:
     with pytest.raises(ValueError, match="temperature"):
         llm.generate(["a", "b"], [greedy(2), broken])
     assert not llm.engine.has_unfinished_requests(), "a bad batch queues nothing"
+
+
+def test_command_line_generates(llama_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from engine.__main__ import main
+
+    main(["--model", str(llama_dir), "--prompt", "Hello", "--max-tokens", "3", "--ignore-eos",
+          "--num-kv-blocks", "32", "--max-model-len", "128"])
+    assert "3 tokens, finish_reason=length" in capsys.readouterr().out
