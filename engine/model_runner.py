@@ -60,8 +60,8 @@ class ModelRunner:
         """float32 logits [number of chunks with sample=True, vocab_size], in chunk order."""
         if not chunks:
             return torch.empty(0, self.vocab_size, device=self.device)
+        self._check_chunks(chunks)
         step = prepare_step(chunks, self.block_size, self.device)
-        self._check_bounds(step, chunks)
         start = time.perf_counter()
         logits = self._forward(step, self.kv_caches)
         if self.device.type == "cuda":
@@ -73,9 +73,12 @@ class ModelRunner:
         hidden = self.model(step.input_ids, step.positions, step.meta, kv_caches)  # [T, H]
         return self.model.compute_logits(hidden[step.sample_indices])
 
-    def _check_bounds(self, step: StepInputs, chunks: list[ScheduledChunk]) -> None:
-        # Out-of-range ids would read or write outside the cache (silently, in a Triton kernel).
-        assert max(c.seq_len for c in chunks) <= self.max_model_len, "a chunk runs past max_model_len"
+    def _check_chunks(self, chunks: list[ScheduledChunk]) -> None:
+        # The scheduler guarantees these; a violation would read or write outside the cache (silently, in a
+        # Triton kernel), so check the cheap invariants on every step.
+        for c in chunks:
+            assert c.token_ids and c.seq_len <= self.max_model_len, (len(c.token_ids), c.seq_len)
+            assert c.seq_len <= len(c.block_table) * self.block_size, "block table too short for the chunk"
         assert max(max(c.block_table) for c in chunks) < self.num_kv_blocks, "block id out of range"
 
     # --- KV cache sizing on CUDA ------------------------------------------------------------------------
@@ -120,8 +123,10 @@ def prepare_step(chunks: list[ScheduledChunk], block_size: int, device: torch.de
 
     query_start_loc = torch.zeros(len(chunks) + 1, dtype=torch.int64)
     torch.cumsum(query_lens, 0, out=query_start_loc[1:])  # [S + 1]
-    seq_of_token = torch.repeat_interleave(torch.arange(len(chunks)), query_lens)  # [T]
-    offsets = torch.arange(input_ids.shape[0]) - query_start_loc[seq_of_token]  # [T], index within the chunk
+    token_index = torch.arange(input_ids.shape[0])  # [T]
+    # NOTE: searchsorted, not repeat_interleave: the latter costs milliseconds on a busy CPU.
+    seq_of_token = torch.searchsorted(query_start_loc[1:], token_index, right=True)  # [T]
+    offsets = token_index - query_start_loc[seq_of_token]  # [T], index within the chunk
     positions = start_pos[seq_of_token] + offsets  # [T]
     block_ids = block_tables[seq_of_token, positions // block_size].long()  # [T]
     slot_mapping = block_ids * block_size + positions % block_size  # [T]
