@@ -9,7 +9,7 @@ from kernels import bench
 
 def test_flops_and_bytes_count_causal_work() -> None:
     shape = bench.Shape(num_heads=2, num_kv_heads=1, head_dim=4, block_size=16, dtype=torch.float16,
-                        tolerance=0.0)
+                        atol=0.0, rtol=0.0)
     case = bench.Case("one chunk and one decode", query_lens=[3, 1], seq_lens=[5, 7])
     # Chunk: 3 queries x 2 context keys + causal triangle 1 + 2 + 3 = 12 keys; decode: 7 keys.
     assert bench.attention_flops(case, shape) == 4 * 4 * 2 * 19
