@@ -53,6 +53,13 @@ def postgres_url() -> Iterator[str]:
 
 
 @pytest.fixture
+def fresh_postgres_url() -> Iterator[str]:
+    """A brand-new, empty Postgres database for one test (e.g. to run migrations from scratch)."""
+    with fresh_postgres_database() as url:
+        yield url
+
+
+@pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
     """A fresh SQLite file for this test (not migrated)."""
     return f"sqlite:///{tmp_path / 'conveyor.db'}"

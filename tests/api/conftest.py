@@ -4,20 +4,18 @@ recording publisher, clients with API keys, and direct store sessions to play th
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from api_support import Service
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.app import create_app
 from api.dispatch import RecordingPublisher
 from api.settings import Settings
-from api.store import keys
 from api.store.db import make_engine, make_session_factory
-from api.store.models import utcnow
 from api.tokens import PromptTokenizer
 
 
@@ -37,27 +35,6 @@ def session_factory(database_url: str) -> Iterator[sessionmaker[Session]]:
 def session(session_factory: sessionmaker[Session]) -> Iterator[Session]:
     with session_factory() as s:
         yield s
-
-
-@dataclass
-class Service:
-    """One running app under test."""
-
-    settings: Settings
-    publisher: RecordingPublisher
-    http: TestClient  # no credentials
-    session_factory: sessionmaker[Session]
-
-    def client(self, tenant: str) -> TestClient:
-        """A client whose requests carry a fresh API key of `tenant`."""
-        with self.session_factory() as s:
-            _, key = keys.create_key(s, tenant, utcnow())
-        return self.client_with_key(key)
-
-    def client_with_key(self, key: str) -> TestClient:
-        c = TestClient(self.http.app)
-        c.headers["Authorization"] = f"Bearer {key}"
-        return c
 
 
 @pytest.fixture
@@ -89,9 +66,3 @@ def service(make_service: Callable[..., Service]) -> Service:
 @pytest.fixture
 def alice(service: Service) -> TestClient:
     return service.client("alice")
-
-
-def error_of(response: Any) -> dict[str, Any]:
-    body = response.json()
-    assert set(body) == {"error"}, body
-    return body["error"]  # type: ignore[no-any-return]

@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+from api_support import Service, error_of
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
 from api.settings import Settings
 from api.store import keys
 from api.store.models import DEFAULT_TENANT, ApiKey, utcnow
-from tests.api.conftest import Service, error_of
 
 
 @pytest.mark.parametrize(

@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import timedelta
 
+from api_support import Service
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.orm import Session
 
 from api.dispatch import RecordingPublisher
 from api.store import jobs, workers
 from api.store.models import utcnow
-from tests.api.conftest import Service
 
 
 def samples(service: Service) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

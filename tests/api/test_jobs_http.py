@@ -5,13 +5,13 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 
+from api_support import Service, error_of
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 from transformers import AutoTokenizer
 
 from api.store import jobs
 from api.store.models import utcnow
-from tests.api.conftest import Service, error_of
 
 
 def test_submit_run_complete_read_back(

@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import pytest
+from api_support import Service, error_of
 from fastapi.testclient import TestClient
-
-from tests.api.conftest import Service, error_of
 
 
 def submit(client: TestClient, **body: object) -> tuple[int, dict[str, object]]:

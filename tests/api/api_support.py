@@ -1,0 +1,41 @@
+"""Helpers shared by the API tests (imported as `api_support`; conftest holds the fixtures)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.dispatch import RecordingPublisher
+from api.settings import Settings
+from api.store import keys
+from api.store.models import utcnow
+
+
+@dataclass
+class Service:
+    """One running app under test."""
+
+    settings: Settings
+    publisher: RecordingPublisher
+    http: TestClient  # no credentials
+    session_factory: sessionmaker[Session]
+
+    def client(self, tenant: str) -> TestClient:
+        """A client whose requests carry a fresh API key of `tenant`."""
+        with self.session_factory() as s:
+            _, key = keys.create_key(s, tenant, utcnow())
+        return self.client_with_key(key)
+
+    def client_with_key(self, key: str) -> TestClient:
+        c = TestClient(self.http.app)
+        c.headers["Authorization"] = f"Bearer {key}"
+        return c
+
+
+def error_of(response: Any) -> dict[str, Any]:
+    body = response.json()
+    assert set(body) == {"error"}, body
+    return body["error"]  # type: ignore[no-any-return]

@@ -1,0 +1,73 @@
+"""The `conveyor` command: migrate, keys create|list|revoke, refusing an unauthenticated public bind,
+and the small client against the real app."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from api_support import Service
+from typer.testing import CliRunner
+
+from api.cli import app
+from api.client import ClientError, ConveyorClient
+from api.store import jobs
+from api.store.models import utcnow
+
+runner = CliRunner()
+
+
+def test_migrate_creates_the_schema(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    db = tmp_path / "sub" / "c.db"
+    monkeypatch.setenv("CONVEYOR_DATABASE_URL", f"sqlite:///{db}")
+    result = runner.invoke(app, ["migrate"])
+    assert result.exit_code == 0, result.output
+    assert db.is_file() and "latest revision" in result.output
+
+
+def test_keys_create_list_revoke(service: Service, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CONVEYOR_DATABASE_URL", service.settings.database_url)
+    created = runner.invoke(app, ["keys", "create", "--tenant", "erin"])
+    assert created.exit_code == 0, created.output
+    key = json.loads(created.output)
+    assert key["tenant"] == "erin" and key["key"].startswith("cvk_")
+    client = service.client_with_key(key["key"])
+    assert client.post("/v1/jobs", json={"prompt": "x"}).status_code == 202
+
+    listed = runner.invoke(app, ["keys", "list"])
+    assert listed.exit_code == 0 and key["id"] in listed.output and key["key"] not in listed.output
+
+    revoked = runner.invoke(app, ["keys", "revoke", key["id"]])
+    assert revoked.exit_code == 0, revoked.output
+    assert client.get("/v1/jobs").status_code == 401
+    again = runner.invoke(app, ["keys", "revoke", key["id"]])
+    assert again.exit_code != 0 and "no such active key" in again.output
+
+
+@pytest.mark.parametrize("command", ["serve", "api"])
+def test_refuses_public_bind_without_auth(
+    command: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("CONVEYOR_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("CONVEYOR_AUTH_ENABLED", "false")
+    result = runner.invoke(app, [command, "--host", "0.0.0.0", "--port", "8123"])
+    assert result.exit_code == 2
+    assert "refusing to listen on non-loopback address '0.0.0.0' with authentication off" in result.output
+
+
+def test_client_submit_status_wait_cancel(service: Service) -> None:
+    client = ConveyorClient(service.client("frank"))
+    job = client.submit({"prompt": "hello", "max_tokens": 2}, idempotency_key="c-1")
+    assert client.submit({"prompt": "hello", "max_tokens": 2}, idempotency_key="c-1")["id"] == job["id"]
+    assert client.get(job["id"])["status"] == "queued"
+    with pytest.raises(TimeoutError):
+        client.wait(job["id"], poll_s=0.01, timeout_s=0.05)
+    with service.session_factory() as s:
+        assert jobs.claim(s, job["id"], "w", utcnow()) is not None
+        assert jobs.complete(s, job["id"], 1, result_text="hi", finish_reason="stop", prompt_tokens=2,
+                             completion_tokens=1, preemptions=0, first_token_at=None, now=utcnow())
+    done = client.wait(job["id"], poll_s=0.01, timeout_s=5)
+    assert done["status"] == "succeeded" and done["result"]["text"] == "hi"
+    with pytest.raises(ClientError, match=r"HTTP 409: id: job .* already succeeded"):
+        client.cancel(job["id"])

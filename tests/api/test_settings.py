@@ -1,0 +1,50 @@
+"""Settings: defaults, CONVEYOR_ environment variables, TOML file, per-queue partial overrides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from api.settings import Settings, load_settings
+
+
+def test_defaults(tmp_path: Path) -> None:
+    s = Settings(data_dir=tmp_path)
+    assert (s.host, s.port, s.broker_url, s.embedded) == ("127.0.0.1", 8000, None, True)
+    assert s.database_url == f"sqlite:///{tmp_path.resolve() / 'conveyor.db'}"
+    assert s.queues["interactive"].priority < s.queues["documents"].priority
+    assert s.queues["documents"].max_prompt_tokens > s.queues["interactive"].max_prompt_tokens
+
+
+def test_environment_and_partial_queue_override(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CONVEYOR_BROKER_URL", "redis://127.0.0.1:6379/3")
+    monkeypatch.setenv("CONVEYOR_QUEUES__DOCUMENTS__MAX_RUNNING", "1")
+    monkeypatch.setenv("CONVEYOR_MAX_NUM_SEQS", "8")
+    s = Settings()
+    assert s.broker_url == "redis://127.0.0.1:6379/3" and not s.embedded and s.max_num_seqs == 8
+    assert s.queues["documents"].max_running == 1
+    assert s.queues["documents"].max_prompt_tokens == Settings().queues["documents"].max_prompt_tokens
+    assert s.queues["interactive"] == Settings().queues["interactive"]
+
+
+def test_toml_file_under_environment_under_arguments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = tmp_path / "conveyor.toml"
+    config.write_text('port = 9000\nmodel = "/models/x"\n[queues.interactive]\nmax_queued = 5\n')
+    s = load_settings(config)
+    assert (s.port, s.model, s.queues["interactive"].max_queued) == (9000, "/models/x", 5)
+    monkeypatch.setenv("CONVEYOR_PORT", "9100")
+    assert load_settings(config).port == 9100
+    assert load_settings(config, port=9200).port == 9200
+    monkeypatch.setenv("CONVEYOR_CONFIG_FILE", str(config))
+    assert load_settings().model == "/models/x"
+    with pytest.raises(ValueError, match=r"config file: .* does not exist"):
+        load_settings(tmp_path / "missing.toml")
+
+
+def test_invalid_values_name_the_field() -> None:
+    with pytest.raises(ValidationError, match="max_running"):
+        Settings(queues={"documents": {"max_running": 0}})
+    with pytest.raises(ValidationError, match="port"):
+        Settings(port=0)
