@@ -37,13 +37,21 @@ class Tokenizer:
     def apply_chat_template(
         self, messages: list[dict[str, str]], add_generation_prompt: bool = True
     ) -> list[int]:
-        """Renders with the model's own chat template; the template already holds any BOS."""
+        """Renders with the model's own chat template; the template already holds any BOS.
+
+        Template failures (bad roles, a template's raise_exception) become ValueError naming `messages`.
+        """
         with self._lock:
             if not self._tok.chat_template:
                 raise ValueError("messages: the model folder has no chat template")
-            text = self._tok.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=add_generation_prompt
-            )
+            try:
+                text = self._tok.apply_chat_template(
+                    messages, tokenize=False, add_generation_prompt=add_generation_prompt
+                )
+            except Exception as exc:
+                raise ValueError(f"messages: the chat template rejected them: {exc}") from exc
+        if not isinstance(text, str):
+            raise ValueError("messages: expected one conversation (a list of {role, content} dicts)")
         return self.encode(text, add_special_tokens=False)
 
 
