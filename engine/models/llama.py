@@ -31,6 +31,7 @@ PACKED_PARAMS: dict[str, tuple[str, int]] = {
 }
 
 ROPE_TYPES = ("default", "llama3")
+LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 REQUIRED_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                  "max_position_embeddings")
 
@@ -61,6 +62,8 @@ class LlamaSettings:
         missing = [key for key in REQUIRED_KEYS if key not in cfg]
         if missing:
             raise ValueError(f"config.json: missing key(s) {missing}")
+        if cfg.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"config.json: hidden_act {cfg['hidden_act']!r} is not supported (only 'silu')")
         num_heads = cfg["num_attention_heads"]
         rope_theta, rope_scaling = parse_rope(cfg)
         return cls(
@@ -92,7 +95,12 @@ def parse_rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type not in ROPE_TYPES:
         raise ValueError(f"rope_scaling: unsupported rope_type {rope_type!r}; supported: {list(ROPE_TYPES)}")
-    return theta, (params if rope_type == "llama3" else None)
+    if rope_type == "default":
+        return theta, None
+    missing = [key for key in LLAMA3_KEYS if key not in params]
+    if missing:
+        raise ValueError(f"rope_scaling: llama3 needs {list(LLAMA3_KEYS)}, missing {missing}")
+    return theta, params
 
 
 class RMSNorm(nn.Module):
@@ -230,10 +238,9 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.settings = s
         self.model = LlamaModel(s, attention_backend)
-        self.lm_head = Linear(s.hidden_size, s.vocab_size, False, s.dtype)
-        if s.tie_word_embeddings:
-            # One parameter, loaded once as model.embed_tokens.weight (named_parameters() lists it once).
-            self.lm_head.weight = self.model.embed_tokens.weight
+        # Tied: one parameter, loaded once as model.embed_tokens.weight (named_parameters() lists it once).
+        tied = self.model.embed_tokens.weight if s.tie_word_embeddings else None
+        self.lm_head = Linear(s.hidden_size, s.vocab_size, False, s.dtype, weight=tied)
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
@@ -255,9 +262,12 @@ class LlamaForCausalLM(nn.Module):
 
 
 class Linear(nn.Module):
-    def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype) -> None:
+    def __init__(self, in_features: int, out_features: int, bias: bool, dtype: torch.dtype,
+                 weight: nn.Parameter | None = None) -> None:  # weight: an existing parameter to share
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype))
+        if weight is None:
+            weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype))
+        self.weight = weight
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -65,21 +65,19 @@ def test_unsupported_architecture_is_named_with_the_supported_ones(tmp_path, lla
         load(path)
 
 
-def test_missing_config_key_is_named(tmp_path, llama_dir):
+@pytest.mark.parametrize(("change", "named"), [
+    ({"num_hidden_layers": None}, "num_hidden_layers"),
+    ({"hidden_act": "gelu"}, "hidden_act"),
+    ({"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}}, "yarn"),
+    ({"rope_parameters": {"rope_type": "llama3", "factor": 8.0, "rope_theta": 1e4}}, "low_freq_factor"),
+])
+def test_bad_config_values_are_named(tmp_path, llama_dir, change, named):
     path = copy_of(llama_dir, tmp_path / "m")
     config = json.loads((path / "config.json").read_text())
-    del config["num_hidden_layers"]
+    config.update(change)
+    config = {key: value for key, value in config.items() if value is not None}
     (path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="num_hidden_layers"):
-        load(path)
-
-
-def test_unsupported_rope_type_is_named(tmp_path, llama_dir):
-    path = copy_of(llama_dir, tmp_path / "m")
-    config = json.loads((path / "config.json").read_text())
-    config["rope_parameters"] = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0}
-    (path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="yarn"):
+    with pytest.raises(ValueError, match=named):
         load(path)
 
 
