@@ -252,3 +252,15 @@ def test_eos_stops_after_min_tokens_unless_ignored(tokenizer) -> None:
     assert (outs["eos"].token_ids, outs["eos"].finish_reason) == ([2], "stop")
     assert (outs["min"].token_ids, outs["min"].finish_reason) == ([7, 7, 7, 2], "stop")
     assert (outs["ignore"].token_ids, outs["ignore"].finish_reason) == ([2] * 8, "length")
+
+
+def test_waiting_requests_are_admitted_by_class_priority_then_arrival(tokenizer) -> None:
+    classes = [RequestClassConfig("documents", 4, priority=1),
+               RequestClassConfig("interactive", 4, priority=0)]
+    engine = make_engine(tokenizer, max_num_seqs=1, request_classes=classes)
+    engine.add_request("doc1", prompt(4), greedy(1), request_class="documents")
+    engine.add_request("chat1", prompt(4, 1), greedy(1), request_class="interactive")
+    engine.add_request("chat2", prompt(4, 2), greedy(1), request_class="interactive")
+    engine.add_request("doc2", prompt(4, 3), greedy(1))  # the first configured class is the default
+    order = [o.request_id for _ in range(4) for o in engine.step()]
+    assert order == ["chat1", "chat2", "doc1", "doc2"]
