@@ -156,7 +156,10 @@ class EngineHost:
             inbox, self._inbox = self._inbox, []
             cancels, self._cancels = self._cancels, []
         for seq in inbox:
-            self.engine.enqueue(seq)
+            try:
+                self.engine.enqueue(seq)
+            except ValueError as exc:
+                self._fail([seq.request_id], exc)
         for request_id in cancels:
             self.engine.abort_request(request_id)
 
