@@ -76,6 +76,14 @@ def plan_num_blocks(
     return num_blocks
 
 
+def cuda_kv_budget_bytes(utilization: float, total: int, free: int, reserved: int, peak: int) -> int:
+    """Device memory left for the KV cache: the utilization share of `total`, minus torch's peak during the
+    profiling forward (weights + activations) and what torch does not manage (`total - free - reserved`:
+    the CUDA context, other processes)."""
+    non_torch = (total - free) - reserved
+    return int(utilization * total) - peak - non_torch
+
+
 def allocate_kv_cache(layout: KVCacheLayout, num_blocks: int, device: torch.device) -> list[KVCache]:
     """One (K, V) pair per layer, zero-filled, each [num_blocks, block_size, Hkv, D]."""
     shape = (num_blocks, layout.block_size, layout.num_kv_heads, layout.head_dim)

@@ -19,7 +19,7 @@ import kernels
 from engine.attention import AttentionMetadata, KVCache
 from engine.batch import ScheduledChunk
 from engine.config import EngineConfig
-from engine.kv_cache import KVCacheLayout, allocate_kv_cache, plan_num_blocks
+from engine.kv_cache import KVCacheLayout, allocate_kv_cache, cuda_kv_budget_bytes, plan_num_blocks
 from engine.loader import check_tokenizer_files, load_model, resolve_device, resolve_dtype
 
 logger = logging.getLogger("engine")
@@ -89,8 +89,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def _profile_cuda_free_bytes(self, layout: KVCacheLayout) -> int:
-        """gpu_memory_utilization x device memory, minus the peak of a forward at max_num_batched_tokens
-        (weights included) and memory torch does not manage (CUDA context, other processes)."""
+        """Runs a forward at max_num_batched_tokens and returns what is left for the KV cache."""
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
         chunks = profiling_chunks(self.config.max_num_batched_tokens, self.config.max_num_seqs,
@@ -103,12 +102,13 @@ class ModelRunner:
         del scratch_cache
         torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info(self.device)
-        non_torch = (total - free) - torch.cuda.memory_reserved(self.device)
-        budget = int(self.config.gpu_memory_utilization * total)
+        reserved = torch.cuda.memory_reserved(self.device)
+        available = cuda_kv_budget_bytes(self.config.gpu_memory_utilization, total, free, reserved, peak)
         gib = 2**30
-        logger.info("CUDA memory: total %.2f GiB, budget %.2f GiB, torch peak (weights + activations) "
-                    "%.2f GiB, non-torch %.2f GiB", total / gib, budget / gib, peak / gib, non_torch / gib)
-        return budget - peak - non_torch
+        logger.info("CUDA memory: total %.2f GiB, free %.2f GiB, torch peak (weights + activations) "
+                    "%.2f GiB, left for the KV cache %.2f GiB", total / gib, free / gib, peak / gib,
+                    available / gib)
+        return available
 
 
 def prepare_step(chunks: list[ScheduledChunk], block_size: int, device: torch.device) -> StepInputs:

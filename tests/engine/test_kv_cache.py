@@ -6,7 +6,13 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
-from engine.kv_cache import DEFAULT_CPU_KV_CACHE_BYTES, KVCacheLayout, allocate_kv_cache, plan_num_blocks
+from engine.kv_cache import (
+    DEFAULT_CPU_KV_CACHE_BYTES,
+    KVCacheLayout,
+    allocate_kv_cache,
+    cuda_kv_budget_bytes,
+    plan_num_blocks,
+)
 from engine.model_runner import ModelRunner
 
 # The default tiny Llama: 2 layers, 2 KV heads of dim 16, fp32 -> 2 * 2 * 16 * 2 * 16 * 4 = 8192 B per block.
@@ -34,6 +40,14 @@ def test_kv_cache_memory_bytes_is_divided_by_the_block_size_in_bytes():
 
 def test_cuda_budget_is_used_when_nothing_else_is_set():
     assert plan_num_blocks(config(), LAYOUT, 256, cuda_available_bytes=50 * LAYOUT.bytes_per_block) == 50
+
+
+def test_cuda_budget_subtracts_the_profiled_peak_and_memory_torch_does_not_manage():
+    gib = 2**30
+    # 80 GiB device, 0.9 -> 72 GiB; torch peaked at 20 GiB (weights + activations); 1 GiB of the 60 GiB in use
+    # is neither reserved by torch (59 GiB) -> CUDA context or another process.
+    assert cuda_kv_budget_bytes(0.9, total=80 * gib, free=20 * gib, reserved=59 * gib, peak=20 * gib) == (
+        int(0.9 * 80 * gib) - 20 * gib - 1 * gib)
 
 
 def test_cpu_default_fits_max_num_seqs_full_sequences():

@@ -7,6 +7,7 @@ import torch
 
 from engine.batch import ScheduledChunk
 from engine.config import EngineConfig
+from engine.kv_cache import KVCacheLayout
 from engine.model_runner import (
     ModelRunner,
     prepare_step,
@@ -125,3 +126,20 @@ def test_bfloat16_runs_end_to_end_close_to_float32(llama_dir, runner):
     assert low.dtype == torch.float32
     assert (low - ref).abs().max() < 0.1 * ref.abs().max()  # bf16 keeps ~3 significant digits
     assert int(low.argmax()) == int(ref.argmax())
+
+
+def test_cuda_profiling_path_runs_a_forward_and_budgets_the_rest(runner, monkeypatch):
+    # No GPU here: stand in for the torch.cuda memory queries; the profiling forward itself runs on the CPU.
+    gib = 2**30
+    fake = {"mem_get_info": (30 * gib, 80 * gib), "max_memory_allocated": 12 * gib,
+            "memory_reserved": 49 * gib}
+    for name, value in fake.items():
+        monkeypatch.setattr(torch.cuda, name, lambda *_, v=value: v)
+    for name in ("empty_cache", "reset_peak_memory_stats", "synchronize"):
+        monkeypatch.setattr(torch.cuda, name, lambda *_: None)
+    layout = KVCacheLayout(num_layers=2, block_size=16, num_kv_heads=2, head_dim=16, dtype=torch.float32)
+    scratch_blocks = sum(len(c.block_table) for c in profiling_chunks(
+        runner.config.max_num_batched_tokens, runner.config.max_num_seqs, runner.max_model_len, 16))
+    peak = 12 * gib - scratch_blocks * layout.bytes_per_block  # the scratch cache is not activation memory
+    expected = int(0.9 * 80 * gib) - peak - (80 * gib - 30 * gib - 49 * gib)
+    assert runner._profile_cuda_free_bytes(layout) == expected
