@@ -51,7 +51,7 @@ class ModelRunner:
         cuda_free = self._profile_cuda_free_bytes(layout) if self._needs_profiling() else None
         self.num_kv_blocks: int = plan_num_blocks(config, layout, self.max_model_len, cuda_free)
         self.kv_caches = allocate_kv_cache(layout, self.num_kv_blocks, self.device)
-        self.last_forward_seconds: float = 0.0
+        self.last_forward_seconds: float = 0.0  # model forward + logits of the last step, inputs prepared
         logger.info("model runner ready: device=%s dtype=%s attention=%s max_model_len=%d", self.device,
                     self.dtype, self.attention_backend, self.max_model_len)
 
