@@ -50,27 +50,50 @@ class EngineConfig:
         if len(set(names)) != len(names):
             raise ValueError(f"request_classes: duplicate class names in {names}")
         _require(self.max_num_seqs >= 1, "max_num_seqs", self.max_num_seqs, ">= 1")
-        _require(self.max_num_batched_tokens >= 1, "max_num_batched_tokens", self.max_num_batched_tokens, ">= 1")
-        _require(self.block_size in (8, 16, 32, 64, 128), "block_size", self.block_size, "one of 8, 16, 32, 64, 128")
-        _require(self.long_prefill_token_threshold >= 0, "long_prefill_token_threshold",
-                 self.long_prefill_token_threshold, ">= 0")
-        _require(0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization",
-                 self.gpu_memory_utilization, "in (0, 1]")
+        _require(
+            self.max_num_batched_tokens >= 1, "max_num_batched_tokens", self.max_num_batched_tokens, ">= 1"
+        )
+        _require(
+            self.block_size in (8, 16, 32, 64, 128),
+            "block_size",
+            self.block_size,
+            "one of 8, 16, 32, 64, 128",
+        )
+        _require(
+            self.long_prefill_token_threshold >= 0,
+            "long_prefill_token_threshold",
+            self.long_prefill_token_threshold,
+            ">= 0",
+        )
+        _require(
+            0.0 < self.gpu_memory_utilization <= 1.0,
+            "gpu_memory_utilization",
+            self.gpu_memory_utilization,
+            "in (0, 1]",
+        )
         if self.num_kv_blocks is not None:
             _require(self.num_kv_blocks >= 1, "num_kv_blocks", self.num_kv_blocks, ">= 1")
         if self.kv_cache_memory_bytes is not None:
-            _require(self.kv_cache_memory_bytes >= 1, "kv_cache_memory_bytes", self.kv_cache_memory_bytes, ">= 1")
+            _require(
+                self.kv_cache_memory_bytes >= 1, "kv_cache_memory_bytes", self.kv_cache_memory_bytes, ">= 1"
+            )
         if self.max_model_len is not None:
             _require(self.max_model_len >= 1, "max_model_len", self.max_model_len, ">= 1")
         _require(self.dtype in DTYPES, "dtype", self.dtype, f"one of {DTYPES}")
-        _require(self.attention_backend in ATTENTION_BACKENDS, "attention_backend", self.attention_backend,
-                 f"one of {ATTENTION_BACKENDS}")
+        _require(
+            self.attention_backend in ATTENTION_BACKENDS,
+            "attention_backend",
+            self.attention_backend,
+            f"one of {ATTENTION_BACKENDS}",
+        )
 
     def request_class(self, name: str) -> RequestClassConfig:
         for c in self.request_classes:
             if c.name == name:
                 return c
-        raise ValueError(f"request_class: unknown class {name!r}; known: {[c.name for c in self.request_classes]}")
+        raise ValueError(
+            f"request_class: unknown class {name!r}; known: {[c.name for c in self.request_classes]}"
+        )
 
 
 def _require(ok: bool, name: str, value: object, rule: str) -> None:
