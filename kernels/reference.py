@@ -10,6 +10,8 @@ whose page faults cost more than the attention itself, while small buffers are r
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import torch
 
 from kernels.checks import check_paged_attention, check_reshape_and_cache
@@ -32,12 +34,12 @@ def paged_attention_ref(
     check_paged_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc,
                           max_query_len, max_seq_len, out)
     out = torch.empty_like(q) if out is None else out
-    query_lens = query_start_loc[1:] - query_start_loc[:-1]  # [S]
+    # The per-sequence metadata is tiny: plain lists make the grouping and index building cheap.
+    starts, seq_len_list = query_start_loc.tolist(), seq_lens.tolist()
+    query_lens = [end - begin for begin, end in pairwise(starts)]
     row_elements = k_cache.shape[2] * k_cache.shape[3]  # Hkv * D per cached token
-    for group in _group_sequences(query_lens.tolist(), seq_lens.tolist(), row_elements, q.shape[1]):
-        seq_ids = torch.tensor(group, device=q.device)  # [G]
-        _attend_group(q, k_cache, v_cache, block_table[seq_ids], seq_lens[seq_ids],
-                      query_start_loc[seq_ids], query_lens[seq_ids], scale, out)
+    for group in _group_sequences(query_lens, seq_len_list, row_elements, q.shape[1]):
+        _attend_group(q, k_cache, v_cache, block_table, group, starts, query_lens, seq_len_list, scale, out)
     return out
 
 
@@ -68,45 +70,56 @@ def _attend_group(
     q: torch.Tensor,  # [T, Hq, D]
     k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
     v_cache: torch.Tensor,
-    block_table: torch.Tensor,  # [G, max_blocks]
-    seq_lens: torch.Tensor,  # [G]
-    query_starts: torch.Tensor,  # [G]
-    query_lens: torch.Tensor,  # [G]
+    block_table: torch.Tensor,  # [S, max_blocks]
+    group: list[int],  # G sequence ids
+    starts: list[int],  # [S + 1] query_start_loc
+    query_lens: list[int],  # [S]
+    seq_lens: list[int],  # [S]
     scale: float,
     out: torch.Tensor,  # [T, Hq, D], written at this group's tokens
 ) -> None:
-    num_seqs, num_heads, head_dim = query_lens.shape[0], q.shape[1], q.shape[2]
-    max_q, max_kv = int(query_lens.max()), int(seq_lens.max())
-    seq_of_token, row_of_token, token_ids = _token_layout(query_starts, query_lens)  # [Tg] each
+    device, (_, num_heads, head_dim) = q.device, q.shape
+    num_seqs = len(group)
+    max_q, max_kv = max(query_lens[s] for s in group), max(seq_lens[s] for s in group)
+    tokens = torch.tensor([starts[s] + i for s in group for i in range(query_lens[s])], device=device)  # [Tg]
+    table = block_table.index_select(0, torch.tensor(group, device=device))  # [G, max_blocks]
+    k = _gather_contiguous(k_cache, table, max_kv)  # [G, L, Hkv, D] fp32
+    v = _gather_contiguous(v_cache, table, max_kv)
 
-    k = _gather_contiguous(k_cache, block_table, max_kv)  # [G, L, Hkv, D] fp32
-    v = _gather_contiguous(v_cache, block_table, max_kv)
-    q_pad = q.new_zeros(num_seqs, max_q, num_heads, head_dim, dtype=torch.float32)  # [G, Qp, Hq, D]
-    q_pad[seq_of_token, row_of_token] = q[token_ids].float()
-
-    q_pos = (seq_lens - query_lens)[:, None] + torch.arange(max_q, device=q.device)  # [G, Qp]
-    k_pos = torch.arange(max_kv, device=q.device)  # [L]
-    # Padded query rows get q_pos >= seq_len, so they still see every valid key: no all-masked row, no NaN.
-    allowed = (k_pos <= q_pos[:, :, None]) & (k_pos < seq_lens[:, None, None])  # [G, Qp, L]
+    q_rows = q.index_select(0, tokens).float()  # [Tg, Hq, D]
+    padded_rows = None
+    if max_q > 1:  # prefill chunks: pad every sequence to max_q rows
+        padded_rows = torch.tensor([j * max_q + i for j, s in enumerate(group) for i in range(query_lens[s])],
+                                   device=device)  # [Tg]
+        q_rows = q_rows.new_zeros(num_seqs * max_q, num_heads, head_dim).index_copy_(0, padded_rows, q_rows)
+    q_pad = q_rows.view(num_seqs, max_q, num_heads, head_dim)
 
     # SDPA repeats each KV head over its query heads (h -> h // group) without copying K/V.
     o = torch.nn.functional.scaled_dot_product_attention(
         q_pad.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),  # [G, H, Qp|L, D]
-        attn_mask=allowed[:, None], scale=scale, enable_gqa=True,
-    ).transpose(1, 2)  # [G, Qp, Hq, D]
-    out[token_ids] = o[seq_of_token, row_of_token].to(out.dtype)
+        attn_mask=_visibility_mask(group, query_lens, seq_lens, max_q, max_kv, device),
+        scale=scale, enable_gqa=True,
+    )  # [G, Hq, Qp, D]
+    o = o.transpose(1, 2).reshape(num_seqs * max_q, num_heads, head_dim)
+    if padded_rows is not None:
+        o = o.index_select(0, padded_rows)
+    out.index_copy_(0, tokens, o.to(out.dtype))
 
 
-def _token_layout(
-    query_starts: torch.Tensor, query_lens: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """For every query token of the group: its sequence (within the group), its row, its index in q."""
-    lens = query_lens.long()
-    seq_of_token = torch.repeat_interleave(torch.arange(lens.shape[0], device=lens.device), lens)  # [Tg]
-    first_token = torch.cumsum(lens, 0) - lens  # [G], position of each sequence in the group's tokens
-    row_of_token = torch.arange(seq_of_token.shape[0], device=lens.device) - first_token[seq_of_token]
-    token_ids = query_starts.long()[seq_of_token] + row_of_token
-    return seq_of_token, row_of_token, token_ids
+def _visibility_mask(
+    group: list[int], query_lens: list[int], seq_lens: list[int], max_q: int, max_kv: int,
+    device: torch.device,
+) -> torch.Tensor | None:
+    """[G, 1, Qp, L] bool: key j visible to query row i; None when every key is visible to every row."""
+    if max_q == 1 and all(seq_lens[s] == max_kv for s in group):
+        return None  # decodes of equal length: each sees its whole context
+    seq_len = torch.tensor([seq_lens[s] for s in group], device=device)  # [G]
+    context = seq_len - torch.tensor([query_lens[s] for s in group], device=device)
+    q_pos = context[:, None] + torch.arange(max_q, device=device)  # [G, Qp]
+    k_pos = torch.arange(max_kv, device=device)  # [L]
+    # Padded query rows get q_pos >= seq_len, so they still see every valid key: no all-masked row, no NaN.
+    allowed = (k_pos <= q_pos[:, :, None]) & (k_pos < seq_len[:, None, None])  # [G, Qp, L]
+    return allowed[:, None]
 
 
 def _gather_contiguous(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
