@@ -37,10 +37,21 @@ def paged_attention_ref(
     # The per-sequence metadata is tiny: plain lists make the grouping and index building cheap.
     starts, seq_len_list = query_start_loc.tolist(), seq_lens.tolist()
     query_lens = [end - begin for begin, end in pairwise(starts)]
+    _check_lengths(query_lens, seq_len_list, max_query_len, max_seq_len)
     row_elements = k_cache.shape[2] * k_cache.shape[3]  # Hkv * D per cached token
     for group in _group_sequences(query_lens, seq_len_list, row_elements, q.shape[1]):
         _attend_group(q, k_cache, v_cache, block_table, group, starts, query_lens, seq_len_list, scale, out)
     return out
+
+
+def _check_lengths(query_lens: list[int], seq_lens: list[int], max_query_len: int, max_seq_len: int) -> None:
+    """Value checks the Triton path cannot afford (they need the metadata on the host)."""
+    for s, (query_len, seq_len) in enumerate(zip(query_lens, seq_lens, strict=True)):
+        if not 0 <= query_len <= min(seq_len, max_query_len):
+            raise ValueError(f"query_start_loc: sequence {s} has {query_len} queries, outside "
+                             f"[0, min(seq_lens[{s}]={seq_len}, max_query_len={max_query_len})]")
+        if seq_len > max_seq_len:
+            raise ValueError(f"seq_lens[{s}] = {seq_len} exceeds max_seq_len = {max_seq_len}")
 
 
 def _group_sequences(

@@ -95,6 +95,8 @@ def test_reference_cache_write_skips_negative_slots() -> None:
         (lambda b: setattr(b, "seq_lens", b.seq_lens[:1]), "seq_lens"),
         (lambda b: setattr(b, "v_cache", b.v_cache.half()), "k_cache/v_cache"),
         (lambda b: setattr(b, "max_seq_len", 10_000), "max_seq_len"),
+        (lambda b: setattr(b, "max_seq_len", 6), "max_seq_len"),  # below seq_lens[1] = 9
+        (lambda b: b.seq_lens.fill_(1), "query_start_loc"),  # 2 queries but 1 cached token
     ],
 )
 def test_reference_rejects_bad_inputs_naming_the_field(paged_batch, change, field) -> None:
