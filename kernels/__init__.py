@@ -18,10 +18,15 @@ Contract (both backends, same signatures):
   in place at `slot_mapping[t] = block_id * block_size + offset` (int32 or int64); a negative slot is
   skipped.
 
-`backend`: None (or "auto") picks Triton for CUDA tensors and the PyTorch reference otherwise; "triton" or
-"torch" forces one on any device (Triton on CPU tensors needs `TRITON_INTERPRET=1` set before triton is
-first imported). Any tensor layout (strides) is accepted. Wrong shapes, dtypes or devices raise ValueError.
-The Triton module is imported only when first dispatched to, so CPU users need not install triton.
+`backend`: None (or "auto", as in EngineConfig) picks Triton for CUDA tensors and the PyTorch reference
+otherwise; "triton" or "torch" forces one on any device (Triton on CPU tensors needs `TRITON_INTERPRET=1`
+set before the kernel modules are first imported); anything else is a ValueError. The Triton modules are
+imported only when first dispatched to, so CPU users need not install triton.
+
+Checks: wrong shapes, dtypes or devices raise ValueError (metadata only, no device sync). The reference also
+checks the length values (it reads them on the host anyway); the Triton path trusts them, so a slot or block
+id beyond the cache is the caller's bug. Any strides are accepted (e.g. q, k, v as views of a fused QKV
+projection); the reference is fastest with contiguous caches.
 """
 
 from __future__ import annotations

@@ -6,9 +6,13 @@ Tiles are numbered without a host sync: sequence s owns tiles starting at `query
 (enough room for its ceil(query_len / BLOCK_Q) tiles); each program finds its sequence by binary search and
 programs past a sequence's last tile exit at once.
 
-Split-KV (flash-decoding): with NUM_SPLITS > 1 each program covers one contiguous slice of the keys and
-writes a partial result (normalised output + log-sum-exp, fp32); a second kernel merges the
-slices by log-sum-exp. The heuristic uses it for decode batches too small to fill the GPU with long contexts.
+Split-KV (flash-decoding): with num_splits > 1 (grid axis 2) each program covers one contiguous slice of
+the keys visible to its tile and writes a partial result (normalised output + log-sum-exp, fp32); a second
+kernel merges the slices by log-sum-exp. `choose_num_splits` uses it for decode batches with too few
+(sequence, KV head) programs to fill the GPU; tests force it with `num_splits=`.
+
+Any head dim up to 256 (padded to a power of two >= 16 and masked) and any block size work; softmax in fp32
+(exp2 with the scale folded into log2(e)); fp32 inputs use IEEE dots, fp16/bf16 use the tensor cores.
 """
 
 from __future__ import annotations
