@@ -26,18 +26,3 @@ class Runtime(Protocol):
 
     def stop(self) -> None: ...
 
-
-class RecordingPublisher:
-    """Keeps published (job_id, queue) pairs in memory: for tests and for an API with no broker at all."""
-
-    def __init__(self, reachable: bool = True) -> None:
-        self.published: list[tuple[str, str]] = []
-        self.reachable = reachable
-
-    def publish(self, job_id: str, queue: str) -> None:
-        if not self.reachable:
-            raise ConnectionError("broker: unreachable")
-        self.published.append((job_id, queue))
-
-    def ping(self) -> bool:
-        return self.reachable

@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 LOCATIONS = ("body", "query", "path", "header", "cookie")
@@ -43,6 +44,8 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(OperationalError, _store_unavailable)
+    app.add_exception_handler(Exception, _internal_error)
 
 
 async def _api_error(_request: Request, exc: Exception) -> JSONResponse:
@@ -62,6 +65,16 @@ async def _http_error(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
     return error_response(exc.status_code, code, str(exc.detail), None, getattr(exc, "headers", None))
+
+
+async def _store_unavailable(_request: Request, _exc: Exception) -> JSONResponse:
+    # Connection details stay in the server log: they may name hosts and users.
+    return error_response(503, "store_unavailable", "the job store is unreachable; retry shortly", None,
+                          {"Retry-After": "1"})
+
+
+async def _internal_error(_request: Request, _exc: Exception) -> JSONResponse:
+    return error_response(500, "internal_error", "internal server error")
 
 
 def field_name(loc: tuple[Any, ...] | list[Any]) -> str:

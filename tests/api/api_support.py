@@ -8,10 +8,25 @@ from typing import Any
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.dispatch import RecordingPublisher
 from api.settings import Settings
 from api.store import keys
 from api.store.models import utcnow
+
+
+class RecordingPublisher:
+    """A JobPublisher that keeps what it published; `reachable=False` plays a broker that is down."""
+
+    def __init__(self, reachable: bool = True) -> None:
+        self.published: list[tuple[str, str]] = []
+        self.reachable = reachable
+
+    def publish(self, job_id: str, queue: str) -> None:
+        if not self.reachable:
+            raise ConnectionError("broker: unreachable")
+        self.published.append((job_id, queue))
+
+    def ping(self) -> bool:
+        return self.reachable
 
 
 @dataclass

@@ -8,12 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from api_support import Service
+from api_support import RecordingPublisher, Service
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.app import create_app
-from api.dispatch import RecordingPublisher
 from api.settings import Settings
 from api.store.db import make_engine, make_session_factory
 from api.tokens import PromptTokenizer

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import timedelta
+from pathlib import Path
 
-from api_support import Service
+from api_support import RecordingPublisher, Service
+from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.orm import Session
 
-from api.dispatch import RecordingPublisher
 from api.store import jobs, workers
+from api.store.db import make_engine, make_session_factory
 from api.store.models import utcnow
 
 
@@ -101,3 +104,15 @@ def test_each_app_has_its_own_registry(make_service: Callable[..., Service]) -> 
     key = ("conveyor_jobs_submitted_total", (("queue", "interactive"),))
     assert samples(first)[key] == 1
     assert key not in samples(second)
+
+
+def test_store_outage_is_503_in_the_error_shape(make_service: Callable[..., Service], tmp_path: Path) -> None:
+    svc = make_service()
+    broken = make_session_factory(make_engine(f"sqlite:///{tmp_path}/missing-dir/none.db"))
+    svc.http.app.state.services = replace(svc.http.app.state.services, session_factory=broken)
+    client = TestClient(svc.http.app, raise_server_exceptions=False)
+    r = client.post("/v1/jobs", json={"prompt": "x"}, headers={"Authorization": "Bearer cvk_x"})
+    assert r.status_code == 503 and r.headers["Retry-After"] == "1"
+    assert r.json()["error"]["code"] == "store_unavailable"
+    ready = client.get("/readyz")
+    assert ready.status_code == 503 and ready.json()["checks"]["database"]["ok"] is False

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 
-from api_support import Service, error_of
+from api_support import RecordingPublisher, Service, error_of
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 from transformers import AutoTokenizer
@@ -237,7 +237,6 @@ def test_queues_report_depth_running_limits_and_age(
 
 
 def test_publish_failure_leaves_job_undispatched(make_service, session: Session) -> None:  # type: ignore[no-untyped-def]
-    from api.dispatch import RecordingPublisher
 
     svc = make_service(publisher=RecordingPublisher(reachable=False))
     r = svc.client("alice").post("/v1/jobs", json={"prompt": "x"})
