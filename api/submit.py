@@ -50,8 +50,8 @@ def _submit(
         earlier = jobs.by_idempotency_key(session, tenant_id, idempotency_key)
         if earlier is not None:
             return _replay(earlier, request_hash), False
+    _admit(session, services, body.queue, queue)  # before tokenizing: an overloaded queue costs no CPU
     prompt_tokens = _count_prompt_tokens(services, body, queue)
-    _admit(session, services, body.queue, queue)
     new = jobs.NewJob(
         tenant_id=tenant_id, queue=body.queue, prompt=body.prompt,
         messages=[m.model_dump() for m in body.messages] if body.messages else None,
