@@ -80,3 +80,12 @@ def test_split_heuristic_only_splits_cuda_decodes() -> None:
     cpu = torch.device("cpu")
     assert choose_num_splits(1, 8, 1, 32_768, cpu) == 1
     assert choose_num_splits(1, 8, 4, 32_768, torch.device("cuda")) == 1  # prefill present: no split
+
+
+def test_triton_accepts_int64_metadata(paged_batch, tolerance) -> None:
+    batch = paged_batch([4, 1], [20, 33], num_heads=4, num_kv_heads=2, head_dim=16, block_size=16)
+    expected = paged_attention_ref(*batch.args())
+    batch.block_table, batch.seq_lens = batch.block_table.long(), batch.seq_lens.long()
+    batch.query_start_loc = batch.query_start_loc.long()
+    got = paged_attention_triton(*batch.args(), num_splits=2)
+    assert (got - expected).abs().max().item() <= tolerance[torch.float32]
