@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from itertools import chain
+from itertools import chain, repeat
 from typing import Any
 
 import torch
@@ -121,12 +121,13 @@ def prepare_step(chunks: list[ScheduledChunk], block_size: int, device: torch.de
                                 dtype=torch.int32)  # [S, max_blocks]
     input_ids = torch.tensor(list(chain.from_iterable(c.token_ids for c in chunks)), dtype=torch.int64)  # [T]
 
+    # NOTE: itertools, not repeat_interleave/searchsorted: those run multi-threaded even on tiny inputs and
+    # cost milliseconds when the CPU is busy.
+    seq_ids = chain.from_iterable(repeat(i, len(c.token_ids)) for i, c in enumerate(chunks))
+    seq_of_token = torch.tensor(list(seq_ids), dtype=torch.int64)  # [T]
     query_start_loc = torch.zeros(len(chunks) + 1, dtype=torch.int64)
     torch.cumsum(query_lens, 0, out=query_start_loc[1:])  # [S + 1]
-    token_index = torch.arange(input_ids.shape[0])  # [T]
-    # NOTE: searchsorted, not repeat_interleave: the latter costs milliseconds on a busy CPU.
-    seq_of_token = torch.searchsorted(query_start_loc[1:], token_index, right=True)  # [T]
-    offsets = token_index - query_start_loc[seq_of_token]  # [T], index within the chunk
+    offsets = torch.arange(input_ids.shape[0]) - query_start_loc[seq_of_token]  # [T], index within the chunk
     positions = start_pos[seq_of_token] + offsets  # [T]
     block_ids = block_tables[seq_of_token, positions // block_size].long()  # [T]
     slot_mapping = block_ids * block_size + positions % block_size  # [T]
