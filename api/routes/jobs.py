@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Response
+from sqlalchemy.orm import Session
 
 from api import cursor
 from api.auth import CurrentTenant
@@ -13,7 +14,7 @@ from api.errors import ApiError
 from api.schemas.errors import ErrorBody
 from api.schemas.jobs import JobCreate, JobList, JobPublic, JobStatus
 from api.store import jobs
-from api.store.models import CANCELLED, utcnow
+from api.store.models import CANCELLED, Job, utcnow
 from api.submit import submit
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -75,7 +76,7 @@ def cancel_job(job_id: str, session: SessionDep, tenant: CurrentTenant) -> JobPu
     return JobPublic.from_row(job)
 
 
-def _job_or_404(session: SessionDep, job_id: str, tenant: str) -> jobs.Job:
+def _job_or_404(session: Session, job_id: str, tenant: str) -> Job:
     job = jobs.get(session, job_id, tenant)
     if job is None:
         raise _not_found(job_id)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
 from api_support import RecordingPublisher, Service, error_of
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
@@ -244,3 +245,24 @@ def test_publish_failure_leaves_job_undispatched(make_service, session: Session)
     row = jobs.get(session, r.json()["id"])
     assert row is not None and row.dispatched_at is None
     assert jobs.undispatched(session, utcnow() + timedelta(seconds=1)) == [(row.id, "interactive")]
+
+
+def test_idempotency_race_returns_the_winner(
+    service: Service, alice: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two submissions with one key both miss the lookup; the loser's insert fails and replays the winner."""
+    body = {"prompt": "race"}
+    winner = alice.post("/v1/jobs", json=body, headers={"Idempotency-Key": "race"}).json()
+    real_lookup = jobs.by_idempotency_key
+    calls: list[str] = []
+
+    def lookup_misses_once(session: Session, tenant_id: str, key: str) -> jobs.Job | None:
+        calls.append(key)
+        return None if len(calls) == 1 else real_lookup(session, tenant_id, key)
+
+    monkeypatch.setattr(jobs, "by_idempotency_key", lookup_misses_once)
+    loser = alice.post("/v1/jobs", json=body, headers={"Idempotency-Key": "race"})
+    assert loser.status_code == 200 and loser.json()["id"] == winner["id"] and len(calls) == 2
+    conflict = alice.post("/v1/jobs", json={"prompt": "other"}, headers={"Idempotency-Key": "race"})
+    assert conflict.status_code == 409
+    assert len(service.publisher.published) == 1
