@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -49,3 +53,9 @@ def test_unknown_backend_is_a_value_error(paged_batch) -> None:
     with pytest.raises(ValueError, match="backend"):
         kernels.reshape_and_cache(torch.zeros(1, 2, 16), torch.zeros(1, 2, 16), batch.k_cache, batch.v_cache,
                                   torch.tensor([0]), backend="flash")
+
+
+def test_importing_kernels_does_not_import_triton() -> None:
+    # CPU-only installs may lack triton: only a dispatch to the Triton backend may import it.
+    code = "import sys, kernels; kernels.paged_attention_ref; assert 'triton' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(kernels.__file__).parent.parent)
