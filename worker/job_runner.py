@@ -15,8 +15,11 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import Any
 
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
+from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from api.store import jobs
 from api.store.models import Job, utcnow
@@ -30,6 +33,7 @@ log = logging.getLogger(__name__)
 OnDone = Callable[[], None]  # called once per started job, after its outcome is stored (the caller acks)
 
 INVALID_REQUEST, ENGINE_ERROR, TIMEOUT = "invalid_request", "engine_error", "timeout"
+STORE_RETRY_S = 30.0  # how long an outcome write retries while the database is unreachable
 ABORT_WAIT_S = 10.0  # how long an abort may take to come back from the engine at shutdown
 
 
@@ -92,11 +96,11 @@ class JobRunner:
             future = self.host.submit(handle.request_id, prompt, params, job.queue,
                                       on_update=lambda out: self._on_update(handle, out))
         except ValueError as exc:
-            self._finisher.submit(self._finish_error, handle, INVALID_REQUEST, str(exc))
+            self._finisher.submit(self._fail_and_release, handle, INVALID_REQUEST, str(exc))
             return True
         except Exception as exc:
             log.exception("engine refused job %s", job.id)
-            self._finisher.submit(self._finish_error, handle, ENGINE_ERROR, f"{type(exc).__name__}: {exc}")
+            self._finisher.submit(self._fail_and_release, handle, ENGINE_ERROR, _describe(exc))
             return True
         future.add_done_callback(lambda f: self._finisher.submit(self._finish, handle, f))
         return True
@@ -123,45 +127,68 @@ class JobRunner:
     # --- finisher thread -----------------------------------------------------------------------------
 
     def _record_first_token(self, handle: RunningJob, at: datetime) -> None:
-        with self._sessions() as session:
-            jobs.record_first_token(session, handle.job_id, handle.attempt, at)
+        try:
+            self._write(jobs.record_first_token, handle.job_id, handle.attempt, at)
+        except Exception:  # only a timestamp: the outcome write carries it again
+            log.exception("job %s: could not record its first token", handle.job_id)
 
     def _finish(self, handle: RunningJob, future: Future[RequestOutput]) -> None:
         try:
+            self._store_outcome(handle, future)
+        except Exception as exc:
+            log.exception("job %s: could not store its outcome", handle.job_id)
+            self._store_failure(handle, ENGINE_ERROR, f"could not store the result: {type(exc).__name__}")
+        finally:
+            self._release(handle)
+
+    def _fail_and_release(self, handle: RunningJob, code: str, message: str) -> None:
+        try:
+            self._store_failure(handle, code, message)
+        finally:
+            self._release(handle)
+
+    def _store_outcome(self, handle: RunningJob, future: Future[RequestOutput]) -> None:
+        try:
             out = future.result()
         except Exception as exc:
-            self._finish_error(handle, ENGINE_ERROR, f"{type(exc).__name__}: {exc}")
+            self._store_failure(handle, ENGINE_ERROR, _describe(exc))
             return
         if out.finish_reason == "abort":
-            self._finish_aborted(handle, out)
+            self._store_abort(handle, out)
             return
-        with self._sessions() as session:
-            stored = jobs.complete(
-                session, handle.job_id, handle.attempt, result_text=out.text,
-                finish_reason=str(out.finish_reason), prompt_tokens=len(out.prompt_token_ids),
-                completion_tokens=len(out.token_ids), preemptions=out.metrics.num_preemptions,
-                first_token_at=_to_datetime(out.metrics.first_token_time), now=utcnow(),
-            )
+        stored = self._write(
+            jobs.complete, handle.job_id, handle.attempt, result_text=_storable(out.text),
+            finish_reason=str(out.finish_reason), prompt_tokens=len(out.prompt_token_ids),
+            completion_tokens=len(out.token_ids), preemptions=out.metrics.num_preemptions,
+            first_token_at=_to_datetime(out.metrics.first_token_time), now=utcnow(),
+        )
         if not stored:
             log.info("job %s attempt %d finished but is no longer running here; result dropped",
                      handle.job_id, handle.attempt)
-        self._release(handle)
 
-    def _finish_aborted(self, handle: RunningJob, out: RequestOutput) -> None:
+    def _store_abort(self, handle: RunningJob, out: RequestOutput) -> None:
+        preemptions = out.metrics.num_preemptions
         if handle.abort_reason == TIMEOUT:
             message = f"timeout: ran longer than {handle.timeout_s} s"
-            self._finish_error(handle, TIMEOUT, message, out.metrics.num_preemptions)
-            return
-        if handle.abort_reason is None:  # aborted by the engine itself
-            self._finish_error(handle, ENGINE_ERROR, "aborted by the engine", out.metrics.num_preemptions)
-            return
-        self._release(handle)  # cancelled (already so in the store) or handed back at shutdown
+            self._store_failure(handle, TIMEOUT, message, preemptions)
+        elif handle.abort_reason is None:  # aborted by the engine itself
+            self._store_failure(handle, ENGINE_ERROR, "aborted by the engine", preemptions)
+        # else: cancelled (already so in the store) or handed back at shutdown: nothing to write
 
-    def _finish_error(self, handle: RunningJob, code: str, message: str, preemptions: int = 0) -> None:
+    def _store_failure(self, handle: RunningJob, code: str, message: str, preemptions: int = 0) -> None:
+        log.warning("job %s attempt %d failed: %s: %s", handle.job_id, handle.attempt, code, message)
+        try:
+            self._write(jobs.fail, handle.job_id, handle.attempt, code=code, message=_storable(message),
+                        now=utcnow(), preemptions=preemptions)
+        except Exception:
+            log.exception("job %s: could not store its failure (%s)", handle.job_id, code)
+
+    @retry(retry=retry_if_exception_type(OperationalError), stop=stop_after_delay(STORE_RETRY_S),
+           wait=wait_exponential(multiplier=0.2, max=5.0), reraise=True)
+    def _write(self, transition: Callable[..., bool], *args: Any, **kwargs: Any) -> bool:
+        """One store transition in its own session; retried while the database is unreachable."""
         with self._sessions() as session:
-            jobs.fail(session, handle.job_id, handle.attempt, code=code, message=message, now=utcnow(),
-                      preemptions=preemptions)
-        self._release(handle)
+            return transition(session, *args, **kwargs)
 
     def _release(self, handle: RunningJob) -> None:
         with self._lock:
@@ -256,6 +283,15 @@ class JobRunner:
         if publish is not None and requeued:
             publish_and_mark(self._sessions, publish, requeued)
         return [job_id for job_id, _ in requeued]
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _storable(text: str) -> str:
+    """Postgres text cannot hold NUL characters, which a random-weight model happily writes."""
+    return text.replace("\x00", "\ufffd")
 
 
 def _to_datetime(ts: float | None) -> datetime | None:

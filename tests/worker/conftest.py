@@ -1,0 +1,59 @@
+"""Worker test fixtures: a migrated Postgres database emptied per test, the tiny demo model (with room for
+long jobs), and Celery worker subprocesses that are always killed at teardown."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.orm import Session, sessionmaker
+from worker_support import SpareRedis, WorkerProcesses
+
+from api.store.db import make_engine, make_session_factory
+
+
+@pytest.fixture(scope="session")
+def worker_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny random-weight demo model, with 4096 positions so a job can run for a few seconds."""
+    from engine.demo import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("worker-model"), max_position_embeddings=4096)
+
+
+@pytest.fixture
+def pg_url(_migrated_postgres: str) -> str:
+    """The session's migrated Postgres database with every job, worker and key row removed."""
+    engine = make_engine(_migrated_postgres)
+    with engine.begin() as conn:
+        for statement in ("DELETE FROM jobs", "DELETE FROM api_keys", "DELETE FROM workers",
+                          "DELETE FROM tenants WHERE id <> 'default'"):
+            conn.execute(text(statement))
+    engine.dispose()
+    return _migrated_postgres
+
+
+@pytest.fixture
+def sessions(pg_url: str) -> Iterator[sessionmaker[Session]]:
+    engine = make_engine(pg_url)
+    yield make_session_factory(engine)
+    engine.dispose()
+
+
+@pytest.fixture
+def worker_procs(tmp_path: Path) -> Iterator[WorkerProcesses]:
+    procs = WorkerProcesses(tmp_path)
+    try:
+        yield procs
+    finally:
+        procs.kill_all()
+
+
+@pytest.fixture
+def spare_redis(tmp_path: Path) -> Iterator[SpareRedis]:
+    server = SpareRedis(tmp_path)
+    try:
+        yield server
+    finally:
+        server.stop()

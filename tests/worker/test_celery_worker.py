@@ -1,0 +1,156 @@
+"""The Celery worker end to end: a real `python -m worker` subprocess, real Redis and Postgres, the real
+engine on the tiny demo model (fp32, CPU)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+from worker_support import (
+    LONG_JOB_TOKENS,
+    SpareRedis,
+    WorkerProcesses,
+    add_job,
+    get_job,
+    wait_finished,
+    wait_generating,
+    worker_env,
+)
+
+from api.settings import Settings
+from engine.llm import LLM
+from engine.sampling_params import SamplingParams
+from worker.dispatch import CeleryPublisher, publish_and_mark
+
+
+def _submit(
+    sessions: sessionmaker[Session], publisher: CeleryPublisher, prompt: str | None, queue: str, **kwargs: Any
+) -> str:
+    """What the API does: commit the job, publish its id, mark it dispatched."""
+    job_id = add_job(sessions, prompt, queue, **kwargs)
+    assert publish_and_mark(sessions, publisher.publish, [(job_id, queue)]) == 1
+    return job_id
+
+
+def test_jobs_in_both_queues_complete_and_greedy_text_matches_offline_engine(
+    pg_url: str, redis_url: str, sessions: sessionmaker[Session], worker_model_dir: Path,
+    worker_procs: WorkerProcesses, tmp_path: Path,
+) -> None:
+    publisher = CeleryPublisher(Settings(database_url=pg_url, broker_url=redis_url))
+    worker_procs.start(worker_env(pg_url, redis_url, worker_model_dir, tmp_path))
+    prompt = "The scheduler gives every running request"
+    interactive = _submit(sessions, publisher, prompt, "interactive", max_tokens=24)
+    document = _submit(sessions, publisher, "A block table maps logical blocks", "documents", max_tokens=40)
+    chat = _submit(sessions, publisher, None, "interactive", messages=[{"role": "user", "content": "Hello"}],
+                   max_tokens=12)
+
+    done = wait_finished(sessions, [interactive, document, chat])
+
+    assert [j.status for j in done] == ["succeeded"] * 3, [(j.error_code, j.error_message) for j in done]
+    assert [j.attempts for j in done] == [1, 1, 1]
+    offline = LLM(str(worker_model_dir), max_num_seqs=4, num_kv_blocks=512)
+    expected = offline.generate([prompt], SamplingParams(max_tokens=24, temperature=0.0))[0]
+    assert done[0].result_text == expected.text
+    assert done[0].completion_tokens == len(expected.token_ids)
+    assert done[0].prompt_tokens == len(expected.prompt_token_ids)
+    expected_chat = offline.chat([{"role": "user", "content": "Hello"}],
+                                 SamplingParams(max_tokens=12, temperature=0.0))
+    assert done[2].result_text == expected_chat[0].text
+    for job in done:
+        assert job.started_at is not None and job.first_token_at is not None and job.finished_at is not None
+        assert job.created_at <= job.started_at <= job.first_token_at <= job.finished_at
+
+
+def test_documents_held_to_their_limit_while_interactive_jobs_pass(
+    pg_url: str, redis_url: str, sessions: sessionmaker[Session], worker_model_dir: Path,
+    worker_procs: WorkerProcesses, tmp_path: Path,
+) -> None:
+    publisher = CeleryPublisher(Settings(database_url=pg_url, broker_url=redis_url))
+    worker_procs.start(worker_env(pg_url, redis_url, worker_model_dir, tmp_path,
+                                  QUEUES__DOCUMENTS__MAX_RUNNING="1"))
+    docs = [_submit(sessions, publisher, f"Document {i}: the river is calm", "documents", max_tokens=150,
+                    ignore_eos=True) for i in range(10)]
+    interactive = _submit(sessions, publisher, "Good morning!", "interactive", max_tokens=8)
+
+    done = wait_finished(sessions, [*docs, interactive])
+
+    assert all(j.status == "succeeded" for j in done)
+    doc_rows, chat_row = done[:-1], done[-1]
+    assert chat_row.finished_at is not None
+    still_queued = [d for d in doc_rows if d.started_at is not None and d.started_at > chat_row.finished_at]
+    assert still_queued, "the interactive job should finish while documents are still queued"
+    by_start = sorted(doc_rows, key=lambda d: d.started_at)  # type: ignore[arg-type, return-value]
+    for previous, current in itertools.pairwise(by_start):
+        assert previous.finished_at is not None and current.started_at is not None
+        assert current.started_at >= previous.finished_at, "two documents ran at once"
+
+
+def test_sigkilled_worker_job_runs_again_and_completes_exactly_once(
+    pg_url: str, redis_url: str, sessions: sessionmaker[Session], worker_model_dir: Path,
+    worker_procs: WorkerProcesses, tmp_path: Path,
+) -> None:
+    publisher = CeleryPublisher(Settings(database_url=pg_url, broker_url=redis_url))
+    env = worker_env(pg_url, redis_url, worker_model_dir, tmp_path)
+    first = worker_procs.start(env)
+    job_id = _submit(sessions, publisher, "The model reads the prompt", "documents",
+                     max_tokens=LONG_JOB_TOKENS, ignore_eos=True)
+    wait_generating(sessions, job_id)
+    dead_worker = get_job(sessions, job_id).worker_id
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait(timeout=30)
+    assert get_job(sessions, job_id).status == "running"  # nobody finished it
+
+    worker_procs.start(env)
+    [job] = wait_finished(sessions, [job_id], timeout_s=120)
+
+    assert job.status == "succeeded", (job.error_code, job.error_message)
+    assert job.attempts == 2
+    assert job.completion_tokens == LONG_JOB_TOKENS and job.finish_reason == "length"
+    assert job.worker_id is not None and job.worker_id != dead_worker
+
+
+def test_jobs_accepted_while_the_broker_is_down_run_once_it_is_back(
+    pg_url: str, sessions: sessionmaker[Session], worker_model_dir: Path, worker_procs: WorkerProcesses,
+    tmp_path: Path, spare_redis: SpareRedis,
+) -> None:
+    publisher = CeleryPublisher(Settings(database_url=pg_url, broker_url=spare_redis.url))
+    assert not publisher.ping()
+    accepted = [add_job(sessions, f"Job {i} while the broker is down", max_tokens=6) for i in range(3)]
+    for job_id in accepted:  # what the API does: publishing fails, the job stays queued and undispatched
+        assert publish_and_mark(sessions, publisher.publish, [(job_id, "interactive")]) == 0
+    assert all(get_job(sessions, j).dispatched_at is None for j in accepted)
+
+    spare_redis.start()
+    assert publisher.ping()
+    worker_procs.start(worker_env(pg_url, spare_redis.url, worker_model_dir, tmp_path))
+    done = wait_finished(sessions, accepted)
+
+    assert [j.status for j in done] == ["succeeded"] * 3
+    assert [j.attempts for j in done] == [1, 1, 1]
+    assert all(j.dispatched_at is not None for j in done)
+
+
+def test_sigterm_finishes_the_running_job_and_marks_the_worker_stopped(
+    pg_url: str, redis_url: str, sessions: sessionmaker[Session], worker_model_dir: Path,
+    worker_procs: WorkerProcesses, tmp_path: Path,
+) -> None:
+    from api.store import workers
+    from api.store.models import utcnow
+
+    publisher = CeleryPublisher(Settings(database_url=pg_url, broker_url=redis_url))
+    proc = worker_procs.start(worker_env(pg_url, redis_url, worker_model_dir, tmp_path))
+    job_id = _submit(sessions, publisher, "Children play in the park", "documents", max_tokens=400,
+                     ignore_eos=True)
+    wait_generating(sessions, job_id)
+
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+
+    job = get_job(sessions, job_id)
+    assert job.status == "succeeded" and job.completion_tokens == 400 and job.attempts == 1
+    with sessions() as session:
+        assert workers.live_workers(session, now=utcnow(), dead_after_s=60) == []

@@ -1,0 +1,157 @@
+"""Helpers for the worker tests: jobs through the store, polling, and `python -m worker` subprocesses."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.store import jobs
+from api.store.models import Job, utcnow
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+LONG_JOB_TOKENS = 2000  # long enough to be caught running on the tiny model (a few ms per token on CPU)
+
+
+def add_job(
+    sessions: sessionmaker[Session],
+    prompt: str | None = "The queue holds jobs",
+    queue: str = "interactive",
+    *,
+    messages: list[dict[str, str]] | None = None,
+    timeout_s: float | None = None,
+    ttl_s: float | None = None,
+    **params: Any,
+) -> str:
+    """Inserts a queued job as the API would (without publishing it) and returns its id."""
+    params = {"temperature": 0.0, **params}
+    new = jobs.NewJob(
+        tenant_id="default", queue=queue, prompt=None if messages else prompt, messages=messages,
+        params=params, meta=None, webhook=None, idempotency_key=None, request_hash="test", prompt_tokens=0,
+        ttl_s=ttl_s, timeout_s=timeout_s,
+    )
+    with sessions() as session:
+        return jobs.add(session, new, utcnow()).id
+
+
+def get_job(sessions: sessionmaker[Session], job_id: str) -> Job:
+    with sessions() as session:
+        job = jobs.get(session, job_id)
+    assert job is not None, job_id
+    return job
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """Polls until predicate() holds; fails the test (not a timed assertion: a hang guard) after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.02)
+
+
+def wait_finished(sessions: sessionmaker[Session], job_ids: list[str], timeout_s: float = 60.0) -> list[Job]:
+    def done() -> bool:
+        return all(get_job(sessions, i).status not in ("queued", "running") for i in job_ids)
+
+    wait_for(done, timeout_s, f"jobs {job_ids} to finish")
+    return [get_job(sessions, i) for i in job_ids]
+
+
+def wait_generating(sessions: sessionmaker[Session], job_id: str, timeout_s: float = 60.0) -> Job:
+    """Waits until the job is running and has its first token; fails at once if it ended instead."""
+
+    def started() -> bool:
+        job = get_job(sessions, job_id)
+        assert job.status in ("queued", "running"), (job.status, job.error_code, job.error_message)
+        return job.first_token_at is not None
+
+    wait_for(started, timeout_s, f"job {job_id} to start generating")
+    return get_job(sessions, job_id)
+
+
+def worker_env(
+    database_url: str, broker_url: str, model_dir: Path, data_dir: Path, **settings: str
+) -> dict[str, str]:
+    """Environment for `python -m worker`: CONVEYOR_* settings (nested with __), fast reconciler timings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")}
+    values = {
+        "DATABASE_URL": database_url, "BROKER_URL": broker_url, "MODEL": str(model_dir),
+        "DATA_DIR": str(data_dir),
+        "RECONCILE_INTERVAL_S": "0.2", "DISPATCH_GRACE_S": "0.5", "WORKER_HEARTBEAT_S": "0.2",
+        "WORKER_DEAD_AFTER_S": "2", "CANCEL_POLL_S": "0.1", "MAX_NUM_SEQS": "16", "NUM_KV_BLOCKS": "1024",
+        **settings,
+    }
+    env.update({f"CONVEYOR_{k.upper()}": v for k, v in values.items()})
+    env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+class WorkerProcesses:
+    """Starts `python -m worker` subprocesses; every one still alive is SIGKILLed at teardown."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self._log_dir = log_dir
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        log = open(self._log_dir / f"worker-{len(self.procs)}.log", "wb")  # noqa: SIM115 (closed with the process)
+        proc = subprocess.Popen([sys.executable, "-m", "worker"], env=env, cwd=REPO_ROOT, stdout=log,
+                                stderr=subprocess.STDOUT)
+        log.close()
+        self.procs.append(proc)
+        return proc
+
+    def log(self, index: int) -> str:
+        return (self._log_dir / f"worker-{index}.log").read_text(errors="replace")
+
+    def kill_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=30)
+
+
+class SpareRedis:
+    """A private redis-server on a free port, started on demand: 'the broker is down' until start()."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.port = _free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self._data_dir = data_dir
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self._proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(self._data_dir)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        wait_for(self._reachable, 20, f"redis-server on port {self.port}")
+
+    def stop(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait(timeout=30)
+
+    def _reachable(self) -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+            return True
+        except OSError:
+            return False
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
