@@ -76,7 +76,8 @@ def build_tiny_model(
     if arch not in SUPPORTED_ARCHS:
         raise ValueError(f"arch: unsupported architecture {arch!r}; supported: {list(SUPPORTED_ARCHS)}")
     if vocab_size < MIN_VOCAB_SIZE:
-        raise ValueError(f"vocab_size must be >= {MIN_VOCAB_SIZE} (bytes + special tokens), got {vocab_size}")
+        raise ValueError(
+            f"vocab_size must be >= {MIN_VOCAB_SIZE} (bytes, special tokens, headroom), got {vocab_size}")
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = _train_tokenizer(min(vocab_size - TOKENIZER_HEADROOM, MAX_TOKENIZER_VOCAB))
@@ -110,7 +111,8 @@ def _make_config(arch: str, kwargs: dict[str, Any]) -> Any:
         theta = kwargs.pop("rope_theta", 10000.0)
         kwargs["rope_parameters"] = {"rope_theta": theta, **kwargs.pop("rope_scaling")}
     if arch == "Qwen3ForCausalLM":
-        kwargs.setdefault("head_dim", 32)  # Qwen3 decouples head_dim from hidden_size / heads; exercise that
+        # Qwen3 decouples head_dim from hidden_size / heads (e.g. Qwen3-0.6B: 1024 / 16 heads, head_dim 128).
+        kwargs.setdefault("head_dim", 2 * kwargs["hidden_size"] // kwargs["num_attention_heads"])
     config_class = getattr(transformers, arch.replace("ForCausalLM", "Config"))
     return config_class(**kwargs)
 
