@@ -151,7 +151,12 @@ def sdpa_over_contiguous(batch: Batch) -> Callable[[], None]:
         k = batch.k_cache[blocks].flatten(1, 2)[:, :seq_len].transpose(1, 2).contiguous()  # [B, Hkv, L, D]
         v = batch.v_cache[blocks].flatten(1, 2)[:, :seq_len].transpose(1, 2).contiguous()
         calls.append(_sdpa_call(q, k, v, q_len, seq_len, batch.scale))
-    return lambda: [call() for call in calls] and None
+
+    def run_all() -> None:
+        for call in calls:
+            call()
+
+    return run_all
 
 
 def _sdpa_call(q, k, v, q_len: int, seq_len: int, scale: float) -> Callable[[], torch.Tensor]:
