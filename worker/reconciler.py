@@ -58,7 +58,9 @@ class Reconciler:
             expired = jobs.expire_overdue(session, now)
             dead = workers.dead_workers_with_jobs(session, now=now, dead_after_s=self._dead_after_s)
             requeued = jobs.requeue_orphans(session, dead, now)
-            pending = jobs.undispatched(session, now - self._grace)
+            # Requeued jobs go out now, whatever their age; the rest once the API's grace has passed.
+            stale = jobs.undispatched(session, now - self._grace)
+        pending = requeued + [job for job in stale if job not in requeued]
         if requeued:
             log.warning("requeued %d job(s) of dead worker(s) %s", len(requeued), dead)
         published = publish_and_mark(self._sessions, self._publish, pending)

@@ -155,3 +155,19 @@ def _free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+class RecordingPublisher:
+    """Keeps published (job_id, queue) pairs; raises while `reachable` is False (a broker that is down)."""
+
+    def __init__(self, reachable: bool = True) -> None:
+        self.published: list[tuple[str, str]] = []
+        self.reachable = reachable
+
+    def publish(self, job_id: str, queue: str) -> None:
+        if not self.reachable:
+            raise ConnectionError("broker: unreachable")
+        self.published.append((job_id, queue))
+
+    def ping(self) -> bool:
+        return self.reachable

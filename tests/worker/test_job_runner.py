@@ -1,0 +1,174 @@
+"""JobRunner against Postgres and an in-process EngineHost on the tiny demo model: claim, outcome, cancel of a
+running job (aborted in the engine, KV blocks freed), timeout, invalid input, duplicates, shutdown requeue."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy.orm import Session, sessionmaker
+from worker_support import LONG_JOB_TOKENS, RecordingPublisher, add_job, get_job, wait_for, wait_generating
+
+from api.store import jobs
+from api.store.models import utcnow
+from engine.config import EngineConfig, RequestClassConfig
+from engine.host import EngineHost
+from worker.job_runner import JobRunner
+
+
+@pytest.fixture(scope="module")
+def host(worker_model_dir: Path) -> Iterator[EngineHost]:
+    config = EngineConfig(model=str(worker_model_dir), max_num_seqs=8, num_kv_blocks=512, request_classes=[
+        RequestClassConfig("interactive", max_running=8, priority=0),
+        RequestClassConfig("documents", max_running=2, priority=1),
+    ])
+    engine_host = EngineHost.from_config(config)
+    yield engine_host
+    engine_host.shutdown()
+
+
+@pytest.fixture
+def runner(host: EngineHost, sessions: sessionmaker[Session]) -> Iterator[JobRunner]:
+    job_runner = JobRunner(host, sessions, "test-worker", cancel_poll_s=0.05)
+    job_runner.start()
+    yield job_runner
+    job_runner.shutdown(grace_s=0.0, publish=None)
+    wait_for(lambda: _kv_free(host), 30, "the engine to free every KV block")
+
+
+class Done:
+    """An on_done callback that counts its calls (the caller's 'ack')."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.event = threading.Event()
+
+    def __call__(self) -> None:
+        self.calls += 1
+        self.event.set()
+
+    def wait(self) -> None:
+        assert self.event.wait(60), "on_done was never called"
+
+
+def _kv_free(host: EngineHost) -> bool:
+    stats: dict[str, Any] = host.stats()
+    return stats["kv_blocks_used"] == 0 and stats["num_running"] == 0 and stats["num_waiting"] == 0
+
+
+def test_runs_a_claimed_job_and_stores_result_usage_and_timestamps(
+    runner: JobRunner, sessions: sessionmaker[Session]
+) -> None:
+    job_id = add_job(sessions, "Good morning! How are you", max_tokens=10)
+    done = Done()
+
+    assert runner.run(job_id, done)
+    done.wait()
+
+    job = get_job(sessions, job_id)
+    assert job.status == "succeeded" and job.finish_reason in ("stop", "length")
+    assert job.attempts == 1 and job.worker_id == "test-worker"
+    assert job.completion_tokens is not None and 1 <= job.completion_tokens <= 10
+    assert job.prompt_tokens is not None and job.prompt_tokens > 0
+    assert job.started_at is not None and job.first_token_at is not None and job.finished_at is not None
+    assert done.calls == 1
+
+
+def test_a_duplicate_message_is_dropped_and_never_runs_twice(
+    runner: JobRunner, sessions: sessionmaker[Session]
+) -> None:
+    job_id = add_job(sessions, "Numbers: 1 2 3", max_tokens=4)
+    first = Done()
+    assert runner.run(job_id, first)
+    assert not runner.run(job_id, Done())  # the job is running: the second message is not ours to run
+    first.wait()
+    assert not runner.run(job_id, Done())  # and once it is done, neither
+    assert get_job(sessions, job_id).attempts == 1
+
+
+def test_cancel_of_a_running_job_aborts_it_in_the_engine_and_frees_its_kv_blocks(
+    runner: JobRunner, host: EngineHost, sessions: sessionmaker[Session]
+) -> None:
+    job_id = add_job(sessions, "The model reads the prompt", "documents", max_tokens=LONG_JOB_TOKENS,
+                     ignore_eos=True)
+    done = Done()
+    assert runner.run(job_id, done)
+    wait_generating(sessions, job_id)
+    aborted_before = host.stats()["totals"]["aborted_requests"]  # type: ignore[index]
+
+    with sessions() as session:
+        assert jobs.cancel(session, job_id, "default", utcnow()) is not None
+    done.wait()
+
+    wait_for(lambda: _kv_free(host), 30, "the cancelled job's KV blocks to be freed")
+    assert host.stats()["totals"]["aborted_requests"] == aborted_before + 1  # type: ignore[index]
+    job = get_job(sessions, job_id)
+    assert job.status == "cancelled" and job.result_text is None and job.completion_tokens is None
+    assert runner.num_running == 0
+
+
+def test_a_job_running_past_its_timeout_fails_with_code_timeout(
+    runner: JobRunner, host: EngineHost, sessions: sessionmaker[Session]
+) -> None:
+    job_id = add_job(sessions, "A block table maps", "documents", max_tokens=LONG_JOB_TOKENS, ignore_eos=True,
+                     timeout_s=0.3)
+    done = Done()
+    assert runner.run(job_id, done)
+    done.wait()
+
+    job = get_job(sessions, job_id)
+    assert job.status == "failed" and job.error_code == "timeout", (job.status, job.error_code)
+    assert job.result_text is None
+    wait_for(lambda: _kv_free(host), 30, "the timed-out job's KV blocks to be freed")
+
+
+def test_parameters_the_engine_rejects_fail_the_job_as_invalid_request(
+    runner: JobRunner, sessions: sessionmaker[Session]
+) -> None:
+    job_id = add_job(sessions, "Hello", max_tokens=5000)  # over the model's 4096 positions
+    done = Done()
+    assert runner.run(job_id, done)
+    done.wait()
+
+    job = get_job(sessions, job_id)
+    assert job.status == "failed" and job.error_code == "invalid_request"
+    assert job.error_message is not None and "max_tokens" in job.error_message
+
+
+def test_chat_messages_are_rendered_with_the_model_chat_template(
+    runner: JobRunner, host: EngineHost, sessions: sessionmaker[Session]
+) -> None:
+    messages = [{"role": "user", "content": "Write a haiku about queues."}]
+    job_id = add_job(sessions, None, messages=messages, max_tokens=6)
+    done = Done()
+    assert runner.run(job_id, done)
+    done.wait()
+
+    job = get_job(sessions, job_id)
+    assert job.status == "succeeded"
+    assert job.prompt_tokens == len(host.tokenizer.apply_chat_template(messages))
+
+
+def test_shutdown_requeues_and_republishes_jobs_that_do_not_finish_in_the_grace_period(
+    host: EngineHost, sessions: sessionmaker[Session]
+) -> None:
+    runner = JobRunner(host, sessions, "stopping-worker", cancel_poll_s=0.05)
+    runner.start()
+    job_id = add_job(sessions, "Children play in the park", "documents", max_tokens=LONG_JOB_TOKENS,
+                     ignore_eos=True)
+    done = Done()
+    assert runner.run(job_id, done)
+    wait_generating(sessions, job_id)
+    publisher = RecordingPublisher()
+
+    requeued = runner.shutdown(grace_s=0.0, publish=publisher.publish)
+
+    assert requeued == [job_id] and done.calls == 1
+    assert publisher.published == [(job_id, "documents")]
+    job = get_job(sessions, job_id)
+    assert job.status == "queued" and job.attempts == 1 and job.worker_id is None
+    assert job.dispatched_at is not None
+    wait_for(lambda: _kv_free(host), 30, "the requeued job's KV blocks to be freed")

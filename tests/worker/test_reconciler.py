@@ -1,0 +1,100 @@
+"""The reconciler on Postgres: re-publishes undispatched jobs (broker down, or a crash between commit and
+publish), requeues the running jobs of dead workers, expires overdue jobs, and is safe to run concurrently."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import update
+from sqlalchemy.orm import Session, sessionmaker
+from worker_support import RecordingPublisher, add_job, get_job
+
+from api.store import jobs, workers
+from api.store.models import Job, Worker, utcnow
+from worker.reconciler import Reconciler
+
+
+def _age(sessions: sessionmaker[Session], job_id: str, seconds: float) -> None:
+    with sessions() as session:
+        created = utcnow() - timedelta(seconds=seconds)
+        session.execute(update(Job).where(Job.id == job_id).values(created_at=created))
+        session.commit()
+
+
+def _claimed_by(sessions: sessionmaker[Session], job_id: str, worker_id: str, last_seen_ago_s: float) -> None:
+    now = utcnow()
+    with sessions() as session:
+        workers.register(session, worker_id, hostname="h", pid=1, queues=["interactive"], now=now)
+        assert jobs.claim(session, job_id, worker_id, now) is not None
+        session.execute(update(Worker).where(Worker.id == worker_id)
+                        .values(last_seen_at=now - timedelta(seconds=last_seen_ago_s)))
+        session.commit()
+
+
+def test_undispatched_jobs_are_published_once_the_broker_is_back(
+    sessions: sessionmaker[Session], make_settings: Callable[..., Any], pg_url: str
+) -> None:
+    settings = make_settings(database_url=pg_url, dispatch_grace_s=5.0)
+    old, young = add_job(sessions, "old"), add_job(sessions, "young")
+    _age(sessions, old, 60)
+    broker = RecordingPublisher(reachable=False)
+    reconciler = Reconciler(sessions, broker.publish, settings)
+
+    assert reconciler.run_once().published == 0
+    assert get_job(sessions, old).dispatched_at is None
+
+    broker.reachable = True
+    assert reconciler.run_once().published == 1
+    assert broker.published == [(old, "interactive")]  # the young job is still within the API's grace
+    assert get_job(sessions, young).dispatched_at is None
+    assert get_job(sessions, old).dispatched_at is not None
+    assert reconciler.run_once().published == 0  # dispatched jobs are not published again
+
+
+def test_running_jobs_of_dead_workers_are_requeued_and_republished(
+    sessions: sessionmaker[Session], make_settings: Callable[..., Any], pg_url: str
+) -> None:
+    settings = make_settings(database_url=pg_url, worker_dead_after_s=2.0)
+    orphan, alive = add_job(sessions, "orphan"), add_job(sessions, "alive")
+    _claimed_by(sessions, orphan, "dead-worker", last_seen_ago_s=30)
+    _claimed_by(sessions, alive, "live-worker", last_seen_ago_s=0)
+    broker = RecordingPublisher()
+
+    report = Reconciler(sessions, broker.publish, settings).run_once()
+
+    assert report.requeued == 1
+    assert broker.published == [(orphan, "interactive")]
+    job = get_job(sessions, orphan)
+    assert job.status == "queued" and job.worker_id is None and job.attempts == 1
+    assert get_job(sessions, alive).status == "running"
+
+
+def test_overdue_queued_jobs_expire(
+    sessions: sessionmaker[Session], make_settings: Callable[..., Any], pg_url: str
+) -> None:
+    settings = make_settings(database_url=pg_url)
+    job_id = add_job(sessions, "late", ttl_s=0.001)
+
+    report = Reconciler(sessions, RecordingPublisher().publish, settings).run_once()
+
+    assert report.expired == 1
+    assert get_job(sessions, job_id).status == "expired"
+
+
+def test_concurrent_reconcilers_requeue_each_orphan_once(
+    sessions: sessionmaker[Session], make_settings: Callable[..., Any], pg_url: str
+) -> None:
+    settings = make_settings(database_url=pg_url, worker_dead_after_s=2.0)
+    orphans = [add_job(sessions, f"orphan {i}") for i in range(5)]
+    for job_id in orphans:
+        _claimed_by(sessions, job_id, "dead-worker", last_seen_ago_s=30)
+    reconcilers = [Reconciler(sessions, RecordingPublisher().publish, settings) for _ in range(4)]
+
+    with ThreadPoolExecutor(4) as pool:
+        reports = list(pool.map(lambda r: r.run_once(), reconcilers))
+
+    assert sum(r.requeued for r in reports) == len(orphans)
+    assert all(get_job(sessions, j).status == "queued" for j in orphans)
