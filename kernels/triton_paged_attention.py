@@ -3,8 +3,9 @@
 Grid: (query tile, KV head, KV split). A query tile holds up to BLOCK_Q query tokens of ONE sequence times
 the query heads that share the KV head, so every K/V tile loaded from the cache serves all of them (GQA).
 Tiles are numbered without a host sync: sequence s owns tiles starting at `query_start_loc[s] // BLOCK_Q + s`
-(enough room for its ceil(query_len / BLOCK_Q) tiles); each program finds its sequence by binary search and
-programs past a sequence's last tile exit at once.
+(enough room for its ceil(query_len / BLOCK_Q) tiles; exactly `query_start_loc[s]` when BLOCK_Q = 1, as in
+decode batches); each program finds its sequence by binary search and programs past a sequence's last tile
+exit at once.
 
 Split-KV (flash-decoding): with num_splits > 1 (grid axis 2) each program covers one contiguous slice of
 the keys visible to its tile and writes a partial result (normalised output + log-sum-exp, fp32); a second
@@ -29,13 +30,22 @@ MIN_KEYS_PER_SPLIT = 256
 
 
 @triton.jit
+def _first_tile(query_start, seq, BLOCK_Q: tl.constexpr):
+    """Index of sequence seq's first query tile (see the module docstring)."""
+    if BLOCK_Q == 1:
+        return query_start  # one token per tile: the numbering is exact
+    else:
+        return query_start // BLOCK_Q + seq
+
+
+@triton.jit
 def _find_sequence(query_start_loc_ptr, num_seqs, tile, BLOCK_Q: tl.constexpr):
-    """Largest s whose first tile (query_start_loc[s] // BLOCK_Q + s) is <= tile."""
+    """Largest s whose first tile is <= tile."""
     lo = num_seqs * 0
     hi = num_seqs - 1
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        first = tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid
+        first = _first_tile(tl.load(query_start_loc_ptr + mid), mid, BLOCK_Q)
         lo = tl.where(first <= tile, mid, lo)
         hi = tl.where(first <= tile, hi, mid - 1)
     return lo
@@ -65,7 +75,7 @@ def _paged_attention_kernel(
     seq = _find_sequence(query_start_loc_ptr, num_seqs, tile, BLOCK_Q)
     q_start = tl.load(query_start_loc_ptr + seq)
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
-    first_row = (tile - (q_start // BLOCK_Q + seq)) * BLOCK_Q  # this tile's first query index in the sequence
+    first_row = (tile - _first_tile(q_start, seq, BLOCK_Q)) * BLOCK_Q  # tile's first query in the sequence
     if first_row >= q_len:
         return
     seq_len = tl.load(seq_lens_ptr + seq)
@@ -183,7 +193,7 @@ def paged_attention_triton(
     block_m = max(16, block_q * group_p2)
     head_dim_p2 = max(16, triton.next_power_of_2(head_dim))
     block_n = 64 if head_dim_p2 <= 128 else 32
-    num_tiles = num_tokens // block_q + num_seqs
+    num_tiles = num_tokens if block_q == 1 else num_tokens // block_q + num_seqs
     seq_lens, query_start_loc = seq_lens.contiguous(), query_start_loc.contiguous()
 
     split = num_splits > 1

@@ -40,6 +40,14 @@ def test_triton_gqa_ratios(paged_batch, tolerance, group) -> None:
     assert_close_to_reference(batch, paged_attention_triton(*batch.args()), tolerance[torch.float32])
 
 
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_triton_decode_batch_with_idle_sequences(paged_batch, tolerance, num_splits) -> None:
+    # Sequences with no query this step, first and last included, own no tile.
+    batch = paged_batch([0, 1, 0, 1, 0], [4, 18, 9, 33, 12], num_heads=4, num_kv_heads=2, head_dim=16)
+    got = paged_attention_triton(*batch.args(), num_splits=num_splits)
+    assert_close_to_reference(batch, got, tolerance[torch.float32])
+
+
 def test_triton_split_kv_long_decode_many_splits(paged_batch, tolerance) -> None:
     # More splits than some sequences have key tiles: empty splits must weigh nothing in the merge.
     batch = paged_batch([1, 1], [300, 20], num_heads=4, num_kv_heads=1, head_dim=16, block_size=16)
