@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 # (name substring, bf16 dense TFLOP/s, memory TB/s); the first match wins, so specific names come first.
-PEAKS: list[tuple[str, float, float]] = [
+PEAKS: tuple[tuple[str, float, float], ...] = (
     ("H200", 989.0, 4.8),
     ("H100 PCIe", 756.0, 2.0),
     ("H100", 989.0, 3.35),
@@ -32,7 +32,7 @@ PEAKS: list[tuple[str, float, float]] = [
     ("L40S", 362.0, 0.864),
     ("L4", 121.0, 0.3),
     ("A10G", 70.0, 0.6),
-]
+)
 
 
 @dataclass(frozen=True)
