@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 
@@ -234,6 +234,6 @@ def _configure_logging(settings: Settings) -> None:
     logging.basicConfig(level=settings.log_level.upper(), format=log_format)
 
 
-def _fail(message: str, code: int = 2) -> Any:
+def _fail(message: str, code: int = 2) -> NoReturn:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)

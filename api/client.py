@@ -50,7 +50,7 @@ class ConveyorClient:
 
     @staticmethod
     def _json(response: httpx.Response) -> dict[str, Any]:
-        body = response.json() if response.content else {}
+        body: dict[str, Any] = response.json() if response.content else {}
         if response.status_code >= 400:
             raise ClientError(response.status_code, body)
-        return body  # type: ignore[no-any-return]
+        return body

@@ -149,7 +149,7 @@ def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Se
     if not Path(path).is_file():
         raise ValueError(f"config file: {path} does not exist")
     config = SettingsConfigDict(**{**Settings.model_config, "toml_file": path})
-    file_settings = type("FileSettings", (Settings,), {"model_config": config})
+    file_settings: type[Settings] = type("FileSettings", (Settings,), {"model_config": config})
     return file_settings(**overrides)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Response
 from sqlalchemy.orm import Session
@@ -18,7 +18,7 @@ from api.store.models import CANCELLED, Job, utcnow
 from api.submit import submit
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
-ERRORS = {status: {"model": ErrorBody} for status in (401, 404, 409, 413, 422, 429)}
+ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorBody} for s in (401, 404, 409, 413, 422, 429)}
 
 
 @router.post("", status_code=202, response_model=JobPublic, responses=ERRORS)

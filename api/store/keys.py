@@ -44,7 +44,7 @@ def create_key(session: Session, tenant_id: str, now: datetime) -> tuple[ApiKey,
 
 def revoke_key(session: Session, key_id: str, now: datetime) -> bool:
     statement = update(ApiKey).where(ApiKey.id == key_id, ApiKey.revoked_at.is_(None)).values(revoked_at=now)
-    applied = session.execute(statement).rowcount == 1  # type: ignore[attr-defined]
+    applied: bool = session.execute(statement).rowcount == 1  # type: ignore[attr-defined]
     session.commit()
     return applied
 
