@@ -1,0 +1,140 @@
+"""The embedded runtime (one process, SQLite, in-process queues): the same semantics as the Celery worker."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy.orm import Session, sessionmaker
+from worker_support import LONG_JOB_TOKENS, add_job, get_job, wait_finished, wait_for, wait_generating
+
+from api.settings import Settings
+from api.store import jobs
+from api.store.db import make_engine, make_session_factory
+from api.store.migrate import upgrade
+from api.store.models import utcnow
+from engine.llm import LLM
+from engine.sampling_params import SamplingParams
+from worker.dispatch import publish_and_mark
+from worker.embedded import EmbeddedRuntime
+
+
+@pytest.fixture
+def lite_sessions(sqlite_url: str) -> Iterator[sessionmaker[Session]]:
+    upgrade(sqlite_url)
+    engine = make_engine(sqlite_url)
+    yield make_session_factory(engine)
+    engine.dispose()
+
+
+@pytest.fixture
+def embedded_settings(make_settings: Callable[..., Any], sqlite_url: str, worker_model_dir: Path) -> Settings:
+    settings: Settings = make_settings(
+        database_url=sqlite_url, model=str(worker_model_dir), max_num_seqs=8, num_kv_blocks=512,
+        queues={"documents": {"max_running": 1}},
+    )
+    return settings
+
+
+@pytest.fixture
+def runtimes() -> Iterator[list[EmbeddedRuntime]]:
+    started: list[EmbeddedRuntime] = []
+    yield started
+    for runtime in started:
+        runtime.stop(grace_s=0.0)
+
+
+def _start(
+    settings: Settings, sessions: sessionmaker[Session], runtimes: list[EmbeddedRuntime]
+) -> EmbeddedRuntime:
+    runtime = EmbeddedRuntime(settings, sessions=sessions)
+    runtimes.append(runtime)
+    runtime.start()
+    return runtime
+
+
+def _submit(runtime: EmbeddedRuntime, sessions: sessionmaker[Session], prompt: str | None, queue: str,
+            **kwargs: Any) -> str:
+    job_id = add_job(sessions, prompt, queue, **kwargs)
+    assert publish_and_mark(sessions, runtime.publisher.publish, [(job_id, queue)]) == 1
+    return job_id
+
+
+def test_jobs_in_both_queues_complete_with_the_offline_engine_text(
+    embedded_settings: Settings, lite_sessions: sessionmaker[Session], runtimes: list[EmbeddedRuntime],
+    worker_model_dir: Path,
+) -> None:
+    runtime = _start(embedded_settings, lite_sessions, runtimes)
+    prompt = "Each worker runs one engine"
+    ids = [_submit(runtime, lite_sessions, prompt, "interactive", max_tokens=16),
+           _submit(runtime, lite_sessions, "Long documents are read in chunks", "documents", max_tokens=16)]
+
+    done = wait_finished(lite_sessions, ids)
+
+    assert [j.status for j in done] == ["succeeded", "succeeded"]
+    expected = LLM(str(worker_model_dir), max_num_seqs=2, num_kv_blocks=512).generate(
+        [prompt], SamplingParams(max_tokens=16, temperature=0.0))[0]
+    assert done[0].result_text == expected.text
+
+
+def test_cancel_of_a_running_job_aborts_it_and_frees_its_kv_blocks(
+    embedded_settings: Settings, lite_sessions: sessionmaker[Session], runtimes: list[EmbeddedRuntime]
+) -> None:
+    runtime = _start(embedded_settings, lite_sessions, runtimes)
+    job_id = _submit(runtime, lite_sessions, "The model reads the prompt", "documents",
+                     max_tokens=LONG_JOB_TOKENS, ignore_eos=True)
+    wait_generating(lite_sessions, job_id)
+
+    with lite_sessions() as session:
+        jobs.cancel(session, job_id, "default", utcnow())
+
+    wait_for(lambda: runtime.host.stats()["kv_blocks_used"] == 0, 30, "the cancelled job's KV to be freed")
+    assert runtime.host.stats()["totals"]["aborted_requests"] == 1  # type: ignore[index]
+    job = get_job(lite_sessions, job_id)
+    assert job.status == "cancelled" and job.result_text is None
+    after = _submit(runtime, lite_sessions, "Next document", "documents", max_tokens=4)  # the slot came back
+    assert wait_finished(lite_sessions, [after])[0].status == "succeeded"
+    assert get_job(lite_sessions, job_id).status == "cancelled"
+
+
+def test_documents_held_to_their_limit_while_interactive_jobs_pass(
+    embedded_settings: Settings, lite_sessions: sessionmaker[Session], runtimes: list[EmbeddedRuntime]
+) -> None:
+    runtime = _start(embedded_settings, lite_sessions, runtimes)
+    docs = [_submit(runtime, lite_sessions, f"Document {i}: the river is calm", "documents", max_tokens=150,
+                    ignore_eos=True) for i in range(10)]
+    interactive = _submit(runtime, lite_sessions, "Good morning!", "interactive", max_tokens=8)
+
+    done = wait_finished(lite_sessions, [*docs, interactive])
+
+    assert all(j.status == "succeeded" for j in done)
+    doc_rows, chat_row = done[:-1], done[-1]
+    assert chat_row.finished_at is not None
+    assert any(d.started_at is not None and d.started_at > chat_row.finished_at for d in doc_rows)
+    by_start = sorted(doc_rows, key=lambda d: d.started_at)  # type: ignore[arg-type, return-value]
+    for previous, current in itertools.pairwise(by_start):
+        assert previous.finished_at is not None and current.started_at is not None
+        assert current.started_at >= previous.finished_at, "two documents ran at once"
+
+
+def test_a_restart_picks_up_jobs_left_queued_and_jobs_handed_back_at_stop(
+    embedded_settings: Settings, lite_sessions: sessionmaker[Session], runtimes: list[EmbeddedRuntime]
+) -> None:
+    first = _start(embedded_settings, lite_sessions, runtimes)
+    interrupted = _submit(first, lite_sessions, "Children play in the park", "documents", max_tokens=600,
+                          ignore_eos=True)
+    wait_generating(lite_sessions, interrupted)
+    first.stop(grace_s=0.0)
+    runtimes.remove(first)
+    assert get_job(lite_sessions, interrupted).status == "queued"
+    left_queued = add_job(lite_sessions, "Submitted while the service was down", max_tokens=4)
+
+    _start(embedded_settings, lite_sessions, runtimes)
+    done = wait_finished(lite_sessions, [interrupted, left_queued])
+
+    assert [j.status for j in done] == ["succeeded", "succeeded"]
+    assert done[0].attempts == 2 and done[0].completion_tokens == 600
+    assert done[1].attempts == 1
