@@ -16,8 +16,9 @@ DEMO_MODEL_DIR = "demo-model"
 
 
 def resolve_model(settings: Settings) -> str:
-    """settings.model, or a tiny random-weight demo model built once under data_dir/demo-model."""
-    if settings.model is not None:
+    """settings.model, or (when unset or empty) a tiny random-weight demo model built once under
+    data_dir/demo-model."""
+    if settings.model:
         return settings.model
     path = Path(settings.data_dir) / DEMO_MODEL_DIR
     if not (path / "config.json").is_file():

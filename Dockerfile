@@ -1,0 +1,36 @@
+# Conveyor: one image for the API, the GPU worker and the migration step (`conveyor api|worker|migrate`).
+# GPU build by default (CUDA wheels of torch bundle the CUDA runtime and Triton); for a CPU image:
+#   docker build --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu .
+FROM python:3.11-slim
+
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu124
+ARG TORCH_VERSION=2.6.0
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    CONVEYOR_DATA_DIR=/data \
+    HF_HOME=/data/hf
+
+RUN useradd --create-home --uid 10001 conveyor \
+    && mkdir -p /data \
+    && chown conveyor:conveyor /data
+
+WORKDIR /app
+# torch first, from its own index, so the layer is cached across code changes.
+RUN pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
+COPY pyproject.toml README.md alembic.ini ./
+COPY api ./api
+COPY worker ./worker
+COPY engine ./engine
+COPY kernels ./kernels
+COPY migrations ./migrations
+# Editable: alembic finds migrations/ next to api/ (api/store/migrate.py resolves it from the source tree).
+RUN pip install -e .
+
+USER conveyor
+VOLUME ["/data"]
+EXPOSE 8000
+ENTRYPOINT ["conveyor"]
+CMD ["serve"]
