@@ -175,6 +175,17 @@ def cancel(job_id: str, url: UrlOpt = DEFAULT_URL, api_key: KeyOpt = None) -> No
     _print_call(url, api_key, lambda c: c.cancel(job_id))
 
 
+PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+
+@app.command(context_settings=PASSTHROUGH, add_help_option=False)
+def bench(ctx: typer.Context) -> None:
+    """Benchmark the engine or a running service (`conveyor bench --help` lists its options)."""
+    from engine.bench.cli import main
+
+    raise typer.Exit(main(list(ctx.args)))
+
+
 def _settings(config: Path | None, **overrides: Any) -> Settings:
     try:
         return load_settings(config, **overrides)
