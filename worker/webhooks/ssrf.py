@@ -90,7 +90,8 @@ def check_target(url: str, policy: SsrfPolicy, resolver: Resolver = system_resol
         raise _refused(url, "plain http is not allowed (use https, or allowlist the target)")
     for address in addresses:
         if (reason := forbidden_reason(address)) is not None:
-            raise _refused(url, f"{host} resolves to {address}, {reason}")
+            subject = f"{host} is" if host == str(address) else f"{host} resolves to {address},"
+            raise _refused(url, f"{subject} {reason}")
     return CheckedTarget(parsed, host, port, tuple(str(a) for a in addresses))
 
 
@@ -104,8 +105,8 @@ def forbidden_reason(address: IPAddress) -> str | None:
         (inner.is_link_local, "a link-local address"),
         (inner.is_multicast, "a multicast address"),
         (inner in CGNAT, "a shared (CGNAT) address"),
-        (inner.is_private, "a private address"),
         (inner.is_reserved, "a reserved address"),
+        (inner.is_private, "a private address"),
         (not inner.is_global, "not a globally routable address"),
     ]
     return next((reason for failed, reason in checks if failed), None)
