@@ -61,6 +61,12 @@ class CeleryPublisher:
             log.debug("broker ping failed: %s", exc)
             return False
 
+    def depth(self, queue: str) -> int:
+        """Messages waiting in the broker's queue (not those delivered and unacknowledged)."""
+        with self._app.connection_for_write() as conn, conn.channel() as channel:
+            declared = self._queues[queue].bind(channel).queue_declare()
+            return int(declared.message_count) if declared is not None else 0
+
     def close(self) -> None:
         self._app.pool.force_close_all()
 
@@ -77,6 +83,9 @@ class InProcessPublisher:
         if queue not in self.queues:
             raise ValueError(f"queue: unknown queue {queue!r}; known: {sorted(self.queues)}")
         self.queues[queue].put(job_id)
+
+    def depth(self, queue: str) -> int:
+        return self.queues[queue].qsize()
 
     def ping(self) -> bool:
         return True

@@ -47,7 +47,7 @@ class EmbeddedRuntime:
         self._runner: JobRunner | None = None
         self._heartbeat = Heartbeat(self._sessions, self.worker_id, list(settings.queues),
                                     settings.worker_heartbeat_s)
-        self._reconciler = Reconciler(self._sessions, self.publisher.publish, settings)
+        self._reconciler = Reconciler(self._sessions, self.publisher, settings)
 
     @property
     def host(self) -> EngineHost:

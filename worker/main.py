@@ -31,7 +31,7 @@ def run_worker(settings: Settings) -> None:
     publisher = CeleryPublisher(settings, app)
     runner = JobRunner(host, sessions, worker_id, cancel_poll_s=settings.cancel_poll_s)
     heartbeat = Heartbeat(sessions, worker_id, list(settings.queues), settings.worker_heartbeat_s)
-    reconciler = Reconciler(sessions, publisher.publish, settings)
+    reconciler = Reconciler(sessions, publisher, settings)
     limits = {name: queue.max_running for name, queue in settings.queues.items()}
     app.steps["consumer"].add(
         job_consumer_step(runner, limits, grace_s=SHUTDOWN_GRACE_S, publish=publisher.publish)

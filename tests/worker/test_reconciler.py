@@ -41,7 +41,7 @@ def test_undispatched_jobs_are_published_once_the_broker_is_back(
     old, young = add_job(sessions, "old"), add_job(sessions, "young")
     _age(sessions, old, 60)
     broker = RecordingPublisher(reachable=False)
-    reconciler = Reconciler(sessions, broker.publish, settings)
+    reconciler = Reconciler(sessions, broker, settings)
 
     assert reconciler.run_once().published == 0
     assert get_job(sessions, old).dispatched_at is None
@@ -63,7 +63,7 @@ def test_running_jobs_of_dead_workers_are_requeued_and_republished(
     _claimed_by(sessions, alive, "live-worker", last_seen_ago_s=0)
     broker = RecordingPublisher()
 
-    report = Reconciler(sessions, broker.publish, settings).run_once()
+    report = Reconciler(sessions, broker, settings).run_once()
 
     assert report.requeued == 1
     assert broker.published == [(orphan, "interactive")]
@@ -78,7 +78,7 @@ def test_overdue_queued_jobs_expire(
     settings = make_settings(database_url=pg_url)
     job_id = add_job(sessions, "late", ttl_s=0.001)
 
-    report = Reconciler(sessions, RecordingPublisher().publish, settings).run_once()
+    report = Reconciler(sessions, RecordingPublisher(), settings).run_once()
 
     assert report.expired == 1
     assert get_job(sessions, job_id).status == "expired"
@@ -91,10 +91,29 @@ def test_concurrent_reconcilers_requeue_each_orphan_once(
     orphans = [add_job(sessions, f"orphan {i}") for i in range(5)]
     for job_id in orphans:
         _claimed_by(sessions, job_id, "dead-worker", last_seen_ago_s=30)
-    reconcilers = [Reconciler(sessions, RecordingPublisher().publish, settings) for _ in range(4)]
+    reconcilers = [Reconciler(sessions, RecordingPublisher(), settings) for _ in range(4)]
 
     with ThreadPoolExecutor(4) as pool:
         reports = list(pool.map(lambda r: r.run_once(), reconcilers))
 
     assert sum(r.requeued for r in reports) == len(orphans)
     assert all(get_job(sessions, j).status == "queued" for j in orphans)
+
+
+def test_queued_jobs_whose_messages_the_broker_lost_are_published_again(
+    sessions: sessionmaker[Session], make_settings: Callable[..., Any], pg_url: str
+) -> None:
+    settings = make_settings(database_url=pg_url, dispatch_grace_s=0.5)
+    lost, recent = add_job(sessions, "lost"), add_job(sessions, "recent")
+    with sessions() as session:
+        jobs.mark_dispatched(session, [lost], utcnow() - timedelta(seconds=60))
+        jobs.mark_dispatched(session, [recent], utcnow())
+    broker = RecordingPublisher()
+    broker.waiting = 3  # messages still in the broker's queue: nothing is known to be lost
+
+    assert Reconciler(sessions, broker, settings).run_once().redispatched == 0
+
+    broker.waiting = 0  # the queue is empty, yet the store has a job queued and dispatched long ago
+    assert Reconciler(sessions, broker, settings).run_once().redispatched == 1
+    assert broker.published == [(lost, "interactive")]
+    assert Reconciler(sessions, broker, settings).run_once().redispatched == 0  # dispatched just now

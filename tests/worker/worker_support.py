@@ -163,11 +163,15 @@ class RecordingPublisher:
     def __init__(self, reachable: bool = True) -> None:
         self.published: list[tuple[str, str]] = []
         self.reachable = reachable
+        self.waiting = 0  # what depth() reports for every queue
 
     def publish(self, job_id: str, queue: str) -> None:
         if not self.reachable:
             raise ConnectionError("broker: unreachable")
         self.published.append((job_id, queue))
+
+    def depth(self, queue: str) -> int:
+        return self.waiting
 
     def ping(self) -> bool:
         return self.reachable
