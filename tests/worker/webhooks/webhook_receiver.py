@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ class Receiver:
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.02,), daemon=True)
 
     @property
     def url(self) -> str:
@@ -59,6 +60,10 @@ class Receiver:
                 headers = {name.lower(): value for name, value in self.headers.items()}
                 reply = receiver._next(Received(self.path, headers, body))
                 time.sleep(reply.delay_s)
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):   # the client gave up first
+                    self._answer(reply)
+
+            def _answer(self, reply: Reply) -> None:
                 self.send_response(reply.status)
                 for name, value in reply.headers.items():
                     self.send_header(name, value)
