@@ -63,19 +63,20 @@ def deliver(target_url: str, event_id: str, payload: dict[str, Any], secrets: Se
     status: int | None = None
     excerpt: str | None = None
     retry_after: str | None = None
+    outcome: Outcome
     try:
         with client.stream("POST", target_url, content=body, headers=headers, timeout=timeout_s) as response:
             status, retry_after = response.status_code, response.headers.get("retry-after")
             excerpt = _read_excerpt(response, deadline=started + timeout_s, clock=clock)
-        error = None if 200 <= status < 300 else f"HTTP {status}"
+        outcome = _classify(status)
+        error = None if outcome == "delivered" else f"HTTP {status}"
     except TargetRefused as exc:
         return _result(event_id, attempt, now, "failed", None, clock() - started, str(exc), None, None)
     except (httpx.TimeoutException, _DeadlineExceeded):
-        error = f"timed out after {timeout_s:g} s"
+        outcome, error = "retry", f"timed out after {timeout_s:g} s"
     except httpx.HTTPError as exc:
-        error = f"{type(exc).__name__}: {exc}"
+        outcome, error = "retry", f"{type(exc).__name__}: {exc}"
     duration = clock() - started
-    outcome = _classify(status)
     next_at = None
     if outcome == "retry":
         wait = parse_retry_after(retry_after, now)
@@ -87,8 +88,8 @@ def deliver(target_url: str, event_id: str, payload: dict[str, Any], secrets: Se
     return _result(event_id, attempt, now, outcome, status, duration, error, excerpt, next_at)
 
 
-def _classify(status: int | None) -> Outcome:
-    if status is None or status == 429 or status >= 500:
+def _classify(status: int) -> Outcome:
+    if status == 429 or status >= 500:
         return "retry"
     if 200 <= status < 300:
         return "delivered"

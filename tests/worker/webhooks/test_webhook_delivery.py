@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+import logging
 import random
 import socket
 from datetime import datetime, timedelta, timezone
 
 import httpx
+import pytest
 from standardwebhooks import Webhook
 from webhook_receiver import Receiver, Reply
 
@@ -135,3 +137,24 @@ def test_signatures_verify_with_old_and_new_secret_during_rotation(
     assert len(request.headers["webhook-signature"].split(" ")) == 2
     Webhook(old.value).verify(request.body, request.headers)
     Webhook(new.value).verify(request.body, request.headers)
+
+
+def test_a_body_still_arriving_after_the_deadline_is_a_timeout(
+        receiver: Receiver, loopback_client: httpx.Client, secret: str) -> None:
+    ticks = iter([0.0, 100.0, 100.0, 100.0])   # injected clock: the body finishes long after the deadline
+    result = deliver(receiver.url, "msg_11", _event(), [secret], client=loopback_client, now=_now(),
+                     clock=lambda: next(ticks))
+    assert (result.outcome, result.status_code) == ("retry", 200)
+    assert result.error is not None and "timed out" in result.error
+
+
+def test_secrets_and_query_tokens_never_reach_the_log(
+        receiver: Receiver, loopback_client: httpx.Client, secret: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    deliver(receiver.url + "?token=receiver-token", "msg_12", _event(), [secret], client=loopback_client,
+            now=_now())
+    # NOTE: httpx's own INFO line shows the full URL: the service's logging keeps `httpx` at WARNING.
+    ours = "\n".join(r.getMessage() for r in caplog.records if r.name.startswith("worker.webhooks"))
+    assert "msg_12" in ours
+    assert secret not in caplog.text and secret not in ours and "receiver-token" not in ours
