@@ -1,9 +1,10 @@
 """One webhook delivery attempt: sign, POST, classify the answer, schedule the retry.
 
 Outcomes: `delivered` (2xx); `retry` (5xx, 429, timeout, connection error; `next_attempt_at` set);
-`disabled` (410 Gone: the subscription must be disabled); `failed` (any other status, a refused target,
-or a retryable error after the last scheduled attempt). The response body is read only up to
-RESPONSE_EXCERPT_BYTES, and the whole exchange, body included, must finish within `timeout_s`.
+`disabled` (410 Gone: the subscription must be disabled); `failed` (any other status, redirects included,
+a refused target, or a retryable error after the last scheduled attempt). `timeout_s` bounds each httpx
+phase (connect, write, each read) and the body: a body still arriving `timeout_s` after the start is a
+timeout. The body is read only up to RESPONSE_EXCERPT_BYTES, so a huge answer costs nothing.
 Secrets are used only to sign; they never reach the result, an error message or a log line.
 """
 

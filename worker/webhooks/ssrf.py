@@ -9,7 +9,7 @@ Operator allowlist (`SsrfPolicy.allow`), each entry one of:
   - an address or CIDR (`127.0.0.1`, `10.0.0.0/8`, `::1`): a target whose resolved addresses all fall inside
     allowlisted networks is permitted, over http as well;
   - a host, optionally with a port (`localhost`, `hooks.internal:8080`): that host (on that port, when given)
-    is permitted whatever it resolves to, over http as well.
+    is permitted whatever it resolves to, over http as well (IPv6 goes in the first form, unbracketed).
 
 DNS rebinding: the check returns the addresses it approved; `PinnedTransport` (see pinned.py) runs the check
 again for every request it sends and connects to the approved address itself, so the address that was
