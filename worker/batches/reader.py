@@ -4,17 +4,17 @@ Lines are yielded as (line_number, raw_bytes) with 1-based numbers counted over 
 match what an editor shows; blank lines are counted but not yielded. A line longer than the limit is
 yielded as an `OversizeLine` (its bytes are dropped while skipping to the next newline). After each yield,
 `LineStream.position` is where the next line starts, so a later reader can resume there with one ranged
-GET instead of re-reading the prefix.
+GET instead of re-reading the prefix. Only one chunk and one unfinished line are held at a time.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from botocore.exceptions import ClientError
+from botocore.exceptions import ClientError, HTTPClientError, IncompleteReadError
 
 from worker.batches.s3 import S3Location
 
@@ -106,20 +106,45 @@ class LineStream:
 
 
 def open_s3_lines(client: Any, location: S3Location, *, start: ReadPosition | None = None,
-                  max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
-                  chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> LineStream:
-    """Lines of an S3 object, read with one (ranged, when resuming) streaming GET."""
+                  max_line_bytes: int = DEFAULT_MAX_LINE_BYTES, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                  max_reopens: int = 5) -> LineStream:
+    """Lines of an S3 object, read with a streaming (ranged, when resuming) GET."""
     start = start or ReadPosition()
-    request = {"Bucket": location.bucket, "Key": location.key}
-    if start.offset > 0:
-        request["Range"] = f"bytes={start.offset}-"
-    try:
-        body = client.get_object(**request)["Body"]
-    except ClientError as error:
-        if error.response.get("Error", {}).get("Code") == "InvalidRange":  # resuming exactly at the end
-            return LineStream(iter(()), start, max_line_bytes)
-        raise
-    return LineStream(body.iter_chunks(chunk_bytes), start, max_line_bytes, close=body.close)
+    chunks = _s3_chunks(client, location, start.offset, chunk_bytes, max_reopens)
+    return LineStream(chunks, start, max_line_bytes, close=chunks.close)
+
+
+def _s3_chunks(client: Any, location: S3Location, offset: int, chunk_bytes: int,
+               max_reopens: int) -> Generator[bytes, None, None]:
+    """The object's bytes from `offset`. A batch may read slowly for hours, so a dropped connection is
+    reopened where it broke, pinned to the first response's ETag: a replaced object fails, never mixes."""
+    etag: str | None = None
+    failures = 0
+    while True:
+        request: dict[str, Any] = {"Bucket": location.bucket, "Key": location.key}
+        if offset > 0:
+            request["Range"] = f"bytes={offset}-"
+        if etag is not None:
+            request["IfMatch"] = etag
+        try:
+            response = client.get_object(**request)
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") == "InvalidRange":  # resuming exactly at the end
+                return
+            raise
+        etag, body = response["ETag"], response["Body"]
+        try:
+            for chunk in body.iter_chunks(chunk_bytes):
+                offset += len(chunk)
+                failures = 0
+                yield chunk
+            return
+        except (HTTPClientError, IncompleteReadError):
+            failures += 1
+            if failures > max_reopens:
+                raise
+        finally:
+            body.close()
 
 
 def open_local_lines(path: Path, *, start: ReadPosition | None = None,

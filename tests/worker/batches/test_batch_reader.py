@@ -5,6 +5,9 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
+import pytest
+from botocore.exceptions import ClientError, ResponseStreamingError
+
 from worker.batches.reader import (
     LineStream,
     OversizeLine,
@@ -117,3 +120,56 @@ def test_50mb_input_is_streamed_with_bounded_memory(s3: Any, bucket: str) -> Non
     assert count == line_count
     assert last == f"r9-{line_count // 10 - 1:05d}"
     assert peak < 10 * MiB, f"peak traced memory {peak / MiB:.1f} MiB for a {size / MiB:.0f} MiB object"
+
+
+class _DroppingClient:
+    """Wraps an S3 client; the first GET's body breaks after `good_chunks` chunks, like a dropped connection,
+    optionally after `on_drop` ran (e.g. replacing the object)."""
+
+    def __init__(self, s3: Any, good_chunks: int, on_drop: Any = None) -> None:
+        self._s3, self._good, self._on_drop = s3, good_chunks, on_drop
+        self.requests: list[dict[str, Any]] = []
+
+    def get_object(self, **request: Any) -> dict[str, Any]:
+        self.requests.append(request)
+        response = self._s3.get_object(**request)
+        if len(self.requests) == 1:
+            response["Body"] = _BreakingBody(response["Body"], self._good, self._on_drop)
+        return response
+
+
+class _BreakingBody:
+    def __init__(self, body: Any, good_chunks: int, on_drop: Any) -> None:
+        self._body, self._good, self._on_drop = body, good_chunks, on_drop
+
+    def iter_chunks(self, size: int) -> Any:
+        for index, chunk in enumerate(self._body.iter_chunks(size)):
+            if index == self._good:
+                if self._on_drop is not None:
+                    self._on_drop()
+                raise ResponseStreamingError(error="connection reset by peer")
+            yield chunk
+
+    def close(self) -> None:
+        self._body.close()
+
+
+def test_s3_stream_reopens_where_a_dropped_connection_broke(s3: Any, bucket: str) -> None:
+    s3.put_object(Bucket=bucket, Key="in.jsonl", Body=_jsonl(300))
+    location = S3Location(bucket, "in.jsonl")
+    with open_s3_lines(s3, location, chunk_bytes=1000) as lines:
+        full = list(lines)
+    client = _DroppingClient(s3, good_chunks=5)
+    with open_s3_lines(client, location, chunk_bytes=1000) as lines:
+        assert list(lines) == full
+    assert len(client.requests) == 2
+    assert client.requests[1]["Range"] == "bytes=5000-" and client.requests[1]["IfMatch"]
+
+
+def test_s3_stream_refuses_to_mix_a_replaced_object(s3: Any, bucket: str) -> None:
+    s3.put_object(Bucket=bucket, Key="in.jsonl", Body=_jsonl(300))
+    client = _DroppingClient(s3, good_chunks=2,
+                             on_drop=lambda: s3.put_object(Bucket=bucket, Key="in.jsonl", Body=_jsonl(301)))
+    with pytest.raises(ClientError, match=r"PreconditionFailed|412"), \
+            open_s3_lines(client, S3Location(bucket, "in.jsonl"), chunk_bytes=1000) as lines:
+        list(lines)
