@@ -267,7 +267,10 @@ def _check_lengths(request: BatchRequest, limits: LineLimits) -> None:
         raise LineRejected("invalid_parameter", f"max_tokens must be <= {cap} here, got {max_tokens}")
     if limits.max_prompt_tokens is None or limits.count_tokens is None:
         return
-    tokens = limits.count_tokens(request)
+    try:
+        tokens = limits.count_tokens(request)
+    except ValueError as error:  # e.g. a chat template that rejects the messages
+        raise LineRejected("invalid_body", str(error)) from None
     if tokens > limits.max_prompt_tokens:
         raise LineRejected("prompt_too_long",
                            f"prompt has {tokens} tokens, more than the queue's {limits.max_prompt_tokens}")

@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine.tokenizer import Tokenizer
+from worker.batches.lines import BatchRequest, CustomIdSet, LineError, LineLimits, parse_line
+from worker.batches.tokens import prompt_token_counter
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
+    from engine.demo import build_tiny_model
+
+    return Tokenizer(build_tiny_model(tmp_path_factory.mktemp("batch-tokenizer")))
+
+
+def _parse(body: dict[str, object], limits: LineLimits) -> BatchRequest | LineError:
+    return parse_line(1, json.dumps({"custom_id": "a", "body": body}).encode(), CustomIdSet(), limits)
+
+
+def test_counts_what_the_engine_sees(tokenizer: Tokenizer) -> None:
+    count = prompt_token_counter(tokenizer)
+    messages = [{"role": "user", "content": "hello there"}]
+    chat = _parse({"messages": messages}, LineLimits())
+    text = _parse({"prompt": "hello there"}, LineLimits())
+    ids = _parse({"prompt": [5, 6, 7]}, LineLimits())
+    assert isinstance(chat, BatchRequest) and isinstance(text, BatchRequest) and isinstance(ids, BatchRequest)
+    assert count(chat) == len(tokenizer.apply_chat_template(messages))
+    assert count(text) == len(tokenizer.encode("hello there"))
+    assert count(ids) == 3
+
+
+def test_prompt_limit_uses_the_counter(tokenizer: Tokenizer) -> None:
+    count = prompt_token_counter(tokenizer)
+    limit = len(tokenizer.encode("word " * 10))
+    limits = LineLimits(max_prompt_tokens=limit, count_tokens=count)
+    assert isinstance(_parse({"prompt": "word " * 10}, limits), BatchRequest)
+    error = _parse({"prompt": "word " * 40}, limits)
+    assert isinstance(error, LineError) and error.code == "prompt_too_long"
+    assert f"the queue's {limit}" in error.message
+
+
+def test_counter_value_error_is_a_bad_line() -> None:
+    class Rejecting:
+        def encode(self, text: str) -> list[int]:
+            return [1]
+
+        def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
+            raise ValueError("messages: the chat template rejected them: roles must alternate")
+
+    limits = LineLimits(max_prompt_tokens=10, count_tokens=prompt_token_counter(Rejecting()))
+    error = _parse({"messages": [{"role": "assistant", "content": "x"}]}, limits)
+    assert isinstance(error, LineError) and error.code == "invalid_body" and "alternate" in error.message

@@ -1,0 +1,29 @@
+"""The prompt-length counter `LineLimits.count_tokens` expects, over any tokenizer with the engine
+tokenizer's two methods (engine.tokenizer.Tokenizer, or the API's)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from worker.batches.lines import BatchRequest
+
+
+class PromptTokenizer(Protocol):
+    def encode(self, text: str) -> list[int]: ...
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]: ...
+
+
+def prompt_token_counter(tokenizer: PromptTokenizer) -> Callable[[BatchRequest], int]:
+    """Counts what the engine will see: the chat template's tokens for messages, the encoded prompt, or the
+    given token ids. A template that rejects the messages raises ValueError (reported as a bad line)."""
+
+    def count(request: BatchRequest) -> int:
+        if request.messages is not None:
+            return len(tokenizer.apply_chat_template(request.messages))
+        if isinstance(request.prompt, list):
+            return len(request.prompt)
+        assert request.prompt is not None, "a parsed request has messages or a prompt"
+        return len(tokenizer.encode(request.prompt))
+
+    return count
