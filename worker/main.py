@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import socket
 
 from api.settings import Settings
 from api.store.db import make_engine, make_session_factory
@@ -41,8 +42,9 @@ def run_worker(settings: Settings) -> None:
     reconciler.start()
     try:
         worker = app.Worker(
-            hostname=f"{worker_id}@%h", pool="solo", concurrency=1, queues=[CONTROL_QUEUE],
-            without_mingle=True, without_gossip=True, without_heartbeat=True, loglevel=settings.log_level,
+            hostname=f"{worker_id}@{socket.gethostname()}", pool="solo", concurrency=1,
+            queues=[CONTROL_QUEUE], without_mingle=True, without_gossip=True, without_heartbeat=True,
+            loglevel=settings.log_level,
         )
         worker.start()
     finally:

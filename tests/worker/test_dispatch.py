@@ -15,7 +15,9 @@ from api.settings import Settings
 from worker.dispatch import CeleryPublisher, InProcessPublisher
 
 
-def test_celery_publisher_sends_only_the_job_id_to_the_named_queue(redis_url: str) -> None:
+def test_celery_publisher_sends_only_the_job_id_to_the_named_queue(spare_redis: SpareRedis) -> None:
+    spare_redis.start()  # a private server: queue depths here must not see other test runs' messages
+    redis_url = spare_redis.url
     publisher = CeleryPublisher(Settings(broker_url=redis_url))
     assert publisher.ping()
 
