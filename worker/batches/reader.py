@@ -9,6 +9,7 @@ GET instead of re-reading the prefix. Only one chunk and one unfinished line are
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,12 +97,13 @@ class LineStream:
             yield from self._emit(number, raw, ReadPosition(number + 1, offset))
 
     def _emit(self, number: int, raw: RawLine, after: ReadPosition) -> Iterator[tuple[int, RawLine]]:
+        self.position = after
         if isinstance(raw, bytes):
             raw = raw.removesuffix(b"\r")
+            if number == 1:  # files saved by some Windows tools start with a UTF-8 byte order mark
+                raw = raw.removeprefix(codecs.BOM_UTF8)
             if not raw.strip():
-                self.position = after
                 return
-        self.position = after
         yield number, raw
 
 

@@ -25,8 +25,8 @@ def _lines(chunks: list[bytes], max_line_bytes: int = 100) -> list[tuple[int, An
     return list(LineStream(iter(chunks), ReadPosition(), max_line_bytes))
 
 
-def test_lines_split_across_chunks_and_last_line_without_newline() -> None:
-    assert _lines([b'{"a"', b':1}\n{"b":', b"2}\r\n", b"\n", b'{"c":3}']) == [
+def test_lines_split_across_chunks_bom_crlf_blank_and_last_line_without_newline() -> None:
+    assert _lines([b'\xef\xbb\xbf{"a"', b':1}\n{"b":', b"2}\r\n", b"\n", b'{"c":3}']) == [
         (1, b'{"a":1}'), (2, b'{"b":2}'), (4, b'{"c":3}')]  # the blank line 3 is counted, not yielded
 
 
