@@ -25,6 +25,8 @@ def make_celery_app(settings: Settings) -> Celery:
         worker_hijack_root_logger=False,
         worker_redirect_stdouts=False,
         broker_connection_retry_on_startup=True,
+        # Only Celery tasks are cancelled on connection loss; engine jobs run on (see worker/consumer.py).
+        worker_cancel_long_running_tasks_on_connection_loss=True,
         broker_connection_timeout=2.0,
         broker_pool_limit=8,
         # A message held by a worker that died is restored after this long; the reconciler requeues the job

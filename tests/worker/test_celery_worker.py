@@ -117,7 +117,13 @@ def test_jobs_accepted_while_the_broker_is_down_run_once_it_is_back(
     pg_url: str, sessions: sessionmaker[Session], worker_model_dir: Path, worker_procs: WorkerProcesses,
     tmp_path: Path, spare_redis: SpareRedis,
 ) -> None:
+    spare_redis.start()
     publisher = CeleryPublisher(Settings(database_url=pg_url, broker_url=spare_redis.url))
+    worker_procs.start(worker_env(pg_url, spare_redis.url, worker_model_dir, tmp_path))
+    before = _submit(sessions, publisher, "Before the outage", "interactive", max_tokens=4)
+    assert wait_finished(sessions, [before])[0].status == "succeeded"
+
+    spare_redis.stop()  # the broker goes down (and loses everything: no persistence) under a running worker
     assert not publisher.ping()
     accepted = [add_job(sessions, f"Job {i} while the broker is down", max_tokens=6) for i in range(3)]
     for job_id in accepted:  # what the API does: publishing fails, the job stays queued and undispatched
@@ -125,9 +131,7 @@ def test_jobs_accepted_while_the_broker_is_down_run_once_it_is_back(
     assert all(get_job(sessions, j).dispatched_at is None for j in accepted)
 
     spare_redis.start()
-    assert publisher.ping()
-    worker_procs.start(worker_env(pg_url, spare_redis.url, worker_model_dir, tmp_path))
-    done = wait_finished(sessions, accepted)
+    done = wait_finished(sessions, accepted, timeout_s=90)
 
     assert [j.status for j in done] == ["succeeded"] * 3
     assert [j.attempts for j in done] == [1, 1, 1]
