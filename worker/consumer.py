@@ -5,6 +5,9 @@ keep interactive jobs out. On kombu's Redis transport QoS is per channel: this s
 queue with prefetch_count = that queue's max_running, and acknowledges a message only when its job has ended
 (late ack), so each queue holds at most max_running unacknowledged jobs in this worker.
 
+After a broker reconnect the new channels start with empty windows while jobs taken on the old ones still
+run; messages beyond a queue's limit are then held here, unstarted, until those jobs end.
+
 kombu channels are not thread-safe: jobs end on the runner's finisher thread, which only queues the message;
 the ack itself runs on the consumer's event loop (hub.call_soon wakes it), or on the stopping thread.
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 import logging
 import queue as stdlib_queue
 import time
+from collections import deque
 from typing import Any
 
 from celery import bootsteps
@@ -40,10 +44,13 @@ def job_consumer_step(
         def __init__(self, parent: Any, **kwargs: Any) -> None:
             super().__init__(parent, **kwargs)
             self._acks: stdlib_queue.SimpleQueue[Message] = stdlib_queue.SimpleQueue()
+            self._held: dict[str, deque[Message]] = {name: deque() for name in limits}
             self._hub: Any = None
 
         def start(self, c: Any) -> None:
             self._hub = c.hub
+            for held in self._held.values():  # messages of a previous channel went back with it
+                held.clear()
             self.consumers = [
                 Consumer(c.connection.channel(), queues=[job_queue(name)], callbacks=[self._on_message],
                          accept=["json"], prefetch_count=limit)
@@ -64,7 +71,24 @@ def job_consumer_step(
             self._flush_acks()
             super().stop(c)
 
-        def _on_message(self, body: Any, message: Message) -> None:
+        def _on_message(self, _body: Any, message: Message) -> None:
+            queue = str(message.delivery_info.get("routing_key", ""))
+            if queue not in self._held:
+                log.error("dropping a message from unexpected queue %r", queue)
+                message.ack()
+                return
+            self._held[queue].append(message)
+            self._start_held(queue)
+
+        def _start_held(self, queue: str) -> None:
+            """Starts held messages while the queue is under its limit: at once, normally (the channel's QoS
+            already holds it there); after a reconnect, jobs taken on the old channel still count."""
+            held = self._held[queue]
+            while held and runner.running_by_queue().get(queue, 0) < limits[queue]:
+                self._start(held.popleft())
+
+        def _start(self, message: Message) -> None:
+            body = message.payload
             job_id = body.get("job_id") if isinstance(body, dict) else None
             if not isinstance(job_id, str):
                 log.error("dropping malformed job message %r", body)
@@ -93,10 +117,12 @@ def job_consumer_step(
                 try:
                     message = self._acks.get_nowait()
                 except stdlib_queue.Empty:
-                    return
+                    break
                 try:
                     message.ack()
                 except Exception as exc:  # channel gone (reconnect): the outcome is stored anyway
                     log.warning("ack failed (%s: %s)", type(exc).__name__, exc)
+            for queue in self._held:
+                self._start_held(queue)
 
     return JobConsumerStep

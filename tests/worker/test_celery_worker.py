@@ -119,22 +119,30 @@ def test_jobs_accepted_while_the_broker_is_down_run_once_it_is_back(
 ) -> None:
     spare_redis.start()
     publisher = CeleryPublisher(Settings(database_url=pg_url, broker_url=spare_redis.url))
-    worker_procs.start(worker_env(pg_url, spare_redis.url, worker_model_dir, tmp_path))
-    before = _submit(sessions, publisher, "Before the outage", "interactive", max_tokens=4)
-    assert wait_finished(sessions, [before])[0].status == "succeeded"
+    worker_procs.start(worker_env(pg_url, spare_redis.url, worker_model_dir, tmp_path,
+                                  QUEUES__DOCUMENTS__MAX_RUNNING="1"))
+    running_doc = _submit(sessions, publisher, "A long document", "documents", max_tokens=LONG_JOB_TOKENS,
+                          ignore_eos=True)
+    wait_generating(sessions, running_doc)
 
-    spare_redis.stop()  # the broker goes down (and loses everything: no persistence) under a running worker
+    spare_redis.stop()  # the broker goes down (and loses everything: no persistence) under a busy worker
     assert not publisher.ping()
     accepted = [add_job(sessions, f"Job {i} while the broker is down", max_tokens=6) for i in range(3)]
+    accepted.append(add_job(sessions, "Another document", "documents", max_tokens=6))
     for job_id in accepted:  # what the API does: publishing fails, the job stays queued and undispatched
-        assert publish_and_mark(sessions, publisher.publish, [(job_id, "interactive")]) == 0
+        queue = get_job(sessions, job_id).queue
+        assert publish_and_mark(sessions, publisher.publish, [(job_id, queue)]) == 0
     assert all(get_job(sessions, j).dispatched_at is None for j in accepted)
 
     spare_redis.start()
-    done = wait_finished(sessions, accepted, timeout_s=90)
+    done = wait_finished(sessions, [running_doc, *accepted], timeout_s=90)
 
-    assert [j.status for j in done] == ["succeeded"] * 3
-    assert [j.attempts for j in done] == [1, 1, 1]
+    assert [j.status for j in done] == ["succeeded"] * 5
+    assert [j.attempts for j in done] == [1] * 5
+    first_doc, second_doc = done[0], done[-1]
+    assert first_doc.finished_at is not None and second_doc.started_at is not None
+    # The reconnected channel's window is fresh, but the document still running counts against the limit.
+    assert second_doc.started_at >= first_doc.finished_at
 
 
 def test_sigterm_finishes_the_running_job_and_marks_the_worker_stopped(
