@@ -89,6 +89,22 @@ class Settings(BaseSettings):
     worker_dead_after_s: float = Field(15.0, gt=0)
     cancel_poll_s: float = Field(0.5, gt=0, description="worker poll period for cancels")
 
+    # Webhooks
+    webhook_allowlist: list[str] = Field(
+        default_factory=list,
+        description="hosts (optionally host:port) or IPs/CIDRs exempt from the SSRF guard; also permits http",
+    )
+    webhook_rotation_window_s: float = Field(86400.0, gt=0, description="old secret stays valid this long")
+    webhook_timeout_s: float = Field(15.0, gt=0)
+
+    # S3 batches and uploaded files (credentials come from the standard AWS chain, never from here)
+    s3_endpoint_url: str | None = Field(None, description="S3-compatible endpoint (MinIO, R2, ...)")
+    s3_region: str | None = None
+    files_url: str | None = Field(None, description="s3://bucket/prefix/ for uploads; None: data_dir/files")
+    batch_part_bytes: int = Field(8 << 20, ge=5 << 20, description="multipart upload part size")
+    batch_max_line_bytes: int = Field(4 << 20, ge=1024)
+    batch_window_jobs: int = Field(64, ge=1, description="jobs of one batch queued or running at once")
+
     log_level: str = "INFO"
 
     @classmethod

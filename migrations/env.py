@@ -5,7 +5,7 @@ from __future__ import annotations
 from alembic import context
 
 from api.store.db import make_engine
-from api.store.models import Base
+from api.store.tables import Base
 
 
 def _database_url() -> str:

@@ -23,8 +23,10 @@ from api.store.models import (
     QUEUED,
     RUNNING,
     SUCCEEDED,
+    TERMINAL_STATUSES,
     Job,
 )
+from api.store.terminal import record_finished
 
 
 @dataclass(frozen=True)
@@ -245,6 +247,8 @@ def expire_overdue(session: Session, now: datetime) -> list[str]:
         .execution_options(synchronize_session=False)
     )
     ids = list(session.execute(statement).scalars())
+    if ids:
+        record_finished(session, ids, EXPIRED, now)
     session.commit()
     return ids
 
@@ -288,6 +292,8 @@ def _transition(
     if condition is not None:
         query = query.where(condition)
     result = session.execute(query.values(**values).execution_options(synchronize_session=False))
-    session.commit()
     applied: bool = result.rowcount == 1  # type: ignore[attr-defined]
+    if applied and values.get("status") in TERMINAL_STATUSES:
+        record_finished(session, [job_id], values["status"], values["finished_at"])
+    session.commit()
     return applied
