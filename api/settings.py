@@ -68,13 +68,15 @@ class Settings(BaseSettings):
     # Model and engine
     model: str | None = Field(None, description="Hugging Face folder; None: a random-weight demo model")
     max_num_seqs: int = Field(64, ge=1)
-    max_num_batched_tokens: int = Field(2048, ge=1)
+    max_num_batched_tokens: int = Field(4096, ge=1, description="tokens per engine step (prefill + decode)")
     max_model_len: int | None = Field(None, ge=1)
     block_size: int = 16
     num_kv_blocks: int | None = Field(None, ge=1)
     kv_cache_memory_bytes: int | None = Field(None, ge=1)
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
-    long_prefill_token_threshold: int = Field(0, ge=0)
+    long_prefill_token_threshold: int = Field(
+        512, ge=0, description="largest prefill chunk of one job per step, so others keep moving; 0: no cap"
+    )
     dtype: str = "auto"
     attention_backend: str = "auto"
     device: str = "auto"
