@@ -13,6 +13,11 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     CONVEYOR_DATA_DIR=/data \
     HF_HOME=/data/hf
 
+# Triton compiles a small launcher for each kernel at run time: it needs a C compiler.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
+
 RUN useradd --create-home --uid 10001 conveyor \
     && mkdir -p /data \
     && chown conveyor:conveyor /data
