@@ -4,5 +4,6 @@ from __future__ import annotations
 
 from api.store import models
 from api.store.models import Base
+from api.store.webhook_models import Delivery as _webhook_tables  # noqa: F401
 
 __all__ = ["Base", "models"]
