@@ -3,8 +3,8 @@
 #   docker build --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu .
 FROM python:3.11-slim
 
-ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu124
-ARG TORCH_VERSION=2.6.0
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128
+ARG TORCH_SPEC=torch
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -24,7 +24,8 @@ RUN useradd --create-home --uid 10001 conveyor \
 
 WORKDIR /app
 # torch first, from its own index, so the layer is cached across code changes.
-RUN pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
+# Pin with e.g. --build-arg TORCH_SPEC=torch==2.13.0 to match the version the tests ran with.
+RUN pip install --index-url "${TORCH_INDEX_URL}" "${TORCH_SPEC}"
 COPY pyproject.toml README.md alembic.ini ./
 COPY api ./api
 COPY worker ./worker
