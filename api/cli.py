@@ -243,6 +243,7 @@ def _print_call(url: str, api_key: str | None, call: Any) -> dict[str, Any]:
 def _configure_logging(settings: Settings) -> None:
     log_format = "%(asctime)s %(levelname)s %(name)s: %(message)s"
     logging.basicConfig(level=settings.log_level.upper(), format=log_format)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # request lines carry webhook URLs and tokens
 
 
 def _fail(message: str, code: int = 2) -> NoReturn:

@@ -10,4 +10,5 @@ from worker.main import run_worker
 if __name__ == "__main__":
     settings = load_settings()
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # request lines carry webhook URLs and tokens
     run_worker(settings)

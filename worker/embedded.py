@@ -25,6 +25,7 @@ from worker.heartbeat import Heartbeat, new_worker_id
 from worker.job_runner import JobRunner, OnDone, RunnerStoppedError
 from worker.model import engine_config, resolve_model
 from worker.reconciler import Reconciler
+from worker.webhooks.sender import WebhookSender
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,7 @@ class EmbeddedRuntime:
         self._heartbeat = Heartbeat(self._sessions, self.worker_id, list(settings.queues),
                                     settings.worker_heartbeat_s)
         self._reconciler = Reconciler(self._sessions, self.publisher, settings)
+        self._webhooks = WebhookSender(self._sessions, settings)
 
     @property
     def host(self) -> EngineHost:
@@ -67,6 +69,7 @@ class EmbeddedRuntime:
             thread.start()
             self._feeders.append(thread)
         self._reconciler.start()
+        self._webhooks.start()
 
     def stop(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
         """Stops taking jobs, finishes in-flight ones within grace_s; the rest go back to queued in the store
@@ -77,6 +80,7 @@ class EmbeddedRuntime:
         self._reconciler.stop()
         if self._runner is not None:
             self._runner.shutdown(grace_s, publish=None)
+        self._webhooks.stop()
         self._heartbeat.stop()
         if self._host is not None:
             self._host.shutdown()

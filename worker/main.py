@@ -15,6 +15,7 @@ from worker.heartbeat import Heartbeat, new_worker_id
 from worker.job_runner import JobRunner
 from worker.model import engine_config, resolve_model
 from worker.reconciler import Reconciler
+from worker.webhooks.sender import WebhookSender
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +34,7 @@ def run_worker(settings: Settings) -> None:
     runner = JobRunner(host, sessions, worker_id, cancel_poll_s=settings.cancel_poll_s)
     heartbeat = Heartbeat(sessions, worker_id, list(settings.queues), settings.worker_heartbeat_s)
     reconciler = Reconciler(sessions, publisher, settings)
+    webhook_sender = WebhookSender(sessions, settings)
     limits = {name: queue.max_running for name, queue in settings.queues.items()}
     app.steps["consumer"].add(
         job_consumer_step(runner, limits, grace_s=SHUTDOWN_GRACE_S, publish=publisher.publish)
@@ -40,6 +42,7 @@ def run_worker(settings: Settings) -> None:
     heartbeat.start()
     runner.start()
     reconciler.start()
+    webhook_sender.start()
     try:
         worker = app.Worker(
             hostname=f"{worker_id}@{socket.gethostname()}", pool="solo", concurrency=1,
@@ -50,6 +53,7 @@ def run_worker(settings: Settings) -> None:
     finally:
         runner.shutdown(SHUTDOWN_GRACE_S, publisher.publish)  # no-op when the consumer step already did it
         reconciler.stop()
+        webhook_sender.stop()
         heartbeat.stop()
         host.shutdown()
         publisher.close()
