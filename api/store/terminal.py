@@ -11,9 +11,10 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session
 
-from api.store import webhook_events
+from api.store import batches, webhook_events
 
 
 def record_finished(session: Session, job_ids: list[str], status: str, now: datetime) -> None:
     """Runs inside the transition's transaction; each feature reacting to finished jobs adds its call here."""
     webhook_events.enqueue_job_events(session, job_ids, status, now)
+    batches.record_outcomes(session, job_ids, status, now)
