@@ -25,6 +25,7 @@ from worker.heartbeat import Heartbeat, new_worker_id
 from worker.job_runner import JobRunner, OnDone, RunnerStoppedError
 from worker.model import engine_config, resolve_model
 from worker.reconciler import Reconciler
+from worker.token_stream import InProcessTokenStream
 from worker.webhooks.sender import WebhookSender
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,7 @@ class EmbeddedRuntime:
     def __init__(self, settings: Settings, *, sessions: sessionmaker[Session] | None = None) -> None:
         self.settings = settings
         self.publisher = InProcessPublisher(list(settings.queues))
+        self.token_stream = InProcessTokenStream()  # running jobs' text, to the API (create_app)
         self.worker_id = new_worker_id("embedded")
         self._sessions = sessions if sessions is not None else make_session_factory(
             make_engine(settings.database_url)
@@ -59,7 +61,7 @@ class EmbeddedRuntime:
     def start(self) -> None:
         self._host = EngineHost.from_config(engine_config(self.settings, resolve_model(self.settings)))
         self._runner = JobRunner(self._host, self._sessions, self.worker_id,
-                                 cancel_poll_s=self.settings.cancel_poll_s)
+                                 cancel_poll_s=self.settings.cancel_poll_s, tokens=self.token_stream)
         self._heartbeat.start()
         self._runner.start()
         self._load_backlog()

@@ -27,6 +27,7 @@ from engine.host import EngineHost
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from worker.dispatch import Publish, publish_and_mark
+from worker.token_stream import JobStreamer, TokenSink
 
 log = logging.getLogger(__name__)
 
@@ -56,12 +57,14 @@ class RunnerStoppedError(RuntimeError):
 
 class JobRunner:
     def __init__(
-        self, host: EngineHost, sessions: sessionmaker[Session], worker_id: str, *, cancel_poll_s: float = 0.5
+        self, host: EngineHost, sessions: sessionmaker[Session], worker_id: str, *,
+        cancel_poll_s: float = 0.5, tokens: TokenSink | None = None,
     ) -> None:
         self.host = host
         self.worker_id = worker_id
         self._sessions = sessions
         self._cancel_poll_s = cancel_poll_s
+        self._streamer = JobStreamer(tokens) if tokens is not None else None  # text deltas to the API
         self._lock = threading.Lock()
         self._running: dict[str, RunningJob] = {}
         self._idle = threading.Condition(self._lock)
@@ -119,6 +122,8 @@ class JobRunner:
     # --- engine thread -------------------------------------------------------------------------------
 
     def _on_update(self, handle: RunningJob, out: RequestOutput) -> None:
+        if self._streamer is not None:
+            self._streamer.update(handle.job_id, handle.attempt, out)
         if handle.first_token_seen or out.metrics.first_token_time is None:
             return
         handle.first_token_seen = True
@@ -194,6 +199,8 @@ class JobRunner:
         with self._lock:
             self._running.pop(handle.job_id, None)
             self._idle.notify_all()
+        if self._streamer is not None:
+            self._streamer.end(handle.job_id, handle.attempt)
         try:
             handle.on_done()
         except Exception:

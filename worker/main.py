@@ -15,6 +15,7 @@ from worker.heartbeat import Heartbeat, new_worker_id
 from worker.job_runner import JobRunner
 from worker.model import engine_config, resolve_model
 from worker.reconciler import Reconciler
+from worker.token_stream import RedisTokenSink
 from worker.webhooks.sender import WebhookSender
 
 log = logging.getLogger(__name__)
@@ -31,7 +32,9 @@ def run_worker(settings: Settings) -> None:
     log.info("loading engine for %s", config.model)
     host = EngineHost.from_config(config)
     publisher = CeleryPublisher(settings, app)
-    runner = JobRunner(host, sessions, worker_id, cancel_poll_s=settings.cancel_poll_s)
+    redis_broker = settings.broker_url is not None and settings.broker_url.startswith("redis")
+    tokens = RedisTokenSink(settings.broker_url or "") if redis_broker else None  # text deltas to the API
+    runner = JobRunner(host, sessions, worker_id, cancel_poll_s=settings.cancel_poll_s, tokens=tokens)
     heartbeat = Heartbeat(sessions, worker_id, list(settings.queues), settings.worker_heartbeat_s)
     reconciler = Reconciler(sessions, publisher, settings)
     webhook_sender = WebhookSender(sessions, settings)
@@ -57,4 +60,6 @@ def run_worker(settings: Settings) -> None:
         heartbeat.stop()
         host.shutdown()
         publisher.close()
+        if tokens is not None:
+            tokens.close()
         log.info("worker %s stopped", worker_id)
