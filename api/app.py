@@ -13,7 +13,7 @@ from api.dispatch import JobPublisher, Runtime
 from api.errors import install_error_handlers
 from api.metrics import Metrics
 from api.middleware import BodySizeLimit, ResponseCounter
-from api.routes import health, jobs, queues
+from api.routes import health, jobs, queues, webhooks
 from api.settings import Settings
 from api.store.db import make_engine, make_session_factory
 from api.tokens import PromptTokenizer
@@ -53,7 +53,7 @@ def create_app(
     )
     app.state.services = services
     install_error_handlers(app)
-    for router in (jobs.router, queues.router, health.router):
+    for router in (jobs.router, queues.router, health.router, webhooks.router):
         app.include_router(router)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(ResponseCounter, metrics=metrics)  # outermost: 413s are counted too

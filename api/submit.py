@@ -16,6 +16,7 @@ from api.schemas.jobs import JobCreate
 from api.settings import QueueSettings
 from api.store import jobs
 from api.store.models import Job
+from api.webhook_targets import check_job_webhook
 
 log = logging.getLogger(__name__)
 MAX_IDEMPOTENCY_KEY_CHARS = 255
@@ -44,6 +45,7 @@ def _submit(
     idempotency_key: str | None, now: datetime,
 ) -> tuple[Job, bool]:
     _check_body(services, body, queue)
+    check_job_webhook(body.webhook_json(), services.settings)
     request_hash = _request_hash(body)
     if idempotency_key is not None:
         _check_idempotency_key(idempotency_key)

@@ -1,0 +1,109 @@
+"""/v1/webhooks: subscriptions, the signing secret, deliveries (listed per job, re-sent by id)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from fastapi import APIRouter, Response
+from sqlalchemy.orm import Session
+
+from api.auth import CurrentTenant
+from api.deps import ServicesDep, SessionDep
+from api.errors import ApiError
+from api.schemas.errors import ErrorBody
+from api.schemas.webhooks import (
+    DeliveryList,
+    DeliveryPublic,
+    SecretRotated,
+    WebhookCreate,
+    WebhookCreated,
+    WebhookList,
+    WebhookPublic,
+)
+from api.store import jobs, webhooks
+from api.store.models import utcnow
+from api.webhook_targets import check_webhook_target
+
+router = APIRouter(tags=["webhooks"])
+ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorBody} for s in (401, 404, 422)}
+
+
+@router.post("/v1/webhooks", status_code=201, response_model=WebhookCreated, responses=ERRORS)
+def create_webhook(body: WebhookCreate, session: SessionDep, services: ServicesDep,
+                   tenant: CurrentTenant) -> WebhookCreated:
+    """Subscribes `url` to the events matching `events`. The tenant's first subscription returns the signing
+    secret, once."""
+    check_webhook_target(body.url, services.settings, "url")
+    row, secret = webhooks.create_subscription(session, tenant, body.url, body.events, body.description,
+                                               utcnow())
+    return WebhookCreated(**WebhookPublic.from_row(row).model_dump(), secret=secret)
+
+
+@router.get("/v1/webhooks", response_model=WebhookList, responses=ERRORS)
+def list_webhooks(session: SessionDep, tenant: CurrentTenant) -> WebhookList:
+    return WebhookList(data=[WebhookPublic.from_row(row) for row in webhooks.subscriptions(session, tenant)])
+
+
+@router.post("/v1/webhooks/secret/rotate", response_model=SecretRotated, responses=ERRORS)
+def rotate_secret(session: SessionDep, services: ServicesDep, tenant: CurrentTenant) -> SecretRotated:
+    """A new signing secret, shown only in this answer. Earlier secrets keep signing (each delivery carries
+    one signature per secret) for webhook_rotation_window_s."""
+    now = utcnow()
+    window = timedelta(seconds=services.settings.webhook_rotation_window_s)
+    secret = webhooks.rotate_secret(session, tenant, now, window)
+    return SecretRotated(secret=secret, previous_valid_until=now + window)
+
+
+@router.get("/v1/webhooks/{webhook_id}", response_model=WebhookPublic, responses=ERRORS)
+def get_webhook(webhook_id: str, session: SessionDep, tenant: CurrentTenant) -> WebhookPublic:
+    row = webhooks.subscription(session, tenant, webhook_id)
+    if row is None:
+        raise _not_found("webhook", webhook_id)
+    return WebhookPublic.from_row(row)
+
+
+@router.delete("/v1/webhooks/{webhook_id}", status_code=204, responses=ERRORS)
+def delete_webhook(webhook_id: str, session: SessionDep, tenant: CurrentTenant) -> Response:
+    """Deletes the subscription; its pending deliveries stop, its attempts stay listable."""
+    if not webhooks.delete_subscription(session, tenant, webhook_id, utcnow()):
+        raise _not_found("webhook", webhook_id)
+    return Response(status_code=204)
+
+
+@router.post("/v1/webhooks/{webhook_id}/enable", response_model=WebhookPublic, responses=ERRORS)
+def enable_webhook(webhook_id: str, session: SessionDep, tenant: CurrentTenant) -> WebhookPublic:
+    """Re-enables a subscription disabled by a 410 answer; deliveries it missed can be re-sent."""
+    row = webhooks.enable_subscription(session, tenant, webhook_id, utcnow())
+    if row is None:
+        raise _not_found("webhook", webhook_id)
+    return WebhookPublic.from_row(row)
+
+
+@router.post("/v1/webhooks/deliveries/{delivery_id}/resend", status_code=202, response_model=DeliveryPublic,
+             responses=ERRORS)
+def resend_delivery(delivery_id: str, session: SessionDep, tenant: CurrentTenant) -> DeliveryPublic:
+    """Sends the delivery again, with the same webhook-id and body and a fresh retry schedule."""
+    row = webhooks.resend(session, tenant, delivery_id, utcnow())
+    if row is None:
+        raise _not_found("delivery", delivery_id)
+    return DeliveryPublic.from_row(row, webhooks.attempts_of(session, [row.id])[row.id])
+
+
+@router.get("/v1/jobs/{job_id}/deliveries", response_model=DeliveryList, responses=ERRORS)
+def job_deliveries(job_id: str, session: SessionDep, tenant: CurrentTenant) -> DeliveryList:
+    """Every webhook delivery about the job, each with all its attempts."""
+    if jobs.get(session, job_id, tenant) is None:
+        raise _not_found("job", job_id)
+    return delivery_list(session, tenant, "job", job_id)
+
+
+def delivery_list(session: Session, tenant_id: str, subject_type: str, subject_id: str) -> DeliveryList:
+    """The deliveries about one job or batch (also for `GET /v1/batches/{id}/deliveries`)."""
+    rows = webhooks.for_subject(session, tenant_id, subject_type, subject_id)
+    attempts = webhooks.attempts_of(session, [row.id for row in rows])
+    return DeliveryList(data=[DeliveryPublic.from_row(row, attempts[row.id]) for row in rows])
+
+
+def _not_found(kind: str, object_id: str) -> ApiError:
+    return ApiError(404, "not_found", f"id: {kind} {object_id} not found", "id")
