@@ -222,10 +222,18 @@ def run_summary(opts: BenchOptions, result: RunResult, bound: Any = None) -> dic
 
 
 def run_plots(result: RunResult, out_dir: Path, prefix: str = "") -> list[str]:
+    """The plots, plus the raw data behind them: one JSON line per request and per step (or poll)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _jsonl(out_dir / f"{prefix}requests.jsonl", [dataclasses.asdict(r) for r in result.records])
+    _jsonl(out_dir / f"{prefix}steps.jsonl", [dataclasses.asdict(s) for s in result.samples])
     paths = [plots.latency_cdf(result, out_dir / f"{prefix}latency_cdf.png")]
     if result.samples:
         paths.append(plots.timeline(result, out_dir / f"{prefix}timeline.png"))
     return [str(p) for p in paths]
+
+
+def _jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
 def measure_bound(opts: BenchOptions, result: RunResult, engine: Any) -> Any:
@@ -333,6 +341,7 @@ def run_peers(
         _hf_warm_up(model, prompts)
         static = run_hf_static(model, requests, prompts, batch_size=cfg.max_num_seqs, progress=advance)
     out["hf-static"] = run_summary(opts, static)
+    out["hf-static"]["plots"] = run_plots(static, opts.out_dir, "hf-static-")
     with progress_bar(console, "hf-cb", len(requests), opts.progress) as advance:
         cb = run_hf_cb(
             model,
@@ -345,6 +354,7 @@ def run_peers(
             progress=advance,
         )
     out["hf-cb"] = run_summary(opts, cb)
+    out["hf-cb"]["plots"] = run_plots(cb, opts.out_dir, "hf-cb-")
     return out
 
 

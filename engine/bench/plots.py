@@ -33,7 +33,10 @@ def latency_cdf(result: RunResult, path: Path) -> Path:
         ax.set_xlabel("seconds")
         ax.set_ylabel("share of completed requests")
         ax.grid(alpha=0.3)
-        ax.legend(loc="lower right")
+        if ax.lines:
+            ax.legend(loc="lower right")
+        else:
+            ax.text(0.5, 0.5, "not measured by this target", ha="center", transform=ax.transAxes)
     return _save(fig, path)
 
 

@@ -114,6 +114,10 @@ def test_offline_bench_reports_every_metric_and_counts_cancellations(llama_dir: 
     assert [c["name"] for c in inv["parameters"]["engine"]["request_classes"]] == ["interactive", "documents"]
     for name in ("latency_cdf.png", "timeline.png"):
         assert_png(out / name)
+    rows = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    assert sorted(r["request_id"] for r in rows) == sorted(r["request_id"] for r in trace)
+    steps = (out / "steps.jsonl").read_text().splitlines()
+    assert len(steps) == len([s for s in steps if json.loads(s)["kv_total_blocks"]]) > 0
     assert "| interactive |" in (out / "report.md").read_text()
 
 
@@ -218,6 +222,7 @@ def test_peer_hf_runs_the_same_work(llama_dir: Path, tmp_path: Path) -> None:
     assert len(set(useful.values())) == 1, useful  # EOS ignored everywhere: identical work
     assert set(report["ratios"]) == {"engine / hf-static", "engine / hf-cb", "engine / best HF mode"}
     assert all(r > 0 for r in report["ratios"].values())
+    assert_png(out / "hf-cb-latency_cdf.png")
 
 
 def test_bad_arguments_are_reported_not_raised(llama_dir: Path, tmp_path: Path) -> None:
