@@ -1,14 +1,22 @@
-"""Fixtures for the webhook tests: the loopback receiver, an allowlisted delivery client, a fresh secret."""
+"""Fixtures for the webhook tests: the loopback receiver, an allowlisted delivery client, a fresh secret, and
+the service (app, store, sender) for the end-to-end tests."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import httpx
 import pytest
+from sqlalchemy import text
+from sqlalchemy.orm import Session, sessionmaker
 from webhook_receiver import Receiver
+from webhook_service import WEBHOOK_TABLES, NullPublisher, WebhookService
 
+from api.settings import Settings
+from api.store.db import make_engine, make_session_factory
 from worker.webhooks import SsrfPolicy, generate_secret, webhook_client
+from worker.webhooks.sender import WebhookSender
 
 
 @pytest.fixture
@@ -31,3 +39,32 @@ def loopback_client() -> Iterator[httpx.Client]:
 @pytest.fixture
 def secret() -> str:
     return generate_secret()
+
+
+@pytest.fixture
+def webhook_service(database_url: str, make_settings: Callable[..., Settings], demo_model_dir: Path,
+                    receiver: Receiver) -> Iterator[WebhookService]:
+    """The app on SQLite or Postgres with the loopback receiver allowlisted; webhook tables emptied."""
+    from api.app import create_app
+    from api.tokens import PromptTokenizer
+
+    settings = make_settings(database_url=database_url, webhook_allowlist=["127.0.0.1"])
+    engine = make_engine(database_url)
+    sessions = make_session_factory(engine)
+    _empty_webhook_tables(sessions)
+    app = create_app(settings, publisher=NullPublisher(), tokenizer=PromptTokenizer(demo_model_dir),
+                     session_factory=sessions)
+    sender = WebhookSender(sessions, settings)
+    try:
+        yield WebhookService(settings, app, sessions, sender)
+    finally:
+        sender.stop()
+        _empty_webhook_tables(sessions)
+        engine.dispose()
+
+
+def _empty_webhook_tables(sessions: sessionmaker[Session]) -> None:
+    with sessions() as session:
+        for table in WEBHOOK_TABLES:
+            session.execute(text(f"DELETE FROM {table}"))
+        session.commit()
