@@ -67,6 +67,6 @@ def summary_table(title: str, runs: dict[str, dict[str, Any]]) -> Table:
                 str(m["preemptions"]),
                 fmt(m["peak_kv_usage"], share=True),
                 fmt(m["kv_waste"], share=True),
-                str(m["peak_running"]),
+                fmt(m["peak_running"]),
             )
     return table

@@ -96,7 +96,7 @@ def _memory_metrics(samples: list[StepSample], group: str | None) -> dict[str, A
     wastes = [(a - t) / a for a, t in zip(allocated, stored, strict=True) if a > 0]
     total_alloc = sum(allocated)
     return {
-        "peak_running": max(running, default=0),
+        "peak_running": max(running, default=None),  # None: the target exposes no running counts
         # KV memory is shared by all groups: the group's own share of the cache at its peak.
         "peak_kv_usage": _peak_group_usage(samples, group) if group else max(usage, default=None),
         "kv_waste": (total_alloc - sum(stored)) / total_alloc if total_alloc else None,
