@@ -19,7 +19,7 @@ from engine.bench.inventory import inventory
 from engine.bench.metrics import count_check, summarize
 from engine.bench.records import RunResult
 from engine.bench.report import write_decision, write_report
-from engine.bench.roofline import ModelShape, efficiency, matmul_bound, typical_step
+from engine.bench.roofline import ModelShape, efficiency, matmul_bound
 from engine.bench.workload import BenchRequest, WorkloadSpec, all_at_once, generate, load_trace, save_trace
 from engine.config import EngineConfig, RequestClassConfig
 
@@ -239,10 +239,9 @@ def _jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
 def measure_bound(opts: BenchOptions, result: RunResult, engine: Any) -> Any:
     if not opts.measure_matmul or engine is None or not opts.model:
         return None
-    tokens, seqs = typical_step(result.samples)
     device = str(engine.runner.device)
     return matmul_bound(
-        ModelShape.from_config(opts.model), tokens, seqs, dtype=engine.runner.dtype, device=device
+        ModelShape.from_config(opts.model), result.samples, dtype=engine.runner.dtype, device=device
     )
 
 

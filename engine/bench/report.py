@@ -56,10 +56,9 @@ def efficiency_markdown(eff: dict[str, Any]) -> str:
     lines.append(f"| model GFLOP/s (over engine busy time) | {eff['model_flops_per_s'] / 1e9:.2f} |")
     if "matmul_bound" in eff:
         b = eff["matmul_bound"]
-        lines.append(
-            f"| torch.mm GFLOP/s at the typical step shape ({b['tokens']} tokens, {b['sampled']} sampled) "
-            f"| {b['flops_per_s'] / 1e9:.2f} |"
-        )
+        shapes = ", ".join(f"{r['tokens']}: {r['flops_per_s'] / 1e9:.1f}" for r in b["buckets"])
+        lines.append(f"| torch.mm GFLOP/s at the run's step shapes (tokens per step: GFLOP/s) | {shapes} |")
+        lines.append(f"| matmul bound over the run (step-weighted) GFLOP/s | {b['flops_per_s'] / 1e9:.2f} |")
         lines.append(f"| share of the matmul bound | {fmt(eff['share_of_matmul_bound'], True)} |")
     lines.append(
         f"| engine overhead at batch >= {eff['overhead_min_batch']} ({eff['overhead_steps']} steps) "

@@ -81,48 +81,64 @@ def model_flops(shape: ModelShape, records: list[RequestRecord]) -> float:
     return sum(request_flops(shape, r.prompt_tokens, r.output_tokens) for r in records if r.output_tokens > 0)
 
 
-def typical_step(samples: list[StepSample]) -> tuple[int, int]:
-    """(tokens, sequences) of the step shape where the run spent most of its time (time-weighted median)."""
-    busy = sorted((s for s in samples if s.num_tokens > 0), key=lambda s: s.num_tokens)
-    if not busy:
-        return 1, 1
-    half, acc = sum(s.step_s for s in busy) / 2, 0.0
-    for s in busy:
-        acc += s.step_s
-        if acc >= half:
-            return s.num_tokens, max(s.num_seqs, 1)
-    return busy[-1].num_tokens, max(busy[-1].num_seqs, 1)
-
-
 @dataclass(frozen=True)
 class MatmulBound:
-    tokens: int
-    sampled: int
+    """torch.mm FLOP/s at the run's own step shapes.
+
+    Steps are bucketed by tokens per step (rounded up to a power of two); each bucket's matmuls are timed
+    once. `flops_per_s` is the rate the whole run would reach if every step's linear work ran at torch.mm
+    speed for its bucket: sum of step FLOPs / sum of (step FLOPs / bucket rate).
+    """
+
     flops_per_s: float
-    seconds: float
+    buckets: list[dict[str, float]]  # tokens, sampled, steps, flops_per_s
 
     def asdict(self) -> dict[str, Any]:
         return asdict(self)
 
 
+def step_linear_flops(shape: ModelShape, tokens: int, sampled: int) -> float:
+    return sum(2.0 * m * k * n for m, k, n in shape.linear_shapes(tokens, sampled))
+
+
 @torch.inference_mode()
 def matmul_bound(
     shape: ModelShape,
-    tokens: int,
-    sampled: int,
+    samples: list[StepSample],
     dtype: torch.dtype = torch.float32,
     device: str = "cpu",
-    min_seconds: float = 0.3,
-) -> MatmulBound:
+    seconds_per_bucket: float = 0.3,
+) -> MatmulBound | None:
+    steps = [s for s in samples if s.num_tokens > 0]
+    if not steps:
+        return None
+    buckets: dict[int, list[StepSample]] = {}
+    for s in steps:
+        buckets.setdefault(1 << (s.num_tokens - 1).bit_length(), []).append(s)
+    rates, rows = {}, []
+    for tokens, members in sorted(buckets.items()):
+        sampled = max(1, sorted(m.num_seqs for m in members)[len(members) // 2])
+        rates[tokens] = _shape_rate(shape, tokens, sampled, dtype, device, seconds_per_bucket)
+        rows.append(
+            {"tokens": tokens, "sampled": sampled, "steps": len(members), "flops_per_s": rates[tokens]}
+        )
+    flops = [step_linear_flops(shape, s.num_tokens, s.num_seqs) for s in steps]
+    ideal_s = sum(f / rates[1 << (s.num_tokens - 1).bit_length()] for f, s in zip(flops, steps, strict=True))
+    return MatmulBound(flops_per_s=sum(flops) / ideal_s, buckets=rows)
+
+
+def _shape_rate(
+    shape: ModelShape, tokens: int, sampled: int, dtype: torch.dtype, device: str, budget_s: float
+) -> float:
     """torch.mm FLOP/s over one step's matmuls (each distinct shape timed, weighted by its count)."""
     shapes = shape.linear_shapes(tokens, sampled)
     distinct = {s: shapes.count(s) for s in shapes}
     flops, seconds = 0.0, 0.0
     for (m, k, n), count in distinct.items():
-        per_call = _time_mm(m, k, n, dtype, device, min_seconds / len(distinct))
+        per_call = _time_mm(m, k, n, dtype, device, budget_s / len(distinct))
         flops += 2.0 * m * k * n * count
         seconds += per_call * count
-    return MatmulBound(tokens=tokens, sampled=sampled, flops_per_s=flops / seconds, seconds=seconds)
+    return flops / seconds
 
 
 def _time_mm(m: int, k: int, n: int, dtype: torch.dtype, device: str, budget_s: float) -> float:

@@ -337,3 +337,20 @@ def test_approval_conditions() -> None:
         Condition.parse("ttft below one second")
     with pytest.raises(ValueError, match="unknown metric"):
         Condition.parse("all.speed>=1").evaluate(cand, base)
+
+
+def test_matmul_bound_weights_each_step_by_its_own_shape() -> None:
+    from engine.bench.roofline import ModelShape, matmul_bound, step_linear_flops
+
+    shape = ModelShape(hidden=32, layers=2, heads=4, kv_heads=2, head_dim=8, intermediate=64, vocab=300)
+    samples = [
+        StepSample(t=0.0, waiting={}, running={}, num_tokens=n, num_seqs=min(n, 4)) for n in (3, 4, 100)
+    ]
+    bound = matmul_bound(shape, samples, seconds_per_bucket=0.02)
+    assert bound is not None
+    assert [(b["tokens"], b["steps"]) for b in bound.buckets] == [(4, 2), (128, 1)]
+    rates = {b["tokens"]: b["flops_per_s"] for b in bound.buckets}
+    flops = [step_linear_flops(shape, s.num_tokens, s.num_seqs) for s in samples]
+    ideal = flops[0] / rates[4] + flops[1] / rates[4] + flops[2] / rates[128]
+    assert bound.flops_per_s == pytest.approx(sum(flops) / ideal)
+    assert matmul_bound(shape, []) is None
