@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, AnyHttpUrl, BaseModel, ConfigDict, Field
 
 from api.store.models import Job
 
@@ -17,11 +17,21 @@ SAMPLING_FIELDS = (
 NonEmptyStr = Annotated[str, Field(min_length=1)]
 
 
+def _no_nul(text: str) -> str:
+    # NOTE: PostgreSQL text cannot hold NUL; refuse it here rather than fail at insert with a 500.
+    if "\x00" in text:
+        raise ValueError("must not contain NUL (\\u0000) characters")
+    return text
+
+
+PromptText = Annotated[str, AfterValidator(_no_nul)]
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     role: str = Field(min_length=1, max_length=32, examples=["user"])
-    content: str
+    content: PromptText
 
 
 class WebhookSpec(BaseModel):
@@ -37,7 +47,7 @@ class JobCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    prompt: str | None = Field(None, min_length=1, description="raw text prompt")
+    prompt: PromptText | None = Field(None, min_length=1, description="raw text prompt")
     messages: list[ChatMessage] | None = Field(
         None, min_length=1, description="chat messages, rendered with the model's chat template"
     )

@@ -34,6 +34,8 @@ def submit(client: TestClient, **body: object) -> tuple[int, dict[str, object]]:
     ({"prompt": ""}, "prompt"),
     ({"messages": []}, "messages"),
     ({"messages": [{"role": "user"}]}, "messages[0].content"),
+    ({"prompt": "a\u0000b"}, "prompt"),  # PostgreSQL text cannot store NUL
+    ({"messages": [{"role": "user", "content": "\u0000"}]}, "messages[0].content"),
 ])
 def test_out_of_range_parameters_are_422(alice: TestClient, body: dict[str, object], field: str) -> None:
     status, error = submit(alice, **body)
