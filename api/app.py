@@ -13,9 +13,10 @@ from api.dispatch import JobPublisher, Runtime
 from api.errors import install_error_handlers
 from api.metrics import Metrics
 from api.middleware import BodySizeLimit, ResponseCounter
-from api.routes import health, jobs, queues, webhooks
+from api.routes import health, jobs, openai, queues, webhooks
 from api.settings import Settings
 from api.store.db import make_engine, make_session_factory
+from api.token_stream import TokenStream
 from api.tokens import PromptTokenizer
 
 
@@ -26,6 +27,7 @@ def create_app(
     tokenizer: PromptTokenizer,
     session_factory: sessionmaker[Session] | None = None,
     runtime: Runtime | None = None,
+    token_stream: TokenStream | None = None,
 ) -> FastAPI:
     """`runtime` (the embedded worker) is started and stopped with the app. Tables come from migrations."""
     owns_engine = session_factory is None
@@ -53,7 +55,8 @@ def create_app(
     )
     app.state.services = services
     install_error_handlers(app)
-    for router in (jobs.router, queues.router, health.router, webhooks.router):
+    app.state.token_stream = token_stream  # running jobs' text for streamed completions; None: store polls
+    for router in (jobs.router, queues.router, health.router, webhooks.router, openai.router):
         app.include_router(router)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(ResponseCounter, metrics=metrics)  # outermost: 413s are counted too

@@ -39,7 +39,7 @@ def serve(host: HostOpt = None, port: PortOpt = None, config: ConfigOpt = None) 
     upgrade(settings.database_url)
     settings = settings.model_copy(update={"model": resolve_model(settings)})
     runtime = EmbeddedRuntime(settings)
-    _run_api(settings, publisher=runtime.publisher, runtime=runtime)
+    _run_api(settings, publisher=runtime.publisher, runtime=runtime, token_stream=runtime.token_stream)
 
 
 @app.command()
@@ -52,7 +52,11 @@ def api(host: HostOpt = None, port: PortOpt = None, config: ConfigOpt = None) ->
     from worker.model import resolve_model
 
     settings = settings.model_copy(update={"model": resolve_model(settings)})
-    _run_api(settings, publisher=CeleryPublisher(settings), runtime=None)
+    from api.redis_token_stream import RedisTokenStream
+
+    broker = settings.broker_url or ""
+    tokens = RedisTokenStream(broker) if broker.startswith("redis") else None  # streamed completions
+    _run_api(settings, publisher=CeleryPublisher(settings), runtime=None, token_stream=tokens)
 
 
 @app.command()
@@ -203,7 +207,7 @@ def _server_settings(config: Path | None, host: str | None, port: int | None) ->
     return settings
 
 
-def _run_api(settings: Settings, *, publisher: Any, runtime: Any) -> None:
+def _run_api(settings: Settings, *, publisher: Any, runtime: Any, token_stream: Any = None) -> None:
     import uvicorn
 
     from api.app import create_app
@@ -211,7 +215,7 @@ def _run_api(settings: Settings, *, publisher: Any, runtime: Any) -> None:
 
     assert settings.model is not None
     application = create_app(settings, publisher=publisher, tokenizer=PromptTokenizer(settings.model),
-                             runtime=runtime)
+                             runtime=runtime, token_stream=token_stream)
     auth = "on" if settings.auth_enabled else "off (loopback only)"
     log = logging.getLogger("conveyor")
     log.info("listening on http://%s:%d, auth %s", settings.host, settings.port, auth)

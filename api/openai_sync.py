@@ -1,0 +1,166 @@
+"""Synchronous answers over the job queue: submit a job like POST /v1/jobs, then follow it to its end.
+
+The API subscribes to the job's token stream before the job is published (so no delta is missed), then
+waits without blocking the event loop: on stream events, and on the store (the source of truth), which it
+reads when the worker signals the end and every STORE_POLL_S otherwise (often when no stream is wired).
+A client that goes away gets its job cancelled (the worker aborts it in the engine and frees its KV).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+import anyio
+from starlette.concurrency import run_in_threadpool
+
+from api.deps import Services
+from api.dispatch import JobPublisher
+from api.schemas.jobs import JobCreate
+from api.store import jobs
+from api.store.models import TERMINAL_STATUSES, Job, utcnow
+from api.submit import submit
+from api.token_stream import Subscription, TokenEvent, TokenStream
+
+log = logging.getLogger(__name__)
+
+EVENT_WAIT_S = 0.25  # how often a waiting request checks for a client disconnect
+STORE_POLL_S = 1.0  # store reads between stream events (a lost end marker costs at most this)
+STORE_POLL_NO_STREAM_S = 0.25
+SUBSCRIBE_TIMEOUT_S = 10.0
+
+
+class ClientGoneError(Exception):
+    """The HTTP client disconnected while its job was queued or running."""
+
+
+class Disconnected(Protocol):
+    async def __call__(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    """A finished job as the store has it (read in a worker thread, detached from any session)."""
+
+    job_id: str
+    status: str
+    text: str | None
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    error_code: str | None
+    error_message: str | None
+
+    @classmethod
+    def of(cls, job: Job) -> JobOutcome:
+        return cls(job.id, job.status, job.result_text, job.finish_reason, job.prompt_tokens or 0,
+                   job.completion_tokens or 0, job.error_code, job.error_message)
+
+
+class _SubscribeThenPublish:
+    """Wraps the app's publisher: subscribes to the job's tokens (on the app's loop) before publishing."""
+
+    def __init__(self, inner: JobPublisher, stream: TokenStream, loop: asyncio.AbstractEventLoop) -> None:
+        self._inner, self._stream, self._loop = inner, stream, loop
+        self.subscription: Subscription | None = None
+
+    def publish(self, job_id: str, queue: str) -> None:
+        try:
+            future = asyncio.run_coroutine_threadsafe(self._stream.subscribe(job_id), self._loop)
+            self.subscription = future.result(SUBSCRIBE_TIMEOUT_S)
+        except Exception as exc:  # text then arrives from the store at the end
+            log.warning("token stream: subscribing to %s failed (%s); polling the store", job_id, exc)
+        self._inner.publish(job_id, queue)
+
+    def ping(self) -> bool:
+        return self._inner.ping()
+
+
+@dataclass
+class FollowedJob:
+    job_id: str
+    subscription: Subscription | None
+
+
+async def start(
+    services: Services, stream: TokenStream | None, tenant: str, body: JobCreate
+) -> FollowedJob:
+    """Submits (same checks, limits and 429s as POST /v1/jobs) with the token subscription in place."""
+    publisher = None
+    if stream is not None:
+        publisher = _SubscribeThenPublish(services.publisher, stream, asyncio.get_running_loop())
+    submitting = replace(services, publisher=publisher) if publisher is not None else services
+
+    def insert() -> str:
+        with services.session_factory() as session:
+            job, _ = submit(session, submitting, tenant, body, None, utcnow())
+            return job.id
+
+    try:
+        job_id = await run_in_threadpool(insert)
+    except BaseException:
+        if publisher is not None and publisher.subscription is not None:
+            await publisher.subscription.close()
+        raise
+    return FollowedJob(job_id, publisher.subscription if publisher is not None else None)
+
+
+async def follow(
+    services: Services, job: FollowedJob, disconnected: Disconnected
+) -> AsyncIterator[str | JobOutcome]:
+    """Yields the current attempt's text so far each time it grows, then the final JobOutcome.
+
+    Raises ClientGoneError when the client disconnects (the caller cancels the job)."""
+    attempt, text = 0, ""
+    poll_s = STORE_POLL_S if job.subscription is not None else STORE_POLL_NO_STREAM_S
+    next_read = time.monotonic() + poll_s
+    while True:
+        if await disconnected():
+            raise ClientGoneError(job.job_id)
+        event = await _next_event(job.subscription)
+        if event is not None and not event.end:
+            if event.attempt != attempt:  # a redelivered job generates again from its first token
+                attempt, text = event.attempt, ""
+            text += event.text
+            yield text
+            continue
+        if event is None and time.monotonic() < next_read:
+            continue
+        outcome = await run_in_threadpool(read_outcome, services, job.job_id)
+        if outcome is not None and outcome.status in TERMINAL_STATUSES:
+            yield outcome
+            return
+        next_read = time.monotonic() + poll_s
+
+
+async def _next_event(subscription: Subscription | None) -> TokenEvent | None:
+    if subscription is None:
+        await asyncio.sleep(EVENT_WAIT_S)
+        return None
+    return await subscription.get(EVENT_WAIT_S)
+
+
+async def finish(services: Services, job: FollowedJob, tenant: str, *, cancel: bool) -> None:
+    """Cleanup that runs even while the request task is being cancelled (client gone)."""
+    with anyio.CancelScope(shield=True):
+        if cancel:
+            await run_in_threadpool(cancel_job, services, job.job_id, tenant)
+        if job.subscription is not None:
+            await job.subscription.close()
+
+
+def read_outcome(services: Services, job_id: str) -> JobOutcome | None:
+    with services.session_factory() as session:
+        row = jobs.get(session, job_id)
+        return JobOutcome.of(row) if row is not None else None
+
+
+def cancel_job(services: Services, job_id: str, tenant: str) -> None:
+    with services.session_factory() as session:
+        job = jobs.cancel(session, job_id, tenant, utcnow())
+    if job is not None and job.status == "cancelled":
+        log.info("job %s cancelled: its client went away", job_id)

@@ -1,0 +1,231 @@
+"""OpenAI-compatible synchronous routes: /v1/chat/completions and /v1/completions (with `stream`), /v1/models.
+
+Each completion is a job on the `interactive` queue, submitted exactly like POST /v1/jobs (same checks,
+limits and 429s, same tenant) and answered when it ends; `stream: true` answers server-sent events while
+it runs. The completion id is "chatcmpl-<job id>" / "cmpl-<job id>" (also in the X-Conveyor-Job-Id header),
+so the job stays visible under /v1/jobs.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials
+from pydantic import ValidationError
+
+from api import openai_sync
+from api.auth import bearer_scheme, current_tenant
+from api.deps import Services, ServicesDep
+from api.errors import field_name
+from api.openai_errors import OpenAIError, OpenAIRoute
+from api.openai_format import ChunkHeader, GenerationResult, chunk, usage_chunk
+from api.openai_format import chat_completion as chat_body
+from api.openai_format import text_completion as text_body
+from api.openai_sync import ClientGoneError, FollowedJob, JobOutcome
+from api.schemas.jobs import JobCreate
+from api.schemas.openai import ChatCompletionCreate, CompletionCreate, ModelCard, ModelList, OpenAISampling
+from api.settings import Settings
+from api.token_stream import TokenStream
+
+router = APIRouter(prefix="/v1", tags=["openai"], route_class=OpenAIRoute)
+QUEUE = "interactive"
+DEMO_MODEL_ID = "conveyor-demo"
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to the queue's cap
+NO_RETRY = {"x-should-retry": "false"}
+
+
+def openai_tenant(
+    services: ServicesDep, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)]
+) -> str:
+    """The caller's tenant, with a session closed at once: a synchronous answer may wait for minutes."""
+    with services.session_factory() as session:
+        return current_tenant(services, session, credentials)
+
+
+Tenant = Annotated[str, Depends(openai_tenant)]
+
+
+@router.post("/chat/completions", response_model=None)
+async def create_chat_completion(
+    body: ChatCompletionCreate, request: Request, services: ServicesDep, tenant: Tenant
+) -> Response:
+    """A `chat.completion`, or `chat.completion.chunk` server-sent events with `stream: true`."""
+    _refuse_unsupported(body)
+    messages = [m.plain() for m in body.messages]
+    job = _job_create(services.settings, body, body.requested_max_tokens(), messages=messages)
+    return await _complete(request, services, tenant, body, job, chat=True)
+
+
+@router.post("/completions", response_model=None)
+async def create_completion(
+    body: CompletionCreate, request: Request, services: ServicesDep, tenant: Tenant
+) -> Response:
+    """A `text_completion`, or `text_completion` server-sent events with `stream: true`."""
+    _refuse_unsupported(body)
+    job = _job_create(services.settings, body, body.max_tokens, prompt=body.prompt_text())
+    return await _complete(request, services, tenant, body, job, chat=False)
+
+
+@router.get("/models", response_model=ModelList)
+def list_models(services: ServicesDep, _tenant: Tenant) -> ModelList:
+    return ModelList(data=[_model_card(services.settings)])
+
+
+@router.get("/models/{model_id:path}", response_model=ModelCard)
+def get_model(model_id: str, services: ServicesDep, _tenant: Tenant) -> ModelCard:
+    _check_model(services.settings, model_id, param=None)
+    return _model_card(services.settings)
+
+
+def served_model_id(settings: Settings) -> str:
+    """The model folder's name (or the hub id as configured); `model` in requests must name it."""
+    if settings.model is None:
+        return DEMO_MODEL_ID
+    path = Path(settings.model)
+    return path.name if path.is_dir() else settings.model
+
+
+def _model_card(settings: Settings) -> ModelCard:
+    path = Path(settings.model) if settings.model else None
+    created = int(path.stat().st_mtime) if path is not None and path.exists() else 0
+    return ModelCard(id=served_model_id(settings), created=created)
+
+
+def _check_model(settings: Settings, model: str, param: str | None = "model") -> None:
+    if model not in (served_model_id(settings), settings.model):
+        raise OpenAIError(404, f"The model `{model}` does not exist; this server serves "
+                          f"`{served_model_id(settings)}`", code="model_not_found", param=param)
+
+
+def _refuse_unsupported(body: OpenAISampling) -> None:
+    problem = body.unsupported()
+    if problem is not None:
+        raise OpenAIError(400, f"{problem[0]}: {problem[1]}", code="unsupported_parameter", param=problem[0])
+
+
+def _job_create(
+    settings: Settings, body: OpenAISampling, max_tokens: int | None, *, prompt: str | None = None,
+    messages: list[dict[str, str]] | None = None,
+) -> JobCreate:
+    _check_model(settings, body.model)
+    queue = settings.queue(QUEUE)
+    assert queue is not None, "the interactive queue is always configured"
+    if max_tokens is None:
+        max_tokens = queue.max_output_tokens if messages is not None else COMPLETION_DEFAULT_MAX_TOKENS
+    try:
+        return JobCreate.model_validate(dict(prompt=prompt, messages=messages, queue=QUEUE,
+                                             max_tokens=max_tokens, **body.engine_params()))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = field_name(first.get("loc", ())) or None
+        raise OpenAIError(400, f"{param}: {first.get('msg')}", code="invalid_request", param=param) from exc
+
+
+async def _complete(
+    request: Request, services: Services, tenant: str, body: OpenAISampling, job_body: JobCreate, *,
+    chat: bool,
+) -> Response:
+    stream: TokenStream | None = getattr(request.app.state, "token_stream", None)
+    job = await openai_sync.start(services, stream, tenant, job_body)
+    prefix = "chatcmpl-" if chat else "cmpl-"
+    header = ChunkHeader(prefix + job.job_id, served_model_id(services.settings), int(time.time()), chat)
+    headers = {"X-Conveyor-Job-Id": job.job_id}
+    if body.stream:
+        events = _events(request, services, tenant, job, header, job_body, body.include_usage())
+        return StreamingResponse(events, media_type="text/event-stream",
+                                 headers={**headers, "Cache-Control": "no-cache"})
+    outcome = await _wait(request, services, tenant, job)
+    if outcome is None:
+        return Response(status_code=499)  # nobody is listening; logged by the server only
+    result = _result(outcome, header)
+    completion = (chat_body if chat else text_body)(result, header.completion_id)
+    return JSONResponse(completion, headers=headers)
+
+
+async def _wait(request: Request, services: Services, tenant: str, job: FollowedJob) -> JobOutcome | None:
+    outcome: JobOutcome | None = None
+    try:
+        async for item in openai_sync.follow(services, job, request.is_disconnected):
+            if isinstance(item, JobOutcome):
+                outcome = item
+    except ClientGoneError:
+        return None
+    finally:
+        await openai_sync.finish(services, job, tenant, cancel=outcome is None)
+    return outcome
+
+
+async def _events(
+    request: Request, services: Services, tenant: str, job: FollowedJob, header: ChunkHeader,
+    job_body: JobCreate, include_usage: bool,
+) -> AsyncIterator[str]:
+    """Server-sent events: deltas as the job generates, then the finish (and usage) chunk and [DONE]."""
+    stops = [job_body.stop] if isinstance(job_body.stop, str) else job_body.stop or []
+    # The engine cuts a matched stop string off the text: hold back what could be the start of one.
+    hold = max((len(s) for s in stops), default=1) - 1
+    sent, outcome = "", None
+    try:
+        if header.chat:
+            yield _data(chunk(header, "", role=True))
+        async for item in openai_sync.follow(services, job, request.is_disconnected):
+            if isinstance(item, JobOutcome):
+                outcome = item
+                continue
+            ready = item[: len(item) - hold]
+            if len(ready) > len(sent) and ready.startswith(sent):
+                yield _data(chunk(header, ready[len(sent):]))
+                sent = ready
+    except ClientGoneError:
+        return
+    finally:
+        await openai_sync.finish(services, job, tenant, cancel=outcome is None)
+    for event in _closing_events(outcome, header, sent, include_usage):
+        yield event
+
+
+def _closing_events(outcome: JobOutcome | None, header: ChunkHeader, sent: str, include_usage: bool,
+                    ) -> list[str]:
+    assert outcome is not None, "follow() ends with the outcome"
+    try:
+        result = _result(outcome, header)
+        if not result.text.startswith(sent):
+            raise OpenAIError(500, "the job was restarted and generated a different text",
+                              code="stream_diverged")
+    except OpenAIError as exc:
+        return [_data(exc.body()), "data: [DONE]\n\n"]
+    events = [_data(chunk(header, result.text[len(sent):]))] if len(result.text) > len(sent) else []
+    events.append(_data(chunk(header, None if header.chat else "", result.finish_reason)))
+    if include_usage:
+        events.append(_data(usage_chunk(header, result)))
+    return [*events, "data: [DONE]\n\n"]
+
+
+def _result(outcome: JobOutcome, header: ChunkHeader) -> GenerationResult:
+    """The succeeded job's result; any other end becomes the matching OpenAI error."""
+    if outcome.status != "succeeded":
+        raise _outcome_error(outcome)
+    return GenerationResult(text=outcome.text or "", finish_reason=outcome.finish_reason or "stop",
+                            prompt_tokens=outcome.prompt_tokens, completion_tokens=outcome.completion_tokens,
+                            model=header.model, created=header.created)
+
+
+def _outcome_error(outcome: JobOutcome) -> OpenAIError:
+    detail = f"job {outcome.job_id} {outcome.status}"
+    if outcome.error_code:
+        detail += f": {outcome.error_code}: {outcome.error_message or ''}".rstrip(": ")
+    if outcome.status == "expired":  # not started before the queue's deadline: overloaded, retry later
+        return OpenAIError(503, detail, code="queue_deadline_exceeded", headers={"Retry-After": "1"})
+    if outcome.status == "cancelled":
+        return OpenAIError(409, detail, code="cancelled", headers=NO_RETRY)
+    status = {"invalid_request": 400, "timeout": 504}.get(outcome.error_code or "", 500)
+    return OpenAIError(status, detail, code=outcome.error_code or "job_failed", headers=NO_RETRY)
+
+
+def _data(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"

@@ -1,0 +1,233 @@
+"""The OpenAI-compatible synchronous surface driven by the official `openai` SDK over real HTTP: an embedded
+server (uvicorn on an ephemeral port, the tiny demo model, SQLite, auth on) for chat, streaming, completions
+and models; a worker-less server for the error classes the SDK raises (400, 401, 404, 429)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+import uvicorn
+from api_support import RecordingPublisher
+from fastapi import FastAPI
+
+from api.app import create_app
+from api.settings import Settings
+from api.store import jobs, keys
+from api.store.db import make_engine, make_session_factory
+from api.store.migrate import upgrade
+from api.store.models import utcnow
+from api.tokens import PromptTokenizer
+
+ENGINE = dict(max_num_seqs=8, max_num_batched_tokens=256, num_kv_blocks=192, block_size=16, dtype="float32",
+              device="cpu", attention_backend="torch")
+QUEUES = {"interactive": {"max_output_tokens": 900}}
+GREEDY: dict[str, Any] = {"temperature": 0, "max_tokens": 12, "extra_body": {"ignore_eos": True}}
+MESSAGES: list[Any] = [{"role": "user", "content": "Write a haiku about queues."}]
+WAIT_S = 120.0  # a hang guard, not a speed assertion
+
+
+@dataclass
+class Server:
+    url: str
+    key: str
+    model: str
+    database_url: str
+    runtime: Any = None
+
+    def client(self, key: str | None = None) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=key or self.key, max_retries=0)
+
+    def job(self, job_id: str) -> Any:
+        engine = make_engine(self.database_url)
+        try:
+            with make_session_factory(engine)() as session:
+                job = jobs.get(session, job_id)
+                assert job is not None, job_id
+                return job
+        finally:
+            engine.dispose()
+
+
+@contextmanager
+def serving(app: FastAPI) -> Iterator[str]:
+    """uvicorn on an ephemeral loopback port in a thread; yields the base URL."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: server.started, "uvicorn to start")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)
+
+
+def wait_for(predicate: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def new_key(database_url: str, tenant: str) -> str:
+    engine = make_engine(database_url)
+    try:
+        with make_session_factory(engine)() as session:
+            return keys.create_key(session, tenant, utcnow())[1]
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def embedded(
+    tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path, prompt_tokenizer: PromptTokenizer
+) -> Iterator[Server]:
+    from worker.embedded import EmbeddedRuntime
+
+    tmp = tmp_path_factory.mktemp("openai-embedded")
+    url = f"sqlite:///{tmp / 'conveyor.db'}"
+    upgrade(url)
+    settings = Settings(data_dir=tmp, database_url=url, model=str(demo_model_dir), auth_enabled=True,
+                        queues=QUEUES, reconcile_interval_s=0.2, dispatch_grace_s=0.5, worker_heartbeat_s=0.2,
+                        cancel_poll_s=0.1, **ENGINE)
+    runtime = EmbeddedRuntime(settings)
+    app = create_app(settings, publisher=runtime.publisher, tokenizer=prompt_tokenizer, runtime=runtime,
+                     token_stream=runtime.token_stream)
+    with serving(app) as base:
+        yield Server(base, new_key(url, "alice"), demo_model_dir.name, url, runtime)
+
+
+@pytest.fixture
+def workerless(
+    sqlite_url: str, make_settings: Callable[..., Settings], demo_model_dir: Path,
+    prompt_tokenizer: PromptTokenizer,
+) -> Iterator[Server]:
+    """No worker: jobs stay queued. Auth on, one queued job allowed in `interactive`."""
+    upgrade(sqlite_url)
+    settings = make_settings(database_url=sqlite_url, model=str(demo_model_dir),
+                             queues={"interactive": {"max_queued": 1, "max_output_tokens": 64}})
+    app = create_app(settings, publisher=RecordingPublisher(), tokenizer=prompt_tokenizer)
+    with serving(app) as base:
+        yield Server(base, new_key(sqlite_url, "bob"), demo_model_dir.name, sqlite_url)
+
+
+def job_id_of(completion_id: str) -> str:
+    return completion_id.split("-", 1)[1]
+
+
+def test_chat_streamed_deltas_join_to_the_non_streamed_greedy_text(embedded: Server) -> None:
+    client = embedded.client()
+    whole = client.chat.completions.create(model=embedded.model, messages=MESSAGES, seed=7, **GREEDY)
+    assert whole.object == "chat.completion" and whole.model == embedded.model
+    choice = whole.choices[0]
+    assert choice.message.role == "assistant" and choice.finish_reason == "length"
+    assert choice.message.content
+    assert whole.usage is not None and whole.usage.completion_tokens == 12
+    assert whole.usage.total_tokens == whole.usage.prompt_tokens + 12
+    assert embedded.job(job_id_of(whole.id)).status == "succeeded"
+
+    chunks = list(client.chat.completions.create(model=embedded.model, messages=MESSAGES, seed=7, stream=True,
+                                                 stream_options={"include_usage": True}, **GREEDY))
+    assert {c.object for c in chunks} == {"chat.completion.chunk"} and len({c.id for c in chunks}) == 1
+    text_chunks = [c for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(text_chunks) >= 2, "text must arrive in several deltas while the job runs"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == choice.message.content
+    assert chunks[0].choices[0].delta.role == "assistant"
+    reasons = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert reasons == ["length"]
+    assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
+
+
+def test_streamed_text_with_a_stop_string_matches_the_non_streamed_cut(embedded: Server) -> None:
+    client = embedded.client()
+    free = client.chat.completions.create(model=embedded.model, messages=MESSAGES, **GREEDY)
+    text = free.choices[0].message.content or ""
+    stop = text[6:9]  # somewhere inside the greedy text: both answers must end just before it
+    assert len(stop) == 3, text
+    whole = client.chat.completions.create(model=embedded.model, messages=MESSAGES, stop=[stop], **GREEDY)
+    assert whole.choices[0].finish_reason == "stop"
+    assert whole.choices[0].message.content == text[: text.index(stop)]
+    chunks = list(client.chat.completions.create(model=embedded.model, messages=MESSAGES, stop=[stop],
+                                                 stream=True, **GREEDY))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole.choices[0].message.content
+    assert chunks[-1].choices[0].finish_reason == "stop" and chunks[-1].usage is None
+
+
+def test_text_completions_plain_and_streamed(embedded: Server) -> None:
+    client = embedded.client()
+    prompt = "The queue holds jobs until a worker is free."
+    whole = client.completions.create(model=embedded.model, prompt=prompt, **GREEDY)
+    assert whole.object == "text_completion" and whole.id.startswith("cmpl-")
+    assert whole.choices[0].finish_reason == "length" and whole.choices[0].text
+    assert whole.usage is not None and whole.usage.completion_tokens == 12
+    parts = list(client.completions.create(model=embedded.model, prompt=prompt, stream=True, **GREEDY))
+    assert "".join(p.choices[0].text for p in parts) == whole.choices[0].text
+    assert parts[-1].choices[0].finish_reason == "length"
+
+
+def test_models_list_and_retrieve(embedded: Server) -> None:
+    client = embedded.client()
+    listed = client.models.list()
+    assert [(m.id, m.object, m.owned_by) for m in listed.data] == [(embedded.model, "model", "conveyor")]
+    assert client.models.retrieve(embedded.model).id == embedded.model
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.models.retrieve("gpt-4o")
+    assert missing.value.code == "model_not_found"
+
+
+def test_a_client_that_disconnects_mid_stream_cancels_its_job(embedded: Server) -> None:
+    client = embedded.client()
+    stream = client.chat.completions.create(model=embedded.model, messages=MESSAGES, max_tokens=900,
+                                            stream=True, extra_body={"ignore_eos": True})
+    first = next(c for c in stream if c.choices and c.choices[0].delta.content)
+    stream.close()
+    job_id = job_id_of(first.id)
+    wait_for(lambda: embedded.job(job_id).status != "running", "the job to leave running")
+    job = embedded.job(job_id)
+    assert job.status == "cancelled" and job.result_text is None
+    host = embedded.runtime.host
+    wait_for(lambda: host.stats()["kv_blocks_used"] == 0, "the engine to free the job's KV blocks")
+
+
+def test_sdk_error_classes(workerless: Server) -> None:
+    client = workerless.client()
+    with pytest.raises(openai.AuthenticationError) as unauthorized:
+        workerless.client("cvk_not-a-key").chat.completions.create(model=workerless.model, messages=MESSAGES)
+    assert unauthorized.value.status_code == 401 and unauthorized.value.type == "authentication_error"
+
+    with pytest.raises(openai.BadRequestError) as too_many:
+        client.chat.completions.create(model=workerless.model, messages=MESSAGES, max_tokens=65)
+    assert too_many.value.param == "max_tokens" and too_many.value.code == "max_tokens_too_large"
+    with pytest.raises(openai.BadRequestError) as bad_field:
+        client.chat.completions.create(model=workerless.model, messages=MESSAGES, temperature=3)
+    assert bad_field.value.param == "temperature" and bad_field.value.type == "invalid_request_error"
+    with pytest.raises(openai.BadRequestError) as two:
+        client.completions.create(model=workerless.model, prompt="Hi", n=2)
+    assert two.value.param == "n"
+    with pytest.raises(openai.NotFoundError) as unknown:
+        client.chat.completions.create(model="gpt-4o", messages=MESSAGES)
+    assert unknown.value.code == "model_not_found" and unknown.value.param == "model"
+
+    engine = make_engine(workerless.database_url)
+    with make_session_factory(engine)() as session:  # the one job the interactive queue may hold
+        jobs.add(session, jobs.NewJob(
+            tenant_id="bob", queue="interactive", prompt="Hi", messages=None, params={}, meta=None,
+            webhook=None, idempotency_key=None, request_hash="x", prompt_tokens=1, ttl_s=None, timeout_s=None,
+        ), utcnow())
+    engine.dispose()
+    with pytest.raises(openai.RateLimitError) as full:
+        client.chat.completions.create(model=workerless.model, messages=MESSAGES, max_tokens=4)
+    assert full.value.code == "queue_full" and full.value.response.headers["retry-after"] == "2"
