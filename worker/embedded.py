@@ -20,6 +20,7 @@ from api.settings import Settings
 from api.store.db import make_engine, make_session_factory
 from api.store.models import QUEUED, Job
 from engine.host import EngineHost
+from worker.batches.runner import BatchRunner, make_batch_runner
 from worker.dispatch import InProcessPublisher
 from worker.heartbeat import Heartbeat, new_worker_id
 from worker.job_runner import JobRunner, OnDone, RunnerStoppedError
@@ -48,6 +49,7 @@ class EmbeddedRuntime:
         self._feeders: list[threading.Thread] = []
         self._host: EngineHost | None = None
         self._runner: JobRunner | None = None
+        self._batches: BatchRunner | None = None
         self._heartbeat = Heartbeat(self._sessions, self.worker_id, list(settings.queues),
                                     settings.worker_heartbeat_s)
         self._reconciler = Reconciler(self._sessions, self.publisher, settings)
@@ -72,6 +74,9 @@ class EmbeddedRuntime:
             self._feeders.append(thread)
         self._reconciler.start()
         self._webhooks.start()
+        self._batches = make_batch_runner(self._sessions, self.settings, self.publisher.publish,
+                                          self.worker_id, self._host.tokenizer)
+        self._batches.start()
 
     def stop(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
         """Stops taking jobs, finishes in-flight ones within grace_s; the rest go back to queued in the store
@@ -79,6 +84,8 @@ class EmbeddedRuntime:
         self._stop.set()
         for thread in self._feeders:
             thread.join()
+        if self._batches is not None:
+            self._batches.stop()
         self._reconciler.stop()
         if self._runner is not None:
             self._runner.shutdown(grace_s, publish=None)

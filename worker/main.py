@@ -8,6 +8,7 @@ import socket
 from api.settings import Settings
 from api.store.db import make_engine, make_session_factory
 from engine.host import EngineHost
+from worker.batches.runner import make_batch_runner
 from worker.celery_app import CONTROL_QUEUE, make_celery_app
 from worker.consumer import job_consumer_step
 from worker.dispatch import CeleryPublisher
@@ -38,6 +39,7 @@ def run_worker(settings: Settings) -> None:
     heartbeat = Heartbeat(sessions, worker_id, list(settings.queues), settings.worker_heartbeat_s)
     reconciler = Reconciler(sessions, publisher, settings)
     webhook_sender = WebhookSender(sessions, settings)
+    batch_runner = make_batch_runner(sessions, settings, publisher.publish, worker_id, host.tokenizer)
     limits = {name: queue.max_running for name, queue in settings.queues.items()}
     app.steps["consumer"].add(
         job_consumer_step(runner, limits, grace_s=SHUTDOWN_GRACE_S, publish=publisher.publish)
@@ -46,6 +48,7 @@ def run_worker(settings: Settings) -> None:
     runner.start()
     reconciler.start()
     webhook_sender.start()
+    batch_runner.start()
     try:
         worker = app.Worker(
             hostname=f"{worker_id}@{socket.gethostname()}", pool="solo", concurrency=1,
@@ -55,6 +58,7 @@ def run_worker(settings: Settings) -> None:
         worker.start()
     finally:
         runner.shutdown(SHUTDOWN_GRACE_S, publisher.publish)  # no-op when the consumer step already did it
+        batch_runner.stop()
         reconciler.stop()
         webhook_sender.stop()
         heartbeat.stop()

@@ -1,0 +1,269 @@
+"""Writing a finished (or cancelled, expired, failed) batch's outputs, then closing it in the store.
+
+Two output kinds, chosen per batch:
+- S3 batches (an `output` prefix): `results.jsonl` holds one line per input line in input order (the
+  response, or the error), `errors.jsonl` the failed and cancelled lines only, `manifest.json` the counts,
+  token totals and timings. Lines never read (a cancel or an expiry stopped the reading) are read now and
+  written as `batch_cancelled` / `batch_expired` errors, so the results still cover every input line.
+- OpenAI-style batches (no `output`; the input was an uploaded file): as OpenAI does, the output file holds
+  only the successful lines and the error file the others; both become files (`output_file_id`,
+  `error_file_id`, purpose `batch_output`), registered only when they have lines.
+The batch's final status, its files and its `batch.*` webhook event commit in one transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.settings import Settings
+from api.store import batches, blobs, files, webhook_events
+from api.store.batches import (
+    BATCH_CANCELLED,
+    BATCH_FAILED,
+    COMPLETED,
+    LINE_SUCCEEDED,
+    Batch,
+    BatchLine,
+)
+from api.store.models import Job, utcnow
+from worker.batches.lines import CHAT
+from worker.batches.manifest import BatchManifest
+from worker.batches.openai_format import (
+    GenerationResult,
+    batch_error_line,
+    batch_result_line,
+    chat_completion,
+    new_id,
+    text_completion,
+)
+from worker.batches.reader import ReadPosition
+from worker.batches.s3 import parse_s3_object_url, parse_s3_prefix_url
+from worker.batches.source import open_input
+from worker.batches.writer import JsonlWriter, LocalFileSink, ObjectSink, S3ObjectSink, open_s3_output
+
+log = logging.getLogger(__name__)
+
+RENEW_EVERY_LINES = 2000  # a long write renews the lease this often
+_EVENTS = {COMPLETED: "batch.completed", BATCH_FAILED: "batch.failed", BATCH_CANCELLED: "batch.cancelled"}
+
+
+class LeaseLostError(RuntimeError):
+    """Another runner took the batch over while its outputs were being written."""
+
+
+@dataclass
+class _Outcome:
+    """Counts of the lines written so far."""
+
+    manifest: BatchManifest
+    unread: int = 0
+    kinds: dict[str, int] = field(default_factory=dict)
+
+
+class _CountingSink:
+    """An ObjectSink that remembers how many bytes went through (a file's size)."""
+
+    def __init__(self, sink: ObjectSink) -> None:
+        self.sink, self.bytes = sink, 0
+
+    def write(self, data: bytes) -> None:
+        self.sink.write(data)
+        self.bytes += len(data)
+
+    def close(self) -> str:
+        return self.sink.close()
+
+    def abort(self) -> None:
+        self.sink.abort()
+
+
+class BatchFinalizer:
+    def __init__(self, sessions: sessionmaker[Session], settings: Settings, owner: str, s3: Any,
+                 model_name: str) -> None:
+        self._sessions, self._settings, self._owner = sessions, settings, owner
+        self._s3, self._model_name = s3, model_name
+
+    def finalize(self, batch: Batch) -> str | None:
+        """Writes the outputs and closes the batch; returns its final status (None if the lease was lost)."""
+        status = batches.final_status(batch)
+        manifest = BatchManifest(batch.id, batch.input_url, batch.output_url or "files", status=status,
+                                 created_at=_ts(batch.created_at), started_at=_ts(batch.in_progress_at))
+        outcome = _Outcome(manifest)
+        outputs: dict[str, str] = {}
+        new_files: list[files.File] = []
+        try:
+            if batch.output_url is not None:
+                outputs = self._write_s3(batch, outcome)
+            else:
+                new_files = self._write_files(batch, outcome)
+        except LeaseLostError:
+            log.warning("batch %s: lease lost while writing outputs; the new holder writes them", batch.id)
+            return None
+        return self._close(batch, status, outcome, outputs, new_files)
+
+    # --- output kinds -----------------------------------------------------------------------------
+
+    def _write_s3(self, batch: Batch, outcome: _Outcome) -> dict[str, str]:
+        assert batch.output_url is not None
+        prefix = parse_s3_prefix_url(batch.output_url)
+        with open_s3_output(self._s3, prefix, part_bytes=self._settings.batch_part_bytes) as writer:
+            for ok, line in self._lines(batch, outcome):
+                (writer.write_result if ok else writer.write_error)(line)
+            outcome.manifest.finished_at = utcnow().timestamp()
+            return writer.close(outcome.manifest)
+
+    def _write_files(self, batch: Batch, outcome: _Outcome) -> list[files.File | None]:
+        """[output file, error file], each None when it would be empty."""
+        output_id, error_id = files.new_file_id(), files.new_file_id()
+        output_sink, error_sink = self._file_sink(output_id), self._file_sink(error_id)
+        output, errors = JsonlWriter(output_sink), JsonlWriter(error_sink)
+        try:
+            for ok, line in self._lines(batch, outcome):
+                (output if ok else errors).write(line)
+        except BaseException:
+            output.abort()
+            errors.abort()
+            raise
+        return [self._commit_file(batch, output_id, output, output_sink, "output"),
+                self._commit_file(batch, error_id, errors, error_sink, "errors")]
+
+    def _file_sink(self, file_id: str) -> _CountingSink:
+        url = blobs.blob_url(self._settings, file_id)
+        if url.startswith("s3://"):
+            location = parse_s3_object_url(url)
+            return _CountingSink(S3ObjectSink(self._s3, location, part_bytes=self._settings.batch_part_bytes))
+        return _CountingSink(LocalFileSink(Path(url)))
+
+    def _commit_file(self, batch: Batch, file_id: str, writer: JsonlWriter, sink: _CountingSink,
+                     name: str) -> files.File | None:
+        if not writer.lines:
+            writer.abort()
+            return None
+        url = writer.close()
+        return files.File(id=file_id, tenant_id=batch.tenant_id, purpose=files.BATCH_OUTPUT,
+                          filename=f"{batch.id}_{name}.jsonl", bytes=sink.bytes, url=url, created_at=utcnow())
+
+    # --- lines ------------------------------------------------------------------------------------
+
+    def _lines(self, batch: Batch, outcome: _Outcome) -> Iterator[tuple[bool, dict[str, Any]]]:
+        """(succeeded?, output line) for every input line, in input order."""
+        written = 0
+        with self._sessions() as session:
+            for row, job in batches.lines_in_order(session, batch.id):
+                yield self._line(row, job, outcome)
+                written += 1
+                if written % RENEW_EVERY_LINES == 0:
+                    self._renew(batch.id)
+        if not batch.read_done:
+            yield from self._unread(batch, outcome)
+
+    def _line(self, row: BatchLine, job: Job | None, outcome: _Outcome) -> tuple[bool, dict[str, Any]]:
+        manifest = outcome.manifest
+        manifest.total += 1
+        meta = (job.meta if job is not None else None) or {}
+        custom_id = row.custom_id or (row.error or {}).get("custom_id")
+        if row.status == LINE_SUCCEEDED and job is not None:
+            manifest.record_completed(job.prompt_tokens or 0, job.completion_tokens or 0)
+            return True, self._result_line(str(custom_id), job, meta)
+        code, message = _error_of(row, job)
+        if code == "batch_cancelled":
+            manifest.record_cancelled()
+        else:
+            manifest.record_failed()
+        return False, batch_error_line(custom_id, line=row.line, code=code, message=message,
+                                       line_id=new_id("batch_req_"))
+
+    def _result_line(self, custom_id: str, job: Job, meta: dict[str, Any]) -> dict[str, Any]:
+        finished = job.finished_at or utcnow()
+        result = GenerationResult(text=job.result_text or "", finish_reason=job.finish_reason or "stop",
+                                  prompt_tokens=job.prompt_tokens or 0,
+                                  completion_tokens=job.completion_tokens or 0,
+                                  model=meta.get("model") or self._model_name,
+                                  created=int(finished.timestamp()))
+        if meta.get("endpoint", CHAT) == CHAT:
+            body = chat_completion(result, new_id("chatcmpl-"))
+        else:
+            body = text_completion(result, new_id("cmpl-"))
+        return batch_result_line(custom_id, body, line_id=new_id("batch_req_"), request_id=job.id)
+
+    def _unread(self, batch: Batch, outcome: _Outcome) -> Iterator[tuple[bool, dict[str, Any]]]:
+        """Lines the reading never reached: each becomes a cancelled (or expired) error line."""
+        code = "batch_expired" if batch.stop_reason == batches.STOP_EXPIRED else "batch_cancelled"
+        message = {"batch_expired": "the batch expired before this line ran",
+                   "batch_cancelled": "the batch was cancelled before this line ran"}[code]
+        if batch.stop_reason == batches.STOP_FAILED:
+            return  # the input could not be read
+        start = ReadPosition(batch.read_line, batch.read_offset)
+        with open_input(batch.input_url, start, s3=self._s3,
+                        max_line_bytes=self._settings.batch_max_line_bytes) as lines:
+            for number, raw in lines:
+                outcome.unread += 1
+                outcome.manifest.total += 1
+                outcome.manifest.record_cancelled()
+                yield False, batch_error_line(_custom_id_of(raw), line=number, code=code, message=message,
+                                              line_id=new_id("batch_req_"))
+
+    def _renew(self, batch_id: str) -> None:
+        with self._sessions() as session:
+            if not batches.take_lease(session, batch_id, self._owner, utcnow(),
+                                      self._settings.worker_dead_after_s):
+                raise LeaseLostError(batch_id)
+
+    # --- closing ----------------------------------------------------------------------------------
+
+    def _close(self, batch: Batch, status: str, outcome: _Outcome, outputs: dict[str, str],
+               new_files: list[files.File | None]) -> str | None:
+        now = utcnow()
+        output_file, error_file = new_files if new_files else (None, None)
+        with self._sessions() as session:
+            closed = batches.finish(session, batch.id, self._owner, now, status=status, unread=outcome.unread,
+                                    outputs=outputs or None,
+                                    output_file_id=output_file.id if output_file else None,
+                                    error_file_id=error_file.id if error_file else None)
+            if closed is None:
+                log.warning("batch %s: lease lost before closing; outputs are rewritten by the new holder",
+                            batch.id)
+                return None
+            for row in (output_file, error_file):
+                if row is not None:
+                    files.add(session, row)
+            if status in _EVENTS:
+                webhook_events.enqueue_batch_event(session, batches.to_public(closed), _EVENTS[status],
+                                                   closed.tenant_id, closed.webhook, now)
+            session.commit()
+        log.info("batch %s %s: %s", batch.id, status, outcome.manifest.to_dict()["request_counts"])
+        return status
+
+
+def _error_of(row: BatchLine, job: Job | None) -> tuple[str, str]:
+    if row.error is not None:
+        return str(row.error["code"]), str(row.error["message"])
+    if row.status == batches.LINE_CANCELLED or job is None or job.status in ("queued", "running"):
+        return "batch_cancelled", "the batch was cancelled before this line finished"
+    return job.error_code or "failed", job.error_message or "the request failed"
+
+
+def _custom_id_of(raw: object) -> str | None:
+    """Best effort, for lines never parsed: their custom_id when the line is a JSON object with one."""
+    if not isinstance(raw, bytes):
+        return None
+    try:
+        line = json.loads(raw)
+    except ValueError:
+        return None
+    custom_id = line.get("custom_id") if isinstance(line, dict) else None
+    return custom_id if isinstance(custom_id, str) else None
+
+
+def _ts(when: datetime | None) -> float | None:
+    return None if when is None else when.timestamp()
+
+

@@ -1,0 +1,236 @@
+"""The batch runner: a thread in every worker process (and in the embedded runtime) that drives batches.
+
+Each round it takes or renews the lease of a few open batches (a lease lasts worker_dead_after_s, so a dead
+worker's batches pass to another runner) and, per batch, does one step:
+- in_progress, input not finished: read and parse up to CHUNK_LINES lines from the saved read position, and
+  commit them as one chunk (lines, a queued job per valid line, the new position), keeping at most
+  batch_window_jobs of the batch's jobs queued or running; then publish the new jobs (the reconciler
+  re-publishes any whose publish failed);
+- input finished and no line queued or running: finalizing;
+- finalizing or cancelling: write the outputs and close the batch (worker/batches/finalize.py).
+A runner that resumes a batch reopens the input at the committed position (one ranged GET on S3) and rebuilds
+the custom_id set from the committed lines, so no finished line is redone or duplicated.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.settings import Settings
+from api.store import batches
+from api.store.batches import CANCELLING, FINALIZING, IN_PROGRESS, LINE_FAILED, LINE_QUEUED, Batch, BatchLine
+from api.store.jobs import new_job_id
+from api.store.models import QUEUED, Job, utcnow
+from worker.batches.finalize import BatchFinalizer
+from worker.batches.lines import BatchRequest, CustomIdSet, LineError, LineLimits, parse_line
+from worker.batches.reader import LineStream, ReadPosition
+from worker.batches.s3 import make_s3_client
+from worker.batches.source import open_input
+from worker.batches.tokens import PromptTokenizer, prompt_token_counter
+from worker.dispatch import Publish, publish_and_mark
+
+log = logging.getLogger(__name__)
+
+CHUNK_LINES = 500  # lines committed per transaction at most
+MAX_BATCHES = 8  # batches one runner drives at once
+
+
+@dataclass
+class _OpenInput:
+    """A batch's input left open between rounds while this runner holds its lease."""
+
+    stream: LineStream
+    seen: CustomIdSet
+    next_line: int  # the stream's position as committed; a mismatch means another runner moved it
+
+
+class BatchRunner:
+    def __init__(self, sessions: sessionmaker[Session], settings: Settings, publish: Publish, owner: str, *,
+                 tokenizer: PromptTokenizer | None, s3: Any, model_name: str, chunk_lines: int = CHUNK_LINES,
+                 interval_s: float | None = None) -> None:
+        self.owner = owner
+        self._sessions, self._settings, self._publish = sessions, settings, publish
+        self._tokenizer, self._s3, self._chunk_lines = tokenizer, s3, chunk_lines
+        self._interval_s = interval_s if interval_s is not None else min(settings.reconcile_interval_s, 1.0)
+        self._finalizer = BatchFinalizer(sessions, settings, owner, s3, model_name)
+        self._inputs: dict[str, _OpenInput] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="batch-runner", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        self._close_inputs()
+
+    def run_once(self) -> bool:
+        """One round over the batches this runner can hold; True when any of them moved."""
+        with self._sessions() as session:
+            ids = batches.claimable(session, self.owner, utcnow(), MAX_BATCHES)
+        moved = False
+        for batch_id in ids:
+            with self._sessions() as session:
+                if not batches.take_lease(session, batch_id, self.owner, utcnow(),
+                                          self._settings.worker_dead_after_s):
+                    self._drop_input(batch_id)
+                    continue
+            moved = self._step(batch_id) or moved
+        return moved
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                moved = self.run_once()
+            except Exception:  # store or S3 briefly unreachable: try again next round
+                log.exception("batch runner round failed")
+                moved = False
+            if not moved:
+                self._stop.wait(self._interval_s)
+
+    # --- one batch --------------------------------------------------------------------------------
+
+    def _step(self, batch_id: str) -> bool:
+        with self._sessions() as session:
+            batch = batches.get(session, batch_id)
+            if batch is None:
+                return False
+            if batch.status == CANCELLING:
+                batches.cancel_active_jobs(session, batch_id, utcnow())  # jobs added while cancel ran
+                session.commit()
+        if batch.status in (CANCELLING, FINALIZING):
+            self._drop_input(batch_id)
+            return self._finalizer.finalize(batch) is not None
+        if batch.status != IN_PROGRESS:
+            return False
+        now = utcnow()
+        if batch.expires_at is not None and now >= batch.expires_at:
+            return self._stop_early(batch, batches.STOP_EXPIRED, None)
+        if not batch.read_done:
+            return self._read_chunk(batch, now)
+        with self._sessions() as session:
+            return batches.start_finalizing(session, batch_id, self.owner, now)
+
+    def _stop_early(self, batch: Batch, reason: str, errors: list[dict[str, Any]] | None) -> bool:
+        self._drop_input(batch.id)
+        with self._sessions() as session:
+            return batches.stop(session, batch.id, self.owner, reason, errors, utcnow())
+
+    def _read_chunk(self, batch: Batch, now: datetime) -> bool:
+        with self._sessions() as session:
+            room = self._settings.batch_window_jobs - batches.active_lines(session, batch.id)
+        if room <= 0:
+            return False
+        try:
+            source = self._input(batch)
+            lines, new_jobs, done = self._parse_chunk(batch, source, room, now)
+        except Exception as exc:  # the input is gone, unreadable, or changed under us
+            log.warning("batch %s: input %s could not be read: %s", batch.id, batch.input_url, exc)
+            message = f"the input could not be read: {type(exc).__name__}"
+            error = {"code": "input_unreadable", "message": message, "line": None, "param": "input"}
+            return self._stop_early(batch, batches.STOP_FAILED, [error])
+        position = batches.ChunkPosition(start_line=batch.read_line, next_line=source.stream.position.line,
+                                         next_offset=source.stream.position.offset, done=done)
+        with self._sessions() as session:
+            committed = batches.commit_chunk(session, batch.id, self.owner, position, lines, new_jobs, now)
+        if not committed:
+            log.warning("batch %s: chunk at line %d not committed (lease lost or batch stopped)",
+                        batch.id, batch.read_line)
+            self._drop_input(batch.id)
+            return False
+        source.next_line = position.next_line
+        if done:
+            self._drop_input(batch.id)
+        publish_and_mark(self._sessions, self._publish, [(job.id, job.queue) for job in new_jobs])
+        return True
+
+    def _parse_chunk(self, batch: Batch, source: _OpenInput, room: int, now: datetime,
+                     ) -> tuple[list[BatchLine], list[Job], bool]:
+        """Up to `room` valid lines (and the invalid ones among them), at most chunk_lines in all."""
+        limits = self._limits(batch)
+        lines: list[BatchLine] = []
+        new_jobs: list[Job] = []
+        while len(new_jobs) < room and len(lines) < self._chunk_lines:
+            try:
+                number, raw = next(source.stream)
+            except StopIteration:
+                return lines, new_jobs, True
+            parsed = parse_line(number, raw, source.seen, limits)
+            if isinstance(parsed, BatchRequest) and not isinstance(parsed.prompt, list):
+                job = _job(batch, parsed, now)
+                new_jobs.append(job)
+                lines.append(BatchLine(batch_id=batch.id, line=number, custom_id=parsed.custom_id,
+                                       status=LINE_QUEUED, job_id=job.id))
+            else:
+                lines.append(_failed_line(batch.id, parsed, source.seen))
+        return lines, new_jobs, False
+
+    def _limits(self, batch: Batch) -> LineLimits:
+        queue = self._settings.queue(batch.queue)
+        assert queue is not None, f"batch {batch.id} names unknown queue {batch.queue!r}"
+        counter = prompt_token_counter(self._tokenizer) if self._tokenizer is not None else None
+        return LineLimits(endpoint=batch.endpoint, max_prompt_tokens=queue.max_prompt_tokens,
+                          count_tokens=counter, max_output_tokens=queue.max_output_tokens)
+
+    # --- open inputs ------------------------------------------------------------------------------
+
+    def _input(self, batch: Batch) -> _OpenInput:
+        current = self._inputs.get(batch.id)
+        if current is not None and current.next_line == batch.read_line:
+            return current
+        self._drop_input(batch.id)
+        with self._sessions() as session:
+            seen = CustomIdSet(batches.seen_custom_ids(session, batch.id))
+        stream = open_input(batch.input_url, ReadPosition(batch.read_line, batch.read_offset), s3=self._s3,
+                            max_line_bytes=self._settings.batch_max_line_bytes)
+        opened = _OpenInput(stream, seen, batch.read_line)
+        self._inputs[batch.id] = opened
+        return opened
+
+    def _drop_input(self, batch_id: str) -> None:
+        opened = self._inputs.pop(batch_id, None)
+        if opened is not None:
+            opened.stream.close()
+
+    def _close_inputs(self) -> None:
+        for batch_id in list(self._inputs):
+            self._drop_input(batch_id)
+
+
+def _job(batch: Batch, request: BatchRequest, now: datetime) -> Job:
+    """A queued job for one valid line; its metadata names the batch line it answers."""
+    assert not isinstance(request.prompt, list)
+    meta = {"batch_id": batch.id, "custom_id": request.custom_id, "line": request.line,
+            "endpoint": request.endpoint, "model": request.model}
+    return Job(id=new_job_id(), tenant_id=batch.tenant_id, queue=batch.queue, status=QUEUED,
+               prompt=request.prompt, messages=request.messages, params=request.params, meta=meta,
+               webhook=None, idempotency_key=None, request_hash="batch", ttl_s=None, timeout_s=None,
+               expires_at=None, created_at=now, updated_at=now, attempts=0, preemptions=0, prompt_tokens=0)
+
+
+def _failed_line(batch_id: str, parsed: BatchRequest | LineError, seen: CustomIdSet) -> BatchLine:
+    if isinstance(parsed, BatchRequest):  # parsed, but a token-id prompt: jobs hold text or messages
+        parsed = LineError(parsed.line, parsed.custom_id, "invalid_body",
+                           "prompt as token ids is not supported in batches; send text")
+    # The first line with a custom_id owns it (a later one is a duplicate), even when the line is invalid.
+    owns_id = parsed.code != "duplicate_custom_id" and parsed.custom_id in seen
+    error = {"code": parsed.code, "message": parsed.message, "custom_id": parsed.custom_id}
+    return BatchLine(batch_id=batch_id, line=parsed.line, custom_id=parsed.custom_id if owns_id else None,
+                     status=LINE_FAILED, error=error)
+
+
+def make_batch_runner(sessions: sessionmaker[Session], settings: Settings, publish: Publish, owner: str,
+                      tokenizer: PromptTokenizer | None) -> BatchRunner:
+    """The runner a worker process or the embedded runtime starts next to its reconciler; the S3 client
+    takes its credentials from the standard AWS chain."""
+    s3 = make_s3_client(settings.s3_endpoint_url, settings.s3_region)
+    return BatchRunner(sessions, settings, publish, owner, tokenizer=tokenizer, s3=s3,
+                       model_name=settings.model or "conveyor-demo")
