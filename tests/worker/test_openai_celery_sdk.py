@@ -1,0 +1,81 @@
+"""The OpenAI-compatible routes in Celery mode, driven by the official `openai` SDK: the API (uvicorn on an
+ephemeral port) publishes to Redis, a real `python -m worker` subprocess runs the jobs on Postgres, and
+streamed text travels back over Redis pub/sub on the job's channel."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import openai
+import uvicorn
+from fastapi import FastAPI
+from sqlalchemy.orm import Session, sessionmaker
+from worker_support import LONG_JOB_TOKENS, WorkerProcesses, get_job, wait_for, worker_env
+
+from api.app import create_app
+from api.redis_token_stream import RedisTokenStream
+from api.settings import Settings
+from api.tokens import PromptTokenizer
+from worker.dispatch import CeleryPublisher
+
+MESSAGES: list[Any] = [{"role": "user", "content": "Tell me about block tables."}]
+GREEDY: dict[str, Any] = {"temperature": 0, "max_tokens": 16, "extra_body": {"ignore_eos": True}}
+
+
+@contextmanager
+def serving(app: FastAPI) -> Iterator[str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: server.started, 60, "uvicorn to start")
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)
+
+
+def test_chat_plain_streamed_and_cancelled_through_celery_and_redis(
+    pg_url: str, redis_url: str, sessions: sessionmaker[Session], worker_model_dir: Path,
+    worker_procs: WorkerProcesses, tmp_path: Path,
+) -> None:
+    queues = {"interactive": {"max_output_tokens": LONG_JOB_TOKENS}}
+    settings = Settings(data_dir=tmp_path, database_url=pg_url, broker_url=redis_url,
+                        model=str(worker_model_dir), auth_enabled=False, queues=queues)
+    publisher = CeleryPublisher(settings)
+    app = create_app(settings, publisher=publisher, tokenizer=PromptTokenizer(worker_model_dir),
+                     token_stream=RedisTokenStream(redis_url))
+    worker_procs.start(worker_env(pg_url, redis_url, worker_model_dir, tmp_path))
+    model = worker_model_dir.name
+    try:
+        with serving(app) as base:
+            client = openai.OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=120)
+            whole = client.chat.completions.create(model=model, messages=MESSAGES, **GREEDY)
+            job = get_job(sessions, whole.id.removeprefix("chatcmpl-"))
+            assert job.status == "succeeded" and job.result_text == whole.choices[0].message.content
+            assert whole.usage is not None and whole.usage.completion_tokens == 16
+
+            chunks = list(client.chat.completions.create(model=model, messages=MESSAGES, stream=True,
+                                                         stream_options={"include_usage": True}, **GREEDY))
+            deltas = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+            assert len(deltas) >= 2, "text must arrive over Redis while the job runs, not only at the end"
+            assert "".join(deltas) == whole.choices[0].message.content
+            assert chunks[-1].usage == whole.usage
+
+            long = {"max_tokens": LONG_JOB_TOKENS, "extra_body": {"ignore_eos": True}}
+            stream = client.chat.completions.create(model=model, messages=MESSAGES, stream=True, **long)
+            first = next(c for c in stream if c.choices and c.choices[0].delta.content)
+            stream.close()
+            job_id = first.id.removeprefix("chatcmpl-")
+            wait_for(lambda: get_job(sessions, job_id).status != "running", 60, "the job to leave running")
+            assert get_job(sessions, job_id).status == "cancelled"
+    finally:
+        publisher.close()
