@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 import uvicorn
@@ -231,3 +232,31 @@ def test_sdk_error_classes(workerless: Server) -> None:
     with pytest.raises(openai.RateLimitError) as full:
         client.chat.completions.create(model=workerless.model, messages=MESSAGES, max_tokens=4)
     assert full.value.code == "queue_full" and full.value.response.headers["retry-after"] == "2"
+
+
+def test_a_job_the_engine_refuses_is_a_400_or_an_error_event(embedded: Server) -> None:
+    client = embedded.client()
+    # ~200 prompt tokens + 900 exceed the model's 1024 positions: the API lets it through (no max_model_len
+    # configured), the worker's engine refuses it and the job fails with invalid_request.
+    prompt = "word " * 200
+    with pytest.raises(openai.BadRequestError) as plain:
+        client.completions.create(model=embedded.model, prompt=prompt, max_tokens=900)
+    assert plain.value.code == "invalid_request"
+    stream = client.completions.create(model=embedded.model, prompt=prompt, max_tokens=900, stream=True)
+    with pytest.raises(openai.APIError) as streamed:
+        list(stream)
+    assert streamed.value.code == "invalid_request" and "max_model_len" in streamed.value.message
+
+
+def test_a_job_cancelled_through_the_jobs_api_ends_its_stream_with_an_error(embedded: Server) -> None:
+    client = embedded.client()
+    stream = client.chat.completions.create(model=embedded.model, messages=MESSAGES, max_tokens=900,
+                                            stream=True, extra_body={"ignore_eos": True})
+    first = next(c for c in stream if c.choices and c.choices[0].delta.content)
+    job_id = job_id_of(first.id)
+    cancelled = httpx.post(f"{embedded.url}/v1/jobs/{job_id}/cancel",
+                           headers={"Authorization": f"Bearer {embedded.key}"})
+    assert cancelled.status_code == 200, cancelled.text
+    with pytest.raises(openai.APIError) as ended:
+        list(stream)
+    assert ended.value.code == "cancelled"
