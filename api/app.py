@@ -13,11 +13,12 @@ from api.dispatch import JobPublisher, Runtime
 from api.errors import install_error_handlers
 from api.metrics import Metrics
 from api.middleware import BodySizeLimit, ResponseCounter
-from api.routes import health, jobs, openai, queues, webhooks
+from api.routes import batches, files, health, jobs, openai, queues, webhooks
 from api.settings import Settings
 from api.store.db import make_engine, make_session_factory
 from api.token_stream import TokenStream
 from api.tokens import PromptTokenizer
+from api.uploads import UploadSizeLimit
 
 
 def create_app(
@@ -56,8 +57,10 @@ def create_app(
     app.state.services = services
     install_error_handlers(app)
     app.state.token_stream = token_stream  # running jobs' text for streamed completions; None: store polls
-    for router in (jobs.router, queues.router, health.router, webhooks.router, openai.router):
+    for router in (jobs.router, queues.router, health.router, webhooks.router, openai.router, files.router,
+                   batches.router):
         app.include_router(router)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(UploadSizeLimit, max_bytes=settings.files_max_bytes)
     app.add_middleware(ResponseCounter, metrics=metrics)  # outermost: 413s are counted too
     return app

@@ -6,6 +6,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.errors import error_response
 from api.metrics import Metrics
+from api.uploads import is_upload
 
 
 class BodySizeLimit:
@@ -16,7 +17,7 @@ class BodySizeLimit:
         self.max_bytes = max_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or is_upload(scope):  # uploads stream, capped by api/uploads.py
             await self.app(scope, receive, send)
             return
         declared = dict(scope["headers"]).get(b"content-length")

@@ -103,6 +103,7 @@ class Settings(BaseSettings):
     s3_endpoint_url: str | None = Field(None, description="S3-compatible endpoint (MinIO, R2, ...)")
     s3_region: str | None = None
     files_url: str | None = Field(None, description="s3://bucket/prefix/ for uploads; None: data_dir/files")
+    files_max_bytes: int = Field(512 << 20, ge=1024, description="largest upload (POST /v1/files)")
     batch_part_bytes: int = Field(8 << 20, ge=5 << 20, description="multipart upload part size")
     batch_max_line_bytes: int = Field(4 << 20, ge=1024)
     batch_window_jobs: int = Field(64, ge=1, description="jobs of one batch queued or running at once")

@@ -1,0 +1,104 @@
+"""/v1/batches: create (OpenAI's form or Conveyor's S3 form), read, list, cancel. OpenAI's Batch API shape."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+from sqlalchemy.orm import Session
+
+from api.auth import CurrentTenant
+from api.deps import ServicesDep, SessionDep
+from api.errors import ApiError
+from api.schemas.batches import BatchCreate, BatchList, BatchPublic
+from api.schemas.errors import ErrorBody
+from api.store import batches, files
+from api.store.batches import BATCH_CANCELLED, CANCELLING, Batch
+from api.store.models import utcnow
+
+router = APIRouter(prefix="/v1/batches", tags=["batches"])
+ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorBody} for s in (401, 404, 409, 422)}
+
+
+@router.post("", response_model=BatchPublic, responses=ERRORS)
+def create_batch(body: BatchCreate, session: SessionDep, services: ServicesDep, tenant: CurrentTenant,
+                 ) -> BatchPublic:
+    """Accepted batches start `validating`; a worker's batch runner takes them up within a round."""
+    if services.settings.queue(body.queue) is None:
+        known = ", ".join(sorted(services.settings.queues))
+        message = f"queue: unknown queue {body.queue!r}; known queues: {known}"
+        raise ApiError(422, "unknown_queue", message, "queue")
+    _check_metadata(body, services.settings.max_metadata_bytes)
+    input_url = body.input
+    if body.input_file_id is not None:
+        source = files.get(session, body.input_file_id, tenant)
+        if source is None or source.purpose != files.BATCH:
+            message = f"input_file_id: no uploaded batch file {body.input_file_id}"
+            raise ApiError(404, "not_found", message, "input_file_id")
+        input_url = source.url
+    assert input_url is not None
+    batch = batches.create(
+        session, tenant_id=tenant, input_url=input_url, input_file_id=body.input_file_id,
+        output_url=body.output, queue=body.queue, endpoint=body.endpoint,
+        completion_window_s=body.completion_window_s, meta=body.metadata, now=utcnow(),
+        webhook=body.webhook.model_dump(mode="json") if body.webhook else None,
+    )
+    return _public(batch)
+
+
+@router.get("/{batch_id}", response_model=BatchPublic, responses=ERRORS)
+def get_batch(batch_id: str, session: SessionDep, tenant: CurrentTenant) -> BatchPublic:
+    """Live `request_counts` (total lines read so far, completed, failed, cancelled)."""
+    return _public(_batch_or_404(session, batch_id, tenant))
+
+
+@router.get("", response_model=BatchList, responses=ERRORS)
+def list_batches(
+    session: SessionDep,
+    tenant: CurrentTenant,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    after: str | None = None,
+) -> BatchList:
+    """Newest first; pass the previous page's `last_id` as `after`."""
+    rows = batches.page(session, tenant, limit=limit + 1, after=after)
+    page, more = rows[:limit], len(rows) > limit
+    data = [_public(b) for b in page]
+    return BatchList(data=data, first_id=data[0].id if data else None, last_id=data[-1].id if data else None,
+                     has_more=more)
+
+
+@router.post("/{batch_id}/cancel", response_model=BatchPublic, responses=ERRORS)
+def cancel_batch(batch_id: str, session: SessionDep, tenant: CurrentTenant) -> BatchPublic:
+    """Stops the remaining lines: queued and running ones are cancelled now, unread ones are never run; the
+    batch is `cancelling` until its partial outputs are written, then `cancelled`."""
+    batch = batches.request_cancel(session, batch_id, tenant, utcnow())
+    if batch is None:
+        raise _not_found(batch_id)
+    if batch.status not in (CANCELLING, BATCH_CANCELLED):
+        raise ApiError(409, "not_cancellable", f"id: batch {batch_id} already {batch.status}", "id")
+    return _public(batch)
+
+
+def _check_metadata(body: BatchCreate, limit: int) -> None:
+    if body.metadata is None:
+        return
+    size = len(json.dumps(body.metadata, separators=(",", ":")).encode())
+    if size > limit:
+        message = f"metadata: {size} bytes of JSON exceeds {limit}"
+        raise ApiError(422, "metadata_too_large", message, "metadata")
+
+
+def _public(batch: Batch) -> BatchPublic:
+    return BatchPublic.model_validate(batches.to_public(batch))
+
+
+def _batch_or_404(session: Session, batch_id: str, tenant: str) -> Batch:
+    batch = batches.get(session, batch_id, tenant)
+    if batch is None:
+        raise _not_found(batch_id)
+    return batch
+
+
+def _not_found(batch_id: str) -> ApiError:
+    return ApiError(404, "not_found", f"id: batch {batch_id} not found", "id")

@@ -1,0 +1,85 @@
+"""/v1/files: upload (multipart, purpose `batch`), read, download. OpenAI's Files API shape."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import UploadFile
+
+from api.auth import CurrentTenant
+from api.deps import Services, ServicesDep, SessionDep
+from api.errors import ApiError
+from api.schemas.errors import ErrorBody
+from api.schemas.files import FilePublic
+from api.store import blobs, files
+from api.store.models import utcnow
+
+router = APIRouter(prefix="/v1/files", tags=["files"])
+ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorBody} for s in (401, 404, 413, 422)}
+MAX_FILENAME_CHARS = 255
+
+
+@router.post("", response_model=FilePublic, responses=ERRORS)
+async def upload_file(request: Request, services: ServicesDep, tenant: CurrentTenant) -> FilePublic:
+    """multipart/form-data with `file` and `purpose` ("batch"). The bytes stream to the file store (a local
+    folder when embedded, S3 otherwise); uploads are capped at files_max_bytes."""
+    form = await request.form(max_files=1, max_fields=8)
+    try:
+        upload, purpose = form.get("file"), form.get("purpose")
+        if purpose != files.BATCH:
+            raise ApiError(422, "invalid_request", f"purpose: must be 'batch', got {purpose!r}", "purpose")
+        if not isinstance(upload, UploadFile):
+            raise ApiError(422, "invalid_request", "file: a file part is required", "file")
+        row = files.File(id=files.new_file_id(), tenant_id=tenant, purpose=files.BATCH,
+                         filename=_filename(upload.filename), bytes=0, url="", created_at=utcnow())
+        row.url = blobs.blob_url(services.settings, row.id)
+        row.bytes = await run_in_threadpool(_save, services, upload, row.url)
+        await run_in_threadpool(_insert, services, row)
+    finally:
+        await form.close()
+    return FilePublic.from_row(row)
+
+
+@router.get("/{file_id}", response_model=FilePublic, responses=ERRORS)
+def get_file(file_id: str, session: SessionDep, tenant: CurrentTenant) -> FilePublic:
+    return FilePublic.from_row(_file_or_404(session, file_id, tenant))
+
+
+@router.get("/{file_id}/content", response_class=StreamingResponse, responses=ERRORS)
+def file_content(file_id: str, session: SessionDep, services: ServicesDep, tenant: CurrentTenant,
+                 ) -> StreamingResponse:
+    row = _file_or_404(session, file_id, tenant)
+    chunks: Iterator[bytes] = blobs.read_chunks(services.settings, row.url)
+    headers = {"Content-Length": str(row.bytes)}
+    return StreamingResponse(chunks, media_type="application/octet-stream", headers=headers)
+
+
+def _filename(name: str | None) -> str:
+    name = (name or "upload.jsonl").replace("\x00", "")
+    return name[-MAX_FILENAME_CHARS:] or "upload.jsonl"
+
+
+def _save(services: Services, upload: UploadFile, url: str) -> int:
+    upload.file.seek(0, 2)
+    size = upload.file.tell()  # the form parser spooled the part to a temporary file
+    upload.file.seek(0)
+    blobs.save(services.settings, url, upload.file)
+    return size
+
+
+def _insert(services: Services, row: files.File) -> None:
+    with services.session_factory() as session:
+        files.add(session, row)
+        session.commit()
+
+
+def _file_or_404(session: Session, file_id: str, tenant: str) -> files.File:
+    row = files.get(session, file_id, tenant)
+    if row is None:
+        raise ApiError(404, "not_found", f"id: file {file_id} not found", "id")
+    return row

@@ -1,0 +1,114 @@
+"""Batch schemas: BatchCreate (OpenAI's form or Conveyor's S3 form), BatchPublic, BatchList."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from api.schemas.jobs import WebhookSpec
+
+Endpoint = Literal["/v1/chat/completions", "/v1/completions"]
+_S3_URL = re.compile(r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$")
+
+
+class BatchCreate(BaseModel):
+    """OpenAI's form: `input_file_id`, `endpoint`, `completion_window`, `metadata`. Conveyor's form: `input`
+    (s3://bucket/key.jsonl), `output` (s3://bucket/prefix/), `queue`, `webhook`. Without `output` the outputs
+    become files (`output_file_id`, `error_file_id`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    input_file_id: str | None = Field(None, description="an uploaded file (purpose batch)")
+    input: str | None = Field(None, description="s3://bucket/key.jsonl")
+    output: str | None = Field(None, description="s3://bucket/prefix/; omitted: outputs become files")
+    endpoint: Endpoint | None = Field(None, description="every line's endpoint; omitted: each line says")
+    completion_window: str = Field("24h", pattern=r"^[1-9][0-9]{0,2}h$", description="e.g. 24h")
+    queue: str = Field("documents", description="the queue the lines run in")
+    webhook: WebhookSpec | None = None
+    metadata: dict[str, Any] | None = None
+
+    @field_validator("input")
+    @classmethod
+    def _input_is_an_object(cls, url: str | None) -> str | None:
+        if url is not None and (not _S3_URL.match(url) or url.endswith("/") or url.count("/") < 3):
+            raise ValueError("must be s3://bucket/key naming an object")
+        return url
+
+    @field_validator("output")
+    @classmethod
+    def _output_is_a_prefix(cls, url: str | None) -> str | None:
+        if url is None:
+            return None
+        if not _S3_URL.match(url):
+            raise ValueError("must be s3://bucket/prefix/")
+        return url if url.endswith("/") else url + "/"
+
+    @model_validator(mode="after")
+    def _one_input(self) -> BatchCreate:
+        if (self.input is None) == (self.input_file_id is None):
+            raise ValueError("exactly one of `input_file_id` or `input` is required")
+        return self
+
+    @property
+    def completion_window_s(self) -> float:
+        return float(self.completion_window[:-1]) * 3600.0
+
+
+class RequestCounts(BaseModel):
+    total: int
+    completed: int
+    failed: int
+    cancelled: int
+
+
+class BatchError(BaseModel):
+    code: str | None = None
+    message: str | None = None
+    line: int | None = None
+    param: str | None = None
+
+
+class BatchErrors(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[BatchError]
+
+
+class BatchPublic(BaseModel):
+    """OpenAI's `batch` object, plus Conveyor's `input`, `output`, `outputs` (S3 URLs), `queue`, `webhook`."""
+
+    id: str
+    object: Literal["batch"] = "batch"
+    endpoint: str | None
+    errors: BatchErrors | None
+    input_file_id: str | None
+    completion_window: str
+    status: str
+    output_file_id: str | None
+    error_file_id: str | None
+    created_at: int
+    in_progress_at: int | None
+    expires_at: int | None
+    finalizing_at: int | None
+    completed_at: int | None
+    failed_at: int | None
+    expired_at: int | None
+    cancelling_at: int | None
+    cancelled_at: int | None
+    request_counts: RequestCounts
+    metadata: dict[str, Any] | None
+    usage: dict[str, Any]
+    input: str | None
+    output: str | None
+    outputs: dict[str, str] | None
+    queue: str
+    webhook: dict[str, str] | None
+
+
+class BatchList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[BatchPublic]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
