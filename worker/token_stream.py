@@ -14,6 +14,7 @@ import logging
 import queue as stdlib_queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -45,8 +46,9 @@ class _Progress:
 class JobStreamer:
     """Per-job delta bookkeeping between the engine thread (update) and the finisher thread (end)."""
 
-    def __init__(self, sink: TokenSink) -> None:
+    def __init__(self, sink: TokenSink, clock: Callable[[], float] = time.monotonic) -> None:
         self._sink = sink
+        self._clock = clock
         self._lock = threading.Lock()
         self._progress: dict[str, _Progress] = {}
 
@@ -56,7 +58,7 @@ class JobStreamer:
         with self._lock:
             progress = self._progress.setdefault(job_id, _Progress(attempt))
         progress.unsent_tokens += max(out.num_new_tokens, 1)
-        now = time.monotonic()
+        now = self._clock()
         due = progress.unsent_tokens >= STREAM_EVERY_TOKENS or now - progress.last_sent >= STREAM_EVERY_S
         # NOTE: the text may shrink at the end (cut before a stop string); the API holds back enough
         # characters to cover that and reconciles with the stored text.
