@@ -18,6 +18,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
 
 from api import openai_sync
 from api.auth import bearer_scheme, current_tenant
@@ -36,7 +37,7 @@ from api.token_stream import TokenStream
 router = APIRouter(prefix="/v1", tags=["openai"], route_class=OpenAIRoute)
 QUEUE = "interactive"
 DEMO_MODEL_ID = "conveyor-demo"
-COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to the queue's cap
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat: as many as fit
 NO_RETRY = {"x-should-retry": "false"}
 
 
@@ -58,7 +59,10 @@ async def create_chat_completion(
     """A `chat.completion`, or `chat.completion.chunk` server-sent events with `stream: true`."""
     _refuse_unsupported(body)
     messages = [m.plain() for m in body.messages]
-    job = _job_create(services.settings, body, body.requested_max_tokens(), messages=messages)
+    max_tokens = body.requested_max_tokens()
+    if max_tokens is None:
+        max_tokens = await run_in_threadpool(_default_chat_max_tokens, services, messages)
+    job = _job_create(services.settings, body, max_tokens, messages=messages)
     return await _complete(request, services, tenant, body, job, chat=True)
 
 
@@ -103,6 +107,20 @@ def _check_model(settings: Settings, model: str, param: str | None = "model") ->
                           f"`{served_model_id(settings)}`", code="model_not_found", param=param)
 
 
+def _default_chat_max_tokens(services: Services, messages: list[dict[str, str]]) -> int:
+    """OpenAI's chat default is "as many as fit": the queue's cap, within max_model_len when configured."""
+    queue = services.settings.queue(QUEUE)
+    assert queue is not None, "the interactive queue is always configured"
+    max_model_len = services.settings.max_model_len
+    if max_model_len is None:
+        return queue.max_output_tokens
+    try:
+        prompt_tokens = services.tokenizer.count_messages(messages)
+    except ValueError:  # no chat template: submit() refuses the request with the reason
+        return queue.max_output_tokens
+    return max(1, min(queue.max_output_tokens, max_model_len - prompt_tokens))
+
+
 def _refuse_unsupported(body: OpenAISampling) -> None:
     problem = body.unsupported()
     if problem is not None:
@@ -114,10 +132,8 @@ def _job_create(
     messages: list[dict[str, str]] | None = None,
 ) -> JobCreate:
     _check_model(settings, body.model)
-    queue = settings.queue(QUEUE)
-    assert queue is not None, "the interactive queue is always configured"
     if max_tokens is None:
-        max_tokens = queue.max_output_tokens if messages is not None else COMPLETION_DEFAULT_MAX_TOKENS
+        max_tokens = COMPLETION_DEFAULT_MAX_TOKENS
     try:
         return JobCreate.model_validate(dict(prompt=prompt, messages=messages, queue=QUEUE,
                                              max_tokens=max_tokens, **body.engine_params()))

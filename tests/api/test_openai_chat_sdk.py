@@ -34,6 +34,7 @@ QUEUES = {"interactive": {"max_output_tokens": 900}}
 GREEDY: dict[str, Any] = {"temperature": 0, "max_tokens": 12, "extra_body": {"ignore_eos": True}}
 MESSAGES: list[Any] = [{"role": "user", "content": "Write a haiku about queues."}]
 WAIT_S = 120.0  # a hang guard, not a speed assertion
+MAX_MODEL_LEN = 80  # the worker-less server's
 
 
 @dataclass
@@ -44,8 +45,9 @@ class Server:
     database_url: str
     runtime: Any = None
 
-    def client(self, key: str | None = None) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.url + "/v1", api_key=key or self.key, max_retries=0)
+    def client(self, key: str | None = None, timeout: float = WAIT_S) -> openai.OpenAI:
+        base_url = self.url + "/v1"
+        return openai.OpenAI(base_url=base_url, api_key=key or self.key, max_retries=0, timeout=timeout)
 
     def job(self, job_id: str) -> Any:
         engine = make_engine(self.database_url)
@@ -119,7 +121,8 @@ def workerless(
     """No worker: jobs stay queued. Auth on, one queued job allowed in `interactive`."""
     upgrade(sqlite_url)
     settings = make_settings(database_url=sqlite_url, model=str(demo_model_dir),
-                             queues={"interactive": {"max_queued": 1, "max_output_tokens": 64}})
+                             queues={"interactive": {"max_queued": 1, "max_output_tokens": 64}},
+                             max_model_len=MAX_MODEL_LEN)
     app = create_app(settings, publisher=RecordingPublisher(), tokenizer=prompt_tokenizer)
     with serving(app) as base:
         yield Server(base, new_key(sqlite_url, "bob"), demo_model_dir.name, sqlite_url)
@@ -260,3 +263,21 @@ def test_a_job_cancelled_through_the_jobs_api_ends_its_stream_with_an_error(embe
     with pytest.raises(openai.APIError) as ended:
         list(stream)
     assert ended.value.code == "cancelled"
+
+
+def test_a_plain_request_whose_client_times_out_is_cancelled(
+    workerless: Server, prompt_tokenizer: PromptTokenizer
+) -> None:
+    client = workerless.client(timeout=1.0)
+    with pytest.raises(openai.APITimeoutError):  # no worker: the job stays queued until the client gives up
+        client.chat.completions.create(model=workerless.model, messages=MESSAGES)
+    engine = make_engine(workerless.database_url)
+    try:
+        with make_session_factory(engine)() as session:
+            [job] = jobs.page(session, "bob", limit=2)
+            job_id, params = job.id, job.params
+    finally:
+        engine.dispose()
+    wait_for(lambda: workerless.job(job_id).status == "cancelled", "the job to be cancelled")
+    # Without max_tokens a chat asks for as many tokens as fit: the queue's cap within max_model_len.
+    assert params["max_tokens"] == min(64, MAX_MODEL_LEN - prompt_tokenizer.count_messages(MESSAGES))
