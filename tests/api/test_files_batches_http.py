@@ -9,6 +9,7 @@ import json
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -275,7 +276,7 @@ def test_validation_and_isolation(service: Service) -> None:
 
 
 def test_list_pages_newest_first(service: Service) -> None:
-    alice = service.client("alice")
+    alice = service.client("pager-" + uuid.uuid4().hex[:8])  # the Postgres database outlives one test
     ids = [alice.post("/v1/batches", json={"input": f"s3://bucket-a/{i}.jsonl"}).json()["id"]
            for i in range(5)]
     first = alice.get("/v1/batches", params={"limit": 2}).json()

@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 CHUNK_LINES = 500  # lines committed per transaction at most
 MAX_BATCHES = 8  # batches one runner drives at once
+IDLE_S = 0.25  # the pause after a round that moved nothing (a full window refills at most this late)
 
 
 @dataclass
@@ -57,7 +58,7 @@ class BatchRunner:
         self.owner = owner
         self._sessions, self._settings, self._publish = sessions, settings, publish
         self._tokenizer, self._s3, self._chunk_lines = tokenizer, s3, chunk_lines
-        self._interval_s = interval_s if interval_s is not None else min(settings.reconcile_interval_s, 1.0)
+        self._interval_s = min(settings.reconcile_interval_s, IDLE_S) if interval_s is None else interval_s
         self._finalizer = BatchFinalizer(sessions, settings, owner, s3, model_name)
         self._inputs: dict[str, _OpenInput] = {}
         self._stop = threading.Event()
