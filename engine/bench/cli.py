@@ -132,6 +132,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="STEPS",
         help="profile this many decode steps with torch.profiler after the run",
     )
+    out.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run the target and each peer N times, interleaved; report each one's best round",
+    )
     out.add_argument("--timeout", type=float, default=None, help="give up a run after this many seconds")
     out.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     out.add_argument("--no-progress", action="store_true")
@@ -170,6 +177,7 @@ def options(args: argparse.Namespace) -> BenchOptions:
         measure_matmul=not args.no_matmul_bound,
         torch_profile_steps=args.torch_profile,
         progress=not args.no_progress,
+        repeat=args.repeat,
         timeout_s=args.timeout,
         respect_eos=args.respect_eos,
     )

@@ -215,7 +215,9 @@ def test_trace_replay_with_text_prompts_and_lengths(llama_dir: Path, tmp_path: P
 
 def test_peer_hf_runs_the_same_work(llama_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "peer"
-    run_cli(["--model", str(llama_dir), *SMALL, "-n", "6", "--out", str(out), "--peer", "hf"])
+    run_cli(
+        ["--model", str(llama_dir), *SMALL, "-n", "6", "--out", str(out), "--peer", "hf", "--repeat", "2"]
+    )
     report = load(out / "report.json")
     assert set(report["runs"]) == {"engine", "hf-static", "hf-cb"}
     useful = {name: run["metrics"]["all"]["output_tokens"] for name, run in report["runs"].items()}
@@ -223,6 +225,9 @@ def test_peer_hf_runs_the_same_work(llama_dir: Path, tmp_path: Path) -> None:
     assert set(report["ratios"]) == {"engine / hf-static", "engine / hf-cb", "engine / best HF mode"}
     assert all(r > 0 for r in report["ratios"].values())
     assert_png(out / "hf-cb-latency_cdf.png")
+    for run in report["runs"].values():  # two interleaved rounds each; the best one is reported
+        rounds = run["rounds_output_tokens_per_s"]
+        assert len(rounds) == 2 and run["metrics"]["all"]["output_tokens_per_s"] == pytest.approx(max(rounds))
 
 
 def test_bad_arguments_are_reported_not_raised(llama_dir: Path, tmp_path: Path) -> None:
