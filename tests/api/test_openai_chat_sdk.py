@@ -4,6 +4,7 @@ and models; a worker-less server for the error classes the SDK raises (400, 401,
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -281,3 +282,28 @@ def test_a_plain_request_whose_client_times_out_is_cancelled(
     wait_for(lambda: workerless.job(job_id).status == "cancelled", "the job to be cancelled")
     # Without max_tokens a chat asks for as many tokens as fit: the queue's cap within max_model_len.
     assert params["max_tokens"] == min(64, MAX_MODEL_LEN - prompt_tokenizer.count_messages(MESSAGES))
+
+
+def test_a_batch_through_files_and_batches_answers_like_the_synchronous_route(embedded: Server) -> None:
+    client = embedded.client()
+    sampling: dict[str, Any] = {"temperature": 0, "max_tokens": 8}
+    body = {"model": embedded.model, "messages": MESSAGES, "ignore_eos": True, **sampling}
+    line = {"custom_id": "haiku", "method": "POST", "url": "/v1/chat/completions", "body": body}
+    uploaded = client.files.create(file=("haiku.jsonl", (json.dumps(line) + "\n").encode()), purpose="batch")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                  completion_window="24h")
+    assert batch.id in [b.id for b in client.batches.list().data]
+
+    def closed() -> bool:
+        return client.batches.retrieve(batch.id).status in ("completed", "failed", "cancelled", "expired")
+
+    wait_for(closed, f"batch {batch.id} to close")
+    done = client.batches.retrieve(batch.id)
+    assert done.status == "completed" and done.output_file_id, done
+    [result] = [json.loads(r) for r in client.files.content(done.output_file_id).text.splitlines()]
+    batched = result["response"]["body"]
+
+    chat = client.chat.completions.create(model=embedded.model, messages=MESSAGES, **sampling,
+                                          extra_body={"ignore_eos": True})
+    assert batched["choices"][0]["message"]["content"] == chat.choices[0].message.content
+    assert chat.usage is not None and batched["usage"] == chat.usage.model_dump(exclude_none=True)
