@@ -28,11 +28,15 @@ PRESETS: dict[str, dict[str, Any]] = {
         max_position_embeddings=2048,
     ),
 }
+DESCRIPTION = (
+    "Benchmark the engine in-process or a running service: seeded workloads per queue, per-group metrics, "
+    "decision sheets for one-parameter changes (--compare/--sweep), and Hugging Face peers (--peer hf)."
+)
 DEFAULT_MODEL_CACHE = Path.home() / ".cache" / "conveyor" / "bench-models"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="conveyor bench", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="conveyor bench", description=DESCRIPTION)
     target = p.add_argument_group("target")
     target.add_argument(
         "--target",
