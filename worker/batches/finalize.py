@@ -21,6 +21,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from botocore.exceptions import BotoCoreError, ClientError
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.settings import Settings
@@ -202,14 +203,18 @@ class BatchFinalizer:
         if batch.stop_reason == batches.STOP_FAILED:
             return  # the input could not be read
         start = ReadPosition(batch.read_line, batch.read_offset)
-        with open_input(batch.input_url, start, s3=self._s3,
-                        max_line_bytes=self._settings.batch_max_line_bytes) as lines:
-            for number, raw in lines:
-                outcome.unread += 1
-                outcome.manifest.total += 1
-                outcome.manifest.record_cancelled()
-                yield False, batch_error_line(_custom_id_of(raw), line=number, code=code, message=message,
-                                              line_id=new_id("batch_req_"))
+        try:
+            lines = open_input(batch.input_url, start, s3=self._s3,
+                               max_line_bytes=self._settings.batch_max_line_bytes)
+            with lines:
+                for number, raw in lines:
+                    outcome.unread += 1
+                    outcome.manifest.total += 1
+                    outcome.manifest.record_cancelled()
+                    yield False, batch_error_line(_custom_id_of(raw), line=number, code=code, message=message,
+                                                  line_id=new_id("batch_req_"))
+        except (OSError, ClientError, BotoCoreError) as exc:  # the input is gone: list what was read
+            log.warning("batch %s: lines never read cannot be listed (%s)", batch.id, type(exc).__name__)
 
     def _renew(self, batch_id: str) -> None:
         with self._sessions() as session:

@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 CHUNK_LINES = 500  # lines committed per transaction at most
 MAX_BATCHES = 8  # batches one runner drives at once
+STOP_WAIT_S = 10.0  # how long stop() waits for a round in progress
 IDLE_S = 0.25  # the pause after a round that moved nothing (a full window refills at most this late)
 
 
@@ -70,7 +71,10 @@ class BatchRunner:
     def stop(self) -> None:
         self._stop.set()
         if self._thread.is_alive():
-            self._thread.join()
+            self._thread.join(STOP_WAIT_S)
+        if self._thread.is_alive():  # stuck on S3 or the store: its leases expire and others take over
+            log.warning("batch runner still busy after %.0f s; leaving it behind", STOP_WAIT_S)
+            return
         self._close_inputs()
 
     def run_once(self) -> bool:
@@ -84,7 +88,11 @@ class BatchRunner:
                                           self._settings.worker_dead_after_s):
                     self._drop_input(batch_id)
                     continue
-            moved = self._step(batch_id) or moved
+            try:
+                moved = self._step(batch_id) or moved
+            except Exception:  # one batch's trouble (S3, store) must not stall the others; retried next round
+                log.exception("batch %s: round failed", batch_id)
+                self._drop_input(batch_id)
         return moved
 
     def _loop(self) -> None:

@@ -32,6 +32,20 @@ class _NoRunner:
     def stop(self) -> None: ...
 
 
+@pytest.fixture(autouse=True)
+def _no_batches(pg_url: str) -> None:
+    """The session's Postgres database outlives a test: runners here must see only this test's batches."""
+    from sqlalchemy import text
+
+    from api.store.db import make_engine
+
+    engine = make_engine(pg_url)
+    with engine.begin() as conn:
+        for table in ("batch_lines", "batches", "files"):
+            conn.execute(text(f"DELETE FROM {table}"))
+    engine.dispose()
+
+
 @pytest.fixture
 def batch_settings(make_settings: Callable[..., Settings], pg_url: str, demo_model_dir: Path,
                    moto_endpoint: str) -> Settings:
