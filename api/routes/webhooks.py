@@ -1,4 +1,4 @@
-"""/v1/webhooks: subscriptions, the signing secret, deliveries (listed per job, re-sent by id)."""
+"""/v1/webhooks: subscriptions, the signing secret, deliveries (listed per job or batch, re-sent by id)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from api.schemas.webhooks import (
     WebhookList,
     WebhookPublic,
 )
-from api.store import jobs, webhooks
+from api.store import batches, jobs, webhooks
 from api.store.models import utcnow
 from api.webhook_targets import check_webhook_target
 
@@ -98,8 +98,16 @@ def job_deliveries(job_id: str, session: SessionDep, tenant: CurrentTenant) -> D
     return delivery_list(session, tenant, "job", job_id)
 
 
+@router.get("/v1/batches/{batch_id}/deliveries", response_model=DeliveryList, responses=ERRORS)
+def batch_deliveries(batch_id: str, session: SessionDep, tenant: CurrentTenant) -> DeliveryList:
+    """Every webhook delivery about the batch, each with all its attempts."""
+    if batches.get(session, batch_id, tenant) is None:
+        raise _not_found("batch", batch_id)
+    return delivery_list(session, tenant, "batch", batch_id)
+
+
 def delivery_list(session: Session, tenant_id: str, subject_type: str, subject_id: str) -> DeliveryList:
-    """The deliveries about one job or batch (also for `GET /v1/batches/{id}/deliveries`)."""
+    """The deliveries about one job or batch."""
     rows = webhooks.for_subject(session, tenant_id, subject_type, subject_id)
     attempts = webhooks.attempts_of(session, [row.id for row in rows])
     return DeliveryList(data=[DeliveryPublic.from_row(row, attempts[row.id]) for row in rows])

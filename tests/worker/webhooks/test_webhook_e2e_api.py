@@ -3,14 +3,16 @@ tenant isolation, one sender per attempt, and batch events through `enqueue_batc
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from sqlalchemy import text
 from standardwebhooks import Webhook
 from webhook_receiver import Receiver
 from webhook_service import WebhookService
 
-from api.store import webhooks
+from api.store import batches, webhooks
 from api.store.models import utcnow
 from api.store.webhook_events import enqueue_batch_event
 
@@ -119,15 +121,27 @@ def test_an_attempt_is_claimed_by_one_sender_only(
     assert receiver.received == []
 
 
+@pytest.fixture
+def batch_id(webhook_service: WebhookService) -> Iterator[str]:
+    """A batch row of alice's (removed afterwards, so no batch runner of a later test picks it up)."""
+    with webhook_service.sessions() as session:
+        row = batches.create(session, tenant_id="alice", input_url="s3://in/x.jsonl", output_url="s3://out/",
+                             queue="documents", now=utcnow())
+    yield row.id
+    with webhook_service.sessions() as session:
+        session.execute(text("DELETE FROM batches WHERE id = :id"), {"id": row.id})
+        session.commit()
+
+
 def test_batch_events_reach_subscriptions_and_the_batch_webhook(
-    webhook_service: WebhookService, receiver: Receiver,
+    webhook_service: WebhookService, receiver: Receiver, batch_id: str,
 ) -> None:
     alice = webhook_service.client("alice")
     secret = alice.post("/v1/webhooks", json={"url": receiver.url, "events": ["batch.*"]}).json()["secret"]
-    batch: dict[str, Any] = {"id": "batch_123", "status": "completed", "request_counts": {"total": 3}}
     now = utcnow()
+    batch: dict[str, Any] = {"id": batch_id, "status": "completed", "request_counts": {"total": 3}}
     with webhook_service.sessions() as session:
-        enqueue_batch_event(session, batch, "batch.completed", "alice", receiver.url + "?batch", now)
+        enqueue_batch_event(session, batch, "batch.completed", "alice", {"url": receiver.url + "?batch"}, now)
         session.commit()
     job_id = webhook_service.submit(alice)
     webhook_service.succeed(job_id, now)   # filtered out: the subscription wants batch events only
@@ -137,7 +151,10 @@ def test_batch_events_reach_subscriptions_and_the_batch_webhook(
         assert Webhook(secret).verify(request.body, request.headers) == {
             "type": "batch.completed", "timestamp": now.isoformat().replace("+00:00", "Z"), "data": batch,
         }
-    with webhook_service.sessions() as session:
-        rows = webhooks.for_subject(session, "alice", "batch", "batch_123")
-        assert sorted(d.status for d in rows) == ["delivered", "delivered"]
-        assert webhooks.for_subject(session, "bob", "batch", "batch_123") == []
+    listed = alice.get(f"/v1/batches/{batch_id}/deliveries")
+    assert listed.status_code == 200, listed.text
+    assert sorted((d["status"], d["subscription_id"] is None) for d in listed.json()["data"]) == [
+        ("delivered", False), ("delivered", True)
+    ]
+    assert {d["id"] for d in listed.json()["data"]} == {r.headers["webhook-id"] for r in receiver.received}
+    assert webhook_service.client("bob").get(f"/v1/batches/{batch_id}/deliveries").status_code == 404
