@@ -298,3 +298,15 @@ def _forget_batches(service: Service) -> None:
     with service.session_factory() as session:
         session.execute(delete(Batch))
         session.commit()
+
+
+def test_uploads_go_to_s3_when_files_url_is_set(make_service: Callable[..., Service], moto_url: str,
+                                                s3: Any) -> None:
+    service = make_service(files_url="s3://conveyor-batches/uploads", s3_endpoint_url=moto_url,
+                           s3_region="us-east-1")
+    alice = service.client("alice")
+    content = b"".join(_line(f"u-{i}") for i in range(3))
+    uploaded = _upload(alice, content).json()
+    stored = s3.get_object(Bucket="conveyor-batches", Key=f"uploads/{uploaded['id']}")["Body"].read()
+    assert stored == content
+    assert alice.get(f"/v1/files/{uploaded['id']}/content").content == content
