@@ -121,7 +121,13 @@ async def follow(
     while True:
         if await disconnected():
             raise ClientGoneError(job.job_id)
-        event = await _next_event(job.subscription)
+        try:
+            event = await _next_event(job.subscription)
+        except Exception as exc:  # e.g. Redis went away: the text still comes from the store at the end
+            log.warning("token stream for %s failed (%s); polling the store", job.job_id, exc)
+            await _drop_subscription(job)
+            poll_s = STORE_POLL_NO_STREAM_S
+            continue
         if event is not None and not event.end:
             if event.attempt != attempt:  # a redelivered job generates again from its first token
                 attempt, text = event.attempt, ""
@@ -137,6 +143,15 @@ async def follow(
         next_read = time.monotonic() + poll_s
 
 
+async def _drop_subscription(job: FollowedJob) -> None:
+    subscription, job.subscription = job.subscription, None
+    if subscription is not None:
+        try:
+            await subscription.close()
+        except Exception as exc:
+            log.debug("closing the token subscription of %s failed: %s", job.job_id, exc)
+
+
 async def _next_event(subscription: Subscription | None) -> TokenEvent | None:
     if subscription is None:
         await asyncio.sleep(EVENT_WAIT_S)
@@ -149,8 +164,7 @@ async def finish(services: Services, job: FollowedJob, tenant: str, *, cancel: b
     with anyio.CancelScope(shield=True):
         if cancel:
             await run_in_threadpool(cancel_job, services, job.job_id, tenant)
-        if job.subscription is not None:
-            await job.subscription.close()
+        await _drop_subscription(job)
 
 
 def read_outcome(services: Services, job_id: str) -> JobOutcome | None:

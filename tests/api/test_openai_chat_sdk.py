@@ -45,6 +45,7 @@ class Server:
     model: str
     database_url: str
     runtime: Any = None
+    settings: Settings | None = None
 
     def client(self, key: str | None = None, timeout: float = WAIT_S) -> openai.OpenAI:
         base_url = self.url + "/v1"
@@ -111,7 +112,7 @@ def embedded(
     app = create_app(settings, publisher=runtime.publisher, tokenizer=prompt_tokenizer, runtime=runtime,
                      token_stream=runtime.token_stream)
     with serving(app) as base:
-        yield Server(base, new_key(url, "alice"), demo_model_dir.name, url, runtime)
+        yield Server(base, new_key(url, "alice"), demo_model_dir.name, url, runtime, settings)
 
 
 @pytest.fixture
@@ -307,3 +308,46 @@ def test_a_batch_through_files_and_batches_answers_like_the_synchronous_route(em
                                           extra_body={"ignore_eos": True})
     assert batched["choices"][0]["message"]["content"] == chat.choices[0].message.content
     assert chat.usage is not None and batched["usage"] == chat.usage.model_dump(exclude_none=True)
+
+
+class BreakingStream:
+    """A token stream whose subscriptions fail after their first event (a Redis connection dropping)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.failures = 0
+
+    async def subscribe(self, job_id: str) -> Any:
+        stream, subscription = self, await self.inner.subscribe(job_id)
+
+        class Breaking:
+            calls = 0
+
+            async def get(self, timeout_s: float) -> Any:
+                self.calls += 1
+                if self.calls > 1:
+                    stream.failures += 1
+                    raise ConnectionError("token stream: connection lost")
+                return await subscription.get(timeout_s)
+
+            async def close(self) -> None:
+                await subscription.close()
+
+        return Breaking()
+
+
+def test_a_broken_token_stream_falls_back_to_the_store(
+    embedded: Server, prompt_tokenizer: PromptTokenizer
+) -> None:
+    assert embedded.settings is not None
+    breaking = BreakingStream(embedded.runtime.token_stream)
+    app = create_app(embedded.settings, publisher=embedded.runtime.publisher, tokenizer=prompt_tokenizer,
+                     token_stream=breaking)  # shares the running embedded worker
+    want = embedded.client().chat.completions.create(model=embedded.model, messages=MESSAGES, **GREEDY)
+    with serving(app) as base:
+        client = Server(base, embedded.key, embedded.model, embedded.database_url).client()
+        chunks = list(client.chat.completions.create(model=embedded.model, messages=MESSAGES, stream=True,
+                                                     **GREEDY))
+    assert breaking.failures == 1
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == want.choices[0].message.content
+    assert chunks[-1].choices[0].finish_reason == "length"
