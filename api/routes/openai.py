@@ -9,6 +9,7 @@ so the job stays visible under /v1/jobs.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -39,6 +40,8 @@ QUEUE = "interactive"
 DEMO_MODEL_ID = "conveyor-demo"
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat: as many as fit
 NO_RETRY = {"x-should-retry": "false"}
+DONE = "data: [DONE]\n\n"
+log = logging.getLogger(__name__)
 
 
 def openai_tenant(
@@ -199,6 +202,11 @@ async def _events(
                 sent = ready
     except ClientGoneError:
         return
+    except Exception:  # the response has started: end the stream properly (the job is cancelled below)
+        log.exception("streaming job %s failed", job.job_id)
+        yield _data(OpenAIError(500, "internal server error", code="internal_error").body())
+        yield DONE
+        return
     finally:
         await openai_sync.finish(services, job, tenant, cancel=outcome is None)
     for event in _closing_events(outcome, header, sent, include_usage):
@@ -214,12 +222,12 @@ def _closing_events(outcome: JobOutcome | None, header: ChunkHeader, sent: str, 
             raise OpenAIError(500, "the job was restarted and generated a different text",
                               code="stream_diverged")
     except OpenAIError as exc:
-        return [_data(exc.body()), "data: [DONE]\n\n"]
+        return [_data(exc.body()), DONE]
     events = [_data(chunk(header, result.text[len(sent):]))] if len(result.text) > len(sent) else []
     events.append(_data(chunk(header, None if header.chat else "", result.finish_reason)))
     if include_usage:
         events.append(_data(usage_chunk(header, result)))
-    return [*events, "data: [DONE]\n\n"]
+    return [*events, DONE]
 
 
 def _result(outcome: JobOutcome, header: ChunkHeader) -> GenerationResult:
