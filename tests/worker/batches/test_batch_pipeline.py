@@ -248,3 +248,54 @@ def test_a_dead_runner_is_resumed_without_redoing_lines(runtime: Any, batch_sett
         jobs_made = session.execute(select(func.count()).select_from(Job)
                                     .where(Job.meta["batch_id"].as_string() == batch_id)).scalar_one()
     assert jobs_made == 400  # no line got a second job
+
+
+_DOOMED_RUNNER = """
+import sys, time
+from api.settings import Settings
+from api.store.db import make_engine, make_session_factory
+from worker.batches.runner import BatchRunner
+from worker.batches.s3 import make_s3_client
+
+database_url, endpoint = sys.argv[1:3]
+settings = Settings(database_url=database_url, s3_endpoint_url=endpoint, s3_region="us-east-1",
+                    worker_dead_after_s=2.0, batch_window_jobs=64)
+sessions = make_session_factory(make_engine(database_url))
+
+def publish(job_id: str, queue: str) -> None:  # no broker here: the test's reconciler publishes the jobs
+    raise ConnectionError("no broker in this process")
+
+runner = BatchRunner(sessions, settings, publish, "runner-sigkilled", tokenizer=None,
+                     s3=make_s3_client(endpoint, "us-east-1"), model_name="tiny", chunk_lines=50)
+while True:
+    runner.run_once()
+    time.sleep(0.02)
+"""
+
+
+def test_a_sigkilled_runner_process_is_resumed(runtime: Any, batch_settings: Settings,
+                                               sessions: sessionmaker[Session], s3: Any, bucket: str,
+                                               pg_url: str, moto_endpoint: str) -> None:
+    """A runner in its own process is SIGKILLed mid-batch (lease held, input stream open); this process's
+    runner takes the batch over once the lease expires."""
+    import signal
+    import subprocess
+    import sys
+
+    s3.put_object(Bucket=bucket, Key="k.jsonl", Body=b"".join(_line(f"x-{i}") for i in range(300)))
+    batch_id = _create(sessions, bucket, "k.jsonl")
+    child = subprocess.Popen([sys.executable, "-c", _DOOMED_RUNNER, pg_url, moto_endpoint])
+    try:
+        wait_for(lambda: _get(sessions, batch_id).read_line > 100, DRIVE_S, "the child to read 100 lines")
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=30)
+    at_kill = _get(sessions, batch_id)
+    assert at_kill.lease_owner == "runner-sigkilled" and not at_kill.read_done
+
+    batch = _drive(_runner(runtime, batch_settings, sessions, "runner-survivor"), sessions, batch_id)
+
+    assert batch.status == "completed" and (batch.total, batch.completed) == (300, 300)
+    results, errors, _ = _outputs(s3, bucket, "k.jsonl")
+    assert errors == []
+    _assert_each_once(results, [f"x-{i}" for i in range(300)])
