@@ -160,9 +160,9 @@ class RedisTokenSink:
                 continue
             try:
                 receivers = self._client.publish(channel(job_id), event.encode())
-            except Exception as exc:  # the API falls back to polling the store
+            except Exception as exc:  # the API falls back to the store; no more tries for this job's deltas
                 log.debug("token publish for %s failed: %s", job_id, exc)
-                continue
+                receivers = 0
             with self._lock:
                 if event.end:
                     self._unheard.discard(job_id)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 
 from api.redis_token_stream import RedisTokenStream
@@ -110,3 +111,14 @@ def test_redis_sink_to_the_api_subscription_and_unheard_jobs(redis_url: str) -> 
         sink.close()  # handles everything queued, then stops
     assert not sink.listening("job_2")  # no subscriber got its first delta: no more deltas for it
     assert sink.listening("job_1") and sink.listening("job_3")  # heard, or forgotten once ended
+
+
+def test_redis_sink_with_redis_down_gives_up_on_a_job_after_one_try() -> None:
+    with socket.socket() as s:  # a port nobody listens on: connections are refused at once
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    sink = RedisTokenSink(f"redis://127.0.0.1:{port}/0")
+    for text in ("a", "b", "c"):
+        sink.publish("job_1", TokenEvent(1, text))
+    sink.close()
+    assert not sink.listening("job_1")
