@@ -60,7 +60,7 @@ async def create_chat_completion(
     body: ChatCompletionCreate, request: Request, services: ServicesDep, tenant: Tenant
 ) -> Response:
     """A `chat.completion`, or `chat.completion.chunk` server-sent events with `stream: true`."""
-    _refuse_unsupported(body)
+    _check_request(services.settings, body)
     messages = [m.plain() for m in body.messages]
     max_tokens = body.requested_max_tokens()
     if max_tokens is None:
@@ -74,7 +74,7 @@ async def create_completion(
     body: CompletionCreate, request: Request, services: ServicesDep, tenant: Tenant
 ) -> Response:
     """A `text_completion`, or `text_completion` server-sent events with `stream: true`."""
-    _refuse_unsupported(body)
+    _check_request(services.settings, body)
     job = _job_create(services.settings, body, body.max_tokens, prompt=body.prompt_text())
     return await _complete(request, services, tenant, body, job, chat=False)
 
@@ -124,7 +124,9 @@ def _default_chat_max_tokens(services: Services, messages: list[dict[str, str]])
     return max(1, min(queue.max_output_tokens, max_model_len - prompt_tokens))
 
 
-def _refuse_unsupported(body: OpenAISampling) -> None:
+def _check_request(settings: Settings, body: OpenAISampling) -> None:
+    """400 for a parameter Conveyor cannot honour, 404 for a model it does not serve."""
+    _check_model(settings, body.model)
     problem = body.unsupported()
     if problem is not None:
         raise OpenAIError(400, f"{problem[0]}: {problem[1]}", code="unsupported_parameter", param=problem[0])
@@ -134,7 +136,6 @@ def _job_create(
     settings: Settings, body: OpenAISampling, max_tokens: int | None, *, prompt: str | None = None,
     messages: list[dict[str, str]] | None = None,
 ) -> JobCreate:
-    _check_model(settings, body.model)
     if max_tokens is None:
         max_tokens = COMPLETION_DEFAULT_MAX_TOKENS
     try:
