@@ -1,0 +1,115 @@
+"""The batch store on SQLite and Postgres: the lease, the fenced chunk commit, and job outcomes counted into
+their batch exactly once (through the job transitions' record_finished hook)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import delete
+from sqlalchemy.orm import Session
+
+from api.store import batches, jobs
+from api.store.batches import LINE_FAILED, LINE_QUEUED, BatchLine, ChunkPosition
+from api.store.models import QUEUED, Job, utcnow
+
+
+@pytest.fixture(autouse=True)
+def _forget_batches(session: Session) -> Iterator[None]:
+    """Batches left open in the shared Postgres database would be picked up by later tests' runners."""
+    yield
+    session.rollback()
+    for table in (BatchLine, batches.Batch):
+        session.execute(delete(table))
+    session.commit()
+
+
+def _batch(session: Session, tenant: str = "default") -> batches.Batch:
+    return batches.create(session, tenant_id=tenant, input_url="s3://bucket-a/in.jsonl",
+                          output_url="s3://bucket-a/out/", queue="documents", now=utcnow())
+
+
+def _job(batch: batches.Batch, line: int) -> Job:
+    now = utcnow()
+    meta = {"batch_id": batch.id, "line": line}
+    return Job(id=jobs.new_job_id(), tenant_id=batch.tenant_id, queue="documents", status=QUEUED, prompt="hi",
+               messages=None, params={"max_tokens": 1}, meta=meta, webhook=None, idempotency_key=None,
+               request_hash="batch", created_at=now, updated_at=now, attempts=0, preemptions=0,
+               prompt_tokens=0)
+
+
+def _chunk(session: Session, batch: batches.Batch, owner: str, start: int, n_jobs: int,
+           bad_line: bool = False) -> list[Job]:
+    new_jobs = [_job(batch, start + i) for i in range(n_jobs)]
+    lines = [BatchLine(batch_id=batch.id, line=start + i, custom_id=f"c-{start + i}", status=LINE_QUEUED,
+                       job_id=job.id) for i, job in enumerate(new_jobs)]
+    if bad_line:
+        lines.append(BatchLine(batch_id=batch.id, line=start + n_jobs, custom_id=None, status=LINE_FAILED,
+                               error={"code": "invalid_json", "message": "x", "custom_id": None}))
+    end = start + len(lines)
+    position = ChunkPosition(start_line=start, next_line=end, next_offset=end * 10, done=False)
+    assert batches.commit_chunk(session, batch.id, owner, position, lines, new_jobs, utcnow())
+    return new_jobs
+
+
+def _run(session: Session, job: Job, *, ok: bool) -> None:
+    claimed = jobs.claim(session, job.id, "w1", utcnow())
+    assert claimed is not None
+    if ok:
+        assert jobs.complete(session, job.id, claimed.attempts, result_text="x", finish_reason="length",
+                             prompt_tokens=5, completion_tokens=1, preemptions=0, first_token_at=None,
+                             now=utcnow())
+    else:
+        assert jobs.fail(session, job.id, claimed.attempts, code="engine_error", message="boom", now=utcnow())
+
+
+def test_outcomes_count_once_and_cancel_counts_the_rest(session: Session) -> None:
+    batch = _batch(session)
+    assert batches.take_lease(session, batch.id, "runner-1", utcnow(), 30.0)
+    first, second, third = _chunk(session, batch, "runner-1", 1, 3, bad_line=True)
+
+    _run(session, first, ok=True)
+    _run(session, second, ok=False)
+    late = jobs.complete(session, first.id, 1, result_text="again", finish_reason="stop", prompt_tokens=5,
+                         completion_tokens=1, preemptions=0, first_token_at=None, now=utcnow())
+    assert late is False  # a duplicate report changes nothing and counts nothing
+    assert batches.active_lines(session, batch.id) == 1
+
+    cancelling = batches.request_cancel(session, batch.id, "default", utcnow())
+    assert cancelling is not None and cancelling.status == "cancelling"
+    row = batches.get(session, batch.id)
+    assert row is not None
+    assert (row.total, row.completed, row.failed, row.cancelled) == (4, 1, 2, 1)
+    assert (row.prompt_tokens, row.completion_tokens) == (5, 1)
+    assert jobs.get(session, third.id).status == "cancelled"  # type: ignore[union-attr]
+    assert batches.active_lines(session, batch.id) == 0
+    assert [line.line for line, _ in batches.lines_in_order(session, batch.id)] == [1, 2, 3, 4]
+
+
+def test_the_lease_fences_chunks_and_passes_on_when_it_expires(session: Session) -> None:
+    batch = _batch(session)
+    now = utcnow()
+    assert batches.take_lease(session, batch.id, "runner-1", now, 30.0)
+    assert not batches.take_lease(session, batch.id, "runner-2", now, 30.0)
+    _chunk(session, batch, "runner-1", 1, 2)
+    stale = ChunkPosition(start_line=1, next_line=3, next_offset=30, done=False)  # runner-1's view, replayed
+    assert not batches.commit_chunk(session, batch.id, "runner-1", stale, [], [], utcnow())
+
+    later = now + timedelta(seconds=31)
+    assert batch.id in batches.claimable(session, "runner-2", later, 100)
+    assert batches.take_lease(session, batch.id, "runner-2", later, 30.0)
+    fresh = ChunkPosition(start_line=3, next_line=4, next_offset=40, done=True)
+    assert not batches.commit_chunk(session, batch.id, "runner-1", fresh, [], [], utcnow())  # lost its lease
+    assert batches.commit_chunk(session, batch.id, "runner-2", fresh, [], [], utcnow())
+    assert batches.seen_custom_ids(session, batch.id) == {"c-1", "c-2"}
+    row = batches.get(session, batch.id)
+    assert row is not None and (row.read_line, row.read_offset, row.read_done) == (4, 40, True)
+
+
+def test_another_tenant_cannot_see_or_cancel(session: Session) -> None:
+    batch = _batch(session, tenant="alice")
+    assert batches.get(session, batch.id, "bob") is None
+    assert batches.request_cancel(session, batch.id, "bob", utcnow()) is None
+    assert batches.page(session, "bob", limit=10) == []
+    assert batches.get(session, batch.id, "alice").status == "validating"  # type: ignore[union-attr]
