@@ -299,3 +299,38 @@ def test_a_sigkilled_runner_process_is_resumed(runtime: Any, batch_settings: Set
     results, errors, _ = _outputs(s3, bucket, "k.jsonl")
     assert errors == []
     _assert_each_once(results, [f"x-{i}" for i in range(300)])
+
+
+def test_an_unreadable_input_fails_the_batch(runtime: Any, batch_settings: Settings,
+                                             sessions: sessionmaker[Session], s3: Any, bucket: str) -> None:
+    batch_id = _create(sessions, bucket, "missing.jsonl")
+
+    batch = _drive(_runner(runtime, batch_settings, sessions, "runner-f"), sessions, batch_id)
+
+    assert batch.status == "failed" and batch.errors is not None
+    assert batch.errors[0]["code"] == "input_unreadable"
+    results, errors, manifest = _outputs(s3, bucket, "missing.jsonl")
+    assert results == errors == [] and manifest["status"] == "failed"
+    assert [e["type"] for e in _events(sessions, batch_id)] == ["batch.failed"]
+
+
+def test_past_its_completion_window_a_batch_expires(runtime: Any, batch_settings: Settings,
+                                                    sessions: sessionmaker[Session], s3: Any,
+                                                    bucket: str) -> None:
+    settings = batch_settings.model_copy(update={"batch_window_jobs": 2})
+    body = b"".join(_line(f"e-{i}", max_tokens=16, ignore_eos=True) for i in range(200))  # > 1 s at 2 at once
+    s3.put_object(Bucket=bucket, Key="e.jsonl", Body=body)
+    with sessions() as session:
+        batch_id = batches.create(session, tenant_id="default", input_url=f"s3://{bucket}/e.jsonl",
+                                  output_url=f"s3://{bucket}/out/e.jsonl/", queue="documents", now=utcnow(),
+                                  completion_window_s=1.0).id
+    runner = _runner(runtime, settings, sessions, "runner-e", chunk_lines=2)
+
+    batch = _drive(runner, sessions, batch_id)
+
+    assert batch.status == "expired" and batch.total == 200
+    assert batch.completed + batch.failed + batch.cancelled == 200 and batch.cancelled > 0
+    results, errors, manifest = _outputs(s3, bucket, "e.jsonl")
+    assert [r["custom_id"] for r in results] == [f"e-{i}" for i in range(200)]
+    assert {e["error"]["code"] for e in errors} <= {"batch_expired", "batch_cancelled"}
+    assert manifest["status"] == "expired"
