@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
@@ -15,7 +15,7 @@ from api.auth import CurrentTenant
 from api.deps import Services, ServicesDep, SessionDep
 from api.errors import ApiError
 from api.schemas.errors import ErrorBody
-from api.schemas.files import FilePublic
+from api.schemas.files import FileList, FilePublic
 from api.store import blobs, files
 from api.store.models import utcnow
 
@@ -43,6 +43,21 @@ async def upload_file(request: Request, services: ServicesDep, tenant: CurrentTe
     finally:
         await form.close()
     return FilePublic.from_row(row)
+
+
+@router.get("", response_model=FileList, responses=ERRORS)
+def list_files(
+    session: SessionDep,
+    tenant: CurrentTenant,
+    purpose: Literal["batch", "batch_output"] | None = None,
+    limit: Annotated[int, Query(ge=1, le=10000)] = 100,
+    after: str | None = None,
+) -> FileList:
+    """Newest first; pass the previous page's `last_id` as `after`."""
+    rows = files.page(session, tenant, limit=limit + 1, after=after, purpose=purpose)
+    data = [FilePublic.from_row(row) for row in rows[:limit]]
+    return FileList(data=data, first_id=data[0].id if data else None, last_id=data[-1].id if data else None,
+                    has_more=len(rows) > limit)
 
 
 @router.get("/{file_id}", response_model=FilePublic, responses=ERRORS)

@@ -24,3 +24,11 @@ class FilePublic(BaseModel):
     def from_row(cls, row: File) -> FilePublic:
         return cls(id=row.id, bytes=row.bytes, created_at=int(row.created_at.timestamp()),
                    filename=row.filename, purpose=row.purpose)  # type: ignore[arg-type]
+
+
+class FileList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[FilePublic]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool

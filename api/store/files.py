@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 
-from sqlalchemy import BigInteger, Index, String, Text, select
+from sqlalchemy import BigInteger, Index, String, Text, and_, or_, select
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from api.store.models import Base, UTCDateTime
@@ -44,3 +44,19 @@ def get(session: Session, file_id: str, tenant_id: str | None = None) -> File | 
     if tenant_id is not None:
         query = query.where(File.tenant_id == tenant_id)
     return session.execute(query).scalar_one_or_none()
+
+
+def page(session: Session, tenant_id: str, *, limit: int, after: str | None = None,
+         purpose: str | None = None) -> list[File]:
+    """Newest first; `after` is the last file id of the previous page (an unknown id gives an empty page)."""
+    query = select(File).where(File.tenant_id == tenant_id)
+    if purpose is not None:
+        query = query.where(File.purpose == purpose)
+    if after is not None:
+        last = get(session, after, tenant_id)
+        if last is None:
+            return []
+        same_time_lower_id = and_(File.created_at == last.created_at, File.id < last.id)
+        query = query.where(or_(File.created_at < last.created_at, same_time_lower_id))
+    query = query.order_by(File.created_at.desc(), File.id.desc()).limit(limit)
+    return list(session.execute(query).scalars())

@@ -159,6 +159,10 @@ def test_openai_sdk_batch_round_trip(embedded: tuple[str, str, str]) -> None:
     errors = [json.loads(line) for line in alice.files.content(done.error_file_id).text.splitlines()]
     assert [(e["line"], e["error"]["code"]) for e in errors] == [(13, "invalid_json")]
     assert alice.files.retrieve(done.output_file_id).purpose == "batch_output"
+    listed_files = {f.id for f in alice.files.list()}
+    assert listed_files == {uploaded.id, done.output_file_id, done.error_file_id}
+    assert [f.id for f in alice.files.list(purpose="batch")] == [uploaded.id]
+    assert list(bob.files.list()) == []
 
     listed = alice.batches.list(limit=10)
     assert [b.id for b in listed.data] == [batch.id] and not listed.has_more
