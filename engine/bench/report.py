@@ -53,18 +53,21 @@ def metrics_markdown(summary: dict[str, dict[str, Any]]) -> str:
 def efficiency_markdown(eff: dict[str, Any]) -> str:
     lines = ["| figure | value |", "|---|---|"]
     lines.append(f"| model parameters | {eff['model_params'] / 1e6:.1f} M |")
-    lines.append(f"| model GFLOP/s (over engine busy time) | {eff['model_flops_per_s'] / 1e9:.2f} |")
+    lines.append(
+        f"| model GFLOP/s (over busy time: engine steps, else wall) | {eff['model_flops_per_s'] / 1e9:.2f} |"
+    )
     if "matmul_bound" in eff:
         b = eff["matmul_bound"]
         shapes = ", ".join(f"{r['tokens']}: {r['flops_per_s'] / 1e9:.1f}" for r in b["buckets"])
         lines.append(f"| torch.mm GFLOP/s at the run's step shapes (tokens per step: GFLOP/s) | {shapes} |")
         lines.append(f"| matmul bound over the run (step-weighted) GFLOP/s | {b['flops_per_s'] / 1e9:.2f} |")
         lines.append(f"| share of the matmul bound | {fmt(eff['share_of_matmul_bound'], True)} |")
-    lines.append(
-        f"| engine overhead at batch >= {eff['overhead_min_batch']} ({eff['overhead_steps']} steps) "
-        f"| {fmt(eff['overhead_share'], True)} |"
-    )
-    lines.append(f"| engine overhead, all steps | {fmt(eff['overhead_share_all_steps'], True)} |")
+    if eff["overhead_share_all_steps"] is not None:  # only targets that report step and forward times
+        lines.append(
+            f"| engine overhead at batch >= {eff['overhead_min_batch']} ({eff['overhead_steps']} steps) "
+            f"| {fmt(eff['overhead_share'], True)} |"
+        )
+        lines.append(f"| engine overhead, all steps | {fmt(eff['overhead_share_all_steps'], True)} |")
     return "\n".join(lines)
 
 
