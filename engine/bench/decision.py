@@ -4,7 +4,8 @@ A condition is `GROUP.METRIC OP RHS`:
 - GROUP: `interactive`, `documents` or `all`;
 - METRIC: any scalar of the per-group metrics (`completed`, `failed`, `deadline_attainment`,
   `output_tokens_per_s`, `total_tokens_per_s`, `preemptions`, `peak_kv_usage`, `kv_waste`, `peak_running`,
-  ...) or a latency percentile written `LATENCY_pNN` (`ttft_p90`, `e2e_p99`, `queue_time_p50`, `itl_p90`);
+  ...) or a latency percentile written `LATENCY_pNN` with NN in 50, 90, 95, 99 (`ttft_p95`, `e2e_p99`,
+  `queue_time_p50`, `itl_p90`);
 - OP: `<=`, `>=`, `<`, `>`, `==`;
 - RHS: a number, `baseline` (the same figure in the baseline run), or `baseline*FACTOR`
   (e.g. `all.output_tokens_per_s>=baseline*1.1`).
@@ -77,7 +78,10 @@ def metric_value(summary: dict[str, dict[str, Any]], group: str, metric: str) ->
     figures = summary[group]
     pm = _PERCENTILE.match(metric)
     if pm is not None:
-        return figures.get(f"{pm['latency']}_s", {}).get(pm["p"])
+        values = figures[f"{pm['latency']}_s"]
+        if pm["p"] not in values:
+            raise ValueError(f"approve: no percentile {pm['p']!r} in {metric!r}; measured: {sorted(values)}")
+        return values[pm["p"]]
     if metric not in figures:
         raise ValueError(f"approve: unknown metric {metric!r}; known: {sorted(figures)} or LATENCY_pNN")
     value = figures[metric]

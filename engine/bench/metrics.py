@@ -21,7 +21,7 @@ import numpy as np
 
 from engine.bench.records import RequestRecord, RunResult, StepSample
 
-PERCENTILES = (50, 90, 99)
+PERCENTILES = (50, 90, 95, 99)
 LATENCIES = ("queue_time", "ttft", "itl", "e2e")
 ALL = "all"
 

@@ -41,7 +41,11 @@ def metrics_markdown(summary: dict[str, dict[str, Any]]) -> str:
     for g in groups:
         cells = [fmt(summary[g].get(key), key in SHARES) for key, _ in COUNT_COLUMNS]
         lines.append(f"| {g} | " + " | ".join(cells) + " |")
-    lines += ["", "Latency in seconds, completed requests, p50 / p90 / p99:", ""]
+    lines += [
+        "",
+        "Latency in seconds, completed requests, " + " / ".join(f"p{p}" for p in PERCENTILES) + ":",
+        "",
+    ]
     lines.append("| group | queue time | TTFT | inter-token | end-to-end |")
     lines.append("|---|---|---|---|---|")
     for g in groups:

@@ -340,6 +340,8 @@ def test_approval_conditions() -> None:
     assert missing["passed"] is False and missing["note"] == "figure missing"
     with pytest.raises(ValueError, match="approve"):
         Condition.parse("ttft below one second")
+    with pytest.raises(ValueError, match="percentile"):
+        Condition.parse("all.ttft_p75<=1").evaluate(cand, base)
     with pytest.raises(ValueError, match="unknown metric"):
         Condition.parse("all.speed>=1").evaluate(cand, base)
 
