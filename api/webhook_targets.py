@@ -13,7 +13,7 @@ import httpx
 
 from api.errors import ApiError
 from api.settings import Settings
-from worker.webhooks.ssrf import (
+from api.webhooks.ssrf import (
     METADATA_HOSTS,
     Resolver,
     SsrfPolicy,

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from api.schemas.jobs import JobPublic
 from api.store import webhooks
 from api.store.models import Job
-from worker.webhooks.events import build_event, matches
+from api.webhooks.events import build_event, matches
 
 JOB_STATUS_EVENTS = {s: f"job.{s}" for s in ("succeeded", "failed", "cancelled", "expired")}
 

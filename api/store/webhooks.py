@@ -24,8 +24,8 @@ from api.store.webhook_models import (
     SigningSecret,
     Subscription,
 )
-from worker.webhooks.delivery import AttemptResult
-from worker.webhooks.signing import generate_secret
+from api.webhooks.attempt import AttemptResult
+from api.webhooks.signing import generate_secret
 
 
 def _new_id(prefix: str) -> str:

@@ -1,20 +1,12 @@
-"""Webhook core: event types and filters, Standard Webhooks signing, the SSRF guard with an address-pinning
-transport, the retry schedule, and one delivery attempt. No database and no routes: callers store the
-subscriptions, secrets and attempts and schedule the next attempt from `AttemptResult.next_attempt_at`."""
+"""Webhook sending: the address-pinning transport, the retry schedule, one delivery attempt and the sender
+loop. The domain it shares with the API and the store (events, signing, SSRF policy, the attempt record)
+lives in api/webhooks and is re-exported here."""
 
 from __future__ import annotations
 
-from worker.webhooks.backoff import (
-    MAX_ATTEMPTS,
-    RETRY_DELAYS,
-    next_attempt_at,
-    parse_retry_after,
-    retry_delay,
-)
-from worker.webhooks.delivery import AttemptResult, deliver
-from worker.webhooks.events import EVENT_TYPES, build_event, encode_event, matches, validate_filter
-from worker.webhooks.pinned import PinnedTransport, webhook_client
-from worker.webhooks.signing import (
+from api.webhooks.attempt import AttemptResult
+from api.webhooks.events import EVENT_TYPES, build_event, encode_event, matches, validate_filter
+from api.webhooks.signing import (
     SignatureError,
     WebhookSecret,
     active_secrets,
@@ -23,7 +15,16 @@ from worker.webhooks.signing import (
     signature_headers,
     verify,
 )
-from worker.webhooks.ssrf import SsrfPolicy, TargetRefused, check_target, forbidden_reason
+from api.webhooks.ssrf import SsrfPolicy, TargetRefused, check_target, forbidden_reason
+from worker.webhooks.backoff import (
+    MAX_ATTEMPTS,
+    RETRY_DELAYS,
+    next_attempt_at,
+    parse_retry_after,
+    retry_delay,
+)
+from worker.webhooks.delivery import deliver
+from worker.webhooks.pinned import PinnedTransport, webhook_client
 
 __all__ = [
     "EVENT_TYPES",

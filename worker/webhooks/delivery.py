@@ -14,18 +14,16 @@ import logging
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
 import httpx
 
+from api.webhooks.attempt import AttemptResult, Outcome
+from api.webhooks.events import encode_event
+from api.webhooks.signing import signature_headers
+from api.webhooks.ssrf import TargetRefused
 from worker.webhooks.backoff import next_attempt_at, parse_retry_after
-from worker.webhooks.events import encode_event
-from worker.webhooks.signing import signature_headers
-from worker.webhooks.ssrf import TargetRefused
-
-Outcome = Literal["delivered", "retry", "disabled", "failed"]
 
 DEFAULT_TIMEOUT_S = 15.0
 RESPONSE_EXCERPT_BYTES = 1024
@@ -33,19 +31,6 @@ ERROR_TEXT_CHARS = 500
 USER_AGENT = "Conveyor-Webhooks/1"
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class AttemptResult:
-    event_id: str                     # the webhook-id, the same for every attempt of one event
-    attempt: int
-    attempted_at: datetime
-    outcome: Outcome
-    status_code: int | None
-    duration_s: float
-    error: str | None
-    response_excerpt: str | None
-    next_attempt_at: datetime | None
 
 
 class _DeadlineExceeded(Exception):

@@ -18,9 +18,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from api.settings import Settings
 from api.store import webhooks
 from api.store.models import utcnow
+from api.webhooks.ssrf import SsrfPolicy
 from worker.webhooks.delivery import deliver
 from worker.webhooks.pinned import webhook_client
-from worker.webhooks.ssrf import SsrfPolicy
 
 log = logging.getLogger(__name__)
 
