@@ -459,7 +459,7 @@ def experiment(
         console.print(f"decision sheet: {md}")
         sheets.append(sheet)
     if len(values) > 1:
-        plots.sweep_plot(param, [str(base_value), *values], summaries, opts.out_dir / "sweep.png")
+        plots.sweep_plot(param, [f"{base_value} (baseline)", *values], summaries, opts.out_dir / "sweep.png")
         (opts.out_dir / "sweep.json").write_text(
             json.dumps(
                 {
