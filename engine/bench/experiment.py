@@ -239,13 +239,11 @@ def _jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
-def measure_bound(opts: BenchOptions, result: RunResult, engine: Any) -> Any:
-    if not opts.measure_matmul or engine is None or not opts.model:
+def measure_bound(opts: BenchOptions, result: RunResult, device: str, dtype: Any) -> Any:
+    """torch.mm FLOP/s at the run's step shapes, on the engine's device and dtype (None when disabled)."""
+    if not opts.measure_matmul or not opts.model:
         return None
-    device = str(engine.runner.device)
-    return matmul_bound(
-        ModelShape.from_config(opts.model), result.samples, dtype=engine.runner.dtype, device=device
-    )
+    return matmul_bound(ModelShape.from_config(opts.model), result.samples, dtype=dtype, device=device)
 
 
 # --- the plain bench ---------------------------------------------------------------------------------
@@ -273,7 +271,11 @@ def bench(opts: BenchOptions, console: Console) -> dict[str, Any]:
             for name, peer_result in peers.run_round(console).items():
                 rounds.setdefault(name, []).append(peer_result)
     best = {name: max(results, key=output_rate) for name, results in rounds.items()}
-    bound = measure_bound(opts, best[opts.target], engine)
+    bound = (
+        measure_bound(opts, best[opts.target], str(engine.runner.device), engine.runner.dtype)
+        if engine is not None
+        else None
+    )
     runs = {}
     for name, result in best.items():
         runs[name] = run_summary(opts, result, bound if name == opts.target else None)
@@ -416,7 +418,8 @@ def experiment(
     hypothesis: str | None,
     console: Console,
 ) -> list[dict[str, Any]]:
-    """Baseline once, then each value alone; a decision sheet per value (and a sweep plot for several)."""
+    """The baseline and each value alone, `opts.repeat` interleaved rounds each (best round kept); a
+    decision sheet per value, and a sweep plot for several."""
     if opts.target != "engine":
         raise ValueError("compare/sweep: one-parameter experiments run with the in-process engine target")
     conditions = [Condition.parse(c) for c in (approve or DEFAULT_CONDITIONS)]
@@ -426,12 +429,21 @@ def experiment(
     trace_sha = save_trace(requests, opts.out_dir / "trace.jsonl")
     input_set = workload_record(opts, requests, description, trace_sha)
     base_value = current_value(opts, param)
-    console.print(f"baseline: {param} = {base_value}")
-    baseline = _variant(opts, requests, opts.out_dir / "baseline", console)
+    variants = [(f"{param}={base_value} (baseline)", opts, opts.out_dir / "baseline")]
+    variants += [
+        (f"{param}={v}", c, opts.out_dir / f"{param}={v}") for v, c in zip(values, candidates, strict=True)
+    ]
+    rounds: list[list[tuple[RunResult, Any]]] = [[] for _ in variants]
+    for i in range(opts.repeat):
+        for (label, variant_opts, _), results in zip(variants, rounds, strict=True):
+            console.print(f"{label}" + (f", round {i + 1} of {opts.repeat}" if opts.repeat > 1 else ""))
+            result, engine = run_target(variant_opts, requests, console)
+            results.append((result, (str(engine.runner.device), engine.runner.dtype)))
+            del engine
+    runs = [_best_run(o, results, out) for (_, o, out), results in zip(variants, rounds, strict=True)]
+    baseline = runs[0]
     sheets, summaries = [], [baseline["metrics"]]
-    for value, cand_opts in zip(values, candidates, strict=True):
-        console.print(f"candidate: {param} = {value}")
-        cand = _variant(cand_opts, requests, opts.out_dir / f"{param}={value}", console)
+    for value, cand_opts, cand in zip(values, candidates, runs[1:], strict=True):
         summaries.append(cand["metrics"])
         sheet = {
             "hypothesis": hypothesis or default_hypothesis(param, base_value, value, conditions),
@@ -476,11 +488,10 @@ def experiment(
     return sheets
 
 
-def _variant(
-    opts: BenchOptions, requests: list[BenchRequest], out_dir: Path, console: Console
-) -> dict[str, Any]:
-    result, engine = run_target(opts, requests, console)
-    bound = measure_bound(opts, result, engine)
-    run = run_summary(opts, result, bound)
+def _best_run(opts: BenchOptions, results: list[tuple[RunResult, Any]], out_dir: Path) -> dict[str, Any]:
+    """The summary of a variant's best round (highest output tokens/s), with every round's throughput."""
+    result, (device, dtype) = max(results, key=lambda r: output_rate(r[0]))
+    run = run_summary(opts, result, measure_bound(opts, result, device, dtype))
+    run["rounds_output_tokens_per_s"] = [output_rate(r) for r, _ in results]
     run["plots"] = run_plots(result, out_dir)
     return run

@@ -138,6 +138,8 @@ def test_compare_writes_a_decision_sheet(llama_dir: Path, tmp_path: Path) -> Non
             "all.output_tokens>=baseline*100",
             "--hypothesis",
             "two sequences at a time is enough",
+            "--repeat",
+            "2",
         ]
     )
     sheet = load(out / "decision.json")
@@ -150,6 +152,8 @@ def test_compare_writes_a_decision_sheet(llama_dir: Path, tmp_path: Path) -> Non
     assert sheet["decision"]["approved"] is False
     assert sheet["candidate"]["all"]["peak_running"] <= 2 < sheet["baseline"]["all"]["peak_running"] + 1
     assert sheet["inventory"]["parameters"]["candidate"]["engine"]["max_num_seqs"] == 2
+    for run in ("baseline_run", "candidate_run"):
+        assert len(sheet[run]["rounds_output_tokens_per_s"]) == 2
     assert "REJECTED" in (out / "decision.md").read_text()
     assert_png(out / "baseline" / "latency_cdf.png")
 
