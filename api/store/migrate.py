@@ -1,4 +1,4 @@
-"""`alembic upgrade heads`, run programmatically (conveyor migrate, embedded serve, tests)."""
+"""`alembic upgrade head`, run programmatically (conveyor migrate, embedded serve, tests)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def alembic_config(database_url: str) -> Config:
     return config
 
 
-def upgrade(database_url: str, revision: str = "heads") -> None:
+def upgrade(database_url: str, revision: str = "head") -> None:
     _ensure_sqlite_dir(database_url)
     command.upgrade(alembic_config(database_url), revision)
 

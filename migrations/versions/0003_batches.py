@@ -1,7 +1,7 @@
 """Batches: uploaded and generated files, batches (lease, read position, counters) and their lines.
 
-Revision ID: 0002_batches
-Revises: 0001
+Revision ID: 0003_batches
+Revises: 0002_webhooks
 Create Date: 2026-11-30
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0002_batches"
-down_revision = "0001"
+revision = "0003_batches"
+down_revision = "0002_webhooks"
 branch_labels = None
 depends_on = None
 
