@@ -27,6 +27,7 @@ from engine.host import EngineHost
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from worker.dispatch import Publish, publish_and_mark
+from worker.logprobs import job_logprobs
 from worker.token_stream import JobStreamer, TokenSink
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,7 @@ class RunningJob:
     timeout_s: float | None
     started: float  # time.monotonic() at claim
     on_done: OnDone
+    logprobs: int | None = None  # top-n alternatives asked for per generated token
     abort_reason: str | None = None  # "cancelled" | "timeout" | "shutdown" once the runner aborts it
     first_token_seen: bool = False
 
@@ -91,7 +93,7 @@ class JobRunner:
             log.info("job %s not claimable (done, cancelled, expired or already running); dropped", job_id)
             return False
         handle = RunningJob(job.id, job.attempts, job.queue, f"{job.id}#{job.attempts}", job.timeout_s,
-                            time.monotonic(), on_done)
+                            time.monotonic(), on_done, logprobs=(job.params or {}).get("logprobs"))
         try:
             prompt, params = self._engine_input(job)
             with self._lock:
@@ -166,6 +168,7 @@ class JobRunner:
             finish_reason=str(out.finish_reason), prompt_tokens=len(out.prompt_token_ids),
             completion_tokens=len(out.token_ids), preemptions=out.metrics.num_preemptions,
             first_token_at=_to_datetime(out.metrics.first_token_time), now=utcnow(),
+            logprobs=job_logprobs(out.token_ids, out.logprobs, handle.logprobs, self.host.tokenizer),
         )
         if not stored:
             log.info("job %s attempt %d finished but is no longer running here; result dropped",

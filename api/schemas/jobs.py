@@ -65,7 +65,9 @@ class JobCreate(BaseModel):
     )
     ignore_eos: bool = False
     repetition_penalty: float = Field(1.0, gt=0.0)
-    logprobs: int | None = Field(None, ge=0, le=20)
+    logprobs: int | None = Field(
+        None, ge=0, le=20, description="return this many alternatives per generated token (result.logprobs)"
+    )
     metadata: dict[str, Any] | None = Field(None, description="small JSON object returned as given")
     ttl: float | None = Field(None, gt=0, description="seconds; the job expires if not started in time")
     timeout: float | None = Field(None, gt=0, description="seconds; fails with code `timeout` when over")
@@ -86,9 +88,22 @@ class JobCreate(BaseModel):
         return {"url": str(self.webhook)}
 
 
+class TokenLogprob(BaseModel):
+    token_id: int
+    text: str = Field(description="the token decoded on its own (special tokens included)")
+    logprob: float
+
+
+class GeneratedTokenLogprob(TokenLogprob):
+    top_logprobs: list[TokenLogprob] = Field(description="the `logprobs` most likely tokens, best first")
+
+
 class JobResult(BaseModel):
     text: str
     finish_reason: str | None
+    logprobs: list[GeneratedTokenLogprob] | None = Field(
+        None, description="per generated token, when the job asked for `logprobs`; else null"
+    )
 
 
 class JobUsage(BaseModel):
@@ -124,7 +139,10 @@ class JobPublic(BaseModel):
     def from_row(cls, job: Job) -> JobPublic:
         result = None
         if job.result_text is not None:
-            result = JobResult(text=job.result_text, finish_reason=job.finish_reason)
+            logprobs = None
+            if job.logprobs is not None:
+                logprobs = [GeneratedTokenLogprob.model_validate(entry) for entry in job.logprobs]
+            result = JobResult(text=job.result_text, finish_reason=job.finish_reason, logprobs=logprobs)
         error = JobError(code=job.error_code, message=job.error_message) if job.error_code else None
         return cls(
             id=job.id, status=job.status, queue=job.queue, result=result,  # type: ignore[arg-type]

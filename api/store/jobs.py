@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, func, or_, select, update
+from sqlalchemy import ColumnElement, and_, func, null, or_, select, update
 from sqlalchemy.orm import Session
 
 from api.store.models import (
@@ -175,11 +175,13 @@ def complete(
     preemptions: int,
     first_token_at: datetime | None,
     now: datetime,
+    logprobs: list[dict[str, Any]] | None = None,
 ) -> bool:
     """running -> succeeded, only for the attempt that is running."""
     return _transition(
         session, job_id, (RUNNING,), Job.attempts == attempt,
         status=SUCCEEDED, result_text=result_text, finish_reason=finish_reason, prompt_tokens=prompt_tokens,
+        logprobs=logprobs if logprobs is not None else null(),  # SQL NULL, not JSON null
         completion_tokens=completion_tokens, preemptions=Job.preemptions + preemptions,
         first_token_at=func.coalesce(Job.first_token_at, first_token_at), finished_at=now, updated_at=now,
     )

@@ -97,6 +97,8 @@ class Job(Base):
     finish_reason: Mapped[str | None] = mapped_column(String(16), nullable=True)
     prompt_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
     completion_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # Per generated token when the job asked for logprobs: {token_id, text, logprob, top_logprobs: [...]}.
+    logprobs: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
     error_code: Mapped[str | None] = mapped_column(String(64), nullable=True)
     error_message: Mapped[str | None] = mapped_column(Text, nullable=True)
     worker_id: Mapped[str | None] = mapped_column(String(128), nullable=True)

@@ -85,6 +85,35 @@ def test_jobs_in_both_queues_complete_with_offline_text(embedded: TestClient, of
     assert ready.status_code == 200, ready.text  # the embedded runtime is a live worker
 
 
+def test_logprobs_hold_three_alternatives_and_the_offline_sampled_logprob(
+    embedded: TestClient, offline: Any, demo_model_dir: Path,
+) -> None:
+    from engine import SamplingParams
+    from engine.tokenizer import Tokenizer
+
+    prompt = "Logprobs tell how sure the model was."
+    plain = embedded.post("/v1/jobs", json={"prompt": prompt, **GREEDY}).json()
+    asked = embedded.post("/v1/jobs", json={"prompt": prompt, "logprobs": 3, **GREEDY}).json()
+    plain, asked = (wait_until(embedded, j["id"], {"succeeded", "failed"}) for j in (plain, asked))
+    assert plain["status"] == asked["status"] == "succeeded", (plain, asked)
+    assert plain["result"]["logprobs"] is None  # not asked for: null
+
+    want = offline.generate([prompt], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True,
+                                                     logprobs=3))[0]
+    tokenizer = Tokenizer(demo_model_dir)
+    got = asked["result"]["logprobs"]
+    assert [t["token_id"] for t in got] == want.token_ids and len(got) == 12
+    for token, entry, offline_entry in zip(want.token_ids, got, want.logprobs, strict=True):
+        assert entry["logprob"] == pytest.approx(offline_entry[token], abs=1e-4)
+        assert entry["text"] == tokenizer.decode([token], skip_special_tokens=False)
+        alternatives = entry["top_logprobs"]
+        assert len(alternatives) == 3
+        values = [a["logprob"] for a in alternatives]
+        assert values == sorted(values, reverse=True)
+        assert alternatives[0]["token_id"] == token  # greedy: the sampled token is the most likely one
+        assert {a["token_id"] for a in alternatives} <= set(offline_entry)
+
+
 def test_cancel_running_job_then_serve_the_next(embedded: TestClient) -> None:
     body = {"prompt": "Tell a long story.", "max_tokens": 900, "queue": "documents", "ignore_eos": True}
     long = embedded.post("/v1/jobs", json=body).json()

@@ -1,0 +1,38 @@
+"""The engine's per-token logprobs as a job stores them: token ids decoded to text here, in the worker, so the
+API and the batch writer never need the tokenizer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.tokenizer import Tokenizer
+
+
+def job_logprobs(
+    token_ids: list[int], logprobs: list[dict[int, float]] | None, top_n: int | None, tokenizer: Tokenizer
+) -> list[dict[str, Any]] | None:
+    """Per generated token: {token_id, text, logprob, top_logprobs: [{token_id, text, logprob}] (top_n, best
+    first)}; None when the job did not ask for logprobs."""
+    if logprobs is None or top_n is None:
+        return None
+    assert len(logprobs) == len(token_ids), "the engine keeps one logprobs entry per generated token"
+    texts = _token_texts(token_ids, logprobs, tokenizer)
+    out = []
+    for token, entry in zip(token_ids, logprobs, strict=True):
+        best = sorted(entry.items(), key=lambda item: item[1], reverse=True)[:top_n]
+        out.append({**_entry(token, entry[token], texts),
+                    "top_logprobs": [_entry(alt, logprob, texts) for alt, logprob in best]})
+    return out
+
+
+def _entry(token: int, logprob: float, texts: dict[int, str]) -> dict[str, Any]:
+    return {"token_id": token, "text": texts[token], "logprob": logprob}
+
+
+def _token_texts(token_ids: list[int], logprobs: list[dict[int, float]], tokenizer: Tokenizer,
+                 ) -> dict[int, str]:
+    """Each distinct token decoded alone, special tokens included (they were generated too). NUL becomes
+    U+FFFD as in the result text: PostgreSQL text cannot hold it."""
+    distinct = set(token_ids).union(*(entry.keys() for entry in logprobs))
+    return {token: tokenizer.decode([token], skip_special_tokens=False).replace("\x00", "\ufffd")
+            for token in distinct}
