@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any
 
 FINISH_REASONS = ("stop", "length")
@@ -19,6 +20,8 @@ class GenerationResult:
     completion_tokens: int
     model: str
     created: int  # unix seconds
+    # As a job stores them, per generated token {token_id, text, logprob, top_logprobs}; None = not asked
+    logprobs: list[dict[str, Any]] | None = None
 
 
 def new_id(prefix: str) -> str:
@@ -33,17 +36,38 @@ def usage(result: GenerationResult) -> dict[str, int]:
 
 def chat_completion(result: GenerationResult, completion_id: str) -> dict[str, Any]:
     """A `chat.completion` object with one choice."""
+    logprobs = _chat_logprobs(result.logprobs) if result.logprobs is not None else None
     choice = {"index": 0, "message": {"role": "assistant", "content": result.text},
-              "logprobs": None, "finish_reason": _finish_reason(result)}
+              "logprobs": logprobs, "finish_reason": _finish_reason(result)}
     return {"id": completion_id, "object": "chat.completion", "created": result.created,
             "model": result.model, "choices": [choice], "usage": usage(result)}
 
 
 def text_completion(result: GenerationResult, completion_id: str) -> dict[str, Any]:
     """A `text_completion` object with one choice."""
-    choice = {"index": 0, "text": result.text, "logprobs": None, "finish_reason": _finish_reason(result)}
+    logprobs = _completion_logprobs(result.logprobs) if result.logprobs is not None else None
+    choice = {"index": 0, "text": result.text, "logprobs": logprobs, "finish_reason": _finish_reason(result)}
     return {"id": completion_id, "object": "text_completion", "created": result.created,
             "model": result.model, "choices": [choice], "usage": usage(result)}
+
+
+def _chat_logprobs(tokens: list[dict[str, Any]]) -> dict[str, Any]:
+    """Chat's shape: {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}."""
+    def one(entry: dict[str, Any]) -> dict[str, Any]:
+        return {"token": entry["text"], "logprob": entry["logprob"], "bytes": list(entry["text"].encode())}
+
+    content = [{**one(t), "top_logprobs": [one(alt) for alt in t["top_logprobs"]]} for t in tokens]
+    return {"content": content, "refusal": None}
+
+
+def _completion_logprobs(tokens: list[dict[str, Any]]) -> dict[str, Any]:
+    """Completions' shape: parallel lists of token texts, their logprobs, {text: logprob} alternatives and
+    each token's character offset in the generated text."""
+    texts = [t["text"] for t in tokens]
+    offsets = [0, *accumulate(len(text) for text in texts)][: len(texts)]
+    return {"tokens": texts, "token_logprobs": [t["logprob"] for t in tokens],
+            "top_logprobs": [{alt["text"]: alt["logprob"] for alt in t["top_logprobs"]} for t in tokens],
+            "text_offset": offsets}
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 import anyio
 from starlette.concurrency import run_in_threadpool
@@ -54,11 +54,12 @@ class JobOutcome:
     completion_tokens: int
     error_code: str | None
     error_message: str | None
+    logprobs: list[dict[str, Any]] | None = None  # as the job stores them
 
     @classmethod
     def of(cls, job: Job) -> JobOutcome:
         return cls(job.id, job.status, job.result_text, job.finish_reason, job.prompt_tokens or 0,
-                   job.completion_tokens or 0, job.error_code, job.error_message)
+                   job.completion_tokens or 0, job.error_code, job.error_message, job.logprobs)
 
 
 class _SubscribeThenPublish:

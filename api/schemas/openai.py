@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 NonEmptyStr = Annotated[str, Field(min_length=1)]
 CHAT_ROLES = {"developer": "system"}  # OpenAI's newer name for the system role
+STREAMED_LOGPROBS = "logprobs are not supported with stream=true; send the request without streaming"
 
 
 class StreamOptions(BaseModel):
@@ -93,9 +94,18 @@ class ChatCompletionCreate(OpenAISampling):
     top_logprobs: int | None = Field(None, ge=0, le=20)
 
     def unsupported(self) -> tuple[str, str] | None:
-        if self.logprobs or self.top_logprobs:
-            return "logprobs", "logprobs are not supported yet"
+        if self.top_logprobs is not None and not self.logprobs:
+            return "top_logprobs", "top_logprobs needs logprobs set to true"
+        if self.logprobs and self.stream:
+            return "logprobs", STREAMED_LOGPROBS
         return super().unsupported()
+
+    def engine_params(self) -> dict[str, Any]:
+        """`logprobs: true` + `top_logprobs: n` is the engine's `logprobs: n` (0 alternatives by default)."""
+        params = super().engine_params()
+        if self.logprobs:
+            params["logprobs"] = self.top_logprobs or 0
+        return params
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -111,7 +121,7 @@ class CompletionCreate(OpenAISampling):
     def unsupported(self) -> tuple[str, str] | None:
         if isinstance(self.prompt, list) and not all(isinstance(p, str) for p in self.prompt):
             return "prompt", "token-id prompts are not supported; send text"
-        checks = (("logprobs", self.logprobs is not None, "logprobs are not supported yet"),
+        checks = (("logprobs", self.logprobs is not None and bool(self.stream), STREAMED_LOGPROBS),
                   ("echo", bool(self.echo), "echo is not supported"),
                   ("suffix", bool(self.suffix), "suffix is not supported"),
                   ("best_of", self.best_of not in (None, 1), "only best_of=1 is supported"))
@@ -119,6 +129,12 @@ class CompletionCreate(OpenAISampling):
             if bad:
                 return param, reason
         return super().unsupported()
+
+    def engine_params(self) -> dict[str, Any]:
+        params = super().engine_params()
+        if self.logprobs is not None:
+            params["logprobs"] = self.logprobs
+        return params
 
     def prompt_text(self) -> str:
         prompt = self.prompt if isinstance(self.prompt, str) else self.prompt[0]

@@ -184,6 +184,48 @@ def test_text_completions_plain_and_streamed(embedded: Server) -> None:
     assert parts[-1].choices[0].finish_reason == "length"
 
 
+def test_chat_and_completion_logprobs_in_openai_shape(embedded: Server) -> None:
+    client = embedded.client()
+    plain = client.chat.completions.create(model=embedded.model, messages=MESSAGES, **GREEDY)
+    assert plain.choices[0].logprobs is None  # not asked for
+
+    chat = client.chat.completions.create(model=embedded.model, messages=MESSAGES, logprobs=True,
+                                          top_logprobs=3, **GREEDY)
+    logprobs = chat.choices[0].logprobs
+    assert logprobs is not None and logprobs.content is not None and len(logprobs.content) == 12
+    stored = embedded.job(job_id_of(chat.id)).logprobs
+    for token, kept in zip(logprobs.content, stored, strict=True):
+        assert (token.token, token.logprob) == (kept["text"], pytest.approx(kept["logprob"]))
+        assert token.bytes == list(token.token.encode())
+        assert len(token.top_logprobs) == 3
+        assert token.top_logprobs[0].token == token.token  # greedy: the sampled token is the best one
+        assert token.top_logprobs[0].logprob == pytest.approx(token.logprob)
+    assert chat.choices[0].message.content == plain.choices[0].message.content
+
+    prompt = "The queue holds jobs until a worker is free."
+    text = client.completions.create(model=embedded.model, prompt=prompt, logprobs=2, **GREEDY)
+    lp = text.choices[0].logprobs
+    assert lp is not None and lp.tokens is not None and lp.top_logprobs is not None
+    assert len(lp.tokens) == len(lp.token_logprobs or []) == len(lp.top_logprobs) == 12
+    assert all(len(alternatives) <= 2 for alternatives in lp.top_logprobs)
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(12)]
+
+
+def test_logprobs_are_refused_when_streaming(workerless: Server) -> None:
+    client = workerless.client()
+    with pytest.raises(openai.BadRequestError) as chat:
+        client.chat.completions.create(model=workerless.model, messages=MESSAGES, max_tokens=4, stream=True,
+                                       logprobs=True)
+    assert chat.value.param == "logprobs" and "stream" in chat.value.message
+    with pytest.raises(openai.BadRequestError) as text:
+        client.completions.create(model=workerless.model, prompt="Hi", max_tokens=4, stream=True, logprobs=1)
+    assert text.value.param == "logprobs"
+    with pytest.raises(openai.BadRequestError) as top_only:
+        client.chat.completions.create(model=workerless.model, messages=MESSAGES, max_tokens=4,
+                                       top_logprobs=2)
+    assert top_only.value.param == "top_logprobs"
+
+
 def test_models_list_and_retrieve(embedded: Server) -> None:
     client = embedded.client()
     listed = client.models.list()
@@ -287,7 +329,7 @@ def test_a_plain_request_whose_client_times_out_is_cancelled(
 
 def test_a_batch_through_files_and_batches_answers_like_the_synchronous_route(embedded: Server) -> None:
     client = embedded.client()
-    sampling: dict[str, Any] = {"temperature": 0, "max_tokens": 8}
+    sampling: dict[str, Any] = {"temperature": 0, "max_tokens": 8, "logprobs": True, "top_logprobs": 2}
     body = {"model": embedded.model, "messages": MESSAGES, "ignore_eos": True, **sampling}
     line = {"custom_id": "haiku", "method": "POST", "url": "/v1/chat/completions", "body": body}
     uploaded = client.files.create(file=("haiku.jsonl", (json.dumps(line) + "\n").encode()), purpose="batch")
@@ -308,6 +350,10 @@ def test_a_batch_through_files_and_batches_answers_like_the_synchronous_route(em
                                           extra_body={"ignore_eos": True})
     assert batched["choices"][0]["message"]["content"] == chat.choices[0].message.content
     assert chat.usage is not None and batched["usage"] == chat.usage.model_dump(exclude_none=True)
+    assert chat.choices[0].logprobs is not None and chat.choices[0].logprobs.content is not None
+    batched_tokens = batched["choices"][0]["logprobs"]["content"]  # the line asked for logprobs
+    assert [t["token"] for t in batched_tokens] == [t.token for t in chat.choices[0].logprobs.content]
+    assert [len(t["top_logprobs"]) for t in batched_tokens] == [2] * 8
 
 
 class BreakingStream:

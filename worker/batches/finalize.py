@@ -188,7 +188,7 @@ class BatchFinalizer:
                                   prompt_tokens=job.prompt_tokens or 0,
                                   completion_tokens=job.completion_tokens or 0,
                                   model=meta.get("model") or self._model_name,
-                                  created=int(finished.timestamp()))
+                                  created=int(finished.timestamp()), logprobs=job.logprobs)
         if meta.get("endpoint", CHAT) == CHAT:
             body = chat_completion(result, new_id("chatcmpl-"))
         else:
