@@ -80,6 +80,7 @@ class Settings(BaseSettings):
     dtype: str = "auto"
     attention_backend: str = "auto"
     device: str = "auto"
+    num_threads: int | None = Field(None, ge=1, description="torch intra-op threads; None: torch's default")
 
     # Queues
     queues: dict[str, QueueSettings] = Field(default_factory=default_queues)
@@ -89,6 +90,9 @@ class Settings(BaseSettings):
     dispatch_grace_s: float = Field(5.0, gt=0, description="re-publish undispatched jobs older than this")
     worker_heartbeat_s: float = Field(2.0, gt=0)
     worker_dead_after_s: float = Field(15.0, gt=0)
+    worker_shutdown_grace_s: float = Field(
+        30.0, gt=0, description="at shutdown, in-flight jobs get this long to finish before they are requeued"
+    )
     cancel_poll_s: float = Field(0.5, gt=0, description="worker poll period for cancels")
 
     # Webhooks

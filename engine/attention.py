@@ -6,7 +6,7 @@ tables. Both calls go to `kernels` with a backend resolved once, when the model 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -26,6 +26,17 @@ class AttentionMetadata:
     query_start_loc: torch.Tensor  # [S + 1] int32: offsets of each sequence's tokens in the step
     max_query_len: int
     max_seq_len: int
+    # The backend's per-step work, shared by every layer (`with_attention_plan`); None: each call plans.
+    plan: kernels.AttentionPlan | None = None
+
+
+def with_attention_plan(
+    meta: AttentionMetadata, k_cache: torch.Tensor, num_heads: int, backend: str
+) -> AttentionMetadata:
+    """`meta` with its attention plan, built once per step (every layer's cache has `k_cache`'s shape)."""
+    plan = kernels.plan_paged_attention(k_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
+                                        meta.max_query_len, meta.max_seq_len, num_heads, backend=backend)
+    return replace(meta, plan=plan)
 
 
 class PagedAttention(nn.Module):
@@ -53,5 +64,5 @@ class PagedAttention(nn.Module):
         kernels.reshape_and_cache(k, v, k_cache, v_cache, meta.slot_mapping, backend=self.backend)
         return kernels.paged_attention(
             q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
-            meta.max_query_len, meta.max_seq_len, self.scale, backend=self.backend,
+            meta.max_query_len, meta.max_seq_len, self.scale, backend=self.backend, plan=meta.plan,
         )

@@ -39,6 +39,9 @@ class EngineConfig:
     attention_backend: str = "auto"  # auto: triton on CUDA, torch elsewhere
     request_classes: list[RequestClassConfig] = field(default_factory=list)
     seed: int = 0
+    # torch intra-op threads, set once when the runner is built (process-wide); None: leave torch's setting.
+    # On a shared CPU fewer threads can be faster (each op waits for its slowest thread).
+    num_threads: int | None = None
 
     def __post_init__(self) -> None:
         self.request_classes = [
@@ -79,6 +82,8 @@ class EngineConfig:
             )
         if self.max_model_len is not None:
             _require(self.max_model_len >= 1, "max_model_len", self.max_model_len, ">= 1")
+        if self.num_threads is not None:
+            _require(self.num_threads >= 1, "num_threads", self.num_threads, ">= 1")
         _require(self.dtype in DTYPES, "dtype", self.dtype, f"one of {DTYPES}")
         _require(
             self.attention_backend in ATTENTION_BACKENDS,

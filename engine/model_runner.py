@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 import kernels
-from engine.attention import AttentionMetadata, KVCache
+from engine.attention import AttentionMetadata, KVCache, with_attention_plan
 from engine.batch import ScheduledChunk
 from engine.config import EngineConfig
 from engine.kv_cache import KVCacheLayout, allocate_kv_cache, cuda_kv_budget_bytes, plan_num_blocks
@@ -36,6 +36,8 @@ class StepInputs:
 class ModelRunner:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
+        if config.num_threads is not None:
+            torch.set_num_threads(config.num_threads)
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.attention_backend = kernels.resolve_backend(config.attention_backend, self.device)
@@ -70,7 +72,9 @@ class ModelRunner:
         return logits
 
     def _forward(self, step: StepInputs, kv_caches: list[KVCache]) -> torch.Tensor:  # [N, V] fp32
-        hidden = self.model(step.input_ids, step.positions, step.meta, kv_caches)  # [T, H]
+        meta = with_attention_plan(step.meta, kv_caches[0][0], self.model.settings.num_heads,
+                                   self.attention_backend)
+        hidden = self.model(step.input_ids, step.positions, meta, kv_caches)  # [T, H]
         return self.model.compute_logits(hidden[step.sample_indices])
 
     def _check_chunks(self, chunks: list[ScheduledChunk]) -> None:

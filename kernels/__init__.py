@@ -3,7 +3,7 @@
 Contract (both backends, same signatures):
 
 - `paged_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, max_query_len, max_seq_len,
-  scale, out=None, *, backend=None) -> out`
+  scale, out=None, *, backend=None, plan=None) -> out`
   - `q` [T, Hq, D]: every query token of the step, sequences concatenated in `query_start_loc` order.
   - `k_cache`, `v_cache` [num_blocks, block_size, Hkv, D], same dtype as `q`; `Hq` a multiple of `Hkv`
     (query head h reads KV head h // (Hq // Hkv)).
@@ -14,6 +14,11 @@ Contract (both backends, same signatures):
   - Query token i of sequence s sits at position `seq_lens[s] - query_len(s) + i` and attends to every
     cached key at or before it. Output [T, Hq, D] in q's dtype (written into `out` when given); softmax in
     fp32.
+- `plan_paged_attention(k_cache, block_table, seq_lens, query_start_loc, max_query_len, max_seq_len,
+  num_heads, *, backend=None) -> AttentionPlan | None`: the step's layer-independent work (the reference's
+  sequence groups, index tensors and visibility masks), built once per step and passed to every layer's
+  `paged_attention(..., plan=plan)`; without a plan the reference builds its own. Triton plans nothing
+  (None) and ignores `plan`. A plan is valid for the metadata it was built from and caches of that shape.
 - `reshape_and_cache(k, v, k_cache, v_cache, slot_mapping, *, backend=None)`: writes `k`, `v` [T, Hkv, D]
   in place at `slot_mapping[t] = block_id * block_size + offset` (int32 or int64); a negative slot is
   skipped.
@@ -33,12 +38,17 @@ from __future__ import annotations
 
 import torch
 
-from kernels.reference import paged_attention_ref, reshape_and_cache_ref
+from kernels.reference import (
+    AttentionPlan,
+    paged_attention_ref,
+    plan_paged_attention_ref,
+    reshape_and_cache_ref,
+)
 
 BACKENDS = ("triton", "torch")
 
-__all__ = ["BACKENDS", "paged_attention", "paged_attention_ref", "reshape_and_cache", "reshape_and_cache_ref",
-           "resolve_backend"]
+__all__ = ["BACKENDS", "AttentionPlan", "paged_attention", "paged_attention_ref", "plan_paged_attention",
+           "plan_paged_attention_ref", "reshape_and_cache", "reshape_and_cache_ref", "resolve_backend"]
 
 
 def resolve_backend(backend: str | None, device: torch.device) -> str:
@@ -63,14 +73,34 @@ def paged_attention(
     out: torch.Tensor | None = None,
     *,
     backend: str | None = None,
+    plan: AttentionPlan | None = None,
 ) -> torch.Tensor:
     if resolve_backend(backend, q.device) == "torch":
         return paged_attention_ref(q, k_cache, v_cache, block_table, seq_lens, query_start_loc,
-                                   max_query_len, max_seq_len, scale, out)
+                                   max_query_len, max_seq_len, scale, out, plan=plan)
     from kernels.triton_paged_attention import paged_attention_triton
 
     return paged_attention_triton(q, k_cache, v_cache, block_table, seq_lens, query_start_loc,
                                   max_query_len, max_seq_len, scale, out)
+
+
+def plan_paged_attention(
+    k_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    max_query_len: int,
+    max_seq_len: int,
+    num_heads: int,
+    *,
+    backend: str | None = None,
+) -> AttentionPlan | None:
+    """The step's attention plan for every layer's `paged_attention(..., plan=)`; None where the backend
+    (Triton) plans nothing on the host."""
+    if resolve_backend(backend, k_cache.device) == "torch":
+        return plan_paged_attention_ref(k_cache, block_table, seq_lens, query_start_loc, max_query_len,
+                                        max_seq_len, num_heads)
+    return None
 
 
 def reshape_and_cache(

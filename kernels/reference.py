@@ -6,10 +6,14 @@ prefill never pads the decodes to its length and a decode batch never pads to it
 gathers its K/V through the block table at block granularity and runs one batched masked SDPA (fp32).
 NOTE: the bounded groups also make CPU decoding about 2x faster: allocations of tens of MB are fresh mmaps
 whose page faults cost more than the attention itself, while small buffers are reused by the allocator.
+
+The grouping, index tensors and visibility masks depend only on the step's metadata, not on the layer: an
+`AttentionPlan` holds them, built once per step (`plan_paged_attention_ref`) and shared by every layer.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from itertools import pairwise
 
 import torch
@@ -17,6 +21,51 @@ import torch
 from kernels.checks import check_paged_attention, check_reshape_and_cache
 
 GROUP_BUDGET_ELEMENTS = 1 << 21  # fp32 elements of padded K/V, scores and mask per group (8 MiB)
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """One batched SDPA call: G sequences padded to max_q query rows and max_kv keys."""
+
+    num_seqs: int  # G
+    max_q: int
+    max_kv: int
+    tokens: torch.Tensor  # [Tg] int64: the group's rows of q and out
+    blocks: torch.Tensor  # [G * nb] int64: cache blocks to gather, nb = ceil(max_kv / block_size) per seq
+    padded_rows: torch.Tensor | None  # [Tg] int64: row of each token in the [G * max_q] padded layout
+    mask: torch.Tensor | None  # [G, 1, max_q, max_kv] bool; None when every key is visible to every row
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    """The torch backend's work for one step, independent of the layer: build once, pass to every layer."""
+
+    num_tokens: int  # T
+    num_heads: int  # Hq
+    cache_shape: tuple[int, ...]  # [num_blocks, block_size, Hkv, D] of the caches it indexes
+    groups: tuple[GroupPlan, ...]
+
+
+def plan_paged_attention_ref(
+    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]: only its shape and device are read
+    block_table: torch.Tensor,  # [S, max_blocks]
+    seq_lens: torch.Tensor,  # [S]
+    query_start_loc: torch.Tensor,  # [S + 1]
+    max_query_len: int,
+    max_seq_len: int,
+    num_heads: int,
+) -> AttentionPlan:
+    # The per-sequence metadata is tiny: plain lists make the grouping and index building cheap.
+    starts, seq_len_list = query_start_loc.tolist(), seq_lens.tolist()
+    query_lens = [end - begin for begin, end in pairwise(starts)]
+    _check_lengths(query_lens, seq_len_list, max_query_len, max_seq_len)
+    row_elements = k_cache.shape[2] * k_cache.shape[3]  # Hkv * D per cached token
+    groups = tuple(
+        _plan_group(group, starts, query_lens, seq_len_list, block_table, k_cache.shape[:2])
+        for group in _group_sequences(query_lens, seq_len_list, row_elements, num_heads)
+    )
+    return AttentionPlan(num_tokens=starts[-1], num_heads=num_heads, cache_shape=tuple(k_cache.shape),
+                         groups=groups)
 
 
 def paged_attention_ref(
@@ -30,18 +79,27 @@ def paged_attention_ref(
     max_seq_len: int,
     scale: float,
     out: torch.Tensor | None = None,
+    *,
+    plan: AttentionPlan | None = None,
 ) -> torch.Tensor:
+    """`plan`: from `plan_paged_attention_ref` on this step's metadata; built here when None."""
     check_paged_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc,
                           max_query_len, max_seq_len, out)
+    if plan is None:
+        plan = plan_paged_attention_ref(k_cache, block_table, seq_lens, query_start_loc, max_query_len,
+                                        max_seq_len, q.shape[1])
+    _check_plan(plan, q, k_cache)
     out = torch.empty_like(q) if out is None else out
-    # The per-sequence metadata is tiny: plain lists make the grouping and index building cheap.
-    starts, seq_len_list = query_start_loc.tolist(), seq_lens.tolist()
-    query_lens = [end - begin for begin, end in pairwise(starts)]
-    _check_lengths(query_lens, seq_len_list, max_query_len, max_seq_len)
-    row_elements = k_cache.shape[2] * k_cache.shape[3]  # Hkv * D per cached token
-    for group in _group_sequences(query_lens, seq_len_list, row_elements, q.shape[1]):
-        _attend_group(q, k_cache, v_cache, block_table, group, starts, query_lens, seq_len_list, scale, out)
+    for group in plan.groups:
+        _attend_group(q, k_cache, v_cache, group, scale, out)
     return out
+
+
+def _check_plan(plan: AttentionPlan, q: torch.Tensor, k_cache: torch.Tensor) -> None:
+    if (plan.num_tokens, plan.num_heads) != tuple(q.shape[:2]) or plan.cache_shape != tuple(k_cache.shape):
+        raise ValueError(f"plan: built for {plan.num_tokens} tokens x {plan.num_heads} heads over a cache "
+                         f"of shape {plan.cache_shape}, got q {tuple(q.shape)} and k_cache "
+                         f"{tuple(k_cache.shape)}")
 
 
 def _check_lengths(query_lens: list[int], seq_lens: list[int], max_query_len: int, max_seq_len: int) -> None:
@@ -77,44 +135,58 @@ def _group_sequences(
     return groups
 
 
-def _attend_group(
-    q: torch.Tensor,  # [T, Hq, D]
-    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
-    v_cache: torch.Tensor,
-    block_table: torch.Tensor,  # [S, max_blocks]
+def _plan_group(
     group: list[int],  # G sequence ids
     starts: list[int],  # [S + 1] query_start_loc
     query_lens: list[int],  # [S]
     seq_lens: list[int],  # [S]
+    block_table: torch.Tensor,  # [S, max_blocks]
+    cache_blocks: tuple[int, int],  # (num_blocks, block_size) of the cache
+) -> GroupPlan:
+    device = block_table.device
+    (num_blocks, block_size), num_seqs = cache_blocks, len(group)
+    max_q, max_kv = max(query_lens[s] for s in group), max(seq_lens[s] for s in group)
+    tokens = torch.tensor([starts[s] + i for s in group for i in range(query_lens[s])], device=device)  # [Tg]
+    used = -(-max_kv // block_size)
+    table = block_table.index_select(0, torch.tensor(group, device=device))  # [G, max_blocks]
+    # Entries past a sequence's last block may hold anything (padding); their rows are masked out anyway.
+    blocks = table[:, :used].long().clamp(0, num_blocks - 1).flatten()  # [G * nb]
+    padded_rows = None
+    if max_q > 1:  # prefill chunks: every sequence padded to max_q rows
+        padded_rows = torch.tensor([j * max_q + i for j, s in enumerate(group) for i in range(query_lens[s])],
+                                   device=device)  # [Tg]
+    return GroupPlan(num_seqs=num_seqs, max_q=max_q, max_kv=max_kv, tokens=tokens, blocks=blocks,
+                     padded_rows=padded_rows,
+                     mask=_visibility_mask(group, query_lens, seq_lens, max_q, max_kv, device))
+
+
+def _attend_group(
+    q: torch.Tensor,  # [T, Hq, D]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+    v_cache: torch.Tensor,
+    group: GroupPlan,
     scale: float,
     out: torch.Tensor,  # [T, Hq, D], written at this group's tokens
 ) -> None:
-    device, (_, num_heads, head_dim) = q.device, q.shape
-    num_seqs = len(group)
-    max_q, max_kv = max(query_lens[s] for s in group), max(seq_lens[s] for s in group)
-    tokens = torch.tensor([starts[s] + i for s in group for i in range(query_lens[s])], device=device)  # [Tg]
-    table = block_table.index_select(0, torch.tensor(group, device=device))  # [G, max_blocks]
-    k = _gather_contiguous(k_cache, table, max_kv)  # [G, L, Hkv, D] fp32
-    v = _gather_contiguous(v_cache, table, max_kv)
+    (_, num_heads, head_dim), num_seqs, max_q = q.shape, group.num_seqs, group.max_q
+    k = _gather_contiguous(k_cache, group.blocks, num_seqs, group.max_kv)  # [G, L, Hkv, D] fp32
+    v = _gather_contiguous(v_cache, group.blocks, num_seqs, group.max_kv)
 
-    q_rows = q.index_select(0, tokens).float()  # [Tg, Hq, D]
-    padded_rows = None
-    if max_q > 1:  # prefill chunks: pad every sequence to max_q rows
-        padded_rows = torch.tensor([j * max_q + i for j, s in enumerate(group) for i in range(query_lens[s])],
-                                   device=device)  # [Tg]
-        q_rows = q_rows.new_zeros(num_seqs * max_q, num_heads, head_dim).index_copy_(0, padded_rows, q_rows)
+    q_rows = q.index_select(0, group.tokens).float()  # [Tg, Hq, D]
+    if group.padded_rows is not None:
+        q_rows = q_rows.new_zeros(num_seqs * max_q, num_heads, head_dim).index_copy_(0, group.padded_rows,
+                                                                                     q_rows)
     q_pad = q_rows.view(num_seqs, max_q, num_heads, head_dim)
 
     # SDPA repeats each KV head over its query heads (h -> h // group) without copying K/V.
     o = torch.nn.functional.scaled_dot_product_attention(
         q_pad.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),  # [G, H, Qp|L, D]
-        attn_mask=_visibility_mask(group, query_lens, seq_lens, max_q, max_kv, device),
-        scale=scale, enable_gqa=True,
+        attn_mask=group.mask, scale=scale, enable_gqa=True,
     )  # [G, Hq, Qp, D]
     o = o.transpose(1, 2).reshape(num_seqs * max_q, num_heads, head_dim)
-    if padded_rows is not None:
-        o = o.index_select(0, padded_rows)
-    out.index_copy_(0, tokens, o.to(out.dtype))
+    if group.padded_rows is not None:
+        o = o.index_select(0, group.padded_rows)
+    out.index_copy_(0, group.tokens, o.to(out.dtype))
 
 
 def _visibility_mask(
@@ -133,15 +205,12 @@ def _visibility_mask(
     return allowed[:, None]
 
 
-def _gather_contiguous(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
-    """[G, length, Hkv, D] fp32: each sequence's first `length` cache rows, read through its block table."""
-    num_blocks, block_size = cache.shape[0], cache.shape[1]
-    used = -(-length // block_size)
-    # Entries past a sequence's last block may hold anything (padding); their rows are masked out anyway.
-    blocks = block_table[:, :used].long().clamp(0, num_blocks - 1)  # [G, nb]
+def _gather_contiguous(cache: torch.Tensor, blocks: torch.Tensor, num_seqs: int, length: int) -> torch.Tensor:
+    """[G, length, Hkv, D] fp32: each sequence's first `length` cache rows, read through its blocks."""
+    num_blocks = cache.shape[0]
     # index_select over whole blocks: one contiguous copy per block, the cheapest gather on CPU.
-    rows = cache.reshape(num_blocks, -1).index_select(0, blocks.flatten())  # [G * nb, block_size * Hkv * D]
-    rows = rows.view(blocks.shape[0], used * block_size, *cache.shape[2:])[:, :length]  # [G, L, Hkv, D]
+    rows = cache.reshape(num_blocks, -1).index_select(0, blocks)  # [G * nb, block_size * Hkv * D]
+    rows = rows.view(num_seqs, -1, *cache.shape[2:])[:, :length]  # [G, L, Hkv, D]
     return rows.float()
 
 

@@ -45,6 +45,7 @@ def engine_config(settings: Settings, model_path: str) -> EngineConfig:
         dtype=settings.dtype,
         device=settings.device,
         attention_backend=settings.attention_backend,
+        num_threads=settings.num_threads,
         request_classes=[
             RequestClassConfig(name=name, max_running=queue.max_running, priority=queue.priority)
             for name, queue in settings.queues.items()

@@ -5,6 +5,7 @@ import logging
 import pytest
 import torch
 
+import kernels
 from engine.batch import ScheduledChunk
 from engine.config import EngineConfig
 from engine.kv_cache import KVCacheLayout
@@ -15,6 +16,8 @@ from engine.model_runner import (
     resolve_max_model_len,
     sliding_window,
 )
+from kernels import reference
+from kernels.reference import plan_paged_attention_ref
 
 CPU = torch.device("cpu")
 
@@ -143,3 +146,34 @@ def test_cuda_profiling_path_runs_a_forward_and_budgets_the_rest(runner, monkeyp
     peak = 12 * gib - scratch_blocks * layout.bytes_per_block  # the scratch cache is not activation memory
     expected = int(0.9 * 80 * gib) - peak - (80 * gib - 30 * gib - 49 * gib)
     assert runner._profile_cuda_free_bytes(layout) == expected
+
+
+def test_the_attention_plan_is_built_once_per_step_for_every_layer(runner, monkeypatch):
+    assert runner.model.settings.num_layers > 1
+    built = []
+
+    def counting_plan(*args, **kwargs):
+        built.append(1)
+        return plan_paged_attention_ref(*args, **kwargs)
+
+    monkeypatch.setattr(kernels, "plan_paged_attention_ref", counting_plan)
+    monkeypatch.setattr(reference, "plan_paged_attention_ref", counting_plan)  # the unplanned fallback
+    chunks = [ScheduledChunk(token_ids=[5, 6, 7], start_pos=0, block_table=[2], sample=True),
+              ScheduledChunk(token_ids=[9], start_pos=20, block_table=[3, 4], sample=True)]
+    runner.execute(chunks)
+    assert len(built) == 1
+
+
+def test_num_threads_is_applied_when_the_runner_is_built(llama_dir, monkeypatch):
+    calls: list[int] = []
+    monkeypatch.setattr(torch, "set_num_threads", calls.append)
+    ModelRunner(EngineConfig(model=str(llama_dir), num_kv_blocks=40, max_model_len=256, num_threads=3))
+    assert calls == [3]
+    # None leaves torch's setting alone:
+    ModelRunner(EngineConfig(model=str(llama_dir), num_kv_blocks=40, max_model_len=256))
+    assert calls == [3]
+
+
+def test_num_threads_below_one_is_refused(llama_dir):
+    with pytest.raises(ValueError, match="num_threads"):
+        EngineConfig(model=str(llama_dir), num_threads=0)

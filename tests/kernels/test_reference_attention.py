@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.nn.functional as F
 
+import kernels
 from kernels import paged_attention_ref, reference, reshape_and_cache_ref
 
 
@@ -104,3 +107,36 @@ def test_reference_rejects_bad_inputs_naming_the_field(paged_batch, change, fiel
     change(batch)
     with pytest.raises(ValueError, match=field):
         paged_attention_ref(*batch.args())
+
+
+def plan_for(batch, num_heads: int, backend: str | None = None) -> kernels.AttentionPlan | None:
+    return kernels.plan_paged_attention(batch.k_cache, batch.block_table, batch.seq_lens,
+                                        batch.query_start_loc, batch.max_query_len, batch.max_seq_len,
+                                        num_heads, backend=backend)
+
+
+@pytest.mark.parametrize("budget", [reference.GROUP_BUDGET_ELEMENTS, 1], ids=["grouped", "one_per_group"])
+def test_one_plan_serves_every_layer_with_the_unplanned_result(paged_batch, monkeypatch, budget) -> None:
+    monkeypatch.setattr(reference, "GROUP_BUDGET_ELEMENTS", budget)
+    query_lens, seq_lens, num_heads, num_kv_heads, head_dim, block_size = CASES["mixed_chunked"]
+    first = paged_batch(query_lens, seq_lens, num_heads, num_kv_heads, head_dim, block_size, torch.float32)
+    # Two layers of one step: the same metadata, other q and caches.
+    second = replace(first, q=torch.randn_like(first.q), k_cache=torch.randn_like(first.k_cache),
+                     v_cache=torch.randn_like(first.v_cache))
+    plan = plan_for(first, num_heads, backend="torch")
+    assert plan is not None
+    for batch in (first, second):
+        planned = kernels.paged_attention(*batch.args(), backend="torch", plan=plan)
+        assert torch.equal(planned, paged_attention_ref(*batch.args()))
+
+
+def test_a_plan_for_other_shapes_is_refused(paged_batch) -> None:
+    batch = paged_batch([2, 1], [5, 9])
+    plan = plan_for(batch, batch.q.shape[1] * 2)
+    with pytest.raises(ValueError, match="plan"):
+        paged_attention_ref(*batch.args(), plan=plan)
+
+
+def test_triton_plans_nothing_on_the_host(paged_batch) -> None:
+    batch = paged_batch([2, 1], [5, 9])
+    assert plan_for(batch, batch.q.shape[1], backend="triton") is None

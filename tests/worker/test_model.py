@@ -34,11 +34,11 @@ def test_each_queue_becomes_an_engine_request_class_with_its_limit_and_priority(
     make_settings: Callable[..., Any]
 ) -> None:
     settings = make_settings(max_num_seqs=32, max_num_batched_tokens=1024, block_size=32, dtype="float32",
-                             queues={"documents": {"max_running": 3}})
+                             num_threads=2, queues={"documents": {"max_running": 3}})
 
     config = engine_config(settings, "/models/m")
 
     assert config.model == "/models/m" and config.max_num_seqs == 32 and config.block_size == 32
-    assert config.max_num_batched_tokens == 1024 and config.dtype == "float32"
+    assert config.max_num_batched_tokens == 1024 and config.dtype == "float32" and config.num_threads == 2
     classes = {c.name: (c.max_running, c.priority) for c in config.request_classes}
     assert classes == {"interactive": (settings.queues["interactive"].max_running, 0), "documents": (3, 1)}
