@@ -33,7 +33,6 @@ log = logging.getLogger(__name__)
 
 POLL_S = 0.2  # how often an idle feeder looks at the stop flag
 STORE_ERROR_BACKOFF_S = 1.0
-SHUTDOWN_GRACE_S = 10.0
 
 
 class EmbeddedRuntime:
@@ -78,9 +77,9 @@ class EmbeddedRuntime:
                                           self.worker_id, self._host.tokenizer)
         self._batches.start()
 
-    def stop(self, grace_s: float = SHUTDOWN_GRACE_S) -> None:
-        """Stops taking jobs, finishes in-flight ones within grace_s; the rest go back to queued in the store
-        (the next start picks them up)."""
+    def stop(self, grace_s: float | None = None) -> None:
+        """Stops taking jobs, finishes in-flight ones within grace_s (default: the worker_shutdown_grace_s
+        setting); the rest go back to queued in the store (the next start picks them up)."""
         self._stop.set()
         for thread in self._feeders:
             thread.join()
@@ -88,7 +87,8 @@ class EmbeddedRuntime:
             self._batches.stop()
         self._reconciler.stop()
         if self._runner is not None:
-            self._runner.shutdown(grace_s, publish=None)
+            grace = grace_s if grace_s is not None else self.settings.worker_shutdown_grace_s
+            self._runner.shutdown(grace, publish=None)
         self._webhooks.stop()
         self._heartbeat.stop()
         if self._host is not None:

@@ -21,8 +21,6 @@ from worker.webhooks.sender import WebhookSender
 
 log = logging.getLogger(__name__)
 
-SHUTDOWN_GRACE_S = 30.0  # SIGTERM: in-flight jobs get this long to finish before they are requeued
-
 
 def run_worker(settings: Settings) -> None:
     """Blocks until SIGTERM/SIGINT; then stops taking jobs, finishes or requeues in-flight ones, and exits."""
@@ -42,7 +40,7 @@ def run_worker(settings: Settings) -> None:
     batch_runner = make_batch_runner(sessions, settings, publisher.publish, worker_id, host.tokenizer)
     limits = {name: queue.max_running for name, queue in settings.queues.items()}
     app.steps["consumer"].add(
-        job_consumer_step(runner, limits, grace_s=SHUTDOWN_GRACE_S, publish=publisher.publish)
+        job_consumer_step(runner, limits, grace_s=settings.worker_shutdown_grace_s, publish=publisher.publish)
     )
     heartbeat.start()
     runner.start()
@@ -57,7 +55,8 @@ def run_worker(settings: Settings) -> None:
         )
         worker.start()
     finally:
-        runner.shutdown(SHUTDOWN_GRACE_S, publisher.publish)  # no-op when the consumer step already did it
+        # A no-op when the consumer step already did it (SIGTERM).
+        runner.shutdown(settings.worker_shutdown_grace_s, publisher.publish)
         batch_runner.stop()
         reconciler.stop()
         webhook_sender.stop()

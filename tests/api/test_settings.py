@@ -22,8 +22,10 @@ def test_environment_and_partial_queue_override(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("CONVEYOR_BROKER_URL", "redis://127.0.0.1:6379/3")
     monkeypatch.setenv("CONVEYOR_QUEUES__DOCUMENTS__MAX_RUNNING", "1")
     monkeypatch.setenv("CONVEYOR_MAX_NUM_SEQS", "8")
+    monkeypatch.setenv("CONVEYOR_WORKER_SHUTDOWN_GRACE_S", "4.5")
     s = Settings()
     assert s.broker_url == "redis://127.0.0.1:6379/3" and not s.embedded and s.max_num_seqs == 8
+    assert s.worker_shutdown_grace_s == 4.5
     assert s.queues["documents"].max_running == 1
     assert s.queues["documents"].max_prompt_tokens == Settings().queues["documents"].max_prompt_tokens
     assert s.queues["interactive"] == Settings().queues["interactive"]
@@ -48,3 +50,5 @@ def test_invalid_values_name_the_field() -> None:
         Settings(queues={"documents": {"max_running": 0}})
     with pytest.raises(ValidationError, match="port"):
         Settings(port=0)
+    with pytest.raises(ValidationError, match="worker_shutdown_grace_s"):
+        Settings(worker_shutdown_grace_s=0)

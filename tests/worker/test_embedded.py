@@ -20,6 +20,7 @@ from engine.llm import LLM
 from engine.sampling_params import SamplingParams
 from worker.dispatch import publish_and_mark
 from worker.embedded import EmbeddedRuntime
+from worker.job_runner import JobRunner
 
 
 @pytest.fixture
@@ -138,3 +139,27 @@ def test_a_restart_picks_up_jobs_left_queued_and_jobs_handed_back_at_stop(
     assert [j.status for j in done] == ["succeeded", "succeeded"]
     assert done[0].attempts == 2 and done[0].completion_tokens == 600
     assert done[1].attempts == 1
+
+
+def test_stop_gives_in_flight_jobs_the_configured_shutdown_grace(
+    make_settings: Callable[..., Any], sqlite_url: str, worker_model_dir: Path,
+    lite_sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    settings: Settings = make_settings(database_url=sqlite_url, model=str(worker_model_dir),
+                                       worker_shutdown_grace_s=0.25)
+    graces: list[float] = []
+    real_shutdown = JobRunner.shutdown
+
+    def recording_shutdown(self: JobRunner, grace_s: float, *args: Any, **kwargs: Any) -> list[str]:
+        graces.append(grace_s)
+        return real_shutdown(self, grace_s, *args, **kwargs)
+
+    monkeypatch.setattr(JobRunner, "shutdown", recording_shutdown)
+    runtime = EmbeddedRuntime(settings, sessions=lite_sessions)
+    runtime.start()
+    interrupted = _submit(runtime, lite_sessions, "Children play in the park", "documents",
+                          max_tokens=LONG_JOB_TOKENS, ignore_eos=True)
+    wait_generating(lite_sessions, interrupted)
+    runtime.stop()
+    assert graces == [0.25]
+    assert get_job(lite_sessions, interrupted).status == "queued"  # handed back once the grace ran out
