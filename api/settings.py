@@ -111,6 +111,11 @@ class Settings(BaseSettings):
     batch_part_bytes: int = Field(8 << 20, ge=5 << 20, description="multipart upload part size")
     batch_max_line_bytes: int = Field(4 << 20, ge=1024)
     batch_window_jobs: int = Field(64, ge=1, description="jobs of one batch queued or running at once")
+    batch_s3_allowlist: list[str] = Field(
+        default_factory=list,
+        description="buckets (`bucket`) or prefixes (`bucket/prefix`) batch inputs and outputs may name; "
+        "empty: any location the workers' credentials reach (unsafe with several tenants)",
+    )
 
     log_level: str = "INFO"
 
@@ -124,6 +129,16 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return init_settings, env_settings, TomlConfigSettingsSource(settings_cls)
+
+    @field_validator("batch_s3_allowlist")
+    @classmethod
+    def _normalise_s3_locations(cls, entries: list[str]) -> list[str]:
+        """`s3://bucket/prefix/` and `bucket/prefix` are the same entry; an empty bucket is refused."""
+        normalised = [entry.removeprefix("s3://").rstrip("/") for entry in entries]
+        for entry in normalised:
+            if not entry.partition("/")[0]:
+                raise ValueError(f"entries must be `bucket` or `bucket/prefix`, got {entry!r}")
+        return normalised
 
     @field_validator("queues", mode="before")
     @classmethod

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query
 from sqlalchemy.orm import Session
 
 from api.auth import CurrentTenant
+from api.batch_locations import check_batch_location
 from api.deps import ServicesDep, SessionDep
 from api.errors import ApiError
 from api.schemas.batches import BatchCreate, BatchList, BatchPublic
@@ -30,6 +31,8 @@ def create_batch(body: BatchCreate, session: SessionDep, services: ServicesDep, 
         message = f"queue: unknown queue {body.queue!r}; known queues: {known}"
         raise ApiError(422, "unknown_queue", message, "queue")
     _check_metadata(body, services.settings.max_metadata_bytes)
+    check_batch_location(body.input, services.settings.batch_s3_allowlist, "input")
+    check_batch_location(body.output, services.settings.batch_s3_allowlist, "output")
     input_url = body.input
     if body.input_file_id is not None:
         source = files.get(session, body.input_file_id, tenant)

@@ -279,6 +279,33 @@ def test_validation_and_isolation(service: Service) -> None:
     assert bob.post("/v1/batches/batch_nope/cancel").status_code == 404
 
 
+def test_s3_locations_outside_the_allowlist_are_refused(make_service: Callable[..., Service]) -> None:
+    service = make_service(batch_s3_allowlist=["s3://shared-in", "team-out/alice/"])
+    alice = service.client("alice")
+    refused = [
+        ({"input": "s3://private/in.jsonl", "output": "s3://team-out/alice/run/"}, "input"),
+        ({"input": "s3://shared-in/in.jsonl", "output": "s3://team-out/bob/"}, "output"),
+        ({"input": "s3://shared-in/in.jsonl", "output": "s3://team-out/alicex/"}, "output"),  # not a sibling
+        ({"input": "s3://shared-in/in.jsonl", "output": "s3://team-out/alice/../bob/"}, "output"),
+        ({"input": "s3://shared-in/in.jsonl", "output": "s3://team-out/"}, "output"),
+        ({"input": "s3://team-out/bob/in.jsonl"}, "input"),
+    ]
+    for body, field in refused:
+        response = alice.post("/v1/batches", json=body)
+        assert response.status_code == 422, (body, response.text)
+        error = error_of(response)
+        assert (error["field"], error["code"]) == (field, "s3_location_not_allowed"), body
+        assert error["message"].startswith(f"{field}: s3://"), error
+    accepted = [{"input": "s3://shared-in/deep/in.jsonl", "output": "s3://team-out/alice/run-1/"},
+                {"input": "s3://team-out/alice/in.jsonl"}]
+    for body in accepted:
+        response = alice.post("/v1/batches", json=body)
+        assert response.status_code == 200, (body, response.text)
+    file_id = _upload(alice, _line("a")).json()["id"]  # uploads live in the operator's store: not checked
+    assert alice.post("/v1/batches", json={"input_file_id": file_id}).status_code == 200
+    _forget_batches(service)
+
+
 def test_list_pages_newest_first(service: Service) -> None:
     alice = service.client("pager-" + uuid.uuid4().hex[:8])  # the Postgres database outlives one test
     ids = [alice.post("/v1/batches", json={"input": f"s3://bucket-a/{i}.jsonl"}).json()["id"]

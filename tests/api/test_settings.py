@@ -52,3 +52,5 @@ def test_invalid_values_name_the_field() -> None:
         Settings(port=0)
     with pytest.raises(ValidationError, match="worker_shutdown_grace_s"):
         Settings(worker_shutdown_grace_s=0)
+    with pytest.raises(ValidationError, match="batch_s3_allowlist"):
+        Settings(batch_s3_allowlist=["s3:///prefix"])
