@@ -94,21 +94,30 @@ def database_url(request: pytest.FixtureRequest, sqlite_url: str) -> Iterator[st
         upgrade(sqlite_url)
         yield sqlite_url
         return
-    url = request.getfixturevalue("_migrated_postgres")
-    _empty_tables(url)
-    yield url
+    yield request.getfixturevalue("emptied_postgres")
 
 
-def _empty_tables(url: str) -> None:
-    from sqlalchemy import text
+@pytest.fixture
+def emptied_postgres(_migrated_postgres: str) -> str:
+    """The session's migrated Postgres database with every row of every table removed (the `default` tenant,
+    which the migrations create, stays)."""
+    empty_tables(_migrated_postgres)
+    return _migrated_postgres
 
+
+def empty_tables(url: str) -> None:
+    """Deletes every row of every store table, children before parents (the reverse of the metadata's
+    foreign-key order), so a table added later is emptied too."""
     from api.store.db import make_engine
+    from api.store.tables import Base
 
     engine = make_engine(url)
     with engine.begin() as conn:
-        for statement in ("DELETE FROM jobs", "DELETE FROM api_keys", "DELETE FROM workers",
-                          "DELETE FROM tenants WHERE id <> 'default'"):
-            conn.execute(text(statement))
+        for table in reversed(Base.metadata.sorted_tables):
+            query = table.delete()
+            if table.name == "tenants":
+                query = query.where(table.c.id != "default")
+            conn.execute(query)
     engine.dispose()
 
 

@@ -7,7 +7,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 from worker_support import SpareRedis, WorkerProcesses
 
@@ -23,15 +22,9 @@ def worker_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def pg_url(_migrated_postgres: str) -> str:
-    """The session's migrated Postgres database with every job, worker and key row removed."""
-    engine = make_engine(_migrated_postgres)
-    with engine.begin() as conn:
-        for statement in ("DELETE FROM jobs", "DELETE FROM api_keys", "DELETE FROM workers",
-                          "DELETE FROM tenants WHERE id <> 'default'"):
-            conn.execute(text(statement))
-    engine.dispose()
-    return _migrated_postgres
+def pg_url(emptied_postgres: str) -> str:
+    """The session's migrated Postgres database with every row of every table removed."""
+    return emptied_postgres
 
 
 @pytest.fixture

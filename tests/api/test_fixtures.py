@@ -1,0 +1,65 @@
+"""The shared Postgres fixture outlives one test: it must leave every store table empty for the next one."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import func, select
+
+from api.store import batches, jobs, keys, webhooks, workers
+from api.store.batches import BatchLine
+from api.store.db import make_engine, make_session_factory
+from api.store.files import File, new_file_id
+from api.store.models import utcnow
+from api.store.tables import Base
+from api.store.webhook_models import Attempt
+
+
+def _fill_every_table(url: str) -> None:
+    """One row or more in each store table, as the service tests leave them."""
+    engine = make_engine(url)
+    now = utcnow()
+    with make_session_factory(engine)() as session:
+        keys.create_key(session, "left-over", now)  # tenants, api_keys
+        workers.register(session, "w-left-over", hostname="h", pid=1, queues=["documents"], now=now)
+        jobs.add(session, jobs.NewJob(
+            tenant_id="left-over", queue="documents", prompt="x", messages=None, params={}, meta=None,
+            webhook=None, idempotency_key=None, request_hash="x", prompt_tokens=1, ttl_s=None, timeout_s=None,
+        ), now)
+        batch = batches.create(session, tenant_id="left-over", input_url="s3://b/in.jsonl", output_url=None,
+                               queue="documents", now=now)
+        session.add(BatchLine(batch_id=batch.id, line=1, custom_id="a", status="succeeded"))
+        session.add(File(id=new_file_id(), tenant_id="left-over", purpose="batch", filename="in.jsonl",
+                         bytes=1, url="/nowhere", created_at=now))
+        subscription, _ = webhooks.create_subscription(session, "left-over", "https://example.com/hook",
+                                                       ["job.succeeded"], None, now)
+        delivery = webhooks.add_delivery(
+            session, tenant_id="left-over", subscription_id=subscription.id, url="https://example.com/hook",
+            event={"type": "job.succeeded"}, subject_type="job", subject_id="job_x", now=now,
+        )
+        session.flush()
+        session.add(Attempt(delivery_id=delivery.id, number=1, attempted_at=now, outcome="retry",
+                            duration_s=0.1))
+        session.commit()
+    engine.dispose()
+
+
+def _row_counts(url: str) -> dict[str, int]:
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        counts = {t.name: conn.execute(select(func.count()).select_from(t)).scalar_one()
+                  for t in Base.metadata.sorted_tables}
+    engine.dispose()
+    return counts
+
+
+def test_emptied_postgres_clears_every_table_but_the_default_tenant(
+    _migrated_postgres: str, request: pytest.FixtureRequest,
+) -> None:
+    _fill_every_table(_migrated_postgres)
+    filled = _row_counts(_migrated_postgres)
+    assert all(filled.values()), f"the test left some table empty: {filled}"
+
+    url = request.getfixturevalue("emptied_postgres")
+    counts = _row_counts(url)
+    assert counts.pop("tenants") == 1  # `default`, created by the migrations
+    assert counts == dict.fromkeys(counts, 0)
