@@ -44,6 +44,9 @@ class AttentionPlan:
     num_heads: int  # Hq
     cache_shape: tuple[int, ...]  # [num_blocks, block_size, Hkv, D] of the caches it indexes
     groups: tuple[GroupPlan, ...]
+    # [2, largest G * nb, block_size * Hkv * D] in the cache dtype: every group's K and V gather lands here,
+    # overwritten by the next group and layer (a fresh multi-MB buffer per gather costs its page faults).
+    scratch: torch.Tensor
 
 
 def plan_paged_attention_ref(
@@ -64,8 +67,10 @@ def plan_paged_attention_ref(
         _plan_group(group, starts, query_lens, seq_len_list, block_table, k_cache.shape[:2])
         for group in _group_sequences(query_lens, seq_len_list, row_elements, num_heads)
     )
+    most_blocks = max((g.blocks.shape[0] for g in groups), default=0)
+    scratch = k_cache.new_empty(2, most_blocks, k_cache.shape[1] * row_elements)
     return AttentionPlan(num_tokens=starts[-1], num_heads=num_heads, cache_shape=tuple(k_cache.shape),
-                         groups=groups)
+                         groups=groups, scratch=scratch)
 
 
 def paged_attention_ref(
@@ -91,7 +96,7 @@ def paged_attention_ref(
     _check_plan(plan, q, k_cache)
     out = torch.empty_like(q) if out is None else out
     for group in plan.groups:
-        _attend_group(q, k_cache, v_cache, group, scale, out)
+        _attend_group(q, k_cache, v_cache, group, plan.scratch, scale, out)
     return out
 
 
@@ -165,12 +170,13 @@ def _attend_group(
     k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
     v_cache: torch.Tensor,
     group: GroupPlan,
+    scratch: torch.Tensor,  # [2, >= G * nb, block_size * Hkv * D]
     scale: float,
     out: torch.Tensor,  # [T, Hq, D], written at this group's tokens
 ) -> None:
     (_, num_heads, head_dim), num_seqs, max_q = q.shape, group.num_seqs, group.max_q
-    k = _gather_contiguous(k_cache, group.blocks, num_seqs, group.max_kv)  # [G, L, Hkv, D] fp32
-    v = _gather_contiguous(v_cache, group.blocks, num_seqs, group.max_kv)
+    k = _gather_contiguous(k_cache, group, scratch[0])  # [G, L, Hkv, D] fp32
+    v = _gather_contiguous(v_cache, group, scratch[1])
 
     q_rows = q.index_select(0, group.tokens).float()  # [Tg, Hq, D]
     if group.padded_rows is not None:
@@ -205,12 +211,13 @@ def _visibility_mask(
     return allowed[:, None]
 
 
-def _gather_contiguous(cache: torch.Tensor, blocks: torch.Tensor, num_seqs: int, length: int) -> torch.Tensor:
-    """[G, length, Hkv, D] fp32: each sequence's first `length` cache rows, read through its blocks."""
+def _gather_contiguous(cache: torch.Tensor, group: GroupPlan, scratch: torch.Tensor) -> torch.Tensor:
+    """[G, max_kv, Hkv, D] fp32: each sequence's first max_kv cache rows, read through its blocks."""
     num_blocks = cache.shape[0]
+    rows = scratch[:group.blocks.shape[0]]  # [G * nb, block_size * Hkv * D]
     # index_select over whole blocks: one contiguous copy per block, the cheapest gather on CPU.
-    rows = cache.reshape(num_blocks, -1).index_select(0, blocks)  # [G * nb, block_size * Hkv * D]
-    rows = rows.view(num_seqs, -1, *cache.shape[2:])[:, :length]  # [G, L, Hkv, D]
+    torch.index_select(cache.reshape(num_blocks, -1), 0, group.blocks, out=rows)
+    rows = rows.view(group.num_seqs, -1, *cache.shape[2:])[:, :group.max_kv]  # [G, L, Hkv, D]
     return rows.float()
 
 
