@@ -6,33 +6,24 @@ loopback. Validation, the upload size cap and the 404s on a worker-less app (SQL
 from __future__ import annotations
 
 import json
-import socket
-import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
-import uvicorn
 from api_support import Service, error_of
-from fastapi import FastAPI
+from live_server import new_api_key, serving, wait_for
 
 from api.app import create_app
 from api.settings import Settings
-from api.store import keys
-from api.store.db import make_engine, make_session_factory
 from api.store.migrate import upgrade
-from api.store.models import utcnow
 from api.tokens import PromptTokenizer
 
 ENGINE = dict(max_num_seqs=16, max_num_batched_tokens=256, num_kv_blocks=192, block_size=16, dtype="float32",
               device="cpu", attention_backend="torch")
-WAIT_S = 120.0  # a hang guard, not a speed assertion
 
 
 def _line(custom_id: str, max_tokens: int = 2, url: str = "/v1/chat/completions") -> bytes:
@@ -42,39 +33,6 @@ def _line(custom_id: str, max_tokens: int = 2, url: str = "/v1/chat/completions"
     else:
         body["prompt"] = f"say {custom_id}"
     return json.dumps({"custom_id": custom_id, "method": "POST", "url": url, "body": body}).encode() + b"\n"
-
-
-@contextmanager
-def _serving(app: FastAPI) -> Iterator[str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        _wait(lambda: server.started, "uvicorn to start")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=60)
-
-
-def _wait(predicate: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
-def _key(database_url: str, tenant: str) -> str:
-    engine = make_engine(database_url)
-    try:
-        with make_session_factory(engine)() as session:
-            return keys.create_key(session, tenant, utcnow())[1]
-    finally:
-        engine.dispose()
 
 
 @pytest.fixture(scope="module")
@@ -115,8 +73,8 @@ def embedded(sqlite_url: str, make_settings: Callable[..., Settings], demo_model
                              s3_endpoint_url=moto_url, s3_region="us-east-1", **ENGINE)
     runtime = EmbeddedRuntime(settings)
     app = create_app(settings, publisher=runtime.publisher, tokenizer=prompt_tokenizer, runtime=runtime)
-    with _serving(app) as url:
-        yield url, _key(sqlite_url, "alice"), _key(sqlite_url, "bob")
+    with serving(app) as url:
+        yield url, new_api_key(sqlite_url, "alice"), new_api_key(sqlite_url, "bob")
 
 
 def _client(url: str, key: str) -> openai.OpenAI:
@@ -130,7 +88,7 @@ def _until_closed(client: openai.OpenAI, batch_id: str) -> Any:
         state["batch"] = client.batches.retrieve(batch_id)
         return state["batch"].status in ("completed", "failed", "cancelled", "expired")
 
-    _wait(closed, f"batch {batch_id} to close")
+    wait_for(closed, f"batch {batch_id} to close")
     return state["batch"]
 
 
@@ -180,7 +138,7 @@ def test_openai_sdk_cancel_keeps_partial_outputs(embedded: tuple[str, str, str])
     uploaded = alice.files.create(file=("prompts.jsonl", content), purpose="batch")
     batch = alice.batches.create(input_file_id=uploaded.id, endpoint="/v1/completions",
                                  completion_window="24h")
-    _wait(lambda: (alice.batches.retrieve(batch.id).request_counts or batch.request_counts).completed >= 2,
+    wait_for(lambda: (alice.batches.retrieve(batch.id).request_counts or batch.request_counts).completed >= 2,
           "some lines to complete")
 
     cancelling = alice.batches.cancel(batch.id)

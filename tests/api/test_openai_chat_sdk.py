@@ -5,11 +5,7 @@ and models; a worker-less server for the error classes the SDK raises (400, 401,
 from __future__ import annotations
 
 import json
-import socket
-import threading
-import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,13 +13,12 @@ from typing import Any
 import httpx
 import openai
 import pytest
-import uvicorn
 from api_support import RecordingPublisher
-from fastapi import FastAPI
+from live_server import WAIT_S, new_api_key, serving, wait_for
 
 from api.app import create_app
 from api.settings import Settings
-from api.store import jobs, keys
+from api.store import jobs
 from api.store.db import make_engine, make_session_factory
 from api.store.migrate import upgrade
 from api.store.models import utcnow
@@ -34,7 +29,6 @@ ENGINE = dict(max_num_seqs=8, max_num_batched_tokens=256, num_kv_blocks=192, blo
 QUEUES = {"interactive": {"max_output_tokens": 900}}
 GREEDY: dict[str, Any] = {"temperature": 0, "max_tokens": 12, "extra_body": {"ignore_eos": True}}
 MESSAGES: list[Any] = [{"role": "user", "content": "Write a haiku about queues."}]
-WAIT_S = 120.0  # a hang guard, not a speed assertion
 MAX_MODEL_LEN = 80  # the worker-less server's
 
 
@@ -62,40 +56,6 @@ class Server:
             engine.dispose()
 
 
-@contextmanager
-def serving(app: FastAPI) -> Iterator[str]:
-    """uvicorn on an ephemeral loopback port in a thread; yields the base URL."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        wait_for(lambda: server.started, "uvicorn to start")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=60)
-
-
-def wait_for(predicate: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
-
-
-def new_key(database_url: str, tenant: str) -> str:
-    engine = make_engine(database_url)
-    try:
-        with make_session_factory(engine)() as session:
-            return keys.create_key(session, tenant, utcnow())[1]
-    finally:
-        engine.dispose()
-
-
 @pytest.fixture(scope="module")
 def embedded(
     tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path, prompt_tokenizer: PromptTokenizer
@@ -112,7 +72,7 @@ def embedded(
     app = create_app(settings, publisher=runtime.publisher, tokenizer=prompt_tokenizer, runtime=runtime,
                      token_stream=runtime.token_stream)
     with serving(app) as base:
-        yield Server(base, new_key(url, "alice"), demo_model_dir.name, url, runtime, settings)
+        yield Server(base, new_api_key(url, "alice"), demo_model_dir.name, url, runtime, settings)
 
 
 @pytest.fixture
@@ -127,7 +87,7 @@ def workerless(
                              max_model_len=MAX_MODEL_LEN)
     app = create_app(settings, publisher=RecordingPublisher(), tokenizer=prompt_tokenizer)
     with serving(app) as base:
-        yield Server(base, new_key(sqlite_url, "bob"), demo_model_dir.name, sqlite_url)
+        yield Server(base, new_api_key(sqlite_url, "bob"), demo_model_dir.name, sqlite_url)
 
 
 def job_id_of(completion_id: str) -> str:

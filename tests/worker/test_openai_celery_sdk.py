@@ -4,16 +4,11 @@ streamed text travels back over Redis pub/sub on the job's channel."""
 
 from __future__ import annotations
 
-import socket
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import openai
-import uvicorn
-from fastapi import FastAPI
+from live_server import serving
 from sqlalchemy.orm import Session, sessionmaker
 from worker_support import LONG_JOB_TOKENS, WorkerProcesses, get_job, wait_for, worker_env
 
@@ -25,22 +20,6 @@ from worker.dispatch import CeleryPublisher
 
 MESSAGES: list[Any] = [{"role": "user", "content": "Tell me about block tables."}]
 GREEDY: dict[str, Any] = {"temperature": 0, "max_tokens": 16, "extra_body": {"ignore_eos": True}}
-
-
-@contextmanager
-def serving(app: FastAPI) -> Iterator[str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        wait_for(lambda: server.started, 60, "uvicorn to start")
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=60)
 
 
 def test_chat_plain_streamed_and_cancelled_through_celery_and_redis(
@@ -56,7 +35,8 @@ def test_chat_plain_streamed_and_cancelled_through_celery_and_redis(
     worker_procs.start(worker_env(pg_url, redis_url, worker_model_dir, tmp_path))
     model = worker_model_dir.name
     try:
-        with serving(app) as base:
+        with serving(app) as root:
+            base = f"{root}/v1"
             client = openai.OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=120)
             whole = client.chat.completions.create(model=model, messages=MESSAGES, **GREEDY)
             job = get_job(sessions, whole.id.removeprefix("chatcmpl-"))

@@ -1,0 +1,56 @@
+"""Real servers for the service tests: the app under uvicorn on an ephemeral loopback port, and API keys.
+
+Imported as `live_server` (tests/ is on sys.path through the root conftest), like `api_support`.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import uvicorn
+from fastapi import FastAPI
+
+from api.store import keys
+from api.store.db import make_engine, make_session_factory
+from api.store.models import utcnow
+
+WAIT_S = 120.0  # a hang guard, not a speed assertion
+
+
+def wait_for(predicate: Callable[[], bool], what: str, timeout_s: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+@contextmanager
+def serving(app: FastAPI) -> Iterator[str]:
+    """uvicorn on an ephemeral loopback port in a thread; yields the base URL (no trailing slash)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: server.started, "uvicorn to start")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)
+
+
+def new_api_key(database_url: str, tenant: str) -> str:
+    """A fresh API key of `tenant`, created straight in the store (as `conveyor keys create` does)."""
+    engine = make_engine(database_url)
+    try:
+        with make_session_factory(engine)() as session:
+            return keys.create_key(session, tenant, utcnow())[1]
+    finally:
+        engine.dispose()
