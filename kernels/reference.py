@@ -33,7 +33,10 @@ class GroupPlan:
     tokens: torch.Tensor  # [Tg] int64: the group's rows of q and out
     blocks: torch.Tensor  # [G * nb] int64: cache blocks to gather, nb = ceil(max_kv / block_size) per seq
     padded_rows: torch.Tensor | None  # [Tg] int64: row of each token in the [G * max_q] padded layout
-    mask: torch.Tensor | None  # [G, 1, max_q, max_kv] bool; None when every key is visible to every row
+    # Every sequence's chunk starts at position 0 (max_q == max_kv): row i sees keys 0..i, SDPA's own causal
+    # mode, which skips the key tiles above the diagonal. Same values as the explicit mask, half the work.
+    causal: bool
+    mask: torch.Tensor | None  # [G, 1, max_q, max_kv] bool; None when causal or every key is visible
 
 
 @dataclass(frozen=True)
@@ -160,9 +163,11 @@ def _plan_group(
     if max_q > 1:  # prefill chunks: every sequence padded to max_q rows
         padded_rows = torch.tensor([j * max_q + i for j, s in enumerate(group) for i in range(query_lens[s])],
                                    device=device)  # [Tg]
+    # A shorter sequence's padded rows may then see keys past its end: those rows are dropped anyway.
+    causal = max_q > 1 and all(query_lens[s] == seq_lens[s] for s in group)
+    mask = None if causal else _visibility_mask(group, query_lens, seq_lens, max_q, max_kv, device)
     return GroupPlan(num_seqs=num_seqs, max_q=max_q, max_kv=max_kv, tokens=tokens, blocks=blocks,
-                     padded_rows=padded_rows,
-                     mask=_visibility_mask(group, query_lens, seq_lens, max_q, max_kv, device))
+                     padded_rows=padded_rows, causal=causal, mask=mask)
 
 
 def _attend_group(
@@ -187,7 +192,7 @@ def _attend_group(
     # SDPA repeats each KV head over its query heads (h -> h // group) without copying K/V.
     o = torch.nn.functional.scaled_dot_product_attention(
         q_pad.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),  # [G, H, Qp|L, D]
-        attn_mask=group.mask, scale=scale, enable_gqa=True,
+        attn_mask=group.mask, is_causal=group.causal, scale=scale, enable_gqa=True,
     )  # [G, Hq, Qp, D]
     o = o.transpose(1, 2).reshape(num_seqs * max_q, num_heads, head_dim)
     if group.padded_rows is not None:

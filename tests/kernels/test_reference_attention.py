@@ -140,3 +140,16 @@ def test_a_plan_for_other_shapes_is_refused(paged_batch) -> None:
 def test_triton_plans_nothing_on_the_host(paged_batch) -> None:
     batch = paged_batch([2, 1], [5, 9])
     assert plan_for(batch, batch.q.shape[1], backend="triton") is None
+
+
+def test_fresh_prefills_run_as_plain_causal_attention_with_the_masked_result(paged_batch) -> None:
+    batch = paged_batch([20, 9, 3, 1], [20, 9, 3, 30])  # three chunks from position 0, one decode
+    plan = plan_for(batch, batch.q.shape[1])
+    prefill = next(g for g in plan.groups if g.max_q > 1)
+    assert prefill.num_seqs == 3 and prefill.causal and prefill.mask is None
+    masked = replace(prefill, causal=False, mask=reference._visibility_mask(  # group sorted by length
+        [2, 1, 0], [20, 9, 3, 1], [20, 9, 3, 30], prefill.max_q, prefill.max_kv, batch.q.device))
+    masked_plan = replace(plan, groups=tuple(masked if g is prefill else g for g in plan.groups))
+    got = paged_attention_ref(*batch.args(), plan=plan)
+    assert torch.equal(got, paged_attention_ref(*batch.args(), plan=masked_plan))
+    assert (got - naive_paged_attention(batch)).abs().max().item() <= 2e-5
