@@ -27,7 +27,6 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
-    and_,
     func,
     or_,
     select,
@@ -36,6 +35,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from api.store.models import CANCELLED, EXPIRED, FAILED, QUEUED, RUNNING, SUCCEEDED, Base, Job, UTCDateTime
+from api.store.paging import newest_first
 
 # OpenAI's batch statuses.
 VALIDATING, IN_PROGRESS, FINALIZING, COMPLETED = "validating", "in_progress", "finalizing", "completed"
@@ -154,14 +154,13 @@ def get(session: Session, batch_id: str, tenant_id: str | None = None) -> Batch 
 def page(session: Session, tenant_id: str, *, limit: int, after: str | None = None) -> list[Batch]:
     """Newest first; `after` is the last batch id of the previous page (an unknown id gives an empty page)."""
     query = select(Batch).where(Batch.tenant_id == tenant_id)
+    before = None
     if after is not None:
         last = get(session, after, tenant_id)
         if last is None:
             return []
-        same_time_lower_id = and_(Batch.created_at == last.created_at, Batch.id < last.id)
-        query = query.where(or_(Batch.created_at < last.created_at, same_time_lower_id))
-    query = query.order_by(Batch.created_at.desc(), Batch.id.desc()).limit(limit)
-    return list(session.execute(query).scalars())
+        before = (last.created_at, last.id)
+    return list(session.execute(newest_first(query, Batch, limit=limit, before=before)).scalars())
 
 
 # --- cancel and job outcomes ------------------------------------------------------------------------

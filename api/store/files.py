@@ -5,10 +5,11 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 
-from sqlalchemy import BigInteger, Index, String, Text, and_, or_, select
+from sqlalchemy import BigInteger, Index, String, Text, select
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from api.store.models import Base, UTCDateTime
+from api.store.paging import newest_first
 
 BATCH, BATCH_OUTPUT = "batch", "batch_output"
 FILE_PURPOSES = (BATCH, BATCH_OUTPUT)
@@ -52,11 +53,10 @@ def page(session: Session, tenant_id: str, *, limit: int, after: str | None = No
     query = select(File).where(File.tenant_id == tenant_id)
     if purpose is not None:
         query = query.where(File.purpose == purpose)
+    before = None
     if after is not None:
         last = get(session, after, tenant_id)
         if last is None:
             return []
-        same_time_lower_id = and_(File.created_at == last.created_at, File.id < last.id)
-        query = query.where(or_(File.created_at < last.created_at, same_time_lower_id))
-    query = query.order_by(File.created_at.desc(), File.id.desc()).limit(limit)
-    return list(session.execute(query).scalars())
+        before = (last.created_at, last.id)
+    return list(session.execute(newest_first(query, File, limit=limit, before=before)).scalars())

@@ -26,6 +26,7 @@ from api.store.models import (
     TERMINAL_STATUSES,
     Job,
 )
+from api.store.paging import newest_first
 from api.store.terminal import record_finished
 
 
@@ -99,12 +100,7 @@ def page(
         query = query.where(Job.status == status)
     if queue is not None:
         query = query.where(Job.queue == queue)
-    if before is not None:
-        created_at, job_id = before
-        same_time_lower_id = and_(Job.created_at == created_at, Job.id < job_id)
-        query = query.where(or_(Job.created_at < created_at, same_time_lower_id))
-    query = query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit)
-    return list(session.execute(query).scalars())
+    return list(session.execute(newest_first(query, Job, limit=limit, before=before)).scalars())
 
 
 def count_queued(session: Session, queue: str) -> int:
