@@ -33,6 +33,11 @@ class ApiError(Exception):
         self.headers = headers
 
 
+
+def not_found(kind: str, object_id: str) -> ApiError:
+    """The one 404 for an id the tenant cannot see, whether it is missing or another tenant's."""
+    return ApiError(404, "not_found", f"id: {kind} {object_id} not found", "id")
+
 def error_response(
     status: int, code: str, message: str, field: str | None = None, headers: dict[str, str] | None = None
 ) -> JSONResponse:

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 from api.auth import CurrentTenant
 from api.batch_locations import check_batch_location
 from api.deps import ServicesDep, SessionDep
-from api.errors import ApiError
+from api.errors import ApiError, not_found
 from api.schemas.batches import BatchCreate, BatchList, BatchPublic
 from api.schemas.errors import ErrorBody
 from api.store import batches, files
@@ -77,7 +77,7 @@ def cancel_batch(batch_id: str, session: SessionDep, tenant: CurrentTenant) -> B
     batch is `cancelling` until its partial outputs are written, then `cancelled`."""
     batch = batches.request_cancel(session, batch_id, tenant, utcnow())
     if batch is None:
-        raise _not_found(batch_id)
+        raise not_found("batch", batch_id)
     if batch.status not in (CANCELLING, BATCH_CANCELLED):
         raise ApiError(409, "not_cancellable", f"id: batch {batch_id} already {batch.status}", "id")
     return _public(batch)
@@ -99,9 +99,5 @@ def _public(batch: Batch) -> BatchPublic:
 def _batch_or_404(session: Session, batch_id: str, tenant: str) -> Batch:
     batch = batches.get(session, batch_id, tenant)
     if batch is None:
-        raise _not_found(batch_id)
+        raise not_found("batch", batch_id)
     return batch
-
-
-def _not_found(batch_id: str) -> ApiError:
-    return ApiError(404, "not_found", f"id: batch {batch_id} not found", "id")

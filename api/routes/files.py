@@ -13,7 +13,7 @@ from starlette.datastructures import UploadFile
 
 from api.auth import CurrentTenant
 from api.deps import Services, ServicesDep, SessionDep
-from api.errors import ApiError
+from api.errors import ApiError, not_found
 from api.schemas.errors import ErrorBody
 from api.schemas.files import FileList, FilePublic
 from api.store import blobs, files
@@ -96,5 +96,5 @@ def _insert(services: Services, row: files.File) -> None:
 def _file_or_404(session: Session, file_id: str, tenant: str) -> files.File:
     row = files.get(session, file_id, tenant)
     if row is None:
-        raise ApiError(404, "not_found", f"id: file {file_id} not found", "id")
+        raise not_found("file", file_id)
     return row

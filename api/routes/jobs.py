@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 from api import cursor
 from api.auth import CurrentTenant
 from api.deps import ServicesDep, SessionDep
-from api.errors import ApiError
+from api.errors import ApiError, not_found
 from api.schemas.errors import ErrorBody
 from api.schemas.jobs import JobCreate, JobList, JobPublic, JobStatus
 from api.store import jobs
@@ -70,7 +70,7 @@ def cancel_job(job_id: str, session: SessionDep, tenant: CurrentTenant) -> JobPu
     """Cancels a queued or running job (a running one is aborted in the engine within a step)."""
     job = jobs.cancel(session, job_id, tenant, utcnow())
     if job is None:
-        raise _not_found(job_id)
+        raise not_found("job", job_id)
     if job.status != CANCELLED:
         raise ApiError(409, "not_cancellable", f"id: job {job_id} already {job.status}", "id")
     return JobPublic.from_row(job)
@@ -79,9 +79,5 @@ def cancel_job(job_id: str, session: SessionDep, tenant: CurrentTenant) -> JobPu
 def _job_or_404(session: Session, job_id: str, tenant: str) -> Job:
     job = jobs.get(session, job_id, tenant)
     if job is None:
-        raise _not_found(job_id)
+        raise not_found("job", job_id)
     return job
-
-
-def _not_found(job_id: str) -> ApiError:
-    return ApiError(404, "not_found", f"id: job {job_id} not found", "id")

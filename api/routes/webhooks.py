@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from api.auth import CurrentTenant
 from api.deps import ServicesDep, SessionDep
-from api.errors import ApiError
+from api.errors import not_found
 from api.schemas.errors import ErrorBody
 from api.schemas.webhooks import (
     DeliveryList,
@@ -59,7 +59,7 @@ def rotate_secret(session: SessionDep, services: ServicesDep, tenant: CurrentTen
 def get_webhook(webhook_id: str, session: SessionDep, tenant: CurrentTenant) -> WebhookPublic:
     row = webhooks.subscription(session, tenant, webhook_id)
     if row is None:
-        raise _not_found("webhook", webhook_id)
+        raise not_found("webhook", webhook_id)
     return WebhookPublic.from_row(row)
 
 
@@ -67,7 +67,7 @@ def get_webhook(webhook_id: str, session: SessionDep, tenant: CurrentTenant) -> 
 def delete_webhook(webhook_id: str, session: SessionDep, tenant: CurrentTenant) -> Response:
     """Deletes the subscription; its pending deliveries stop, its attempts stay listable."""
     if not webhooks.delete_subscription(session, tenant, webhook_id, utcnow()):
-        raise _not_found("webhook", webhook_id)
+        raise not_found("webhook", webhook_id)
     return Response(status_code=204)
 
 
@@ -76,7 +76,7 @@ def enable_webhook(webhook_id: str, session: SessionDep, tenant: CurrentTenant) 
     """Re-enables a subscription disabled by a 410 answer; deliveries it missed can be re-sent."""
     row = webhooks.enable_subscription(session, tenant, webhook_id, utcnow())
     if row is None:
-        raise _not_found("webhook", webhook_id)
+        raise not_found("webhook", webhook_id)
     return WebhookPublic.from_row(row)
 
 
@@ -86,7 +86,7 @@ def resend_delivery(delivery_id: str, session: SessionDep, tenant: CurrentTenant
     """Sends the delivery again, with the same webhook-id and body and a fresh retry schedule."""
     row = webhooks.resend(session, tenant, delivery_id, utcnow())
     if row is None:
-        raise _not_found("delivery", delivery_id)
+        raise not_found("delivery", delivery_id)
     return DeliveryPublic.from_row(row, webhooks.attempts_of(session, [row.id])[row.id])
 
 
@@ -94,7 +94,7 @@ def resend_delivery(delivery_id: str, session: SessionDep, tenant: CurrentTenant
 def job_deliveries(job_id: str, session: SessionDep, tenant: CurrentTenant) -> DeliveryList:
     """Every webhook delivery about the job, each with all its attempts."""
     if jobs.get(session, job_id, tenant) is None:
-        raise _not_found("job", job_id)
+        raise not_found("job", job_id)
     return delivery_list(session, tenant, "job", job_id)
 
 
@@ -102,7 +102,7 @@ def job_deliveries(job_id: str, session: SessionDep, tenant: CurrentTenant) -> D
 def batch_deliveries(batch_id: str, session: SessionDep, tenant: CurrentTenant) -> DeliveryList:
     """Every webhook delivery about the batch, each with all its attempts."""
     if batches.get(session, batch_id, tenant) is None:
-        raise _not_found("batch", batch_id)
+        raise not_found("batch", batch_id)
     return delivery_list(session, tenant, "batch", batch_id)
 
 
@@ -111,7 +111,3 @@ def delivery_list(session: Session, tenant_id: str, subject_type: str, subject_i
     rows = webhooks.for_subject(session, tenant_id, subject_type, subject_id)
     attempts = webhooks.attempts_of(session, [row.id for row in rows])
     return DeliveryList(data=[DeliveryPublic.from_row(row, attempts[row.id]) for row in rows])
-
-
-def _not_found(kind: str, object_id: str) -> ApiError:
-    return ApiError(404, "not_found", f"id: {kind} {object_id} not found", "id")
