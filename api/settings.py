@@ -166,6 +166,14 @@ class Settings(BaseSettings):
     def embedded(self) -> bool:
         return self.broker_url is None
 
+    def served_model_id(self) -> str:
+        """The model's public id (GET /v1/models, `model` in OpenAI requests and batch results): the model
+        folder's name, the hub id as configured, or "conveyor-demo"."""
+        if self.model is None:
+            return "conveyor-demo"
+        path = Path(self.model)
+        return path.name if path.is_dir() else self.model
+
     def queue(self, name: str) -> QueueSettings | None:
         return self.queues.get(name)
 

@@ -37,7 +37,6 @@ from api.token_stream import TokenStream
 
 router = APIRouter(prefix="/v1", tags=["openai"], route_class=OpenAIRoute)
 QUEUE = "interactive"
-DEMO_MODEL_ID = "conveyor-demo"
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat: as many as fit
 NO_RETRY = {"x-should-retry": "false"}
 DONE = "data: [DONE]\n\n"
@@ -90,24 +89,16 @@ def get_model(model_id: str, services: ServicesDep, _tenant: Tenant) -> ModelCar
     return _model_card(services.settings)
 
 
-def served_model_id(settings: Settings) -> str:
-    """The model folder's name (or the hub id as configured); `model` in requests must name it."""
-    if settings.model is None:
-        return DEMO_MODEL_ID
-    path = Path(settings.model)
-    return path.name if path.is_dir() else settings.model
-
-
 def _model_card(settings: Settings) -> ModelCard:
     path = Path(settings.model) if settings.model else None
     created = int(path.stat().st_mtime) if path is not None and path.exists() else 0
-    return ModelCard(id=served_model_id(settings), created=created)
+    return ModelCard(id=settings.served_model_id(), created=created)
 
 
 def _check_model(settings: Settings, model: str, param: str | None = "model") -> None:
-    if model not in (served_model_id(settings), settings.model):
+    if model not in (settings.served_model_id(), settings.model):
         raise OpenAIError(404, f"The model `{model}` does not exist; this server serves "
-                          f"`{served_model_id(settings)}`", code="model_not_found", param=param)
+                          f"`{settings.served_model_id()}`", code="model_not_found", param=param)
 
 
 def _default_chat_max_tokens(services: Services, messages: list[dict[str, str]]) -> int:
@@ -154,7 +145,7 @@ async def _complete(
     stream: TokenStream | None = getattr(request.app.state, "token_stream", None)
     job = await openai_sync.start(services, stream, tenant, job_body)
     prefix = "chatcmpl-" if chat else "cmpl-"
-    header = ChunkHeader(prefix + job.job_id, served_model_id(services.settings), int(time.time()), chat)
+    header = ChunkHeader(prefix + job.job_id, services.settings.served_model_id(), int(time.time()), chat)
     headers = {"X-Conveyor-Job-Id": job.job_id}
     if body.stream:
         events = _events(request, services, tenant, job, header, job_body, body.include_usage())

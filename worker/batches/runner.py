@@ -18,7 +18,6 @@ import logging
 import threading
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -243,13 +242,4 @@ def make_batch_runner(sessions: sessionmaker[Session], settings: Settings, publi
     takes its credentials from the standard AWS chain."""
     s3 = make_s3_client(settings.s3_endpoint_url, settings.s3_region)
     return BatchRunner(sessions, settings, publish, owner, tokenizer=tokenizer, s3=s3,
-                       model_name=_served_model_id(settings))
-
-
-def _served_model_id(settings: Settings) -> str:
-    """The `model` result bodies name when a line gave none: the same rule as GET /v1/models (the worker
-    does not import the HTTP layer): the model folder's name, the hub id, or "conveyor-demo"."""
-    if settings.model is None:
-        return "conveyor-demo"
-    path = Path(settings.model)
-    return path.name if path.is_dir() else settings.model
+                       model_name=settings.served_model_id())
