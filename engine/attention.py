@@ -1,42 +1,28 @@
-"""Paged attention as the model layers see it: per-step metadata and one module per layer.
+"""Paged attention as the model layers see it: the step's attention plan and one module per layer.
 
 The layer writes the step's new K/V into its cache slots, then attends over the cache through the block
-tables. Both calls go to `kernels` with a backend resolved once, when the model is built.
+tables. Both calls go to `kernels`, with the step's `kernels.AttentionMetadata` and a backend resolved once,
+when the model is built.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 from torch import nn
 
 import kernels
+from kernels import AttentionMetadata
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # K and V, each [num_blocks, block_size, Hkv, D]
-
-
-@dataclass(frozen=True)
-class AttentionMetadata:
-    """Where this step's tokens go in the cache and what each sequence attends to (S sequences, T tokens)."""
-
-    slot_mapping: torch.Tensor  # [T] int64: block_id * block_size + offset of each new token
-    block_tables: torch.Tensor  # [S, max_blocks] int32, padded with 0 past each sequence's last block
-    seq_lens: torch.Tensor  # [S] int32: cached tokens per sequence, this step's included
-    query_start_loc: torch.Tensor  # [S + 1] int32: offsets of each sequence's tokens in the step
-    max_query_len: int
-    max_seq_len: int
-    # The backend's per-step work, shared by every layer (`with_attention_plan`); None: each call plans.
-    plan: kernels.AttentionPlan | None = None
 
 
 def with_attention_plan(
     meta: AttentionMetadata, k_cache: torch.Tensor, num_heads: int, backend: str
 ) -> AttentionMetadata:
     """`meta` with its attention plan, built once per step (every layer's cache has `k_cache`'s shape)."""
-    plan = kernels.plan_paged_attention(k_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
-                                        meta.max_query_len, meta.max_seq_len, num_heads, backend=backend)
-    return replace(meta, plan=plan)
+    return replace(meta, plan=kernels.plan_paged_attention(k_cache, meta, num_heads, backend=backend))
 
 
 class PagedAttention(nn.Module):
@@ -62,7 +48,4 @@ class PagedAttention(nn.Module):
     ) -> torch.Tensor:  # [T, Hq, D]
         k_cache, v_cache = kv_cache
         kernels.reshape_and_cache(k, v, k_cache, v_cache, meta.slot_mapping, backend=self.backend)
-        return kernels.paged_attention(
-            q, k_cache, v_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
-            meta.max_query_len, meta.max_seq_len, self.scale, backend=self.backend, plan=meta.plan,
-        )
+        return kernels.paged_attention(q, k_cache, v_cache, meta, self.scale, backend=self.backend)

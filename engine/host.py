@@ -67,10 +67,11 @@ class EngineHost:
         request_id: str,
         prompt: str | list[int],
         params: SamplingParams,
-        request_class: str = "default",
+        request_class: str | None = None,
         on_update: OnUpdate | None = None,
     ) -> Future[RequestOutput]:
-        """Raises ValueError here, in the caller, for invalid input; the future resolves when it finishes."""
+        """Raises ValueError here, in the caller, for invalid input; the future resolves when it finishes.
+        `request_class` None: the engine's default class (its first configured one)."""
         seq = self.engine.make_sequence(request_id, prompt, params, request_class)
         future: Future[RequestOutput] = Future()
         future.set_running_or_notify_cancel()  # cancel through cancel(), which also frees the KV blocks
@@ -89,7 +90,7 @@ class EngineHost:
         request_id: str,
         prompt: str | list[int],
         params: SamplingParams,
-        request_class: str = "default",
+        request_class: str | None = None,
         on_update: OnUpdate | None = None,
     ) -> RequestOutput:
         return await asyncio.wrap_future(self.submit(request_id, prompt, params, request_class, on_update))

@@ -8,12 +8,12 @@ from typing import Protocol
 
 import torch
 
-from engine.batch import ScheduledChunk
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.outputs import FinishReason, RequestMetrics, RequestOutput
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
+from engine.scheduled_chunk import ScheduledChunk
 from engine.scheduler import Scheduler, SchedulerOutput
 from engine.sequence import Sequence
 from engine.stats import EngineTotals, StepStats, stats_dict

@@ -16,11 +16,12 @@ from typing import Any
 import torch
 
 import kernels
-from engine.attention import AttentionMetadata, KVCache, with_attention_plan
-from engine.batch import ScheduledChunk
+from engine.attention import KVCache, with_attention_plan
 from engine.config import EngineConfig
 from engine.kv_cache import KVCacheLayout, allocate_kv_cache, cuda_kv_budget_bytes, plan_num_blocks
 from engine.loader import check_tokenizer_files, load_model, resolve_device, resolve_dtype
+from engine.scheduled_chunk import ScheduledChunk
+from kernels import AttentionMetadata
 
 logger = logging.getLogger("engine")
 

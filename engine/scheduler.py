@@ -13,10 +13,10 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
-from engine.batch import ScheduledChunk
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.outputs import FinishReason
+from engine.scheduled_chunk import ScheduledChunk
 from engine.sequence import Sequence, SequenceStatus
 
 

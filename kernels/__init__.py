@@ -2,42 +2,46 @@
 
 Contract (both backends, same signatures):
 
-- `paged_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, max_query_len, max_seq_len,
-  scale, out=None, *, backend=None, plan=None) -> out`
-  - `q` [T, Hq, D]: every query token of the step, sequences concatenated in `query_start_loc` order.
-  - `k_cache`, `v_cache` [num_blocks, block_size, Hkv, D], same dtype as `q`; `Hq` a multiple of `Hkv`
-    (query head h reads KV head h // (Hq // Hkv)).
-  - `block_table` [S, max_blocks], `seq_lens` [S], `query_start_loc` [S + 1]: int32 (int64 accepted), on
+- `AttentionMetadata` (kernels/metadata.py): one step's metadata, S sequences and T query tokens, built once
+  per step by its caller and passed to every layer's calls:
+  - `slot_mapping` [T]: `block_id * block_size + offset` of each new token, read only by the cache write.
+  - `block_tables` [S, max_blocks], `seq_lens` [S], `query_start_loc` [S + 1]: int32 (int64 accepted), on
     q's device. `seq_lens[s]` counts the cached tokens of sequence s including this step's (already written
     by `reshape_and_cache`). Block-table entries past a sequence's last block are ignored.
   - `max_query_len`, `max_seq_len`: Python ints, upper bounds of the query lengths and `seq_lens`.
+  - `plan`: the step's `AttentionPlan` from `plan_paged_attention`, or None (the default).
+- `paged_attention(q, k_cache, v_cache, meta, scale, out=None, *, backend=None) -> out`
+  - `q` [T, Hq, D]: every query token of the step, sequences concatenated in `meta.query_start_loc` order.
+  - `k_cache`, `v_cache` [num_blocks, block_size, Hkv, D], same dtype as `q`; `Hq` a multiple of `Hkv`
+    (query head h reads KV head h // (Hq // Hkv)).
   - Query token i of sequence s sits at position `seq_lens[s] - query_len(s) + i` and attends to every
     cached key at or before it. Output [T, Hq, D] in q's dtype (written into `out` when given); softmax in
     fp32.
-- `plan_paged_attention(k_cache, block_table, seq_lens, query_start_loc, max_query_len, max_seq_len,
-  num_heads, *, backend=None) -> AttentionPlan | None`: the step's layer-independent work (the reference's
-  sequence groups, index tensors and visibility masks), built once per step and passed to every layer's
-  `paged_attention(..., plan=plan)`; without a plan the reference builds its own. Triton plans nothing
-  (None) and ignores `plan`. A plan is valid for the metadata it was built from and caches of that shape.
+- `plan_paged_attention(k_cache, meta, num_heads, *, backend=None) -> AttentionPlan | None`: the step's
+  layer-independent work (the reference's sequence groups, index tensors and visibility masks), built once
+  per step and stored as `dataclasses.replace(meta, plan=plan)` for every layer's `paged_attention`; with
+  `meta.plan` None the reference builds its own on each call. Triton plans nothing (None) and ignores
+  `meta.plan`. A plan is valid for the metadata it was built from and caches of that shape.
 - `reshape_and_cache(k, v, k_cache, v_cache, slot_mapping, *, backend=None)`: writes `k`, `v` [T, Hkv, D]
-  in place at `slot_mapping[t] = block_id * block_size + offset` (int32 or int64); a negative slot is
-  skipped.
+  in place at `slot_mapping[t] = block_id * block_size + offset` (int32 or int64; `meta.slot_mapping` in a
+  step); a negative slot is skipped. It takes the slots alone: a cache write needs nothing else.
 
 `backend`: None (or "auto", as in EngineConfig) picks Triton for CUDA tensors and the PyTorch reference
 otherwise; "triton" or "torch" forces one on any device (Triton on CPU tensors needs `TRITON_INTERPRET=1`
 set before the kernel modules are first imported); anything else is a ValueError. The Triton modules are
 imported only when first dispatched to, so CPU users need not install triton.
 
-Checks: wrong shapes, dtypes or devices raise ValueError (metadata only, no device sync). The reference also
-checks the length values (it reads them on the host anyway); the Triton path trusts them, so a slot or block
-id beyond the cache is the caller's bug. Any strides are accepted (e.g. q, k, v as views of a fused QKV
-projection); the reference is fastest with contiguous caches.
+Checks: wrong shapes, dtypes or devices raise ValueError naming the field (metadata only, no device sync).
+The reference also checks the length values (it reads them on the host anyway); the Triton path trusts them,
+so a slot or block id beyond the cache is the caller's bug. Any strides are accepted (e.g. q, k, v as views
+of a fused QKV projection); the reference is fastest with contiguous caches.
 """
 
 from __future__ import annotations
 
 import torch
 
+from kernels.metadata import AttentionMetadata
 from kernels.reference import (
     AttentionPlan,
     paged_attention_ref,
@@ -47,8 +51,9 @@ from kernels.reference import (
 
 BACKENDS = ("triton", "torch")
 
-__all__ = ["BACKENDS", "AttentionPlan", "paged_attention", "paged_attention_ref", "plan_paged_attention",
-           "plan_paged_attention_ref", "reshape_and_cache", "reshape_and_cache_ref", "resolve_backend"]
+__all__ = ["BACKENDS", "AttentionMetadata", "AttentionPlan", "paged_attention", "paged_attention_ref",
+           "plan_paged_attention", "plan_paged_attention_ref", "reshape_and_cache", "reshape_and_cache_ref",
+           "resolve_backend"]
 
 
 def resolve_backend(backend: str | None, device: torch.device) -> str:
@@ -64,42 +69,30 @@ def paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    max_query_len: int,
-    max_seq_len: int,
+    meta: AttentionMetadata,
     scale: float,
     out: torch.Tensor | None = None,
     *,
     backend: str | None = None,
-    plan: AttentionPlan | None = None,
 ) -> torch.Tensor:
     if resolve_backend(backend, q.device) == "torch":
-        return paged_attention_ref(q, k_cache, v_cache, block_table, seq_lens, query_start_loc,
-                                   max_query_len, max_seq_len, scale, out, plan=plan)
+        return paged_attention_ref(q, k_cache, v_cache, meta, scale, out)
     from kernels.triton_paged_attention import paged_attention_triton
 
-    return paged_attention_triton(q, k_cache, v_cache, block_table, seq_lens, query_start_loc,
-                                  max_query_len, max_seq_len, scale, out)
+    return paged_attention_triton(q, k_cache, v_cache, meta, scale, out)
 
 
 def plan_paged_attention(
     k_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    max_query_len: int,
-    max_seq_len: int,
+    meta: AttentionMetadata,
     num_heads: int,
     *,
     backend: str | None = None,
 ) -> AttentionPlan | None:
-    """The step's attention plan for every layer's `paged_attention(..., plan=)`; None where the backend
-    (Triton) plans nothing on the host."""
+    """The step's attention plan, to store in `meta.plan` for every layer's `paged_attention`; None where the
+    backend (Triton) plans nothing on the host. `meta.plan` itself is not read."""
     if resolve_backend(backend, k_cache.device) == "torch":
-        return plan_paged_attention_ref(k_cache, block_table, seq_lens, query_start_loc, max_query_len,
-                                        max_seq_len, num_heads)
+        return plan_paged_attention_ref(k_cache, meta, num_heads)
     return None
 
 

@@ -21,6 +21,8 @@ import torch.nn.functional as F
 from rich.console import Console
 from rich.table import Table
 
+from kernels.metadata import AttentionMetadata
+
 # (name substring, bf16 dense TFLOP/s, memory TB/s); the first match wins, so specific names come first.
 PEAKS: tuple[tuple[str, float, float], ...] = (
     ("H200", 989.0, 4.8),
@@ -78,15 +80,12 @@ class Batch:
     q: torch.Tensor  # [T, Hq, D]
     k_cache: torch.Tensor  # [num_blocks, block_size, Hkv, D]
     v_cache: torch.Tensor
-    block_table: torch.Tensor  # [S, max_blocks] int32, shuffled physical blocks
-    seq_lens: torch.Tensor  # [S] int32
-    query_start_loc: torch.Tensor  # [S + 1] int32
+    meta: AttentionMetadata  # block tables of shuffled physical blocks, int32 index tensors
     case: Case
     scale: float
 
-    def args(self) -> tuple:
-        return (self.q, self.k_cache, self.v_cache, self.block_table, self.seq_lens, self.query_start_loc,
-                max(self.case.query_lens), max(self.case.seq_lens), self.scale)
+    def args(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata, float]:
+        return (self.q, self.k_cache, self.v_cache, self.meta, self.scale)
 
 
 def build_batch(case: Case, shape: Shape, device: torch.device, seed: int = 0) -> Batch:
@@ -105,16 +104,27 @@ def build_batch(case: Case, shape: Shape, device: torch.device, seed: int = 0) -
     for n in case.query_lens:
         starts.append(starts[-1] + n)
 
+    table = block_table.tolist()
+    slots = [table[s][pos // bs] * bs + pos % bs
+             for s, (query_len, seq_len) in enumerate(zip(case.query_lens, case.seq_lens, strict=True))
+             for pos in range(seq_len - query_len, seq_len)]  # [T]: each sequence's last tokens
+
     def randn(*size: int) -> torch.Tensor:
         return torch.randn(*size, generator=gen, device=device, dtype=shape.dtype)
 
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+        block_tables=block_table,
+        seq_lens=torch.tensor(case.seq_lens, dtype=torch.int32, device=device),
+        query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
+        max_query_len=max(case.query_lens),
+        max_seq_len=max(case.seq_lens),
+    )
     return Batch(
         q=randn(starts[-1], shape.num_heads, shape.head_dim),
         k_cache=randn(*cache_shape),
         v_cache=randn(*cache_shape),
-        block_table=block_table,
-        seq_lens=torch.tensor(case.seq_lens, dtype=torch.int32, device=device),
-        query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
+        meta=meta,
         case=case,
         scale=shape.head_dim ** -0.5,
     )
@@ -145,9 +155,9 @@ def sdpa_over_contiguous(batch: Batch) -> Callable[[], None]:
     for (q_len, seq_len), seqs in runs.items():
         ids = torch.tensor(seqs, device=batch.q.device)
         rows = torch.arange(q_len, device=ids.device)
-        tokens = (batch.query_start_loc[ids].long()[:, None] + rows).flatten()  # [B * q_len]
+        tokens = (batch.meta.query_start_loc[ids].long()[:, None] + rows).flatten()  # [B * q_len]
         q = batch.q[tokens].view(len(seqs), q_len, *batch.q.shape[1:]).transpose(1, 2).contiguous()
-        blocks = batch.block_table[ids, : -(-seq_len // bs)].long()
+        blocks = batch.meta.block_tables[ids, : -(-seq_len // bs)].long()
         k = batch.k_cache[blocks].flatten(1, 2)[:, :seq_len].transpose(1, 2).contiguous()  # [B, Hkv, L, D]
         v = batch.v_cache[blocks].flatten(1, 2)[:, :seq_len].transpose(1, 2).contiguous()
         calls.append(_sdpa_call(q, k, v, q_len, seq_len, batch.scale))

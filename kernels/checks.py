@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from kernels.metadata import AttentionMetadata
+
 INDEX_DTYPES = (torch.int32, torch.int64)
 
 
@@ -15,13 +17,12 @@ def check_paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    max_query_len: int,
-    max_seq_len: int,
+    meta: AttentionMetadata,
     out: torch.Tensor | None,
 ) -> None:
+    """q, the caches and every metadata field paged attention reads: all but `slot_mapping` and `plan`."""
+    block_tables, seq_lens, query_start_loc = meta.block_tables, meta.seq_lens, meta.query_start_loc
+    max_query_len, max_seq_len = meta.max_query_len, meta.max_seq_len
     _require(q.dim() == 3, "q", f"must be [T, Hq, D], got shape {tuple(q.shape)}")
     _require(k_cache.dim() == 4, "k_cache",
              f"must be [num_blocks, block_size, Hkv, D], got shape {tuple(k_cache.shape)}")
@@ -36,26 +37,26 @@ def check_paged_attention(
              f"head dim {k_cache.shape[3]} differs from q's {head_dim}")
     _require(num_kv_heads > 0 and num_heads % num_kv_heads == 0, "q",
              f"query heads ({num_heads}) must be a multiple of KV heads ({num_kv_heads})")
-    _require(block_table.dim() == 2, "block_table",
-             f"must be [S, max_blocks], got shape {tuple(block_table.shape)}")
-    num_seqs = block_table.shape[0]
+    _require(block_tables.dim() == 2, "block_tables",
+             f"must be [S, max_blocks], got shape {tuple(block_tables.shape)}")
+    num_seqs = block_tables.shape[0]
     _require(seq_lens.shape == (num_seqs,), "seq_lens",
              f"must be [S] with S={num_seqs}, got shape {tuple(seq_lens.shape)}")
     _require(query_start_loc.shape == (num_seqs + 1,), "query_start_loc",
              f"must be [S + 1] with S={num_seqs}, got shape {tuple(query_start_loc.shape)}")
-    indices = (("block_table", block_table), ("seq_lens", seq_lens), ("query_start_loc", query_start_loc))
+    indices = (("block_tables", block_tables), ("seq_lens", seq_lens), ("query_start_loc", query_start_loc))
     for name, t in indices:
         _require(t.dtype in INDEX_DTYPES, name, f"must be int32 or int64, got {t.dtype}")
-    for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("block_table", block_table),
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("block_tables", block_tables),
                     ("seq_lens", seq_lens), ("query_start_loc", query_start_loc)):
         _require(t.device == q.device, name, f"is on {t.device} but q is on {q.device}")
     _require(max_query_len >= 0, "max_query_len", f"must be >= 0, got {max_query_len}")
     _require(max_seq_len >= max_query_len, "max_seq_len",
              f"({max_seq_len}) must be >= max_query_len ({max_query_len})")
-    capacity = block_table.shape[1] * k_cache.shape[1]
+    capacity = block_tables.shape[1] * k_cache.shape[1]
     _require(max_seq_len <= capacity, "max_seq_len",
-             f"({max_seq_len}) exceeds the block table's capacity "
-             f"({block_table.shape[1]} blocks x {k_cache.shape[1]} slots)")
+             f"({max_seq_len}) exceeds the block tables' capacity "
+             f"({block_tables.shape[1]} blocks x {k_cache.shape[1]} slots)")
     if out is not None:
         _require(out.shape == q.shape and out.dtype == q.dtype and out.device == q.device, "out",
                  f"must match q ({tuple(q.shape)}, {q.dtype}, {q.device}), "

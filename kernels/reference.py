@@ -8,7 +8,8 @@ NOTE: the bounded groups also make CPU decoding about 2x faster: allocations of 
 whose page faults cost more than the attention itself, while small buffers are reused by the allocator.
 
 The grouping, index tensors and visibility masks depend only on the step's metadata, not on the layer: an
-`AttentionPlan` holds them, built once per step (`plan_paged_attention_ref`) and shared by every layer.
+`AttentionPlan` holds them, built once per step (`plan_paged_attention_ref`) and shared by every layer
+through the step's `AttentionMetadata.plan`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from itertools import pairwise
 import torch
 
 from kernels.checks import check_paged_attention, check_reshape_and_cache
+from kernels.metadata import AttentionMetadata
 
 GROUP_BUDGET_ELEMENTS = 1 << 21  # fp32 elements of padded K/V, scores and mask per group (8 MiB)
 
@@ -54,20 +56,16 @@ class AttentionPlan:
 
 def plan_paged_attention_ref(
     k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]: only its shape and device are read
-    block_table: torch.Tensor,  # [S, max_blocks]
-    seq_lens: torch.Tensor,  # [S]
-    query_start_loc: torch.Tensor,  # [S + 1]
-    max_query_len: int,
-    max_seq_len: int,
+    meta: AttentionMetadata,  # its block_tables, seq_lens, query_start_loc and bounds; not its plan
     num_heads: int,
 ) -> AttentionPlan:
     # The per-sequence metadata is tiny: plain lists make the grouping and index building cheap.
-    starts, seq_len_list = query_start_loc.tolist(), seq_lens.tolist()
+    starts, seq_len_list = meta.query_start_loc.tolist(), meta.seq_lens.tolist()
     query_lens = [end - begin for begin, end in pairwise(starts)]
-    _check_lengths(query_lens, seq_len_list, max_query_len, max_seq_len)
+    _check_lengths(query_lens, seq_len_list, meta.max_query_len, meta.max_seq_len)
     row_elements = k_cache.shape[2] * k_cache.shape[3]  # Hkv * D per cached token
     groups = tuple(
-        _plan_group(group, starts, query_lens, seq_len_list, block_table, k_cache.shape[:2])
+        _plan_group(group, starts, query_lens, seq_len_list, meta.block_tables, k_cache.shape[:2])
         for group in _group_sequences(query_lens, seq_len_list, row_elements, num_heads)
     )
     most_blocks = max((g.blocks.shape[0] for g in groups), default=0)
@@ -80,22 +78,13 @@ def paged_attention_ref(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    max_query_len: int,
-    max_seq_len: int,
+    meta: AttentionMetadata,
     scale: float,
     out: torch.Tensor | None = None,
-    *,
-    plan: AttentionPlan | None = None,
 ) -> torch.Tensor:
-    """`plan`: from `plan_paged_attention_ref` on this step's metadata; built here when None."""
-    check_paged_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc,
-                          max_query_len, max_seq_len, out)
-    if plan is None:
-        plan = plan_paged_attention_ref(k_cache, block_table, seq_lens, query_start_loc, max_query_len,
-                                        max_seq_len, q.shape[1])
+    """`meta.plan`: from `plan_paged_attention_ref` on this step's metadata; built here when None."""
+    check_paged_attention(q, k_cache, v_cache, meta, out)
+    plan = meta.plan if meta.plan is not None else plan_paged_attention_ref(k_cache, meta, q.shape[1])
     _check_plan(plan, q, k_cache)
     out = torch.empty_like(q) if out is None else out
     for group in plan.groups:
@@ -148,15 +137,15 @@ def _plan_group(
     starts: list[int],  # [S + 1] query_start_loc
     query_lens: list[int],  # [S]
     seq_lens: list[int],  # [S]
-    block_table: torch.Tensor,  # [S, max_blocks]
+    block_tables: torch.Tensor,  # [S, max_blocks]
     cache_blocks: tuple[int, int],  # (num_blocks, block_size) of the cache
 ) -> GroupPlan:
-    device = block_table.device
+    device = block_tables.device
     (num_blocks, block_size), num_seqs = cache_blocks, len(group)
     max_q, max_kv = max(query_lens[s] for s in group), max(seq_lens[s] for s in group)
     tokens = torch.tensor([starts[s] + i for s in group for i in range(query_lens[s])], device=device)  # [Tg]
     used = -(-max_kv // block_size)
-    table = block_table.index_select(0, torch.tensor(group, device=device))  # [G, max_blocks]
+    table = block_tables.index_select(0, torch.tensor(group, device=device))  # [G, max_blocks]
     # Entries past a sequence's last block may hold anything (padding); their rows are masked out anyway.
     blocks = table[:, :used].long().clamp(0, num_blocks - 1).flatten()  # [G * nb]
     padded_rows = None

@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from kernels.checks import check_paged_attention
+from kernels.metadata import AttentionMetadata
 
 MAX_HEAD_DIM = 256
 MAX_SPLITS = 64
@@ -165,27 +166,24 @@ def paged_attention_triton(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    max_query_len: int,
-    max_seq_len: int,
+    meta: AttentionMetadata,
     scale: float,
     out: torch.Tensor | None = None,
     *,
     num_splits: int | None = None,
 ) -> torch.Tensor:
-    """Same contract as `kernels.paged_attention`; `num_splits` forces the split-KV factor (1 = no split)."""
-    check_paged_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc,
-                          max_query_len, max_seq_len, out)
+    """Same contract as `kernels.paged_attention` (`meta.plan` ignored); `num_splits` forces the split-KV
+    factor (1 = no split)."""
+    check_paged_attention(q, k_cache, v_cache, meta, out)
     _check_triton_inputs(q, num_splits)
+    block_tables, max_query_len = meta.block_tables, meta.max_query_len
     out = torch.empty_like(q) if out is None else out
     num_tokens, num_heads, head_dim = q.shape
-    num_seqs, num_kv_heads = block_table.shape[0], k_cache.shape[2]
+    num_seqs, num_kv_heads = block_tables.shape[0], k_cache.shape[2]
     if num_tokens == 0 or num_seqs == 0:
         return out
     if num_splits is None:
-        num_splits = choose_num_splits(num_seqs, num_kv_heads, max_query_len, max_seq_len, q.device)
+        num_splits = choose_num_splits(num_seqs, num_kv_heads, max_query_len, meta.max_seq_len, q.device)
 
     group = num_heads // num_kv_heads
     group_p2 = triton.next_power_of_2(group)
@@ -194,7 +192,7 @@ def paged_attention_triton(
     head_dim_p2 = max(16, triton.next_power_of_2(head_dim))
     block_n = 64 if head_dim_p2 <= 128 else 32
     num_tiles = num_tokens if block_q == 1 else num_tokens // block_q + num_seqs
-    seq_lens, query_start_loc = seq_lens.contiguous(), query_start_loc.contiguous()
+    seq_lens, query_start_loc = meta.seq_lens.contiguous(), meta.query_start_loc.contiguous()
 
     split = num_splits > 1
     if split:
@@ -206,10 +204,10 @@ def paged_attention_triton(
         target = out.unsqueeze(0)
     _paged_attention_kernel[(num_tiles, num_kv_heads, num_splits)](
         q, k_cache, v_cache, target, lse,
-        block_table, seq_lens, query_start_loc,
-        num_seqs, k_cache.shape[0], block_table.shape[1], scale * 1.4426950408889634,  # log2(e)
+        block_tables, seq_lens, query_start_loc,
+        num_seqs, k_cache.shape[0], block_tables.shape[1], scale * 1.4426950408889634,  # log2(e)
         *q.stride(), *k_cache.stride()[:4], *v_cache.stride()[:4], *target.stride(), *lse.stride(),
-        *block_table.stride(),
+        *block_tables.stride(),
         QUERIES_PER_KV=group, GROUP_P2=group_p2,
         HEAD_DIM=head_dim, HEAD_DIM_P2=head_dim_p2, BLOCK_SIZE=k_cache.shape[1],
         BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n,

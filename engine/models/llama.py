@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.attention import AttentionMetadata, KVCache, PagedAttention
+from engine.attention import KVCache, PagedAttention
+from kernels import AttentionMetadata
 
 # checkpoint name fragment -> (our fused parameter fragment, shard index within it)
 PACKED_PARAMS: dict[str, tuple[str, int]] = {

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.batch import ScheduledChunk
+from engine.scheduled_chunk import ScheduledChunk
 
 
 def next_token(history: list[int], vocab_size: int) -> int:

@@ -11,7 +11,9 @@ import pytest
 from fake_runner import FailingRunner, FakeRunner, reference
 
 from engine import EngineConfig, EngineHost, LLMEngine, RequestOutput, SamplingParams
+from engine.config import RequestClassConfig
 from engine.host import EngineShutdownError
+from engine.sequence import Sequence
 from engine.tokenizer import Tokenizer
 
 VOCAB = 64
@@ -123,6 +125,28 @@ async def test_generate_is_awaitable(tokenizer) -> None:
     host = make_host(tokenizer)
     outs = await asyncio.gather(host.generate("x", [5, 6], greedy(3)), host.generate("y", [8], greedy(2)))
     assert [o.token_ids for o in outs] == [reference([5, 6], 3, VOCAB), reference([8], 2, VOCAB)]
+    host.shutdown()
+
+
+async def test_a_request_without_a_class_joins_the_engines_first_class(tokenizer, monkeypatch) -> None:
+    # No class named "default" here: the host must defer to the engine's default, as LLMEngine does.
+    classes = [RequestClassConfig("interactive", 4), RequestClassConfig("documents", 4, priority=1)]
+    config = EngineConfig(model="unused", num_kv_blocks=32, request_classes=classes)
+    engine = LLMEngine(config, runner=FakeRunner(num_kv_blocks=32, vocab_size=VOCAB), tokenizer=tokenizer)
+    enqueued: list[str] = []
+    enqueue = engine.enqueue
+
+    def recording_enqueue(seq: Sequence) -> None:
+        enqueued.append(seq.request_class)
+        enqueue(seq)
+
+    monkeypatch.setattr(engine, "enqueue", recording_enqueue)
+    host = EngineHost(engine)
+    submitted = host.submit("a", [5, 6], greedy(3)).result(timeout=30)
+    generated = await host.generate("b", [8], greedy(2))
+    assert submitted.token_ids == reference([5, 6], 3, VOCAB)
+    assert generated.token_ids == reference([8], 2, VOCAB)
+    assert enqueued == ["interactive", "interactive"]
     host.shutdown()
 
 

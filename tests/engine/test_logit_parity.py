@@ -10,9 +10,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from engine.batch import ScheduledChunk
 from engine.config import EngineConfig
 from engine.model_runner import ModelRunner
+from engine.scheduled_chunk import ScheduledChunk
 
 TOL = 1e-4
 BLOCK_SIZE = 16

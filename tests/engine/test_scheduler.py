@@ -9,10 +9,10 @@ import pytest
 import torch
 from fake_runner import FakeRunner, reference
 
-from engine.batch import ScheduledChunk
 from engine.config import EngineConfig, RequestClassConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
+from engine.scheduled_chunk import ScheduledChunk
 from engine.tokenizer import Tokenizer
 
 VOCAB = 64

@@ -15,26 +15,39 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from kernels import AttentionMetadata, AttentionPlan
+
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 2e-3}
 
 
 @dataclass
 class PagedBatch:
-    """One step's attention inputs: queries plus a paged cache reached through a shuffled block table."""
+    """One step's attention inputs: queries plus a paged cache reached through a shuffled block table.
+
+    The metadata fields stay separate (tests replace or corrupt one at a time); `meta()` assembles them.
+    """
 
     q: torch.Tensor  # [T, Hq, D]
     k_cache: torch.Tensor  # [num_blocks, block_size, Hkv, D]
     v_cache: torch.Tensor
-    block_table: torch.Tensor  # [S, max_blocks] int32, unused entries -1
+    slot_mapping: torch.Tensor  # [T] int64: each query token's own slot
+    block_tables: torch.Tensor  # [S, max_blocks] int32, unused entries -1
     seq_lens: torch.Tensor  # [S] int32
     query_start_loc: torch.Tensor  # [S + 1] int32
     max_query_len: int
     max_seq_len: int
     scale: float
 
-    def args(self) -> tuple:
-        return (self.q, self.k_cache, self.v_cache, self.block_table, self.seq_lens, self.query_start_loc,
-                self.max_query_len, self.max_seq_len, self.scale)
+    def meta(self, plan: AttentionPlan | None = None) -> AttentionMetadata:
+        return AttentionMetadata(slot_mapping=self.slot_mapping, block_tables=self.block_tables,
+                                 seq_lens=self.seq_lens, query_start_loc=self.query_start_loc,
+                                 max_query_len=self.max_query_len, max_seq_len=self.max_seq_len, plan=plan)
+
+    def args(
+        self, plan: AttentionPlan | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata, float]:
+        """Positional arguments of every paged-attention entry point: (q, k_cache, v_cache, meta, scale)."""
+        return (self.q, self.k_cache, self.v_cache, self.meta(plan), self.scale)
 
 
 def build_paged_batch(
@@ -64,11 +77,16 @@ def build_paged_batch(
     starts = [0]
     for n in query_lens:
         starts.append(starts[-1] + n)
+    table = block_table.tolist()
+    slots = [table[s][pos // block_size] * block_size + pos % block_size
+             for s, (query_len, seq_len) in enumerate(zip(query_lens, seq_lens, strict=True))
+             for pos in range(seq_len - query_len, seq_len)]  # [T]: this step's tokens are the last ones
     return PagedBatch(
         q=uniform(starts[-1], num_heads, head_dim),
         k_cache=uniform(num_blocks, block_size, num_kv_heads, head_dim),
         v_cache=uniform(num_blocks, block_size, num_kv_heads, head_dim),
-        block_table=block_table,
+        slot_mapping=torch.tensor(slots, dtype=torch.int64),
+        block_tables=block_table,
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
         query_start_loc=torch.tensor(starts, dtype=torch.int32),
         max_query_len=max(query_lens),

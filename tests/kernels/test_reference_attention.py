@@ -17,13 +17,13 @@ def naive_paged_attention(batch) -> torch.Tensor:
     out = torch.zeros_like(batch.q)
     block_size = batch.k_cache.shape[1]
     group = batch.q.shape[1] // batch.k_cache.shape[2]
-    for s in range(batch.block_table.shape[0]):
+    for s in range(batch.block_tables.shape[0]):
         begin, end = int(batch.query_start_loc[s]), int(batch.query_start_loc[s + 1])
         seq_len, query_len = int(batch.seq_lens[s]), end - begin
         if query_len == 0:
             continue
         positions = torch.arange(seq_len)
-        blocks = batch.block_table[s, positions // block_size].long()
+        blocks = batch.block_tables[s, positions // block_size].long()
         k = batch.k_cache[blocks, positions % block_size].float()  # [L, Hkv, D]
         v = batch.v_cache[blocks, positions % block_size].float()
         k = k.repeat_interleave(group, dim=1).transpose(0, 1)  # [Hq, L, D]
@@ -71,7 +71,7 @@ def test_sequences_grouped_by_kind_then_context_length(monkeypatch) -> None:
 def test_reference_writes_into_out_and_ignores_block_table_padding(paged_batch) -> None:
     batch = paged_batch([4, 1], [10, 21])
     expected = naive_paged_attention(batch)
-    batch.block_table[0, 1:] = 10_000  # garbage past the sequence's last block must never be read
+    batch.block_tables[0, 1:] = 10_000  # garbage past the sequence's last block must never be read
     out = torch.full_like(batch.q, float("nan"))
     got = paged_attention_ref(*batch.args(), out=out)
     assert got is out
@@ -94,7 +94,7 @@ def test_reference_cache_write_skips_negative_slots() -> None:
     ("change", "field"),
     [
         (lambda b: setattr(b, "q", b.q[:, :3]), "q"),  # 3 query heads over 2 KV heads
-        (lambda b: setattr(b, "block_table", b.block_table.float()), "block_table"),
+        (lambda b: setattr(b, "block_tables", b.block_tables.float()), "block_tables"),
         (lambda b: setattr(b, "seq_lens", b.seq_lens[:1]), "seq_lens"),
         (lambda b: setattr(b, "v_cache", b.v_cache.half()), "k_cache/v_cache"),
         (lambda b: setattr(b, "max_seq_len", 10_000), "max_seq_len"),
@@ -110,9 +110,7 @@ def test_reference_rejects_bad_inputs_naming_the_field(paged_batch, change, fiel
 
 
 def plan_for(batch, num_heads: int, backend: str | None = None) -> kernels.AttentionPlan | None:
-    return kernels.plan_paged_attention(batch.k_cache, batch.block_table, batch.seq_lens,
-                                        batch.query_start_loc, batch.max_query_len, batch.max_seq_len,
-                                        num_heads, backend=backend)
+    return kernels.plan_paged_attention(batch.k_cache, batch.meta(), num_heads, backend=backend)
 
 
 @pytest.mark.parametrize("budget", [reference.GROUP_BUDGET_ELEMENTS, 1], ids=["grouped", "one_per_group"])
@@ -126,7 +124,7 @@ def test_one_plan_serves_every_layer_with_the_unplanned_result(paged_batch, monk
     plan = plan_for(first, num_heads, backend="torch")
     assert plan is not None
     for batch in (first, second):
-        planned = kernels.paged_attention(*batch.args(), backend="torch", plan=plan)
+        planned = kernels.paged_attention(*batch.args(plan=plan), backend="torch")
         assert torch.equal(planned, paged_attention_ref(*batch.args()))
 
 
@@ -134,7 +132,7 @@ def test_a_plan_for_other_shapes_is_refused(paged_batch) -> None:
     batch = paged_batch([2, 1], [5, 9])
     plan = plan_for(batch, batch.q.shape[1] * 2)
     with pytest.raises(ValueError, match="plan"):
-        paged_attention_ref(*batch.args(), plan=plan)
+        paged_attention_ref(*batch.args(plan=plan))
 
 
 def test_triton_plans_nothing_on_the_host(paged_batch) -> None:
@@ -150,6 +148,6 @@ def test_fresh_prefills_run_as_plain_causal_attention_with_the_masked_result(pag
     masked = replace(prefill, causal=False, mask=reference._visibility_mask(  # group sorted by length
         [2, 1, 0], [20, 9, 3, 1], [20, 9, 3, 30], prefill.max_q, prefill.max_kv, batch.q.device))
     masked_plan = replace(plan, groups=tuple(masked if g is prefill else g for g in plan.groups))
-    got = paged_attention_ref(*batch.args(), plan=plan)
-    assert torch.equal(got, paged_attention_ref(*batch.args(), plan=masked_plan))
+    got = paged_attention_ref(*batch.args(plan=plan))
+    assert torch.equal(got, paged_attention_ref(*batch.args(plan=masked_plan)))
     assert (got - naive_paged_attention(batch)).abs().max().item() <= 2e-5

@@ -60,7 +60,7 @@ def test_triton_strided_q_into_out_ignoring_table_padding(paged_batch, tolerance
     qkv = torch.cat([batch.q, torch.randn_like(batch.q)], dim=1)  # q as a strided view, like a fused QKV
     batch.q = qkv[:, :4]
     expected = paged_attention_ref(*batch.args())
-    batch.block_table[0, 1:] = 10_000  # past the last block: must not be read
+    batch.block_tables[0, 1:] = 10_000  # past the last block: must not be read
     out = torch.full_like(batch.q, float("nan"))
     got = paged_attention_triton(*batch.args(), out=out)
     assert got is out
@@ -93,7 +93,7 @@ def test_split_heuristic_only_splits_cuda_decodes() -> None:
 def test_triton_accepts_int64_metadata(paged_batch, tolerance) -> None:
     batch = paged_batch([4, 1], [20, 33], num_heads=4, num_kv_heads=2, head_dim=16, block_size=16)
     expected = paged_attention_ref(*batch.args())
-    batch.block_table, batch.seq_lens = batch.block_table.long(), batch.seq_lens.long()
+    batch.block_tables, batch.seq_lens = batch.block_tables.long(), batch.seq_lens.long()
     batch.query_start_loc = batch.query_start_loc.long()
     got = paged_attention_triton(*batch.args(), num_splits=2)
     assert (got - expected).abs().max().item() <= tolerance[torch.float32]
