@@ -28,11 +28,13 @@ WORKDIR /app
 RUN pip install --index-url "${TORCH_INDEX_URL}" "${TORCH_SPEC}"
 COPY pyproject.toml README.md alembic.ini ./
 COPY api ./api
+COPY cli ./cli
+COPY core ./core
 COPY worker ./worker
 COPY engine ./engine
 COPY kernels ./kernels
 COPY migrations ./migrations
-# Editable: alembic finds migrations/ next to api/ (api/store/migrate.py resolves it from the source tree).
+# Editable: alembic finds migrations/ next to core/ (core/store/migrate.py resolves it from the source tree).
 RUN pip install -e .
 
 USER conveyor

@@ -4,21 +4,30 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Protocol
 
 from fastapi import FastAPI
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.deps import Services
-from api.dispatch import JobPublisher, Runtime
 from api.errors import install_error_handlers
 from api.metrics import Metrics
 from api.middleware import BodySizeLimit, ResponseCounter
+from api.prompt_tokenizer import PromptTokenizer
 from api.routes import batches, files, health, jobs, openai, queues, webhooks
-from api.settings import Settings
-from api.store.db import make_engine, make_session_factory
-from api.token_stream import TokenStream
-from api.tokens import PromptTokenizer
 from api.uploads import UploadSizeLimit
+from core.dispatch import JobPublisher
+from core.settings import Settings
+from core.store.database import make_db_engine, make_session_factory
+from core.token_stream import TokenStream
+
+
+class Runtime(Protocol):
+    """Something started and stopped with the app (the embedded worker runtime)."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
 
 
 def create_app(
@@ -31,9 +40,9 @@ def create_app(
     token_stream: TokenStream | None = None,
 ) -> FastAPI:
     """`runtime` (the embedded worker) is started and stopped with the app. Tables come from migrations."""
-    owns_engine = session_factory is None
+    owns_db_engine = session_factory is None
     if session_factory is None:
-        session_factory = make_session_factory(make_engine(settings.database_url))
+        session_factory = make_session_factory(make_db_engine(settings.database_url))
     metrics = Metrics(settings, session_factory)
     services = Services(settings, session_factory, publisher, tokenizer, metrics)
 
@@ -46,7 +55,7 @@ def create_app(
         finally:
             if runtime is not None:
                 runtime.stop()
-            if owns_engine:
+            if owns_db_engine:
                 bind = session_factory.kw["bind"]
                 bind.dispose()
 

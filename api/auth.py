@@ -9,8 +9,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.deps import ServicesDep, SessionDep
 from api.errors import ApiError
-from api.store import keys
-from api.store.models import DEFAULT_TENANT
+from core.store import keys
+from core.store.tables import DEFAULT_TENANT
 
 bearer_scheme = HTTPBearer(auto_error=False, description="Authorization: Bearer <API key>")
 

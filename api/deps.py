@@ -9,10 +9,10 @@ from typing import Annotated
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.dispatch import JobPublisher
 from api.metrics import Metrics
-from api.settings import Settings
-from api.tokens import PromptTokenizer
+from api.prompt_tokenizer import PromptTokenizer
+from core.dispatch import JobPublisher
+from core.settings import Settings
 
 
 @dataclass(frozen=True)

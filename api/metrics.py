@@ -15,9 +15,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.settings import Settings
-from api.store import jobs
-from api.store.models import TERMINAL_STATUSES, utcnow
+from core.clock import utcnow
+from core.lifecycle import TERMINAL_STATUSES
+from core.settings import Settings
+from core.store import jobs
 
 log = logging.getLogger(__name__)
 

@@ -19,12 +19,14 @@ import anyio
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import Services
-from api.dispatch import JobPublisher
 from api.schemas.jobs import JobCreate
-from api.store import jobs
-from api.store.models import TERMINAL_STATUSES, Job, utcnow
 from api.submit import submit
-from api.token_stream import Subscription, TokenEvent, TokenStream
+from core.clock import utcnow
+from core.dispatch import JobPublisher
+from core.lifecycle import TERMINAL_STATUSES
+from core.store import jobs
+from core.store.tables import Job
+from core.token_stream import Subscription, TokenEvent, TokenStream
 
 log = logging.getLogger(__name__)
 

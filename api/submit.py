@@ -13,10 +13,10 @@ from sqlalchemy.orm import Session
 from api.deps import Services
 from api.errors import ApiError
 from api.schemas.jobs import JobCreate
-from api.settings import QueueSettings
-from api.store import jobs
-from api.store.models import Job
 from api.webhook_targets import check_job_webhook
+from core.settings import QueueSettings
+from core.store import jobs
+from core.store.tables import Job
 
 log = logging.getLogger(__name__)
 MAX_IDEMPOTENCY_KEY_CHARS = 255

@@ -12,8 +12,8 @@ import ipaddress
 import httpx
 
 from api.errors import ApiError
-from api.settings import Settings
-from api.webhooks.ssrf import (
+from core.settings import Settings
+from core.webhooks.ssrf import (
     METADATA_HOSTS,
     Resolver,
     SsrfPolicy,

@@ -4,22 +4,22 @@ from __future__ import annotations
 
 from alembic import context
 
-from api.store.db import make_engine
-from api.store.tables import Base
+from core.store.database import make_db_engine
+from core.store.tables import Base
 
 
 def _database_url() -> str:
     url = context.config.get_main_option("sqlalchemy.url")
     if url:
         return url
-    from api.settings import load_settings
+    from core.settings import load_settings
 
     return load_settings().database_url
 
 
 def run_migrations_online() -> None:
-    engine = make_engine(_database_url())
-    with engine.connect() as connection:
+    db_engine = make_db_engine(_database_url())
+    with db_engine.connect() as connection:
         context.configure(
             connection=connection,
             target_metadata=Base.metadata,
@@ -27,7 +27,7 @@ def run_migrations_online() -> None:
         )
         with context.begin_transaction():
             context.run_migrations()
-    engine.dispose()
+    db_engine.dispose()
 
 
 def run_migrations_offline() -> None:

@@ -1,5 +1,5 @@
-"""Shared fixtures for the service tests: database URLs (SQLite and a fresh Postgres database per session),
-a flushed Redis database, the tiny demo model, and Settings for tests.
+"""Shared fixtures: database URLs (SQLite and a fresh Postgres database per session), a flushed Redis
+database, tiny random-weight model folders (the demo model among them), and Settings for tests.
 
 The service tests never skip: when Postgres or Redis is unreachable, these fixtures raise and the tests fail.
 """
@@ -79,7 +79,7 @@ def redis_url() -> str:
 
 @pytest.fixture(scope="session")
 def _migrated_postgres(postgres_url: str) -> str:
-    from api.store.migrate import upgrade
+    from core.store.migrate import upgrade
 
     upgrade(postgres_url)
     return postgres_url
@@ -88,7 +88,7 @@ def _migrated_postgres(postgres_url: str) -> str:
 @pytest.fixture(params=["sqlite", "postgres"])
 def database_url(request: pytest.FixtureRequest, sqlite_url: str) -> Iterator[str]:
     """A migrated, empty database: each test runs once on SQLite and once on Postgres."""
-    from api.store.migrate import upgrade
+    from core.store.migrate import upgrade
 
     if request.param == "sqlite":
         upgrade(sqlite_url)
@@ -108,17 +108,39 @@ def emptied_postgres(_migrated_postgres: str) -> str:
 def empty_tables(url: str) -> None:
     """Deletes every row of every store table, children before parents (the reverse of the metadata's
     foreign-key order), so a table added later is emptied too."""
-    from api.store.db import make_engine
-    from api.store.tables import Base
+    from core.store.database import make_db_engine
+    from core.store.tables import Base
 
-    engine = make_engine(url)
-    with engine.begin() as conn:
+    db_engine = make_db_engine(url)
+    with db_engine.begin() as conn:
         for table in reversed(Base.metadata.sorted_tables):
             query = table.delete()
             if table.name == "tenants":
                 query = query.where(table.c.id != "default")
             conn.execute(query)
-    engine.dispose()
+    db_engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """`tiny_model_dir(arch, **build_tiny_model_kwargs)` -> folder; one build per distinct argument set."""
+    from engine.demo import build_tiny_model
+
+    built: dict[str, Path] = {}
+
+    def build(arch: str = "LlamaForCausalLM", **kwargs: Any) -> Path:
+        key = repr((arch, sorted(kwargs.items())))
+        if key not in built:
+            built[key] = build_tiny_model(tmp_path_factory.mktemp(arch), arch, **kwargs)
+        return built[key]
+
+    return build
+
+
+@pytest.fixture(scope="session")
+def llama_dir(tiny_model_dir: Callable[..., Path]) -> Path:
+    """The default tiny Llama (untied embeddings, 2 layers, 4 query heads over 2 KV heads, vocab 512)."""
+    return tiny_model_dir("LlamaForCausalLM")
 
 
 @pytest.fixture(scope="session")
@@ -132,7 +154,7 @@ def demo_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def make_settings(tmp_path: Path) -> Callable[..., Any]:
     """Settings for tests: data under tmp_path, auth on, fast reconciler timings; keyword overrides win."""
-    from api.settings import Settings
+    from core.settings import Settings
 
     def make(**overrides: Any) -> Settings:
         values: dict[str, Any] = dict(

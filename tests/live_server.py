@@ -14,9 +14,9 @@ from contextlib import contextmanager
 import uvicorn
 from fastapi import FastAPI
 
-from api.store import keys
-from api.store.db import make_engine, make_session_factory
-from api.store.models import utcnow
+from core.clock import utcnow
+from core.store import keys
+from core.store.database import make_db_engine, make_session_factory
 
 WAIT_S = 120.0  # a hang guard, not a speed assertion
 
@@ -48,9 +48,9 @@ def serving(app: FastAPI) -> Iterator[str]:
 
 def new_api_key(database_url: str, tenant: str) -> str:
     """A fresh API key of `tenant`, created straight in the store (as `conveyor keys create` does)."""
-    engine = make_engine(database_url)
+    db_engine = make_db_engine(database_url)
     try:
-        with make_session_factory(engine)() as session:
+        with make_session_factory(db_engine)() as session:
             return keys.create_key(session, tenant, utcnow())[1]
     finally:
-        engine.dispose()
+        db_engine.dispose()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from api.settings import load_settings
-from worker.main import run_worker
+from core.settings import load_settings
+from worker.celery_worker import run_worker
 
 if __name__ == "__main__":
     settings = load_settings()

@@ -1,4 +1,4 @@
-"""The Celery app: broker connection settings shared by the worker and the API's publisher.
+"""The worker's Celery app, on the broker settings of core/broker.py (which the API publishes with).
 
 Job queues are consumed by worker.consumer.JobConsumerStep (one channel per queue); Celery's own task
 consumer only listens on a control queue kept for service tasks.
@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from celery import Celery
 
-from api.settings import Settings
+from core.broker import CONNECT_TIMEOUT_S, POOL_LIMIT, TRANSPORT_OPTIONS
+from core.settings import Settings
 
 CONTROL_QUEUE = "conveyor.control"
 
@@ -27,11 +28,9 @@ def make_celery_app(settings: Settings) -> Celery:
         broker_connection_retry_on_startup=True,
         # Only Celery tasks are cancelled on connection loss; engine jobs run on (see worker/consumer.py).
         worker_cancel_long_running_tasks_on_connection_loss=True,
-        broker_connection_timeout=2.0,
-        broker_pool_limit=8,
-        # A message held by a worker that died is restored after this long; the reconciler requeues the job
-        # much sooner (worker_dead_after_s), and the late duplicate is dropped at claim.
-        broker_transport_options={"visibility_timeout": 3600},
+        broker_connection_timeout=CONNECT_TIMEOUT_S,
+        broker_pool_limit=POOL_LIMIT,
+        broker_transport_options=dict(TRANSPORT_OPTIONS),
         result_backend=None,
     )
     return app

@@ -25,7 +25,8 @@ from celery.bootsteps import CLOSE
 from kombu import Consumer
 from kombu.message import Message
 
-from worker.dispatch import Publish, job_queue
+from core.broker import job_queue
+from core.dispatch import Publish
 from worker.job_runner import JobRunner, RunnerStoppedError
 
 log = logging.getLogger(__name__)
@@ -33,10 +34,10 @@ log = logging.getLogger(__name__)
 STORE_ERROR_BACKOFF_S = 1.0
 
 
-def job_consumer_step(
-    runner: JobRunner, limits: dict[str, int], *, grace_s: float, publish: Publish
-) -> type[bootsteps.ConsumerStep]:
-    """A ConsumerStep class bound to this worker's runner (Celery instantiates steps itself)."""
+def job_consumer_step(runner: JobRunner, *, grace_s: float, publish: Publish) -> type[bootsteps.ConsumerStep]:
+    """A ConsumerStep class bound to this worker's runner, one channel per queue of `runner.limits` (Celery
+    instantiates steps itself)."""
+    limits = runner.limits
 
     class JobConsumerStep(bootsteps.ConsumerStep):
         name = "conveyor.jobs"
@@ -84,7 +85,7 @@ def job_consumer_step(
             """Starts held messages while the queue is under its limit: at once, normally (the channel's QoS
             already holds it there); after a reconnect, jobs taken on the old channel still count."""
             held = self._held[queue]
-            while held and runner.running_by_queue().get(queue, 0) < limits[queue]:
+            while held and runner.has_room(queue):
                 self._start(held.popleft())
 
         def _start(self, message: Message) -> None:

@@ -10,8 +10,8 @@ import uuid
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.store import workers
-from api.store.models import utcnow
+from core.clock import utcnow
+from core.store import workers
 
 log = logging.getLogger(__name__)
 

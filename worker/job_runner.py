@@ -4,6 +4,10 @@ A job id comes in (from a broker message or an in-process queue); the runner cla
 UPDATE, so a duplicate or late message is dropped), hands the prompt to the engine, and writes the outcome.
 Database writes happen on one "finisher" thread, never on the engine thread, and at most twice per job
 (first token, outcome). A watcher thread polls the store for cancels and enforces `timeout`.
+
+The per-queue hold lives here: `has_room(queue)` / `wait_for_room(queue, ...)` say whether fewer than the
+queue's `max_running` jobs of it are in flight in this worker; the Celery consumer and the embedded feeders
+take a job only when there is room.
 """
 
 from __future__ import annotations
@@ -21,14 +25,16 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from api.store import jobs
-from api.store.models import Job, utcnow
+from core.clock import utcnow
+from core.dispatch import Publish, publish_and_mark
+from core.store import jobs
+from core.store.tables import Job
+from core.token_stream import TokenSink
 from engine.host import EngineHost
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
-from worker.dispatch import Publish, publish_and_mark
 from worker.logprobs import job_logprobs
-from worker.token_stream import JobStreamer, TokenSink
+from worker.streamer import JobStreamer
 
 log = logging.getLogger(__name__)
 
@@ -60,16 +66,17 @@ class RunnerStoppedError(RuntimeError):
 class JobRunner:
     def __init__(
         self, host: EngineHost, sessions: sessionmaker[Session], worker_id: str, *,
-        cancel_poll_s: float = 0.5, tokens: TokenSink | None = None,
+        limits: dict[str, int] | None = None, cancel_poll_s: float = 0.5, tokens: TokenSink | None = None,
     ) -> None:
         self.host = host
         self.worker_id = worker_id
+        self.limits = dict(limits or {})  # queue -> max_running in this worker; a queue not named: no hold
         self._sessions = sessions
         self._cancel_poll_s = cancel_poll_s
         self._streamer = JobStreamer(tokens) if tokens is not None else None  # text deltas to the API
         self._lock = threading.Lock()
         self._running: dict[str, RunningJob] = {}
-        self._idle = threading.Condition(self._lock)
+        self._job_left = threading.Condition(self._lock)
         self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="job-finisher")
         self._stop = threading.Event()
         self._shut_down = False
@@ -201,7 +208,7 @@ class JobRunner:
     def _release(self, handle: RunningJob) -> None:
         with self._lock:
             self._running.pop(handle.job_id, None)
-            self._idle.notify_all()
+            self._job_left.notify_all()
         if self._streamer is not None:
             self._streamer.end(handle.job_id, handle.attempt)
         try:
@@ -252,6 +259,20 @@ class JobRunner:
                 counts[handle.queue] = counts.get(handle.queue, 0) + 1
             return counts
 
+    def has_room(self, queue: str) -> bool:
+        """Whether a job of `queue` may start now: fewer than its max_running are in flight here."""
+        with self._lock:
+            return self._has_room(queue)
+
+    def wait_for_room(self, queue: str, timeout_s: float) -> bool:
+        """Blocks until has_room(queue) or timeout_s passes; says which."""
+        with self._lock:
+            return self._job_left.wait_for(lambda: self._has_room(queue), timeout_s)
+
+    def _has_room(self, queue: str) -> bool:
+        limit = self.limits.get(queue)
+        return limit is None or sum(1 for h in self._running.values() if h.queue == queue) < limit
+
     def wait_idle(self, timeout_s: float, tick: Callable[[], None] | None = None) -> bool:
         """Waits until no job is in flight, calling `tick` (e.g. flush acks) every 0.1 s in this thread."""
         deadline = time.monotonic() + timeout_s
@@ -262,7 +283,7 @@ class JobRunner:
                 remaining = deadline - time.monotonic()
                 if not self._running or remaining <= 0:
                     return not self._running
-                self._idle.wait(min(0.1, remaining))
+                self._job_left.wait(min(0.1, remaining))
 
     def shutdown(
         self, grace_s: float, publish: Publish | None, tick: Callable[[], None] | None = None

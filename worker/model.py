@@ -1,18 +1,27 @@
-"""Which model a worker loads, and the engine configuration the service's Settings map onto."""
+"""Which model a worker loads, and the engine configuration the service's Settings derive.
+
+One configuration: every Settings field named like an EngineConfig field is passed to the engine when set,
+and left to the engine's own default when None, so defaults live in one place (EngineConfig) and no field is
+copied by hand. Each queue becomes an engine request class of the same name, limit and priority.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
-from api.settings import Settings
+from core.settings import Settings
 from engine.config import EngineConfig, RequestClassConfig
 
 log = logging.getLogger(__name__)
 
-DEMO_MODEL_DIR = "demo-model"
+# EngineConfig fields the service does not take from Settings: the model comes from resolve_model, the request
+# classes from the queues, and the engine's base seed stays its own (jobs carry their own `seed`).
+NOT_FROM_SETTINGS = frozenset({"model", "request_classes", "seed"})
 
 
 def resolve_model(settings: Settings) -> str:
@@ -20,7 +29,7 @@ def resolve_model(settings: Settings) -> str:
     data_dir/demo-model."""
     if settings.model:
         return settings.model
-    path = Path(settings.data_dir) / DEMO_MODEL_DIR
+    path = settings.model_folder()
     if not (path / "config.json").is_file():
         _build_demo_model(path)
     log.warning(
@@ -30,27 +39,21 @@ def resolve_model(settings: Settings) -> str:
     return str(path)
 
 
+def engine_fields() -> list[str]:
+    """The EngineConfig fields Settings carries under the same name."""
+    return [f.name for f in dataclasses.fields(EngineConfig) if f.name not in NOT_FROM_SETTINGS]
+
+
 def engine_config(settings: Settings, model_path: str) -> EngineConfig:
-    """Settings' engine parameters, with one engine request class per queue (same name, limit, priority)."""
-    return EngineConfig(
-        model=model_path,
-        max_num_seqs=settings.max_num_seqs,
-        max_num_batched_tokens=settings.max_num_batched_tokens,
-        max_model_len=settings.max_model_len,
-        block_size=settings.block_size,
-        num_kv_blocks=settings.num_kv_blocks,
-        kv_cache_memory_bytes=settings.kv_cache_memory_bytes,
-        gpu_memory_utilization=settings.gpu_memory_utilization,
-        long_prefill_token_threshold=settings.long_prefill_token_threshold,
-        dtype=settings.dtype,
-        device=settings.device,
-        attention_backend=settings.attention_backend,
-        num_threads=settings.num_threads,
-        request_classes=[
-            RequestClassConfig(name=name, max_running=queue.max_running, priority=queue.priority)
-            for name, queue in settings.queues.items()
-        ],
-    )
+    """The engine's configuration: the fields Settings sets, one request class per queue, the model path."""
+    given: dict[str, Any] = {}
+    for name in engine_fields():
+        value = getattr(settings, name)
+        if value is not None:
+            given[name] = value
+    classes = [RequestClassConfig(name=name, max_running=queue.max_running, priority=queue.priority)
+               for name, queue in settings.queues.items()]
+    return EngineConfig(model=model_path, request_classes=classes, **given)
 
 
 def _build_demo_model(path: Path) -> None:

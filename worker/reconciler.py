@@ -21,13 +21,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Protocol
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.settings import Settings
-from api.store import jobs, workers
-from api.store.models import QUEUED, Job, utcnow
-from worker.dispatch import publish_and_mark
+from core.clock import utcnow
+from core.dispatch import publish_and_mark
+from core.settings import Settings
+from core.store import jobs, workers
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +91,7 @@ class Reconciler:
         total = 0
         for queue in self._queues:
             with self._sessions() as session:
-                lost = _dispatched_but_queued(session, queue, dispatched_before)
+                lost = jobs.dispatched_but_queued(session, queue, dispatched_before, REDISPATCH_BATCH)
             if not lost or self._broker.depth(queue) > 0:
                 continue
             log.warning("queue %s is empty in the broker but %d job(s) of it are queued: publishing again",
@@ -106,15 +105,3 @@ class Reconciler:
                 self.run_once()
             except Exception:  # store or broker briefly unreachable: try again next round
                 log.exception("reconcile failed")
-
-
-def _dispatched_but_queued(
-    session: Session, queue: str, dispatched_before: datetime
-) -> list[tuple[str, str]]:
-    query = (
-        select(Job.id, Job.queue)
-        .where(Job.status == QUEUED, Job.queue == queue, Job.dispatched_at < dispatched_before)
-        .order_by(Job.created_at)
-        .limit(REDISPATCH_BATCH)
-    )
-    return [(job_id, name) for job_id, name in session.execute(query)]

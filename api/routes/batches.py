@@ -14,9 +14,11 @@ from api.deps import ServicesDep, SessionDep
 from api.errors import ApiError, not_found
 from api.schemas.batches import BatchCreate, BatchList, BatchPublic
 from api.schemas.errors import ErrorBody
-from api.store import batches, files
-from api.store.batches import BATCH_CANCELLED, CANCELLING, Batch
-from api.store.models import utcnow
+from core.clock import utcnow
+from core.lifecycle import BATCH_CANCELLED, CANCELLING
+from core.store import batches, files
+from core.store.tables import Batch
+from core.views import batch_public
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
 ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorBody} for s in (401, 404, 409, 422)}
@@ -93,7 +95,7 @@ def _check_metadata(body: BatchCreate, limit: int) -> None:
 
 
 def _public(batch: Batch) -> BatchPublic:
-    return BatchPublic.model_validate(batches.to_public(batch))
+    return BatchPublic.model_validate(batch_public(batch))
 
 
 def _batch_or_404(session: Session, batch_id: str, tenant: str) -> Batch:

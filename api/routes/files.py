@@ -16,8 +16,9 @@ from api.deps import Services, ServicesDep, SessionDep
 from api.errors import ApiError, not_found
 from api.schemas.errors import ErrorBody
 from api.schemas.files import FileList, FilePublic
-from api.store import blobs, files
-from api.store.models import utcnow
+from core.clock import utcnow
+from core.store import blobs, files
+from core.store.tables import File
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
 ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorBody} for s in (401, 404, 413, 422)}
@@ -35,7 +36,7 @@ async def upload_file(request: Request, services: ServicesDep, tenant: CurrentTe
             raise ApiError(422, "invalid_request", f"purpose: must be 'batch', got {purpose!r}", "purpose")
         if not isinstance(upload, UploadFile):
             raise ApiError(422, "invalid_request", "file: a file part is required", "file")
-        row = files.File(id=files.new_file_id(), tenant_id=tenant, purpose=files.BATCH,
+        row = File(id=files.new_file_id(), tenant_id=tenant, purpose=files.BATCH,
                          filename=_filename(upload.filename), bytes=0, url="", created_at=utcnow())
         row.url = blobs.blob_url(services.settings, row.id)
         row.bytes = await run_in_threadpool(_save, services, upload, row.url)
@@ -87,13 +88,13 @@ def _save(services: Services, upload: UploadFile, url: str) -> int:
     return size
 
 
-def _insert(services: Services, row: files.File) -> None:
+def _insert(services: Services, row: File) -> None:
     with services.session_factory() as session:
         files.add(session, row)
         session.commit()
 
 
-def _file_or_404(session: Session, file_id: str, tenant: str) -> files.File:
+def _file_or_404(session: Session, file_id: str, tenant: str) -> File:
     row = files.get(session, file_id, tenant)
     if row is None:
         raise not_found("file", file_id)

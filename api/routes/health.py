@@ -8,8 +8,8 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from api.deps import Services, ServicesDep
 from api.schemas.health import Check, Health, Readiness
-from api.store import readiness, workers
-from api.store.models import utcnow
+from core.clock import utcnow
+from core.store import database, workers
 
 router = APIRouter(tags=["health"])
 
@@ -34,7 +34,7 @@ def metrics(services: ServicesDep) -> Response:
 def _database(services: Services) -> Check:
     try:
         with services.session_factory() as session:
-            readiness.ping(session)
+            database.ping(session)
     except Exception as exc:
         return Check(ok=False, detail=f"unreachable: {type(exc).__name__}")
     return Check(ok=True, detail="reachable")

@@ -12,10 +12,13 @@ from api.auth import CurrentTenant
 from api.deps import ServicesDep, SessionDep
 from api.errors import ApiError, not_found
 from api.schemas.errors import ErrorBody
-from api.schemas.jobs import JobCreate, JobList, JobPublic, JobStatus
-from api.store import jobs
-from api.store.models import CANCELLED, Job, utcnow
+from api.schemas.jobs import JobCreate, JobList
 from api.submit import submit
+from core.clock import utcnow
+from core.lifecycle import CANCELLED
+from core.store import jobs
+from core.store.tables import Job
+from core.views import JobPublic, JobStatus
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorBody} for s in (401, 404, 409, 413, 422, 429)}

@@ -26,14 +26,14 @@ from api.auth import bearer_scheme, current_tenant
 from api.deps import Services, ServicesDep
 from api.errors import field_name
 from api.openai_errors import OpenAIError, OpenAIRoute
-from api.openai_format import ChunkHeader, GenerationResult, chunk, usage_chunk
-from api.openai_format import chat_completion as chat_body
-from api.openai_format import text_completion as text_body
 from api.openai_sync import ClientGoneError, FollowedJob, JobOutcome
 from api.schemas.jobs import JobCreate
 from api.schemas.openai import ChatCompletionCreate, CompletionCreate, ModelCard, ModelList, OpenAISampling
-from api.settings import Settings
-from api.token_stream import TokenStream
+from core.openai_objects import ChunkHeader, GenerationResult, chunk, usage_chunk
+from core.openai_objects import chat_completion as chat_body
+from core.openai_objects import text_completion as text_body
+from core.settings import Settings
+from core.token_stream import TokenStream
 
 router = APIRouter(prefix="/v1", tags=["openai"], route_class=OpenAIRoute)
 QUEUE = "interactive"

@@ -8,8 +8,8 @@ from api.auth import CurrentTenant
 from api.deps import ServicesDep, SessionDep
 from api.schemas.errors import ErrorBody
 from api.schemas.queues import QueueList, QueuePublic
-from api.store import jobs
-from api.store.models import utcnow
+from core.clock import utcnow
+from core.store import jobs
 
 router = APIRouter(prefix="/v1/queues", tags=["queues"])
 

@@ -21,9 +21,9 @@ from api.schemas.webhooks import (
     WebhookList,
     WebhookPublic,
 )
-from api.store import batches, jobs, webhooks
-from api.store.models import utcnow
 from api.webhook_targets import check_webhook_target
+from core.clock import utcnow
+from core.store import batches, jobs, webhooks
 
 router = APIRouter(tags=["webhooks"])
 ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorBody} for s in (401, 404, 422)}

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from api.store.files import File
+from core.store.tables import File
 
 
 class FilePublic(BaseModel):

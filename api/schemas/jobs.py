@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, AnyHttpUrl, BaseModel, ConfigDict, Field
 
-from api.store.models import Job
+from core.views import JobPublic
 
-JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled", "expired"]
 SAMPLING_FIELDS = (
     "max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
     "ignore_eos", "repetition_penalty", "logprobs",
@@ -88,78 +86,6 @@ class JobCreate(BaseModel):
         return {"url": str(self.webhook)}
 
 
-class TokenLogprob(BaseModel):
-    token_id: int
-    text: str = Field(description="the token decoded on its own (special tokens included)")
-    logprob: float
-
-
-class GeneratedTokenLogprob(TokenLogprob):
-    top_logprobs: list[TokenLogprob] = Field(description="the `logprobs` most likely tokens, best first")
-
-
-class JobResult(BaseModel):
-    text: str
-    finish_reason: str | None
-    logprobs: list[GeneratedTokenLogprob] | None = Field(
-        None, description="per generated token, when the job asked for `logprobs`; else null"
-    )
-
-
-class JobUsage(BaseModel):
-    prompt_tokens: int | None
-    completion_tokens: int | None
-
-
-class JobError(BaseModel):
-    code: str
-    message: str | None
-
-
-class JobPublic(BaseModel):
-    id: str
-    status: JobStatus
-    queue: str
-    result: JobResult | None
-    usage: JobUsage
-    error: JobError | None
-    created_at: datetime
-    started_at: datetime | None
-    first_token_at: datetime | None
-    finished_at: datetime | None
-    expires_at: datetime | None
-    queue_time_s: float | None = Field(description="started_at - created_at")
-    time_to_first_token_s: float | None = Field(description="first_token_at - created_at")
-    end_to_end_s: float | None = Field(description="finished_at - created_at")
-    attempts: int
-    preemptions: int
-    metadata: dict[str, Any] | None
-
-    @classmethod
-    def from_row(cls, job: Job) -> JobPublic:
-        result = None
-        if job.result_text is not None:
-            logprobs = None
-            if job.logprobs is not None:
-                logprobs = [GeneratedTokenLogprob.model_validate(entry) for entry in job.logprobs]
-            result = JobResult(text=job.result_text, finish_reason=job.finish_reason, logprobs=logprobs)
-        error = JobError(code=job.error_code, message=job.error_message) if job.error_code else None
-        return cls(
-            id=job.id, status=job.status, queue=job.queue, result=result,  # type: ignore[arg-type]
-            usage=JobUsage(prompt_tokens=job.prompt_tokens, completion_tokens=job.completion_tokens),
-            error=error, created_at=job.created_at, started_at=job.started_at,
-            first_token_at=job.first_token_at, finished_at=job.finished_at, expires_at=job.expires_at,
-            queue_time_s=_seconds(job.created_at, job.started_at),
-            time_to_first_token_s=_seconds(job.created_at, job.first_token_at),
-            end_to_end_s=_seconds(job.created_at, job.finished_at),
-            attempts=job.attempts, preemptions=job.preemptions, metadata=job.meta,
-        )
-
-
 class JobList(BaseModel):
     data: list[JobPublic]
     next_cursor: str | None = Field(description="pass as `cursor` for the next page; null on the last page")
-
-
-def _seconds(start: datetime, end: datetime | None) -> float | None:
-    return None if end is None else round((end - start).total_seconds(), 6)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from api.settings import QueueSettings
+from core.settings import QueueSettings
 
 
 class QueuePublic(BaseModel):

@@ -7,8 +7,8 @@ from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from api.store.webhook_models import Attempt, Delivery, Subscription
-from api.webhooks.events import EVENT_TYPES, validate_filter
+from core.store.tables import Attempt, Delivery, Subscription
+from core.webhooks.events import EVENT_TYPES, validate_filter
 
 
 class WebhookCreate(BaseModel):

@@ -8,9 +8,9 @@ from typing import Any
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.settings import Settings
-from api.store import keys
-from api.store.models import utcnow
+from core.clock import utcnow
+from core.settings import Settings
+from core.store import keys
 
 
 class RecordingPublisher:

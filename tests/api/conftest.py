@@ -13,9 +13,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.app import create_app
-from api.settings import Settings
-from api.store.db import make_engine, make_session_factory
-from api.tokens import PromptTokenizer
+from api.prompt_tokenizer import PromptTokenizer
+from core.settings import Settings
+from core.store.database import make_db_engine, make_session_factory
 
 
 @pytest.fixture(scope="session")
@@ -25,9 +25,9 @@ def prompt_tokenizer(demo_model_dir: Path) -> PromptTokenizer:
 
 @pytest.fixture
 def session_factory(database_url: str) -> Iterator[sessionmaker[Session]]:
-    engine = make_engine(database_url)
-    yield make_session_factory(engine)
-    engine.dispose()
+    db_engine = make_db_engine(database_url)
+    yield make_session_factory(db_engine)
+    db_engine.dispose()
 
 
 @pytest.fixture

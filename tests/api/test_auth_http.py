@@ -9,9 +9,10 @@ from api_support import Service, error_of
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
-from api.settings import Settings
-from api.store import keys
-from api.store.models import DEFAULT_TENANT, ApiKey, utcnow
+from core.clock import utcnow
+from core.settings import Settings
+from core.store import keys
+from core.store.tables import DEFAULT_TENANT, ApiKey
 
 
 @pytest.mark.parametrize(
@@ -53,7 +54,7 @@ def test_auth_off_means_default_tenant(make_service: Callable[..., Service]) -> 
     r = svc.http.post("/v1/jobs", json={"prompt": "x"})
     assert r.status_code == 202
     with svc.session_factory() as s:
-        from api.store import jobs
+        from core.store import jobs
 
         job = jobs.get(s, r.json()["id"])
         assert job is not None and job.tenant_id == DEFAULT_TENANT

@@ -10,10 +10,10 @@ import pytest
 from api_support import Service
 from typer.testing import CliRunner
 
-from api.cli import app
-from api.client import ClientError, ConveyorClient
-from api.store import jobs
-from api.store.models import utcnow
+from cli.http_client import ClientError, ConveyorClient
+from cli.main import app
+from core.clock import utcnow
+from core.store import jobs
 
 runner = CliRunner()
 

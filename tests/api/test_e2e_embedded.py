@@ -16,8 +16,8 @@ from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
 from api.app import create_app
-from api.settings import Settings
-from api.tokens import PromptTokenizer
+from api.prompt_tokenizer import PromptTokenizer
+from core.settings import Settings
 
 ENGINE = dict(max_num_seqs=8, max_num_batched_tokens=256, num_kv_blocks=192, block_size=16, dtype="float32",
               device="cpu", attention_backend="torch")
@@ -132,8 +132,8 @@ def test_cli_client_against_a_real_server(
 ) -> None:
     import uvicorn
 
-    from api.cli import app as cli
-    from api.store.migrate import upgrade
+    from cli.main import app as cli
+    from core.store.migrate import upgrade
     from worker.embedded import EmbeddedRuntime
 
     upgrade(sqlite_url)

@@ -18,9 +18,9 @@ from api_support import Service, error_of
 from live_server import new_api_key, serving, wait_for
 
 from api.app import create_app
-from api.settings import Settings
-from api.store.migrate import upgrade
-from api.tokens import PromptTokenizer
+from api.prompt_tokenizer import PromptTokenizer
+from core.settings import Settings
+from core.store.migrate import upgrade
 
 ENGINE = dict(max_num_seqs=16, max_num_batched_tokens=256, num_kv_blocks=192, block_size=16, dtype="float32",
               device="cpu", attention_backend="torch")
@@ -282,7 +282,7 @@ def _forget_batches(service: Service) -> None:
     """These batches name buckets that do not exist: keep them away from later tests' batch runners."""
     from sqlalchemy import delete
 
-    from api.store.batches import Batch
+    from core.store.tables import Batch
 
     with service.session_factory() as session:
         session.execute(delete(Batch))

@@ -5,20 +5,18 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import func, select
 
-from api.store import batches, jobs, keys, webhooks, workers
-from api.store.batches import BatchLine
-from api.store.db import make_engine, make_session_factory
-from api.store.files import File, new_file_id
-from api.store.models import utcnow
-from api.store.tables import Base
-from api.store.webhook_models import Attempt
+from core.clock import utcnow
+from core.store import batches, jobs, keys, webhooks, workers
+from core.store.database import make_db_engine, make_session_factory
+from core.store.files import new_file_id
+from core.store.tables import Attempt, Base, BatchLine, File
 
 
 def _fill_every_table(url: str) -> None:
     """One row or more in each store table, as the service tests leave them."""
-    engine = make_engine(url)
+    db_engine = make_db_engine(url)
     now = utcnow()
-    with make_session_factory(engine)() as session:
+    with make_session_factory(db_engine)() as session:
         keys.create_key(session, "left-over", now)  # tenants, api_keys
         workers.register(session, "w-left-over", hostname="h", pid=1, queues=["documents"], now=now)
         jobs.add(session, jobs.NewJob(
@@ -40,15 +38,15 @@ def _fill_every_table(url: str) -> None:
         session.add(Attempt(delivery_id=delivery.id, number=1, attempted_at=now, outcome="retry",
                             duration_s=0.1))
         session.commit()
-    engine.dispose()
+    db_engine.dispose()
 
 
 def _row_counts(url: str) -> dict[str, int]:
-    engine = make_engine(url)
-    with engine.connect() as conn:
+    db_engine = make_db_engine(url)
+    with db_engine.connect() as conn:
         counts = {t.name: conn.execute(select(func.count()).select_from(t)).scalar_one()
                   for t in Base.metadata.sorted_tables}
-    engine.dispose()
+    db_engine.dispose()
     return counts
 
 

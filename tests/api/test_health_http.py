@@ -12,9 +12,9 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.orm import Session
 
-from api.store import jobs, workers
-from api.store.db import make_engine, make_session_factory
-from api.store.models import utcnow
+from core.clock import utcnow
+from core.store import jobs, workers
+from core.store.database import make_db_engine, make_session_factory
 
 
 def samples(service: Service) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -108,7 +108,7 @@ def test_each_app_has_its_own_registry(make_service: Callable[..., Service]) -> 
 
 def test_store_outage_is_503_in_the_error_shape(make_service: Callable[..., Service], tmp_path: Path) -> None:
     svc = make_service()
-    broken = make_session_factory(make_engine(f"sqlite:///{tmp_path}/missing-dir/none.db"))
+    broken = make_session_factory(make_db_engine(f"sqlite:///{tmp_path}/missing-dir/none.db"))
     svc.http.app.state.services = replace(svc.http.app.state.services, session_factory=broken)
     client = TestClient(svc.http.app, raise_server_exceptions=False)
     r = client.post("/v1/jobs", json={"prompt": "x"}, headers={"Authorization": "Bearer cvk_x"})

@@ -11,8 +11,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 from transformers import AutoTokenizer
 
-from api.store import jobs
-from api.store.models import utcnow
+from core.clock import utcnow
+from core.store import jobs
 
 
 def test_submit_run_complete_read_back(

@@ -8,9 +8,9 @@ from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import inspect, text
 
-from api.store.db import make_engine
-from api.store.migrate import alembic_config, upgrade
-from api.store.tables import Base
+from core.store.database import make_db_engine
+from core.store.migrate import alembic_config, upgrade
+from core.store.tables import Base
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -22,11 +22,11 @@ def fresh_url(request: pytest.FixtureRequest) -> str:
 def test_upgrade_head_matches_the_models(fresh_url: str) -> None:
     upgrade(fresh_url)
     upgrade(fresh_url)  # a second run is a no-op
-    engine = make_engine(fresh_url)
+    db_engine = make_db_engine(fresh_url)
     head = ScriptDirectory.from_config(alembic_config(fresh_url)).get_current_head()  # one linear history
-    with engine.connect() as conn:
+    with db_engine.connect() as conn:
         assert MigrationContext.configure(conn).get_current_revision() == head == "0004_job_logprobs"
         assert {"tenants", "api_keys", "jobs", "workers"} <= set(inspect(conn).get_table_names())
         assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
         assert conn.execute(text("SELECT id FROM tenants")).scalars().all() == ["default"]
-    engine.dispose()
+    db_engine.dispose()

@@ -17,12 +17,12 @@ from api_support import RecordingPublisher
 from live_server import WAIT_S, new_api_key, serving, wait_for
 
 from api.app import create_app
-from api.settings import Settings
-from api.store import jobs
-from api.store.db import make_engine, make_session_factory
-from api.store.migrate import upgrade
-from api.store.models import utcnow
-from api.tokens import PromptTokenizer
+from api.prompt_tokenizer import PromptTokenizer
+from core.clock import utcnow
+from core.settings import Settings
+from core.store import jobs
+from core.store.database import make_db_engine, make_session_factory
+from core.store.migrate import upgrade
 
 ENGINE = dict(max_num_seqs=8, max_num_batched_tokens=256, num_kv_blocks=192, block_size=16, dtype="float32",
               device="cpu", attention_backend="torch")
@@ -46,14 +46,14 @@ class Server:
         return openai.OpenAI(base_url=base_url, api_key=key or self.key, max_retries=0, timeout=timeout)
 
     def job(self, job_id: str) -> Any:
-        engine = make_engine(self.database_url)
+        db_engine = make_db_engine(self.database_url)
         try:
-            with make_session_factory(engine)() as session:
+            with make_session_factory(db_engine)() as session:
                 job = jobs.get(session, job_id)
                 assert job is not None, job_id
                 return job
         finally:
-            engine.dispose()
+            db_engine.dispose()
 
 
 @pytest.fixture(scope="module")
@@ -229,13 +229,13 @@ def test_sdk_error_classes(workerless: Server) -> None:
         client.chat.completions.create(model="gpt-4o", messages=MESSAGES)
     assert unknown.value.code == "model_not_found" and unknown.value.param == "model"
 
-    engine = make_engine(workerless.database_url)
-    with make_session_factory(engine)() as session:  # the one job the interactive queue may hold
+    db_engine = make_db_engine(workerless.database_url)
+    with make_session_factory(db_engine)() as session:  # the one job the interactive queue may hold
         jobs.add(session, jobs.NewJob(
             tenant_id="bob", queue="interactive", prompt="Hi", messages=None, params={}, meta=None,
             webhook=None, idempotency_key=None, request_hash="x", prompt_tokens=1, ttl_s=None, timeout_s=None,
         ), utcnow())
-    engine.dispose()
+    db_engine.dispose()
     with pytest.raises(openai.RateLimitError) as full:
         client.chat.completions.create(model=workerless.model, messages=MESSAGES, max_tokens=4)
     assert full.value.code == "queue_full" and full.value.response.headers["retry-after"] == "2"
@@ -275,13 +275,13 @@ def test_a_plain_request_whose_client_times_out_is_cancelled(
     client = workerless.client(timeout=1.0)
     with pytest.raises(openai.APITimeoutError):  # no worker: the job stays queued until the client gives up
         client.chat.completions.create(model=workerless.model, messages=MESSAGES)
-    engine = make_engine(workerless.database_url)
+    db_engine = make_db_engine(workerless.database_url)
     try:
-        with make_session_factory(engine)() as session:
+        with make_session_factory(db_engine)() as session:
             [job] = jobs.page(session, "bob", limit=2)
             job_id, params = job.id, job.params
     finally:
-        engine.dispose()
+        db_engine.dispose()
     wait_for(lambda: workerless.job(job_id).status == "cancelled", "the job to be cancelled")
     # Without max_tokens a chat asks for as many tokens as fit: the queue's cap within max_model_len.
     assert params["max_tokens"] == min(64, MAX_MODEL_LEN - prompt_tokenizer.count_messages(MESSAGES))

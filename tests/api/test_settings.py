@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from api.settings import Settings, load_settings
+from core.settings import Settings, load_settings
 
 
 def test_defaults(tmp_path: Path) -> None:

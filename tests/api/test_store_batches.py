@@ -10,9 +10,11 @@ import pytest
 from sqlalchemy import delete
 from sqlalchemy.orm import Session
 
-from api.store import batches, jobs
-from api.store.batches import LINE_FAILED, LINE_QUEUED, BatchLine, ChunkPosition
-from api.store.models import QUEUED, Job, utcnow
+from core.clock import utcnow
+from core.lifecycle import LINE_FAILED, LINE_QUEUED, QUEUED
+from core.store import batches, jobs
+from core.store.batches import ChunkPosition
+from core.store.tables import Batch, BatchLine, Job
 
 
 @pytest.fixture(autouse=True)
@@ -20,17 +22,17 @@ def _forget_batches(session: Session) -> Iterator[None]:
     """Batches left open in the shared Postgres database would be picked up by later tests' runners."""
     yield
     session.rollback()
-    for table in (BatchLine, batches.Batch):
+    for table in (BatchLine, Batch):
         session.execute(delete(table))
     session.commit()
 
 
-def _batch(session: Session, tenant: str = "default") -> batches.Batch:
+def _batch(session: Session, tenant: str = "default") -> Batch:
     return batches.create(session, tenant_id=tenant, input_url="s3://bucket-a/in.jsonl",
                           output_url="s3://bucket-a/out/", queue="documents", now=utcnow())
 
 
-def _job(batch: batches.Batch, line: int) -> Job:
+def _job(batch: Batch, line: int) -> Job:
     now = utcnow()
     meta = {"batch_id": batch.id, "line": line}
     return Job(id=jobs.new_job_id(), tenant_id=batch.tenant_id, queue="documents", status=QUEUED, prompt="hi",
@@ -39,7 +41,7 @@ def _job(batch: batches.Batch, line: int) -> Job:
                prompt_tokens=0)
 
 
-def _chunk(session: Session, batch: batches.Batch, owner: str, start: int, n_jobs: int,
+def _chunk(session: Session, batch: Batch, owner: str, start: int, n_jobs: int,
            bad_line: bool = False) -> list[Job]:
     new_jobs = [_job(batch, start + i) for i in range(n_jobs)]
     lines = [BatchLine(batch_id=batch.id, line=start + i, custom_id=f"c-{start + i}", status=LINE_QUEUED,

@@ -6,8 +6,8 @@ from datetime import datetime, timedelta, timezone
 
 from sqlalchemy.orm import Session
 
-from api.store import jobs
-from api.store.models import DEFAULT_TENANT
+from core.store import jobs
+from core.store.tables import DEFAULT_TENANT
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
 

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 from worker_support import SpareRedis, WorkerProcesses
 
-from api.store.db import make_engine, make_session_factory
+from core.store.database import make_db_engine, make_session_factory
 
 
 @pytest.fixture(scope="session")
@@ -29,9 +29,9 @@ def pg_url(emptied_postgres: str) -> str:
 
 @pytest.fixture
 def sessions(pg_url: str) -> Iterator[sessionmaker[Session]]:
-    engine = make_engine(pg_url)
-    yield make_session_factory(engine)
-    engine.dispose()
+    db_engine = make_db_engine(pg_url)
+    yield make_session_factory(db_engine)
+    db_engine.dispose()
 
 
 @pytest.fixture

@@ -21,14 +21,15 @@ from worker_support import (
     worker_env,
 )
 
-from api.settings import Settings
+from core.broker import BrokerPublisher
+from core.dispatch import publish_and_mark
+from core.settings import Settings
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
-from worker.dispatch import CeleryPublisher, publish_and_mark
 
 
 def _submit(
-    sessions: sessionmaker[Session], publisher: CeleryPublisher, prompt: str | None, queue: str, **kwargs: Any
+    sessions: sessionmaker[Session], publisher: BrokerPublisher, prompt: str | None, queue: str, **kwargs: Any
 ) -> str:
     """What the API does: commit the job, publish its id, mark it dispatched."""
     job_id = add_job(sessions, prompt, queue, **kwargs)
@@ -40,7 +41,7 @@ def test_jobs_in_both_queues_complete_and_greedy_text_matches_offline_engine(
     pg_url: str, redis_url: str, sessions: sessionmaker[Session], worker_model_dir: Path,
     worker_procs: WorkerProcesses, tmp_path: Path,
 ) -> None:
-    publisher = CeleryPublisher(Settings(database_url=pg_url, broker_url=redis_url))
+    publisher = BrokerPublisher(Settings(database_url=pg_url, broker_url=redis_url))
     worker_procs.start(worker_env(pg_url, redis_url, worker_model_dir, tmp_path))
     prompt = "The scheduler gives every running request"
     interactive = _submit(sessions, publisher, prompt, "interactive", max_tokens=24)
@@ -69,7 +70,7 @@ def test_documents_held_to_their_limit_while_interactive_jobs_pass(
     pg_url: str, redis_url: str, sessions: sessionmaker[Session], worker_model_dir: Path,
     worker_procs: WorkerProcesses, tmp_path: Path,
 ) -> None:
-    publisher = CeleryPublisher(Settings(database_url=pg_url, broker_url=redis_url))
+    publisher = BrokerPublisher(Settings(database_url=pg_url, broker_url=redis_url))
     worker_procs.start(worker_env(pg_url, redis_url, worker_model_dir, tmp_path,
                                   QUEUES__DOCUMENTS__MAX_RUNNING="1"))
     docs = [_submit(sessions, publisher, f"Document {i}: the river is calm", "documents", max_tokens=150,
@@ -93,7 +94,7 @@ def test_sigkilled_worker_job_runs_again_and_completes_exactly_once(
     pg_url: str, redis_url: str, sessions: sessionmaker[Session], worker_model_dir: Path,
     worker_procs: WorkerProcesses, tmp_path: Path,
 ) -> None:
-    publisher = CeleryPublisher(Settings(database_url=pg_url, broker_url=redis_url))
+    publisher = BrokerPublisher(Settings(database_url=pg_url, broker_url=redis_url))
     env = worker_env(pg_url, redis_url, worker_model_dir, tmp_path)
     first = worker_procs.start(env)
     job_id = _submit(sessions, publisher, "The model reads the prompt", "documents",
@@ -118,7 +119,7 @@ def test_jobs_accepted_while_the_broker_is_down_run_once_it_is_back(
     tmp_path: Path, spare_redis: SpareRedis,
 ) -> None:
     spare_redis.start()
-    publisher = CeleryPublisher(Settings(database_url=pg_url, broker_url=spare_redis.url))
+    publisher = BrokerPublisher(Settings(database_url=pg_url, broker_url=spare_redis.url))
     worker_procs.start(worker_env(pg_url, spare_redis.url, worker_model_dir, tmp_path,
                                   QUEUES__DOCUMENTS__MAX_RUNNING="1"))
     running_doc = _submit(sessions, publisher, "A long document", "documents", max_tokens=LONG_JOB_TOKENS,
@@ -149,10 +150,10 @@ def test_sigterm_finishes_the_running_job_and_marks_the_worker_stopped(
     pg_url: str, redis_url: str, sessions: sessionmaker[Session], worker_model_dir: Path,
     worker_procs: WorkerProcesses, tmp_path: Path,
 ) -> None:
-    from api.store import workers
-    from api.store.models import utcnow
+    from core.clock import utcnow
+    from core.store import workers
 
-    publisher = CeleryPublisher(Settings(database_url=pg_url, broker_url=redis_url))
+    publisher = BrokerPublisher(Settings(database_url=pg_url, broker_url=redis_url))
     proc = worker_procs.start(worker_env(pg_url, redis_url, worker_model_dir, tmp_path))
     job_id = _submit(sessions, publisher, "Children play in the park", "documents", max_tokens=400,
                      ignore_eos=True)

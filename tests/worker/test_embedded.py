@@ -11,14 +11,14 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 from worker_support import LONG_JOB_TOKENS, add_job, get_job, wait_finished, wait_for, wait_generating
 
-from api.settings import Settings
-from api.store import jobs
-from api.store.db import make_engine, make_session_factory
-from api.store.migrate import upgrade
-from api.store.models import utcnow
+from core.clock import utcnow
+from core.dispatch import publish_and_mark
+from core.settings import Settings
+from core.store import jobs
+from core.store.database import make_db_engine, make_session_factory
+from core.store.migrate import upgrade
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
-from worker.dispatch import publish_and_mark
 from worker.embedded import EmbeddedRuntime
 from worker.job_runner import JobRunner
 
@@ -26,9 +26,9 @@ from worker.job_runner import JobRunner
 @pytest.fixture
 def lite_sessions(sqlite_url: str) -> Iterator[sessionmaker[Session]]:
     upgrade(sqlite_url)
-    engine = make_engine(sqlite_url)
-    yield make_session_factory(engine)
-    engine.dispose()
+    db_engine = make_db_engine(sqlite_url)
+    yield make_session_factory(db_engine)
+    db_engine.dispose()
 
 
 @pytest.fixture

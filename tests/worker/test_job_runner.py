@@ -12,8 +12,8 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 from worker_support import LONG_JOB_TOKENS, RecordingPublisher, add_job, get_job, wait_for, wait_generating
 
-from api.store import jobs
-from api.store.models import utcnow
+from core.clock import utcnow
+from core.store import jobs
 from engine.config import EngineConfig, RequestClassConfig
 from engine.host import EngineHost
 from worker.job_runner import JobRunner

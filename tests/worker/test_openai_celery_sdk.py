@@ -13,10 +13,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from worker_support import LONG_JOB_TOKENS, WorkerProcesses, get_job, wait_for, worker_env
 
 from api.app import create_app
-from api.redis_token_stream import RedisTokenStream
-from api.settings import Settings
-from api.tokens import PromptTokenizer
-from worker.dispatch import CeleryPublisher
+from api.prompt_tokenizer import PromptTokenizer
+from api.token_subscriptions import RedisTokenStream
+from core.broker import BrokerPublisher
+from core.settings import Settings
 
 MESSAGES: list[Any] = [{"role": "user", "content": "Tell me about block tables."}]
 GREEDY: dict[str, Any] = {"temperature": 0, "max_tokens": 16, "extra_body": {"ignore_eos": True}}
@@ -29,7 +29,7 @@ def test_chat_plain_streamed_and_cancelled_through_celery_and_redis(
     queues = {"interactive": {"max_output_tokens": LONG_JOB_TOKENS}}
     settings = Settings(data_dir=tmp_path, database_url=pg_url, broker_url=redis_url,
                         model=str(worker_model_dir), auth_enabled=False, queues=queues)
-    publisher = CeleryPublisher(settings)
+    publisher = BrokerPublisher(settings)
     app = create_app(settings, publisher=publisher, tokenizer=PromptTokenizer(worker_model_dir),
                      token_stream=RedisTokenStream(redis_url))
     worker_procs.start(worker_env(pg_url, redis_url, worker_model_dir, tmp_path))

@@ -12,8 +12,9 @@ from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 from worker_support import RecordingPublisher, add_job, get_job
 
-from api.store import jobs, workers
-from api.store.models import Job, Worker, utcnow
+from core.clock import utcnow
+from core.store import jobs, workers
+from core.store.tables import Job, Worker
 from worker.reconciler import Reconciler
 
 

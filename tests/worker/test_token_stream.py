@@ -7,16 +7,11 @@ import asyncio
 import socket
 import threading
 
-from api.redis_token_stream import RedisTokenStream
-from api.token_stream import TokenEvent
+from api.token_subscriptions import RedisTokenStream
+from core.token_stream import TokenEvent
 from engine.outputs import RequestMetrics, RequestOutput
-from worker.token_stream import (
-    STREAM_EVERY_S,
-    STREAM_EVERY_TOKENS,
-    InProcessTokenStream,
-    JobStreamer,
-    RedisTokenSink,
-)
+from worker.streamer import STREAM_EVERY_S, STREAM_EVERY_TOKENS, JobStreamer
+from worker.token_sinks import InProcessTokenStream, RedisTokenSink
 
 
 class RecordingSink:

@@ -14,8 +14,9 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.store import jobs
-from api.store.models import Job, utcnow
+from core.clock import utcnow
+from core.store import jobs
+from core.store.tables import Job
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LONG_JOB_TOKENS = 2000  # long enough to be caught running on the tiny model (a few ms per token on CPU)

@@ -24,20 +24,17 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.settings import Settings
-from api.store import batches, blobs, files, webhook_events
-from api.store.batches import (
+from core.clock import utcnow
+from core.lifecycle import (
     BATCH_CANCELLED,
     BATCH_FAILED,
     COMPLETED,
+    LINE_CANCELLED,
     LINE_SUCCEEDED,
-    Batch,
-    BatchLine,
+    STOP_EXPIRED,
+    STOP_FAILED,
 )
-from api.store.models import Job, utcnow
-from worker.batches.lines import CHAT
-from worker.batches.manifest import BatchManifest
-from worker.batches.openai_format import (
+from core.openai_objects import (
     GenerationResult,
     batch_error_line,
     batch_result_line,
@@ -45,8 +42,14 @@ from worker.batches.openai_format import (
     new_id,
     text_completion,
 )
+from core.s3 import parse_s3_object_url, parse_s3_prefix_url
+from core.settings import Settings
+from core.store import batches, blobs, files, webhook_events
+from core.store.tables import Batch, BatchLine, File, Job
+from core.views import batch_public
+from worker.batches.lines import CHAT
+from worker.batches.manifest import BatchManifest
 from worker.batches.reader import ReadPosition
-from worker.batches.s3 import parse_s3_object_url, parse_s3_prefix_url
 from worker.batches.source import open_input
 from worker.batches.writer import JsonlWriter, LocalFileSink, ObjectSink, S3ObjectSink, open_s3_output
 
@@ -99,7 +102,7 @@ class BatchFinalizer:
                                  created_at=_ts(batch.created_at), started_at=_ts(batch.in_progress_at))
         outcome = _Outcome(manifest)
         outputs: dict[str, str] = {}
-        new_files: list[files.File] = []
+        new_files: list[File] = []
         try:
             if batch.output_url is not None:
                 outputs = self._write_s3(batch, outcome)
@@ -121,7 +124,7 @@ class BatchFinalizer:
             outcome.manifest.finished_at = utcnow().timestamp()
             return writer.close(outcome.manifest)
 
-    def _write_files(self, batch: Batch, outcome: _Outcome) -> list[files.File | None]:
+    def _write_files(self, batch: Batch, outcome: _Outcome) -> list[File | None]:
         """[output file, error file], each None when it would be empty."""
         output_id, error_id = files.new_file_id(), files.new_file_id()
         output_sink, error_sink = self._file_sink(output_id), self._file_sink(error_id)
@@ -144,12 +147,12 @@ class BatchFinalizer:
         return _CountingSink(LocalFileSink(Path(url)))
 
     def _commit_file(self, batch: Batch, file_id: str, writer: JsonlWriter, sink: _CountingSink,
-                     name: str) -> files.File | None:
+                     name: str) -> File | None:
         if not writer.lines:
             writer.abort()
             return None
         url = writer.close()
-        return files.File(id=file_id, tenant_id=batch.tenant_id, purpose=files.BATCH_OUTPUT,
+        return File(id=file_id, tenant_id=batch.tenant_id, purpose=files.BATCH_OUTPUT,
                           filename=f"{batch.id}_{name}.jsonl", bytes=sink.bytes, url=url, created_at=utcnow())
 
     # --- lines ------------------------------------------------------------------------------------
@@ -197,10 +200,10 @@ class BatchFinalizer:
 
     def _unread(self, batch: Batch, outcome: _Outcome) -> Iterator[tuple[bool, dict[str, Any]]]:
         """Lines the reading never reached: each becomes a cancelled (or expired) error line."""
-        code = "batch_expired" if batch.stop_reason == batches.STOP_EXPIRED else "batch_cancelled"
+        code = "batch_expired" if batch.stop_reason == STOP_EXPIRED else "batch_cancelled"
         message = {"batch_expired": "the batch expired before this line ran",
                    "batch_cancelled": "the batch was cancelled before this line ran"}[code]
-        if batch.stop_reason == batches.STOP_FAILED:
+        if batch.stop_reason == STOP_FAILED:
             return  # the input could not be read
         start = ReadPosition(batch.read_line, batch.read_offset)
         try:
@@ -225,7 +228,7 @@ class BatchFinalizer:
     # --- closing ----------------------------------------------------------------------------------
 
     def _close(self, batch: Batch, status: str, outcome: _Outcome, outputs: dict[str, str],
-               new_files: list[files.File | None]) -> str | None:
+               new_files: list[File | None]) -> str | None:
         now = utcnow()
         output_file, error_file = new_files if new_files else (None, None)
         with self._sessions() as session:
@@ -241,7 +244,7 @@ class BatchFinalizer:
                 if row is not None:
                     files.add(session, row)
             if status in _EVENTS:
-                webhook_events.enqueue_batch_event(session, batches.to_public(closed), _EVENTS[status],
+                webhook_events.enqueue_batch_event(session, batch_public(closed), _EVENTS[status],
                                                    closed.tenant_id, closed.webhook, now)
             session.commit()
         log.info("batch %s %s: %s", batch.id, status, outcome.manifest.to_dict()["request_counts"])
@@ -251,7 +254,7 @@ class BatchFinalizer:
 def _error_of(row: BatchLine, job: Job | None) -> tuple[str, str]:
     if row.error is not None:
         return str(row.error["code"]), str(row.error["message"])
-    if row.status == batches.LINE_CANCELLED or job is None or job.status in ("queued", "running"):
+    if row.status == LINE_CANCELLED or job is None or job.status in ("queued", "running"):
         return "batch_cancelled", "the batch was cancelled before this line finished"
     return job.error_code or "failed", job.error_message or "the request failed"
 

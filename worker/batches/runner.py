@@ -22,18 +22,28 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.settings import Settings
-from api.store import batches
-from api.store.batches import CANCELLING, FINALIZING, IN_PROGRESS, LINE_FAILED, LINE_QUEUED, Batch, BatchLine
-from api.store.jobs import new_job_id
-from api.store.models import QUEUED, Job, utcnow
+from core.clock import utcnow
+from core.dispatch import Publish, publish_and_mark
+from core.lifecycle import (
+    CANCELLING,
+    FINALIZING,
+    IN_PROGRESS,
+    LINE_FAILED,
+    LINE_QUEUED,
+    QUEUED,
+    STOP_EXPIRED,
+    STOP_FAILED,
+)
+from core.s3 import make_s3_client
+from core.settings import Settings
+from core.store import batches
+from core.store.jobs import new_job_id
+from core.store.tables import Batch, BatchLine, Job
 from worker.batches.finalize import BatchFinalizer
 from worker.batches.lines import BatchRequest, CustomIdSet, LineError, LineLimits, parse_line
+from worker.batches.prompt_length import PromptTokenizer, prompt_token_counter
 from worker.batches.reader import LineStream, ReadPosition
-from worker.batches.s3 import make_s3_client
 from worker.batches.source import open_input
-from worker.batches.tokens import PromptTokenizer, prompt_token_counter
-from worker.dispatch import Publish, publish_and_mark
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +132,7 @@ class BatchRunner:
             return False
         now = utcnow()
         if batch.expires_at is not None and now >= batch.expires_at:
-            return self._stop_early(batch, batches.STOP_EXPIRED, None)
+            return self._stop_early(batch, STOP_EXPIRED, None)
         if not batch.read_done:
             return self._read_chunk(batch, now)
         with self._sessions() as session:
@@ -145,7 +155,7 @@ class BatchRunner:
             log.warning("batch %s: input %s could not be read: %s", batch.id, batch.input_url, exc)
             message = f"the input could not be read: {type(exc).__name__}"
             error = {"code": "input_unreadable", "message": message, "line": None, "param": "input"}
-            return self._stop_early(batch, batches.STOP_FAILED, [error])
+            return self._stop_early(batch, STOP_FAILED, [error])
         position = batches.ChunkPosition(start_line=batch.read_line, next_line=source.stream.position.line,
                                          next_offset=source.stream.position.offset, done=done)
         with self._sessions() as session:

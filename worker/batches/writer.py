@@ -11,8 +11,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 
+from core.s3 import S3Location
 from worker.batches.manifest import BatchManifest
-from worker.batches.s3 import S3Location
 
 MIN_PART_BYTES = 5 * 1024 * 1024
 DEFAULT_PART_BYTES = 8 * 1024 * 1024

@@ -19,10 +19,10 @@ from typing import Any
 
 import httpx
 
-from api.webhooks.attempt import AttemptResult, Outcome
-from api.webhooks.events import encode_event
-from api.webhooks.signing import signature_headers
-from api.webhooks.ssrf import TargetRefused
+from core.webhooks.attempt import AttemptResult, Outcome
+from core.webhooks.events import encode_event
+from core.webhooks.signing import signature_headers
+from core.webhooks.ssrf import TargetRefused
 from worker.webhooks.backoff import next_attempt_at, parse_retry_after
 
 DEFAULT_TIMEOUT_S = 15.0

@@ -15,10 +15,10 @@ from datetime import datetime, timedelta
 import httpx
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.settings import Settings
-from api.store import webhooks
-from api.store.models import utcnow
-from api.webhooks.ssrf import SsrfPolicy
+from core.clock import utcnow
+from core.settings import Settings
+from core.store import webhooks
+from core.webhooks.ssrf import SsrfPolicy
 from worker.webhooks.delivery import deliver
 from worker.webhooks.pinned import webhook_client
 

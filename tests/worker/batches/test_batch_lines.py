@@ -5,6 +5,7 @@ from typing import Any
 
 import pytest
 
+from core.s3 import S3Location
 from worker.batches.lines import (
     CHAT,
     COMPLETIONS,
@@ -15,7 +16,6 @@ from worker.batches.lines import (
     parse_line,
 )
 from worker.batches.reader import OversizeLine, open_s3_lines
-from worker.batches.s3 import S3Location
 
 
 def _words(request: BatchRequest) -> int:

@@ -14,11 +14,13 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 from worker_support import wait_for
 
-from api.settings import Settings
-from api.store import batches
-from api.store.models import utcnow
+from core.clock import utcnow
+from core.lifecycle import OPEN_BATCH_STATUSES
+from core.s3 import make_s3_client
+from core.settings import Settings
+from core.store import batches
+from core.store.tables import Batch
 from worker.batches.runner import BatchRunner
-from worker.batches.s3 import make_s3_client
 
 ENGINE = dict(max_num_seqs=32, max_num_batched_tokens=512, num_kv_blocks=256, block_size=16, dtype="float32",
               device="cpu", attention_backend="torch")
@@ -37,13 +39,13 @@ def _no_batches(pg_url: str) -> None:
     """The session's Postgres database outlives a test: runners here must see only this test's batches."""
     from sqlalchemy import text
 
-    from api.store.db import make_engine
+    from core.store.database import make_db_engine
 
-    engine = make_engine(pg_url)
-    with engine.begin() as conn:
+    db_engine = make_db_engine(pg_url)
+    with db_engine.begin() as conn:
         for table in ("batch_lines", "batches", "files"):
             conn.execute(text(f"DELETE FROM {table}"))
-    engine.dispose()
+    db_engine.dispose()
 
 
 @pytest.fixture
@@ -57,10 +59,10 @@ def batch_settings(make_settings: Callable[..., Settings], pg_url: str, demo_mod
 def runtime(batch_settings: Settings, sessions: sessionmaker[Session], s3: Any,
             monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """Engine, job feeders and reconciler; no batch runner of its own."""
-    import worker.embedded
+    import worker.services
     from worker.embedded import EmbeddedRuntime
 
-    monkeypatch.setattr(worker.embedded, "make_batch_runner", lambda *args: _NoRunner())
+    monkeypatch.setattr(worker.services, "make_batch_runner", lambda *args: _NoRunner())
     rt = EmbeddedRuntime(batch_settings, sessions=sessions)
     rt.start()
     yield rt
@@ -90,14 +92,14 @@ def _create(sessions: sessionmaker[Session], bucket: str, key: str, queue: str =
 
 def _events(sessions: sessionmaker[Session], batch_id: str) -> list[dict[str, Any]]:
     """The batch.* events enqueued for the batch's own webhook."""
-    from api.store import webhooks
+    from core.store import webhooks
 
     with sessions() as session:
         deliveries = webhooks.for_subject(session, "default", "batch", batch_id)
     return [d.payload for d in deliveries if d.url == HOOK]
 
 
-def _get(sessions: sessionmaker[Session], batch_id: str) -> batches.Batch:
+def _get(sessions: sessionmaker[Session], batch_id: str) -> Batch:
     with sessions() as session:
         batch = batches.get(session, batch_id)
     assert batch is not None
@@ -105,9 +107,9 @@ def _get(sessions: sessionmaker[Session], batch_id: str) -> batches.Batch:
 
 
 def _drive(runner: BatchRunner, sessions: sessionmaker[Session], batch_id: str,
-           until: Callable[[batches.Batch], bool] | None = None) -> batches.Batch:
+           until: Callable[[Batch], bool] | None = None) -> Batch:
     """Runs the runner's rounds until the batch is closed (or `until` holds)."""
-    until = until or (lambda b: b.status not in batches.OPEN_STATUSES)
+    until = until or (lambda b: b.status not in OPEN_BATCH_STATUSES)
 
     def done() -> bool:
         runner.run_once()
@@ -243,7 +245,7 @@ def test_a_dead_runner_is_resumed_without_redoing_lines(runtime: Any, batch_sett
     with sessions() as session:
         from sqlalchemy import func, select
 
-        from api.store.models import Job
+        from core.store.tables import Job
 
         jobs_made = session.execute(select(func.count()).select_from(Job)
                                     .where(Job.meta["batch_id"].as_string() == batch_id)).scalar_one()
@@ -252,15 +254,15 @@ def test_a_dead_runner_is_resumed_without_redoing_lines(runtime: Any, batch_sett
 
 _DOOMED_RUNNER = """
 import sys, time
-from api.settings import Settings
-from api.store.db import make_engine, make_session_factory
+from core.settings import Settings
+from core.store.database import make_db_engine, make_session_factory
 from worker.batches.runner import BatchRunner
-from worker.batches.s3 import make_s3_client
+from core.s3 import make_s3_client
 
 database_url, endpoint = sys.argv[1:3]
 settings = Settings(database_url=database_url, s3_endpoint_url=endpoint, s3_region="us-east-1",
                     worker_dead_after_s=2.0, batch_window_jobs=64)
-sessions = make_session_factory(make_engine(database_url))
+sessions = make_session_factory(make_db_engine(database_url))
 
 def publish(job_id: str, queue: str) -> None:  # no broker here: the test's reconciler publishes the jobs
     raise ConnectionError("no broker in this process")

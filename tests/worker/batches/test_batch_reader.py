@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError, ResponseStreamingError
 
+from core.s3 import S3Location
 from worker.batches.reader import (
     LineStream,
     OversizeLine,
@@ -16,7 +17,6 @@ from worker.batches.reader import (
     open_s3_lines,
     skip_to_line,
 )
-from worker.batches.s3 import S3Location
 
 MiB = 1024 * 1024
 

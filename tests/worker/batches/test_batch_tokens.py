@@ -6,7 +6,7 @@ import pytest
 
 from engine.tokenizer import Tokenizer
 from worker.batches.lines import BatchRequest, CustomIdSet, LineError, LineLimits, parse_line
-from worker.batches.tokens import prompt_token_counter
+from worker.batches.prompt_length import prompt_token_counter
 
 
 @pytest.fixture(scope="module")

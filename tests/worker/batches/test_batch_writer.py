@@ -7,8 +7,7 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from worker.batches.manifest import BatchManifest
-from worker.batches.openai_format import (
+from core.openai_objects import (
     GenerationResult,
     batch_error_line,
     batch_result_line,
@@ -16,7 +15,8 @@ from worker.batches.openai_format import (
     new_id,
     text_completion,
 )
-from worker.batches.s3 import S3Location
+from core.s3 import S3Location
+from worker.batches.manifest import BatchManifest
 from worker.batches.writer import (
     MIN_PART_BYTES,
     JsonlWriter,

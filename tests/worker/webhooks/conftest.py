@@ -13,9 +13,11 @@ from sqlalchemy.orm import Session, sessionmaker
 from webhook_receiver import Receiver
 from webhook_service import WEBHOOK_TABLES, NullPublisher, WebhookService
 
-from api.settings import Settings
-from api.store.db import make_engine, make_session_factory
-from worker.webhooks import SsrfPolicy, generate_secret, webhook_client
+from core.settings import Settings
+from core.store.database import make_db_engine, make_session_factory
+from core.webhooks.signing import generate_secret
+from core.webhooks.ssrf import SsrfPolicy
+from worker.webhooks.pinned import webhook_client
 from worker.webhooks.sender import WebhookSender
 
 
@@ -46,11 +48,11 @@ def webhook_service(database_url: str, make_settings: Callable[..., Settings], d
                     receiver: Receiver) -> Iterator[WebhookService]:
     """The app on SQLite or Postgres with the loopback receiver allowlisted; webhook tables emptied."""
     from api.app import create_app
-    from api.tokens import PromptTokenizer
+    from api.prompt_tokenizer import PromptTokenizer
 
     settings = make_settings(database_url=database_url, webhook_allowlist=["127.0.0.1"])
-    engine = make_engine(database_url)
-    sessions = make_session_factory(engine)
+    db_engine = make_db_engine(database_url)
+    sessions = make_session_factory(db_engine)
     _empty_webhook_tables(sessions)
     app = create_app(settings, publisher=NullPublisher(), tokenizer=PromptTokenizer(demo_model_dir),
                      session_factory=sessions)
@@ -60,7 +62,7 @@ def webhook_service(database_url: str, make_settings: Callable[..., Settings], d
     finally:
         sender.stop()
         _empty_webhook_tables(sessions)
-        engine.dispose()
+        db_engine.dispose()
 
 
 def _empty_webhook_tables(sessions: sessionmaker[Session]) -> None:

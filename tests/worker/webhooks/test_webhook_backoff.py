@@ -6,8 +6,15 @@ from email.utils import format_datetime
 
 import pytest
 
-from worker.webhooks import MAX_ATTEMPTS, RETRY_DELAYS, next_attempt_at, parse_retry_after, retry_delay
-from worker.webhooks.backoff import JITTER, MAX_RETRY_AFTER
+from worker.webhooks.backoff import (
+    JITTER,
+    MAX_ATTEMPTS,
+    MAX_RETRY_AFTER,
+    RETRY_DELAYS,
+    next_attempt_at,
+    parse_retry_after,
+    retry_delay,
+)
 
 NOW = datetime(2026, 11, 30, 5, 0, tzinfo=timezone.utc)
 THREE_DAYS = timedelta(days=3).total_seconds()

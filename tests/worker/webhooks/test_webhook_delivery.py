@@ -10,17 +10,12 @@ import pytest
 from standardwebhooks import Webhook
 from webhook_receiver import Receiver, Reply
 
-from worker.webhooks import (
-    MAX_ATTEMPTS,
-    SsrfPolicy,
-    WebhookSecret,
-    active_secrets,
-    build_event,
-    deliver,
-    generate_secret,
-    webhook_client,
-)
-from worker.webhooks.delivery import ERROR_TEXT_CHARS, RESPONSE_EXCERPT_BYTES
+from core.webhooks.events import build_event
+from core.webhooks.signing import WebhookSecret, active_secrets, generate_secret
+from core.webhooks.ssrf import SsrfPolicy
+from worker.webhooks.backoff import MAX_ATTEMPTS
+from worker.webhooks.delivery import ERROR_TEXT_CHARS, RESPONSE_EXCERPT_BYTES, deliver
+from worker.webhooks.pinned import webhook_client
 
 
 def _event() -> dict[str, object]:

@@ -12,9 +12,9 @@ from standardwebhooks import Webhook
 from webhook_receiver import Receiver
 from webhook_service import WebhookService
 
-from api.store import batches, webhooks
-from api.store.models import utcnow
-from api.store.webhook_events import enqueue_batch_event
+from core.clock import utcnow
+from core.store import batches, webhooks
+from core.store.webhook_events import enqueue_batch_event
 
 REFUSED = [
     ("http://10.1.2.3/hook", "plain http"),

@@ -15,8 +15,8 @@ from standardwebhooks import Webhook
 from webhook_receiver import Receiver
 from webhook_service import WEBHOOK_TABLES
 
-from api.settings import Settings
-from api.store.db import make_engine
+from core.settings import Settings
+from core.store.database import make_db_engine
 
 ENGINE = dict(max_num_seqs=4, max_num_batched_tokens=128, num_kv_blocks=64, block_size=16, dtype="float32",
               device="cpu", attention_backend="torch")
@@ -27,7 +27,7 @@ WAIT_S = 120.0   # a hang guard, not a speed assertion
 def embedded(database_url: str, make_settings: Callable[..., Settings], demo_model_dir: Path,
              receiver: Receiver) -> Iterator[TestClient]:
     from api.app import create_app
-    from api.tokens import PromptTokenizer
+    from api.prompt_tokenizer import PromptTokenizer
     from worker.embedded import EmbeddedRuntime
 
     _empty(database_url)
@@ -70,8 +70,8 @@ def test_a_finished_job_is_delivered_by_the_runtime(embedded: TestClient, receiv
 
 
 def _empty(database_url: str) -> None:
-    engine = make_engine(database_url)
-    with engine.begin() as conn:
+    db_engine = make_db_engine(database_url)
+    with db_engine.begin() as conn:
         for table in WEBHOOK_TABLES:
             conn.execute(text(f"DELETE FROM {table}"))
-    engine.dispose()
+    db_engine.dispose()

@@ -16,9 +16,9 @@ from standardwebhooks.webhooks import WebhookVerificationError
 from webhook_receiver import Receiver, Reply
 from webhook_service import WebhookService
 
-from api.store import jobs
-from api.store.models import utcnow
-from worker.webhooks import verify
+from core.clock import utcnow
+from core.store import jobs
+from core.webhooks.signing import verify
 
 
 def subscribe(client: TestClient, url: str, events: list[str] | None = None) -> dict[str, Any]:

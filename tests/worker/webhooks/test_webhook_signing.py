@@ -8,7 +8,7 @@ import pytest
 from standardwebhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError
 
-from worker.webhooks import (
+from core.webhooks.signing import (
     SignatureError,
     WebhookSecret,
     active_secrets,

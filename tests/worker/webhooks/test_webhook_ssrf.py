@@ -4,8 +4,8 @@ import httpx
 import pytest
 from webhook_receiver import Receiver
 
-from api.webhooks.ssrf import Resolver
-from worker.webhooks import PinnedTransport, SsrfPolicy, TargetRefused, check_target, webhook_client
+from core.webhooks.ssrf import Resolver, SsrfPolicy, TargetRefused, check_target
+from worker.webhooks.pinned import PinnedTransport, webhook_client
 
 PUBLIC = "93.184.216.34"
 

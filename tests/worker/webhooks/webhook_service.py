@@ -10,9 +10,9 @@ from typing import Any
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.settings import Settings
-from api.store import jobs, keys
-from api.store.models import utcnow
+from core.clock import utcnow
+from core.settings import Settings
+from core.store import jobs, keys
 from worker.webhooks.sender import WebhookSender
 
 WEBHOOK_TABLES = ("webhook_attempts", "webhook_deliveries", "webhook_subscriptions", "webhook_secrets")

@@ -1,0 +1,297 @@
+"""`conveyor bench` / `python -m bench`: argument parsing onto BenchOptions, then the bench or an
+experiment. See the README's Benchmarking section for examples."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from rich.console import Console
+
+from bench import plots
+from bench.experiment import ENGINE_FIELDS, BenchOptions, bench, experiment, parse_value
+from bench.workload import LONG, PROFILES, SHORT, Range, WorkloadSpec
+
+# Random-weight Llama-shaped models the bench can build for itself: `--model preset:NAME`.
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": {},  # engine.demo.build_tiny_model's defaults (~0.1M parameters)
+    "llama-25m": dict(
+        hidden_size=512,
+        num_hidden_layers=6,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        intermediate_size=1408,
+        vocab_size=8000,
+        max_position_embeddings=2048,
+    ),
+}
+DESCRIPTION = (
+    "Benchmark the engine in-process or a running service: seeded workloads per queue, per-group metrics, "
+    "decision sheets for one-parameter changes (--compare/--sweep), and Hugging Face peers (--peer hf)."
+)
+DEFAULT_MODEL_CACHE = Path.home() / ".cache" / "conveyor" / "bench-models"
+MISSING_EXTRA = (
+    "conveyor bench: matplotlib (the plots) is not installed; install the bench extra: "
+    "pip install -e '.[bench]' in a checkout, or pip install 'conveyor[bench]'"
+)
+T = TypeVar("T")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="conveyor bench", description=DESCRIPTION)
+    target = p.add_argument_group("target")
+    target.add_argument(
+        "--target",
+        choices=("engine", "http"),
+        default="engine",
+        help="the engine in-process (default) or a running service over HTTP",
+    )
+    target.add_argument(
+        "--model",
+        help="model folder, or preset:tiny / preset:llama-25m (built once, random "
+        "weights); over HTTP only its tokenizer is used, to send synthesised prompts as text",
+    )
+    target.add_argument(
+        "--model-cache", type=Path, default=DEFAULT_MODEL_CACHE, help="where presets are built"
+    )
+    target.add_argument("--url", default="http://127.0.0.1:8000", help="service base URL (HTTP target)")
+    target.add_argument("--api-key", help="Bearer API key (HTTP target)")
+    target.add_argument("--poll", type=float, default=0.2, help="job poll interval in seconds (HTTP target)")
+
+    wl = p.add_argument_group("workload")
+    wl.add_argument("--profile", choices=PROFILES, default="mixed")
+    wl.add_argument(
+        "--trace", help="replay a JSONL trace instead of a profile; its `group` fields name its groups"
+    )
+    wl.add_argument("-n", "--num-requests", type=int, default=64)
+    wl.add_argument("--seed", type=int, default=0)
+    wl.add_argument(
+        "--rate",
+        action="append",
+        default=[],
+        metavar="GROUP=RPS",
+        help="Poisson arrivals for a group of the profile (requests/s); without it the group arrives all at "
+        "once (a trace gives its own arrival times)",
+    )
+    wl.add_argument(
+        "--short-group",
+        default=SHORT.name,
+        metavar="NAME",
+        help="the group (queue) of the profiles' short requests",
+    )
+    wl.add_argument(
+        "--long-group",
+        default=LONG.name,
+        metavar="NAME",
+        help="the group (queue) of the profiles' long requests",
+    )
+    wl.add_argument(
+        "--documents-share",
+        type=float,
+        default=0.25,
+        help="share of long requests (the long group) in `mixed`",
+    )
+    wl.add_argument("--cancel-share", type=float, default=0.0, help="share cancelled mid-flight")
+    wl.add_argument("--short-prompt", type=Range.parse, default=Range(16, 96), metavar="LO:HI")
+    wl.add_argument("--short-output", type=Range.parse, default=Range(16, 64), metavar="LO:HI")
+    wl.add_argument(
+        "--long-prompt",
+        type=Range.parse,
+        default=None,
+        metavar="LO:HI",
+        help="default: a quarter of the context up to the context minus the longest output",
+    )
+    wl.add_argument("--long-output", type=Range.parse, default=Range(64, 256), metavar="LO:HI")
+    wl.add_argument(
+        "--deadline",
+        action="append",
+        default=[],
+        metavar="GROUP=SECONDS",
+        help=f"deadline per group for attainment (defaults: {SHORT.deadline_s:g} for the short group, "
+        f"{LONG.deadline_s:g} for the long one, the same for a trace's {SHORT.name} / {LONG.name}; "
+        "none for other groups)",
+    )
+    wl.add_argument(
+        "--respect-eos",
+        action="store_true",
+        help="stop at EOS (default: ignore it, so every request does exactly max_tokens)",
+    )
+
+    eng = p.add_argument_group("engine and queue parameters")
+    eng.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="PARAM=VALUE",
+        help=f"an engine parameter: {', '.join(sorted(ENGINE_FIELDS))}",
+    )
+    eng.add_argument(
+        "--max-running",
+        action="append",
+        default=[],
+        metavar="GROUP=N",
+        help="a group's request-class limit (default max_num_seqs)",
+    )
+    eng.add_argument(
+        "--priority",
+        action="append",
+        default=[],
+        metavar="GROUP=N",
+        help=f"a group's request-class priority, lower first (defaults: short group {SHORT.priority}, "
+        f"long group {LONG.priority}, other trace groups 0)",
+    )
+
+    exp = p.add_argument_group("experiments")
+    exp.add_argument("--compare", metavar="PARAM=VALUE", help="baseline vs this one change: decision sheet")
+    exp.add_argument("--sweep", metavar="PARAM=V1,V2,...", help="baseline vs each value: sheets + sweep plot")
+    exp.add_argument(
+        "--approve",
+        action="append",
+        default=[],
+        metavar="COND",
+        help="approval condition, e.g. 'interactive.ttft_p90<=1.0', 'documents.completed>=baseline'"
+        " (default: all.completed>=baseline and all.deadline_attainment>=baseline)",
+    )
+    exp.add_argument(
+        "--hypothesis", help="the decision sheet's hypothesis (default: derived from the change)"
+    )
+    exp.add_argument(
+        "--peer",
+        action="append",
+        default=[],
+        choices=("hf",),
+        help="also run the same requests through transformers (continuous batching and static)",
+    )
+
+    out = p.add_argument_group("output")
+    out.add_argument("--out", type=Path, default=None, help="report folder (default bench-out/<timestamp>)")
+    out.add_argument("--no-matmul-bound", action="store_true", help="skip the torch.mm FLOP/s measurement")
+    out.add_argument(
+        "--torch-profile",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="profile this many decode steps with torch.profiler after the run",
+    )
+    out.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run the target and each peer N times, interleaved; report each one's best round",
+    )
+    out.add_argument("--timeout", type=float, default=None, help="give up a run after this many seconds")
+    out.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    out.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def options(args: argparse.Namespace) -> BenchOptions:
+    if args.trace and args.rate:  # before the spec checks the rates against the profile's groups
+        raise ValueError("rates (--rate): a trace gives its own arrival times (arrival_s)")
+    spec = WorkloadSpec(
+        profile=args.profile,
+        num_requests=args.num_requests,
+        seed=args.seed,
+        documents_share=args.documents_share,
+        rates=_pairs(args.rate, "rate", float),
+        cancel_share=args.cancel_share,
+        short_prompt=args.short_prompt,
+        short_output=args.short_output,
+        long_prompt=args.long_prompt,
+        long_output=args.long_output,
+        short_group=args.short_group,
+        long_group=args.long_group,
+    )
+    return BenchOptions(
+        model=resolve_model(args.model, args.model_cache),
+        target=args.target,
+        url=args.url,
+        api_key=args.api_key,
+        poll_s=args.poll,
+        engine=_pairs(args.set, "set", parse_value),
+        max_running=_pairs(args.max_running, "max-running", int),
+        priority=_pairs(args.priority, "priority", int),
+        deadlines=_pairs(args.deadline, "deadline", float),
+        spec=spec,
+        trace=args.trace,
+        out_dir=args.out or Path("bench-out") / time.strftime("%Y%m%d-%H%M%S"),
+        peers=args.peer,
+        measure_matmul=not args.no_matmul_bound,
+        torch_profile_steps=args.torch_profile,
+        progress=not args.no_progress,
+        repeat=args.repeat,
+        timeout_s=args.timeout,
+        respect_eos=args.respect_eos,
+    )
+
+
+def resolve_model(model: str | None, cache: Path) -> str | None:
+    if model is None or not model.startswith("preset:"):
+        return model
+    name = model.removeprefix("preset:")
+    if name not in PRESETS:
+        raise ValueError(f"model: unknown preset {name!r}; known: {sorted(PRESETS)}")
+    path = cache / name
+    if not (path / "config.json").is_file():
+        from engine.demo import build_tiny_model
+
+        build_tiny_model(path, **PRESETS[name])
+    return str(path)
+
+
+def _pairs(items: list[str], flag: str, convert: Callable[[str], T]) -> dict[str, T]:
+    """KEY=VALUE items; group names are checked against the workload's groups by BenchOptions."""
+    out: dict[str, T] = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key or not value:
+            raise ValueError(f"--{flag}: expected KEY=VALUE, got {item!r}")
+        try:
+            out[key] = convert(value)
+        except ValueError as exc:
+            raise ValueError(f"--{flag}: bad value in {item!r}: {exc}") from exc
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    # After parsing, so --help works without the extra; before any work, so a missing extra is one line
+    # now rather than a traceback once the runs are done.
+    if not plots.available():
+        print(MISSING_EXTRA, file=sys.stderr)
+        return 2
+    # Wide enough for the summary table when the output is a file or a pipe.
+    console = Console() if sys.stdout.isatty() else Console(width=180)
+    logging.basicConfig(level=logging.WARNING)
+    try:
+        if args.threads:
+            import torch
+
+            torch.set_num_threads(args.threads)
+        opts = options(args)
+        if args.compare and args.sweep:
+            raise ValueError("--compare and --sweep: give one of them")
+        if args.compare or args.sweep:
+            param, eq, values = (args.compare or args.sweep).partition("=")
+            if not eq or not values:
+                raise ValueError(f"--compare/--sweep: expected PARAM=VALUE[,VALUE...], got {param!r}")
+            experiment(
+                opts,
+                param,
+                values.split(",") if args.sweep else [values],
+                args.approve,
+                args.hypothesis,
+                console,
+            )
+        else:
+            bench(opts, console)
+    except ValueError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+    return 0

@@ -1,0 +1,72 @@
+"""Terminal output: a progress bar per run and a rich summary table."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from bench.report import fmt
+
+
+@contextmanager
+def progress_bar(console: Console, label: str, total: int, enabled: bool) -> Iterator[Callable[[int], None]]:
+    """Yields `advance(n)`; a no-op when disabled (tests, non-interactive runs)."""
+    if not enabled:
+        yield lambda n: None
+        return
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
+        task = progress.add_task(label, total=total)
+        yield lambda n: progress.advance(task, n)
+
+
+def summary_table(title: str, runs: dict[str, dict[str, Any]]) -> Table:
+    """One row per (run, group): counts, p90 latencies, throughput, memory."""
+    table = Table(title=title)
+    for col in (
+        "run",
+        "group",
+        "done/sub",
+        "cancel",
+        "fail",
+        "TTFT p90",
+        "ITL p90",
+        "e2e p90",
+        "in deadline",
+        "out tok/s",
+        "preempt",
+        "peak KV",
+        "KV waste",
+        "peak run",
+    ):
+        table.add_column(col, justify="right" if col not in ("run", "group") else "left")
+    for name, run in runs.items():
+        for group, m in run["metrics"].items():
+            table.add_row(
+                name,
+                group,
+                f"{m['completed']}/{m['submitted']}",
+                str(m["cancelled"]),
+                str(m["failed"]),
+                fmt(m["ttft_s"]["p90"]),
+                fmt(m["itl_s"]["p90"]),
+                fmt(m["e2e_s"]["p90"]),
+                fmt(m["deadline_attainment"], share=True),
+                fmt(m["output_tokens_per_s"]),
+                str(m["preemptions"]),
+                fmt(m["peak_kv_usage"], share=True),
+                fmt(m["kv_waste"], share=True),
+                fmt(m["peak_running"]),
+            )
+    return table

@@ -1,0 +1,523 @@
+"""Runs a bench: the workload, the target, optional peers, and the report; and one-parameter experiments
+(`--compare`, `--sweep`) that write decision sheets."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from bench import plots
+from bench.console import progress_bar, summary_table
+from bench.decision import Condition, decide, default_conditions, default_hypothesis
+from bench.inventory import inventory
+from bench.metrics import count_check, summarize
+from bench.records import RunResult
+from bench.report import write_decision, write_report
+from bench.roofline import ModelShape, efficiency, matmul_bound
+from bench.workload import (
+    BenchRequest,
+    Group,
+    WorkloadSpec,
+    all_at_once,
+    check_known_groups,
+    generate,
+    load_trace,
+    save_trace,
+    trace_groups,
+)
+from engine.config import EngineConfig, RequestClassConfig
+
+ENGINE_FIELDS = {f.name for f in dataclasses.fields(EngineConfig)} - {"model", "request_classes"}
+
+
+@dataclass
+class BenchOptions:
+    model: str | None = None
+    target: str = "engine"  # engine | http
+    url: str = "http://127.0.0.1:8000"
+    api_key: str | None = None
+    engine: dict[str, Any] = field(default_factory=dict)  # EngineConfig keyword arguments
+    # Per group of the workload, each overriding the group's own default (max_running: max_num_seqs).
+    max_running: dict[str, int] = field(default_factory=dict)
+    priority: dict[str, int] = field(default_factory=dict)
+    deadlines: dict[str, float] = field(default_factory=dict)
+    spec: WorkloadSpec = field(default_factory=WorkloadSpec)
+    trace: str | None = None
+    out_dir: Path = Path("bench-out")
+    peers: list[str] = field(default_factory=list)
+    measure_matmul: bool = True
+    torch_profile_steps: int = 0
+    progress: bool = True
+    timeout_s: float | None = None
+    respect_eos: bool = False
+    poll_s: float = 0.2
+    repeat: int = 1  # rounds per system (interleaved); the best round is reported
+    # The workload's groups (the trace's, else the profile's): the engine's request classes, the queues
+    # jobs are sent to over HTTP, and the only names the per-group settings above may use.
+    groups: list[Group] = field(init=False, default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.target not in ("engine", "http"):
+            raise ValueError(f"target must be 'engine' or 'http', got {self.target!r}")
+        unknown = set(self.engine) - ENGINE_FIELDS
+        if unknown:
+            raise ValueError(f"engine parameters: unknown {sorted(unknown)}; known: {sorted(ENGINE_FIELDS)}")
+        if self.repeat < 1:
+            raise ValueError(f"repeat must be >= 1, got {self.repeat}")
+        if self.target == "http" and self.peers:
+            raise ValueError("peers: --peer runs only with the in-process engine target")
+        if self.trace and self.spec.rates:
+            raise ValueError("rates (--rate): a trace gives its own arrival times (arrival_s)")
+        self.groups = trace_groups(self.trace) if self.trace else self.spec.groups()
+        check_known_groups(self.deadlines, self.groups, "deadlines (--deadline)")
+        check_known_groups(self.max_running, self.groups, "max_running (--max-running)")
+        check_known_groups(self.priority, self.groups, "priority (--priority)")
+
+    def deadlines_s(self) -> dict[str, float]:
+        """Each group's deadline (given, else the group's own); groups without one are left out."""
+        defaults = {g.name: g.deadline_s for g in self.groups if g.deadline_s is not None}
+        return {**defaults, **self.deadlines}
+
+    def engine_config(self) -> EngineConfig:
+        if self.model is None:
+            raise ValueError("model: the engine target needs --model")
+        seqs = int(self.engine.get("max_num_seqs", EngineConfig.max_num_seqs))
+        classes = [
+            RequestClassConfig(
+                g.name,
+                max_running=self.max_running.get(g.name, seqs),
+                priority=self.priority.get(g.name, g.priority),
+            )
+            for g in self.groups
+        ]
+        return EngineConfig(model=self.model, request_classes=classes, **self.engine)
+
+    def parameters(self) -> dict[str, Any]:
+        """Every engine and queue parameter, as the inventory records them."""
+        params: dict[str, Any] = {
+            "target": self.target,
+            "deadlines_s": self.deadlines_s(),
+            "respect_eos": self.respect_eos,
+        }
+        if self.target == "engine":
+            cfg = dataclasses.asdict(self.engine_config())
+            params["engine"] = cfg
+        else:
+            params["url"] = self.url
+        return params
+
+
+def with_param(opts: BenchOptions, param: str, value: str) -> BenchOptions:
+    """A copy of opts with one parameter changed (EngineConfig field, GROUP.max_running, GROUP.priority)."""
+    changed = copy.deepcopy(opts)
+    groups = [g.name for g in opts.groups]
+    group, dot, name = param.partition(".")
+    if dot and name in ("max_running", "priority") and group in groups:
+        getattr(changed, name)[group] = int(value)
+    elif param in ENGINE_FIELDS:
+        changed.engine[param] = parse_value(value)
+    else:
+        raise ValueError(
+            f"parameter {param!r}: use an engine parameter {sorted(ENGINE_FIELDS)} or GROUP.max_running / "
+            f"GROUP.priority with GROUP in this workload's groups {groups}"
+        )
+    changed.engine_config()  # validates the new value now, with EngineConfig's message
+    return changed
+
+
+def current_value(opts: BenchOptions, param: str) -> Any:
+    group, dot, name = param.partition(".")
+    if dot and name in ("max_running", "priority"):
+        cls = opts.engine_config().request_class(group)
+        return getattr(cls, name)
+    return getattr(opts.engine_config(), param)
+
+
+def parse_value(text: str) -> Any:
+    if text.lower() in ("none", "null"):
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+# --- workloads ---------------------------------------------------------------------------------------
+
+
+def build_workload(opts: BenchOptions) -> tuple[list[BenchRequest], str]:
+    """(requests, description). Prompt ids come from the model's tokenizer vocabulary, minus specials."""
+    vocab = vocab_ids(opts.model) if opts.model else []
+    if opts.trace:
+        return load_trace(opts.trace, vocab, opts.spec.seed), f"trace {opts.trace}"
+    if not vocab:
+        raise ValueError("model: synthesised prompts need --model (its tokenizer supplies the token ids)")
+    s = opts.spec
+    arrivals = ", ".join(f"{g} Poisson {r}/s" for g, r in s.rates.items() if r > 0) or "all at t=0"
+    desc = (
+        f"profile {s.profile}, seed {s.seed}, arrivals {arrivals}, "
+        f"{s.short_group} prompt/output {s.short_prompt}/{s.short_output}, "
+        f"{s.long_group} prompt/output {s.long_prompt or 'context/4..context'}/{s.long_output}"
+        + (f", {s.long_group} share {s.documents_share}" if s.profile == "mixed" else "")
+        + (f", cancel share {s.cancel_share}" if s.cancel_share else "")
+    )
+    return generate(s, vocab, model_max_len(opts)), desc
+
+
+def vocab_ids(model: str) -> list[int]:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    special = set(tok.all_special_ids)
+    limit = _config(model).get("vocab_size", len(tok))
+    return [i for i in range(min(len(tok), limit)) if i not in special]
+
+
+def model_max_len(opts: BenchOptions) -> int:
+    requested = opts.engine.get("max_model_len")
+    if requested:
+        return int(requested)
+    return int(_config(opts.model).get("max_position_embeddings", 2048)) if opts.model else 2048
+
+
+def _config(model: str | None) -> dict[str, Any]:
+    path = Path(model or "") / "config.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+# --- one run -----------------------------------------------------------------------------------------
+
+
+def run_target(opts: BenchOptions, requests: list[BenchRequest], console: Console) -> tuple[RunResult, Any]:
+    """Runs the workload on the configured target; returns the result and the engine (None over HTTP)."""
+    if opts.target == "http":
+        from bench.http_target import run_http
+
+        decode = _decoder(opts.model) if opts.model else None
+        with progress_bar(console, f"http {opts.url}", len(requests), opts.progress) as advance:
+            result = run_http(
+                opts.url,
+                requests,
+                api_key=opts.api_key,
+                decode=decode,
+                respect_eos=opts.respect_eos,
+                poll_s=opts.poll_s,
+                timeout_s=opts.timeout_s or 3600.0,
+                progress=advance,
+            )
+        return result, None
+    from bench.offline import run_engine, warm_up
+    from engine.llm_engine import LLMEngine
+
+    engine = LLMEngine(opts.engine_config())
+    warm_up(engine, requests)
+    with progress_bar(console, "engine", len(requests), opts.progress) as advance:
+        result = run_engine(
+            engine, requests, respect_eos=opts.respect_eos, timeout_s=opts.timeout_s, progress=advance
+        )
+    return result, engine
+
+
+def _decoder(model: str) -> Any:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    return lambda ids: tok.decode(ids, skip_special_tokens=True)
+
+
+def run_summary(opts: BenchOptions, result: RunResult, bound: Any = None) -> dict[str, Any]:
+    metrics = summarize(result, opts.deadlines_s())
+    assert count_check(metrics), "completed + cancelled + failed must equal submitted"
+    run: dict[str, Any] = {
+        "target": result.target,
+        "duration_s": result.duration_s,
+        "preemptions_total": result.preemptions_total,
+        "metrics": metrics,
+        "notes": result.notes,
+    }
+    if opts.model and result.target != "http":
+        run["efficiency"] = efficiency(
+            ModelShape.from_config(opts.model), result.records, result.samples, result.duration_s, bound
+        )
+    return run
+
+
+def run_plots(result: RunResult, out_dir: Path, prefix: str = "") -> list[str]:
+    """The plots, plus the raw data behind them: one JSON line per request and per step (or poll)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _jsonl(out_dir / f"{prefix}requests.jsonl", [dataclasses.asdict(r) for r in result.records])
+    _jsonl(out_dir / f"{prefix}steps.jsonl", [dataclasses.asdict(s) for s in result.samples])
+    paths = [plots.latency_cdf(result, out_dir / f"{prefix}latency_cdf.png")]
+    if result.samples:
+        paths.append(plots.timeline(result, out_dir / f"{prefix}timeline.png"))
+    return [str(p) for p in paths]
+
+
+def _jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def measure_bound(opts: BenchOptions, result: RunResult, device: str, dtype: Any) -> Any:
+    """torch.mm FLOP/s at the run's step shapes, on the engine's device and dtype (None when disabled)."""
+    if not opts.measure_matmul or not opts.model:
+        return None
+    return matmul_bound(ModelShape.from_config(opts.model), result.samples, dtype=dtype, device=device)
+
+
+# --- the plain bench ---------------------------------------------------------------------------------
+
+
+def bench(opts: BenchOptions, console: Console) -> dict[str, Any]:
+    """Runs the target (and each peer) `opts.repeat` times, interleaved round by round, and reports each
+    system's best round (highest output tokens/s): on a shared machine the least disturbed run is the
+    closest to what the system can do. Every round's throughput is kept in the report."""
+    requests, description = build_workload(opts)
+    opts.out_dir.mkdir(parents=True, exist_ok=True)
+    trace_sha = save_trace(requests, opts.out_dir / "trace.jsonl")
+    rounds: dict[str, list[RunResult]] = {}
+    engine, peers = None, None
+    for i in range(opts.repeat):
+        if opts.repeat > 1:
+            console.print(f"round {i + 1} of {opts.repeat}")
+        del engine  # one engine (and its KV cache) in memory at a time
+        result, engine = run_target(opts, requests, console)
+        rounds.setdefault(opts.target, []).append(result)
+        if opts.peers:
+            if peers is None:
+                assert engine is not None
+                peers = HFPeers(opts, requests, engine.block_manager.num_blocks)
+            for name, peer_result in peers.run_round(console).items():
+                rounds.setdefault(name, []).append(peer_result)
+    best = {name: max(results, key=output_rate) for name, results in rounds.items()}
+    bound = (
+        measure_bound(opts, best[opts.target], str(engine.runner.device), engine.runner.dtype)
+        if engine is not None
+        else None
+    )
+    runs = {}
+    for name, result in best.items():
+        runs[name] = run_summary(opts, result, bound if name == opts.target else None)
+        runs[name]["rounds_output_tokens_per_s"] = [output_rate(r) for r in rounds[name]]
+        runs[name]["plots"] = run_plots(result, opts.out_dir, "" if name == opts.target else f"{name}-")
+    if opts.torch_profile_steps and engine is not None:
+        from bench.profile import profile_steps
+
+        runs[opts.target]["profile"] = profile_steps(engine, requests, opts, opts.out_dir / "profile.txt")
+    report = {
+        "title": f"{opts.target}, "
+        + (f"trace {opts.trace}" if opts.trace else f"profile {opts.spec.profile}")
+        + (f", best of {opts.repeat} interleaved rounds" if opts.repeat > 1 else ""),
+        "workload": workload_record(opts, requests, description, trace_sha),
+        "runs": runs,
+        "ratios": ratios(runs),
+        "plots": [p for run in runs.values() for p in run["plots"]],
+        "inventory": inventory(opts.model, opts.parameters()),
+    }
+    json_path, md_path = write_report(report, opts.out_dir)
+    console.print(summary_table(report["title"], runs))
+    for key, value in report["ratios"].items():
+        console.print(f"throughput ratio {key}: [bold]{value:.2f}x[/bold]")
+    console.print(f"report: {md_path} and {json_path}")
+    return report
+
+
+def output_rate(result: RunResult) -> float:
+    """Output tokens/s of completed requests: the figure rounds are ranked by."""
+    done = sum(r.output_tokens for r in result.records if r.status == "completed")
+    return done / result.duration_s
+
+
+def workload_record(
+    opts: BenchOptions, requests: list[BenchRequest], description: str, trace_sha: str
+) -> dict[str, Any]:
+    return {
+        "description": description,
+        "spec": None if opts.trace else opts.spec.describe(),
+        "trace": opts.trace,
+        "num_requests": len(requests),
+        "all_at_once": all_at_once(requests),
+        "trace_sha256": trace_sha,
+    }
+
+
+def ratios(runs: dict[str, dict[str, Any]]) -> dict[str, float]:
+    if "engine" not in runs:
+        return {}
+    tput = {name: run["metrics"]["all"]["output_tokens_per_s"] for name, run in runs.items()}
+    out = {
+        f"engine / {name}": tput["engine"] / tput[name] for name in runs if name != "engine" and tput[name]
+    }
+    peers = [tput[name] for name in runs if name.startswith("hf-") and tput[name]]
+    if peers:
+        out["engine / best HF mode"] = tput["engine"] / max(peers)
+    return out
+
+
+class HFPeers:
+    """hf-static and hf-cb on the same requests, model, device and dtype, sized like the engine (the same
+    number of KV blocks, or enough for every request at once if the engine's cache is smaller)."""
+
+    def __init__(self, opts: BenchOptions, requests: list[BenchRequest], kv_blocks: int) -> None:
+        from transformers import AutoTokenizer
+
+        from bench.peers import load_hf_model, token_ids
+
+        assert opts.model is not None
+        self.opts = opts
+        self.requests = requests
+        self.cfg = opts.engine_config()
+        device, dtype = _device_dtype(self.cfg)
+        self.model = load_hf_model(opts.model, dtype, device)
+        self.prompts = token_ids(requests, AutoTokenizer.from_pretrained(opts.model).encode)
+        self.num_blocks = max(kv_blocks, _blocks_for(self.prompts, requests, self.cfg.block_size))
+        _hf_warm_up(self.model, self.prompts)
+
+    def run_round(self, console: Console) -> dict[str, RunResult]:
+        from bench.peers import run_hf_cb, run_hf_static
+
+        n, cfg = len(self.requests), self.cfg
+        with progress_bar(console, "hf-static", n, self.opts.progress) as advance:
+            static = run_hf_static(
+                self.model, self.requests, self.prompts, batch_size=cfg.max_num_seqs, progress=advance
+            )
+        with progress_bar(console, "hf-cb", n, self.opts.progress) as advance:
+            cb = run_hf_cb(
+                self.model,
+                self.requests,
+                self.prompts,
+                max_num_seqs=cfg.max_num_seqs,
+                max_num_batched_tokens=cfg.max_num_batched_tokens,
+                num_blocks=self.num_blocks,
+                block_size=cfg.block_size,
+                progress=advance,
+            )
+        return {"hf-static": static, "hf-cb": cb}
+
+
+def _device_dtype(cfg: EngineConfig) -> tuple[str, Any]:
+    """The engine's resolution rules: auto = cuda when available; float32 on CPU, bfloat16 on CUDA."""
+    import torch
+
+    device = cfg.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    names = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+    dtype = names.get(cfg.dtype) or (torch.float32 if device == "cpu" else torch.bfloat16)
+    return device, dtype
+
+
+def _blocks_for(prompts: list[list[int]], requests: list[BenchRequest], block_size: int) -> int:
+    """Enough KV blocks for every request at once (the engine's own cache is at least this big on CPU)."""
+    return sum(-(-(len(p) + r.max_tokens) // block_size) for p, r in zip(prompts, requests, strict=True)) + 1
+
+
+def _hf_warm_up(model: Any, prompts: list[list[int]]) -> None:
+    import torch
+
+    ids = torch.tensor([prompts[0][:8]], device=model.device)
+    with torch.inference_mode():
+        model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=2,
+            do_sample=False,
+            pad_token_id=model.config.pad_token_id or 0,
+        )
+
+
+# --- one-parameter experiments -----------------------------------------------------------------------
+
+
+def experiment(
+    opts: BenchOptions,
+    param: str,
+    values: list[str],
+    approve: list[str],
+    hypothesis: str | None,
+    console: Console,
+) -> list[dict[str, Any]]:
+    """The baseline and each value alone, `opts.repeat` interleaved rounds each (best round kept); a
+    decision sheet per value, and a sweep plot for several."""
+    if opts.target != "engine":
+        raise ValueError("compare/sweep: one-parameter experiments run with the in-process engine target")
+    conditions = [Condition.parse(c) for c in (approve or default_conditions(bool(opts.deadlines_s())))]
+    candidates = [with_param(opts, param, v) for v in values]  # all values validated before any run
+    requests, description = build_workload(opts)
+    opts.out_dir.mkdir(parents=True, exist_ok=True)
+    trace_sha = save_trace(requests, opts.out_dir / "trace.jsonl")
+    input_set = workload_record(opts, requests, description, trace_sha)
+    base_value = current_value(opts, param)
+    variants = [(f"{param}={base_value} (baseline)", opts, opts.out_dir / "baseline")]
+    variants += [
+        (f"{param}={v}", c, opts.out_dir / f"{param}={v}") for v, c in zip(values, candidates, strict=True)
+    ]
+    rounds: list[list[tuple[RunResult, Any]]] = [[] for _ in variants]
+    for i in range(opts.repeat):
+        for (label, variant_opts, _), results in zip(variants, rounds, strict=True):
+            console.print(f"{label}" + (f", round {i + 1} of {opts.repeat}" if opts.repeat > 1 else ""))
+            result, engine = run_target(variant_opts, requests, console)
+            results.append((result, (str(engine.runner.device), engine.runner.dtype)))
+            del engine
+    runs = [_best_run(o, results, out) for (_, o, out), results in zip(variants, rounds, strict=True)]
+    baseline = runs[0]
+    sheets, summaries = [], [baseline["metrics"]]
+    for value, cand_opts, cand in zip(values, candidates, runs[1:], strict=True):
+        summaries.append(cand["metrics"])
+        sheet = {
+            "hypothesis": hypothesis or default_hypothesis(param, base_value, value, conditions),
+            "parameter": param,
+            "baseline_value": base_value,
+            "candidate_value": parse_value(value),
+            "input_set": input_set,
+            "decision": decide(conditions, cand["metrics"], baseline["metrics"]),
+            "baseline": baseline["metrics"],
+            "candidate": cand["metrics"],
+            "baseline_run": {k: v for k, v in baseline.items() if k != "metrics"},
+            "candidate_run": {k: v for k, v in cand.items() if k != "metrics"},
+            "inventory": inventory(
+                opts.model, {"baseline": opts.parameters(), "candidate": cand_opts.parameters()}
+            ),
+        }
+        stem = "decision" if len(values) == 1 else f"decision-{param}={value}"
+        _, md = write_decision(sheet, opts.out_dir, stem)
+        verdict = "APPROVED" if sheet["decision"]["approved"] else "REJECTED"
+        console.print(
+            summary_table(
+                f"{param}: {base_value} -> {value}: {verdict}", {"baseline": baseline, "candidate": cand}
+            )
+        )
+        console.print(f"decision sheet: {md}")
+        sheets.append(sheet)
+    if len(values) > 1:
+        plots.sweep_plot(param, [f"{base_value} (baseline)", *values], summaries, opts.out_dir / "sweep.png")
+        (opts.out_dir / "sweep.json").write_text(
+            json.dumps(
+                {
+                    "parameter": param,
+                    "values": [base_value, *map(parse_value, values)],
+                    "input_set": input_set,
+                    "summaries": summaries,
+                    "approved": [s["decision"]["approved"] for s in sheets],
+                },
+                indent=2,
+                default=str,
+            )
+        )
+    return sheets
+
+
+def _best_run(opts: BenchOptions, results: list[tuple[RunResult, Any]], out_dir: Path) -> dict[str, Any]:
+    """The summary of a variant's best round (highest output tokens/s), with every round's throughput."""
+    result, (device, dtype) = max(results, key=lambda r: output_rate(r[0]))
+    run = run_summary(opts, result, measure_bound(opts, result, device, dtype))
+    run["rounds_output_tokens_per_s"] = [output_rate(r) for r, _ in results]
+    run["plots"] = run_plots(result, out_dir)
+    return run

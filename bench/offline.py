@@ -1,0 +1,206 @@
+"""The in-process target: the bench drives LLMEngine.add_request / step itself.
+
+Requests are injected at their arrival offsets on the wall clock (between steps: a request due during a
+step is added right after it, and its latency still counts from its due time). After every step the bench
+reads the scheduler and block manager directly, so running counts, KV usage and KV waste are exact.
+Cancellation: a request with `cancel_after_tokens` is aborted once it has that many output tokens.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from bench.records import RequestRecord, RunResult, StepSample
+from bench.workload import BenchRequest
+from engine.llm_engine import LLMEngine, StepError
+from engine.outputs import RequestOutput
+from engine.sampling_params import SamplingParams
+
+ProgressFn = Callable[[int], None]  # called with the number of requests that just ended
+
+
+def bench_params(req: BenchRequest, respect_eos: bool = False) -> SamplingParams:
+    """Greedy, EOS ignored by default: every request does exactly its max_tokens, in every system."""
+    return SamplingParams(max_tokens=req.max_tokens, temperature=0.0, ignore_eos=not respect_eos)
+
+
+def run_engine(
+    engine: LLMEngine,
+    requests: list[BenchRequest],
+    *,
+    respect_eos: bool = False,
+    timeout_s: float | None = None,
+    progress: ProgressFn | None = None,
+) -> RunResult:
+    run = _OfflineRun(engine, requests, respect_eos, progress)
+    return run.execute(timeout_s)
+
+
+class _OfflineRun:
+    def __init__(
+        self, engine: LLMEngine, requests: list[BenchRequest], respect_eos: bool, progress: ProgressFn | None
+    ) -> None:
+        self.engine = engine
+        self.pending = sorted(requests, key=lambda r: r.arrival_s)
+        self.by_id = {r.request_id: r for r in requests}
+        self.respect_eos = respect_eos
+        self.progress = progress or (lambda n: None)
+        self.records: dict[str, RequestRecord] = {}
+        self.samples: list[StepSample] = []
+        self.start = 0.0
+        self.notes: list[str] = []
+
+    def execute(self, timeout_s: float | None) -> RunResult:
+        self.start = time.time()
+        preemptions_before = self.engine.scheduler.num_preemptions
+        while self.pending or self.engine.has_unfinished_requests():
+            if timeout_s is not None and time.time() - self.start > timeout_s:
+                self._give_up(timeout_s)
+                break
+            self._inject_due()
+            if not self.engine.has_unfinished_requests():
+                time.sleep(max(0.0, self.start + self.pending[0].arrival_s - time.time()))
+                continue
+            self._step()
+        end = max([r.finished_time or 0.0 for r in self.records.values()] + [self.start])
+        return RunResult(
+            target="engine",
+            records=list(self.records.values()),
+            samples=self.samples,
+            start_time=self.start,
+            end_time=end,
+            preemptions_total=self.engine.scheduler.num_preemptions - preemptions_before,
+            notes=self.notes,
+        )
+
+    def _inject_due(self) -> None:
+        now = time.time() - self.start
+        while self.pending and self.pending[0].arrival_s <= now:
+            req = self.pending.pop(0)
+            record = RequestRecord(
+                request_id=req.request_id,
+                group=req.group,
+                arrival_time=self.start + req.arrival_s,
+                max_tokens=req.max_tokens,
+                cancel_requested=False,
+            )
+            self.records[req.request_id] = record
+            prompt: str | list[int] = (
+                req.prompt if req.prompt is not None else list(req.prompt_token_ids or [])
+            )
+            try:
+                self.engine.add_request(
+                    req.request_id, prompt, bench_params(req, self.respect_eos), req.group
+                )
+            except ValueError as exc:
+                record.error = f"rejected: {exc}"
+                record.finished_time = time.time()
+                self.progress(1)
+
+    def _step(self) -> None:
+        begin = time.perf_counter()
+        try:
+            outputs = self.engine.step()
+        except StepError as exc:
+            self._fail(exc)
+            return
+        step_s = time.perf_counter() - begin
+        for out in outputs:
+            self._observe(out)
+        self.samples.append(self._sample(step_s))
+
+    def _observe(self, out: RequestOutput) -> None:
+        record = self.records[out.request_id]
+        req = self.by_id[out.request_id]
+        record.prompt_tokens = len(out.prompt_token_ids)
+        record.output_tokens = len(out.token_ids)
+        m = out.metrics
+        record.first_scheduled_time = m.first_scheduled_time
+        record.first_token_time = m.first_token_time
+        record.num_preemptions = m.num_preemptions
+        if out.finished:
+            record.finished_time = m.finished_time or time.time()
+            record.status = (
+                "cancelled"
+                if out.finish_reason == "abort" and record.cancel_requested
+                else ("completed" if out.finish_reason in ("stop", "length") else "failed")
+            )
+            self.progress(1)
+        elif req.cancel_after_tokens is not None and record.output_tokens >= req.cancel_after_tokens:
+            record.cancel_requested = True
+            self.engine.abort_request(out.request_id)  # its "abort" output arrives with the next step
+
+    def _sample(self, step_s: float) -> StepSample:
+        sched = self.engine.scheduler
+        bm = self.engine.block_manager
+        allocated: dict[str, int] = {}
+        stored: dict[str, int] = {}
+        for seq in sched.running:
+            g = seq.request_class
+            allocated[g] = allocated.get(g, 0) + len(seq.block_table) * bm.block_size
+            stored[g] = stored.get(g, 0) + seq.num_computed_tokens
+        last = self.engine.last_step
+        return StepSample(
+            t=time.time() - self.start,
+            waiting={n: sched.num_waiting(n) for n in sched.classes},
+            running={n: sched.num_running(n) for n in sched.classes},
+            kv_used_blocks=bm.num_used_blocks,
+            kv_total_blocks=bm.num_blocks,
+            kv_block_size=bm.block_size,
+            kv_allocated_slots=allocated,
+            kv_stored_tokens=stored,
+            num_tokens=last.prefill_tokens + last.decode_tokens,
+            num_seqs=last.num_seqs,
+            step_s=step_s,
+            forward_s=last.forward_seconds,
+        )
+
+    def _fail(self, exc: StepError) -> None:
+        self.notes.append(f"step failed: {exc}")
+        now = time.time()
+        for rid in exc.request_ids:
+            record = self.records[rid]
+            record.status, record.error, record.finished_time = "failed", str(exc), now
+            self.progress(1)
+
+    def _give_up(self, timeout_s: float) -> None:
+        self.notes.append(f"run timed out after {timeout_s} s; unfinished requests counted as failed")
+        for req in self.pending:
+            self.records[req.request_id] = RequestRecord(
+                request_id=req.request_id,
+                group=req.group,
+                arrival_time=self.start + req.arrival_s,
+                max_tokens=req.max_tokens,
+                error="not submitted before the timeout",
+            )
+        for rid, record in self.records.items():
+            if record.finished_time is None:
+                self.engine.abort_request(rid)
+                record.error = record.error or "unfinished at the timeout"
+        self.pending.clear()
+        while self.engine.has_unfinished_requests():
+            self.engine.step()  # drains the abort outputs so the engine is clean for the next run
+
+
+def warm_up(engine: LLMEngine, requests: list[BenchRequest]) -> None:
+    """One small request through the engine so first-call costs don't land on the measured run."""
+    ids = next((r.prompt_token_ids for r in requests if r.prompt_token_ids), None) or [1, 2, 3]
+    engine.add_request(
+        "bench-warmup", ids[:32], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    )
+    while engine.has_unfinished_requests():
+        engine.step()
+
+
+def engine_config_dict(engine: LLMEngine) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    d = asdict(engine.config)
+    d["resolved"] = {
+        "num_kv_blocks": engine.block_manager.num_blocks,
+        "block_size": engine.block_manager.block_size,
+        "max_model_len": engine.max_model_len,
+    }
+    return d

@@ -1,0 +1,177 @@
+"""Writes a bench report (JSON + Markdown) and a decision sheet (JSON + Markdown)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from bench.metrics import LATENCIES, PERCENTILES
+
+COUNT_COLUMNS = (
+    ("submitted", "submitted"),
+    ("completed", "completed"),
+    ("cancelled", "cancelled"),
+    ("failed", "failed"),
+    ("deadline_attainment", "within deadline"),
+    ("output_tokens_per_s", "output tok/s"),
+    ("total_tokens_per_s", "total tok/s"),
+    ("preemptions", "preemptions"),
+    ("peak_kv_usage", "peak KV"),
+    ("kv_waste", "KV waste"),
+    ("peak_running", "peak running"),
+)
+SHARES = {"deadline_attainment", "peak_kv_usage", "kv_waste"}
+
+
+def fmt(value: Any, share: bool = False) -> str:
+    if value is None:
+        return "n/a"
+    if share:
+        return f"{100 * value:.1f}%"
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
+    return str(value)
+
+
+def metrics_markdown(summary: dict[str, dict[str, Any]]) -> str:
+    groups = list(summary)
+    lines = ["| group | " + " | ".join(label for _, label in COUNT_COLUMNS) + " |"]
+    lines.append("|---" * (len(COUNT_COLUMNS) + 1) + "|")
+    for g in groups:
+        cells = [fmt(summary[g].get(key), key in SHARES) for key, _ in COUNT_COLUMNS]
+        lines.append(f"| {g} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Latency in seconds, completed requests, " + " / ".join(f"p{p}" for p in PERCENTILES) + ":",
+        "",
+    ]
+    lines.append("| group | queue time | TTFT | inter-token | end-to-end |")
+    lines.append("|---|---|---|---|---|")
+    for g in groups:
+        cells = [" / ".join(fmt(summary[g][f"{name}_s"][f"p{p}"]) for p in PERCENTILES) for name in LATENCIES]
+        lines.append(f"| {g} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def efficiency_markdown(eff: dict[str, Any]) -> str:
+    lines = ["| figure | value |", "|---|---|"]
+    lines.append(f"| model parameters | {eff['model_params'] / 1e6:.1f} M |")
+    lines.append(
+        f"| model GFLOP/s (over busy time: engine steps, else wall) | {eff['model_flops_per_s'] / 1e9:.2f} |"
+    )
+    if "matmul_bound" in eff:
+        b = eff["matmul_bound"]
+        shapes = ", ".join(f"{r['tokens']}: {r['flops_per_s'] / 1e9:.1f}" for r in b["buckets"])
+        lines.append(f"| torch.mm GFLOP/s at the run's step shapes (tokens per step: GFLOP/s) | {shapes} |")
+        lines.append(f"| matmul bound over the run (step-weighted) GFLOP/s | {b['flops_per_s'] / 1e9:.2f} |")
+        lines.append(f"| share of the matmul bound | {fmt(eff['share_of_matmul_bound'], True)} |")
+    if eff["overhead_share_all_steps"] is not None:  # only targets that report step and forward times
+        lines.append(
+            f"| engine overhead at batch >= {eff['overhead_min_batch']} ({eff['overhead_steps']} steps) "
+            f"| {fmt(eff['overhead_share'], True)} |"
+        )
+        lines.append(f"| engine overhead, all steps | {fmt(eff['overhead_share_all_steps'], True)} |")
+    return "\n".join(lines)
+
+
+def inventory_markdown(inv: dict[str, Any]) -> str:
+    model = inv["model"]
+    lines = [
+        f"- Conveyor {inv['conveyor_version']} at commit `{inv['git_commit']}`, "
+        f"recorded {inv['recorded_at']}",
+        f"- model `{model.get('path')}` (config.json sha256 `{model.get('config_sha256')}`)",
+        f"- device {inv['device']}, memory {_gib(inv['memory_bytes'])}, {inv['cpu_count']} CPUs, "
+        f"torch threads {inv['torch_threads']}",
+        f"- torch {inv['torch_version']}, transformers {inv['transformers_version']}, "
+        f"Python {inv['python_version']}, {inv['platform']}",
+        "- parameters:",
+        "",
+        "```json",
+        json.dumps(inv["parameters"], indent=2, sort_keys=True, default=str),
+        "```",
+    ]
+    return "\n".join(lines)
+
+
+def _gib(n: int | None) -> str:
+    return "n/a" if n is None else f"{n / 2**30:.1f} GiB"
+
+
+def write_report(report: dict[str, Any], out_dir: Path, stem: str = "report") -> tuple[Path, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path = out_dir / f"{stem}.json"
+    json_path.write_text(json.dumps(report, indent=2, default=str))
+    md_path = out_dir / f"{stem}.md"
+    md_path.write_text(report_markdown(report))
+    return json_path, md_path
+
+
+def report_markdown(report: dict[str, Any]) -> str:
+    parts = [f"# Conveyor bench: {report['title']}", ""]
+    w = report["workload"]
+    parts += [
+        f"Input set: {w['description']} ({w['num_requests']} requests, trace sha256 `{w['trace_sha256']}`).",
+        "",
+    ]
+    for name, run in report["runs"].items():
+        parts += [
+            f"## {name}",
+            "",
+            f"Wall time {run['duration_s']:.2f} s.",
+            "",
+            metrics_markdown(run["metrics"]),
+        ]
+        if run.get("efficiency"):
+            parts += ["", efficiency_markdown(run["efficiency"])]
+        if run.get("notes"):
+            parts += ["", *[f"- note: {n}" for n in run["notes"]]]
+        parts.append("")
+    if report.get("ratios"):
+        parts += ["## Throughput ratios (output tokens/s)", ""]
+        parts += [f"- {k}: {v:.2f}x" for k, v in report["ratios"].items()]
+        parts.append("")
+    if report.get("plots"):
+        parts += ["## Plots", "", *[f"- `{p}`" for p in report["plots"]], ""]
+    parts += ["## Inventory", "", inventory_markdown(report["inventory"]), ""]
+    return "\n".join(parts)
+
+
+def write_decision(sheet: dict[str, Any], out_dir: Path, stem: str = "decision") -> tuple[Path, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path = out_dir / f"{stem}.json"
+    json_path.write_text(json.dumps(sheet, indent=2, default=str))
+    md_path = out_dir / f"{stem}.md"
+    md_path.write_text(decision_markdown(sheet))
+    return json_path, md_path
+
+
+def decision_markdown(sheet: dict[str, Any]) -> str:
+    verdict = "APPROVED" if sheet["decision"]["approved"] else "REJECTED"
+    inputs = sheet["input_set"]
+    parts = [
+        f"# Decision sheet: {sheet['parameter']} = {sheet['candidate_value']} — {verdict}",
+        "",
+        f"- **Hypothesis**: {sheet['hypothesis']}",
+        f"- **Changed parameter**: `{sheet['parameter']}`: {sheet['baseline_value']} -> "
+        f"{sheet['candidate_value']} (nothing else changed)",
+        f"- **Input set**: {inputs['description']} ({inputs['num_requests']} requests, "
+        f"trace sha256 `{inputs['trace_sha256']}`)",
+        "- **Approval condition** (all must hold): "
+        + "; ".join(f"`{c['condition']}`" for c in sheet["decision"]["checks"]),
+        f"- **Result**: {verdict}",
+        "",
+        "| condition | candidate | threshold | passed |",
+        "|---|---|---|---|",
+    ]
+    for c in sheet["decision"]["checks"]:
+        parts.append(
+            f"| `{c['condition']}` | {fmt(c['candidate'])} | {fmt(c['threshold'])} | "
+            f"{'yes' if c['passed'] else 'no'}{' (' + c['note'] + ')' if c['note'] else ''} |"
+        )
+    parts += ["", f"## Baseline ({sheet['parameter']} = {sheet['baseline_value']})", ""]
+    parts += [metrics_markdown(sheet["baseline"]), ""]
+    parts += [f"## Candidate ({sheet['parameter']} = {sheet['candidate_value']})", ""]
+    parts += [metrics_markdown(sheet["candidate"]), ""]
+    parts += ["## Inventory", "", inventory_markdown(sheet["inventory"]), ""]
+    return "\n".join(parts)

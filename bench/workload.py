@@ -1,0 +1,302 @@
+"""Seeded workloads: the `short`, `long` and `mixed` profiles, and replay of a JSONL trace.
+
+A workload is a list of requests, each with an arrival offset (seconds from the start of the run), a group
+(the engine request class / service queue it goes to), a prompt (token ids, or text for a trace that gives
+text), `max_tokens`, and optionally the number of output tokens after which the bench cancels it. The workload
+names its groups: a profile sends its short requests to `interactive` and its long ones to `documents` (the
+service's standard queues, renamable in the spec); a trace may use any group names. The same seed always
+gives the same workload, so a baseline and a change see the same input set; `save_trace` writes it out and
+its sha256 identifies it in reports.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from bench.metrics import ALL
+
+PROFILES = ("short", "long", "mixed")
+
+
+@dataclass(frozen=True)
+class Group:
+    """One group of a workload: the engine request class (in-process) or service queue (HTTP) its requests
+    go to, the deadline its attainment is measured against (None: not measured) and its request class's
+    priority (lower is served first)."""
+
+    name: str
+    deadline_s: float | None = None
+    priority: int = 0
+
+
+# The service's standard queues. A profile's short requests are the SHORT group and its long ones the LONG
+# group (these names unless the spec renames them); a trace group with one of these names gets its defaults.
+SHORT = Group("interactive", deadline_s=10.0, priority=0)
+LONG = Group("documents", deadline_s=600.0, priority=1)
+# Group names become request classes, queue names, report rows and the GROUP of `GROUP.METRIC` and
+# `GROUP.max_running`, so no dots or spaces; `all` is the report's row for every group together.
+_GROUP_NAME = re.compile(r"^[\w-]+$")
+
+
+def check_group_name(name: object, what: str) -> str:
+    if not isinstance(name, str) or not _GROUP_NAME.match(name) or name == ALL:
+        raise ValueError(f"{what}: a group name is letters, digits, '_' and '-' (not {ALL!r}), got {name!r}")
+    return name
+
+
+def check_known_groups(values: Mapping[str, object], groups: Sequence[Group], what: str) -> None:
+    """Per-group settings must name groups the workload has: a typo would otherwise be silently ignored."""
+    names = [g.name for g in groups]
+    for name in values:
+        if name not in names:
+            raise ValueError(f"{what}: unknown group {name!r}; this workload's groups: {', '.join(names)}")
+
+
+@dataclass(frozen=True)
+class BenchRequest:
+    request_id: str
+    group: str
+    arrival_s: float  # offset from the start of the run
+    max_tokens: int
+    prompt_token_ids: list[int] | None = None
+    prompt: str | None = None  # text prompts come only from traces
+    cancel_after_tokens: int | None = None  # cancel once this many tokens were generated; None = never
+
+    def __post_init__(self) -> None:
+        if (self.prompt_token_ids is None) == (self.prompt is None):
+            raise ValueError(f"request {self.request_id}: give exactly one of prompt_token_ids and prompt")
+        if self.max_tokens < 1:
+            raise ValueError(f"request {self.request_id}: max_tokens must be >= 1, got {self.max_tokens}")
+        if self.arrival_s < 0:
+            raise ValueError(f"request {self.request_id}: arrival_s must be >= 0, got {self.arrival_s}")
+
+
+@dataclass(frozen=True)
+class Range:
+    """Inclusive integer range drawn uniformly; written `LO:HI` on the command line."""
+
+    lo: int
+    hi: int
+
+    @classmethod
+    def parse(cls, text: str) -> Range:
+        lo, _, hi = text.partition(":")
+        r = cls(int(lo), int(hi or lo))
+        if not 1 <= r.lo <= r.hi:
+            raise ValueError(f"range must be LO:HI with 1 <= LO <= HI, got {text!r}")
+        return r
+
+    def draw(self, rng: random.Random) -> int:
+        return rng.randint(self.lo, self.hi)
+
+    def __str__(self) -> str:
+        return f"{self.lo}:{self.hi}"
+
+
+@dataclass
+class WorkloadSpec:
+    """Everything that determines a generated workload (recorded in every report as the input set).
+
+    `rates` are Poisson arrival rates in requests/s per group; a missing or 0 rate means the group arrives
+    all at once at t=0. `long_prompt` defaults to (context/4 .. context - long_output.hi). Short requests
+    go to the group `short_group`, long ones to `long_group`.
+    """
+
+    profile: str = "mixed"
+    num_requests: int = 64
+    seed: int = 0
+    documents_share: float = 0.25  # mixed only
+    rates: dict[str, float] = field(default_factory=dict)
+    cancel_share: float = 0.0
+    short_prompt: Range = field(default_factory=lambda: Range(16, 96))
+    short_output: Range = field(default_factory=lambda: Range(16, 64))
+    long_prompt: Range | None = None
+    long_output: Range = field(default_factory=lambda: Range(64, 256))
+    short_group: str = SHORT.name
+    long_group: str = LONG.name
+
+    def __post_init__(self) -> None:
+        if self.profile not in PROFILES:
+            raise ValueError(f"profile must be one of {PROFILES}, got {self.profile!r}")
+        if self.num_requests < 1:
+            raise ValueError(f"num_requests must be >= 1, got {self.num_requests}")
+        if not 0.0 <= self.documents_share <= 1.0:
+            raise ValueError(f"documents_share must be in [0, 1], got {self.documents_share}")
+        if not 0.0 <= self.cancel_share <= 1.0:
+            raise ValueError(f"cancel_share must be in [0, 1], got {self.cancel_share}")
+        check_group_name(self.short_group, "short_group (--short-group)")
+        check_group_name(self.long_group, "long_group (--long-group)")
+        if self.short_group == self.long_group:
+            raise ValueError(
+                f"short_group, long_group: need two different names, got {self.short_group!r} twice"
+            )
+        check_known_groups(self.rates, self.groups(), "rates (--rate)")
+        for group, rate in self.rates.items():
+            if rate < 0:
+                raise ValueError(f"rates (--rate): need RATE >= 0, got {group}={rate}")
+
+    def groups(self) -> list[Group]:
+        """The groups this profile sends requests to, with the short and long groups' defaults."""
+        short, long = replace(SHORT, name=self.short_group), replace(LONG, name=self.long_group)
+        return {"short": [short], "long": [long], "mixed": [short, long]}[self.profile]
+
+    def describe(self) -> dict[str, object]:
+        d = asdict(self)
+        for key in ("short_prompt", "short_output", "long_prompt", "long_output"):
+            value = getattr(self, key)
+            d[key] = None if value is None else str(value)
+        return d
+
+
+def generate(spec: WorkloadSpec, vocab_ids: Sequence[int], max_model_len: int) -> list[BenchRequest]:
+    """Draws the requests of `spec`; prompt token ids are drawn from `vocab_ids` (no special tokens)."""
+    if not vocab_ids:
+        raise ValueError("vocab_ids: need at least one token id to synthesise prompts")
+    rng = random.Random(spec.seed)
+    groups = _groups(spec, rng)
+    requests = []
+    clock = {g.name: 0.0 for g in spec.groups()}
+    for i, group in enumerate(groups):
+        prompt_len, max_tokens = _lengths(spec, group, rng, max_model_len)
+        rate = spec.rates.get(group, 0.0)
+        if rate > 0:
+            clock[group] += rng.expovariate(rate)
+        cancel = None
+        if rng.random() < spec.cancel_share:
+            cancel = max(1, max_tokens // 2)
+        requests.append(
+            BenchRequest(
+                request_id=f"bench-{i:05d}",
+                group=group,
+                arrival_s=round(clock[group], 6),
+                max_tokens=max_tokens,
+                prompt_token_ids=[rng.choice(vocab_ids) for _ in range(prompt_len)],
+                cancel_after_tokens=cancel,
+            )
+        )
+    return sorted(requests, key=lambda r: (r.arrival_s, r.request_id))
+
+
+def _groups(spec: WorkloadSpec, rng: random.Random) -> list[str]:
+    if spec.profile == "short":
+        return [spec.short_group] * spec.num_requests
+    if spec.profile == "long":
+        return [spec.long_group] * spec.num_requests
+    num_docs = round(spec.num_requests * spec.documents_share)
+    groups = [spec.long_group] * num_docs + [spec.short_group] * (spec.num_requests - num_docs)
+    rng.shuffle(groups)
+    return groups
+
+
+def _lengths(spec: WorkloadSpec, group: str, rng: random.Random, max_model_len: int) -> tuple[int, int]:
+    """(prompt length, max_tokens), clipped so prompt + output fits the model's context."""
+    if group == spec.short_group:
+        prompt_range, output_range = spec.short_prompt, spec.short_output
+    else:
+        output_range = spec.long_output
+        prompt_range = spec.long_prompt or Range(
+            max(1, max_model_len // 4), max(max_model_len // 4, max_model_len - output_range.hi)
+        )
+    max_tokens = min(output_range.draw(rng), max_model_len - 1)
+    prompt_len = min(prompt_range.draw(rng), max_model_len - max_tokens)
+    return prompt_len, max_tokens
+
+
+# --- traces ------------------------------------------------------------------------------------------
+
+
+def load_trace(path: str | Path, vocab_ids: Sequence[int], seed: int = 0) -> list[BenchRequest]:
+    """One JSON object per line: `arrival_s`, `group` (any group name), `max_tokens`, and `prompt` (text),
+    `prompt_token_ids` or `prompt_tokens` (a length: ids are synthesised, seeded); optional `request_id`,
+    `cancel_after_tokens`.
+    """
+    rng = random.Random(seed)
+    requests = []
+    for n, obj in _trace_lines(path):
+        try:
+            requests.append(_trace_request(obj, n, rng, vocab_ids))
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"trace {path} line {n}: {exc!r}") from exc
+    return sorted(requests, key=lambda r: (r.arrival_s, r.request_id))
+
+
+def trace_groups(path: str | Path) -> list[Group]:
+    """The groups a trace uses, in order of first appearance. `interactive` and `documents` keep their
+    standard deadline and priority; any other group starts with no deadline and priority 0."""
+    standard = {g.name: g for g in (SHORT, LONG)}
+    names: list[str] = []
+    for n, obj in _trace_lines(path):
+        name = check_group_name(obj.get("group"), f"trace {path} line {n}: group")
+        if name not in names:
+            names.append(name)
+    return [standard.get(name, Group(name)) for name in names]
+
+
+def _trace_lines(path: str | Path) -> list[tuple[int, dict[str, object]]]:
+    """(line number, object) of every non-blank line."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ValueError(f"trace: cannot read {path}: {exc}") from exc
+    lines = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"trace {path} line {n}: {exc!r}") from exc
+        if not isinstance(obj, dict):
+            raise ValueError(f"trace {path} line {n}: expected a JSON object, got {line[:80]!r}")
+        lines.append((n, obj))
+    if not lines:
+        raise ValueError(f"trace {path}: no requests")
+    return lines
+
+
+def _trace_request(
+    obj: dict[str, object], n: int, rng: random.Random, vocab_ids: Sequence[int]
+) -> BenchRequest:
+    group = check_group_name(obj.get("group"), f"trace line {n}: group")
+    ids = obj.get("prompt_token_ids")
+    if ids is None and "prompt_tokens" in obj:
+        ids = [rng.choice(vocab_ids) for _ in range(int(obj["prompt_tokens"]))]  # type: ignore[arg-type]
+    cancel = obj.get("cancel_after_tokens")
+    return BenchRequest(
+        request_id=str(obj.get("request_id", f"trace-{n:05d}")),
+        group=group,
+        arrival_s=float(obj.get("arrival_s", 0.0)),  # type: ignore[arg-type]
+        max_tokens=int(obj["max_tokens"]),  # type: ignore[arg-type]
+        prompt_token_ids=None if ids is None else [int(t) for t in ids],  # type: ignore[union-attr]
+        prompt=None if ids is not None else str(obj["prompt"]),
+        cancel_after_tokens=None if cancel is None else int(cancel),  # type: ignore[arg-type]
+    )
+
+
+def save_trace(requests: Sequence[BenchRequest], path: str | Path) -> str:
+    """Writes the requests as a replayable trace; returns its sha256."""
+    text = trace_text(requests)
+    Path(path).write_text(text)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def trace_text(requests: Sequence[BenchRequest]) -> str:
+    lines = []
+    for r in requests:
+        obj = {k: v for k, v in asdict(r).items() if v is not None}
+        lines.append(json.dumps(obj, separators=(",", ":")))
+    return "\n".join(lines) + "\n"
+
+
+def trace_sha256(requests: Sequence[BenchRequest]) -> str:
+    return hashlib.sha256(trace_text(requests).encode()).hexdigest()
+
+
+def all_at_once(requests: Sequence[BenchRequest]) -> bool:
+    return all(r.arrival_s == 0 for r in requests)

@@ -1,0 +1,265 @@
+"""The `conveyor` command: servers, migrations, API keys, a small client and the bench.
+
+The one composition root: the only code that imports both api/ and worker/. Each command imports what it
+runs inside its body, so `conveyor api` never loads the worker, the engine or torch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+
+from core.settings import Settings, load_settings
+
+app = typer.Typer(no_args_is_help=True, help="Conveyor: a job queue for asynchronous LLM inference.")
+keys_app = typer.Typer(no_args_is_help=True, help="Create, revoke and list API keys.")
+app.add_typer(keys_app, name="keys")
+
+ConfigOpt = Annotated[Path | None, typer.Option("--config", help="TOML settings (or CONVEYOR_CONFIG_FILE)")]
+HostOpt = Annotated[str | None, typer.Option(help="bind address (default 127.0.0.1)")]
+PortOpt = Annotated[int | None, typer.Option(help="port (default 8000)")]
+UrlOpt = Annotated[str, typer.Option("--url", envvar="CONVEYOR_URL", help="API base URL")]
+KeyOpt = Annotated[str | None, typer.Option("--api-key", envvar="CONVEYOR_API_KEY", help="Bearer API key")]
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+@app.command()
+def serve(host: HostOpt = None, port: PortOpt = None, config: ConfigOpt = None) -> None:
+    """Everything in one process: API, worker and engine on SQLite with an in-process queue."""
+    settings = _server_settings(config, host, port)
+    if not settings.embedded:
+        _fail("serve runs embedded: unset broker_url, or run `conveyor api` and `conveyor worker`")
+    from core.store.migrate import upgrade
+    from worker.embedded import EmbeddedRuntime
+    from worker.model import resolve_model
+
+    upgrade(settings.database_url)
+    settings = settings.model_copy(update={"model": resolve_model(settings)})
+    runtime = EmbeddedRuntime(settings)
+    _run_api(settings, publisher=runtime.publisher, runtime=runtime, token_stream=runtime.token_stream)
+
+
+@app.command()
+def api(host: HostOpt = None, port: PortOpt = None, config: ConfigOpt = None) -> None:
+    """The HTTP API alone, publishing to the Celery broker (run `conveyor migrate` first)."""
+    settings = _server_settings(config, host, port)
+    if settings.embedded:
+        _fail("api needs broker_url (CONVEYOR_BROKER_URL=redis://...); `conveyor serve` runs embedded")
+    from api.token_subscriptions import RedisTokenStream
+    from core.broker import BrokerPublisher
+
+    _check_tokenizer_files(settings)
+    broker = settings.broker_url or ""
+    tokens = RedisTokenStream(broker) if broker.startswith("redis") else None  # streamed completions
+    _run_api(settings, publisher=BrokerPublisher(settings), runtime=None, token_stream=tokens)
+
+
+@app.command()
+def worker(config: ConfigOpt = None) -> None:
+    """One GPU worker: loads one engine and consumes the interactive and documents queues."""
+    settings = _settings(config)
+    _configure_logging(settings)
+    from worker.celery_worker import run_worker
+
+    run_worker(settings)
+
+
+@app.command()
+def migrate(config: ConfigOpt = None) -> None:
+    """Upgrades the database to the latest schema (alembic upgrade head)."""
+    from core.store.migrate import upgrade
+
+    settings = _settings(config)
+    upgrade(settings.database_url)
+    typer.echo("database is at the latest revision")
+
+
+@keys_app.command("create")
+def keys_create(tenant: Annotated[str, typer.Option(help="tenant the key belongs to")],
+                config: ConfigOpt = None) -> None:
+    """Creates a key (and the tenant if new). The key is printed once; only its hash is stored."""
+    from core.clock import utcnow
+    from core.store import keys
+
+    with _session(config) as session:
+        try:
+            row, plaintext = keys.create_key(session, tenant, utcnow())
+        except ValueError as exc:
+            _fail(str(exc))
+    typer.echo(json.dumps({"id": row.id, "tenant": row.tenant_id, "key": plaintext}))
+
+
+@keys_app.command("revoke")
+def keys_revoke(key_id: str, config: ConfigOpt = None) -> None:
+    """Revokes a key by id; requests with it get 401 from then on."""
+    from core.clock import utcnow
+    from core.store import keys
+
+    with _session(config) as session:
+        if not keys.revoke_key(session, key_id, utcnow()):
+            _fail(f"key {key_id}: no such active key")
+    typer.echo(f"revoked {key_id}")
+
+
+@keys_app.command("list")
+def keys_list(config: ConfigOpt = None) -> None:
+    """Lists keys: id, tenant, display prefix, created, revoked."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from core.store import keys
+
+    table = Table("id", "tenant", "prefix", "created", "revoked")
+    with _session(config) as session:
+        for k in keys.list_keys(session):
+            revoked = k.revoked_at.isoformat(timespec="seconds") if k.revoked_at else ""
+            created = k.created_at.isoformat(timespec="seconds")
+            table.add_row(k.id, k.tenant_id, k.prefix + "…", created, revoked)
+    Console(width=120).print(table)
+
+
+@app.command()
+def submit(
+    prompt: Annotated[str | None, typer.Argument(help="prompt text (or use --messages-file)")] = None,
+    messages_file: Annotated[Path | None, typer.Option(help="JSON file with a list of chat messages")] = None,
+    queue: Annotated[str, typer.Option(help="interactive or documents")] = "interactive",
+    max_tokens: Annotated[int | None, typer.Option()] = None,
+    temperature: Annotated[float | None, typer.Option()] = None,
+    seed: Annotated[int | None, typer.Option()] = None,
+    ttl: Annotated[float | None, typer.Option(help="seconds to start before expiring")] = None,
+    timeout: Annotated[float | None, typer.Option(help="seconds of running before failing")] = None,
+    metadata: Annotated[str | None, typer.Option(help="JSON object returned with the job")] = None,
+    idempotency_key: Annotated[str | None, typer.Option()] = None,
+    url: UrlOpt = DEFAULT_URL,
+    api_key: KeyOpt = None,
+) -> None:
+    """Submits a job and prints it as JSON."""
+    if (prompt is None) == (messages_file is None):
+        _fail("give exactly one of PROMPT or --messages-file")
+    body: dict[str, Any] = {"queue": queue}
+    if prompt is not None:
+        body["prompt"] = prompt
+    else:
+        assert messages_file is not None
+        body["messages"] = json.loads(messages_file.read_text())
+    optional = dict(max_tokens=max_tokens, temperature=temperature, seed=seed, ttl=ttl, timeout=timeout,
+                    metadata=json.loads(metadata) if metadata else None)
+    body.update({k: v for k, v in optional.items() if v is not None})
+    _print_call(url, api_key, lambda c: c.submit(body, idempotency_key))
+
+
+@app.command()
+def status(job_id: str, url: UrlOpt = DEFAULT_URL, api_key: KeyOpt = None) -> None:
+    """Prints a job as JSON."""
+    _print_call(url, api_key, lambda c: c.get(job_id))
+
+
+@app.command()
+def wait(
+    job_id: str,
+    poll: Annotated[float, typer.Option(help="seconds between polls")] = 0.5,
+    timeout: Annotated[float | None, typer.Option(help="give up after this many seconds")] = None,
+    url: UrlOpt = DEFAULT_URL,
+    api_key: KeyOpt = None,
+) -> None:
+    """Polls until the job finishes and prints it; exits 1 unless it succeeded."""
+    job = _print_call(url, api_key, lambda c: c.wait(job_id, poll, timeout))
+    if job["status"] != "succeeded":
+        raise typer.Exit(1)
+
+
+@app.command()
+def cancel(job_id: str, url: UrlOpt = DEFAULT_URL, api_key: KeyOpt = None) -> None:
+    """Cancels a queued or running job and prints it."""
+    _print_call(url, api_key, lambda c: c.cancel(job_id))
+
+
+PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+
+@app.command(context_settings=PASSTHROUGH, add_help_option=False)
+def bench(ctx: typer.Context) -> None:
+    """Benchmark the engine or a running service (`conveyor bench --help` lists its options)."""
+    from bench.cli import main
+
+    raise typer.Exit(main(list(ctx.args)))
+
+
+def _settings(config: Path | None, **overrides: Any) -> Settings:
+    try:
+        return load_settings(config, **overrides)
+    except ValueError as exc:
+        _fail(str(exc))
+
+
+def _server_settings(config: Path | None, host: str | None, port: int | None) -> Settings:
+    settings = _settings(config, host=host, port=port)
+    try:
+        settings.check_bind()
+    except ValueError as exc:
+        _fail(str(exc))
+    _configure_logging(settings)
+    return settings
+
+
+def _run_api(settings: Settings, *, publisher: Any, runtime: Any, token_stream: Any = None) -> None:
+    import uvicorn
+
+    from api.app import create_app
+    from api.prompt_tokenizer import PromptTokenizer
+
+    tokenizer = PromptTokenizer(settings.model_folder())
+    application = create_app(settings, publisher=publisher, tokenizer=tokenizer, runtime=runtime,
+                             token_stream=token_stream)
+    auth = "on" if settings.auth_enabled else "off (loopback only)"
+    log = logging.getLogger("conveyor")
+    log.info("listening on http://%s:%d, auth %s", settings.host, settings.port, auth)
+    uvicorn.run(application, host=settings.host, port=settings.port, log_level=settings.log_level.lower())
+
+
+def _check_tokenizer_files(settings: Settings) -> None:
+    """The API counts prompt tokens with the workers' model's tokenizer; it never builds nor loads a model."""
+    folder = settings.model_folder()
+    if (folder / "tokenizer_config.json").is_file() or (folder / "tokenizer.json").is_file():
+        return
+    if settings.model:
+        _fail(f"model: no tokenizer files in {folder} (CONVEYOR_MODEL must be the folder the workers load)")
+    _fail(f"model: none configured, and the demo model is not built yet at {folder}: set CONVEYOR_MODEL, "
+          "or start `conveyor worker` once (it builds the demo model), then start the API again")
+
+
+def _session(config: Path | None) -> Any:
+    from core.store.database import make_db_engine, make_session_factory
+
+    return make_session_factory(make_db_engine(_settings(config).database_url))()
+
+
+def _print_call(url: str, api_key: str | None, call: Any) -> dict[str, Any]:
+    from cli.http_client import ClientError, ConveyorClient
+
+    client = ConveyorClient.connect(url, api_key)
+    try:
+        result: dict[str, Any] = call(client)
+    except (ClientError, TimeoutError) as exc:
+        _fail(str(exc))
+    except Exception as exc:  # connection refused and the like
+        _fail(f"{url}: {exc}")
+    finally:
+        client.http.close()
+    typer.echo(json.dumps(result, indent=2))
+    return result
+
+
+def _configure_logging(settings: Settings) -> None:
+    log_format = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    logging.basicConfig(level=settings.log_level.upper(), format=log_format)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # request lines carry webhook URLs and tokens
+
+
+def _fail(message: str, code: int = 2) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)

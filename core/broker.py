@@ -1,0 +1,78 @@
+"""The broker's queues and publishing to them with kombu (the messaging library under Celery).
+
+One durable queue per job queue, bound to a direct exchange of the same name; a message is `{"job_id": ...}`
+(the store is the truth). The API publishes here without loading Celery; the worker's Celery app
+(worker/celery_app.py) consumes the same queues with the same connection settings.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from kombu import Connection, Exchange, Queue
+from kombu.pools import ProducerPool
+
+from core.settings import Settings
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_S = 2.0
+POOL_LIMIT = 8  # connections (and producers) one process keeps to the broker
+ACQUIRE_TIMEOUT_S = 5.0
+PUBLISH_RETRY = {"max_retries": 2, "interval_start": 0.0, "interval_step": 0.2, "interval_max": 0.5}
+# A message held by a worker that died is restored after this long; the reconciler requeues the job much
+# sooner (worker_dead_after_s), and the late duplicate is dropped at claim.
+TRANSPORT_OPTIONS: dict[str, Any] = {"visibility_timeout": 3600}
+
+
+def job_queue(name: str) -> Queue:
+    """The broker queue of one job queue: a durable queue bound to a direct exchange of the same name."""
+    return Queue(name, Exchange(name, type="direct", durable=True), routing_key=name, durable=True)
+
+
+def job_message(job_id: str) -> dict[str, str]:
+    return {"job_id": job_id}
+
+
+class BrokerPublisher:
+    """Publishes job ids from a pool of producers (thread-safe: one connection per caller at a time)."""
+
+    def __init__(self, settings: Settings) -> None:
+        if settings.broker_url is None:
+            raise ValueError("broker_url: publishing to a broker needs one (unset means embedded mode)")
+        self._connection = Connection(settings.broker_url, connect_timeout=CONNECT_TIMEOUT_S,
+                                      transport_options=dict(TRANSPORT_OPTIONS))
+        self._connections = self._connection.Pool(limit=POOL_LIMIT)
+        self._producers = ProducerPool(self._connections, limit=POOL_LIMIT)
+        self._queues = {name: job_queue(name) for name in settings.queues}
+
+    def publish(self, job_id: str, queue: str) -> None:
+        if queue not in self._queues:
+            raise ValueError(f"queue: unknown queue {queue!r}; known: {sorted(self._queues)}")
+        with self._producers.acquire(block=True, timeout=ACQUIRE_TIMEOUT_S) as producer:
+            producer.publish(
+                job_message(job_id), exchange=self._queues[queue].exchange, routing_key=queue,
+                declare=[self._queues[queue]], serializer="json", delivery_mode="persistent",
+                retry=True, retry_policy=PUBLISH_RETRY,
+            )
+
+    def ping(self) -> bool:
+        try:
+            with self._connection.clone() as conn:
+                conn.ensure_connection(max_retries=1, interval_start=0, timeout=CONNECT_TIMEOUT_S)
+            return True
+        except Exception as exc:
+            log.debug("broker ping failed: %s", exc)
+            return False
+
+    def depth(self, queue: str) -> int:
+        """Messages waiting in the broker's queue (not those delivered and unacknowledged)."""
+        with self._connection.clone() as conn, conn.channel() as channel:
+            declared = self._queues[queue].bind(channel).queue_declare()
+            return int(declared.message_count) if declared is not None else 0
+
+    def close(self) -> None:
+        self._producers.force_close_all()
+        self._connections.force_close_all()
+        self._connection.release()

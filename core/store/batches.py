@@ -1,0 +1,271 @@
+"""Batches and their lines: rows, the runner's lease and read position, and the counters job outcomes feed.
+
+A batch runner (worker/batches/runner.py) holding a batch's lease reads its input from `read_line` /
+`read_offset`, and per chunk commits, in ONE transaction, the chunk's `batch_lines` (invalid lines as failed),
+one queued job per valid line, and the new read position; the commit is fenced by the lease and the expected
+position, so a runner that lost its lease can never insert a chunk twice. Job outcomes reach the lines and
+the batch counters through core/store/batch_outcomes.py, called by finished.record_finished in the job
+transition's own transaction: each job is counted exactly once.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import func, or_, select, update
+from sqlalchemy.orm import Session
+
+from core.lifecycle import (
+    BATCH_CANCELLED,
+    BATCH_EXPIRED,
+    BATCH_FAILED,
+    CANCELLED,
+    CANCELLING,
+    COMPLETED,
+    FINALIZING,
+    IN_PROGRESS,
+    LINE_FAILED,
+    LINE_QUEUED,
+    OPEN_BATCH_STATUSES,
+    QUEUED,
+    RUNNING,
+    STOP_EXPIRED,
+    STOP_FAILED,
+    VALIDATING,
+)
+from core.store.finished import record_finished
+from core.store.paging import newest_first
+from core.store.tables import Batch, BatchLine, Job
+
+
+@dataclass(frozen=True)
+class ChunkPosition:
+    """The read position a chunk starts from and the one after it."""
+
+    start_line: int
+    next_line: int
+    next_offset: int
+    done: bool
+
+
+def new_batch_id() -> str:
+    return "batch_" + uuid.uuid4().hex
+
+
+def create(session: Session, *, tenant_id: str, input_url: str, output_url: str | None, queue: str,
+           now: datetime, input_file_id: str | None = None, endpoint: str | None = None,
+           completion_window_s: float = 86400.0, webhook: dict[str, Any] | None = None,
+           meta: dict[str, Any] | None = None) -> Batch:
+    """Inserts a validating batch and commits; a runner picks it up on its next round."""
+    batch = Batch(
+        id=new_batch_id(), tenant_id=tenant_id, endpoint=endpoint, input_url=input_url,
+        input_file_id=input_file_id, output_url=output_url, queue=queue,
+        completion_window=f"{round(completion_window_s / 3600)}h", webhook=webhook, meta=meta,
+        status=VALIDATING, total=0, completed=0, failed=0, cancelled=0, prompt_tokens=0, completion_tokens=0,
+        read_line=1, read_offset=0, read_done=False, created_at=now,
+        expires_at=now + timedelta(seconds=completion_window_s), updated_at=now,
+    )
+    session.add(batch)
+    session.commit()
+    return batch
+
+
+def get(session: Session, batch_id: str, tenant_id: str | None = None) -> Batch | None:
+    query = select(Batch).where(Batch.id == batch_id).execution_options(populate_existing=True)
+    if tenant_id is not None:
+        query = query.where(Batch.tenant_id == tenant_id)
+    return session.execute(query).scalar_one_or_none()
+
+
+def page(session: Session, tenant_id: str, *, limit: int, after: str | None = None) -> list[Batch]:
+    """Newest first; `after` is the last batch id of the previous page (an unknown id gives an empty page)."""
+    query = select(Batch).where(Batch.tenant_id == tenant_id)
+    before = None
+    if after is not None:
+        last = get(session, after, tenant_id)
+        if last is None:
+            return []
+        before = (last.created_at, last.id)
+    return list(session.execute(newest_first(query, Batch, limit=limit, before=before)).scalars())
+
+
+# --- cancel and job outcomes ------------------------------------------------------------------------
+
+
+def request_cancel(session: Session, batch_id: str, tenant_id: str, now: datetime) -> Batch | None:
+    """validating|in_progress -> cancelling, cancelling the batch's queued and running jobs in the same
+    transaction. Returns the batch as it now is, or None if the tenant has no such batch."""
+    batch = get(session, batch_id, tenant_id)
+    if batch is None:
+        return None
+    if batch.status in (VALIDATING, IN_PROGRESS):
+        cancel_active_jobs(session, batch_id, now)
+        session.execute(
+            update(Batch).where(Batch.id == batch_id, Batch.status.in_((VALIDATING, IN_PROGRESS)))
+            .values(status=CANCELLING, cancelling_at=now, updated_at=now)
+            .execution_options(synchronize_session=False)
+        )
+    session.commit()
+    return get(session, batch_id, tenant_id)
+
+
+def cancel_active_jobs(session: Session, batch_id: str, now: datetime) -> list[str]:
+    """queued|running -> cancelled for the batch's jobs; counted through record_finished. No commit."""
+    active = select(BatchLine.job_id).where(BatchLine.batch_id == batch_id, BatchLine.status == LINE_QUEUED)
+    statement = (
+        update(Job).where(Job.id.in_(active), Job.status.in_((QUEUED, RUNNING)))
+        .values(status=CANCELLED, error_code="cancelled", error_message="the batch was cancelled",
+                finished_at=now, updated_at=now)
+        .returning(Job.id).execution_options(synchronize_session=False)
+    )
+    ids = list(session.execute(statement).scalars())
+    if ids:
+        record_finished(session, ids, CANCELLED, now)
+    return ids
+
+
+# --- the runner's lease -----------------------------------------------------------------------------
+
+
+def claimable(session: Session, owner: str, now: datetime, limit: int) -> list[str]:
+    """Open batches whose lease is free, expired or already ours, oldest first."""
+    free = or_(Batch.lease_owner.is_(None), Batch.lease_expires_at < now, Batch.lease_owner == owner)
+    query = (select(Batch.id).where(Batch.status.in_(OPEN_BATCH_STATUSES), free)
+             .order_by(Batch.created_at).limit(limit))
+    return list(session.execute(query).scalars())
+
+
+def take_lease(session: Session, batch_id: str, owner: str, now: datetime, lease_s: float) -> bool:
+    """Takes or renews the lease (free, expired, or ours); validating -> in_progress on first take."""
+    free = or_(Batch.lease_owner.is_(None), Batch.lease_expires_at < now, Batch.lease_owner == owner)
+    result = session.execute(
+        update(Batch).where(Batch.id == batch_id, Batch.status.in_(OPEN_BATCH_STATUSES), free)
+        .values(lease_owner=owner, lease_expires_at=now + timedelta(seconds=lease_s), updated_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    taken: bool = result.rowcount == 1  # type: ignore[attr-defined]
+    if taken:
+        session.execute(
+            update(Batch).where(Batch.id == batch_id, Batch.status == VALIDATING)
+            .values(status=IN_PROGRESS, in_progress_at=now).execution_options(synchronize_session=False)
+        )
+    session.commit()
+    return taken
+
+
+def release_lease(session: Session, batch_id: str, owner: str) -> None:
+    session.execute(
+        update(Batch).where(Batch.id == batch_id, Batch.lease_owner == owner)
+        .values(lease_owner=None, lease_expires_at=None).execution_options(synchronize_session=False)
+    )
+    session.commit()
+
+
+# --- reading the input ------------------------------------------------------------------------------
+
+
+def active_lines(session: Session, batch_id: str) -> int:
+    query = select(func.count()).select_from(BatchLine).where(
+        BatchLine.batch_id == batch_id, BatchLine.status == LINE_QUEUED
+    )
+    return int(session.execute(query).scalar_one())
+
+
+def seen_custom_ids(session: Session, batch_id: str) -> set[str]:
+    query = select(BatchLine.custom_id).where(BatchLine.batch_id == batch_id,
+                                              BatchLine.custom_id.is_not(None))
+    return {custom_id for (custom_id,) in session.execute(query)}
+
+
+def commit_chunk(session: Session, batch_id: str, owner: str, position: ChunkPosition,
+                 lines: list[BatchLine], new_jobs: list[Job], now: datetime) -> bool:
+    """Inserts the chunk's lines and jobs and advances the read position, all or nothing. False (rolled
+    back) when the lease is no longer ours, the batch stopped running, or another runner got here first."""
+    invalid = sum(1 for line in lines if line.status == LINE_FAILED)
+    result = session.execute(
+        update(Batch).where(Batch.id == batch_id, Batch.lease_owner == owner, Batch.status == IN_PROGRESS,
+                            Batch.read_line == position.start_line)
+        .values(read_line=position.next_line, read_offset=position.next_offset, read_done=position.done,
+                total=Batch.total + len(lines), failed=Batch.failed + invalid, updated_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    if result.rowcount != 1:  # type: ignore[attr-defined]
+        session.rollback()
+        return False
+    session.add_all(new_jobs)
+    session.flush()  # jobs before the lines that name them
+    session.add_all(lines)
+    session.commit()
+    return True
+
+
+# --- finishing --------------------------------------------------------------------------------------
+
+
+def stop(session: Session, batch_id: str, owner: str, reason: str, errors: list[dict[str, Any]] | None,
+         now: datetime) -> bool:
+    """in_progress -> finalizing early (input unreadable, or past expires_at); its active jobs are
+    cancelled. A batch already cancelling stays so."""
+    cancel_active_jobs(session, batch_id, now)
+    result = session.execute(
+        update(Batch).where(Batch.id == batch_id, Batch.lease_owner == owner, Batch.status == IN_PROGRESS)
+        .values(status=FINALIZING, stop_reason=reason, errors=errors, finalizing_at=now, updated_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    session.commit()
+    return result.rowcount == 1  # type: ignore[attr-defined,no-any-return]
+
+
+def start_finalizing(session: Session, batch_id: str, owner: str, now: datetime) -> bool:
+    """in_progress -> finalizing once the input is read and no line is queued or running."""
+    no_active = ~select(BatchLine.line).where(BatchLine.batch_id == batch_id,
+                                              BatchLine.status == LINE_QUEUED).exists()
+    result = session.execute(
+        update(Batch).where(Batch.id == batch_id, Batch.lease_owner == owner, Batch.status == IN_PROGRESS,
+                            Batch.read_done.is_(True), no_active)
+        .values(status=FINALIZING, finalizing_at=now, updated_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    session.commit()
+    return result.rowcount == 1  # type: ignore[attr-defined,no-any-return]
+
+
+def lines_in_order(session: Session, batch_id: str, yield_per: int = 500,
+                   ) -> Iterator[tuple[BatchLine, Job | None]]:
+    """Every line of the batch by line number, with its job; streamed, never all in memory."""
+    query = (
+        select(BatchLine, Job).outerjoin(Job, Job.id == BatchLine.job_id)
+        .where(BatchLine.batch_id == batch_id).order_by(BatchLine.line)
+        .execution_options(yield_per=yield_per)
+    )
+    for line, job in session.execute(query):  # noqa: UP028 (rows, unpacked into plain tuples)
+        yield line, job
+
+
+def final_status(batch: Batch) -> str:
+    if batch.status == CANCELLING:
+        return BATCH_CANCELLED
+    return {STOP_FAILED: BATCH_FAILED, STOP_EXPIRED: BATCH_EXPIRED}.get(batch.stop_reason or "", COMPLETED)
+
+
+def finish(session: Session, batch_id: str, owner: str, now: datetime, *, status: str, unread: int,
+           outputs: dict[str, str], output_file_id: str | None, error_file_id: str | None) -> Batch | None:
+    """finalizing|cancelling -> its final status, with the outputs written and the lines never read counted
+    as cancelled. No commit: the caller adds the files and the webhook event to this transaction. None when
+    the lease was lost."""
+    result = session.execute(
+        update(Batch).where(Batch.id == batch_id, Batch.lease_owner == owner,
+                            Batch.status.in_((FINALIZING, CANCELLING)))
+        .values(status=status, total=Batch.total + unread, cancelled=Batch.cancelled + unread,
+                outputs=outputs, output_file_id=output_file_id, error_file_id=error_file_id,
+                finished_at=now, updated_at=now, lease_owner=None, lease_expires_at=None, read_done=True)
+        .execution_options(synchronize_session=False)
+    )
+    if result.rowcount != 1:  # type: ignore[attr-defined]
+        session.rollback()
+        return None
+    return get(session, batch_id)

@@ -1,0 +1,319 @@
+"""Job rows and their state transitions.
+
+Every status change is ONE conditional UPDATE (`WHERE id = :id AND status IN (...)`, plus the attempt
+number where a worker reports), so a late or duplicate message can never complete a job twice or revive a
+cancelled one. Each transition commits its own transaction and says whether it applied. Times are
+timezone-aware UTC datetimes.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import ColumnElement, and_, func, null, or_, select, update
+from sqlalchemy.orm import Session
+
+from core.lifecycle import (
+    CANCELLED,
+    EXPIRED,
+    FAILED,
+    JOB_TRANSITIONS,
+    QUEUED,
+    RUNNING,
+    SUCCEEDED,
+    TERMINAL_STATUSES,
+)
+from core.store.finished import record_finished
+from core.store.paging import newest_first
+from core.store.tables import Job
+
+
+@dataclass(frozen=True)
+class NewJob:
+    tenant_id: str
+    queue: str
+    prompt: str | None
+    messages: list[dict[str, Any]] | None
+    params: dict[str, Any]
+    meta: dict[str, Any] | None
+    webhook: dict[str, Any] | None
+    idempotency_key: str | None
+    request_hash: str
+    prompt_tokens: int
+    ttl_s: float | None
+    timeout_s: float | None
+
+
+@dataclass(frozen=True)
+class QueueCounts:
+    queued: int
+    running: int
+    oldest_queued_at: datetime | None
+
+
+def new_job_id() -> str:
+    return "job_" + uuid.uuid4().hex
+
+
+def add(session: Session, new: NewJob, now: datetime) -> Job:
+    """Inserts a queued job and commits. Raises sqlalchemy IntegrityError on a duplicate idempotency key."""
+    expires_at = now + timedelta(seconds=new.ttl_s) if new.ttl_s is not None else None
+    job = Job(
+        id=new_job_id(), tenant_id=new.tenant_id, queue=new.queue, status=QUEUED, prompt=new.prompt,
+        messages=new.messages, params=new.params, meta=new.meta, webhook=new.webhook,
+        idempotency_key=new.idempotency_key, request_hash=new.request_hash, ttl_s=new.ttl_s,
+        timeout_s=new.timeout_s, expires_at=expires_at, created_at=now, updated_at=now, attempts=0,
+        preemptions=0, prompt_tokens=new.prompt_tokens,
+    )
+    session.add(job)
+    session.commit()
+    return job
+
+
+def get(session: Session, job_id: str, tenant_id: str | None = None) -> Job | None:
+    """The job, or None; with `tenant_id`, another tenant's job is None too."""
+    query = select(Job).where(Job.id == job_id).execution_options(populate_existing=True)
+    if tenant_id is not None:
+        query = query.where(Job.tenant_id == tenant_id)
+    return session.execute(query).scalar_one_or_none()
+
+
+def by_idempotency_key(session: Session, tenant_id: str, key: str) -> Job | None:
+    query = select(Job).where(Job.tenant_id == tenant_id, Job.idempotency_key == key)
+    return session.execute(query.execution_options(populate_existing=True)).scalar_one_or_none()
+
+
+def page(
+    session: Session,
+    tenant_id: str,
+    *,
+    limit: int,
+    status: str | None = None,
+    queue: str | None = None,
+    before: tuple[datetime, str] | None = None,
+) -> list[Job]:
+    """Newest first by (created_at, id); `before` is the last (created_at, id) of the previous page."""
+    query = select(Job).where(Job.tenant_id == tenant_id)
+    if status is not None:
+        query = query.where(Job.status == status)
+    if queue is not None:
+        query = query.where(Job.queue == queue)
+    return list(session.execute(newest_first(query, Job, limit=limit, before=before)).scalars())
+
+
+def count_queued(session: Session, queue: str) -> int:
+    query = select(func.count()).select_from(Job).where(Job.queue == queue, Job.status == QUEUED)
+    return int(session.execute(query).scalar_one())
+
+
+def queue_counts(session: Session) -> dict[str, QueueCounts]:
+    """Queued and running jobs per queue, and when the oldest queued job was created."""
+    query = (
+        select(Job.queue, Job.status, func.count(), func.min(Job.created_at))
+        .where(Job.status.in_((QUEUED, RUNNING)))
+        .group_by(Job.queue, Job.status)
+    )
+    rows: dict[str, dict[str, Any]] = {}
+    for queue, status, count, oldest in session.execute(query):
+        rows.setdefault(queue, {})[status] = (count, oldest)
+    out = {}
+    for queue, by_status in rows.items():
+        queued, oldest = by_status.get(QUEUED, (0, None))
+        out[queue] = QueueCounts(queued=queued, running=by_status.get(RUNNING, (0, None))[0],
+                                 oldest_queued_at=oldest)
+    return out
+
+
+def status_totals(session: Session) -> list[tuple[str, str, int, int]]:
+    """(queue, status, jobs, preemptions) over all jobs: the source of the finished-jobs metrics."""
+    query = select(Job.queue, Job.status, func.count(), func.coalesce(func.sum(Job.preemptions), 0)).group_by(
+        Job.queue, Job.status
+    )
+    return [(q, s, int(n), int(p)) for q, s, n, p in session.execute(query)]
+
+
+# --- transitions -------------------------------------------------------------------------------------
+
+
+def claim(session: Session, job_id: str, worker_id: str, now: datetime) -> Job | None:
+    """queued -> running (attempts + 1, started_at = now). None when the job is not queued; a job whose ttl
+    has passed is expired in the same call and None is returned."""
+    not_expired = or_(Job.expires_at.is_(None), Job.expires_at > now)
+    claimed = _transition(
+        session, job_id, (QUEUED,), not_expired,
+        status=RUNNING, attempts=Job.attempts + 1, started_at=now, first_token_at=None, worker_id=worker_id,
+        updated_at=now,
+    )
+    if claimed:
+        return get(session, job_id)
+    _expire(session, job_id, now)
+    return None
+
+
+def record_first_token(session: Session, job_id: str, attempt: int, at: datetime) -> bool:
+    return _transition(
+        session, job_id, (RUNNING,), and_(Job.attempts == attempt, Job.first_token_at.is_(None)),
+        first_token_at=at, updated_at=at,
+    )
+
+
+def complete(
+    session: Session,
+    job_id: str,
+    attempt: int,
+    *,
+    result_text: str,
+    finish_reason: str,
+    prompt_tokens: int,
+    completion_tokens: int,
+    preemptions: int,
+    first_token_at: datetime | None,
+    now: datetime,
+    logprobs: list[dict[str, Any]] | None = None,
+) -> bool:
+    """running -> succeeded, only for the attempt that is running."""
+    return _transition(
+        session, job_id, (RUNNING,), Job.attempts == attempt,
+        status=SUCCEEDED, result_text=result_text, finish_reason=finish_reason, prompt_tokens=prompt_tokens,
+        logprobs=logprobs if logprobs is not None else null(),  # SQL NULL, not JSON null
+        completion_tokens=completion_tokens, preemptions=Job.preemptions + preemptions,
+        first_token_at=func.coalesce(Job.first_token_at, first_token_at), finished_at=now, updated_at=now,
+    )
+
+
+def fail(
+    session: Session,
+    job_id: str,
+    attempt: int,
+    *,
+    code: str,
+    message: str,
+    now: datetime,
+    preemptions: int = 0,
+) -> bool:
+    """running -> failed, only for the attempt that is running."""
+    return _transition(
+        session, job_id, (RUNNING,), Job.attempts == attempt,
+        status=FAILED, error_code=code, error_message=message, preemptions=Job.preemptions + preemptions,
+        finished_at=now, updated_at=now,
+    )
+
+
+def cancel(session: Session, job_id: str, tenant_id: str, now: datetime) -> Job | None:
+    """queued|running -> cancelled. Returns the job as it now is (any status), or None if the tenant has no
+    such job; the caller tells 'cancelled' from 'already finished' by its status."""
+    _transition(
+        session, job_id, (QUEUED, RUNNING), Job.tenant_id == tenant_id,
+        status=CANCELLED, error_code="cancelled", error_message="cancelled by the client", finished_at=now,
+        updated_at=now,
+    )
+    return get(session, job_id, tenant_id)
+
+
+def cancelled_among(session: Session, job_ids: list[str]) -> set[str]:
+    if not job_ids:
+        return set()
+    query = select(Job.id).where(Job.id.in_(job_ids), Job.status == CANCELLED)
+    return set(session.execute(query).scalars())
+
+
+def requeue_orphans(session: Session, dead_worker_ids: list[str], now: datetime) -> list[tuple[str, str]]:
+    """running -> queued for jobs held by dead workers; they are undispatched again, to be re-published."""
+    if not dead_worker_ids:
+        return []
+    statement = (
+        update(Job)
+        .where(Job.status == RUNNING, Job.worker_id.in_(dead_worker_ids))
+        .values(status=QUEUED, worker_id=None, dispatched_at=None, first_token_at=None, updated_at=now)
+        .returning(Job.id, Job.queue)
+        .execution_options(synchronize_session=False)
+    )
+    rows = [(job_id, queue) for job_id, queue in session.execute(statement)]
+    session.commit()
+    return rows
+
+
+def expire_overdue(session: Session, now: datetime) -> list[str]:
+    """queued jobs past expires_at -> expired."""
+    statement = (
+        update(Job)
+        .where(Job.status == QUEUED, Job.expires_at.is_not(None), Job.expires_at <= now)
+        .values(**_expired_values(now))
+        .returning(Job.id)
+        .execution_options(synchronize_session=False)
+    )
+    ids = list(session.execute(statement).scalars())
+    if ids:
+        record_finished(session, ids, EXPIRED, now)
+    session.commit()
+    return ids
+
+
+def undispatched(session: Session, older_than: datetime) -> list[tuple[str, str]]:
+    """(id, queue) of queued jobs never handed to the broker, created before `older_than`."""
+    query = (
+        select(Job.id, Job.queue)
+        .where(Job.status == QUEUED, Job.dispatched_at.is_(None), Job.created_at < older_than)
+        .order_by(Job.created_at)
+    )
+    return [(job_id, queue) for job_id, queue in session.execute(query)]
+
+
+def queued(session: Session) -> list[tuple[str, str]]:
+    """(id, queue) of every queued job, oldest first (an embedded start reloads its in-process queues)."""
+    query = select(Job.id, Job.queue).where(Job.status == QUEUED).order_by(Job.created_at)
+    return [(job_id, queue) for job_id, queue in session.execute(query)]
+
+
+def dispatched_but_queued(session: Session, queue: str, dispatched_before: datetime, limit: int,
+                          ) -> list[tuple[str, str]]:
+    """(id, queue) of the queue's jobs still queued though dispatched before `dispatched_before`, oldest
+    first: candidates for a lost broker message."""
+    query = (
+        select(Job.id, Job.queue)
+        .where(Job.status == QUEUED, Job.queue == queue, Job.dispatched_at < dispatched_before)
+        .order_by(Job.created_at)
+        .limit(limit)
+    )
+    return [(job_id, name) for job_id, name in session.execute(query)]
+
+
+def mark_dispatched(session: Session, job_ids: list[str], now: datetime) -> None:
+    if not job_ids:
+        return
+    statement = update(Job).where(Job.id.in_(job_ids), Job.status == QUEUED).values(dispatched_at=now)
+    session.execute(statement.execution_options(synchronize_session=False))
+    session.commit()
+
+
+def _expire(session: Session, job_id: str, now: datetime) -> bool:
+    return _transition(
+        session, job_id, (QUEUED,), and_(Job.expires_at.is_not(None), Job.expires_at <= now),
+        **_expired_values(now),
+    )
+
+
+def _expired_values(now: datetime) -> dict[str, Any]:
+    return dict(status=EXPIRED, error_code="expired", error_message="ttl passed before the job started",
+                finished_at=now, updated_at=now)
+
+
+def _transition(
+    session: Session, job_id: str, from_statuses: tuple[str, ...], condition: ColumnElement[bool] | None,
+    **values: Any,
+) -> bool:
+    """The one conditional UPDATE behind every transition; commits and says whether a row changed."""
+    if "status" in values:
+        assert all(values["status"] in JOB_TRANSITIONS[s] for s in from_statuses), (from_statuses, values)
+    query = update(Job).where(Job.id == job_id, Job.status.in_(from_statuses))
+    if condition is not None:
+        query = query.where(condition)
+    result = session.execute(query.values(**values).execution_options(synchronize_session=False))
+    applied: bool = result.rowcount == 1  # type: ignore[attr-defined]
+    if applied and values.get("status") in TERMINAL_STATUSES:
+        record_finished(session, [job_id], values["status"], values["finished_at"])
+    session.commit()
+    return applied

@@ -1,0 +1,273 @@
+"""Every table of the store, in one place: `Base.metadata` is the schema `migrations/` builds (Alembic).
+
+Tenants and their API keys; jobs; worker registrations; batches and their lines; files; webhook signing
+secrets, subscriptions, deliveries and their attempts. Queries live beside them, one module per subject
+(jobs.py, batches.py, ...). Statuses are in core/lifecycle.py.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+DEFAULT_TENANT = "default"  # created by the first migration; the tenant of every request when auth is off
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC datetimes on every backend.
+
+    NOTE: SQLite keeps no offset, so values are stored as naive UTC (whose text sorts chronologically) and
+    given back their UTC tzinfo on the way out; Postgres keeps `timestamptz`.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        assert value.tzinfo is not None, "store datetimes must be timezone-aware"
+        value = value.astimezone(timezone.utc)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Tenant(Base):
+    __tablename__ = "tenants"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), index=True)
+    prefix: Mapped[str] = mapped_column(String(16))  # shown in listings; the key itself is never stored
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)  # sha256 hex of the full key
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (
+        UniqueConstraint("tenant_id", "idempotency_key", name="uq_jobs_tenant_idempotency_key"),
+        Index("ix_jobs_tenant_created", "tenant_id", "created_at", "id"),
+        Index("ix_jobs_status_queue", "status", "queue"),
+    )
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    queue: Mapped[str] = mapped_column(String(64))
+    status: Mapped[str] = mapped_column(String(16))
+    prompt: Mapped[str | None] = mapped_column(Text, nullable=True)
+    messages: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
+    params: Mapped[dict[str, Any]] = mapped_column(JSON)  # SamplingParams keyword arguments
+    # `metadata` is reserved on declarative classes, hence the attribute name.
+    meta: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON, nullable=True)
+    webhook: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    idempotency_key: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    request_hash: Mapped[str] = mapped_column(String(64))
+    ttl_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    timeout_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    first_token_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    preemptions: Mapped[int] = mapped_column(Integer, default=0)
+    result_text: Mapped[str | None] = mapped_column(Text, nullable=True)
+    finish_reason: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    completion_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # Per generated token when the job asked for logprobs: {token_id, text, logprob, top_logprobs: [...]}.
+    logprobs: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
+    error_code: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    error_message: Mapped[str | None] = mapped_column(Text, nullable=True)
+    worker_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    dispatched_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class Worker(Base):
+    __tablename__ = "workers"
+
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    hostname: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    queues: Mapped[list[str]] = mapped_column(JSON)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    last_seen_at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
+    stopped_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+
+class Batch(Base):
+    __tablename__ = "batches"
+    __table_args__ = (
+        Index("ix_batches_tenant_created", "tenant_id", "created_at", "id"),
+        Index("ix_batches_status", "status"),
+    )
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(64))
+    endpoint: Mapped[str | None] = mapped_column(String(64), nullable=True)  # None: each line says
+    input_url: Mapped[str] = mapped_column(Text)  # s3://bucket/key, or the input file's blob URL
+    input_file_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    output_url: Mapped[str | None] = mapped_column(Text, nullable=True)  # s3://bucket/prefix/; None: files
+    queue: Mapped[str] = mapped_column(String(64))
+    completion_window: Mapped[str] = mapped_column(String(16))
+    webhook: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    meta: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON, nullable=True)
+    status: Mapped[str] = mapped_column(String(16))
+    stop_reason: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    total: Mapped[int] = mapped_column(Integer, default=0)  # lines read so far (all, once finished)
+    completed: Mapped[int] = mapped_column(Integer, default=0)
+    failed: Mapped[int] = mapped_column(Integer, default=0)  # invalid lines and failed jobs
+    cancelled: Mapped[int] = mapped_column(Integer, default=0)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    read_line: Mapped[int] = mapped_column(Integer, default=1)  # the number the next line gets
+    read_offset: Mapped[int] = mapped_column(BigInteger, default=0)  # where the next line starts
+    read_done: Mapped[bool] = mapped_column(Boolean, default=False)
+    lease_owner: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    output_file_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    error_file_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    outputs: Mapped[dict[str, str] | None] = mapped_column(JSON, nullable=True)  # results/errors/manifest
+    errors: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)  # batch-level errors
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    in_progress_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    finalizing_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    cancelling_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class BatchLine(Base):
+    __tablename__ = "batch_lines"
+    __table_args__ = (
+        UniqueConstraint("batch_id", "custom_id", name="uq_batch_lines_custom_id"),
+        Index("ix_batch_lines_batch_status", "batch_id", "status"),
+    )
+
+    batch_id: Mapped[str] = mapped_column(ForeignKey("batches.id"), primary_key=True)
+    line: Mapped[int] = mapped_column(Integer, primary_key=True)
+    # The line's custom_id when it is the first to use it; NULL for duplicates and lines without one
+    # (their error keeps what they said).
+    custom_id: Mapped[str | None] = mapped_column(String(512), nullable=True)
+    status: Mapped[str] = mapped_column(String(16))
+    job_id: Mapped[str | None] = mapped_column(String(40), nullable=True, index=True)
+    error: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # code, message, custom_id
+
+
+class File(Base):
+    __tablename__ = "files"
+    __table_args__ = (Index("ix_files_tenant_created", "tenant_id", "created_at", "id"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(64))
+    purpose: Mapped[str] = mapped_column(String(32))
+    filename: Mapped[str] = mapped_column(String(255))
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    url: Mapped[str] = mapped_column(Text)  # a local path (embedded) or an s3:// URL; never shown to clients
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class SigningSecret(Base):
+    """A tenant's `whsec_` secret. The current one has no `expires_at`; a rotated-out one keeps signing until
+    its `expires_at`. Stored retrievably because it must sign; shown to the tenant only when created."""
+
+    __tablename__ = "webhook_secrets"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(64), index=True)
+    secret: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+    def __repr__(self) -> str:   # never the secret
+        return f"SigningSecret(id={self.id!r}, tenant_id={self.tenant_id!r}, expires_at={self.expires_at!r})"
+
+
+class Subscription(Base):
+    __tablename__ = "webhook_subscriptions"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(64), index=True)
+    url: Mapped[str] = mapped_column(Text)
+    events: Mapped[list[str]] = mapped_column(JSON)   # filter patterns; empty = every event
+    description: Mapped[str | None] = mapped_column(Text, nullable=True)
+    enabled: Mapped[bool] = mapped_column(Boolean)
+    disabled_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class Delivery(Base):
+    """One event to one target. `id` is the `webhook-id` header, the same on every attempt and resend."""
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (
+        Index("ix_webhook_deliveries_due", "status", "next_attempt_at"),
+        Index("ix_webhook_deliveries_subject", "tenant_id", "subject_type", "subject_id"),
+    )
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(64))
+    subscription_id: Mapped[str | None] = mapped_column(String(40), nullable=True)   # None: the job's own
+    url: Mapped[str] = mapped_column(Text)
+    event_type: Mapped[str] = mapped_column(String(32))
+    subject_type: Mapped[str] = mapped_column(String(16))   # "job" or "batch"
+    subject_id: Mapped[str] = mapped_column(String(64))
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON)   # the event, frozen when it happened
+    status: Mapped[str] = mapped_column(String(16))
+    attempts: Mapped[int] = mapped_column(Integer)           # attempts started (claimed)
+    schedule_start: Mapped[int] = mapped_column(Integer)     # attempts before the current retry schedule
+    next_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class Attempt(Base):
+    __tablename__ = "webhook_attempts"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    delivery_id: Mapped[str] = mapped_column(ForeignKey("webhook_deliveries.id"), index=True)
+    number: Mapped[int] = mapped_column(Integer)
+    attempted_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    outcome: Mapped[str] = mapped_column(String(16))   # delivered | retry | disabled | failed
+    status_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    duration_s: Mapped[float] = mapped_column(Float)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    response_excerpt: Mapped[str | None] = mapped_column(Text, nullable=True)
+    next_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)

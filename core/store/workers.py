@@ -1,0 +1,59 @@
+"""Worker registry: each worker process registers, beats, and marks itself stopped.
+
+The reconciler uses it to find the running jobs of dead workers (to requeue them); /readyz uses it to say
+whether any worker is alive.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from core.lifecycle import RUNNING
+from core.store.tables import Job, Worker
+
+
+def register(
+    session: Session, worker_id: str, *, hostname: str, pid: int, queues: list[str], now: datetime
+) -> None:
+    session.merge(Worker(id=worker_id, hostname=hostname, pid=pid, queues=queues, started_at=now,
+                         last_seen_at=now, stopped_at=None))
+    session.commit()
+
+
+def heartbeat(session: Session, worker_id: str, now: datetime) -> bool:
+    """False when the worker is unknown or already marked stopped."""
+    statement = (
+        update(Worker).where(Worker.id == worker_id, Worker.stopped_at.is_(None)).values(last_seen_at=now)
+    )
+    result = session.execute(statement.execution_options(synchronize_session=False))
+    session.commit()
+    applied: bool = result.rowcount == 1  # type: ignore[attr-defined]
+    return applied
+
+
+def mark_stopped(session: Session, worker_id: str, now: datetime) -> None:
+    statement = update(Worker).where(Worker.id == worker_id).values(stopped_at=now, last_seen_at=now)
+    session.execute(statement.execution_options(synchronize_session=False))
+    session.commit()
+
+
+def live_workers(session: Session, *, now: datetime, dead_after_s: float) -> list[Worker]:
+    """Workers not stopped whose last heartbeat is recent."""
+    cutoff = now - timedelta(seconds=dead_after_s)
+    query = select(Worker).where(Worker.stopped_at.is_(None), Worker.last_seen_at >= cutoff)
+    return list(session.execute(query.order_by(Worker.started_at)).scalars())
+
+
+def dead_workers_with_jobs(session: Session, *, now: datetime, dead_after_s: float) -> list[str]:
+    """Workers holding running jobs that are not alive: stopped, silent too long, or never registered."""
+    cutoff = now - timedelta(seconds=dead_after_s)
+    alive = select(Worker.id).where(Worker.stopped_at.is_(None), Worker.last_seen_at >= cutoff)
+    query = (
+        select(Job.worker_id)
+        .where(Job.status == RUNNING, Job.worker_id.is_not(None), Job.worker_id.not_in(alive))
+        .distinct()
+    )
+    return [worker_id for worker_id in session.execute(query).scalars() if worker_id is not None]

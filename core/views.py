@@ -1,0 +1,121 @@
+"""What clients see of a job and of a batch: the body of their `GET` and the `data` of their webhook events.
+
+Both places must show the same thing, frozen at the time of an event, so the shapes live here, beside the
+domain, and not in the HTTP layer (api/schemas names them as response models).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from core.lifecycle import BATCH_CANCELLED, BATCH_EXPIRED, BATCH_FAILED, COMPLETED
+from core.store.tables import Batch, Job
+
+JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled", "expired"]
+
+
+class TokenLogprob(BaseModel):
+    token_id: int
+    text: str = Field(description="the token decoded on its own (special tokens included)")
+    logprob: float
+
+
+class GeneratedTokenLogprob(TokenLogprob):
+    top_logprobs: list[TokenLogprob] = Field(description="the `logprobs` most likely tokens, best first")
+
+
+class JobResult(BaseModel):
+    text: str
+    finish_reason: str | None
+    logprobs: list[GeneratedTokenLogprob] | None = Field(
+        None, description="per generated token, when the job asked for `logprobs`; else null"
+    )
+
+
+class JobUsage(BaseModel):
+    prompt_tokens: int | None
+    completion_tokens: int | None
+
+
+class JobError(BaseModel):
+    code: str
+    message: str | None
+
+
+class JobPublic(BaseModel):
+    id: str
+    status: JobStatus
+    queue: str
+    result: JobResult | None
+    usage: JobUsage
+    error: JobError | None
+    created_at: datetime
+    started_at: datetime | None
+    first_token_at: datetime | None
+    finished_at: datetime | None
+    expires_at: datetime | None
+    queue_time_s: float | None = Field(description="started_at - created_at")
+    time_to_first_token_s: float | None = Field(description="first_token_at - created_at")
+    end_to_end_s: float | None = Field(description="finished_at - created_at")
+    attempts: int
+    preemptions: int
+    metadata: dict[str, Any] | None
+
+    @classmethod
+    def from_row(cls, job: Job) -> JobPublic:
+        result = None
+        if job.result_text is not None:
+            logprobs = None
+            if job.logprobs is not None:
+                logprobs = [GeneratedTokenLogprob.model_validate(entry) for entry in job.logprobs]
+            result = JobResult(text=job.result_text, finish_reason=job.finish_reason, logprobs=logprobs)
+        error = JobError(code=job.error_code, message=job.error_message) if job.error_code else None
+        return cls(
+            id=job.id, status=job.status, queue=job.queue, result=result,  # type: ignore[arg-type]
+            usage=JobUsage(prompt_tokens=job.prompt_tokens, completion_tokens=job.completion_tokens),
+            error=error, created_at=job.created_at, started_at=job.started_at,
+            first_token_at=job.first_token_at, finished_at=job.finished_at, expires_at=job.expires_at,
+            queue_time_s=_seconds(job.created_at, job.started_at),
+            time_to_first_token_s=_seconds(job.created_at, job.first_token_at),
+            end_to_end_s=_seconds(job.created_at, job.finished_at),
+            attempts=job.attempts, preemptions=job.preemptions, metadata=job.meta,
+        )
+
+
+def batch_public(batch: Batch) -> dict[str, Any]:
+    """The batch as `GET /v1/batches/{id}` shows it: OpenAI's Batch object plus Conveyor's fields."""
+    counts = {"total": batch.total, "completed": batch.completed, "failed": batch.failed,
+              "cancelled": batch.cancelled}
+    errors = {"object": "list", "data": batch.errors} if batch.errors else None
+    final = batch.finished_at
+    return {
+        "id": batch.id, "object": "batch", "endpoint": batch.endpoint, "errors": errors,
+        "input_file_id": batch.input_file_id, "completion_window": batch.completion_window,
+        "status": batch.status, "output_file_id": batch.output_file_id, "error_file_id": batch.error_file_id,
+        "created_at": _unix(batch.created_at), "in_progress_at": _unix(batch.in_progress_at),
+        "expires_at": _unix(batch.expires_at), "finalizing_at": _unix(batch.finalizing_at),
+        "completed_at": _unix(final if batch.status == COMPLETED else None),
+        "failed_at": _unix(final if batch.status == BATCH_FAILED else None),
+        "expired_at": _unix(final if batch.status == BATCH_EXPIRED else None),
+        "cancelling_at": _unix(batch.cancelling_at),
+        "cancelled_at": _unix(final if batch.status == BATCH_CANCELLED else None),
+        "request_counts": counts, "metadata": batch.meta,
+        "usage": {"input_tokens": batch.prompt_tokens, "output_tokens": batch.completion_tokens,
+                  "total_tokens": batch.prompt_tokens + batch.completion_tokens,
+                  "input_tokens_details": {"cached_tokens": 0},
+                  "output_tokens_details": {"reasoning_tokens": 0}},
+        "input": batch.input_url if batch.input_file_id is None else None, "output": batch.output_url,
+        "outputs": batch.outputs, "queue": batch.queue,
+        "webhook": {"url": batch.webhook["url"]} if batch.webhook else None,
+    }
+
+
+def _unix(when: datetime | None) -> int | None:
+    return None if when is None else int(when.timestamp())
+
+
+def _seconds(start: datetime, end: datetime | None) -> float | None:
+    return None if end is None else round((end - start).total_seconds(), 6)

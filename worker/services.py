@@ -1,0 +1,90 @@
+"""Everything that runs next to one engine, built, started and stopped in one place.
+
+The Celery worker (worker/celery_worker.py) and the embedded runtime (worker/embedded.py) both run exactly
+these: the engine host, the job runner (which holds each queue to its max_running), the heartbeat, the
+reconciler, the webhook sender and the batch runner. They differ only in where job ids come from (a broker
+consumer or in-process feeders), which they start after `start()` and stop before `stop()`.
+
+Stop order: the batch runner and the reconciler first (no new jobs, no re-publishing), then the job runner
+(in-flight jobs finish within the grace period, the rest are requeued), then the webhook sender, the
+heartbeat (the worker stays alive in the store while its jobs finish), and the engine last.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from core.settings import Settings
+from core.token_stream import TokenSink
+from engine.host import EngineHost
+from worker.batches.runner import BatchRunner, make_batch_runner
+from worker.heartbeat import Heartbeat
+from worker.job_runner import JobRunner
+from worker.model import engine_config, resolve_model
+from worker.reconciler import Broker, Reconciler
+from worker.webhooks.sender import WebhookSender
+
+log = logging.getLogger(__name__)
+
+
+class WorkerServices:
+    def __init__(self, settings: Settings, sessions: sessionmaker[Session], broker: Broker, worker_id: str,
+                 *, tokens: TokenSink | None, republish_requeued: bool) -> None:
+        """`republish_requeued`: jobs requeued at shutdown are published again at once (Celery); embedded
+        mode leaves them queued in the store for the next start."""
+        self.settings = settings
+        self.worker_id = worker_id
+        self._sessions = sessions
+        self._broker = broker
+        self._tokens = tokens
+        self._republish = republish_requeued
+        self._heartbeat = Heartbeat(sessions, worker_id, list(settings.queues), settings.worker_heartbeat_s)
+        self._reconciler = Reconciler(sessions, broker, settings)
+        self._webhooks = WebhookSender(sessions, settings)
+        self._host: EngineHost | None = None
+        self._runner: JobRunner | None = None
+        self._batches: BatchRunner | None = None
+
+    @property
+    def host(self) -> EngineHost:
+        assert self._host is not None, "WorkerServices.start() has not run"
+        return self._host
+
+    @property
+    def runner(self) -> JobRunner:
+        assert self._runner is not None, "WorkerServices.start() has not run"
+        return self._runner
+
+    def start(self) -> None:
+        """Loads the engine (once), then starts every service; job ids may flow in afterwards."""
+        config = engine_config(self.settings, resolve_model(self.settings))
+        log.info("loading engine for %s", config.model)
+        self._host = EngineHost.from_config(config)
+        limits = {name: queue.max_running for name, queue in self.settings.queues.items()}
+        self._runner = JobRunner(self._host, self._sessions, self.worker_id, limits=limits,
+                                 cancel_poll_s=self.settings.cancel_poll_s, tokens=self._tokens)
+        self._batches = make_batch_runner(self._sessions, self.settings, self._broker.publish, self.worker_id,
+                                          self._host.tokenizer)
+        self._heartbeat.start()
+        self._runner.start()
+        self._reconciler.start()
+        self._webhooks.start()
+        self._batches.start()
+
+    def stop(self, grace_s: float | None = None, tick: Callable[[], None] | None = None) -> None:
+        """Stops every service in the order of the module docstring. In-flight jobs get grace_s (default:
+        worker_shutdown_grace_s) to finish; `tick` runs while waiting (the Celery consumer flushes acks)."""
+        grace = self.settings.worker_shutdown_grace_s if grace_s is None else grace_s
+        if self._batches is not None:
+            self._batches.stop()
+        self._reconciler.stop()
+        if self._runner is not None:
+            self._runner.shutdown(grace, self._broker.publish if self._republish else None, tick)
+        self._webhooks.stop()
+        self._heartbeat.stop()
+        if self._host is not None:
+            self._host.shutdown()
+        log.info("worker %s stopped", self.worker_id)

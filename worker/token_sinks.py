@@ -1,0 +1,114 @@
+"""Where running jobs' text deltas go: an in-process hub (embedded mode) or Redis pub/sub (Celery mode).
+
+Embedded mode: `InProcessTokenStream` is both the worker's sink and the API's TokenStream (asyncio queues fed
+with call_soon_threadsafe). Celery mode: `RedisTokenSink` publishes from its own thread on the job's channel;
+the API subscribes with api/token_subscriptions.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import queue as stdlib_queue
+import threading
+
+from core.token_stream import TokenEvent, channel
+
+log = logging.getLogger(__name__)
+
+
+class _Subscriber:
+    def __init__(self, hub: InProcessTokenStream, job_id: str) -> None:
+        self._hub = hub
+        self._job_id = job_id
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
+
+    def push(self, event: TokenEvent) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting any more
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
+
+    async def get(self, timeout_s: float) -> TokenEvent | None:
+        try:
+            return await asyncio.wait_for(self._queue.get(), timeout_s)
+        except TimeoutError:
+            return None
+
+    async def close(self) -> None:
+        self._hub.remove(self._job_id, self)
+
+
+class InProcessTokenStream:
+    """Embedded mode: a thread-safe in-process pub/sub, both the worker's sink and the API's TokenStream."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._subscribers: dict[str, list[_Subscriber]] = {}
+
+    async def subscribe(self, job_id: str) -> _Subscriber:
+        subscriber = _Subscriber(self, job_id)
+        with self._lock:
+            self._subscribers.setdefault(job_id, []).append(subscriber)
+        return subscriber
+
+    def remove(self, job_id: str, subscriber: _Subscriber) -> None:
+        with self._lock:
+            listeners = self._subscribers.get(job_id, [])
+            if subscriber in listeners:
+                listeners.remove(subscriber)
+            if not listeners:
+                self._subscribers.pop(job_id, None)
+
+    def listening(self, job_id: str) -> bool:
+        with self._lock:
+            return job_id in self._subscribers
+
+    def publish(self, job_id: str, event: TokenEvent) -> None:
+        with self._lock:
+            listeners = list(self._subscribers.get(job_id, ()))
+        for subscriber in listeners:
+            subscriber.push(event)
+
+
+class RedisTokenSink:
+    """Celery mode: PUBLISH on the job's channel from a background thread. A job whose first delta reached
+    no subscriber gets no more deltas (nobody waits on it synchronously); its end marker is always sent."""
+
+    def __init__(self, url: str) -> None:
+        import redis
+
+        self._client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
+        self._outbox: stdlib_queue.SimpleQueue[tuple[str, TokenEvent] | None] = stdlib_queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._unheard: set[str] = set()
+        self._thread = threading.Thread(target=self._run, name="token-publisher", daemon=True)
+        self._thread.start()
+
+    def listening(self, job_id: str) -> bool:
+        with self._lock:
+            return job_id not in self._unheard
+
+    def publish(self, job_id: str, event: TokenEvent) -> None:
+        self._outbox.put((job_id, event))
+
+    def close(self) -> None:
+        self._outbox.put(None)
+        self._thread.join(timeout=5)
+        self._client.close()
+
+    def _run(self) -> None:
+        while (item := self._outbox.get()) is not None:
+            job_id, event = item
+            if not event.end and not self.listening(job_id):
+                continue
+            try:
+                receivers = self._client.publish(channel(job_id), event.encode())
+            except Exception as exc:  # the API falls back to the store; no more tries for this job's deltas
+                log.debug("token publish for %s failed: %s", job_id, exc)
+                receivers = 0
+            with self._lock:
+                if event.end:
+                    self._unheard.discard(job_id)
+                elif not receivers:
+                    self._unheard.add(job_id)
