@@ -13,7 +13,23 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
+import redis
+from fastapi.testclient import TestClient
+from live_server import SpareRedis
+from service_support import RecordingPublisher, Service
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.app import create_app
+from api.prompt_tokenizer import PromptTokenizer
+from core.settings import Settings
+from core.store.database import make_db_engine, make_session_factory
+from core.store.migrate import upgrade
+from core.store.tables import Base
+from core.webhooks.signing import generate_secret
+from engine.demo import build_tiny_model
 
 POSTGRES_SERVER = os.environ.get("CONVEYOR_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REDIS_SERVER = os.environ.get("CONVEYOR_TEST_REDIS", "redis://127.0.0.1:6379")
@@ -30,9 +46,6 @@ def _no_conveyor_env(monkeypatch: pytest.MonkeyPatch) -> None:
 @contextmanager
 def fresh_postgres_database() -> Iterator[str]:
     """CREATE DATABASE conveyor_test_<random> on the local server; dropped on exit."""
-    import psycopg
-    from sqlalchemy.engine import make_url
-
     server = make_url(POSTGRES_SERVER)
     name = "conveyor_test_" + secrets.token_hex(6)
     admin_dsn = server.set(drivername="postgresql").render_as_string(hide_password=False)
@@ -68,8 +81,6 @@ def sqlite_url(tmp_path: Path) -> str:
 @pytest.fixture
 def redis_url() -> str:
     """A flushed Redis database; the number is random per test so concurrent runs rarely share one."""
-    import redis
-
     url = f"{REDIS_SERVER}/{secrets.randbelow(15) + 1}"
     client = redis.Redis.from_url(url, socket_connect_timeout=5)
     client.flushdb()
@@ -77,10 +88,24 @@ def redis_url() -> str:
     return url
 
 
+@pytest.fixture
+def spare_redis(tmp_path: Path) -> Iterator[SpareRedis]:
+    """A private redis-server on a free port, not started: the test starts and stops it (a broker outage)."""
+    server = SpareRedis(tmp_path)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def secret() -> str:
+    """A fresh `whsec_` webhook signing secret."""
+    return generate_secret()
+
+
 @pytest.fixture(scope="session")
 def _migrated_postgres(postgres_url: str) -> str:
-    from core.store.migrate import upgrade
-
     upgrade(postgres_url)
     return postgres_url
 
@@ -88,8 +113,6 @@ def _migrated_postgres(postgres_url: str) -> str:
 @pytest.fixture(params=["sqlite", "postgres"])
 def database_url(request: pytest.FixtureRequest, sqlite_url: str) -> Iterator[str]:
     """A migrated, empty database: each test runs once on SQLite and once on Postgres."""
-    from core.store.migrate import upgrade
-
     if request.param == "sqlite":
         upgrade(sqlite_url)
         yield sqlite_url
@@ -108,9 +131,6 @@ def emptied_postgres(_migrated_postgres: str) -> str:
 def empty_tables(url: str) -> None:
     """Deletes every row of every store table, children before parents (the reverse of the metadata's
     foreign-key order), so a table added later is emptied too."""
-    from core.store.database import make_db_engine
-    from core.store.tables import Base
-
     db_engine = make_db_engine(url)
     with db_engine.begin() as conn:
         for table in reversed(Base.metadata.sorted_tables):
@@ -124,8 +144,6 @@ def empty_tables(url: str) -> None:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
     """`tiny_model_dir(arch, **build_tiny_model_kwargs)` -> folder; one build per distinct argument set."""
-    from engine.demo import build_tiny_model
-
     built: dict[str, Path] = {}
 
     def build(arch: str = "LlamaForCausalLM", **kwargs: Any) -> Path:
@@ -146,16 +164,12 @@ def llama_dir(tiny_model_dir: Callable[..., Path]) -> Path:
 @pytest.fixture(scope="session")
 def demo_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny random-weight demo model, built once per session."""
-    from engine.demo import build_tiny_model
-
     return build_tiny_model(tmp_path_factory.mktemp("demo-model"))
 
 
 @pytest.fixture
 def make_settings(tmp_path: Path) -> Callable[..., Any]:
     """Settings for tests: data under tmp_path, auth on, fast reconciler timings; keyword overrides win."""
-    from core.settings import Settings
-
     def make(**overrides: Any) -> Settings:
         values: dict[str, Any] = dict(
             data_dir=tmp_path / "data", auth_enabled=True, reconcile_interval_s=0.2, dispatch_grace_s=0.5,
@@ -165,3 +179,55 @@ def make_settings(tmp_path: Path) -> Callable[..., Any]:
         return Settings(**values)
 
     return make
+
+
+# --- an app under test (the API tests, the CLI tests) --------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def prompt_tokenizer(demo_model_dir: Path) -> PromptTokenizer:
+    return PromptTokenizer(demo_model_dir)
+
+
+@pytest.fixture
+def session_factory(database_url: str) -> Iterator[sessionmaker[Session]]:
+    db_engine = make_db_engine(database_url)
+    yield make_session_factory(db_engine)
+    db_engine.dispose()
+
+
+@pytest.fixture
+def session(session_factory: sessionmaker[Session]) -> Iterator[Session]:
+    with session_factory() as s:
+        yield s
+
+
+@pytest.fixture
+def make_service(
+    database_url: str, make_settings: Callable[..., Settings], prompt_tokenizer: PromptTokenizer,
+    session_factory: sessionmaker[Session],
+) -> Iterator[Callable[..., Service]]:
+    clients: list[TestClient] = []
+
+    def make(publisher: RecordingPublisher | None = None, **overrides: Any) -> Service:
+        settings = make_settings(database_url=database_url, **overrides)
+        publisher = publisher or RecordingPublisher()
+        app = create_app(settings, publisher=publisher, tokenizer=prompt_tokenizer)
+        http = TestClient(app)
+        http.__enter__()
+        clients.append(http)
+        return Service(settings, publisher, http, session_factory)
+
+    yield make
+    for c in clients:
+        c.__exit__(None, None, None)
+
+
+@pytest.fixture
+def service(make_service: Callable[..., Service]) -> Service:
+    return make_service()
+
+
+@pytest.fixture
+def alice(service: Service) -> TestClient:
+    return service.client("alice")

@@ -1,4 +1,5 @@
-"""Real servers for the service tests: the app under uvicorn on an ephemeral loopback port, and API keys.
+"""Real servers for the service tests: the app under uvicorn on an ephemeral loopback port, API keys, and
+a private redis-server to stop and start.
 
 Imported as `live_server` (tests/ is on sys.path through the root conftest), like `api_support`.
 """
@@ -6,10 +7,12 @@ Imported as `live_server` (tests/ is on sys.path through the root conftest), lik
 from __future__ import annotations
 
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI
@@ -32,9 +35,7 @@ def wait_for(predicate: Callable[[], bool], what: str, timeout_s: float = WAIT_S
 @contextmanager
 def serving(app: FastAPI) -> Iterator[str]:
     """uvicorn on an ephemeral loopback port in a thread; yields the base URL (no trailing slash)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -54,3 +55,40 @@ def new_api_key(database_url: str, tenant: str) -> str:
             return keys.create_key(session, tenant, utcnow())[1]
     finally:
         db_engine.dispose()
+
+
+class SpareRedis:
+    """A private redis-server on a free port, started on demand: 'the broker is down' until start()."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self._data_dir = data_dir
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self._proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(self._data_dir)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        wait_for(self._reachable, f"redis-server on port {self.port}", timeout_s=20)
+
+    def stop(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait(timeout=30)
+
+    def _reachable(self) -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+            return True
+        except OSError:
+            return False
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from api_support import Service, error_of
 from fastapi.testclient import TestClient
+from service_support import Service, error_of
 from sqlalchemy.orm import Session
 
 from core.clock import utcnow

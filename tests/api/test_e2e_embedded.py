@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from live_server import free_port
 from typer.testing import CliRunner
 
 from api.app import create_app
@@ -140,7 +141,7 @@ def test_cli_client_against_a_real_server(
     settings = make_settings(database_url=sqlite_url, model=str(demo_model_dir), auth_enabled=False, **ENGINE)
     runtime = EmbeddedRuntime(settings)
     app = create_app(settings, publisher=runtime.publisher, tokenizer=prompt_tokenizer, runtime=runtime)
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -160,11 +161,6 @@ def test_cli_client_against_a_real_server(
         server.should_exit = True
         thread.join(timeout=30)
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait_for_port(port: int) -> None:

@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from api_support import Service, error_of
 from live_server import new_api_key, serving, wait_for
+from service_support import Service, error_of
 
 from api.app import create_app
 from api.prompt_tokenizer import PromptTokenizer

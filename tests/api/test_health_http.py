@@ -7,9 +7,9 @@ from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
-from api_support import RecordingPublisher, Service
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
+from service_support import RecordingPublisher, Service
 from sqlalchemy.orm import Session
 
 from core.clock import utcnow

@@ -6,8 +6,8 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from api_support import RecordingPublisher, Service, error_of
 from fastapi.testclient import TestClient
+from service_support import RecordingPublisher, Service, error_of
 from sqlalchemy.orm import Session
 from transformers import AutoTokenizer
 

@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from api_support import RecordingPublisher
 from live_server import WAIT_S, new_api_key, serving, wait_for
+from service_support import RecordingPublisher
 
 from api.app import create_app
 from api.prompt_tokenizer import PromptTokenizer

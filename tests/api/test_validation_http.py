@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import pytest
-from api_support import Service, error_of
 from fastapi.testclient import TestClient
+from service_support import Service, error_of
 
 
 def submit(client: TestClient, **body: object) -> tuple[int, dict[str, object]]:

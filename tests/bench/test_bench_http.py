@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -15,21 +14,17 @@ from pathlib import Path
 
 import httpx
 import pytest
+from live_server import free_port
 
 from bench.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 @pytest.fixture
 def service(llama_dir: Path, tmp_path: Path) -> Iterator[str]:
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")}
     env.update(CONVEYOR_DATA_DIR=str(tmp_path / "data"), CONVEYOR_MODEL=str(llama_dir))
     log = (tmp_path / "serve.log").open("w")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
-from worker_support import SpareRedis, WorkerProcesses
+from worker_support import WorkerProcesses
 
 from core.store.database import make_db_engine, make_session_factory
 
@@ -41,12 +41,3 @@ def worker_procs(tmp_path: Path) -> Iterator[WorkerProcesses]:
         yield procs
     finally:
         procs.kill_all()
-
-
-@pytest.fixture
-def spare_redis(tmp_path: Path) -> Iterator[SpareRedis]:
-    server = SpareRedis(tmp_path)
-    try:
-        yield server
-    finally:
-        server.stop()

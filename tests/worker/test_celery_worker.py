@@ -9,10 +9,10 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from live_server import SpareRedis
 from sqlalchemy.orm import Session, sessionmaker
 from worker_support import (
     LONG_JOB_TOKENS,
-    SpareRedis,
     WorkerProcesses,
     add_job,
     get_job,

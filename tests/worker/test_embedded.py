@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from live_server import wait_for
 from sqlalchemy.orm import Session, sessionmaker
-from worker_support import LONG_JOB_TOKENS, add_job, get_job, wait_finished, wait_for, wait_generating
+from worker_support import LONG_JOB_TOKENS, add_job, get_job, wait_finished, wait_generating
 
 from core.clock import utcnow
 from core.dispatch import publish_and_mark
@@ -92,7 +93,8 @@ def test_cancel_of_a_running_job_aborts_it_and_frees_its_kv_blocks(
     with lite_sessions() as session:
         jobs.cancel(session, job_id, "default", utcnow())
 
-    wait_for(lambda: runtime.host.stats()["kv_blocks_used"] == 0, 30, "the cancelled job's KV to be freed")
+    wait_for(lambda: runtime.host.stats()["kv_blocks_used"] == 0, "the cancelled job's KV to be freed",
+             timeout_s=30)
     assert runtime.host.stats()["totals"]["aborted_requests"] == 1  # type: ignore[index]
     job = get_job(lite_sessions, job_id)
     assert job.status == "cancelled" and job.result_text is None

@@ -9,8 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from live_server import wait_for
+from service_support import RecordingPublisher
 from sqlalchemy.orm import Session, sessionmaker
-from worker_support import LONG_JOB_TOKENS, RecordingPublisher, add_job, get_job, wait_for, wait_generating
+from worker_support import LONG_JOB_TOKENS, add_job, get_job, wait_generating
 
 from core.clock import utcnow
 from core.store import jobs
@@ -36,7 +38,7 @@ def runner(host: EngineHost, sessions: sessionmaker[Session]) -> Iterator[JobRun
     job_runner.start()
     yield job_runner
     job_runner.shutdown(grace_s=0.0, publish=None)
-    wait_for(lambda: _kv_free(host), 30, "the engine to free every KV block")
+    wait_for(lambda: _kv_free(host), "the engine to free every KV block", timeout_s=30)
 
 
 class Done:
@@ -103,7 +105,7 @@ def test_cancel_of_a_running_job_aborts_it_in_the_engine_and_frees_its_kv_blocks
         assert jobs.cancel(session, job_id, "default", utcnow()) is not None
     done.wait()
 
-    wait_for(lambda: _kv_free(host), 30, "the cancelled job's KV blocks to be freed")
+    wait_for(lambda: _kv_free(host), "the cancelled job's KV blocks to be freed", timeout_s=30)
     assert host.stats()["totals"]["aborted_requests"] == aborted_before + 1  # type: ignore[index]
     job = get_job(sessions, job_id)
     assert job.status == "cancelled" and job.result_text is None and job.completion_tokens is None
@@ -122,7 +124,7 @@ def test_a_job_running_past_its_timeout_fails_with_code_timeout(
     job = get_job(sessions, job_id)
     assert job.status == "failed" and job.error_code == "timeout", (job.status, job.error_code)
     assert job.result_text is None
-    wait_for(lambda: _kv_free(host), 30, "the timed-out job's KV blocks to be freed")
+    wait_for(lambda: _kv_free(host), "the timed-out job's KV blocks to be freed", timeout_s=30)
 
 
 def test_parameters_the_engine_rejects_fail_the_job_as_invalid_request(
@@ -171,4 +173,35 @@ def test_shutdown_requeues_and_republishes_jobs_that_do_not_finish_in_the_grace_
     job = get_job(sessions, job_id)
     assert job.status == "queued" and job.attempts == 1 and job.worker_id is None
     assert job.dispatched_at is not None
-    wait_for(lambda: _kv_free(host), 30, "the requeued job's KV blocks to be freed")
+    wait_for(lambda: _kv_free(host), "the requeued job's KV blocks to be freed", timeout_s=30)
+
+
+def test_the_per_queue_hold_admits_at_most_max_running_jobs_of_a_queue(
+    host: EngineHost, sessions: sessionmaker[Session]
+) -> None:
+    runner = JobRunner(host, sessions, "held-worker", limits={"documents": 1, "interactive": 2},
+                       cancel_poll_s=0.05)
+    runner.start()
+    try:
+        long_job = add_job(sessions, "Keys and values", "documents", max_tokens=LONG_JOB_TOKENS,
+                           ignore_eos=True)
+        done = Done()
+        assert runner.has_room("documents") and runner.has_room("interactive")
+        assert runner.run(long_job, done)
+        wait_generating(sessions, long_job)
+
+        assert not runner.has_room("documents")  # its one slot is taken ...
+        assert not runner.wait_for_room("documents", 0.05)
+        assert runner.has_room("interactive")  # ... while another queue keeps its own
+        assert runner.has_room("no-limit")  # a queue without a limit is never held
+
+        waiter = threading.Thread(target=lambda: runner.wait_for_room("documents", 60))
+        waiter.start()
+        with sessions() as session:
+            jobs.cancel(session, long_job, "default", utcnow())
+        done.wait()
+        waiter.join(60)
+        assert not waiter.is_alive() and runner.has_room("documents")  # the slot came back with the job
+    finally:
+        runner.shutdown(grace_s=0.0, publish=None)
+        wait_for(lambda: _kv_free(host), "the engine to free every KV block", timeout_s=30)

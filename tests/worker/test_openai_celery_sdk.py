@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import openai
-from live_server import serving
+from live_server import serving, wait_for
 from sqlalchemy.orm import Session, sessionmaker
-from worker_support import LONG_JOB_TOKENS, WorkerProcesses, get_job, wait_for, worker_env
+from worker_support import LONG_JOB_TOKENS, WorkerProcesses, get_job, worker_env
 
 from api.app import create_app
 from api.prompt_tokenizer import PromptTokenizer
@@ -55,7 +55,8 @@ def test_chat_plain_streamed_and_cancelled_through_celery_and_redis(
             first = next(c for c in stream if c.choices and c.choices[0].delta.content)
             stream.close()
             job_id = first.id.removeprefix("chatcmpl-")
-            wait_for(lambda: get_job(sessions, job_id).status != "running", 60, "the job to leave running")
+            wait_for(lambda: get_job(sessions, job_id).status != "running", "the job to leave running",
+                     timeout_s=60)
             assert get_job(sessions, job_id).status == "cancelled"
     finally:
         publisher.close()

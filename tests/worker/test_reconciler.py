@@ -8,9 +8,10 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
+from service_support import RecordingPublisher
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
-from worker_support import RecordingPublisher, add_job, get_job
+from worker_support import add_job, get_job
 
 from core.clock import utcnow
 from core.store import jobs, workers

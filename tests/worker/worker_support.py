@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from live_server import wait_for
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.clock import utcnow
@@ -50,20 +48,11 @@ def get_job(sessions: sessionmaker[Session], job_id: str) -> Job:
     return job
 
 
-def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    """Polls until predicate() holds; fails the test (not a timed assertion: a hang guard) after timeout_s."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.02)
-
-
 def wait_finished(sessions: sessionmaker[Session], job_ids: list[str], timeout_s: float = 60.0) -> list[Job]:
     def done() -> bool:
         return all(get_job(sessions, i).status not in ("queued", "running") for i in job_ids)
 
-    wait_for(done, timeout_s, f"jobs {job_ids} to finish")
+    wait_for(done, f"jobs {job_ids} to finish", timeout_s=timeout_s)
     return [get_job(sessions, i) for i in job_ids]
 
 
@@ -75,7 +64,7 @@ def wait_generating(sessions: sessionmaker[Session], job_id: str, timeout_s: flo
         assert job.status in ("queued", "running"), (job.status, job.error_code, job.error_message)
         return job.first_token_at is not None
 
-    wait_for(started, timeout_s, f"job {job_id} to start generating")
+    wait_for(started, f"job {job_id} to start generating", timeout_s=timeout_s)
     return get_job(sessions, job_id)
 
 
@@ -119,60 +108,3 @@ class WorkerProcesses:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGKILL)
             proc.wait(timeout=30)
-
-
-class SpareRedis:
-    """A private redis-server on a free port, started on demand: 'the broker is down' until start()."""
-
-    def __init__(self, data_dir: Path) -> None:
-        self.port = _free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self._data_dir = data_dir
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self._proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self._data_dir)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-        wait_for(self._reachable, 20, f"redis-server on port {self.port}")
-
-    def stop(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.kill()
-            self._proc.wait(timeout=30)
-
-    def _reachable(self) -> bool:
-        try:
-            socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
-            return True
-        except OSError:
-            return False
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-class RecordingPublisher:
-    """Keeps published (job_id, queue) pairs; raises while `reachable` is False (a broker that is down)."""
-
-    def __init__(self, reachable: bool = True) -> None:
-        self.published: list[tuple[str, str]] = []
-        self.reachable = reachable
-        self.waiting = 0  # what depth() reports for every queue
-
-    def publish(self, job_id: str, queue: str) -> None:
-        if not self.reachable:
-            raise ConnectionError("broker: unreachable")
-        self.published.append((job_id, queue))
-
-    def depth(self, queue: str) -> int:
-        return self.waiting
-
-    def ping(self) -> bool:
-        return self.reachable

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from live_server import wait_for
 from sqlalchemy.orm import Session, sessionmaker
-from worker_support import wait_for
 
 from core.clock import utcnow
 from core.lifecycle import OPEN_BATCH_STATUSES
@@ -115,7 +115,7 @@ def _drive(runner: BatchRunner, sessions: sessionmaker[Session], batch_id: str,
         runner.run_once()
         return until(_get(sessions, batch_id))
 
-    wait_for(done, DRIVE_S, f"batch {batch_id}")
+    wait_for(done, f"batch {batch_id}", timeout_s=DRIVE_S)
     return _get(sessions, batch_id)
 
 
@@ -288,7 +288,8 @@ def test_a_sigkilled_runner_process_is_resumed(runtime: Any, batch_settings: Set
     batch_id = _create(sessions, bucket, "k.jsonl")
     child = subprocess.Popen([sys.executable, "-c", _DOOMED_RUNNER, pg_url, moto_endpoint])
     try:
-        wait_for(lambda: _get(sessions, batch_id).read_line > 100, DRIVE_S, "the child to read 100 lines")
+        wait_for(lambda: _get(sessions, batch_id).read_line > 100, "the child to read 100 lines",
+                 timeout_s=DRIVE_S)
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=30)

@@ -15,7 +15,6 @@ from webhook_service import WEBHOOK_TABLES, NullPublisher, WebhookService
 
 from core.settings import Settings
 from core.store.database import make_db_engine, make_session_factory
-from core.webhooks.signing import generate_secret
 from core.webhooks.ssrf import SsrfPolicy
 from worker.webhooks.pinned import webhook_client
 from worker.webhooks.sender import WebhookSender
@@ -36,11 +35,6 @@ def loopback_client() -> Iterator[httpx.Client]:
     """A delivery client whose operator allowlist permits the loopback receiver."""
     with webhook_client(SsrfPolicy(allow=("127.0.0.1",))) as client:
         yield client
-
-
-@pytest.fixture
-def secret() -> str:
-    return generate_secret()
 
 
 @pytest.fixture

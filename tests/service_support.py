@@ -1,4 +1,5 @@
-"""Helpers shared by the API tests (imported as `api_support`; conftest holds the fixtures)."""
+"""Helpers shared by the service tests (imported as `service_support`; the root conftest holds the
+fixtures)."""
 
 from __future__ import annotations
 
@@ -14,16 +15,21 @@ from core.store import keys
 
 
 class RecordingPublisher:
-    """A JobPublisher that keeps what it published; `reachable=False` plays a broker that is down."""
+    """A JobPublisher (and the reconciler's broker) that keeps what it published; `reachable=False` plays a
+    broker that is down."""
 
     def __init__(self, reachable: bool = True) -> None:
         self.published: list[tuple[str, str]] = []
         self.reachable = reachable
+        self.waiting = 0  # what depth() reports for every queue
 
     def publish(self, job_id: str, queue: str) -> None:
         if not self.reachable:
             raise ConnectionError("broker: unreachable")
         self.published.append((job_id, queue))
+
+    def depth(self, queue: str) -> int:
+        return self.waiting
 
     def ping(self) -> bool:
         return self.reachable

@@ -9,7 +9,7 @@ import json
 import pytest
 import redis
 from kombu.exceptions import OperationalError
-from worker_support import SpareRedis
+from live_server import SpareRedis
 
 from core.broker import BrokerPublisher
 from core.settings import Settings

@@ -4,10 +4,16 @@ and the small client against the real app."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
+import httpx
 import pytest
-from api_support import Service
+from live_server import free_port, wait_for
+from service_support import Service
 from typer.testing import CliRunner
 
 from cli.http_client import ClientError, ConveyorClient
@@ -16,6 +22,7 @@ from core.clock import utcnow
 from core.store import jobs
 
 runner = CliRunner()
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_migrate_creates_the_schema(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -54,6 +61,48 @@ def test_refuses_public_bind_without_auth(
     result = runner.invoke(app, [command, "--host", "0.0.0.0", "--port", "8123"])
     assert result.exit_code == 2
     assert "refusing to listen on non-loopback address '0.0.0.0' with authentication off" in result.output
+
+
+def test_api_without_a_model_says_what_to_do_and_builds_nothing(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, redis_url: str
+) -> None:
+    monkeypatch.setenv("CONVEYOR_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("CONVEYOR_BROKER_URL", redis_url)
+    result = runner.invoke(app, ["api", "--port", "8124"])
+    assert result.exit_code == 2
+    assert "the demo model is not built yet" in result.output and "CONVEYOR_MODEL" in result.output
+    assert not (tmp_path / "demo-model").exists()
+
+
+def test_api_serves_with_only_the_tokenizer_files_of_the_model(
+    tmp_path: Path, demo_model_dir: Path, redis_url: str
+) -> None:
+    """No config.json, no weights: an API that tried to load (or build) a model could not start."""
+    folder = tmp_path / "tokenizer-only"
+    folder.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(demo_model_dir / name, folder / name)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")}
+    env.update(CONVEYOR_MODEL=str(folder), CONVEYOR_BROKER_URL=redis_url, CONVEYOR_DATA_DIR=str(tmp_path),
+               PYTHONPATH=str(REPO_ROOT))
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "api", "--port", str(port)], env=env, cwd=REPO_ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: _answers(f"http://127.0.0.1:{port}/healthz"), "conveyor api to start")
+        models = httpx.get(f"http://127.0.0.1:{port}/v1/models").json()
+        assert [m["id"] for m in models["data"]] == ["tokenizer-only"]
+    finally:
+        proc.terminate()
+        output = proc.communicate(timeout=60)[0].decode(errors="replace")
+    assert "demo model" not in output.lower() and not (tmp_path / "demo-model").exists(), output
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1.0).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def test_client_submit_status_wait_cancel(service: Service) -> None:

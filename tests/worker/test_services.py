@@ -1,0 +1,77 @@
+"""WorkerServices: the one wiring of what runs next to an engine, started and stopped in one order, for the
+Celery worker and the embedded runtime alike."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from service_support import RecordingPublisher
+
+import worker.services
+from worker.services import WorkerServices
+
+
+class Recorder:
+    """Stands in for each service class; every start/stop/shutdown call lands in one shared log."""
+
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+
+    def part(self, name: str) -> Callable[..., Any]:
+        log = self.log
+
+        class Part:
+            tokenizer = None
+
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                log.append(f"{name}.init")
+                self.limits: dict[str, int] = kwargs.get("limits", {})
+
+            @classmethod
+            def from_config(cls, config: Any) -> Any:
+                log.append(f"{name}.load {config.model}")
+                return cls()
+
+            def start(self) -> None:
+                log.append(f"{name}.start")
+
+            def stop(self) -> None:
+                log.append(f"{name}.stop")
+
+            def shutdown(self, *args: Any) -> None:
+                log.append(f"{name}.shutdown")
+
+        return Part
+
+
+@pytest.fixture
+def log(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    calls: list[str] = []
+    recorder = Recorder(calls)
+    for attribute, name in [("Heartbeat", "heartbeat"), ("Reconciler", "reconciler"),
+                            ("WebhookSender", "webhooks"), ("EngineHost", "host"), ("JobRunner", "runner")]:
+        monkeypatch.setattr(worker.services, attribute, recorder.part(name))
+    monkeypatch.setattr(worker.services, "make_batch_runner", lambda *args: recorder.part("batches")())
+    return calls
+
+
+def test_start_loads_the_engine_once_then_starts_every_service_and_stop_runs_in_the_documented_order(
+    log: list[str], make_settings: Callable[..., Any]
+) -> None:
+    settings = make_settings(model="/models/m", queues={"documents": {"max_running": 3}})
+    services = WorkerServices(settings, sessions=None, broker=RecordingPublisher(),  # type: ignore[arg-type]
+                              worker_id="w", tokens=None, republish_requeued=True)
+    services.start()
+    services.stop(grace_s=0.0)
+
+    started = log[log.index("host.load /models/m"):log.index("batches.start") + 1]
+    assert [entry for entry in started if entry.endswith(".start")] == [
+        "heartbeat.start", "runner.start", "reconciler.start", "webhooks.start", "batches.start"]
+    assert [entry for entry in log if entry.endswith((".stop", ".shutdown"))] == [
+        "batches.stop", "reconciler.stop", "runner.shutdown", "webhooks.stop", "heartbeat.stop",
+        "host.shutdown"]
+    assert log.count("host.load /models/m") == 1
+    limits = services.runner.limits  # the per-queue hold: each queue's max_running
+    assert limits == {"interactive": settings.queues["interactive"].max_running, "documents": 3}
