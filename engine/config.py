@@ -33,7 +33,9 @@ class EngineConfig:
     num_kv_blocks: int | None = None  # overrides both sizing rules below
     kv_cache_memory_bytes: int | None = None
     gpu_memory_utilization: float = 0.9
-    long_prefill_token_threshold: int = 0  # largest prefill chunk per request per step; 0 = no cap
+    # Largest prefill chunk of one request per step (0 = no cap): a long prompt cannot take a whole step,
+    # so the prefills of requests that arrive behind it (a chat message behind a document) keep moving.
+    long_prefill_token_threshold: int = 512
     dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
     device: str = "auto"  # auto: cuda when available, else cpu
     attention_backend: str = "auto"  # auto: triton on CUDA, torch elsewhere

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from worker.model import engine_config, resolve_model
+from engine.config import EngineConfig
+from worker.model import engine_config, engine_fields, resolve_model
 
 
 def test_without_a_model_the_demo_model_is_built_once_and_announced_as_random(
@@ -42,3 +45,31 @@ def test_each_queue_becomes_an_engine_request_class_with_its_limit_and_priority(
     assert config.max_num_batched_tokens == 1024 and config.dtype == "float32" and config.num_threads == 2
     classes = {c.name: (c.max_running, c.priority) for c in config.request_classes}
     assert classes == {"interactive": (settings.queues["interactive"].max_running, 0), "documents": (3, 1)}
+
+
+def test_every_engine_knob_is_a_setting_of_the_same_name_that_defaults_to_the_engine_default(
+    make_settings: Callable[..., Any]
+) -> None:
+    settings = make_settings(model=None)
+    fields = engine_fields()
+    assert {"max_num_seqs", "max_num_batched_tokens", "long_prefill_token_threshold"} <= set(fields)
+    missing = [name for name in fields if name not in type(settings).model_fields]
+    assert not missing, f"EngineConfig fields without a setting: {missing}"
+    assert all(getattr(settings, name) is None for name in fields), "defaults live in EngineConfig only"
+
+    derived = engine_config(settings, "/models/m")
+    engine_defaults = EngineConfig(model="/models/m")
+    for name in fields:
+        assert getattr(derived, name) == getattr(engine_defaults, name), name
+
+
+def test_the_readme_configuration_table_shows_the_engine_defaults() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    defaults = EngineConfig(model="m")
+    for name in engine_fields():
+        row = re.search(rf"^\| `CONVEYOR_{name.upper()}` \| ([^|]+) \|", readme, re.MULTILINE)
+        assert row is not None, f"README has no row for CONVEYOR_{name.upper()}"
+        shown = row.group(1).strip()
+        value = getattr(defaults, name)
+        expected = f"`{value}`" if value is not None else None
+        assert shown == expected if expected else shown in ("unset", "the model's"), (name, shown, value)
