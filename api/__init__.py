@@ -1,1 +1,1 @@
-"""Conveyor's HTTP surface and job store."""
+"""Conveyor's HTTP surface: the FastAPI app, routes, schemas and auth. Stands on `core` alone."""

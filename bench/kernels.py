@@ -76,7 +76,7 @@ def cpu_smoke_cases() -> list[Case]:
 
 
 @dataclass
-class Batch:
+class KernelInputs:
     q: torch.Tensor  # [T, Hq, D]
     k_cache: torch.Tensor  # [num_blocks, block_size, Hkv, D]
     v_cache: torch.Tensor
@@ -88,7 +88,7 @@ class Batch:
         return (self.q, self.k_cache, self.v_cache, self.meta, self.scale)
 
 
-def build_batch(case: Case, shape: Shape, device: torch.device, seed: int = 0) -> Batch:
+def build_inputs(case: Case, shape: Shape, device: torch.device, seed: int = 0) -> KernelInputs:
     gen = torch.Generator(device=device).manual_seed(seed)
     bs = shape.block_size
     blocks_per_seq = [-(-n // bs) for n in case.seq_lens]
@@ -120,7 +120,7 @@ def build_batch(case: Case, shape: Shape, device: torch.device, seed: int = 0) -
         max_query_len=max(case.query_lens),
         max_seq_len=max(case.seq_lens),
     )
-    return Batch(
+    return KernelInputs(
         q=randn(starts[-1], shape.num_heads, shape.head_dim),
         k_cache=randn(*cache_shape),
         v_cache=randn(*cache_shape),
@@ -145,22 +145,22 @@ def minimal_bytes(case: Case, shape: Shape) -> float:
     return float((kv + qo) * elem)
 
 
-def sdpa_over_contiguous(batch: Batch) -> Callable[[], None]:
+def sdpa_over_contiguous(inputs: KernelInputs) -> Callable[[], None]:
     """SDPA on the same data copied out contiguously, one call per run of sequences with equal lengths."""
     runs: dict[tuple[int, int], list[int]] = {}
-    for s, (q_len, seq_len) in enumerate(zip(batch.case.query_lens, batch.case.seq_lens, strict=True)):
+    for s, (q_len, seq_len) in enumerate(zip(inputs.case.query_lens, inputs.case.seq_lens, strict=True)):
         runs.setdefault((q_len, seq_len), []).append(s)
     calls: list[Callable[[], torch.Tensor]] = []
-    bs = batch.k_cache.shape[1]
+    bs = inputs.k_cache.shape[1]
     for (q_len, seq_len), seqs in runs.items():
-        ids = torch.tensor(seqs, device=batch.q.device)
+        ids = torch.tensor(seqs, device=inputs.q.device)
         rows = torch.arange(q_len, device=ids.device)
-        tokens = (batch.meta.query_start_loc[ids].long()[:, None] + rows).flatten()  # [B * q_len]
-        q = batch.q[tokens].view(len(seqs), q_len, *batch.q.shape[1:]).transpose(1, 2).contiguous()
-        blocks = batch.meta.block_tables[ids, : -(-seq_len // bs)].long()
-        k = batch.k_cache[blocks].flatten(1, 2)[:, :seq_len].transpose(1, 2).contiguous()  # [B, Hkv, L, D]
-        v = batch.v_cache[blocks].flatten(1, 2)[:, :seq_len].transpose(1, 2).contiguous()
-        calls.append(_sdpa_call(q, k, v, q_len, seq_len, batch.scale))
+        tokens = (inputs.meta.query_start_loc[ids].long()[:, None] + rows).flatten()  # [B * q_len]
+        q = inputs.q[tokens].view(len(seqs), q_len, *inputs.q.shape[1:]).transpose(1, 2).contiguous()
+        blocks = inputs.meta.block_tables[ids, : -(-seq_len // bs)].long()
+        k = inputs.k_cache[blocks].flatten(1, 2)[:, :seq_len].transpose(1, 2).contiguous()  # [B, Hkv, L, D]
+        v = inputs.v_cache[blocks].flatten(1, 2)[:, :seq_len].transpose(1, 2).contiguous()
+        calls.append(_sdpa_call(q, k, v, q_len, seq_len, inputs.scale))
 
     def run_all() -> None:
         for call in calls:
@@ -260,8 +260,8 @@ def _bench_case(
     from kernels import paged_attention_ref
     from kernels.triton_paged_attention import choose_num_splits, paged_attention_triton
 
-    batch = build_batch(case, shape, device)
-    args = batch.args()
+    inputs = build_inputs(case, shape, device)
+    args = inputs.args()
     splits = case.num_splits or choose_num_splits(len(case.seq_lens), shape.num_kv_heads,
                                                   max(case.query_lens), max(case.seq_lens), device)
     got = paged_attention_triton(*args, num_splits=splits)
@@ -269,10 +269,10 @@ def _bench_case(
     diff = (got.float() - expected).abs()
     err = diff.max().item()
     ok = bool((diff <= shape.atol + shape.rtol * expected.abs()).all())
-    out = torch.empty_like(batch.q)
+    out = torch.empty_like(inputs.q)
     triton_ms, how = time_ms(lambda: paged_attention_triton(*args, out=out, num_splits=splits),
                              device, warmup, iters)
-    sdpa_ms, sdpa_how = time_ms(sdpa_over_contiguous(batch), device, warmup, iters)
+    sdpa_ms, sdpa_how = time_ms(sdpa_over_contiguous(inputs), device, warmup, iters)
     tflops = attention_flops(case, shape) / triton_ms / 1e9
     gbps = minimal_bytes(case, shape) / triton_ms / 1e6
     row = [case.name, str(sum(case.query_lens)), str(splits), f"{err:.2e}",

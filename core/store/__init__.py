@@ -1,1 +1,2 @@
-"""The job store: SQLAlchemy models and conditional state transitions. The database is the source of truth."""
+"""The job store: every table (tables.py) and the queries beside them, one module per subject; each state
+change is one conditional UPDATE. The database is the source of truth."""

@@ -38,7 +38,7 @@ from core.lifecycle import (
     VALIDATING,
 )
 from core.store.finished import record_finished
-from core.store.paging import newest_first
+from core.store.paging import page_after_id
 from core.store.tables import Batch, BatchLine, Job
 
 
@@ -84,13 +84,7 @@ def get(session: Session, batch_id: str, tenant_id: str | None = None) -> Batch 
 def page(session: Session, tenant_id: str, *, limit: int, after: str | None = None) -> list[Batch]:
     """Newest first; `after` is the last batch id of the previous page (an unknown id gives an empty page)."""
     query = select(Batch).where(Batch.tenant_id == tenant_id)
-    before = None
-    if after is not None:
-        last = get(session, after, tenant_id)
-        if last is None:
-            return []
-        before = (last.created_at, last.id)
-    return list(session.execute(newest_first(query, Batch, limit=limit, before=before)).scalars())
+    return page_after_id(session, query, Batch, tenant_id, limit=limit, after=after)
 
 
 # --- cancel and job outcomes ------------------------------------------------------------------------

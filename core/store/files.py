@@ -7,7 +7,7 @@ import uuid
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from core.store.paging import newest_first
+from core.store.paging import page_after_id
 from core.store.tables import File
 
 BATCH, BATCH_OUTPUT = "batch", "batch_output"
@@ -39,10 +39,4 @@ def page(session: Session, tenant_id: str, *, limit: int, after: str | None = No
     query = select(File).where(File.tenant_id == tenant_id)
     if purpose is not None:
         query = query.where(File.purpose == purpose)
-    before = None
-    if after is not None:
-        last = get(session, after, tenant_id)
-        if last is None:
-            return []
-        before = (last.created_at, last.id)
-    return list(session.execute(newest_first(query, File, limit=limit, before=before)).scalars())
+    return page_after_id(session, query, File, tenant_id, limit=limit, after=after)

@@ -1,6 +1,6 @@
 """Webhook events, created in the transaction of the change they report.
 
-`enqueue_job_events` runs from `terminal.record_finished` for the jobs whose transition applied: one
+`enqueue_job_events` runs from `finished.record_finished` for the jobs whose transition applied: one
 `job.<status>` event per job, delivered to each of the tenant's enabled subscriptions whose filter matches
 and to the job's own `webhook` target. `data` is the job as `GET /v1/jobs/{id}` returns it, frozen now.
 `enqueue_batch_event` is the same for batches; the batches store calls it when a batch ends.

@@ -1,5 +1,5 @@
 """The prompt-length counter `LineLimits.count_tokens` expects, over any tokenizer with the engine
-tokenizer's two methods (engine.tokenizer.Tokenizer, or the API's)."""
+tokenizer's two methods (engine.tokenizer.Tokenizer)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from typing import Protocol
 from worker.batches.lines import BatchRequest
 
 
-class PromptTokenizer(Protocol):
+class ChatTokenizer(Protocol):
     def encode(self, text: str) -> list[int]: ...
     def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]: ...
 
 
-def prompt_token_counter(tokenizer: PromptTokenizer) -> Callable[[BatchRequest], int]:
+def prompt_token_counter(tokenizer: ChatTokenizer) -> Callable[[BatchRequest], int]:
     """Counts what the engine will see: the chat template's tokens for messages, the encoded prompt, or the
     given token ids. A template that rejects the messages raises ValueError (reported as a bad line)."""
 

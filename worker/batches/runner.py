@@ -41,7 +41,7 @@ from core.store.jobs import new_job_id
 from core.store.tables import Batch, BatchLine, Job
 from worker.batches.finalize import BatchFinalizer
 from worker.batches.lines import BatchRequest, CustomIdSet, LineError, LineLimits, parse_line
-from worker.batches.prompt_length import PromptTokenizer, prompt_token_counter
+from worker.batches.prompt_length import ChatTokenizer, prompt_token_counter
 from worker.batches.reader import LineStream, ReadPosition
 from worker.batches.source import open_input
 
@@ -64,7 +64,7 @@ class _OpenInput:
 
 class BatchRunner:
     def __init__(self, sessions: sessionmaker[Session], settings: Settings, publish: Publish, owner: str, *,
-                 tokenizer: PromptTokenizer | None, s3: Any, model_name: str, chunk_lines: int = CHUNK_LINES,
+                 tokenizer: ChatTokenizer | None, s3: Any, model_name: str, chunk_lines: int = CHUNK_LINES,
                  interval_s: float | None = None) -> None:
         self.owner = owner
         self._sessions, self._settings, self._publish = sessions, settings, publish
@@ -247,7 +247,7 @@ def _failed_line(batch_id: str, parsed: BatchRequest | LineError, seen: CustomId
 
 
 def make_batch_runner(sessions: sessionmaker[Session], settings: Settings, publish: Publish, owner: str,
-                      tokenizer: PromptTokenizer | None) -> BatchRunner:
+                      tokenizer: ChatTokenizer | None) -> BatchRunner:
     """The runner a worker process or the embedded runtime starts next to its reconciler; the S3 client
     takes its credentials from the standard AWS chain."""
     s3 = make_s3_client(settings.s3_endpoint_url, settings.s3_region)
