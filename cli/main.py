@@ -13,6 +13,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
+from core.log_setup import configure_logging
 from core.settings import Settings, load_settings
 
 app = typer.Typer(no_args_is_help=True, help="Conveyor: a job queue for asynchronous LLM inference.")
@@ -62,7 +63,7 @@ def api(host: HostOpt = None, port: PortOpt = None, config: ConfigOpt = None) ->
 def worker(config: ConfigOpt = None) -> None:
     """One GPU worker: loads one engine and consumes the interactive and documents queues."""
     settings = _settings(config)
-    _configure_logging(settings)
+    configure_logging(settings)
     from worker.celery_worker import run_worker
 
     run_worker(settings)
@@ -202,7 +203,7 @@ def _server_settings(config: Path | None, host: str | None, port: int | None) ->
         settings.check_bind()
     except ValueError as exc:
         _fail(str(exc))
-    _configure_logging(settings)
+    configure_logging(settings)
     return settings
 
 
@@ -252,12 +253,6 @@ def _print_call(url: str, api_key: str | None, call: Any) -> dict[str, Any]:
         client.http.close()
     typer.echo(json.dumps(result, indent=2))
     return result
-
-
-def _configure_logging(settings: Settings) -> None:
-    log_format = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-    logging.basicConfig(level=settings.log_level.upper(), format=log_format)
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # request lines carry webhook URLs and tokens
 
 
 def _fail(message: str, code: int = 2) -> NoReturn:
