@@ -252,13 +252,6 @@ class JobRunner:
         with self._lock:
             return len(self._running)
 
-    def running_by_queue(self) -> dict[str, int]:
-        with self._lock:
-            counts: dict[str, int] = {}
-            for handle in self._running.values():
-                counts[handle.queue] = counts.get(handle.queue, 0) + 1
-            return counts
-
     def has_room(self, queue: str) -> bool:
         """Whether a job of `queue` may start now: fewer than its max_running are in flight here."""
         with self._lock:
