@@ -3,7 +3,13 @@
 A job id comes in (from a broker message or an in-process queue); the runner claims the row (a conditional
 UPDATE, so a duplicate or late message is dropped), hands the prompt to the engine, and writes the outcome.
 Database writes happen on one "finisher" thread, never on the engine thread, and at most twice per job
-(first token, outcome). A watcher thread polls the store for cancels and enforces `timeout`.
+(first token, outcome). An outcome is kept and retried, in order, until the store takes it (a database
+outage only delays it); the job holds its place in the queue's limit meanwhile, which bounds what waits. A
+watcher thread polls the store for cancels, enforces `timeout`, and aborts attempts the store no longer
+calls current (the job was requeued to another worker while this one was paused or cut off).
+
+Attempts, not jobs, are the unit here: the table of running work is keyed by request id (`job#attempt`),
+so a late attempt 1 can never remove, or answer for, an attempt 2 of the same job in this worker.
 
 The per-queue hold lives here: `has_room(queue)` / `wait_for_room(queue, ...)` say whether fewer than the
 queue's `max_running` jobs of it are in flight in this worker; the Celery consumer and the embedded feeders
@@ -23,10 +29,11 @@ from typing import Any
 
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
-from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_exponential
+from tenacity import Retrying, retry_if_exception_type, wait_exponential
 
 from core.clock import utcnow
 from core.dispatch import Publish, publish_and_mark
+from core.lifecycle import CANCELLED, RUNNING
 from core.store import jobs
 from core.store.tables import Job
 from core.token_stream import TokenSink
@@ -41,7 +48,9 @@ log = logging.getLogger(__name__)
 OnDone = Callable[[], None]  # called once per started job, after its outcome is stored (the caller acks)
 
 INVALID_REQUEST, ENGINE_ERROR, TIMEOUT = "invalid_request", "engine_error", "timeout"
-STORE_RETRY_S = 30.0  # how long an outcome write retries while the database is unreachable
+CANCELLED_REASON, SHUTDOWN, SUPERSEDED = "cancelled", "shutdown", "superseded"  # aborts with nothing to write
+STORE_RETRY_FIRST_WAIT_S = 0.2  # first pause between outcome writes while the database is unreachable,
+STORE_RETRY_MAX_WAIT_S = 5.0  # doubling up to this
 ABORT_WAIT_S = 10.0  # how long an abort may take to come back from the engine at shutdown
 
 
@@ -55,7 +64,7 @@ class RunningJob:
     started: float  # time.monotonic() at claim
     on_done: OnDone
     logprobs: int | None = None  # top-n alternatives asked for per generated token
-    abort_reason: str | None = None  # "cancelled" | "timeout" | "shutdown" once the runner aborts it
+    abort_reason: str | None = None  # "cancelled" | "timeout" | "shutdown" | "superseded" once aborted
     first_token_seen: bool = False
 
 
@@ -75,10 +84,11 @@ class JobRunner:
         self._cancel_poll_s = cancel_poll_s
         self._streamer = JobStreamer(tokens) if tokens is not None else None  # text deltas to the API
         self._lock = threading.Lock()
-        self._running: dict[str, RunningJob] = {}
+        self._running: dict[str, RunningJob] = {}  # by request id (job#attempt)
         self._job_left = threading.Condition(self._lock)
         self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="job-finisher")
         self._stop = threading.Event()
+        self._abandon_writes = threading.Event()  # shutdown's last resort: unwritten outcomes are dropped
         self._shut_down = False
         self._watcher = threading.Thread(target=self._watch, name="job-watcher", daemon=True)
 
@@ -101,10 +111,10 @@ class JobRunner:
             return False
         handle = RunningJob(job.id, job.attempts, job.queue, f"{job.id}#{job.attempts}", job.timeout_s,
                             time.monotonic(), on_done, logprobs=(job.params or {}).get("logprobs"))
+        with self._lock:
+            self._running[handle.request_id] = handle
         try:
             prompt, params = self._engine_input(job)
-            with self._lock:
-                self._running[job.id] = handle
             future = self.host.submit(handle.request_id, prompt, params, job.queue,
                                       on_update=lambda out: self._on_update(handle, out))
         except ValueError as exc:
@@ -141,10 +151,11 @@ class JobRunner:
     # --- finisher thread -----------------------------------------------------------------------------
 
     def _record_first_token(self, handle: RunningJob, at: datetime) -> None:
-        try:
-            self._write(jobs.record_first_token, handle.job_id, handle.attempt, at)
-        except Exception:  # only a timestamp: the outcome write carries it again
-            log.exception("job %s: could not record its first token", handle.job_id)
+        try:  # one try: only a timestamp, and the outcome write carries it again
+            with self._sessions() as session:
+                jobs.record_first_token(session, handle.job_id, handle.attempt, at)
+        except Exception as exc:
+            log.warning("job %s: could not record its first token (%s)", handle.job_id, _describe(exc))
 
     def _finish(self, handle: RunningJob, future: Future[RequestOutput]) -> None:
         try:
@@ -188,7 +199,8 @@ class JobRunner:
             self._store_failure(handle, TIMEOUT, message, preemptions)
         elif handle.abort_reason is None:  # aborted by the engine itself
             self._store_failure(handle, ENGINE_ERROR, "aborted by the engine", preemptions)
-        # else: cancelled (already so in the store) or handed back at shutdown: nothing to write
+        # else: cancelled (already so in the store), handed back at shutdown, or superseded by another
+        # attempt: nothing to write
 
     def _store_failure(self, handle: RunningJob, code: str, message: str, preemptions: int = 0) -> None:
         log.warning("job %s attempt %d failed: %s: %s", handle.job_id, handle.attempt, code, message)
@@ -198,16 +210,23 @@ class JobRunner:
         except Exception:
             log.exception("job %s: could not store its failure (%s)", handle.job_id, code)
 
-    @retry(retry=retry_if_exception_type(OperationalError), stop=stop_after_delay(STORE_RETRY_S),
-           wait=wait_exponential(multiplier=0.2, max=5.0), reraise=True)
     def _write(self, transition: Callable[..., bool], *args: Any, **kwargs: Any) -> bool:
-        """One store transition in its own session; retried while the database is unreachable."""
-        with self._sessions() as session:
-            return transition(session, *args, **kwargs)
+        """One store transition in its own session, retried for as long as the database is unreachable (the
+        transition is a conditional UPDATE, so a retry after a commit whose answer was lost is a no-op).
+        Only a shutdown that cannot wait any longer gives up; the job then stays `running` under this
+        worker, whose heartbeat stops, and another worker's reconciler requeues it."""
+        retrying = Retrying(retry=retry_if_exception_type(OperationalError),
+                            stop=lambda _: self._abandon_writes.is_set(),
+                            wait=wait_exponential(multiplier=STORE_RETRY_FIRST_WAIT_S, max=STORE_RETRY_MAX_WAIT_S),
+                            before_sleep=_log_store_retry, reraise=True)
+        for attempt in retrying:
+            with attempt, self._sessions() as session:
+                return transition(session, *args, **kwargs)
+        raise AssertionError("unreachable: Retrying either returns or raises")
 
     def _release(self, handle: RunningJob) -> None:
         with self._lock:
-            self._running.pop(handle.job_id, None)
+            self._running.pop(handle.request_id, None)
             self._job_left.notify_all()
         if self._streamer is not None:
             self._streamer.end(handle.job_id, handle.attempt)
@@ -226,19 +245,29 @@ class JobRunner:
                 log.exception("cancel/timeout check failed")
 
     def check_once(self) -> None:
-        """Aborts running jobs that were cancelled in the store or have run past their timeout."""
+        """Aborts attempts that were cancelled in the store, were superseded (the job was requeued or taken
+        by another attempt), or have run past their timeout."""
         with self._lock:
             live = [h for h in self._running.values() if h.abort_reason is None]
         if not live:
             return
         with self._sessions() as session:
-            cancelled = jobs.cancelled_among(session, [h.job_id for h in live])
+            states = jobs.attempt_states(session, list({h.job_id for h in live}))
         now = time.monotonic()
         for handle in live:
-            if handle.job_id in cancelled:
-                self._abort(handle, "cancelled")
+            state = states.get(handle.job_id)
+            if state is not None and state.status == CANCELLED:
+                self._abort(handle, CANCELLED_REASON)
+            elif not self._is_current(handle, state):
+                self._abort(handle, SUPERSEDED)
             elif handle.timeout_s is not None and now - handle.started > handle.timeout_s:
                 self._abort(handle, TIMEOUT)
+
+    def _is_current(self, handle: RunningJob, state: jobs.AttemptState | None) -> bool:
+        """Whether the store still runs this attempt here. A finished attempt whose outcome is on its way
+        is still current: its row says so until the outcome write lands."""
+        return (state is not None and state.status == RUNNING and state.attempts == handle.attempt
+                and state.worker_id == self.worker_id)
 
     def _abort(self, handle: RunningJob, reason: str) -> None:
         handle.abort_reason = reason
@@ -251,6 +280,11 @@ class JobRunner:
     def num_running(self) -> int:
         with self._lock:
             return len(self._running)
+
+    def held_attempts(self) -> set[tuple[str, int]]:
+        """(job id, attempt) of every attempt in flight here, its outcome written or not."""
+        with self._lock:
+            return {(h.job_id, h.attempt) for h in self._running.values()}
 
     def has_room(self, queue: str) -> bool:
         """Whether a job of `queue` may start now: fewer than its max_running are in flight here."""
@@ -294,11 +328,11 @@ class JobRunner:
             with self._lock:
                 left = list(self._running.values())
             for handle in left:
-                self._abort(handle, "shutdown")
-            self.wait_idle(ABORT_WAIT_S, tick)
-            with self._sessions() as session:
-                requeued = jobs.requeue_orphans(session, [self.worker_id], utcnow())
-            log.warning("shutdown: requeued %d unfinished job(s)", len(requeued))
+                self._abort(handle, SHUTDOWN)
+            if not self.wait_idle(ABORT_WAIT_S, tick):
+                self._abandon_writes.set()  # the store is down: unwritten outcomes are left to the fleet
+            requeued = self._requeue_own_jobs()
+        self._abandon_writes.set()
         self._finisher.shutdown(wait=True)
         if tick is not None:
             tick()
@@ -307,6 +341,24 @@ class JobRunner:
         if publish is not None and requeued:
             publish_and_mark(self._sessions, publish, requeued)
         return [job_id for job_id, _ in requeued]
+
+
+    def _requeue_own_jobs(self) -> list[tuple[str, str]]:
+        try:
+            with self._sessions() as session:
+                requeued = jobs.requeue_orphans(session, [self.worker_id], utcnow())
+        except OperationalError as exc:
+            log.error("shutdown: could not requeue unfinished jobs (%s); another worker's reconciler will, "
+                      "once this worker's heartbeat is overdue", _describe(exc))
+            return []
+        log.warning("shutdown: requeued %d unfinished job(s)", len(requeued))
+        return requeued
+
+
+def _log_store_retry(state: Any) -> None:
+    exc = state.outcome.exception() if state.outcome is not None else None
+    log.warning("store unreachable (%s); outcome write retry %d", _describe(exc) if exc else "?",
+                state.attempt_number)
 
 
 def _describe(exc: BaseException) -> str:

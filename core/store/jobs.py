@@ -139,16 +139,22 @@ def status_totals(session: Session) -> list[tuple[str, str, int, int]]:
 
 
 def claim(session: Session, job_id: str, worker_id: str, now: datetime) -> Job | None:
-    """queued -> running (attempts + 1, started_at = now). None when the job is not queued; a job whose ttl
-    has passed is expired in the same call and None is returned."""
+    """queued -> running (attempts + 1, started_at = now), returning the claimed row from the same
+    statement: no read-back that a dropped connection could separate from the commit. None when the job is
+    not queued; a job whose ttl has passed is expired in the same call and None is returned."""
     not_expired = or_(Job.expires_at.is_(None), Job.expires_at > now)
-    claimed = _transition(
-        session, job_id, (QUEUED,), not_expired,
-        status=RUNNING, attempts=Job.attempts + 1, started_at=now, first_token_at=None, worker_id=worker_id,
-        updated_at=now,
+    statement = (
+        update(Job)
+        .where(Job.id == job_id, Job.status == QUEUED, not_expired)
+        .values(status=RUNNING, attempts=Job.attempts + 1, started_at=now, first_token_at=None,
+                worker_id=worker_id, updated_at=now)
+        .returning(Job)
+        .execution_options(synchronize_session=False, populate_existing=True)
     )
-    if claimed:
-        return get(session, job_id)
+    job = session.execute(statement).scalar_one_or_none()
+    session.commit()
+    if job is not None:
+        return job
     _expire(session, job_id, now)
     return None
 
@@ -213,11 +219,20 @@ def cancel(session: Session, job_id: str, tenant_id: str, now: datetime) -> Job 
     return get(session, job_id, tenant_id)
 
 
-def cancelled_among(session: Session, job_ids: list[str]) -> set[str]:
+@dataclass(frozen=True)
+class AttemptState:
+    status: str
+    attempts: int
+    worker_id: str | None
+
+
+def attempt_states(session: Session, job_ids: list[str]) -> dict[str, AttemptState]:
+    """Status, attempt number and holder of each job: a worker's check that its attempts are still current."""
     if not job_ids:
-        return set()
-    query = select(Job.id).where(Job.id.in_(job_ids), Job.status == CANCELLED)
-    return set(session.execute(query).scalars())
+        return {}
+    query = select(Job.id, Job.status, Job.attempts, Job.worker_id).where(Job.id.in_(job_ids))
+    return {job_id: AttemptState(status, attempts, worker_id)
+            for job_id, status, attempts, worker_id in session.execute(query)}
 
 
 def requeue_orphans(session: Session, dead_worker_ids: list[str], now: datetime) -> list[tuple[str, str]]:
@@ -234,6 +249,25 @@ def requeue_orphans(session: Session, dead_worker_ids: list[str], now: datetime)
     rows = [(job_id, queue) for job_id, queue in session.execute(statement)]
     session.commit()
     return rows
+
+
+def requeue_unheld(
+    session: Session, worker_id: str, held: set[tuple[str, int]], started_before: datetime, now: datetime
+) -> list[tuple[str, str]]:
+    """running -> queued for this live worker's attempts that it does not hold: claimed, but the claim's
+    answer never reached the runner (the connection dropped after the commit). Only attempts started before
+    `started_before`, so a claim still on its way to the runner is left alone."""
+    query = select(Job.id, Job.attempts, Job.queue).where(
+        Job.status == RUNNING, Job.worker_id == worker_id, Job.started_at < started_before)
+    lost = [(job_id, attempt, queue) for job_id, attempt, queue in session.execute(query)
+            if (job_id, attempt) not in held]
+    requeued = []
+    for job_id, attempt, queue in lost:
+        still_held_here = and_(Job.worker_id == worker_id, Job.attempts == attempt)
+        if _transition(session, job_id, (RUNNING,), still_held_here, status=QUEUED, worker_id=None,
+                       dispatched_at=None, first_token_at=None, updated_at=now):
+            requeued.append((job_id, queue))
+    return requeued
 
 
 def expire_overdue(session: Session, now: datetime) -> list[str]:

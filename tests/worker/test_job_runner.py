@@ -4,6 +4,7 @@ running job (aborted in the engine, KV blocks freed), timeout, invalid input, du
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,9 +12,11 @@ from typing import Any
 import pytest
 from live_server import wait_for
 from service_support import RecordingPublisher
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from worker_support import LONG_JOB_TOKENS, add_job, get_job, wait_generating
 
+import worker.job_runner
 from core.clock import utcnow
 from core.store import jobs
 from engine.config import EngineConfig, RequestClassConfig
@@ -205,3 +208,67 @@ def test_the_per_queue_hold_admits_at_most_max_running_jobs_of_a_queue(
     finally:
         runner.shutdown(grace_s=0.0, publish=None)
         wait_for(lambda: _kv_free(host), "the engine to free every KV block", timeout_s=30)
+
+
+class OutageStore:
+    """Sessions that raise as an unreachable database does while `down` is set."""
+
+    def __init__(self, sessions: sessionmaker[Session]) -> None:
+        self._sessions = sessions
+        self.down = threading.Event()
+
+    def __call__(self) -> Session:
+        if self.down.is_set():
+            raise OperationalError("SELECT 1", {}, ConnectionRefusedError("the database is down"))
+        return self._sessions()
+
+
+def test_an_outcome_waits_out_a_store_outage_of_any_length_and_keeps_the_slot_meanwhile(
+    host: EngineHost, sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(worker.job_runner, "STORE_RETRY_FIRST_WAIT_S", 0.01)
+    monkeypatch.setattr(worker.job_runner, "STORE_RETRY_MAX_WAIT_S", 0.05)  # many retries, quickly
+    store = OutageStore(sessions)
+    runner = JobRunner(host, store, "outage-worker", limits={"interactive": 1},  # type: ignore[arg-type]
+                       cancel_poll_s=0.05)
+    runner.start()
+    try:
+        job_id = add_job(sessions, "Outages end", max_tokens=8)
+        done = Done()
+        assert runner.run(job_id, done)
+        store.down.set()
+        wait_for(lambda: _kv_free(host), "the engine to finish the job", timeout_s=30)
+        time.sleep(1.0)  # dozens of failed writes: a fixed retry budget would have given up by now
+
+        assert done.calls == 0 and not runner.has_room("interactive")  # held, not dropped
+        assert get_job(sessions, job_id).status == "running"
+        store.down.clear()
+        done.wait()
+        assert get_job(sessions, job_id).status == "succeeded"
+    finally:
+        store.down.clear()
+        runner.shutdown(grace_s=0.0, publish=None)
+
+
+def test_two_attempts_of_one_job_are_held_apart_and_the_superseded_one_is_aborted(
+    runner: JobRunner, host: EngineHost, sessions: sessionmaker[Session]
+) -> None:
+    job_id = add_job(sessions, "The same job twice", "documents", max_tokens=LONG_JOB_TOKENS, ignore_eos=True)
+    first, second = Done(), Done()
+    assert runner.run(job_id, first)
+    wait_generating(sessions, job_id)
+    with sessions() as session:  # requeued behind this worker's back (it looked dead for a while)
+        assert jobs.requeue_orphans(session, [runner.worker_id], utcnow()) == [(job_id, "documents")]
+    assert runner.run(job_id, second)  # attempt 2, in the same worker
+    assert runner.held_attempts() == {(job_id, 1), (job_id, 2)}
+
+    first.wait()  # attempt 1 is no longer the job's: the watcher aborts it, and nothing is written
+    assert runner.held_attempts() == {(job_id, 2)}  # attempt 2 keeps its entry, its checks and its slot
+    job = get_job(sessions, job_id)
+    assert job.status == "running" and job.attempts == 2 and second.calls == 0
+
+    with sessions() as session:
+        jobs.cancel(session, job_id, "default", utcnow())
+    second.wait()
+    assert runner.held_attempts() == set()
+    wait_for(lambda: _kv_free(host), "both attempts' KV blocks to be freed", timeout_s=30)

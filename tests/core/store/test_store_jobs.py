@@ -47,7 +47,8 @@ def test_cancelled_job_is_never_revived(session: Session) -> None:
     assert jobs.claim(session, job_id, "w1", T0) is not None
     cancelled = jobs.cancel(session, job_id, DEFAULT_TENANT, T0)
     assert cancelled is not None and cancelled.status == "cancelled"
-    assert jobs.cancelled_among(session, [job_id, "job_other"]) == {job_id}
+    states = jobs.attempt_states(session, [job_id, "job_other"])
+    assert states == {job_id: jobs.AttemptState("cancelled", 1, "w1")}
     assert not complete(session, job_id, 1)
     assert not jobs.fail(session, job_id, 1, code="boom", message="late", now=T0)
     assert jobs.claim(session, job_id, "w2", T0) is None
