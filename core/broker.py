@@ -8,8 +8,10 @@ One durable queue per job queue, bound to a direct exchange of the same name; a 
 from __future__ import annotations
 
 import logging
+import uuid
 from typing import Any
 
+import redis
 from kombu import Connection, Exchange, Queue
 from kombu.pools import ProducerPool
 
@@ -24,6 +26,9 @@ PUBLISH_RETRY = {"max_retries": 2, "interval_start": 0.0, "interval_step": 0.2, 
 # A message held by a worker that died is restored after this long; the reconciler requeues the job much
 # sooner (worker_dead_after_s), and the late duplicate is dropped at claim.
 TRANSPORT_OPTIONS: dict[str, Any] = {"visibility_timeout": 3600}
+# Lives in the broker beside the queues, so it vanishes exactly when they do (a Redis restarted without its
+# data): finding it missing means every message published before now may be gone.
+EPOCH_KEY = "conveyor:broker-epoch"
 
 
 def job_queue(name: str) -> Queue:
@@ -46,6 +51,7 @@ class BrokerPublisher:
         self._connections = self._connection.Pool(limit=POOL_LIMIT)
         self._producers = ProducerPool(self._connections, limit=POOL_LIMIT)
         self._queues = {name: job_queue(name) for name in settings.queues}
+        self._redis = _redis_client(settings.broker_url)
 
     def publish(self, job_id: str, queue: str) -> None:
         if queue not in self._queues:
@@ -72,7 +78,23 @@ class BrokerPublisher:
             declared = self._queues[queue].bind(channel).queue_declare()
             return int(declared.message_count) if declared is not None else 0
 
+    def lost_messages(self) -> bool:
+        """True, to exactly one caller, after the broker lost its queues (or is new): its epoch marker was
+        missing and this call set it. Brokers that keep their queues on restart (RabbitMQ) never say so."""
+        if self._redis is None:
+            return False
+        return bool(self._redis.set(EPOCH_KEY, uuid.uuid4().hex, nx=True))
+
     def close(self) -> None:
+        if self._redis is not None:
+            self._redis.close()
         self._producers.force_close_all()
         self._connections.force_close_all()
         self._connection.release()
+
+
+def _redis_client(broker_url: str) -> redis.Redis | None:
+    if not broker_url.startswith(("redis://", "rediss://")):
+        return None
+    return redis.Redis.from_url(broker_url, socket_connect_timeout=CONNECT_TIMEOUT_S,
+                                socket_timeout=CONNECT_TIMEOUT_S)

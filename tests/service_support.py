@@ -22,6 +22,7 @@ class RecordingPublisher:
         self.published: list[tuple[str, str]] = []
         self.reachable = reachable
         self.waiting = 0  # what depth() reports for every queue
+        self.restarted = False  # lost_messages() says so once, as a broker restarted empty does
 
     def publish(self, job_id: str, queue: str) -> None:
         if not self.reachable:
@@ -33,6 +34,10 @@ class RecordingPublisher:
 
     def ping(self) -> bool:
         return self.reachable
+
+    def lost_messages(self) -> bool:
+        restarted, self.restarted = self.restarted, False
+        return restarted
 
 
 @dataclass

@@ -21,3 +21,6 @@ class InProcessPublisher:
 
     def ping(self) -> bool:
         return True
+
+    def lost_messages(self) -> bool:
+        return False  # the queues live and die with this process, and its start reloads them from the store

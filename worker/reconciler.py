@@ -3,12 +3,17 @@
 Every worker process (and the embedded runtime) runs this loop every reconcile_interval_s:
   1. queued jobs past their ttl -> expired;
   2. running jobs of dead workers (stopped, or no heartbeat for worker_dead_after_s) -> queued (and
-     undispatched), so a SIGKILLed worker's job runs again;
-  3. queued jobs still undispatched after dispatch_grace_s (the API died between commit and publish, the
-     broker was down, or step 2 just requeued them) are published and marked dispatched;
-  4. a queue the broker reports empty while the store still has jobs of it queued, dispatched a while ago
-     (REDISPATCH_FACTOR x dispatch_grace_s), lost their messages (Redis restarted without its append-only
-     file, or a worker died between delivery and claim): they are published again.
+     undispatched), so a SIGKILLed worker's job runs again. A worker never judges itself: its own heartbeat
+     may be late (the database was down, the process was paused) while it is plainly alive;
+  3. this worker's own running jobs that its runner does not hold (the claim committed but its answer was
+     lost with the connection) -> queued;
+  4. queued jobs still undispatched after dispatch_grace_s (the API died between commit and publish, the
+     broker was down, or steps 2-3 just requeued them) are published and marked dispatched;
+  5. lost messages are published again, oldest first:
+     - after the broker lost its queues (Redis restarted without its data; `lost_messages()` says so once,
+       to one reconciler in the fleet), every queued job dispatched before now, however busy the queue is;
+     - a queue the broker reports empty while the store still has jobs of it queued, dispatched a while
+       ago (REDISPATCH_FACTOR x dispatch_grace_s): their messages went missing some other way.
 Every change is a conditional UPDATE, so reconcilers may run concurrently; a job published twice is claimed
 once (the second message finds it no longer queued and is dropped).
 """
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Protocol
@@ -33,11 +39,23 @@ log = logging.getLogger(__name__)
 REDISPATCH_FACTOR = 10  # a dispatched job still queued this many grace periods later, in an empty queue
 REDISPATCH_BATCH = 1000
 
+HeldAttempts = Callable[[], set[tuple[str, int]]]  # (job id, attempt) this worker's runner holds
+
 
 class Broker(Protocol):
     def publish(self, job_id: str, queue: str) -> None: ...
 
     def depth(self, queue: str) -> int: ...
+
+    def lost_messages(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class Local:
+    """The worker this reconciler runs in: never declared dead by itself, and the judge of its own claims."""
+
+    worker_id: str
+    held: HeldAttempts
 
 
 @dataclass(frozen=True)
@@ -49,13 +67,16 @@ class ReconcileReport:
 
 
 class Reconciler:
-    def __init__(self, sessions: sessionmaker[Session], broker: Broker, settings: Settings) -> None:
+    def __init__(self, sessions: sessionmaker[Session], broker: Broker, settings: Settings,
+                 local: Local | None = None) -> None:
         self._sessions = sessions
         self._broker = broker
+        self._local = local
         self._queues = list(settings.queues)
         self._interval_s = settings.reconcile_interval_s
         self._grace = timedelta(seconds=settings.dispatch_grace_s)
         self._dead_after_s = settings.worker_dead_after_s
+        self._lost_before: datetime | None = None  # the broker lost its queues; not all republished yet
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="reconciler", daemon=True)
 
@@ -72,10 +93,13 @@ class Reconciler:
         with self._sessions() as session:
             expired = jobs.expire_overdue(session, now)
             dead = workers.dead_workers_with_jobs(session, now=now, dead_after_s=self._dead_after_s)
+            if self._local is not None and self._local.worker_id in dead:
+                dead.remove(self._local.worker_id)
             requeued = jobs.requeue_orphans(session, dead, now)
+            if requeued:
+                log.warning("requeued %d job(s) of dead worker(s) %s", len(requeued), dead)
+            requeued += self._requeue_unheld(session, now)
             stale = jobs.undispatched(session, now - self._grace)
-        if requeued:
-            log.warning("requeued %d job(s) of dead worker(s) %s", len(requeued), dead)
         # Requeued jobs go out now, whatever their age; the rest once the API's grace has passed.
         pending = requeued + [job for job in stale if job not in requeued]
         published = publish_and_mark(self._sessions, self._broker.publish, pending)
@@ -83,11 +107,47 @@ class Reconciler:
             log.info("published %d undispatched job(s)", published)
         redispatched = 0
         if published == len(pending):  # the broker is up
-            redispatched = self._redispatch_lost(now - REDISPATCH_FACTOR * self._grace)
+            redispatched = self._redispatch_lost(now)
         return ReconcileReport(expired=len(expired), requeued=len(requeued), published=published,
                                redispatched=redispatched)
 
-    def _redispatch_lost(self, dispatched_before: datetime) -> int:
+    def _requeue_unheld(self, session: Session, now: datetime) -> list[tuple[str, str]]:
+        if self._local is None:
+            return []
+        held = self._local.held()  # read before the query: a claim that lands after it is young enough
+        unheld = jobs.requeue_unheld(session, self._local.worker_id, held, now - self._grace, now)
+        if unheld:
+            log.warning("requeued %d job(s) claimed by this worker but never started here", len(unheld))
+        return unheld
+
+    def _redispatch_lost(self, now: datetime) -> int:
+        if self._lost_before is None and self._broker.lost_messages():
+            self._lost_before = now
+        if self._lost_before is not None:
+            return self._redispatch_all(self._lost_before)
+        return self._redispatch_in_empty_queues(now - REDISPATCH_FACTOR * self._grace)
+
+    def _redispatch_all(self, dispatched_before: datetime) -> int:
+        """Every queued job dispatched before the broker lost its queues, oldest first, in batches (each
+        batch is marked dispatched now, so the next query moves on). Resumed next round if the broker or
+        the store fails half way."""
+        total = 0
+        for queue in self._queues:
+            while True:
+                with self._sessions() as session:
+                    lost = jobs.dispatched_but_queued(session, queue, dispatched_before, REDISPATCH_BATCH)
+                sent = publish_and_mark(self._sessions, self._broker.publish, lost) if lost else 0
+                total += sent
+                if sent < len(lost):
+                    log.warning("the broker lost its queues: %d job(s) published again so far", total)
+                    return total
+                if sent < REDISPATCH_BATCH:
+                    break
+        log.warning("the broker lost its queues: published %d queued job(s) again", total)
+        self._lost_before = None
+        return total
+
+    def _redispatch_in_empty_queues(self, dispatched_before: datetime) -> int:
         total = 0
         for queue in self._queues:
             with self._sessions() as session:
@@ -103,5 +163,7 @@ class Reconciler:
         while not self._stop.wait(self._interval_s):
             try:
                 self.run_once()
-            except Exception:  # store or broker briefly unreachable: try again next round
-                log.exception("reconcile failed")
+            except Exception as exc:  # store or broker briefly unreachable: one line a round, not a traceback
+                log.warning("reconcile failed (%s: %s); trying again in %s s", type(exc).__name__, exc,
+                            self._interval_s)
+                log.debug("reconcile failure", exc_info=True)

@@ -24,7 +24,7 @@ from worker.batches.runner import BatchRunner, make_batch_runner
 from worker.heartbeat import Heartbeat
 from worker.job_runner import JobRunner
 from worker.model import engine_config, resolve_model
-from worker.reconciler import Broker, Reconciler
+from worker.reconciler import Broker, Local, Reconciler
 from worker.webhooks.sender import WebhookSender
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ class WorkerServices:
         self._tokens = tokens
         self._republish = republish_requeued
         self._heartbeat = Heartbeat(sessions, worker_id, list(settings.queues), settings.worker_heartbeat_s)
-        self._reconciler = Reconciler(sessions, broker, settings)
+        self._reconciler = Reconciler(sessions, broker, settings, Local(worker_id, self._held_attempts))
         self._webhooks = WebhookSender(sessions, settings)
         self._host: EngineHost | None = None
         self._runner: JobRunner | None = None
@@ -57,6 +57,9 @@ class WorkerServices:
     def runner(self) -> JobRunner:
         assert self._runner is not None, "WorkerServices.start() has not run"
         return self._runner
+
+    def _held_attempts(self) -> set[tuple[str, int]]:
+        return self._runner.held_attempts() if self._runner is not None else set()
 
     def start(self) -> None:
         """Loads the engine (once), then starts every service; job ids may flow in afterwards."""

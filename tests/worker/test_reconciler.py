@@ -16,7 +16,7 @@ from worker_support import add_job, get_job
 from core.clock import utcnow
 from core.store import jobs, workers
 from core.store.tables import Job, Worker
-from worker.reconciler import Reconciler
+from worker.reconciler import Local, Reconciler
 
 
 def _age(sessions: sessionmaker[Session], job_id: str, seconds: float) -> None:
@@ -119,3 +119,82 @@ def test_queued_jobs_whose_messages_the_broker_lost_are_published_again(
     assert Reconciler(sessions, broker, settings).run_once().redispatched == 1
     assert broker.published == [(lost, "interactive")]
     assert Reconciler(sessions, broker, settings).run_once().redispatched == 0  # dispatched just now
+
+
+def test_after_the_broker_lost_its_queues_every_dispatched_job_goes_out_again_in_order_however_busy(
+    sessions: sessionmaker[Session], make_settings: Callable[..., Any], pg_url: str
+) -> None:
+    settings = make_settings(database_url=pg_url, dispatch_grace_s=0.5)
+    backlog = [add_job(sessions, f"backlog {i}") for i in range(3)]
+    with sessions() as session:
+        jobs.mark_dispatched(session, backlog, utcnow() - timedelta(seconds=1))
+    broker = RecordingPublisher()
+    broker.waiting = 50  # new traffic keeps the broker's queue from ever being empty
+    reconciler = Reconciler(sessions, broker, settings)
+    assert reconciler.run_once().redispatched == 0
+
+    broker.restarted = True  # Redis came back without its data
+    assert reconciler.run_once().redispatched == 3
+    assert broker.published == [(job_id, "interactive") for job_id in backlog]  # oldest first
+    assert reconciler.run_once().redispatched == 0  # once
+
+
+def test_a_broker_that_fails_half_way_through_the_republish_is_resumed_next_round(
+    sessions: sessionmaker[Session], make_settings: Callable[..., Any], pg_url: str
+) -> None:
+    settings = make_settings(database_url=pg_url, dispatch_grace_s=0.5)
+    backlog = [add_job(sessions, f"backlog {i}") for i in range(2)]
+    with sessions() as session:
+        jobs.mark_dispatched(session, backlog, utcnow() - timedelta(seconds=1))
+    broker = RecordingPublisher()
+    broker.restarted, broker.waiting = True, 50
+    reconciler = Reconciler(sessions, broker, settings)
+    original = broker.publish
+
+    def fail_after_the_first(job_id: str, queue: str) -> None:
+        if broker.published:
+            raise ConnectionError("broker: gone again")
+        original(job_id, queue)
+
+    broker.publish = fail_after_the_first  # type: ignore[method-assign]
+    assert reconciler.run_once().redispatched == 1
+    broker.publish = original  # type: ignore[method-assign]
+    assert reconciler.run_once().redispatched == 1  # the rest, though lost_messages() said so only once
+    assert broker.published == [(job_id, "interactive") for job_id in backlog]
+
+
+def test_a_worker_never_requeues_its_own_jobs_however_late_its_heartbeat(
+    sessions: sessionmaker[Session], make_settings: Callable[..., Any], pg_url: str
+) -> None:
+    settings = make_settings(database_url=pg_url, worker_dead_after_s=2.0)
+    job_id = add_job(sessions, "mine")
+    _claimed_by(sessions, job_id, "paused-worker", last_seen_ago_s=30)  # its heartbeat could not be written
+
+    itself = Reconciler(sessions, RecordingPublisher(), settings,
+                        Local("paused-worker", held=lambda: {(job_id, 1)}))
+    assert itself.run_once().requeued == 0
+    assert get_job(sessions, job_id).status == "running"
+
+    another = Reconciler(sessions, RecordingPublisher(), settings, Local("other-worker", held=set))
+    assert another.run_once().requeued == 1  # from outside, silence is all there is to go on
+
+
+def test_a_claim_this_worker_never_started_is_requeued_by_its_own_reconciler(
+    sessions: sessionmaker[Session], make_settings: Callable[..., Any], pg_url: str
+) -> None:
+    settings = make_settings(database_url=pg_url, dispatch_grace_s=1.0)
+    lost, held, young = (add_job(sessions, name) for name in ("lost", "held", "young"))
+    for job_id in (lost, held, young):
+        _claimed_by(sessions, job_id, "me", last_seen_ago_s=0)
+    with sessions() as session:  # the claim's answer never reached the runner; the connection dropped
+        session.execute(update(Job).where(Job.id.in_([lost, held]))
+                        .values(started_at=utcnow() - timedelta(seconds=30)))
+        session.commit()
+    broker = RecordingPublisher()
+
+    report = Reconciler(sessions, broker, settings, Local("me", held=lambda: {(held, 1)})).run_once()
+
+    assert report.requeued == 1 and broker.published == [(lost, "interactive")]
+    assert get_job(sessions, lost).status == "queued"
+    assert get_job(sessions, held).status == "running"  # the runner has it
+    assert get_job(sessions, young).status == "running"  # a claim may still be on its way to the runner
