@@ -6,7 +6,9 @@ queue with prefetch_count = that queue's max_running, and acknowledges a message
 (late ack), so each queue holds at most max_running unacknowledged jobs in this worker.
 
 After a broker reconnect the new channels start with empty windows while jobs taken on the old ones still
-run; messages beyond a queue's limit are then held here, unstarted, until those jobs end.
+run; messages beyond a queue's limit are then held here, unstarted, until those jobs end. A message of a
+closed channel cannot be acknowledged (the broker already gave it back, or lost it with a restart): its job's
+outcome is in the store, so a redelivery is dropped at claim, and the ack is skipped rather than attempted.
 
 kombu channels are not thread-safe: jobs end on the runner's finisher thread, which only queues the message;
 the ack itself runs on the consumer's event loop (hub.call_soon wakes it), or on the stopping thread.
@@ -47,6 +49,7 @@ def job_consumer_step(runner: JobRunner, *, grace_s: float, publish: Publish) ->
             self._acks: stdlib_queue.SimpleQueue[Message] = stdlib_queue.SimpleQueue()
             self._held: dict[str, deque[Message]] = {name: deque() for name in limits}
             self._hub: Any = None
+            self._channels: set[Any] = set()  # the open channels: only their messages can be acked
 
         def start(self, c: Any) -> None:
             self._hub = c.hub
@@ -57,6 +60,7 @@ def job_consumer_step(runner: JobRunner, *, grace_s: float, publish: Publish) ->
                          accept=["json"], prefetch_count=limit)
                 for name, limit in limits.items()
             ]
+            self._channels = {consumer.channel for consumer in self.consumers}
             for consumer in self.consumers:
                 consumer.consume()
             log.info("consuming job queues %s", limits)
@@ -70,7 +74,21 @@ def job_consumer_step(runner: JobRunner, *, grace_s: float, publish: Publish) ->
                         log.debug("cancel of consumer failed", exc_info=True)
                 runner.shutdown(grace_s, publish, tick=self._flush_acks)
             self._flush_acks()
-            super().stop(c)
+            self._close_channels(cancel=True)
+
+        def shutdown(self, c: Any) -> None:
+            self._close_channels(cancel=False)
+
+        def _close_channels(self, cancel: bool) -> None:
+            """Celery's own close passes its connection to kombu's error filter, and after a connection loss
+            that connection is None (AttributeError 'connection_errors'); a dead channel raises anything."""
+            for consumer in self.consumers or []:
+                for action in ([consumer.cancel] if cancel else []) + [consumer.channel.close]:
+                    try:
+                        action()
+                    except Exception as exc:
+                        log.debug("closing a job channel: %s: %s", type(exc).__name__, exc)
+            self._channels = set()
 
         def _on_message(self, _body: Any, message: Message) -> None:
             queue = str(message.delivery_info.get("routing_key", ""))
@@ -119,9 +137,12 @@ def job_consumer_step(runner: JobRunner, *, grace_s: float, publish: Publish) ->
                     message = self._acks.get_nowait()
                 except stdlib_queue.Empty:
                     break
+                if message.channel not in self._channels:
+                    log.info("job message of a closed broker channel not acked (its outcome is stored)")
+                    continue
                 try:
                     message.ack()
-                except Exception as exc:  # channel gone (reconnect): the outcome is stored anyway
+                except Exception as exc:  # the connection dropped since: the outcome is stored anyway
                     log.warning("ack failed (%s: %s)", type(exc).__name__, exc)
             for queue in self._held:
                 self._start_held(queue)

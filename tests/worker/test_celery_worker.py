@@ -144,6 +144,8 @@ def test_jobs_accepted_while_the_broker_is_down_run_once_it_is_back(
     assert first_doc.finished_at is not None and second_doc.started_at is not None
     # The reconnected channel's window is fresh, but the document still running counts against the limit.
     assert second_doc.started_at >= first_doc.finished_at
+    log = worker_procs.log(0)  # the reconnect path is clean: no ack on a dead channel, no failed restart
+    assert "ack failed" not in log and "Error on restarting" not in log, log[-4000:]
 
 
 def test_sigterm_finishes_the_running_job_and_marks_the_worker_stopped(
