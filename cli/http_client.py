@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any
 
 import httpx
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled", "expired"})
+SUBMIT_TRIES = 4
+RETRIED_STATUSES = frozenset({502, 503, 504})  # the API or a proxy in front of it could not answer
 
 
 class ClientError(Exception):
@@ -28,8 +32,16 @@ class ConveyorClient:
         return cls(httpx.Client(base_url=url, headers=headers, timeout=timeout_s))
 
     def submit(self, body: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        return self._json(self.http.post("/v1/jobs", json=body, headers=headers))
+        """Submits a job, always with an Idempotency-Key (a fresh one unless given), so that when the answer
+        is lost (connection dropped, API restarted, 502/503/504) the retry returns the job the first try
+        created instead of creating and running a second one."""
+        headers = {"Idempotency-Key": idempotency_key or new_idempotency_key()}
+        retrying = Retrying(retry=retry_if_exception(_worth_retrying), stop=stop_after_attempt(SUBMIT_TRIES),
+                            wait=wait_exponential(multiplier=0.2, max=2.0), reraise=True)
+        for attempt in retrying:
+            with attempt:
+                return self._json(self.http.post("/v1/jobs", json=body, headers=headers))
+        raise AssertionError("unreachable: Retrying either returns or raises")
 
     def get(self, job_id: str) -> dict[str, Any]:
         return self._json(self.http.get(f"/v1/jobs/{job_id}"))
@@ -54,3 +66,13 @@ class ConveyorClient:
         if response.status_code >= 400:
             raise ClientError(response.status_code, body)
         return body
+
+
+def new_idempotency_key() -> str:
+    return "conveyor-cli-" + uuid.uuid4().hex
+
+
+def _worth_retrying(exc: BaseException) -> bool:
+    if isinstance(exc, ClientError):
+        return exc.status in RETRIED_STATUSES
+    return isinstance(exc, httpx.TransportError)

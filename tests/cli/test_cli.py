@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -103,6 +104,34 @@ def _answers(url: str) -> bool:
         return httpx.get(url, timeout=1.0).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+class AnswerLostOnce:
+    """An HTTP client that delivers the first POST, then drops its answer as a reset connection would."""
+
+    def __init__(self, http: httpx.Client) -> None:
+        self._http = http
+        self.keys: list[str | None] = []
+
+    def post(self, url: str, **kwargs: Any) -> httpx.Response:
+        self.keys.append(kwargs.get("headers", {}).get("Idempotency-Key"))
+        response = self._http.post(url, **kwargs)
+        if len(self.keys) == 1:
+            raise httpx.ReadError("connection reset by peer")
+        return response
+
+
+def test_a_submit_whose_answer_is_lost_is_retried_with_the_same_key_and_creates_one_job(
+    service: Service,
+) -> None:
+    http = AnswerLostOnce(service.client("grace"))
+    client = ConveyorClient(http)  # type: ignore[arg-type]
+
+    job = client.submit({"prompt": "only once", "max_tokens": 2})  # no key given: the client makes one
+
+    assert len(http.keys) == 2 and len(set(http.keys)) == 1 and http.keys[0] is not None
+    with service.session_factory() as session:
+        assert [j.id for j in jobs.page(session, "grace", limit=10)] == [job["id"]]
 
 
 def test_client_submit_status_wait_cancel(service: Service) -> None:
