@@ -1,8 +1,29 @@
-"""Per-request sampling parameters, named as in vLLM so its users recognise them."""
+"""Per-request sampling parameters, named as in vLLM so its users recognise them.
+
+The bounds below are what the sampler can handle, exported so the API validates with the same numbers: a
+value that passes validate() must never make a step fail (a failing step costs every request in it a retry).
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+MAX_INT32 = 2**31 - 1  # max_tokens, min_tokens, logprobs and stop_token_ids
+MAX_TOP_K = MAX_INT32  # larger than the vocabulary means "keep all": the sampler clamps it to V
+# torch.Generator.manual_seed takes -2**63 .. 2**64-1 and reduces it mod 2**64. The signed int64 range
+# keeps every accepted seed a distinct stream (-1 is 2**64-1, outside it) and fits an int64 column.
+MIN_SEED = -(2**63)
+MAX_SEED = 2**63 - 1
+# Positive temperatures: the sampler divides float32 logits by them. Below ~1e-30 the quotient overflows to
+# inf, and from 3.4e38 the temperature itself is inf and masked (-inf) logits become NaN; either way the
+# row's probabilities are NaN and it samples token 0.
+MIN_TEMPERATURE = 1e-6
+MAX_TEMPERATURE = 100.0  # already indistinguishable from uniform for any realistic logits
+# Seen logits are divided or multiplied by it before the temperature; with these bounds the product stays
+# far inside float32 (|logit| * 100 / 1e-6).
+MIN_REPETITION_PENALTY = 0.01
+MAX_REPETITION_PENALTY = 100.0
 
 
 @dataclass
@@ -37,27 +58,55 @@ class SamplingParams:
         return self.stop
 
     def validate(self) -> None:
-        """Raises ValueError naming the offending field."""
-        _check(_is_int(self.max_tokens) and self.max_tokens >= 1, "max_tokens", self.max_tokens, ">= 1")
-        _check(_is_int(self.min_tokens) and self.min_tokens >= 0, "min_tokens", self.min_tokens, ">= 0")
-        _check(self.min_tokens <= self.max_tokens, "min_tokens", self.min_tokens,
-               f"<= max_tokens ({self.max_tokens})")
-        _check(self.temperature >= 0.0, "temperature", self.temperature, ">= 0")
-        _check(isinstance(self.top_k, int) and self.top_k >= -1, "top_k", self.top_k, "-1, 0 (off) or >= 1")
-        _check(0.0 < self.top_p <= 1.0, "top_p", self.top_p, "in (0, 1]")
-        _check(0.0 <= self.min_p <= 1.0, "min_p", self.min_p, "in [0, 1]")
-        _check(self.repetition_penalty > 0.0, "repetition_penalty", self.repetition_penalty, "> 0")
-        _check(self.seed is None or isinstance(self.seed, int), "seed", self.seed, "an int or None")
-        _check(self.logprobs is None or (isinstance(self.logprobs, int) and self.logprobs >= 0),
-               "logprobs", self.logprobs, "None or >= 0")
-        _check(all(isinstance(s, str) and s for s in self.stop_strings), "stop", self.stop,
-               "a non-empty string or a list of them")
-        _check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
-               self.stop_token_ids, "a list of token ids >= 0")
+        """Raises ValueError naming the offending field. Checks run in order, so each may rely on the last."""
+        self._validate_lengths()
+        self._validate_distribution()
+        self._validate_outputs()
+
+    def _validate_lengths(self) -> None:
+        _check(_int_in(self.max_tokens, 1, MAX_INT32), "max_tokens", self.max_tokens,
+               f"an int in [1, {MAX_INT32}]")
+        _check(_int_in(self.min_tokens, 0, self.max_tokens), "min_tokens", self.min_tokens,
+               f"an int in [0, max_tokens ({self.max_tokens})]")
+
+    def _validate_distribution(self) -> None:
+        t = self.temperature
+        _check(_is_real(t) and (t == 0 or MIN_TEMPERATURE <= t <= MAX_TEMPERATURE), "temperature", t,
+               f"0 (greedy) or in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}]")
+        _check(_int_in(self.top_k, -1, MAX_TOP_K), "top_k", self.top_k,
+               f"-1 or 0 (off), or an int in [1, {MAX_TOP_K}]")
+        _check(_is_real(self.top_p) and 0.0 < self.top_p <= 1.0, "top_p", self.top_p, "in (0, 1]")
+        _check(_is_real(self.min_p) and 0.0 <= self.min_p <= 1.0, "min_p", self.min_p, "in [0, 1]")
+        penalty = self.repetition_penalty
+        _check(_is_real(penalty) and MIN_REPETITION_PENALTY <= penalty <= MAX_REPETITION_PENALTY,
+               "repetition_penalty", penalty, f"in [{MIN_REPETITION_PENALTY}, {MAX_REPETITION_PENALTY}]")
+
+    def _validate_outputs(self) -> None:
+        _check(self.seed is None or _int_in(self.seed, MIN_SEED, MAX_SEED), "seed", self.seed,
+               f"None or an int in [{MIN_SEED}, {MAX_SEED}]")
+        _check(self.logprobs is None or _int_in(self.logprobs, 0, MAX_INT32), "logprobs", self.logprobs,
+               f"None or an int in [0, {MAX_INT32}]")
+        _check(isinstance(self.stop, list) and all(isinstance(s, str) and s for s in self.stop), "stop",
+               self.stop, "a non-empty string or a list of them")
+        ids = self.stop_token_ids
+        _check(isinstance(ids, list) and all(_int_in(t, 0, MAX_INT32) for t in ids), "stop_token_ids", ids,
+               f"a list of token ids in [0, {MAX_INT32}]")
+        _check(isinstance(self.ignore_eos, bool), "ignore_eos", self.ignore_eos, "a bool")
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def _int_in(value: object, low: int, high: int) -> bool:
+    """A real int (bool is an int subclass, but True is no token count) within [low, high]."""
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def _is_real(value: object) -> bool:
+    """An int or float (not a bool) that is finite; NaN and inf would poison the whole logits row."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        return False
 
 
 def _check(ok: bool, name: str, value: object, rule: str) -> None:
