@@ -101,14 +101,12 @@ class _OfflineRun:
 
     def _step(self) -> None:
         begin = time.perf_counter()
-        try:
-            outputs = self.engine.step()
-        except StepError as exc:
-            self._fail(exc)
-            return
+        outputs = self.engine.step()
         step_s = time.perf_counter() - begin
         for out in outputs:
-            self._observe(out)
+            self._observe(out)  # a request the step failed ends here as "abort": counted failed
+        for error in self.engine.last_failures:
+            self._note_failure(error)
         self.samples.append(self._sample(step_s))
 
     def _observe(self, out: RequestOutput) -> None:
@@ -157,13 +155,10 @@ class _OfflineRun:
             forward_s=last.forward_seconds,
         )
 
-    def _fail(self, exc: StepError) -> None:
-        self.notes.append(f"step failed: {exc}")
-        now = time.time()
-        for rid in exc.request_ids:
-            record = self.records[rid]
-            record.status, record.error, record.finished_time = "failed", str(exc), now
-            self.progress(1)
+    def _note_failure(self, error: StepError) -> None:
+        self.notes.append(f"step failed: {error}")
+        for rid in error.request_ids:
+            self.records[rid].error = str(error.__cause__ or error)
 
     def _give_up(self, timeout_s: float) -> None:
         self.notes.append(f"run timed out after {timeout_s} s; unfinished requests counted as failed")

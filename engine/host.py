@@ -15,7 +15,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine, StepError
+from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
@@ -141,13 +141,14 @@ class EngineHost:
         self._take_inbox()
         try:
             outputs = self.engine.step()
-        except StepError as exc:
-            self._fail(exc.request_ids, exc.__cause__ or exc)
-            outputs = []
         except Exception as exc:  # engine state unknown: abort everything it holds, keep serving
             log.exception("engine step failed")
             self._fail(self._abort_all_in_engine(), exc)
             outputs = []
+        # The step already aborted these (their "abort" outputs are in `outputs`): fail them with the cause
+        # first, so _deliver finds them resolved and skips them.
+        for error in self.engine.last_failures:
+            self._fail(error.request_ids, error.__cause__ or error)
         self._deliver(outputs)
         with self._cond:
             self._stats = self.engine.stats()

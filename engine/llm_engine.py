@@ -1,23 +1,35 @@
-"""The engine loop: validate and queue requests, then step: schedule -> forward -> sample -> stop checks."""
+"""The engine loop: validate and queue requests, then step: schedule -> forward -> sample -> stop checks.
+
+A step that raises is retried in halves until each failure is down to a single request: only the requests
+that fail alone are aborted (reported in `last_failures`); the others keep the step's results.
+"""
 
 from __future__ import annotations
 
 import itertools
+import logging
 import time
-from typing import Protocol
+from collections.abc import Callable
+from typing import Protocol, TypeVar
 
 import torch
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.outputs import FinishReason, RequestMetrics, RequestOutput
-from engine.sampler import Sampler
+from engine.sampler import Sampler, SamplerOutput
 from engine.sampling_params import SamplingParams
 from engine.scheduled_chunk import ScheduledChunk
 from engine.scheduler import Scheduler, SchedulerOutput
 from engine.sequence import Sequence
 from engine.stats import EngineTotals, StepStats, stats_dict
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+X = TypeVar("X")
+Failures = dict[Sequence, Exception]  # requests that failed alone, with what they raised
 
 
 class Runner(Protocol):
@@ -34,7 +46,11 @@ class Runner(Protocol):
 
 
 class StepError(RuntimeError):
-    """A step failed; the requests it was running were aborted (their blocks freed). Cause in __cause__."""
+    """A step failed for these requests even run alone; they were aborted (blocks freed). Cause in __cause__.
+
+    LLMEngine.step() does not raise it: it lists one per failed request in `last_failures` and returns the
+    request's final output (finish_reason "abort") with the others.
+    """
 
     def __init__(self, request_ids: list[str], cause: BaseException) -> None:
         super().__init__(f"engine step failed for {len(request_ids)} request(s): {cause!r}")
@@ -62,6 +78,7 @@ class LLMEngine:
         self._arrivals = itertools.count()
         self._pending_outputs: list[RequestOutput] = []  # aborts between steps, reported by the next step
         self.last_step = StepStats()
+        self.last_failures: list[StepError] = []  # requests the last step failed, until the next step
         self.totals = EngineTotals()
 
     # --- requests ------------------------------------------------------------------------------------
@@ -92,6 +109,7 @@ class LLMEngine:
             raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
         params = params if params is not None else SamplingParams()
         params.validate()
+        self._check_vocab_bounds(params)
         cls = self.config.request_class(request_class if request_class is not None else self.default_class)
         prompt_ids = self._prompt_token_ids(prompt)
         self._check_length(len(prompt_ids), params.max_tokens)
@@ -130,8 +148,10 @@ class LLMEngine:
     # --- the step ------------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Runs one batch; returns an output for every request that got a token or finished."""
+        """Runs one batch; returns an output for every request that got a token or finished (failed ones
+        included, as "abort": their causes are in last_failures)."""
         start = time.perf_counter()
+        self.last_failures = []
         outputs, self._pending_outputs = self._pending_outputs, []
         sched = self.scheduler.schedule()
         forward_seconds = 0.0
@@ -142,24 +162,85 @@ class LLMEngine:
         return outputs
 
     def _run(self, sched: SchedulerOutput) -> list[RequestOutput]:
-        sampling_seqs = sched.sampling_seqs()
-        try:
-            logits = self.runner.execute(sched.chunks)  # [len(sampling_seqs), V]
-            sampled = self.sampler(logits, sampling_seqs, self.eos_token_ids)
-        except Exception as exc:
-            self._fail(sched.seqs)
-            raise StepError([s.request_id for s in sched.seqs], exc) from exc
+        logits, seqs, failures = self._forward(sched)
+        sampled, seqs, sampling_failures = self._sample(logits, seqs)
         now = time.time()
         outputs = []
-        for seq, token, logprobs in zip(sampling_seqs, sampled.token_ids, sampled.logprobs, strict=True):
+        for seq, token, logprobs in zip(seqs, sampled.token_ids, sampled.logprobs, strict=True):
             self._append_token(seq, token, logprobs, now)
             outputs.append(_to_output(seq, num_new_tokens=1))
+        if failures or sampling_failures:
+            outputs += self._fail(failures | sampling_failures)
         return outputs
 
-    def _fail(self, seqs: list[Sequence]) -> None:
-        for seq in seqs:
+    def _forward(self, sched: SchedulerOutput) -> tuple[torch.Tensor, list[Sequence], Failures]:
+        """Logits [len(seqs), V] of the sampling sequences that survive, those sequences, and the failures."""
+        logits = _attempt(self.runner.execute, sched.chunks)
+        if isinstance(logits, Exception):
+            return self._isolate_forward(sched, logits)
+        return logits, sched.sampling_seqs(), {}
+
+    def _isolate_forward(
+        self, sched: SchedulerOutput, exc: Exception
+    ) -> tuple[torch.Tensor, list[Sequence], Failures]:
+        """Re-runs the failed forward in halves, down to single chunks, keeping every part that succeeds.
+
+        Re-running a chunk is idempotent: schedule() already allocated its slots and advanced
+        num_computed_tokens, the chunk writes its K/V into the same slots again (each layer writes before it
+        attends), and attention reads only slots written by earlier steps or by the chunk itself, so nothing
+        reads what a failed attempt left behind.
+        """
+        chunks, seqs = sched.chunks, sched.seqs
+        parts, failed = _isolate_failures(
+            lambda idx: self.runner.execute([chunks[i] for i in idx]), list(range(len(chunks))), exc
+        )
+        kept = [seqs[i] for idx, _ in parts for i in idx if chunks[i].sample]
+        # Each part's rows are its sampling chunks in order, and parts come in chunk order.
+        rows = [logits for _, logits in parts]
+        logits = torch.cat(rows) if rows else torch.empty(0, self.vocab_size, device=self.runner.device)
+        return logits, kept, {seqs[i]: e for i, e in failed.items()}
+
+    def _sample(
+        self, logits: torch.Tensor, seqs: list[Sequence]
+    ) -> tuple[SamplerOutput, list[Sequence], Failures]:
+        """One token per surviving sequence, those sequences, and the failures."""
+        sampled = _attempt(lambda s: self.sampler(logits, s, self.eos_token_ids), seqs)
+        if isinstance(sampled, Exception):
+            return self._isolate_sampling(logits, seqs, sampled)
+        return sampled, seqs, {}
+
+    def _isolate_sampling(
+        self, logits: torch.Tensor, seqs: list[Sequence], exc: Exception
+    ) -> tuple[SamplerOutput, list[Sequence], Failures]:
+        """Samples the failed batch again in halves, down to single rows, keeping every part that succeeds.
+
+        A row's token does not depend on the other rows (a seeded row draws its own noise, shaped [V]), so
+        greedy and seeded survivors get the tokens the whole batch would have given them; unseeded rows draw
+        fresh noise, as in any batch. NOTE: a seeded row keeps its noise only if the failed attempts raised
+        before the draw, as every per-request failure that validation lets through does (after the draw
+        only the logprobs top-n remains, bounded by the vocabulary in make_sequence).
+        """
+        def sample(rows: list[int]) -> SamplerOutput:
+            return self.sampler(logits[rows], [seqs[r] for r in rows], self.eos_token_ids)
+
+        parts, failed = _isolate_failures(sample, list(range(len(seqs))), exc)
+        kept = [seqs[r] for rows, _ in parts for r in rows]
+        tokens = [t for _, out in parts for t in out.token_ids]
+        logprobs = [lp for _, out in parts for lp in out.logprobs]
+        return SamplerOutput(tokens, logprobs), kept, {seqs[r]: e for r, e in failed.items()}
+
+    def _fail(self, failures: Failures) -> list[RequestOutput]:
+        """Aborts requests that failed alone; returns their final outputs and lists them in last_failures."""
+        outputs = []
+        for seq, cause in failures.items():
+            log.error("request %s failed in an engine step; aborted", seq.request_id, exc_info=cause)
             self.scheduler.finish(seq, "abort")
-        self.totals.failed_requests += len(seqs)
+            error = StepError([seq.request_id], cause)
+            error.__cause__ = cause
+            self.last_failures.append(error)
+            outputs.append(_to_output(seq, num_new_tokens=0))
+        self.totals.failed_requests += len(failures)
+        return outputs
 
     def _append_token(self, seq: Sequence, token: int, logprobs: dict[int, float] | None, now: float) -> None:
         seq.output_token_ids.append(token)
@@ -190,6 +271,13 @@ class LLMEngine:
         return None
 
     # --- validation ----------------------------------------------------------------------------------
+
+    def _check_vocab_bounds(self, params: SamplingParams) -> None:
+        """What SamplingParams cannot check without the model: the sampler's top-n needs n <= vocab size."""
+        if params.logprobs is not None and params.logprobs > self.vocab_size:
+            raise ValueError(
+                f"logprobs must be at most the vocabulary size ({self.vocab_size}), got {params.logprobs}"
+            )
 
     def _prompt_token_ids(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -248,6 +336,39 @@ class LLMEngine:
             last_step=self.last_step,
             totals=self.totals,
         )
+
+
+def _isolate_failures(
+    run: Callable[[list[int]], T], items: list[int], error: Exception
+) -> tuple[list[tuple[list[int], T]], dict[int, Exception]]:
+    """`run(items)` raised `error`: runs each half again, recursively, until every failure is one item.
+
+    Returns the calls that succeeded as (items, result), in item order, and what each item raised alone.
+    Retries: about 2 log2(n) per culprit; 2n - 2 when every item fails (a broken device fails them all).
+    """
+    if len(items) == 1:
+        return [], {items[0]: error}
+    parts: list[tuple[list[int], T]] = []
+    failed: dict[int, Exception] = {}
+    mid = len(items) // 2
+    for half in (items[:mid], items[mid:]):
+        result = _attempt(run, half)
+        if isinstance(result, Exception):
+            half_parts, half_failed = _isolate_failures(run, half, result)
+            parts += half_parts
+            failed |= half_failed
+        else:
+            parts.append((half, result))
+    return parts, failed
+
+
+def _attempt(run: Callable[[list[X]], T], items: list[X]) -> T | Exception:
+    """run(items), or what it raised: returned, not handled in an except block, so the retries' exceptions
+    are not chained to (and do not keep alive) the one before."""
+    try:
+        return run(items)
+    except Exception as exc:
+        return exc
 
 
 def _is_token_id(value: object, vocab_size: int) -> bool:

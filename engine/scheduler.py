@@ -174,7 +174,8 @@ class Scheduler:
             out.num_decode_tokens += 1
         else:
             out.num_prefill_tokens += n
-        # NOTE: counted as computed when scheduled; a failed step aborts these requests anyway.
+        # NOTE: counted as computed when scheduled; a failed step re-runs these chunks (LLMEngine isolates
+        # the failure), and writing a chunk's K/V again into the same slots is idempotent.
         seq.num_computed_tokens = end
         out.chunks.append(chunk)
         out.seqs.append(seq)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from fake_runner import FailingRunner, FakeRunner, reference
+from poison_runner import PoisonRunner
 
 from engine import EngineConfig, EngineHost, LLMEngine, RequestOutput, SamplingParams
 from engine.config import RequestClassConfig
@@ -17,6 +18,7 @@ from engine.sequence import Sequence
 from engine.tokenizer import Tokenizer
 
 VOCAB = 64
+MARKER = 60  # the first prompt token of a request PoisonRunner fails
 
 
 @pytest.fixture(scope="module")
@@ -88,20 +90,49 @@ def test_cancel_aborts_frees_blocks_and_resolves_with_abort(tokenizer) -> None:
     host.shutdown()
 
 
-def test_exception_in_step_fails_those_futures_and_the_host_keeps_serving(tokenizer) -> None:
+def test_a_transient_step_failure_is_retried_and_fails_no_future(tokenizer) -> None:
     host = make_host(tokenizer, FailingRunner(fail_on={1}, num_kv_blocks=32, vocab_size=VOCAB))
     gate = threading.Event()
     first = host.submit("a", [5, 6], greedy(5), on_update=lambda _: gate.wait(5))
     second = host.submit("b", [7, 8], greedy(5))
     gate.set()
-    with pytest.raises(RuntimeError, match="injected"):
-        first.result(timeout=30)
-    with pytest.raises(RuntimeError, match="injected"):
-        second.result(timeout=30)
+    assert first.result(timeout=30).token_ids == reference([5, 6], 5, VOCAB)
+    assert second.result(timeout=30).token_ids == reference([7, 8], 5, VOCAB)
+    assert host.stats()["totals"]["failed_requests"] == 0
+    host.shutdown()
+
+
+def test_a_failing_request_fails_only_its_future_and_the_host_keeps_serving(tokenizer) -> None:
+    host = make_host(tokenizer, PoisonRunner(MARKER, fail_from=4, num_kv_blocks=32, vocab_size=VOCAB))
+    updates: list[RequestOutput] = []
+    gate = threading.Event()
+    first = host.submit("a", [5, 6], greedy(8), on_update=lambda _: gate.wait(5))
+    poison = host.submit("poison", [MARKER, 6], greedy(8), on_update=updates.append)
+    second = host.submit("b", [7, 8], greedy(8))
+    gate.set()
+    with pytest.raises(RuntimeError, match="poisoned forward"):
+        poison.result(timeout=30)
+    assert first.result(timeout=30).token_ids == reference([5, 6], 8, VOCAB)
+    assert second.result(timeout=30).token_ids == reference([7, 8], 8, VOCAB)
+    assert [len(u.token_ids) for u in updates] == [1, 2], "streamed until it failed; no abort update"
+    assert host.stats()["totals"]["failed_requests"] == 1
     assert host.engine.block_manager.num_free_blocks == 32
+    host.shutdown()
+
+
+def test_a_broken_device_fails_every_future_and_the_host_serves_once_it_recovers(tokenizer) -> None:
+    runner = PoisonRunner(MARKER, num_kv_blocks=32, vocab_size=VOCAB)
+    runner.broken = True
+    host = make_host(tokenizer, runner)
+    futures = [host.submit(f"r{i}", [5 + i, 6], greedy(5)) for i in range(3)]
+    for future in futures:
+        with pytest.raises(RuntimeError, match="poisoned forward"):
+            future.result(timeout=30)
+    assert host.engine.block_manager.num_free_blocks == 32
+    runner.broken = False
     later = host.submit("c", [9, 10], greedy(4)).result(timeout=30)
     assert later.token_ids == reference([9, 10], 4, VOCAB)
-    assert host.stats()["totals"]["failed_requests"] == 2
+    assert host.stats()["totals"]["failed_requests"] == 3
     host.shutdown()
 
 
