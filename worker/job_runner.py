@@ -215,9 +215,9 @@ class JobRunner:
         transition is a conditional UPDATE, so a retry after a commit whose answer was lost is a no-op).
         Only a shutdown that cannot wait any longer gives up; the job then stays `running` under this
         worker, whose heartbeat stops, and another worker's reconciler requeues it."""
+        backoff = wait_exponential(multiplier=STORE_RETRY_FIRST_WAIT_S, max=STORE_RETRY_MAX_WAIT_S)
         retrying = Retrying(retry=retry_if_exception_type(OperationalError),
-                            stop=lambda _: self._abandon_writes.is_set(),
-                            wait=wait_exponential(multiplier=STORE_RETRY_FIRST_WAIT_S, max=STORE_RETRY_MAX_WAIT_S),
+                            stop=lambda _: self._abandon_writes.is_set(), wait=backoff,
                             before_sleep=_log_store_retry, reraise=True)
         for attempt in retrying:
             with attempt, self._sessions() as session:
