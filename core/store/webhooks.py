@@ -9,8 +9,9 @@ stores the attempt and the next schedule, conditional on the attempt number it c
 from __future__ import annotations
 
 import uuid
+from collections.abc import Collection
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
@@ -150,14 +151,23 @@ def add_delivery(session: Session, *, tenant_id: str, subscription_id: str | Non
     return delivery
 
 
-def due(session: Session, now: datetime, limit: int) -> list[tuple[str, int]]:
-    """(delivery id, attempts so far) of pending deliveries due at `now`, oldest due first."""
+class Due(NamedTuple):
+    id: str
+    attempts: int   # attempts so far: the claim is conditional on it
+    url: str
+
+
+def due(session: Session, now: datetime, limit: int, exclude_urls: Collection[str] = ()) -> list[Due]:
+    """Pending deliveries due at `now`, oldest due first, leaving out those to `exclude_urls` (receivers the
+    caller is already busy with, so their backlog cannot fill `limit` and starve the others)."""
     query = (
-        select(Delivery.id, Delivery.attempts)
+        select(Delivery.id, Delivery.attempts, Delivery.url)
         .where(Delivery.status == DELIVERY_PENDING, Delivery.next_attempt_at <= now)
-        .order_by(Delivery.next_attempt_at).limit(limit)
+        .order_by(Delivery.next_attempt_at, Delivery.id).limit(limit)
     )
-    return [(delivery_id, attempts) for delivery_id, attempts in session.execute(query)]
+    if exclude_urls:
+        query = query.where(Delivery.url.not_in(list(exclude_urls)))
+    return [Due(delivery_id, attempts, url) for delivery_id, attempts, url in session.execute(query)]
 
 
 def claim(session: Session, delivery_id: str, attempts: int, now: datetime,

@@ -2,10 +2,11 @@
 
 Outcomes: `delivered` (2xx); `retry` (5xx, 429, timeout, connection error; `next_attempt_at` set);
 `disabled` (410 Gone: the subscription must be disabled); `failed` (any other status, redirects included,
-a refused target, or a retryable error after the last scheduled attempt). `timeout_s` bounds each httpx
-phase (connect, write, each read) and the body: a body still arriving `timeout_s` after the start is a
-timeout. The body is read only up to RESPONSE_EXCERPT_BYTES, so a huge answer costs nothing.
-Secrets are used only to sign; they never reach the result, an error message or a log line.
+a refused target, a payload that cannot be encoded as JSON, or a retryable error after the last scheduled
+attempt). `timeout_s` bounds each httpx phase (connect, write, each read) and the body: a body still
+arriving `timeout_s` after the start is a timeout. The body is read only up to RESPONSE_EXCERPT_BYTES, so a
+huge answer costs nothing. Secrets are used only to sign; they never reach the result, an error message or a
+log line.
 """
 
 from __future__ import annotations
@@ -42,7 +43,13 @@ def deliver(target_url: str, event_id: str, payload: dict[str, Any], secrets: Se
             timeout_s: float = DEFAULT_TIMEOUT_S,
             clock: Callable[[], float] = time.monotonic) -> AttemptResult:
     """Send attempt `attempt` of event `event_id` (the body is `payload`, the event, as compact JSON)."""
-    body = encode_event(payload)
+    try:
+        body = encode_event(payload)
+    except (TypeError, ValueError) as exc:   # e.g. a lone surrogate: no later attempt can send these bytes
+        log.warning("webhook %s attempt %d: payload cannot be encoded as JSON (%s)", event_id, attempt,
+                    type(exc).__name__)
+        return _result(event_id, attempt, now, "failed", None, 0.0,
+                       f"payload cannot be encoded as JSON: {exc}", None, None)
     headers = signature_headers(event_id, int(now.timestamp()), body, secrets)
     headers |= {"content-type": "application/json", "user-agent": USER_AGENT}
     started = clock()
@@ -72,6 +79,18 @@ def deliver(target_url: str, event_id: str, payload: dict[str, Any], secrets: Se
     log.info("webhook %s attempt %d to %s: %s (%s)", event_id, attempt, _redact(target_url), outcome,
              status if status is not None else error)
     return _result(event_id, attempt, now, outcome, status, duration, error, excerpt, next_at)
+
+
+def unexpected_error(event_id: str, attempt: int, *, now: datetime, error: Exception,
+                     rng: random.Random | None = None) -> AttemptResult:
+    """The record of an attempt that raised where no failure was expected (a bug, a store hiccup while
+    signing). It may pass, so it follows the retry schedule like a 5xx; the schedule bounds it."""
+    text = f"unexpected error: {type(error).__name__}: {error}"
+    next_at = next_attempt_at(attempt, now=now, rng=rng or random.Random())
+    if next_at is None:
+        return _result(event_id, attempt, now, "failed", None, 0.0,
+                       f"{text}; retries exhausted after attempt {attempt}", None, None)
+    return _result(event_id, attempt, now, "retry", None, 0.0, text, None, next_at)
 
 
 def _classify(status: int) -> Outcome:
@@ -104,5 +123,11 @@ def _result(event_id: str, attempt: int, at: datetime, outcome: Outcome, status:
             error: str | None, excerpt: str | None, next_at: datetime | None) -> AttemptResult:
     return AttemptResult(event_id=event_id, attempt=attempt, attempted_at=at, outcome=outcome,
                          status_code=status, duration_s=duration,
-                         error=error[:ERROR_TEXT_CHARS] if error else None,
+                         error=_storable(error[:ERROR_TEXT_CHARS]) if error else None,
                          response_excerpt=excerpt, next_attempt_at=next_at)
+
+
+def _storable(text: str) -> str:
+    """The text with lone surrogates escaped: an exception's message may quote the payload that held them,
+    and the store (UTF-8) refuses them."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")

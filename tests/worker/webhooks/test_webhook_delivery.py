@@ -153,3 +153,13 @@ def test_secrets_and_query_tokens_never_reach_the_log(
     ours = "\n".join(r.getMessage() for r in caplog.records if r.name.startswith("worker.webhooks"))
     assert "msg_12" in ours
     assert secret not in caplog.text and secret not in ours and "receiver-token" not in ours
+
+
+def test_a_payload_that_cannot_be_encoded_fails_without_sending(
+        receiver: Receiver, loopback_client: httpx.Client, secret: str) -> None:
+    event = build_event("job.succeeded", {"id": "job_1", "metadata": {"custom_id": "\udfff"}}, _now())
+    result = deliver(receiver.url, "msg_13", event, [secret], client=loopback_client, now=_now())
+    assert (result.outcome, result.status_code, result.next_attempt_at) == ("failed", None, None)
+    assert result.error is not None and result.error.startswith("payload cannot be encoded as JSON: ")
+    result.error.encode()   # storable: the lone surrogate is quoted as an escape
+    assert receiver.received == []

@@ -111,8 +111,8 @@ def test_an_attempt_is_claimed_by_one_sender_only(
     now = utcnow()
     webhook_service.succeed(job_id, now)
     with webhook_service.sessions() as one, webhook_service.sessions() as two:
-        [(delivery_id, attempts)] = webhooks.due(one, now, 10)
-        assert webhooks.due(two, now, 10) == [(delivery_id, attempts)]
+        [(delivery_id, attempts, url)] = webhooks.due(one, now, 10)
+        assert webhooks.due(two, now, 10) == [(delivery_id, attempts, url)] and url == receiver.url
         lease = now.replace(year=now.year + 1)
         assert webhooks.claim(one, delivery_id, attempts, now, lease) is not None
         assert webhooks.claim(two, delivery_id, attempts, now, lease) is None
