@@ -6,8 +6,9 @@ as one conditional UPDATE (core/store/jobs.py), so a late or duplicate message c
 or revive a cancelled one.
 
 Batch (OpenAI's statuses): `validating -> in_progress -> finalizing -> completed | failed | expired`, and
-`validating | in_progress -> cancelling -> cancelled`. A line is `queued` while its job is queued or running,
-then takes its job's outcome.
+`validating | in_progress -> cancelling -> cancelled`; a batch whose rounds keep failing is given up on and
+ends `failed` from any open status, `cancelling` included (core/store/batches.give_up). A line is `queued`
+while its job is queued or running, then takes its job's outcome.
 """
 
 from __future__ import annotations

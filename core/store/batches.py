@@ -5,7 +5,9 @@ A batch runner (worker/batches/runner.py) holding a batch's lease reads its inpu
 one queued job per valid line, and the new read position; the commit is fenced by the lease and the expected
 position, so a runner that lost its lease can never insert a chunk twice. Job outcomes reach the lines and
 the batch counters through core/store/batch_outcomes.py, called by finished.record_finished in the job
-transition's own transaction: each job is counted exactly once.
+transition's own transaction: each job is counted exactly once. A round that fails backs the batch off
+(`record_failure`: the count, the next attempt's time, the cause) until `claimable` offers it again; after too
+many, `give_up` sets it to end `failed` from whatever open status it is in.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import ColumnElement, case, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from core.lifecycle import (
@@ -125,19 +127,27 @@ def cancel_active_jobs(session: Session, batch_id: str, now: datetime) -> list[s
 # --- the runner's lease -----------------------------------------------------------------------------
 
 
-def claimable(session: Session, owner: str, now: datetime, limit: int) -> list[str]:
-    """Open batches whose lease is free, expired or already ours, oldest first."""
+def _free_and_due(owner: str, now: datetime) -> ColumnElement[bool]:
+    """The lease is free, expired or already ours, and no backoff holds the batch back."""
     free = or_(Batch.lease_owner.is_(None), Batch.lease_expires_at < now, Batch.lease_owner == owner)
-    query = (select(Batch.id).where(Batch.status.in_(OPEN_BATCH_STATUSES), free)
+    due = or_(Batch.next_attempt_at.is_(None), Batch.next_attempt_at <= now)
+    return free & due
+
+
+def claimable(session: Session, owner: str, now: datetime, limit: int) -> list[str]:
+    """Open batches whose lease is free, expired or already ours and that are not backing off, oldest first
+    (so batches waiting out a backoff never crowd out the others)."""
+    query = (select(Batch.id).where(Batch.status.in_(OPEN_BATCH_STATUSES), _free_and_due(owner, now))
              .order_by(Batch.created_at).limit(limit))
     return list(session.execute(query).scalars())
 
 
 def take_lease(session: Session, batch_id: str, owner: str, now: datetime, lease_s: float) -> bool:
-    """Takes or renews the lease (free, expired, or ours); validating -> in_progress on first take."""
-    free = or_(Batch.lease_owner.is_(None), Batch.lease_expires_at < now, Batch.lease_owner == owner)
+    """Takes or renews the lease (free, expired, or ours; not backing off); validating -> in_progress on
+    first take."""
     result = session.execute(
-        update(Batch).where(Batch.id == batch_id, Batch.status.in_(OPEN_BATCH_STATUSES), free)
+        update(Batch).where(Batch.id == batch_id, Batch.status.in_(OPEN_BATCH_STATUSES),
+                            _free_and_due(owner, now))
         .values(lease_owner=owner, lease_expires_at=now + timedelta(seconds=lease_s), updated_at=now)
         .execution_options(synchronize_session=False)
     )
@@ -157,6 +167,57 @@ def release_lease(session: Session, batch_id: str, owner: str) -> None:
         .values(lease_owner=None, lease_expires_at=None).execution_options(synchronize_session=False)
     )
     session.commit()
+
+
+# --- failed rounds ----------------------------------------------------------------------------------
+
+
+def record_failure(session: Session, batch_id: str, owner: str, now: datetime, *, failures: int,
+                   retry_at: datetime, cause: str) -> bool:
+    """Stores a failed round of a batch this runner holds: `failures` in a row, no new round before
+    `retry_at`. The lease is released, so whichever runner is free then, in any process, takes it. False
+    when the lease was lost. Commits."""
+    result = session.execute(
+        update(Batch).where(Batch.id == batch_id, Batch.lease_owner == owner,
+                            Batch.status.in_(OPEN_BATCH_STATUSES))
+        .values(failure_count=failures, next_attempt_at=retry_at, last_failure=cause, lease_owner=None,
+                lease_expires_at=None, updated_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    session.commit()
+    return result.rowcount == 1  # type: ignore[attr-defined,no-any-return]
+
+
+def clear_failures(session: Session, batch_id: str) -> None:
+    """A round went through: the failures before it no longer count. Commits."""
+    session.execute(
+        update(Batch).where(Batch.id == batch_id, Batch.failure_count > 0)
+        .values(failure_count=0, next_attempt_at=None, last_failure=None)
+        .execution_options(synchronize_session=False)
+    )
+    session.commit()
+
+
+def give_up(session: Session, batch_id: str, owner: str, errors: list[dict[str, Any]],
+            now: datetime) -> Batch | None:
+    """Any open batch this runner holds is set to end `failed` with `errors`: its active jobs are cancelled,
+    validating|in_progress -> finalizing, finalizing and cancelling stay until `finish` closes them. None
+    (nothing changed) when the lease was lost. Commits."""
+    cancel_active_jobs(session, batch_id, now)
+    reading = Batch.status.in_((VALIDATING, IN_PROGRESS))
+    result = session.execute(
+        update(Batch).where(Batch.id == batch_id, Batch.lease_owner == owner,
+                            Batch.status.in_(OPEN_BATCH_STATUSES))
+        .values(status=case((reading, FINALIZING), else_=Batch.status),
+                finalizing_at=case((reading, now), else_=Batch.finalizing_at),
+                stop_reason=STOP_FAILED, errors=errors, next_attempt_at=None, updated_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    if result.rowcount != 1:  # type: ignore[attr-defined]
+        session.rollback()
+        return None
+    session.commit()
+    return get(session, batch_id)
 
 
 # --- reading the input ------------------------------------------------------------------------------
@@ -241,22 +302,28 @@ def lines_in_order(session: Session, batch_id: str, yield_per: int = 500,
 
 
 def final_status(batch: Batch) -> str:
+    """A batch given up on is `failed` even while cancelling: its cancel could not be carried out."""
+    if batch.stop_reason == STOP_FAILED:
+        return BATCH_FAILED
     if batch.status == CANCELLING:
         return BATCH_CANCELLED
-    return {STOP_FAILED: BATCH_FAILED, STOP_EXPIRED: BATCH_EXPIRED}.get(batch.stop_reason or "", COMPLETED)
+    return BATCH_EXPIRED if batch.stop_reason == STOP_EXPIRED else COMPLETED
 
 
 def finish(session: Session, batch_id: str, owner: str, now: datetime, *, status: str, unread: int,
-           outputs: dict[str, str], output_file_id: str | None, error_file_id: str | None) -> Batch | None:
+           outputs: dict[str, str] | None, output_file_id: str | None, error_file_id: str | None,
+           errors: list[dict[str, Any]] | None = None) -> Batch | None:
     """finalizing|cancelling -> its final status, with the outputs written and the lines never read counted
-    as cancelled. No commit: the caller adds the files and the webhook event to this transaction. None when
-    the lease was lost."""
+    as cancelled; `errors`, when given, replace the batch's. No commit: the caller adds the files and the
+    webhook event to this transaction. None when the lease was lost."""
+    extra: dict[str, Any] = {} if errors is None else {"errors": errors}
     result = session.execute(
         update(Batch).where(Batch.id == batch_id, Batch.lease_owner == owner,
                             Batch.status.in_((FINALIZING, CANCELLING)))
         .values(status=status, total=Batch.total + unread, cancelled=Batch.cancelled + unread,
                 outputs=outputs, output_file_id=output_file_id, error_file_id=error_file_id,
-                finished_at=now, updated_at=now, lease_owner=None, lease_expires_at=None, read_done=True)
+                finished_at=now, updated_at=now, lease_owner=None, lease_expires_at=None, read_done=True,
+                **extra)
         .execution_options(synchronize_session=False)
     )
     if result.rowcount != 1:  # type: ignore[attr-defined]

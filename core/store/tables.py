@@ -159,6 +159,11 @@ class Batch(Base):
     read_done: Mapped[bool] = mapped_column(Boolean, default=False)
     lease_owner: Mapped[str | None] = mapped_column(String(128), nullable=True)
     lease_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # Rounds that failed in a row (reset by one that does not), when the next may start, and why the last
+    # failed: in the row, so the backoff holds across runners and restarts (worker/batches/runner.py).
+    failure_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    next_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    last_failure: Mapped[str | None] = mapped_column(Text, nullable=True)
     output_file_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
     error_file_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
     outputs: Mapped[dict[str, str] | None] = mapped_column(JSON, nullable=True)  # results/errors/manifest

@@ -8,7 +8,10 @@ Two output kinds, chosen per batch:
 - OpenAI-style batches (no `output`; the input was an uploaded file): as OpenAI does, the output file holds
   only the successful lines and the error file the others; both become files (`output_file_id`,
   `error_file_id`, purpose `batch_output`), registered only when they have lines.
-The batch's final status, its files and its `batch.*` webhook event commit in one transaction.
+The batch's final status, its files and its `batch.*` webhook event commit in one transaction. A storage
+error while writing (S3 refusing, credentials missing, a full disk) is raised as OutputWriteError naming the
+location and the cause, for the runner's backoff and, in the end, the batch's error; `close_failed` closes a
+batch given up on without outputs.
 """
 
 from __future__ import annotations
@@ -59,8 +62,29 @@ RENEW_EVERY_LINES = 2000  # a long write renews the lease this often
 _EVENTS = {COMPLETED: "batch.completed", BATCH_FAILED: "batch.failed", BATCH_CANCELLED: "batch.cancelled"}
 
 
+_STORAGE_ERRORS = (ClientError, BotoCoreError, OSError)
+
+
 class LeaseLostError(RuntimeError):
     """Another runner took the batch over while its outputs were being written."""
+
+
+class OutputWriteError(RuntimeError):
+    """The outputs could not be written where they go; the message names the place and the cause only (an
+    S3 error's code, an exception's class), never credentials or request details."""
+
+    def __init__(self, where: str, cause: str) -> None:
+        super().__init__(f"could not write outputs to {where}: {cause}")
+        self.where, self.cause = where, cause
+
+
+def describe_error(error: BaseException) -> str:
+    """A short, safe name for a failure: S3's error code (NoSuchBucket, AccessDenied, ...) or the class."""
+    if isinstance(error, OutputWriteError):
+        return str(error)
+    if isinstance(error, ClientError):
+        return str(error.response.get("Error", {}).get("Code") or type(error).__name__)
+    return type(error).__name__
 
 
 @dataclass
@@ -102,7 +126,7 @@ class BatchFinalizer:
                                  created_at=_ts(batch.created_at), started_at=_ts(batch.in_progress_at))
         outcome = _Outcome(manifest)
         outputs: dict[str, str] = {}
-        new_files: list[File] = []
+        new_files: list[File | None] = []
         try:
             if batch.output_url is not None:
                 outputs = self._write_s3(batch, outcome)
@@ -111,7 +135,15 @@ class BatchFinalizer:
         except LeaseLostError:
             log.warning("batch %s: lease lost while writing outputs; the new holder writes them", batch.id)
             return None
+        except _STORAGE_ERRORS as exc:
+            where = batch.output_url or "the file store"
+            raise OutputWriteError(where, describe_error(exc)) from exc
         return self._close(batch, status, outcome, outputs, new_files)
+
+    def close_failed(self, batch: Batch, errors: list[dict[str, Any]]) -> str | None:
+        """Closes a batch given up on as `failed` with `errors` and no outputs (they could not be written)."""
+        manifest = BatchManifest(batch.id, batch.input_url, batch.output_url or "files", status=BATCH_FAILED)
+        return self._close(batch, BATCH_FAILED, _Outcome(manifest), {}, [], errors=errors)
 
     # --- output kinds -----------------------------------------------------------------------------
 
@@ -228,14 +260,14 @@ class BatchFinalizer:
     # --- closing ----------------------------------------------------------------------------------
 
     def _close(self, batch: Batch, status: str, outcome: _Outcome, outputs: dict[str, str],
-               new_files: list[File | None]) -> str | None:
+               new_files: list[File | None], errors: list[dict[str, Any]] | None = None) -> str | None:
         now = utcnow()
         output_file, error_file = new_files if new_files else (None, None)
         with self._sessions() as session:
             closed = batches.finish(session, batch.id, self._owner, now, status=status, unread=outcome.unread,
                                     outputs=outputs or None,
                                     output_file_id=output_file.id if output_file else None,
-                                    error_file_id=error_file.id if error_file else None)
+                                    error_file_id=error_file.id if error_file else None, errors=errors)
             if closed is None:
                 log.warning("batch %s: lease lost before closing; outputs are rewritten by the new holder",
                             batch.id)

@@ -10,6 +10,14 @@ worker's batches pass to another runner) and, per batch, does one step:
 - finalizing or cancelling: write the outputs and close the batch (worker/batches/finalize.py).
 A runner that resumes a batch reopens the input at the committed position (one ranged GET on S3) and rebuilds
 the custom_id set from the committed lines, so no finished line is redone or duplicated.
+
+A round that raises (S3 refusing the outputs, missing credentials, the store failing) backs its batch off:
+the failures in a row and the time of the next attempt go into the batch row (BatchBackoff: 1 s doubling to
+60 s), so every runner in every process waits it out, across restarts too, and the other batches carry on.
+A round that goes through resets the count. After `max_failures` in a row (8, about two minutes) the batch
+is given up on from whatever open status it is in, `cancelling` included: it ends `failed` with an error
+naming the cause, and with the outputs of the lines that finished when those can still be written (not when
+writing them is what failed).
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -39,7 +47,7 @@ from core.settings import Settings
 from core.store import batches
 from core.store.jobs import new_job_id
 from core.store.tables import Batch, BatchLine, Job
-from worker.batches.finalize import BatchFinalizer
+from worker.batches.finalize import BatchFinalizer, OutputWriteError, describe_error
 from worker.batches.lines import BatchRequest, CustomIdSet, LineError, LineLimits, parse_line
 from worker.batches.prompt_length import ChatTokenizer, prompt_token_counter
 from worker.batches.reader import LineStream, ReadPosition
@@ -51,6 +59,20 @@ CHUNK_LINES = 500  # lines committed per transaction at most
 MAX_BATCHES = 8  # batches one runner drives at once
 STOP_WAIT_S = 10.0  # how long stop() waits for a round in progress
 IDLE_S = 0.25  # the pause after a round that moved nothing (a full window refills at most this late)
+
+
+@dataclass(frozen=True)
+class BatchBackoff:
+    """How a batch whose rounds keep failing waits, and when it is given up on."""
+
+    first_delay_s: float = 1.0  # after the first failure; doubled after each further one
+    max_delay_s: float = 60.0
+    max_failures: int = 8  # in a row; the batch ends failed at this one (after ~2 min with the defaults)
+
+    def delay(self, failures: int) -> timedelta:
+        """The wait after `failures` failed rounds in a row (failures >= 1)."""
+        doublings = min(failures - 1, 32)  # past the cap long before; bounded so the float never overflows
+        return timedelta(seconds=min(self.first_delay_s * 2**doublings, self.max_delay_s))
 
 
 @dataclass
@@ -65,10 +87,11 @@ class _OpenInput:
 class BatchRunner:
     def __init__(self, sessions: sessionmaker[Session], settings: Settings, publish: Publish, owner: str, *,
                  tokenizer: ChatTokenizer | None, s3: Any, model_name: str, chunk_lines: int = CHUNK_LINES,
-                 interval_s: float | None = None) -> None:
+                 interval_s: float | None = None, backoff: BatchBackoff | None = None) -> None:
         self.owner = owner
         self._sessions, self._settings, self._publish = sessions, settings, publish
         self._tokenizer, self._s3, self._chunk_lines = tokenizer, s3, chunk_lines
+        self._backoff = backoff or BatchBackoff()
         self._interval_s = min(settings.reconcile_interval_s, IDLE_S) if interval_s is None else interval_s
         self._finalizer = BatchFinalizer(sessions, settings, owner, s3, model_name)
         self._inputs: dict[str, _OpenInput] = {}
@@ -98,12 +121,19 @@ class BatchRunner:
                                           self._settings.worker_dead_after_s):
                     self._drop_input(batch_id)
                     continue
-            try:
-                moved = self._step(batch_id) or moved
-            except Exception:  # one batch's trouble (S3, store) must not stall the others; retried next round
-                log.exception("batch %s: round failed", batch_id)
-                self._drop_input(batch_id)
+            moved = self._round(batch_id) or moved
         return moved
+
+    def _round(self, batch_id: str) -> bool:
+        try:
+            return self._step(batch_id)
+        except Exception as exc:  # one batch's trouble (S3, store) must not stall the others: it backs off
+            self._drop_input(batch_id)
+            try:
+                self._failed(batch_id, exc)
+            except Exception:  # the store is down too: the next round finds out again
+                log.exception("batch %s: round failed, and so did recording it", batch_id)
+            return False
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -125,6 +155,14 @@ class BatchRunner:
             if batch.status == CANCELLING:
                 batches.cancel_active_jobs(session, batch_id, utcnow())  # jobs added while cancel ran
                 session.commit()
+        moved = self._advance(batch)
+        if batch.failure_count:  # this round went through: the failures before it no longer count
+            with self._sessions() as session:
+                batches.clear_failures(session, batch_id)
+        return moved
+
+    def _advance(self, batch: Batch) -> bool:
+        batch_id = batch.id
         if batch.status in (CANCELLING, FINALIZING):
             self._drop_input(batch_id)
             return self._finalizer.finalize(batch) is not None
@@ -137,6 +175,45 @@ class BatchRunner:
             return self._read_chunk(batch, now)
         with self._sessions() as session:
             return batches.start_finalizing(session, batch_id, self.owner, now)
+
+    # --- failed rounds ----------------------------------------------------------------------------
+
+    def _failed(self, batch_id: str, error: Exception) -> None:
+        """Backs the batch off after a failed round, or gives it up once the failures reach the limit."""
+        with self._sessions() as session:
+            batch = batches.get(session, batch_id)
+        if batch is None or batch.lease_owner != self.owner:
+            return  # gone, or another runner holds it now and counts its own rounds
+        failures = batch.failure_count + 1
+        cause = describe_error(error)
+        if failures >= self._backoff.max_failures:
+            log.error("batch %s: round failed (%s), %d in a row; giving up", batch_id, cause, failures,
+                      exc_info=error)
+            self._give_up(batch, error, failures)
+            return
+        delay = self._backoff.delay(failures)
+        log.warning("batch %s: round failed (%s), %d in a row; next attempt in %.1f s", batch_id, cause,
+                    failures, delay.total_seconds(), exc_info=error)
+        now = utcnow()
+        with self._sessions() as session:
+            batches.record_failure(session, batch_id, self.owner, now, failures=failures,
+                                   retry_at=now + delay, cause=cause)
+
+    def _give_up(self, batch: Batch, error: Exception, failures: int) -> None:
+        """Ends the batch `failed`, with the outputs of what finished unless writing them is what failed."""
+        errors = [*(batch.errors or []), _give_up_error(error, failures)]
+        with self._sessions() as session:
+            closing = batches.give_up(session, batch.id, self.owner, errors, utcnow())
+        if closing is None:
+            return  # the lease was lost: the new holder counts its own failures
+        if not isinstance(error, OutputWriteError):
+            try:
+                self._finalizer.finalize(closing)
+                return
+            except Exception as exc:  # the outputs cannot be written either: close without them
+                log.warning("batch %s: outputs not written (%s)", batch.id, describe_error(exc))
+                errors.append(_give_up_error(exc, None))
+        self._finalizer.close_failed(closing, errors)
 
     def _stop_early(self, batch: Batch, reason: str, errors: list[dict[str, Any]] | None) -> bool:
         self._drop_input(batch.id)
@@ -244,6 +321,16 @@ def _failed_line(batch_id: str, parsed: BatchRequest | LineError, seen: CustomId
     error = {"code": parsed.code, "message": parsed.message, "custom_id": parsed.custom_id}
     return BatchLine(batch_id=batch_id, line=parsed.line, custom_id=parsed.custom_id if owns_id else None,
                      status=LINE_FAILED, error=error)
+
+
+def _give_up_error(error: Exception, failures: int | None) -> dict[str, Any]:
+    """The batch-level error of a batch given up on (`failures`: the failed rounds that led there, None for
+    the last try at writing its outputs)."""
+    suffix = "" if failures is None else f"; gave up after {failures} failed attempts in a row"
+    if isinstance(error, OutputWriteError):
+        return {"code": "output_unwritable", "message": f"{error}{suffix}", "line": None, "param": "output"}
+    message = f"the batch could not make progress: {describe_error(error)}{suffix}"
+    return {"code": "processing_failed", "message": message, "line": None, "param": None}
 
 
 def make_batch_runner(sessions: sessionmaker[Session], settings: Settings, publish: Publish, owner: str,

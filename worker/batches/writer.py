@@ -6,6 +6,7 @@ aborts its upload, so no partial object appears."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 from types import TracebackType
@@ -17,6 +18,8 @@ from worker.batches.manifest import BatchManifest
 MIN_PART_BYTES = 5 * 1024 * 1024
 DEFAULT_PART_BYTES = 8 * 1024 * 1024
 MAX_PARTS = 10_000
+
+log = logging.getLogger(__name__)
 
 RESULTS_NAME = "results.jsonl"
 ERRORS_NAME = "errors.jsonl"
@@ -63,11 +66,17 @@ class S3ObjectSink:
         return self._location.url
 
     def abort(self) -> None:
+        """Best effort: an abort runs because a write failed, and that failure (a missing bucket, missing
+        credentials) usually fails the abort too; it must not hide the error that led here."""
         self._buffer.clear()
-        if self._upload_id is not None:
+        upload_id, self._upload_id = self._upload_id, None
+        if upload_id is None:
+            return
+        try:
             self._client.abort_multipart_upload(Bucket=self._location.bucket, Key=self._location.key,
-                                                UploadId=self._upload_id)
-            self._upload_id = None
+                                                UploadId=upload_id)
+        except Exception as exc:  # the parts stay until the bucket's lifecycle rule removes them
+            log.warning("multipart upload to %s not aborted (%s)", self._location.url, type(exc).__name__)
 
     def _upload_part(self) -> None:
         target = {"Bucket": self._location.bucket, "Key": self._location.key}
@@ -113,7 +122,7 @@ class JsonlWriter:
         self.lines = 0
 
     def write(self, obj: dict[str, Any]) -> None:
-        self._sink.write(json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n")
+        self._sink.write(_json_line(obj))
         self.lines += 1
 
     def close(self) -> str:
@@ -131,6 +140,15 @@ class JsonlWriter:
             self.close()
         else:
             self.abort()
+
+
+def _json_line(obj: dict[str, Any]) -> bytes:
+    """One compact JSON line in UTF-8. A lone surrogate (a `custom_id` may carry one as a JSON escape) has no
+    UTF-8 form: that line keeps its escapes instead, still valid JSON, so one line cannot fail the output."""
+    try:
+        return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+    except UnicodeEncodeError:
+        return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
 
 
 class BatchOutputWriter:

@@ -20,6 +20,7 @@ from worker.batches.manifest import BatchManifest
 from worker.batches.writer import (
     MIN_PART_BYTES,
     JsonlWriter,
+    LocalFileSink,
     S3ObjectSink,
     open_local_output,
     open_s3_output,
@@ -124,9 +125,45 @@ def test_failure_aborts_the_upload_and_leaves_no_object(s3: Any, bucket: str) ->
     assert not _exists(s3, bucket, "out/results.jsonl")
 
 
+class _AbortRefused:
+    """An S3 client whose multipart aborts fail, as they do once the bucket or the credentials are gone."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    def abort_multipart_upload(self, **kwargs: Any) -> None:
+        raise ClientError({"Error": {"Code": "NoSuchBucket", "Message": "gone"}}, "AbortMultipartUpload")
+
+
+def test_a_failing_abort_does_not_hide_the_error_that_led_to_it(s3: Any, bucket: str) -> None:
+    location = S3Location(bucket, "out/results.jsonl")
+    sink = S3ObjectSink(_AbortRefused(s3), location, part_bytes=MIN_PART_BYTES)
+    with pytest.raises(RuntimeError, match="worker failed"), JsonlWriter(sink) as out:
+        for _ in range(6000):  # > 5 MiB: a multipart upload is under way
+            out.write({"line": "m" * 1000})
+        assert sink.parts_uploaded == 1
+        raise RuntimeError("worker failed")
+    sink.abort()  # nothing left to abort: a no-op
+    for upload in s3.list_multipart_uploads(Bucket=bucket).get("Uploads", []):  # tidy the bucket
+        s3.abort_multipart_upload(Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+
+
 def test_part_size_below_s3_minimum_is_refused(s3: Any) -> None:
     with pytest.raises(ValueError, match="part_bytes"):
         S3ObjectSink(s3, S3Location("any-bucket", "k"), part_bytes=1024)
+
+
+def test_a_line_with_a_lone_surrogate_keeps_its_escape(tmp_path: Path) -> None:
+    with JsonlWriter(LocalFileSink(tmp_path / "out.jsonl")) as out:
+        out.write({"custom_id": "\udfff", "text": "café"})
+        out.write({"custom_id": "ok", "text": "café"})
+    first, second = (tmp_path / "out.jsonl").read_bytes().splitlines()
+    assert first == b'{"custom_id":"\\udfff","text":"caf\\u00e9"}'  # JSON escapes, valid UTF-8
+    assert json.loads(first)["custom_id"] == "\udfff"
+    assert second == '{"custom_id":"ok","text":"café"}'.encode()
 
 
 def test_local_folder_output(tmp_path: Path) -> None:
