@@ -12,7 +12,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -65,6 +65,14 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(1 << 20, ge=1024)
     max_metadata_bytes: int = Field(4096, ge=2)
     retry_after_s: int = Field(2, ge=1, description="Retry-After sent with 429")
+    metrics_token: SecretStr | None = Field(
+        None,
+        description="bearer token /metrics requires when set; None: /metrics is open with auth off and "
+        "closed (401) with auth on, since the metrics are cluster-wide and a tenant's key must not read them",
+    )
+    docs_enabled: bool | None = Field(
+        None, description="serve /docs, /redoc and /openapi.json (unauthenticated); None: only with auth off"
+    )
 
     # Model and engine. Each engine field is the EngineConfig field of the same name, passed on only when
     # set (worker/model.py derives the EngineConfig): None means the engine's own default, documented once in
@@ -105,6 +113,9 @@ class Settings(BaseSettings):
     )
     webhook_rotation_window_s: float = Field(86400.0, gt=0, description="old secret stays valid this long")
     webhook_timeout_s: float = Field(15.0, gt=0)
+    webhook_concurrency: int = Field(
+        8, ge=1, description="receivers one worker sends to at once, each one delivery at a time"
+    )
 
     # S3 batches and uploaded files (credentials come from the standard AWS chain, never from here)
     s3_endpoint_url: str | None = Field(None, description="S3-compatible endpoint (MinIO, R2, ...)")
@@ -143,6 +154,16 @@ class Settings(BaseSettings):
                 raise ValueError(f"entries must be `bucket` or `bucket/prefix`, got {entry!r}")
         return normalised
 
+    @field_validator("metrics_token", mode="before")
+    @classmethod
+    def _empty_token_is_unset(cls, value: Any) -> Any:
+        """CONVEYOR_METRICS_TOKEN= (set but empty, as templated deployments often leave it) means no token,
+        never a token that an empty Authorization header would match."""
+        raw = value.get_secret_value() if isinstance(value, SecretStr) else value
+        if isinstance(raw, str) and not raw.strip():
+            return None
+        return value
+
     @field_validator("queues", mode="before")
     @classmethod
     def _merge_queue_defaults(cls, value: Any) -> Any:
@@ -161,6 +182,8 @@ class Settings(BaseSettings):
             self.database_url = f"sqlite:///{(self.data_dir / 'conveyor.db').resolve()}"
         if self.auth_enabled is None:
             self.auth_enabled = not is_loopback(self.host)
+        if self.docs_enabled is None:
+            self.docs_enabled = not self.auth_enabled
         if not self.queues:
             raise ValueError("queues: at least one queue is required")
         return self
