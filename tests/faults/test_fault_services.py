@@ -1,0 +1,136 @@
+"""Service faults: Redis killed and restarted empty, PostgreSQL stopped (20 s and 75 s), the API SIGKILLed.
+
+Each test runs a real `conveyor worker` on the suite's own PostgreSQL and Redis, submits steady traffic over
+HTTP through the shared `conveyor api`, injects the fault, and ends with the central assertion
+(fault_support.check_exactly_once): every accepted job reaches a final state once, for the right reason.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import httpx
+import pytest
+from fault_support import (
+    LONG_OUTPUT_TOKENS,
+    Stack,
+    Traffic,
+    check_exactly_once,
+    describe,
+    long_job,
+    short_job,
+    wait_generating,
+    wait_until,
+)
+
+pytestmark = pytest.mark.faults
+
+SETTLE_S = 90.0  # bound for every job to end once the fault is over: generous, the tests poll
+BACKLOG = 60  # jobs waiting in the broker when it dies
+REPUBLISH_WINDOW_S = 20.0  # how long after the broker restart lost messages may take to be published again
+
+
+def test_redis_killed_and_restarted_empty_lost_jobs_republished_under_traffic(
+    stack: Stack, redis_restart_empty: Callable[..., None],
+) -> None:
+    """A worker allowed one interactive job at a time is held by a long "blocker" job while steady traffic
+    (~10 jobs/s) piles up in the broker: 60+ jobs wait there. Redis dies with their messages and comes back
+    empty while the traffic goes on and the blocker still holds the slot, so the queue never looks empty: the
+    lost jobs must be published again all the same, before the queue drains, and every job ends once. None
+    may expire (ttl 300 s)."""
+    worker = stack.start_worker(QUEUES__INTERACTIVE__MAX_RUNNING="1")
+    traffic = stack.traffic(rate=10, prefix="redis",
+                            body=lambda i: short_job(f"redis {i}: a block table", 8, ttl=300))
+    blocker = traffic.submit(long_job("blocker", LONG_OUTPUT_TOKENS)).job_id
+    wait_generating(stack.store, [blocker])
+    traffic.start()
+
+    def backlog() -> set[str]:
+        return {j.id for j in stack.store.jobs().values() if j.status == "queued" and j.dispatched_at}
+
+    wait_until(lambda: len(backlog()) >= BACKLOG, f"{BACKLOG} jobs to wait in the broker", 60)
+    lost = backlog()
+    redis_restart_empty(down_s=0.5)
+
+    def republished() -> bool:
+        waiting = stack.redis.queued_job_ids("interactive")
+        rows = stack.store.jobs(lost)
+        return all(job_id in waiting or rows[job_id].status != "queued" for job_id in lost)
+
+    try:
+        wait_until(republished, f"the {len(lost)} jobs lost with Redis to be published again while new "
+                   "traffic keeps arriving", REPUBLISH_WINDOW_S, poll_s=0.5)
+    except AssertionError as exc:
+        waiting = stack.redis.queued_job_ids("interactive")
+        rows = stack.store.jobs(lost)
+        missing = [j for j in lost if j not in waiting and rows[j].status == "queued"]
+        raise AssertionError(
+            f"{exc}: {len(missing)} of {len(lost)} jobs whose messages died with Redis are still queued and "
+            f"not in the broker, while {len(waiting)} newer messages wait there (e.g. {missing[:3]})",
+        ) from None
+    blocker_row = stack.store.job(blocker)
+    assert blocker_row.status == "running", (
+        "the lost jobs were published again only once the blocker had ended and the queue could drain, not "
+        f"while new traffic kept it busy: {describe(blocker_row)}")
+
+    httpx.post(f"{stack.api_url}/v1/jobs/{blocker}/cancel", timeout=10)
+    time.sleep(1.0)
+    traffic.stop()
+    assert not traffic.unsettled()
+    check_exactly_once(stack.store, traffic.accepted(), within_s=SETTLE_S, max_attempts=1, stack=stack,
+                       expect={blocker: {"cancelled", "succeeded"}})
+    log = worker.log()  # the reconnect path is clean: no ack on a dead channel, no failed step restart
+    assert "ack failed" not in log and "Error on restarting" not in log, log[-4000:]
+
+
+def _postgres_outage(stack: Stack, pg_outage: Callable[[float], None], seconds: float) -> Traffic:
+    """A worker busy with long jobs and steady traffic when PostgreSQL stops for `seconds`."""
+    stack.start_worker()
+    traffic = stack.traffic(rate=10, prefix=f"pg{seconds:.0f}",
+                      body=lambda i: short_job(f"pg {i}: the weather is fine", 8, ttl=600))
+    longs = [traffic.submit(long_job(f"long {i}", 300, queue="documents")).job_id for i in range(3)]
+    wait_generating(stack.store, longs)
+    traffic.start()
+    time.sleep(1.0)
+    pg_outage(seconds)  # the long jobs finish while it is down: their outcome writes must wait
+    time.sleep(3.0)
+    traffic.stop()
+    assert not traffic.unsettled(), [s.codes for s in traffic.unsettled()]
+    return traffic
+
+
+def test_postgres_stopped_20s_under_traffic_every_job_ends_once(
+    stack: Stack, pg_outage: Callable[[float], None],
+) -> None:
+    traffic = _postgres_outage(stack, pg_outage, 20)
+    # One worker that never died: no job may run twice (a live worker never requeues its own work).
+    check_exactly_once(stack.store, traffic.accepted(), within_s=SETTLE_S, max_attempts=1, stack=stack)
+    answers = traffic.answers()
+    assert answers[503] > 0, f"submissions while the database was down should get 503: {answers}"
+    assert answers[500] == 0, f"the API answered 500 (not 503) while the database was down: {answers}"
+
+
+def test_postgres_stopped_75s_longer_than_outcome_write_retries_every_job_still_ends(
+    stack: Stack, pg_outage: Callable[[float], None],
+) -> None:
+    traffic = _postgres_outage(stack, pg_outage, 75)
+    check_exactly_once(stack.store, traffic.accepted(), within_s=SETTLE_S, max_attempts=1, stack=stack)
+
+
+def test_api_sigkilled_between_submits_no_accepted_job_lost_or_duplicated(stack: Stack) -> None:
+    stack.start_worker()
+    traffic = stack.traffic(rate=10, prefix="apikill",
+                      body=lambda i: short_job(f"api {i}: good morning", 8)).start()
+    time.sleep(3.0)
+    stack.api.kill()  # SIGKILL
+    time.sleep(0.5)
+    stack.api.start()
+    time.sleep(3.0)
+    traffic.stop()
+
+    assert not traffic.unsettled(), [s.codes for s in traffic.unsettled()]
+    lost_answers = sum(1 for s in traffic.submissions if any(isinstance(c, str) for c in s.codes))
+    assert lost_answers > 0, "the kill should have hit submissions in flight (connection errors, retried)"
+    # One job per Idempotency-Key (no duplicate from a retried submit), none lost, each run once.
+    check_exactly_once(stack.store, traffic.accepted(), within_s=SETTLE_S, max_attempts=1, stack=stack)
