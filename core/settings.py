@@ -20,6 +20,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from core.request_rules import MAX_TTL_S
+
 CONFIG_FILE_ENV = "CONVEYOR_CONFIG_FILE"
 DEMO_MODEL_DIR = "demo-model"  # under data_dir, built by the first worker when no model is set
 
@@ -33,7 +35,8 @@ class QueueSettings(BaseModel):
     max_output_tokens: int = Field(512, ge=1, description="largest max_tokens accepted")
     priority: int = Field(0, description="engine class priority; lower is served first")
     deadline_s: float | None = Field(
-        None, gt=0, description="default ttl: jobs not started within this many seconds expire; None: never"
+        None, gt=0, le=MAX_TTL_S, allow_inf_nan=False,
+        description="default ttl: jobs not started within this many seconds expire; None: never",
     )
 
 

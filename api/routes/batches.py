@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Query
 from sqlalchemy.orm import Session
@@ -11,9 +11,9 @@ from sqlalchemy.orm import Session
 from api.auth import CurrentTenant
 from api.batch_locations import check_batch_location
 from api.deps import ServicesDep, SessionDep
-from api.errors import ApiError, not_found
+from api.errors import ApiError, can_be_stored_id, lookup_id, not_found
 from api.schemas.batches import BatchCreate, BatchList, BatchPublic
-from api.schemas.errors import ErrorBody
+from api.schemas.errors import error_responses
 from core.clock import utcnow
 from core.lifecycle import BATCH_CANCELLED, CANCELLING
 from core.store import batches, files
@@ -21,10 +21,9 @@ from core.store.tables import Batch
 from core.views import batch_public
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
-ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorBody} for s in (401, 404, 409, 422)}
 
 
-@router.post("", response_model=BatchPublic, responses=ERRORS)
+@router.post("", response_model=BatchPublic, responses=error_responses(401, 404, 413, 422))
 def create_batch(body: BatchCreate, session: SessionDep, services: ServicesDep, tenant: CurrentTenant,
                  ) -> BatchPublic:
     """Accepted batches start `validating`; a worker's batch runner takes them up within a round."""
@@ -52,13 +51,13 @@ def create_batch(body: BatchCreate, session: SessionDep, services: ServicesDep, 
     return _public(batch)
 
 
-@router.get("/{batch_id}", response_model=BatchPublic, responses=ERRORS)
+@router.get("/{batch_id}", response_model=BatchPublic, responses=error_responses(401, 404))
 def get_batch(batch_id: str, session: SessionDep, tenant: CurrentTenant) -> BatchPublic:
     """Live `request_counts` (total lines read so far, completed, failed, cancelled)."""
     return _public(_batch_or_404(session, batch_id, tenant))
 
 
-@router.get("", response_model=BatchList, responses=ERRORS)
+@router.get("", response_model=BatchList, responses=error_responses(401, 422))
 def list_batches(
     session: SessionDep,
     tenant: CurrentTenant,
@@ -66,6 +65,8 @@ def list_batches(
     after: str | None = None,
 ) -> BatchList:
     """Newest first; pass the previous page's `last_id` as `after`."""
+    if after is not None and not can_be_stored_id(after):  # an id the tenant does not have: an empty page
+        return BatchList(data=[], first_id=None, last_id=None, has_more=False)
     rows = batches.page(session, tenant, limit=limit + 1, after=after)
     page, more = rows[:limit], len(rows) > limit
     data = [_public(b) for b in page]
@@ -73,11 +74,11 @@ def list_batches(
                      has_more=more)
 
 
-@router.post("/{batch_id}/cancel", response_model=BatchPublic, responses=ERRORS)
+@router.post("/{batch_id}/cancel", response_model=BatchPublic, responses=error_responses(401, 404, 409))
 def cancel_batch(batch_id: str, session: SessionDep, tenant: CurrentTenant) -> BatchPublic:
     """Stops the remaining lines: queued and running ones are cancelled now, unread ones are never run; the
     batch is `cancelling` until its partial outputs are written, then `cancelled`."""
-    batch = batches.request_cancel(session, batch_id, tenant, utcnow())
+    batch = batches.request_cancel(session, lookup_id("batch", batch_id), tenant, utcnow())
     if batch is None:
         raise not_found("batch", batch_id)
     if batch.status not in (CANCELLING, BATCH_CANCELLED):
@@ -99,7 +100,7 @@ def _public(batch: Batch) -> BatchPublic:
 
 
 def _batch_or_404(session: Session, batch_id: str, tenant: str) -> Batch:
-    batch = batches.get(session, batch_id, tenant)
+    batch = batches.get(session, lookup_id("batch", batch_id), tenant)
     if batch is None:
         raise not_found("batch", batch_id)
     return batch

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
@@ -13,19 +13,21 @@ from starlette.datastructures import UploadFile
 
 from api.auth import CurrentTenant
 from api.deps import Services, ServicesDep, SessionDep
-from api.errors import ApiError, not_found
-from api.schemas.errors import ErrorBody
-from api.schemas.files import FileList, FilePublic
+from api.errors import ApiError, can_be_stored_id, lookup_id, not_found
+from api.schemas.errors import error_responses
+from api.schemas.files import UPLOAD_BODY, FileList, FilePublic
 from core.clock import utcnow
 from core.store import blobs, files
 from core.store.tables import File
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
-ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorBody} for s in (401, 404, 413, 422)}
 MAX_FILENAME_CHARS = 255
+DEFAULT_FILENAME = "upload.jsonl"
 
 
-@router.post("", response_model=FilePublic, responses=ERRORS)
+# The form is parsed by hand (streamed, with part limits), so its schema is declared here.
+@router.post("", response_model=FilePublic, responses=error_responses(401, 413, 422),
+             openapi_extra={"requestBody": UPLOAD_BODY})
 async def upload_file(request: Request, services: ServicesDep, tenant: CurrentTenant) -> FilePublic:
     """multipart/form-data with `file` and `purpose` ("batch"). The bytes stream to the file store (a local
     folder when embedded, S3 otherwise); uploads are capped at files_max_bytes."""
@@ -46,7 +48,7 @@ async def upload_file(request: Request, services: ServicesDep, tenant: CurrentTe
     return FilePublic.from_row(row)
 
 
-@router.get("", response_model=FileList, responses=ERRORS)
+@router.get("", response_model=FileList, responses=error_responses(401, 422))
 def list_files(
     session: SessionDep,
     tenant: CurrentTenant,
@@ -55,18 +57,24 @@ def list_files(
     after: str | None = None,
 ) -> FileList:
     """Newest first; pass the previous page's `last_id` as `after`."""
+    if after is not None and not can_be_stored_id(after):  # an id the tenant does not have: an empty page
+        return FileList(data=[], first_id=None, last_id=None, has_more=False)
     rows = files.page(session, tenant, limit=limit + 1, after=after, purpose=purpose)
     data = [FilePublic.from_row(row) for row in rows[:limit]]
     return FileList(data=data, first_id=data[0].id if data else None, last_id=data[-1].id if data else None,
                     has_more=len(rows) > limit)
 
 
-@router.get("/{file_id}", response_model=FilePublic, responses=ERRORS)
+@router.get("/{file_id}", response_model=FilePublic, responses=error_responses(401, 404))
 def get_file(file_id: str, session: SessionDep, tenant: CurrentTenant) -> FilePublic:
     return FilePublic.from_row(_file_or_404(session, file_id, tenant))
 
 
-@router.get("/{file_id}/content", response_class=StreamingResponse, responses=ERRORS)
+@router.get("/{file_id}/content", response_class=StreamingResponse, responses={
+    200: {"description": "the file's bytes",
+          "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
+    **error_responses(401, 404),
+})
 def file_content(file_id: str, session: SessionDep, services: ServicesDep, tenant: CurrentTenant,
                  ) -> StreamingResponse:
     row = _file_or_404(session, file_id, tenant)
@@ -76,8 +84,10 @@ def file_content(file_id: str, session: SessionDep, services: ServicesDep, tenan
 
 
 def _filename(name: str | None) -> str:
-    name = (name or "upload.jsonl").replace("\x00", "")
-    return name[-MAX_FILENAME_CHARS:] or "upload.jsonl"
+    """The client's file name as text we can store and show: NUL dropped, anything not encodable (lone
+    surrogates) replaced, at most MAX_FILENAME_CHARS (the end, which holds the extension)."""
+    text = (name or "").replace("\x00", "").encode("utf-8", errors="replace").decode("utf-8")
+    return text[-MAX_FILENAME_CHARS:] or DEFAULT_FILENAME
 
 
 def _save(services: Services, upload: UploadFile, url: str) -> int:
@@ -95,7 +105,7 @@ def _insert(services: Services, row: File) -> None:
 
 
 def _file_or_404(session: Session, file_id: str, tenant: str) -> File:
-    row = files.get(session, file_id, tenant)
+    row = files.get(session, lookup_id("file", file_id), tenant)
     if row is None:
         raise not_found("file", file_id)
     return row

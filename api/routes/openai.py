@@ -24,11 +24,12 @@ from starlette.concurrency import run_in_threadpool
 from api import openai_sync
 from api.auth import bearer_scheme, current_tenant
 from api.deps import Services, ServicesDep
-from api.errors import field_name
-from api.openai_errors import OpenAIError, OpenAIRoute
+from api.openai_errors import OpenAIError, OpenAIRoute, from_validation_error
 from api.openai_sync import ClientGoneError, FollowedJob, JobOutcome
+from api.schemas.errors import openai_error_responses
 from api.schemas.jobs import JobCreate
 from api.schemas.openai import ChatCompletionCreate, CompletionCreate, ModelCard, ModelList, OpenAISampling
+from api.submit import max_prompt_bytes, prompt_bytes
 from core.openai_objects import ChunkHeader, GenerationResult, chunk, usage_chunk
 from core.openai_objects import chat_completion as chat_body
 from core.openai_objects import text_completion as text_body
@@ -36,6 +37,12 @@ from core.settings import Settings
 from core.token_stream import TokenStream
 
 router = APIRouter(prefix="/v1", tags=["openai"], route_class=OpenAIRoute)
+COMPLETION_RESPONSES = {
+    200: {"description": "the completion object, or server-sent events with `stream: true`",
+          "content": {"application/json": {"schema": {"type": "object"}},
+                      "text/event-stream": {"schema": {"type": "string"}}}},
+    **openai_error_responses(400, 401, 404, 409, 413, 429, 504),
+}
 QUEUE = "interactive"
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat: as many as fit
 NO_RETRY = {"x-should-retry": "false"}
@@ -54,7 +61,7 @@ def openai_tenant(
 Tenant = Annotated[str, Depends(openai_tenant)]
 
 
-@router.post("/chat/completions", response_model=None)
+@router.post("/chat/completions", response_model=None, responses=COMPLETION_RESPONSES)
 async def create_chat_completion(
     body: ChatCompletionCreate, request: Request, services: ServicesDep, tenant: Tenant
 ) -> Response:
@@ -68,7 +75,7 @@ async def create_chat_completion(
     return await _complete(request, services, tenant, body, job, chat=True)
 
 
-@router.post("/completions", response_model=None)
+@router.post("/completions", response_model=None, responses=COMPLETION_RESPONSES)
 async def create_completion(
     body: CompletionCreate, request: Request, services: ServicesDep, tenant: Tenant
 ) -> Response:
@@ -78,12 +85,12 @@ async def create_completion(
     return await _complete(request, services, tenant, body, job, chat=False)
 
 
-@router.get("/models", response_model=ModelList)
+@router.get("/models", response_model=ModelList, responses=openai_error_responses(401))
 def list_models(services: ServicesDep, _tenant: Tenant) -> ModelList:
     return ModelList(data=[_model_card(services.settings)])
 
 
-@router.get("/models/{model_id:path}", response_model=ModelCard)
+@router.get("/models/{model_id:path}", response_model=ModelCard, responses=openai_error_responses(401, 404))
 def get_model(model_id: str, services: ServicesDep, _tenant: Tenant) -> ModelCard:
     _check_model(services.settings, model_id, param=None)
     return _model_card(services.settings)
@@ -106,8 +113,8 @@ def _default_chat_max_tokens(services: Services, messages: list[dict[str, str]])
     queue = services.settings.queue(QUEUE)
     assert queue is not None, "the interactive queue is always configured"
     max_model_len = services.settings.max_model_len
-    if max_model_len is None:
-        return queue.max_output_tokens
+    if max_model_len is None or prompt_bytes(None, messages) > max_prompt_bytes(queue):
+        return queue.max_output_tokens  # too long to count: submit() refuses it without tokenizing
     try:
         prompt_tokens = services.tokenizer.count_messages(messages)
     except ValueError:  # no chat template: submit() refuses the request with the reason
@@ -133,9 +140,7 @@ def _job_create(
         return JobCreate.model_validate(dict(prompt=prompt, messages=messages, queue=QUEUE,
                                              max_tokens=max_tokens, **body.engine_params()))
     except ValidationError as exc:
-        first = exc.errors()[0]
-        param = field_name(first.get("loc", ())) or None
-        raise OpenAIError(400, f"{param}: {first.get('msg')}", code="invalid_request", param=param) from exc
+        raise from_validation_error(exc.errors()) from exc
 
 
 async def _complete(

@@ -6,7 +6,7 @@ from fastapi import APIRouter
 
 from api.auth import CurrentTenant
 from api.deps import ServicesDep, SessionDep
-from api.schemas.errors import ErrorBody
+from api.schemas.errors import error_responses
 from api.schemas.queues import QueueList, QueuePublic
 from core.clock import utcnow
 from core.store import jobs
@@ -14,7 +14,7 @@ from core.store import jobs
 router = APIRouter(prefix="/v1/queues", tags=["queues"])
 
 
-@router.get("", response_model=QueueList, responses={401: {"model": ErrorBody}})
+@router.get("", response_model=QueueList, responses=error_responses(401))
 def list_queues(session: SessionDep, services: ServicesDep, _tenant: CurrentTenant) -> QueueList:
     counts = jobs.queue_counts(session)
     now = utcnow()

@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from api.schemas.jobs import WebhookSpec
+from api.schemas.fields import STORABLE, StoredJsonObject
+from api.schemas.jobs import WebhookSpec, exactly_one_of
 
 Endpoint = Literal["/v1/chat/completions", "/v1/completions"]
-_S3_URL = re.compile(r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$")
+# The same patterns in the JSON schema and here, applied as JSON schema validators written in Python apply
+# them (re.search; Python's re reads \uXXXX too), so the schema and the API agree on every string.
+_BUCKET = "s3://[a-z0-9][a-z0-9.\\-]{1,61}[a-z0-9]"
+S3_OBJECT_PATTERN = f"^{_BUCKET}/[^\\u0000]*[^\\u0000/]$"  # a key, not ending in "/"
+S3_PREFIX_PATTERN = f"^{_BUCKET}(/[^\\u0000]*)?$"
+_S3_OBJECT = re.compile(S3_OBJECT_PATTERN)
+_S3_PREFIX = re.compile(S3_PREFIX_PATTERN)
+FileId = Annotated[str, Field(max_length=40), STORABLE]
 
 
 class BatchCreate(BaseModel):
@@ -18,21 +26,26 @@ class BatchCreate(BaseModel):
     (s3://bucket/key.jsonl), `output` (s3://bucket/prefix/), `queue`, `webhook`. Without `output` the outputs
     become files (`output_file_id`, `error_file_id`)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra=exactly_one_of("input_file_id", "input"))
 
-    input_file_id: str | None = Field(None, description="an uploaded file (purpose batch)")
-    input: str | None = Field(None, description="s3://bucket/key.jsonl")
-    output: str | None = Field(None, description="s3://bucket/prefix/; omitted: outputs become files")
+    input_file_id: FileId | None = Field(None, description="an uploaded file (purpose batch)")
+    input: Annotated[str, STORABLE] | None = Field(
+        None, description="s3://bucket/key.jsonl", json_schema_extra={"pattern": S3_OBJECT_PATTERN}
+    )
+    output: Annotated[str, STORABLE] | None = Field(
+        None, description="s3://bucket/prefix/; omitted: outputs become files",
+        json_schema_extra={"pattern": S3_PREFIX_PATTERN},
+    )
     endpoint: Endpoint | None = Field(None, description="every line's endpoint; omitted: each line says")
     completion_window: str = Field("24h", pattern=r"^[1-9][0-9]{0,2}h$", description="e.g. 24h")
     queue: str = Field("documents", description="the queue the lines run in")
     webhook: WebhookSpec | None = None
-    metadata: dict[str, Any] | None = None
+    metadata: StoredJsonObject | None = None
 
     @field_validator("input")
     @classmethod
     def _input_is_an_object(cls, url: str | None) -> str | None:
-        if url is not None and (not _S3_URL.match(url) or url.endswith("/") or url.count("/") < 3):
+        if url is not None and not _S3_OBJECT.search(url):
             raise ValueError("must be s3://bucket/key naming an object")
         return url
 
@@ -41,7 +54,7 @@ class BatchCreate(BaseModel):
     def _output_is_a_prefix(cls, url: str | None) -> str | None:
         if url is None:
             return None
-        if not _S3_URL.match(url):
+        if not _S3_PREFIX.search(url):
             raise ValueError("must be s3://bucket/prefix/")
         return url if url.endswith("/") else url + "/"
 

@@ -1,12 +1,25 @@
-"""File schemas: FilePublic, OpenAI's `file` object."""
+"""File schemas: the upload form (POST /v1/files), FilePublic (OpenAI's `file` object), FileList."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
 from core.store.tables import File
+
+# The OpenAPI request body of POST /v1/files, whose route reads the form itself (streamed to the file store).
+UPLOAD_BODY: dict[str, Any] = {
+    "required": True,
+    "content": {"multipart/form-data": {"schema": {
+        "type": "object",
+        "properties": {
+            "file": {"type": "string", "format": "binary", "description": "the JSONL input of a batch"},
+            "purpose": {"type": "string", "enum": ["batch"]},
+        },
+        "required": ["file", "purpose"],
+    }}},
+}
 
 
 class FilePublic(BaseModel):

@@ -4,71 +4,100 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, AnyHttpUrl, BaseModel, ConfigDict, Field
+from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 
+from api.schemas.fields import (
+    STORABLE,
+    MinP,
+    MinTokens,
+    NonEmptyText,
+    RepetitionPenalty,
+    Seed,
+    StoredJsonObject,
+    Temperature,
+    TokenCount,
+    TokenId,
+    TopK,
+    TopP,
+)
+from core.request_rules import (
+    MAX_LOGPROBS,
+    MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
+    MAX_TIMEOUT_S,
+    MAX_TTL_S,
+    json_problem,
+)
 from core.views import JobPublic
 
 SAMPLING_FIELDS = (
     "max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
     "ignore_eos", "repetition_penalty", "logprobs",
 )
-NonEmptyStr = Annotated[str, Field(min_length=1)]
+Stop = NonEmptyText | Annotated[list[NonEmptyText], Field(max_length=MAX_STOP_STRINGS)]
+StopTokenIds = Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)]
 
 
-def _no_nul(text: str) -> str:
-    # NOTE: PostgreSQL text cannot hold NUL; refuse it here rather than fail at insert with a 500.
-    if "\x00" in text:
-        raise ValueError("must not contain NUL (\\u0000) characters")
-    return text
-
-
-PromptText = Annotated[str, AfterValidator(_no_nul)]
+def exactly_one_of(first: str, second: str) -> dict[str, Any]:
+    """The JSON schema of "exactly one of two nullable fields is set (non-null)", which the model's own
+    validation enforces: each branch requires its field with a non-null value."""
+    return {"oneOf": [{"required": [name], "properties": {name: {"not": {"type": "null"}}}}
+                      for name in (first, second)]}
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    role: str = Field(min_length=1, max_length=32, examples=["user"])
-    content: PromptText
+    role: Annotated[str, Field(min_length=1, max_length=32), STORABLE] = Field(examples=["user"])
+    content: Annotated[str, STORABLE]
 
 
 class WebhookSpec(BaseModel):
-    """Stored now; delivery comes with the webhooks feature."""
+    """The target `url`; any other fields are stored with it (as JSON, so they must be storable JSON)."""
 
     model_config = ConfigDict(extra="allow")
 
     url: AnyHttpUrl
 
+    @model_validator(mode="after")
+    def _storable_extras(self) -> WebhookSpec:
+        problem = json_problem(self.model_extra or {})
+        if problem is not None:
+            raise PydanticCustomError("invalid_json_value", problem)
+        return self
+
 
 class JobCreate(BaseModel):
     """A generation job: exactly one of `prompt` or `messages`, sampling parameters named as in the engine."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra=exactly_one_of("prompt", "messages"))
 
-    prompt: PromptText | None = Field(None, min_length=1, description="raw text prompt")
+    prompt: NonEmptyText | None = Field(None, description="raw text prompt")
     messages: list[ChatMessage] | None = Field(
         None, min_length=1, description="chat messages, rendered with the model's chat template"
     )
     queue: str = Field("interactive", description="interactive or documents")
-    max_tokens: int = Field(16, ge=1)
-    min_tokens: int = Field(0, ge=0)
-    temperature: float = Field(1.0, ge=0.0, description="0 = greedy")
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=-1, description="0 or -1 = off")
-    min_p: float = Field(0.0, ge=0.0, le=1.0)
-    seed: int | None = None
-    stop: NonEmptyStr | Annotated[list[NonEmptyStr], Field(max_length=16)] | None = None
-    stop_token_ids: Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=64)] = Field(
-        default_factory=list
-    )
+    max_tokens: TokenCount = 16
+    min_tokens: MinTokens = 0
+    temperature: Temperature = 1.0
+    top_p: TopP = 1.0
+    top_k: TopK = 0
+    min_p: MinP = 0.0
+    seed: Seed | None = None
+    stop: Stop | None = None
+    stop_token_ids: StopTokenIds = Field(default_factory=list)
     ignore_eos: bool = False
-    repetition_penalty: float = Field(1.0, gt=0.0)
+    repetition_penalty: RepetitionPenalty = 1.0
     logprobs: int | None = Field(
-        None, ge=0, le=20, description="return this many alternatives per generated token (result.logprobs)"
+        None, ge=0, le=MAX_LOGPROBS,
+        description="return this many alternatives per generated token (result.logprobs)",
     )
-    metadata: dict[str, Any] | None = Field(None, description="small JSON object returned as given")
-    ttl: float | None = Field(None, gt=0, description="seconds; the job expires if not started in time")
-    timeout: float | None = Field(None, gt=0, description="seconds; fails with code `timeout` when over")
+    metadata: StoredJsonObject | None = Field(None, description="small JSON object returned as given")
+    ttl: float | None = Field(None, gt=0, le=MAX_TTL_S, allow_inf_nan=False,
+                              description="seconds; the job expires if not started in time")
+    timeout: float | None = Field(None, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False,
+                                  description="seconds; fails with code `timeout` when over")
     webhook: AnyHttpUrl | WebhookSpec | None = Field(None, description="URL or object with `url`; stored")
 
     def sampling_params(self) -> dict[str, Any]:

@@ -8,8 +8,25 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-NonEmptyStr = Annotated[str, Field(min_length=1)]
+from api.schemas.fields import (
+    MAX_INT32,
+    MinP,
+    MinTokens,
+    NonEmptyText,
+    OpenAITemperature,
+    RepetitionPenalty,
+    Seed,
+    StoredText,
+    TokenCount,
+    TopK,
+    TopP,
+)
+from api.schemas.jobs import Stop
+from core.request_rules import MAX_LOGPROBS
+
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 CHAT_ROLES = {"developer": "system"}  # OpenAI's newer name for the system role
+COMPLETIONS_MAX_LOGPROBS = 5  # OpenAI's limit for /v1/completions
 STREAMED_LOGPROBS = "logprobs are not supported with stream=true; send the request without streaming"
 
 
@@ -23,15 +40,15 @@ class TextPart(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     type: Literal["text"]
-    text: str
+    text: StoredText
 
 
 class ChatMessageIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
-    name: str | None = Field(None, description="accepted and ignored")
+    content: StoredText | list[TextPart]
+    name: StoredText | None = Field(None, description="accepted and ignored")
 
     def plain(self) -> dict[str, str]:
         """{"role", "content"} for the chat template: text parts joined, `developer` as `system`."""
@@ -44,24 +61,24 @@ class OpenAISampling(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: NonEmptyStr
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    n: int | None = Field(None, ge=1, description="only 1")
-    stop: NonEmptyStr | Annotated[list[NonEmptyStr], Field(max_length=16)] | None = None
-    seed: int | None = None
+    model: NonEmptyText  # echoed in a 404: it must be encodable text
+    max_tokens: TokenCount | None = None
+    temperature: OpenAITemperature | None = None
+    top_p: TopP | None = None
+    n: int | None = Field(None, ge=1, le=MAX_INT32, description="only 1")
+    stop: Stop | None = None
+    seed: Seed | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float | None = Field(None, description="only 0")
-    frequency_penalty: float | None = Field(None, description="only 0")
-    logit_bias: dict[str, float] | None = Field(None, description="only empty")
-    user: str | None = Field(None, description="accepted and ignored")
+    presence_penalty: FiniteFloat | None = Field(None, description="only 0")
+    frequency_penalty: FiniteFloat | None = Field(None, description="only 0")
+    logit_bias: dict[str, FiniteFloat] | None = Field(None, description="only empty")
+    user: StoredText | None = Field(None, description="accepted and ignored")
     # Engine extras (the SDK's extra_body)
-    top_k: int | None = Field(None, ge=-1)
-    min_p: float | None = Field(None, ge=0.0, le=1.0)
-    min_tokens: int | None = Field(None, ge=0)
-    repetition_penalty: float | None = Field(None, gt=0.0)
+    top_k: TopK | None = None
+    min_p: MinP | None = None
+    min_tokens: MinTokens | None = None
+    repetition_penalty: RepetitionPenalty | None = None
     ignore_eos: bool | None = None
 
     def include_usage(self) -> bool:
@@ -89,9 +106,9 @@ class OpenAISampling(BaseModel):
 
 class ChatCompletionCreate(OpenAISampling):
     messages: list[ChatMessageIn] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: TokenCount | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
 
     def unsupported(self) -> tuple[str, str] | None:
         if self.top_logprobs is not None and not self.logprobs:
@@ -112,11 +129,12 @@ class ChatCompletionCreate(OpenAISampling):
 
 
 class CompletionCreate(OpenAISampling):
-    prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)] | list[int] | list[list[int]]
-    logprobs: int | None = Field(None, ge=0, le=5)
+    prompt: (NonEmptyText | Annotated[list[NonEmptyText], Field(min_length=1, max_length=1)] | list[int]
+             | list[list[int]])
+    logprobs: int | None = Field(None, ge=0, le=COMPLETIONS_MAX_LOGPROBS)
     echo: bool | None = None
-    suffix: str | None = None
-    best_of: int | None = Field(None, ge=1)
+    suffix: StoredText | None = None
+    best_of: int | None = Field(None, ge=1, le=MAX_INT32)
 
     def unsupported(self) -> tuple[str, str] | None:
         if isinstance(self.prompt, list) and not all(isinstance(p, str) for p in self.prompt):

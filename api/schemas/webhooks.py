@@ -4,22 +4,30 @@ attempts."""
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from api.schemas.fields import STORABLE
 from core.store.tables import Attempt, Delivery, Subscription
 from core.webhooks.events import EVENT_TYPES, validate_filter
+
+# What validate_filter accepts, told in the schema: each type, each `<group>.*`, and `*`.
+EVENT_FILTERS = ["*", *sorted({f"{t.split('.')[0]}.*" for t in EVENT_TYPES}), *EVENT_TYPES]
 
 
 class WebhookCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    url: str = Field(min_length=1, max_length=2048, description="https, or operator-allowlisted")
+    url: Annotated[str, Field(min_length=1, max_length=2048), STORABLE] = Field(
+        description="https, or operator-allowlisted"
+    )
     events: list[str] = Field(
         default_factory=lambda: ["*"], max_length=len(EVENT_TYPES),
         description=f"event types, '<group>.*' or '*'; types: {', '.join(EVENT_TYPES)}",
+        json_schema_extra={"items": {"type": "string", "enum": EVENT_FILTERS}},
     )
-    description: str | None = Field(None, max_length=500)
+    description: Annotated[str, Field(max_length=500), STORABLE] | None = None
 
     @field_validator("events")
     @classmethod

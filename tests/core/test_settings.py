@@ -54,3 +54,9 @@ def test_invalid_values_name_the_field() -> None:
         Settings(worker_shutdown_grace_s=0)
     with pytest.raises(ValidationError, match="batch_s3_allowlist"):
         Settings(batch_s3_allowlist=["s3:///prefix"])
+
+
+@pytest.mark.parametrize("deadline", [1e12, float("inf")])
+def test_a_queue_deadline_beyond_a_year_or_infinite_is_refused(deadline: float) -> None:
+    with pytest.raises(ValueError, match="deadline_s"):
+        Settings(queues={"interactive": {"deadline_s": deadline}})

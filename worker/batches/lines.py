@@ -3,7 +3,10 @@
 Two line shapes are accepted: Conveyor's `{"custom_id", "body"}` and OpenAI's
 `{"custom_id", "method": "POST", "url": "/v1/chat/completions" | "/v1/completions", "body"}`. The body holds
 `messages` or `prompt` plus sampling parameters under OpenAI's names or the engine's; they are mapped to
-`engine.SamplingParams` keyword arguments and checked by it.
+`engine.SamplingParams` keyword arguments and checked by it (its bounds are the API's too). What the API
+checks beyond the engine applies here as well (core/request_rules.py): text the store can hold, at most
+MAX_STOP_STRINGS stop strings and MAX_STOP_TOKEN_IDS stop token ids, logprobs up to MAX_LOGPROBS, and a
+prompt refused by its size before it is tokenized.
 """
 
 from __future__ import annotations
@@ -13,6 +16,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from core.request_rules import (
+    MAX_LOGPROBS,
+    MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
+    PROMPT_BYTES_PER_TOKEN,
+    text_problem,
+    utf8_length,
+)
 from engine import SamplingParams
 from worker.batches.reader import OversizeLine, RawLine
 
@@ -111,6 +122,8 @@ def _decode(raw: RawLine) -> dict[str, Any]:
         line = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise LineRejected("invalid_json", f"line is not valid JSON: {error}") from None
+    except RecursionError:  # raised, not refused, it would fail the round and the line be read again forever
+        raise LineRejected("invalid_json", "line is nested too deeply") from None
     if not isinstance(line, dict):
         raise LineRejected("invalid_json", "line must be a JSON object")
     return line
@@ -124,13 +137,26 @@ def _custom_id(line: dict[str, Any]) -> str:
         raise LineRejected("invalid_custom_id", f"custom_id must be a non-empty string, got {custom_id!r}")
     if len(custom_id) > MAX_CUSTOM_ID_CHARS:
         raise LineRejected("invalid_custom_id", f"custom_id must be at most {MAX_CUSTOM_ID_CHARS} characters")
+    _check_text("invalid_custom_id", "custom_id", custom_id)
     return custom_id
+
+
+def _check_text(code: str, name: str, text: str) -> None:
+    """Text the line's job (or its error) would store: no NUL, no lone surrogates."""
+    problem = text_problem(text)
+    if problem is not None:
+        raise LineRejected(code, f"{name} {problem}")
+
+
+def _shown(name: str) -> str:
+    """A name from the line, safe to store in an error message."""
+    return name if text_problem(name) is None else ascii(name)
 
 
 def _request(number: int, custom_id: str, line: dict[str, Any], limits: LineLimits) -> BatchRequest:
     unknown = sorted(set(line) - _LINE_FIELDS)
     if unknown:
-        raise LineRejected("invalid_line", f"unknown line fields: {', '.join(unknown)}")
+        raise LineRejected("invalid_line", f"unknown line fields: {', '.join(map(_shown, unknown))}")
     if line.get("method", "POST") != "POST":
         raise LineRejected("invalid_method", f"method must be 'POST', got {line['method']!r}")
     body = line.get("body")
@@ -177,6 +203,7 @@ def _message(index: int, message: object) -> dict[str, str]:
         content = "".join(part["text"] for part in content)
     if not isinstance(content, str):
         raise LineRejected("invalid_body", f"messages[{index}].content must be a string or text parts")
+    _check_text("invalid_body", f"messages[{index}].content", content)
     return {"role": message["role"], "content": content}
 
 
@@ -187,6 +214,7 @@ def _prompt(body: dict[str, Any]) -> str | list[int] | None:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # OpenAI allows a list of prompts; one line carries one
     if isinstance(prompt, str) and prompt:
+        _check_text("invalid_body", "prompt", prompt)
         return prompt
     if isinstance(prompt, list) and prompt and all(_is_int(t) and t >= 0 for t in prompt):
         return list(prompt)
@@ -197,19 +225,22 @@ def _model(body: dict[str, Any]) -> str | None:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise LineRejected("invalid_parameter", "model must be a string")
+    if model is not None:
+        _check_text("invalid_parameter", "model", model)  # stored in the job's metadata
     return model
 
 
 def _sampling_params(body: dict[str, Any]) -> dict[str, Any]:
     unknown = sorted(set(body) - _BODY_FIELDS)
     if unknown:
-        raise LineRejected("invalid_parameter", f"unknown body fields: {', '.join(unknown)}")
+        raise LineRejected("invalid_parameter", f"unknown body fields: {', '.join(map(_shown, unknown))}")
     if body.get("n", 1) != 1:
         raise LineRejected("invalid_parameter", f"n must be 1, got {body['n']!r}")
     if body.get("stream", False) is not False:
         raise LineRejected("invalid_parameter", "stream must be false in a batch")
     params = {name: body[name] for name in body.keys() - _PASSIVE_FIELDS}
     _check_types(params)
+    _check_lists(params)
     _merge_max_tokens(params)
     _merge_logprobs(params)
     try:
@@ -237,6 +268,20 @@ def _check_types(params: dict[str, Any]) -> None:
             del params[name]
 
 
+def _check_lists(params: dict[str, Any]) -> None:
+    """The API's limits on stop strings and stop token ids (the engine takes any number)."""
+    stop = params.get("stop")
+    stops = [stop] if isinstance(stop, str) else stop or []
+    if len(stops) > MAX_STOP_STRINGS:
+        raise LineRejected("invalid_parameter", f"stop must hold at most {MAX_STOP_STRINGS} strings")
+    for index, text in enumerate(stops):
+        if isinstance(text, str):  # the engine refuses anything else
+            _check_text("invalid_parameter", f"stop[{index}]" if isinstance(stop, list) else "stop", text)
+    if len(params.get("stop_token_ids", [])) > MAX_STOP_TOKEN_IDS:
+        raise LineRejected("invalid_parameter",
+                           f"stop_token_ids must hold at most {MAX_STOP_TOKEN_IDS} token ids")
+
+
 def _merge_max_tokens(params: dict[str, Any]) -> None:
     legacy, current = params.pop("max_tokens", None), params.pop("max_completion_tokens", None)
     if legacy is not None and current is not None and legacy != current:
@@ -257,6 +302,8 @@ def _merge_logprobs(params: dict[str, Any]) -> None:
         raise LineRejected("invalid_parameter", "top_logprobs needs logprobs set to true")
     elif logprobs is not None and not _is_int(logprobs):
         raise LineRejected("invalid_parameter", f"logprobs must be a boolean or an integer, got {logprobs!r}")
+    if logprobs is not None and _is_int(logprobs) and logprobs > MAX_LOGPROBS:
+        raise LineRejected("invalid_parameter", f"logprobs must be at most {MAX_LOGPROBS}, got {logprobs}")
     if logprobs is not None:
         params["logprobs"] = logprobs
 
@@ -265,7 +312,10 @@ def _check_lengths(request: BatchRequest, limits: LineLimits) -> None:
     max_tokens, cap = request.params.get("max_tokens"), limits.max_output_tokens
     if cap is not None and max_tokens is not None and max_tokens > cap:
         raise LineRejected("invalid_parameter", f"max_tokens must be <= {cap} here, got {max_tokens}")
-    if limits.max_prompt_tokens is None or limits.count_tokens is None:
+    if limits.max_prompt_tokens is None:
+        return
+    _check_prompt_bytes(request, limits.max_prompt_tokens)
+    if limits.count_tokens is None:
         return
     try:
         tokens = limits.count_tokens(request)
@@ -274,6 +324,18 @@ def _check_lengths(request: BatchRequest, limits: LineLimits) -> None:
     if tokens > limits.max_prompt_tokens:
         raise LineRejected("prompt_too_long",
                            f"prompt has {tokens} tokens, more than the queue's {limits.max_prompt_tokens}")
+
+
+def _check_prompt_bytes(request: BatchRequest, max_prompt_tokens: int) -> None:
+    """Refuses a text prompt that cannot fit max_prompt_tokens by its size alone, before tokenizing it."""
+    if isinstance(request.prompt, list):  # token ids: counted exactly anyway
+        return
+    size = utf8_length(request.prompt or "") + sum(utf8_length(m["content"]) for m in request.messages or [])
+    limit = max_prompt_tokens * PROMPT_BYTES_PER_TOKEN
+    if size > limit:
+        raise LineRejected("prompt_too_long", f"prompt has {size} bytes, more than the queue's limit of "
+                           f"{limit} (max_prompt_tokens {max_prompt_tokens} x {PROMPT_BYTES_PER_TOKEN} bytes "
+                           "per token)")
 
 
 def _is_int(value: object) -> bool:

@@ -1,0 +1,86 @@
+"""What a request may carry into the store, shared by the API's schemas and the batch line parser (api/ and
+worker/ may not import each other): text and JSON the store can hold and every reader can serve back, and
+the request-shape limits both doors apply.
+
+Why: PostgreSQL refuses NUL (U+0000) in text and NaN/Infinity in JSON; lone surrogates (JSON "\\udfff") are
+not Unicode and cannot be encoded as UTF-8. SQLite stores all of them, and then every read that serialises
+the row (GET, each list page holding it, its webhook) fails. So each such value is refused before anything is
+stored, with a 4xx (or a failed batch line) naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+
+MAX_STOP_STRINGS = 16
+MAX_STOP_TOKEN_IDS = 64
+MAX_LOGPROBS = 20  # alternatives per generated token
+MAX_JSON_DEPTH = 32  # nesting of stored JSON (metadata); deeper JSON would exhaust Python's recursion
+# A prompt's tokens each stand for at least one byte and rarely for more than a few: refusing a prompt over
+# max_prompt_tokens * PROMPT_BYTES_PER_TOKEN UTF-8 bytes before tokenizing keeps a huge prompt from costing
+# a full tokenization. Real text averages 2 to 6 bytes per token; only a prompt made mostly of very long
+# repeated runs (e.g. kilobytes of spaces) could fit the token limit and still be refused by this bound.
+PROMPT_BYTES_PER_TOKEN = 32
+MAX_TTL_S = 365 * 86400.0  # a year of waiting for a worker (ttl, a queue's deadline_s): far from year 9999
+MAX_TIMEOUT_S = 30 * 86400.0  # 30 days of running
+
+NUL = "must not contain NUL (\\u0000) characters"
+SURROGATE = "must be valid Unicode: lone surrogates such as \\udfff are not text"
+NON_FINITE = "must be a finite number (not NaN or Infinity)"
+
+
+def text_problem(text: str) -> str | None:
+    """Why `text` cannot be stored, or None."""
+    if "\x00" in text:
+        return NUL
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return SURROGATE
+    return None
+
+
+def json_problem(value: object) -> str | None:
+    """Why the JSON value `value` cannot be stored, as "<where>: <reason>", or None. Iterative, so no
+    nesting can exhaust the stack before MAX_JSON_DEPTH refuses it."""
+    for where, reason in _problems(value):
+        return f"{where}: {reason}" if where else reason
+    return None
+
+
+def _problems(value: object) -> Iterator[tuple[str, str]]:
+    stack: list[tuple[str, object, int]] = [("", value, 0)]
+    while stack:
+        where, item, depth = stack.pop()
+        if isinstance(item, (dict, list)) and depth >= MAX_JSON_DEPTH:
+            yield where, f"nested deeper than {MAX_JSON_DEPTH} levels"
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                child_where = f"{where}[{json.dumps(key)}]"
+                key_problem = text_problem(key) if isinstance(key, str) else "must be a string"
+                if key_problem is not None:
+                    yield child_where, f"the key {key_problem}"
+                stack.append((child_where, child, depth + 1))
+        elif isinstance(item, list):
+            stack.extend((f"{where}[{i}]", child, depth + 1) for i, child in enumerate(item))
+        else:
+            problem = _scalar_problem(item)
+            if problem is not None:
+                yield where, problem
+
+
+def _scalar_problem(item: object) -> str | None:
+    if isinstance(item, str):
+        return text_problem(item)
+    if isinstance(item, float) and not math.isfinite(item):
+        return NON_FINITE
+    if item is None or isinstance(item, (bool, int, float)):
+        return None
+    return f"{type(item).__name__} is not a JSON value"
+
+
+def utf8_length(text: str) -> int:
+    """Bytes of `text` as UTF-8; text that cannot be encoded (lone surrogates) counts 3 bytes per unit."""
+    return len(text.encode("utf-8", errors="surrogatepass"))
