@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Protocol
@@ -12,7 +13,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from api.deps import Services
 from api.errors import install_error_handlers
 from api.metrics import Metrics
-from api.middleware import BodySizeLimit, ResponseCounter
+from api.middleware import AllowedMethods, BodySizeLimit, MetricsAuth, ResponseCounter, UnhandledErrors
+from api.openapi_doc import install_truthful_openapi
 from api.prompt_tokenizer import PromptTokenizer
 from api.routes import batches, files, health, jobs, openai, queues, webhooks
 from api.uploads import UploadSizeLimit
@@ -20,6 +22,8 @@ from core.dispatch import JobPublisher
 from core.settings import Settings
 from core.store.database import make_db_engine, make_session_factory
 from core.token_stream import TokenStream
+
+log = logging.getLogger(__name__)
 
 
 class Runtime(Protocol):
@@ -59,17 +63,27 @@ def create_app(
                 bind = session_factory.kw["bind"]
                 bind.dispose()
 
+    docs = bool(settings.docs_enabled)  # off: the three routes do not exist (404); app.openapi() still works
     app = FastAPI(
         title="Conveyor", version="0.1.0", lifespan=lifespan,
         description="A job queue for asynchronous LLM inference.",
+        docs_url="/docs" if docs else None, redoc_url="/redoc" if docs else None,
+        openapi_url="/openapi.json" if docs else None,
     )
     app.state.services = services
     install_error_handlers(app)
+    install_truthful_openapi(app)
     app.state.token_stream = token_stream  # running jobs' text for streamed completions; None: store polls
     for router in (jobs.router, queues.router, health.router, webhooks.router, openai.router, files.router,
                    batches.router):
         app.include_router(router)
+    # add_middleware wraps: the last one added runs first.
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(UploadSizeLimit, max_bytes=settings.files_max_bytes)
-    app.add_middleware(ResponseCounter, metrics=metrics)  # outermost: 413s are counted too
+    app.add_middleware(MetricsAuth, settings=settings)
+    app.add_middleware(AllowedMethods, routes=app.router.routes)
+    app.add_middleware(ResponseCounter, metrics=metrics)  # outside the others: 401s, 405s, 413s are counted
+    app.add_middleware(UnhandledErrors)  # outermost of ours: an exception anywhere below becomes our 500
+    if settings.auth_enabled and settings.metrics_token is None:
+        log.warning("authentication is on and CONVEYOR_METRICS_TOKEN is unset: /metrics answers 401")
     return app

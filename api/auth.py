@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 from typing import Annotated
 
 from fastapi import Depends
@@ -9,6 +10,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.deps import ServicesDep, SessionDep
 from api.errors import ApiError
+from core.settings import Settings
 from core.store import keys
 from core.store.tables import DEFAULT_TENANT
 
@@ -35,3 +37,20 @@ def _unauthorized(message: str) -> ApiError:
 
 
 CurrentTenant = Annotated[str, Depends(current_tenant)]
+
+
+def metrics_authorized(settings: Settings, authorization: str | None) -> bool:
+    """May this `Authorization` header read /metrics? With a metrics token set, only `Bearer <token>` may;
+    without one, anybody with auth off (the loopback default) and nobody with auth on.
+
+    Tenant API keys are never enough: the metrics are cluster-wide (every tenant's queue depths, outcomes
+    and request counts), so one tenant's key must not read them.
+    """
+    token = settings.metrics_token
+    if token is None:
+        return not settings.auth_enabled
+    scheme, _, given = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not given.strip():
+        return False
+    # compare_digest on bytes: constant time, and no TypeError on a non-ASCII header value.
+    return hmac.compare_digest(given.strip().encode(), token.get_secret_value().encode())

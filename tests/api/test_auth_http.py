@@ -76,12 +76,9 @@ def test_non_loopback_without_auth_is_refused(make_settings: Callable[..., Setti
 
 
 def test_health_endpoints_need_no_key(service: Service) -> None:
+    # /metrics and the docs are closed with auth on: tests/api/test_exposure_http.py
     assert service.http.get("/healthz").json() == {"status": "ok"}
-    assert service.http.get("/metrics").status_code == 200
     assert service.http.get("/readyz").status_code in (200, 503)
-    assert service.http.get("/docs").status_code == 200
-    schema = service.http.get("/openapi.json").json()
-    assert {"/v1/jobs", "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/cancel", "/v1/queues"} <= set(schema["paths"])
 
 
 def test_unknown_route_uses_the_error_shape(alice: TestClient) -> None:

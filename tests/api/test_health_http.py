@@ -2,23 +2,36 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 from service_support import RecordingPublisher, Service
 from sqlalchemy.orm import Session
 
 from core.clock import utcnow
+from core.settings import Settings
 from core.store import jobs, workers
 from core.store.database import make_db_engine, make_session_factory
 
+METRICS_TOKEN = "metrics-token-for-these-tests"
+
+
+@pytest.fixture
+def make_settings(make_settings: Callable[..., Settings]) -> Callable[..., Settings]:
+    """Auth is on in these services, so /metrics needs its token (tests/api/test_exposure_http.py)."""
+    return functools.partial(make_settings, metrics_token=METRICS_TOKEN)
+
 
 def samples(service: Service) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    text = service.http.get("/metrics").text
+    response = service.http.get("/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"})
+    assert response.status_code == 200, response.text
+    text = response.text
     out = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
