@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -9,6 +10,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from core.request_rules import text_problem
 
 LOCATIONS = ("body", "query", "path", "header", "cookie")
 UNION_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "url", "none"})
@@ -38,6 +41,19 @@ def not_found(kind: str, object_id: str) -> ApiError:
     """The one 404 for an id the tenant cannot see, whether it is missing or another tenant's."""
     return ApiError(404, "not_found", f"id: {kind} {object_id} not found", "id")
 
+
+def lookup_id(kind: str, object_id: str) -> str:
+    """`object_id`, or the 404 of an unknown id when no stored id can look like it: PostgreSQL answers a
+    NUL in a query parameter with an error (a 500), not with an empty result."""
+    if not can_be_stored_id(object_id):
+        raise not_found(kind, object_id)
+    return object_id
+
+
+def can_be_stored_id(object_id: str) -> bool:
+    return text_problem(object_id) is None
+
+
 def error_response(
     status: int, code: str, message: str, field: str | None = None, headers: dict[str, str] | None = None
 ) -> JSONResponse:
@@ -60,14 +76,45 @@ async def _api_error(_request: Request, exc: Exception) -> JSONResponse:
 
 async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    first: dict[str, Any] = exc.errors()[0]
+    errors = exc.errors()
+    if errors and errors[0].get("type") == "json_invalid":  # its loc is ("body", <offset>), not a field
+        return _unparsable_body(f"not valid JSON: {errors[0].get('ctx', {}).get('error', 'invalid JSON')}")
+    field, message = validation_message(errors)
+    return error_response(422, "invalid_request", message, field)
+
+
+def _unparsable_body(reason: str) -> JSONResponse:
+    """One answer for every body that cannot be parsed: bad JSON, undecodable bytes, broken multipart."""
+    return error_response(422, "invalid_request", f"body: {reason}", "body")
+
+
+def validation_message(errors: Sequence[Any]) -> tuple[str | None, str]:
+    """(field, "field: what is wrong") for the most telling of pydantic's errors."""
+    error = _most_specific(errors)
+    field = field_name(error.get("loc", ()))
+    message = f"{field}: {error.get('msg', 'invalid value')}" if field else str(error.get("msg"))
+    return field or None, message
+
+
+def _most_specific(errors: Sequence[Any]) -> dict[str, Any]:
+    """The first error, unless it is a union member's type mismatch and a later error about the same field
+    says what is wrong: `"stop": ["\\udfff"]` fails as a string too, but the news is its bad item."""
+    first: dict[str, Any] = errors[0]
+    if not str(first.get("type", "")).endswith("_type"):
+        return first
     field = field_name(first.get("loc", ()))
-    message = f"{field}: {first.get('msg', 'invalid value')}" if field else str(first.get("msg"))
-    return error_response(422, "invalid_request", message, field or None)
+    for error in errors[1:]:
+        name = field_name(error.get("loc", ()))
+        same_field = name == field or name.startswith((f"{field}[", f"{field}."))
+        if same_field and not str(error.get("type", "")).endswith("_type"):
+            return dict(error)
+    return first
 
 
 async def _http_error(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 400:  # FastAPI's answer to a body it could not decode (not UTF-8, bad multipart)
+        return _unparsable_body(f"could not be parsed ({exc.detail})")
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
     return error_response(exc.status_code, code, str(exc.detail), None, getattr(exc, "headers", None))
 

@@ -2,23 +2,28 @@
 
 `{"error": {"message", "type", "param", "code"}}`; request validation is 400 (not the 422 the rest of the API
 answers). Routes opt in with `APIRouter(route_class=OpenAIRoute)`: errors raised while solving dependencies
-(auth, body parsing) and in the handler are translated; everything else keeps the Conveyor shape.
+(auth, body parsing) and in the handler are translated, an unreachable store and unexpected errors included
+(503, 500), so the schema can promise OpenAI's shape for every error of these routes; only what answers
+before a route does (the body-size middleware's 413) keeps the Conveyor shape.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
+import logging
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
+from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from api.errors import ApiError, field_name
+from api.errors import ApiError, validation_message
 
 CODES = {401: "invalid_api_key", 404: "not_found"}
+log = logging.getLogger(__name__)
 
 
 class OpenAIError(Exception):
@@ -51,10 +56,12 @@ def from_api_error(exc: ApiError) -> OpenAIError:
     return OpenAIError(status, exc.message, code=code, param=exc.field, headers=exc.headers)
 
 
-def from_validation_error(exc: RequestValidationError) -> OpenAIError:
-    first: dict[str, Any] = exc.errors()[0]
-    param = field_name(first.get("loc", ())) or None
-    message = f"{param}: {first.get('msg', 'invalid value')}" if param else str(first.get("msg"))
+def from_validation_error(errors: Sequence[Any]) -> OpenAIError:
+    """pydantic's errors (a request's, or a JobCreate built from one) as OpenAI's 400."""
+    if errors and errors[0].get("type") == "json_invalid":  # its loc is ("body", <offset>), not a param
+        reason = errors[0].get("ctx", {}).get("error", "invalid JSON")
+        return OpenAIError(400, f"body: not valid JSON ({reason})", code="invalid_request", param="body")
+    param, message = validation_message(errors)
     return OpenAIError(400, message, code="invalid_request", param=param)
 
 
@@ -70,9 +77,15 @@ class OpenAIRoute(APIRoute):
             except ApiError as exc:
                 return from_api_error(exc).response()
             except RequestValidationError as exc:
-                return from_validation_error(exc).response()
+                return from_validation_error(exc.errors()).response()
             except StarletteHTTPException as exc:
                 code = CODES.get(exc.status_code, "http_error")
                 return OpenAIError(exc.status_code, str(exc.detail), code=code).response()
+            except OperationalError:  # connection details stay out of the body (they may name hosts)
+                return OpenAIError(503, "the job store is unreachable; retry shortly",
+                                   code="store_unavailable", headers={"Retry-After": "1"}).response()
+            except Exception:
+                log.exception("unhandled exception: %s %s", request.method, request.url.path)
+                return OpenAIError(500, "internal server error", code="internal_error").response()
 
         return openai_handler

@@ -7,6 +7,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from api.deps import Services, ServicesDep
+from api.schemas.errors import error_responses
 from api.schemas.health import Check, Health, Readiness
 from core.clock import utcnow
 from core.store import database, workers
@@ -26,7 +27,10 @@ def readyz(services: ServicesDep) -> JSONResponse:
     return JSONResponse(body.model_dump(), status_code=200 if body.ready else 503)
 
 
-@router.get("/metrics", response_class=Response)
+@router.get("/metrics", response_class=Response, responses={
+    200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}}, "description": "Prometheus text"},
+    **error_responses(401),  # without the metrics token, when one is required
+})
 def metrics(services: ServicesDep) -> Response:
     return Response(services.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 

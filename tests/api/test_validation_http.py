@@ -145,11 +145,14 @@ def test_body_over_cap_without_content_length_is_413(small_body_service: TestCli
     assert small.status_code == 202, small.text
 
 
-def test_malformed_json_is_422(alice: TestClient) -> None:
-    r = alice.post("/v1/jobs", content=b"{not json", headers={"Content-Type": "application/json"})
-    assert r.status_code == 422 and error_of(r)["code"] == "invalid_request"
-
-
 def test_idempotency_key_too_long(alice: TestClient) -> None:
     r = alice.post("/v1/jobs", json={"prompt": "x"}, headers={"Idempotency-Key": "k" * 256})
     assert r.status_code == 422 and error_of(r)["field"] == "Idempotency-Key"
+
+
+@pytest.mark.parametrize("body", [b"{not json", b"\x0b\xff6+#5H"], ids=["malformed", "not-utf8"])
+def test_a_body_that_is_not_json_is_one_422_naming_the_body(alice: TestClient, body: bytes) -> None:
+    r = alice.post("/v1/jobs", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 422
+    error = error_of(r)
+    assert error["code"] == "invalid_request" and error["field"] == "body", error
