@@ -14,6 +14,7 @@ from api.deps import ServicesDep, SessionDep
 from api.errors import ApiError, can_be_stored_id, lookup_id, not_found
 from api.schemas.batches import BatchCreate, BatchList, BatchPublic
 from api.schemas.errors import error_responses
+from api.webhook_targets import check_job_webhook
 from core.clock import utcnow
 from core.lifecycle import BATCH_CANCELLED, CANCELLING
 from core.store import batches, files
@@ -34,6 +35,8 @@ def create_batch(body: BatchCreate, session: SessionDep, services: ServicesDep, 
     _check_metadata(body, services.settings.max_metadata_bytes)
     check_batch_location(body.input, services.settings.batch_s3_allowlist, "input")
     check_batch_location(body.output, services.settings.batch_s3_allowlist, "output")
+    webhook = body.webhook.model_dump(mode="json") if body.webhook else None
+    check_job_webhook(webhook, services.settings)  # refused now, as for a job, not only at delivery
     input_url = body.input
     if body.input_file_id is not None:
         source = files.get(session, body.input_file_id, tenant)
@@ -46,7 +49,7 @@ def create_batch(body: BatchCreate, session: SessionDep, services: ServicesDep, 
         session, tenant_id=tenant, input_url=input_url, input_file_id=body.input_file_id,
         output_url=body.output, queue=body.queue, endpoint=body.endpoint,
         completion_window_s=body.completion_window_s, meta=body.metadata, now=utcnow(),
-        webhook=body.webhook.model_dump(mode="json") if body.webhook else None,
+        webhook=webhook,
     )
     return _public(batch)
 

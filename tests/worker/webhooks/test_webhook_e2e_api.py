@@ -41,8 +41,13 @@ def test_refused_targets_are_422_naming_the_field(webhook_service: WebhookServic
     submitted = alice.post("/v1/jobs", json={"prompt": "hi", "webhook": url})
     assert submitted.status_code == 422, submitted.text
     assert submitted.json()["error"]["field"] == "webhook"
+    batch = alice.post("/v1/batches", json={"input": "s3://conveyor-batches/a.jsonl", "output": "s3://conveyor-batches/out/",
+                                             "webhook": {"url": url}})
+    assert batch.status_code == 422, batch.text  # refused at creation, as a job's target is
+    assert batch.json()["error"]["field"] == "webhook"
     assert alice.get("/v1/webhooks").json()["data"] == []
     assert alice.get("/v1/jobs").json()["data"] == []
+    assert alice.get("/v1/batches").json()["data"] == []
 
 
 def test_allowlisted_loopback_and_unresolved_https_names_are_accepted(
