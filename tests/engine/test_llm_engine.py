@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from engine_support import drain
 
 from engine import LLM, EngineConfig, LLMEngine, RequestOutput, SamplingParams
 
@@ -21,17 +22,6 @@ def run(engine: LLMEngine, requests: Requests) -> dict[str, RequestOutput]:
     for rid, (prompt, params) in requests.items():
         engine.add_request(rid, prompt, params)
     return drain(engine)
-
-
-def drain(engine: LLMEngine) -> dict[str, RequestOutput]:
-    done: dict[str, RequestOutput] = {}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                assert out.request_id not in done, "a finished output is reported once"
-                done[out.request_id] = out
-    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
-    return done
 
 
 def greedy(max_tokens: int, **kwargs) -> SamplingParams:

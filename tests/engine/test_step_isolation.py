@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from engine_support import drain
 from fake_runner import FailingRunner, FakeRunner, reference
 from poison_runner import PoisonRunner
 
@@ -59,17 +60,6 @@ def twelve_requests() -> Requests:
 def add(engine: LLMEngine, requests: Requests) -> None:
     for rid, (prompt, params) in requests.items():
         engine.add_request(rid, prompt, params)
-
-
-def drain(engine: LLMEngine) -> dict[str, RequestOutput]:
-    done: dict[str, RequestOutput] = {}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                assert out.request_id not in done, "a finished output is reported once"
-                done[out.request_id] = out
-    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
-    return done
 
 
 def clean_run(tokenizer: Tokenizer, runner: FakeRunner, requests: Requests) -> dict[str, list[int]]:
