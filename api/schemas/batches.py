@@ -12,7 +12,8 @@ from api.schemas.jobs import WebhookSpec, exactly_one_of
 
 Endpoint = Literal["/v1/chat/completions", "/v1/completions"]
 # The same patterns in the JSON schema and here, applied as JSON schema validators written in Python apply
-# them (re.search; Python's re reads \uXXXX too), so the schema and the API agree on every string.
+# them (re.search; Python's re reads \u escapes such as \u0000 too), so the schema and the API agree on
+# every string.
 _BUCKET = "s3://[a-z0-9][a-z0-9.\\-]{1,61}[a-z0-9]"
 S3_OBJECT_PATTERN = f"^{_BUCKET}/[^\\u0000]*[^\\u0000/]$"  # a key, not ending in "/"
 S3_PREFIX_PATTERN = f"^{_BUCKET}(/[^\\u0000]*)?$"
