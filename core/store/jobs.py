@@ -2,7 +2,9 @@
 
 Every status change is ONE conditional UPDATE (`WHERE id = :id AND status IN (...)`, plus the attempt
 number where a worker reports), so a late or duplicate message can never complete a job twice or revive a
-cancelled one. Each transition commits its own transaction and says whether it applied. Times are
+cancelled one. Each transition commits its own transaction and says whether it applied, except that a
+worker's writes for one engine step (first tokens, outcomes) and its claims go in groups, one transaction
+and one set of follow-on effects per group, each row still behind its own condition. Times are
 timezone-aware UTC datetimes.
 """
 
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, func, null, or_, select, update
+from sqlalchemy import ColumnElement, and_, func, insert, null, or_, select, update
 from sqlalchemy.orm import Session
 
 from core.lifecycle import (
@@ -61,16 +63,16 @@ def new_job_id() -> str:
 def add(session: Session, new: NewJob, now: datetime) -> Job:
     """Inserts a queued job and commits. Raises sqlalchemy IntegrityError on a duplicate idempotency key."""
     expires_at = now + timedelta(seconds=new.ttl_s) if new.ttl_s is not None else None
-    job = Job(
+    row = dict(
         id=new_job_id(), tenant_id=new.tenant_id, queue=new.queue, status=QUEUED, prompt=new.prompt,
         messages=new.messages, params=new.params, meta=new.meta, webhook=new.webhook,
         idempotency_key=new.idempotency_key, request_hash=new.request_hash, ttl_s=new.ttl_s,
         timeout_s=new.timeout_s, expires_at=expires_at, created_at=now, updated_at=now, attempts=0,
         preemptions=0, prompt_tokens=new.prompt_tokens,
     )
-    session.add(job)
+    session.execute(insert(Job), [row])  # a bulk INSERT: no unit-of-work bookkeeping for one new row
     session.commit()
-    return job
+    return Job(**row)  # not attached to the session: the caller only reads it
 
 
 def get(session: Session, job_id: str, tenant_id: str | None = None) -> Job | None:
@@ -139,24 +141,100 @@ def status_totals(session: Session) -> list[tuple[str, str, int, int]]:
 
 
 def claim(session: Session, job_id: str, worker_id: str, now: datetime) -> Job | None:
-    """queued -> running (attempts + 1, started_at = now), returning the claimed row from the same
-    statement: no read-back that a dropped connection could separate from the commit. None when the job is
-    not queued; a job whose ttl has passed is expired in the same call and None is returned."""
+    """`claim_many` of one job: the claimed row, or None."""
+    claimed = claim_many(session, [job_id], worker_id, now)
+    return claimed[0] if claimed else None
+
+
+def claim_many(session: Session, job_ids: list[str], worker_id: str, now: datetime) -> list[Job]:
+    """queued -> running (attempts + 1, started_at = now) for every job of `job_ids` still queued, in one
+    statement that returns the claimed rows (no read-back that a dropped connection could separate from the
+    commit), in the order of `job_ids`. Jobs not queued are left out; those whose ttl has passed are expired
+    in the same call."""
+    if not job_ids:
+        return []
     not_expired = or_(Job.expires_at.is_(None), Job.expires_at > now)
     statement = (
         update(Job)
-        .where(Job.id == job_id, Job.status == QUEUED, not_expired)
+        .where(Job.id.in_(job_ids), Job.status == QUEUED, not_expired)
         .values(status=RUNNING, attempts=Job.attempts + 1, started_at=now, first_token_at=None,
                 worker_id=worker_id, updated_at=now)
         .returning(Job)
         .execution_options(synchronize_session=False, populate_existing=True)
     )
-    job = session.execute(statement).scalar_one_or_none()
+    claimed = {job.id: job for job in session.execute(statement).scalars()}
     session.commit()
-    if job is not None:
-        return job
-    _expire(session, job_id, now)
-    return None
+    if len(claimed) < len(set(job_ids)):
+        _expire_listed(session, [job_id for job_id in job_ids if job_id not in claimed], now)
+    return [claimed[job_id] for job_id in dict.fromkeys(job_ids) if job_id in claimed]
+
+
+# --- a worker's writes, grouped: one transaction per engine step -----------------------------------
+
+
+@dataclass(frozen=True)
+class FirstToken:
+    job_id: str
+    attempt: int
+    at: datetime
+
+
+@dataclass(frozen=True)
+class Completion:
+    job_id: str
+    attempt: int
+    result_text: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    preemptions: int
+    first_token_at: datetime | None
+    logprobs: list[dict[str, Any]] | None = None
+
+
+@dataclass(frozen=True)
+class Failure:
+    job_id: str
+    attempt: int
+    code: str
+    message: str
+    preemptions: int = 0
+
+
+Outcome = Completion | Failure
+
+
+def record_step(session: Session, first_tokens: list[FirstToken], outcomes: list[Outcome], now: datetime,
+                ) -> list[str]:
+    """Writes a step's first tokens and outcomes in ONE transaction and commits. Each write is still its own
+    conditional UPDATE on (id, status running, attempt), so a late or duplicate outcome changes nothing, and
+    only the jobs whose outcome applied get their follow-on effects (`record_finished`), once per status
+    for the whole group. Returns the ids of the jobs this made final."""
+    for first in first_tokens:
+        _update(session, first.job_id, (RUNNING,),
+                and_(Job.attempts == first.attempt, Job.first_token_at.is_(None)),
+                first_token_at=first.at, updated_at=first.at)
+    finished: dict[str, list[str]] = {}
+    for outcome in outcomes:
+        status, values = _outcome_values(outcome, now)
+        if _update(session, outcome.job_id, (RUNNING,), Job.attempts == outcome.attempt, **values):
+            finished.setdefault(status, []).append(outcome.job_id)
+    for status, job_ids in finished.items():
+        record_finished(session, job_ids, status, now)
+    session.commit()
+    return [job_id for job_ids in finished.values() for job_id in job_ids]
+
+
+def _outcome_values(outcome: Outcome, now: datetime) -> tuple[str, dict[str, Any]]:
+    common = dict(preemptions=Job.preemptions + outcome.preemptions, finished_at=now, updated_at=now)
+    if isinstance(outcome, Failure):
+        return FAILED, dict(status=FAILED, error_code=outcome.code, error_message=outcome.message, **common)
+    return SUCCEEDED, dict(
+        status=SUCCEEDED, result_text=outcome.result_text, finish_reason=outcome.finish_reason,
+        prompt_tokens=outcome.prompt_tokens, completion_tokens=outcome.completion_tokens,
+        logprobs=outcome.logprobs if outcome.logprobs is not None else null(),  # SQL NULL, not JSON null
+        first_token_at=func.coalesce(Job.first_token_at, outcome.first_token_at), **common,
+    )
 
 
 def record_first_token(session: Session, job_id: str, attempt: int, at: datetime) -> bool:
@@ -181,13 +259,9 @@ def complete(
     logprobs: list[dict[str, Any]] | None = None,
 ) -> bool:
     """running -> succeeded, only for the attempt that is running."""
-    return _transition(
-        session, job_id, (RUNNING,), Job.attempts == attempt,
-        status=SUCCEEDED, result_text=result_text, finish_reason=finish_reason, prompt_tokens=prompt_tokens,
-        logprobs=logprobs if logprobs is not None else null(),  # SQL NULL, not JSON null
-        completion_tokens=completion_tokens, preemptions=Job.preemptions + preemptions,
-        first_token_at=func.coalesce(Job.first_token_at, first_token_at), finished_at=now, updated_at=now,
-    )
+    outcome = Completion(job_id, attempt, result_text, finish_reason, prompt_tokens, completion_tokens,
+                         preemptions, first_token_at, logprobs)
+    return bool(record_step(session, [], [outcome], now))
 
 
 def fail(
@@ -201,11 +275,7 @@ def fail(
     preemptions: int = 0,
 ) -> bool:
     """running -> failed, only for the attempt that is running."""
-    return _transition(
-        session, job_id, (RUNNING,), Job.attempts == attempt,
-        status=FAILED, error_code=code, error_message=message, preemptions=Job.preemptions + preemptions,
-        finished_at=now, updated_at=now,
-    )
+    return bool(record_step(session, [], [Failure(job_id, attempt, code, message, preemptions)], now))
 
 
 def cancel(session: Session, job_id: str, tenant_id: str, now: datetime) -> Job | None:
@@ -323,11 +393,20 @@ def mark_dispatched(session: Session, job_ids: list[str], now: datetime) -> None
     session.commit()
 
 
-def _expire(session: Session, job_id: str, now: datetime) -> bool:
-    return _transition(
-        session, job_id, (QUEUED,), and_(Job.expires_at.is_not(None), Job.expires_at <= now),
-        **_expired_values(now),
+def _expire_listed(session: Session, job_ids: list[str], now: datetime) -> list[str]:
+    """queued -> expired for those of `job_ids` whose ttl has passed; commits."""
+    statement = (
+        update(Job)
+        .where(Job.id.in_(job_ids), Job.status == QUEUED, Job.expires_at.is_not(None), Job.expires_at <= now)
+        .values(**_expired_values(now))
+        .returning(Job.id)
+        .execution_options(synchronize_session=False)
     )
+    expired = list(session.execute(statement).scalars())
+    if expired:
+        record_finished(session, expired, EXPIRED, now)
+    session.commit()
+    return expired
 
 
 def _expired_values(now: datetime) -> dict[str, Any]:
@@ -339,15 +418,26 @@ def _transition(
     session: Session, job_id: str, from_statuses: tuple[str, ...], condition: ColumnElement[bool] | None,
     **values: Any,
 ) -> bool:
-    """The one conditional UPDATE behind every transition; commits and says whether a row changed."""
-    if "status" in values:
-        assert all(values["status"] in JOB_TRANSITIONS[s] for s in from_statuses), (from_statuses, values)
-    query = update(Job).where(Job.id == job_id, Job.status.in_(from_statuses))
-    if condition is not None:
-        query = query.where(condition)
-    result = session.execute(query.values(**values).execution_options(synchronize_session=False))
-    applied: bool = result.rowcount == 1  # type: ignore[attr-defined]
+    """One conditional UPDATE and its follow-on effects, committed; says whether a row changed."""
+    applied = _update(session, job_id, from_statuses, condition, **values)
     if applied and values.get("status") in TERMINAL_STATUSES:
         record_finished(session, [job_id], values["status"], values["finished_at"])
     session.commit()
     return applied
+
+
+def _update(
+    session: Session, job_id: str, from_statuses: tuple[str, ...], condition: ColumnElement[bool] | None,
+    **values: Any,
+) -> bool:
+    """The one conditional UPDATE behind every transition, not committed; says whether a row changed."""
+    if "status" in values:
+        assert all(values["status"] in JOB_TRANSITIONS[s] for s in from_statuses), (from_statuses, values)
+    # On the table, not the mapped class: the ORM's bulk-update layer would double the cost of a statement
+    # that runs for every job, and nothing here reads the rows back through the session.
+    table = Job.__table__
+    query = update(table).where(table.c.id == job_id, table.c.status.in_(from_statuses))
+    if condition is not None:
+        query = query.where(condition)
+    result = session.execute(query.values(**values))
+    return bool(result.rowcount == 1)  # type: ignore[attr-defined]

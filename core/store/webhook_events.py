@@ -15,7 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from core.store import webhooks
-from core.store.tables import Job
+from core.store.tables import Job, Subscription
 from core.views import JobPublic
 from core.webhooks.events import build_event, matches
 
@@ -23,30 +23,45 @@ JOB_STATUS_EVENTS = {s: f"job.{s}" for s in ("succeeded", "failed", "cancelled",
 
 
 def enqueue_job_events(session: Session, job_ids: list[str], status: str, now: datetime) -> None:
+    """One event per job; the group's tenants' subscriptions are read once, in one query."""
     event_type = JOB_STATUS_EVENTS[status]
-    query = select(Job).where(Job.id.in_(job_ids)).execution_options(populate_existing=True)
-    for job in session.execute(query).scalars():
-        data = JobPublic.from_row(job).model_dump(mode="json")
-        _enqueue(session, build_event(event_type, data, now), "job", job.id, job.tenant_id, job.webhook, now)
+    finished = session.execute(select(Job.id, Job.tenant_id, Job.webhook).where(Job.id.in_(job_ids))).all()
+    subscribed = webhooks.enabled_subscriptions_of(session, {tenant_id for _, tenant_id, _ in finished})
+    to_send = {job_id: targets for job_id, tenant_id, webhook in finished
+               if (targets := _targets(subscribed.get(tenant_id, []), event_type, webhook))}
+    if not to_send:
+        return
+    query = select(Job).where(Job.id.in_(list(to_send))).execution_options(populate_existing=True)
+    for job in session.execute(query).scalars():  # the event is the job as its GET shows it, frozen now
+        event = build_event(event_type, JobPublic.from_row(job).model_dump(mode="json"), now)
+        _add_deliveries(session, to_send[job.id], event, "job", job.id, job.tenant_id, now)
 
 
 def enqueue_batch_event(session: Session, batch_public: dict[str, Any], event_type: str, tenant_id: str,
                         webhook: dict[str, Any] | str | None, now: datetime) -> None:
     """`batch_public` is the batch as its `GET` returns it (JSON-ready); `webhook` the batch's own target
     (a URL or an object with `url`), if any. Not committed: runs inside the caller's transaction."""
+    subscribed = webhooks.enabled_subscriptions_of(session, {tenant_id}).get(tenant_id, [])
+    targets = _targets(subscribed, event_type, webhook)
     event = build_event(event_type, batch_public, now)
-    _enqueue(session, event, "batch", str(batch_public["id"]), tenant_id, webhook, now)
+    _add_deliveries(session, targets, event, "batch", str(batch_public["id"]), tenant_id, now)
 
 
-def _enqueue(session: Session, event: dict[str, Any], subject_type: str, subject_id: str, tenant_id: str,
-             own_webhook: dict[str, Any] | str | None, now: datetime) -> None:
-    targets: dict[str, str | None] = {}   # url -> subscription id (None: the subject's own); one per url
-    for subscription in webhooks.enabled_subscriptions(session, tenant_id):
-        if matches(subscription.events, event["type"]):
+def _targets(subscribed: list[Subscription], event_type: str, own_webhook: dict[str, Any] | str | None,
+             ) -> dict[str, str | None]:
+    """url -> subscription id (None: the subject's own target); one delivery per url."""
+    targets: dict[str, str | None] = {}
+    for subscription in subscribed:
+        if matches(subscription.events, event_type):
             targets.setdefault(subscription.url, subscription.id)
     own_url = own_webhook if isinstance(own_webhook, str) or own_webhook is None else own_webhook.get("url")
     if own_url:
         targets.setdefault(str(own_url), None)
+    return targets
+
+
+def _add_deliveries(session: Session, targets: dict[str, str | None], event: dict[str, Any],
+                    subject_type: str, subject_id: str, tenant_id: str, now: datetime) -> None:
     for url, subscription_id in targets.items():
         webhooks.add_delivery(session, tenant_id=tenant_id, subscription_id=subscription_id, url=url,
                               event=event, subject_type=subject_type, subject_id=subject_id, now=now)

@@ -88,8 +88,17 @@ def subscriptions(session: Session, tenant_id: str) -> list[Subscription]:
     return list(session.execute(query.order_by(Subscription.created_at, Subscription.id)).scalars())
 
 
-def enabled_subscriptions(session: Session, tenant_id: str) -> list[Subscription]:
-    return [s for s in subscriptions(session, tenant_id) if s.enabled]
+def enabled_subscriptions_of(session: Session, tenant_ids: set[str]) -> dict[str, list[Subscription]]:
+    """Each tenant's enabled subscriptions, oldest first, in one query (tenants without any are absent)."""
+    if not tenant_ids:
+        return {}
+    query = (select(Subscription)
+             .where(Subscription.tenant_id.in_(sorted(tenant_ids)), Subscription.enabled.is_(True))
+             .order_by(Subscription.created_at, Subscription.id))
+    by_tenant: dict[str, list[Subscription]] = {}
+    for subscription in session.execute(query).scalars():
+        by_tenant.setdefault(subscription.tenant_id, []).append(subscription)
+    return by_tenant
 
 
 def subscription(session: Session, tenant_id: str, subscription_id: str) -> Subscription | None:
