@@ -24,6 +24,7 @@ from engine.tokenizer import Tokenizer
 log = logging.getLogger(__name__)
 
 OnUpdate = Callable[[RequestOutput], None]
+OnStepEnd = Callable[[], None]
 
 
 class EngineShutdownError(RuntimeError):
@@ -45,6 +46,7 @@ class EngineHost:
         self._pending: dict[str, _Pending] = {}  # every request whose future is unresolved
         self._stopping = False
         self._stats = engine.stats()
+        self._step_listeners: list[OnStepEnd] = []
         self._thread = threading.Thread(target=self._loop, name="engine-host", daemon=True)
         self._thread.start()
 
@@ -104,6 +106,12 @@ class EngineHost:
             self._cond.notify()
             return True
 
+    def on_step_end(self, listener: OnStepEnd) -> None:
+        """Calls `listener` on the engine thread after each step's outputs are delivered (callers that group
+        their work per step flush there). Register before submitting work."""
+        with self._cond:
+            self._step_listeners.append(listener)
+
     def stats(self) -> dict[str, object]:
         with self._cond:
             return dict(self._stats)
@@ -152,6 +160,12 @@ class EngineHost:
         self._deliver(outputs)
         with self._cond:
             self._stats = self.engine.stats()
+            listeners = list(self._step_listeners)
+        for listener in listeners:
+            try:
+                listener()
+            except Exception:  # a caller's callback must not stop the engine
+                log.exception("step-end listener failed")
 
     def _take_inbox(self) -> None:
         with self._cond:

@@ -6,6 +6,7 @@ import logging
 import socket
 
 from core.broker import BrokerPublisher
+from core.finished_jobs import RedisFinishedSink
 from core.settings import Settings
 from core.store.database import make_db_engine, make_session_factory
 from worker.celery_app import CONTROL_QUEUE, make_celery_app
@@ -25,8 +26,9 @@ def run_worker(settings: Settings) -> None:
     publisher = BrokerPublisher(settings)
     redis_broker = settings.broker_url is not None and settings.broker_url.startswith("redis")
     tokens = RedisTokenSink(settings.broker_url or "") if redis_broker else None  # text deltas to the API
+    finished = RedisFinishedSink(settings.broker_url or "") if redis_broker else None  # wakes API waiters
     services = WorkerServices(settings, sessions, publisher, worker_id, tokens=tokens,
-                              republish_requeued=True)
+                              republish_requeued=True, finished=finished)
     services.start()
     grace_s = settings.worker_shutdown_grace_s
     app.steps["consumer"].add(job_consumer_step(services.runner, grace_s=grace_s, publish=publisher.publish))
@@ -42,3 +44,5 @@ def run_worker(settings: Settings) -> None:
         publisher.close()
         if tokens is not None:
             tokens.close()
+        if finished is not None:
+            finished.close()

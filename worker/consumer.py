@@ -20,6 +20,7 @@ import logging
 import queue as stdlib_queue
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from celery import bootsteps
@@ -100,31 +101,44 @@ def job_consumer_step(runner: JobRunner, *, grace_s: float, publish: Publish) ->
             self._start_held(queue)
 
         def _start_held(self, queue: str) -> None:
-            """Starts held messages while the queue is under its limit: at once, normally (the channel's QoS
-            already holds it there); after a reconnect, jobs taken on the old channel still count."""
+            """Starts held messages while the queue is under its limit, claimed together: at once, normally
+            (the channel's QoS already holds it there); after a reconnect, jobs taken on the old channel
+            still count."""
             held = self._held[queue]
-            while held and runner.has_room(queue):
-                self._start(held.popleft())
+            room = runner.room(queue)
+            if held and room:
+                self._start([held.popleft() for _ in range(min(room, len(held)))])
 
-        def _start(self, message: Message) -> None:
-            body = message.payload
-            job_id = body.get("job_id") if isinstance(body, dict) else None
-            if not isinstance(job_id, str):
-                log.error("dropping malformed job message %r", body)
-                message.ack()
+        def _start(self, messages: list[Message]) -> None:
+            requests = []
+            for message in messages:
+                body = message.payload
+                job_id = body.get("job_id") if isinstance(body, dict) else None
+                if not isinstance(job_id, str):
+                    log.error("dropping malformed job message %r", body)
+                    message.ack()
+                    continue
+                requests.append((job_id, message))
+            if not requests:
                 return
             try:
-                started = runner.run(job_id, on_done=lambda: self._ack_later(message))
+                started = runner.run_many([(job_id, self._acker(message)) for job_id, message in requests])
             except RunnerStoppedError:
-                message.requeue()
+                for _, message in requests:
+                    message.requeue()
                 return
             except Exception:
-                log.exception("could not start job %s; message returned to the queue", job_id)
+                log.exception("could not start %d job(s); messages returned to the queue", len(requests))
                 time.sleep(STORE_ERROR_BACKOFF_S)  # the store is likely down: do not spin on redelivery
-                message.requeue()
+                for _, message in requests:
+                    message.requeue()
                 return
-            if not started:
-                message.ack()
+            for (_, message), was_started in zip(requests, started, strict=True):
+                if not was_started:
+                    message.ack()
+
+        def _acker(self, message: Message) -> Callable[[], None]:
+            return lambda: self._ack_later(message)
 
         def _ack_later(self, message: Message) -> None:
             self._acks.put(message)

@@ -16,6 +16,7 @@ import time
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from core.finished_jobs import LocalFinishedHub
 from core.settings import Settings
 from core.store import jobs
 from core.store.database import make_db_engine, make_session_factory
@@ -37,12 +38,14 @@ class EmbeddedRuntime:
         self.settings = settings
         self.publisher = InProcessPublisher(list(settings.queues))
         self.token_stream = InProcessTokenStream()  # running jobs' text, to the API (create_app)
+        self.finished = LocalFinishedHub()  # finished jobs, to the API's waiters (create_app: watch and sink)
         self.worker_id = new_worker_id("embedded")
         self._sessions = sessions if sessions is not None else make_session_factory(
             make_db_engine(settings.database_url)
         )
         self._services = WorkerServices(settings, self._sessions, self.publisher, self.worker_id,
-                                        tokens=self.token_stream, republish_requeued=False)
+                                        tokens=self.token_stream, republish_requeued=False,
+                                        finished=self.finished)
         self._stop = threading.Event()
         self._feeders: list[threading.Thread] = []
 
@@ -77,21 +80,39 @@ class EmbeddedRuntime:
             log.info("loaded %d queued job(s) from the store", len(rows))
 
     def _feed(self, queue_name: str) -> None:
-        """Hands this queue's jobs to the runner whenever its per-queue hold has room."""
+        """Hands this queue's jobs to the runner whenever its per-queue hold has room, as many at once as
+        are waiting and fit (claimed together)."""
         runner = self._services.runner
         pending = self.publisher.queues[queue_name]
         while not self._stop.is_set():
             if not runner.wait_for_room(queue_name, POLL_S):
                 continue
             try:
-                job_id = pending.get(timeout=POLL_S)
+                job_ids = [pending.get(timeout=POLL_S)]
             except stdlib_queue.Empty:
                 continue
+            job_ids += _take_waiting(pending, runner.room(queue_name) - 1)
             try:
-                runner.run(job_id, on_done=lambda: None)
+                runner.run_many([(job_id, _nothing) for job_id in job_ids])
             except RunnerStoppedError:
                 return
             except Exception:
-                log.exception("could not start job %s; it stays queued", job_id)
+                log.exception("could not start %d job(s); they stay queued", len(job_ids))
                 time.sleep(STORE_ERROR_BACKOFF_S)
-                self.publisher.publish(job_id, queue_name)
+                for job_id in job_ids:
+                    self.publisher.publish(job_id, queue_name)
+
+
+def _take_waiting(pending: stdlib_queue.SimpleQueue[str], limit: int) -> list[str]:
+    """Up to `limit` ids already waiting, without blocking."""
+    taken: list[str] = []
+    while len(taken) < limit:
+        try:
+            taken.append(pending.get_nowait())
+        except stdlib_queue.Empty:
+            break
+    return taken
+
+
+def _nothing() -> None:
+    """Embedded jobs need no acknowledgement: the store is their only record."""

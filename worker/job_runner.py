@@ -2,11 +2,14 @@
 
 A job id comes in (from a broker message or an in-process queue); the runner claims the row (a conditional
 UPDATE, so a duplicate or late message is dropped), hands the prompt to the engine, and writes the outcome.
-Database writes happen on one "finisher" thread, never on the engine thread, and at most twice per job
-(first token, outcome). An outcome is kept and retried, in order, until the store takes it (a database
-outage only delays it); the job holds its place in the queue's limit meanwhile, which bounds what waits. A
-watcher thread polls the store for cancels, enforces `timeout`, and aborts attempts the store no longer
-calls current (the job was requeued to another worker while this one was paused or cut off).
+Work goes in groups, because per-job transactions, not the engine, are what limit short jobs: the jobs
+handed over together are claimed in one statement, and everything one engine step produced (first tokens,
+outcomes) is written by one "writer" thread in one transaction (jobs.record_step), each row still behind
+its own conditional UPDATE. When the writer falls behind, the next group simply holds several steps. A
+group is kept and retried until the store takes it (a database outage only delays it); its jobs hold their
+places in their queues' limits meanwhile, which bounds what waits. A watcher thread polls the store for
+cancels, enforces `timeout`, and aborts attempts the store no longer calls current (the job was requeued
+to another worker while this one was paused or cut off).
 
 Attempts, not jobs, are the unit here: the table of running work is keyed by request id (`job#attempt`),
 so a late attempt 1 can never remove, or answer for, an attempt 2 of the same job in this worker.
@@ -19,10 +22,12 @@ take a job only when there is room.
 from __future__ import annotations
 
 import logging
+import queue as stdlib_queue
+import sys
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -33,6 +38,7 @@ from tenacity import Retrying, retry_if_exception_type, wait_exponential
 
 from core.clock import utcnow
 from core.dispatch import Publish, publish_and_mark
+from core.finished_jobs import FinishedSink
 from core.lifecycle import CANCELLED, RUNNING
 from core.store import jobs
 from core.store.tables import Job
@@ -52,6 +58,8 @@ CANCELLED_REASON, SHUTDOWN, SUPERSEDED = "cancelled", "shutdown", "superseded"  
 STORE_RETRY_FIRST_WAIT_S = 0.2  # first pause between outcome writes while the database is unreachable,
 STORE_RETRY_MAX_WAIT_S = 5.0  # doubling up to this
 ABORT_WAIT_S = 10.0  # how long an abort may take to come back from the engine at shutdown
+GROUP_LINGER_S = 0.005  # how long the writer waits for the rest of a step before writing what it has
+MAX_GROUP = 512  # writes per transaction
 
 
 @dataclass
@@ -68,6 +76,26 @@ class RunningJob:
     first_token_seen: bool = False
 
 
+@dataclass(frozen=True)
+class _FirstToken:
+    handle: RunningJob
+    at: datetime
+
+
+@dataclass(frozen=True)
+class _Ended:
+    """An attempt left the engine (or never entered it): its outcome to write, then its handle to release."""
+
+    handle: RunningJob
+    future: Future[RequestOutput] | None = None  # resolved; None: `failure` says what happened
+    failure: tuple[str, str] | None = None  # (code, message) of an attempt the engine refused
+
+
+_STEP_END = "step end"  # in the writer's inbox: the engine step's outputs are all in
+_STOP = "stop"
+_WriterItem = _FirstToken | _Ended | str
+
+
 class RunnerStoppedError(RuntimeError):
     """The runner is shutting down: the caller must put the message back, not drop it."""
 
@@ -76,6 +104,7 @@ class JobRunner:
     def __init__(
         self, host: EngineHost, sessions: sessionmaker[Session], worker_id: str, *,
         limits: dict[str, int] | None = None, cancel_poll_s: float = 0.5, tokens: TokenSink | None = None,
+        finished: FinishedSink | None = None,
     ) -> None:
         self.host = host
         self.worker_id = worker_id
@@ -83,32 +112,52 @@ class JobRunner:
         self._sessions = sessions
         self._cancel_poll_s = cancel_poll_s
         self._streamer = JobStreamer(tokens) if tokens is not None else None  # text deltas to the API
+        self._finished = finished  # told which jobs each group made final (long polls wake)
         self._lock = threading.Lock()
         self._running: dict[str, RunningJob] = {}  # by request id (job#attempt)
         self._job_left = threading.Condition(self._lock)
-        self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="job-finisher")
+        self._inbox: stdlib_queue.SimpleQueue[_WriterItem] = stdlib_queue.SimpleQueue()  # to the writer
+        self._step_had_news = False  # the current engine step queued something for the writer
+        self._writer = threading.Thread(target=self._write_loop, name="job-writer", daemon=True)
         self._stop = threading.Event()
         self._abandon_writes = threading.Event()  # shutdown's last resort: unwritten outcomes are dropped
         self._shut_down = False
         self._watcher = threading.Thread(target=self._watch, name="job-watcher", daemon=True)
 
     def start(self) -> None:
+        self.host.on_step_end(self._step_ended)
+        self._writer.start()
         self._watcher.start()
 
     # --- taking a job --------------------------------------------------------------------------------
 
     def run(self, job_id: str, on_done: OnDone) -> bool:
-        """Claims and submits the job; False (on_done not called) when it is not ours to run.
+        """`run_many` of one job."""
+        return self.run_many([(job_id, on_done)])[0]
+
+    def run_many(self, requests: list[tuple[str, OnDone]]) -> list[bool]:
+        """Claims the jobs in one statement and submits those it got; per request, whether it started.
+        A job not started (done, cancelled, expired or already running: not ours to run) never calls its
+        on_done.
 
         Raises RunnerStoppedError once shutdown has begun, and store errors as they come.
         """
         if self._stop.is_set():
             raise RunnerStoppedError("the runner is shutting down")
         with self._sessions() as session:
-            job = jobs.claim(session, job_id, self.worker_id, utcnow())
-        if job is None:
-            log.info("job %s not claimable (done, cancelled, expired or already running); dropped", job_id)
-            return False
+            claimed = jobs.claim_many(session, [job_id for job_id, _ in requests], self.worker_id, utcnow())
+        unstarted = {job.id: job for job in claimed}
+        started = []
+        for job_id, on_done in requests:
+            job = unstarted.pop(job_id, None)  # a job listed twice starts once
+            if job is None:
+                log.info("job %s not claimable (done, cancelled, expired or running); dropped", job_id)
+            else:
+                self._start(job, on_done)
+            started.append(job is not None)
+        return started
+
+    def _start(self, job: Job, on_done: OnDone) -> None:
         handle = RunningJob(job.id, job.attempts, job.queue, f"{job.id}#{job.attempts}", job.timeout_s,
                             time.monotonic(), on_done, logprobs=(job.params or {}).get("logprobs"))
         with self._lock:
@@ -118,14 +167,13 @@ class JobRunner:
             future = self.host.submit(handle.request_id, prompt, params, job.queue,
                                       on_update=lambda out: self._on_update(handle, out))
         except ValueError as exc:
-            self._finisher.submit(self._fail_and_release, handle, INVALID_REQUEST, str(exc))
-            return True
+            self._inbox.put(_Ended(handle, failure=(INVALID_REQUEST, str(exc))))
+            return
         except Exception as exc:
             log.exception("engine refused job %s", job.id)
-            self._finisher.submit(self._fail_and_release, handle, ENGINE_ERROR, _describe(exc))
-            return True
-        future.add_done_callback(lambda f: self._finisher.submit(self._finish, handle, f))
-        return True
+            self._inbox.put(_Ended(handle, failure=(ENGINE_ERROR, _describe(exc))))
+            return
+        future.add_done_callback(lambda f: self._to_writer(_Ended(handle, f)))
 
     def _engine_input(self, job: Job) -> tuple[str | list[int], SamplingParams]:
         try:
@@ -146,82 +194,137 @@ class JobRunner:
         if handle.first_token_seen or out.metrics.first_token_time is None:
             return
         handle.first_token_seen = True
-        self._finisher.submit(self._record_first_token, handle, _to_datetime(out.metrics.first_token_time))
+        self._to_writer(_FirstToken(handle, _to_datetime(out.metrics.first_token_time)))
 
-    # --- finisher thread -----------------------------------------------------------------------------
+    def _to_writer(self, item: _FirstToken | _Ended) -> None:
+        self._step_had_news = True
+        self._inbox.put(item)
 
-    def _record_first_token(self, handle: RunningJob, at: datetime) -> None:
-        try:  # one try: only a timestamp, and the outcome write carries it again
-            with self._sessions() as session:
-                jobs.record_first_token(session, handle.job_id, handle.attempt, at)
-        except Exception as exc:
-            log.warning("job %s: could not record its first token (%s)", handle.job_id, _describe(exc))
+    def _step_ended(self) -> None:
+        if self._step_had_news:
+            self._step_had_news = False
+            self._inbox.put(_STEP_END)
 
-    def _finish(self, handle: RunningJob, future: Future[RequestOutput]) -> None:
+    # --- writer thread -------------------------------------------------------------------------------
+
+    def _write_loop(self) -> None:
+        stopping = False
+        while not stopping:
+            group, stopping = self._next_group(self._inbox.get())
+            if group:
+                self._write_group(group)
+
+    def _next_group(self, first: _WriterItem) -> tuple[list[_FirstToken | _Ended], bool]:
+        """`first` and what follows it of the same engine step (and any later ones already waiting).
+        Returns (group, whether the stop marker was seen)."""
+        group: list[_FirstToken | _Ended] = []
+        step_over, item = False, first
+        while True:
+            if item is _STOP:
+                return group, True
+            if item is _STEP_END:
+                step_over = True
+            else:
+                assert isinstance(item, _FirstToken | _Ended)
+                group.append(item)
+            if len(group) >= MAX_GROUP:
+                return group, False
+            try:  # once the step is over, only what is already here; before, a moment for the rest of it
+                item = self._inbox.get(block=not step_over, timeout=None if step_over else GROUP_LINGER_S)
+            except stdlib_queue.Empty:
+                return group, False
+
+    def _write_group(self, group: list[_FirstToken | _Ended]) -> None:
+        ended = [item for item in group if isinstance(item, _Ended)]
+        ending = {item.handle.request_id for item in ended}
+        first_tokens = [jobs.FirstToken(item.handle.job_id, item.handle.attempt, item.at) for item in group
+                        if isinstance(item, _FirstToken) and item.handle.request_id not in ending]
+        outcomes = [outcome for item in ended if (outcome := self._outcome(item)) is not None]
         try:
-            self._store_outcome(handle, future)
-        except Exception as exc:
-            log.exception("job %s: could not store its outcome", handle.job_id)
-            self._store_failure(handle, ENGINE_ERROR, f"could not store the result: {type(exc).__name__}")
-        finally:
-            self._release(handle)
+            finished = self._write(jobs.record_step, first_tokens, outcomes, utcnow())
+        except OperationalError as exc:  # only at a shutdown that cannot wait for the store any longer
+            log.error("shutdown: %d outcome(s) not stored (%s); the jobs stay running under this worker, "
+                      "and another worker's reconciler requeues them", len(outcomes), _describe(exc))
+            finished = []
+        except Exception:  # not the database being away: one of the writes itself
+            log.exception("a group of %d write(s) failed; writing them one by one", len(outcomes))
+            finished = self._write_each(outcomes)
+        if finished and self._finished is not None:
+            self._finished.finished(finished)
+        for item in ended:
+            self._release(item.handle)
 
-    def _fail_and_release(self, handle: RunningJob, code: str, message: str) -> None:
-        try:
-            self._store_failure(handle, code, message)
-        finally:
-            self._release(handle)
+    def _write_each(self, outcomes: list[jobs.Outcome]) -> list[str]:
+        """The outcomes of a group that failed, each in its own transaction: a result the store cannot take
+        becomes a failure of that job alone."""
+        finished = []
+        for outcome in outcomes:
+            try:
+                finished += self._write(jobs.record_step, [], [outcome], utcnow())
+            except Exception as exc:
+                log.exception("job %s: could not store its outcome", outcome.job_id)
+                if isinstance(outcome, jobs.Completion):
+                    failure = jobs.Failure(outcome.job_id, outcome.attempt, ENGINE_ERROR,
+                                           f"could not store the result: {type(exc).__name__}")
+                    finished += self._write_failure(failure)
+        return finished
 
-    def _store_outcome(self, handle: RunningJob, future: Future[RequestOutput]) -> None:
+    def _write_failure(self, failure: jobs.Failure) -> list[str]:
         try:
-            out = future.result()
+            return self._write(jobs.record_step, [], [failure], utcnow())
+        except Exception:
+            log.exception("job %s: could not store its failure (%s)", failure.job_id, failure.code)
+            return []
+
+    def _outcome(self, item: _Ended) -> jobs.Outcome | None:
+        """What to write for an attempt that ended; None when there is nothing to write."""
+        handle = item.handle
+        if item.future is None:
+            assert item.failure is not None
+            return self._failure(handle, *item.failure)
+        try:
+            out = item.future.result()
         except Exception as exc:
-            self._store_failure(handle, ENGINE_ERROR, _describe(exc))
-            return
+            return self._failure(handle, ENGINE_ERROR, _describe(exc))
         if out.finish_reason == "abort":
-            self._store_abort(handle, out)
-            return
-        stored = self._write(
-            jobs.complete, handle.job_id, handle.attempt, result_text=_storable(out.text),
+            return self._abort_outcome(handle, out)
+        try:
+            logprobs = job_logprobs(out.token_ids, out.logprobs, handle.logprobs, self.host.tokenizer)
+        except Exception as exc:
+            log.exception("job %s: could not build its logprobs", handle.job_id)
+            return self._failure(handle, ENGINE_ERROR, f"could not store the result: {type(exc).__name__}")
+        return jobs.Completion(
+            handle.job_id, handle.attempt, result_text=_storable(out.text),
             finish_reason=str(out.finish_reason), prompt_tokens=len(out.prompt_token_ids),
             completion_tokens=len(out.token_ids), preemptions=out.metrics.num_preemptions,
-            first_token_at=_to_datetime(out.metrics.first_token_time), now=utcnow(),
-            logprobs=job_logprobs(out.token_ids, out.logprobs, handle.logprobs, self.host.tokenizer),
+            first_token_at=_to_datetime(out.metrics.first_token_time), logprobs=logprobs,
         )
-        if not stored:
-            log.info("job %s attempt %d finished but is no longer running here; result dropped",
-                     handle.job_id, handle.attempt)
 
-    def _store_abort(self, handle: RunningJob, out: RequestOutput) -> None:
+    def _abort_outcome(self, handle: RunningJob, out: RequestOutput) -> jobs.Outcome | None:
         preemptions = out.metrics.num_preemptions
         if handle.abort_reason == TIMEOUT:
             message = f"timeout: ran longer than {handle.timeout_s} s"
-            self._store_failure(handle, TIMEOUT, message, preemptions)
-        elif handle.abort_reason is None:  # aborted by the engine itself
-            self._store_failure(handle, ENGINE_ERROR, "aborted by the engine", preemptions)
-        # else: cancelled (already so in the store), handed back at shutdown, or superseded by another
-        # attempt: nothing to write
+            return self._failure(handle, TIMEOUT, message, preemptions)
+        if handle.abort_reason is None:  # aborted by the engine itself
+            return self._failure(handle, ENGINE_ERROR, "aborted by the engine", preemptions)
+        return None  # cancelled (already so in the store), handed back at shutdown, or superseded
 
-    def _store_failure(self, handle: RunningJob, code: str, message: str, preemptions: int = 0) -> None:
+    def _failure(self, handle: RunningJob, code: str, message: str, preemptions: int = 0) -> jobs.Failure:
         log.warning("job %s attempt %d failed: %s: %s", handle.job_id, handle.attempt, code, message)
-        try:
-            self._write(jobs.fail, handle.job_id, handle.attempt, code=code, message=_storable(message),
-                        now=utcnow(), preemptions=preemptions)
-        except Exception:
-            log.exception("job %s: could not store its failure (%s)", handle.job_id, code)
+        return jobs.Failure(handle.job_id, handle.attempt, code, _storable(message), preemptions)
 
-    def _write(self, transition: Callable[..., bool], *args: Any, **kwargs: Any) -> bool:
-        """One store transition in its own session, retried for as long as the database is unreachable (the
-        transition is a conditional UPDATE, so a retry after a commit whose answer was lost is a no-op).
-        Only a shutdown that cannot wait any longer gives up; the job then stays `running` under this
-        worker, whose heartbeat stops, and another worker's reconciler requeues it."""
+    def _write(self, transition: Callable[..., list[str]], *args: Any) -> list[str]:
+        """One store write in its own session, retried for as long as the database is unreachable (its
+        transitions are conditional UPDATEs, so a retry after a commit whose answer was lost is a no-op).
+        Only a shutdown that cannot wait any longer gives up (OperationalError); the jobs then stay
+        `running` under this worker, whose heartbeat stops, and another worker's reconciler requeues them."""
         backoff = wait_exponential(multiplier=STORE_RETRY_FIRST_WAIT_S, max=STORE_RETRY_MAX_WAIT_S)
         retrying = Retrying(retry=retry_if_exception_type(OperationalError),
                             stop=lambda _: self._abandon_writes.is_set(), wait=backoff,
                             before_sleep=_log_store_retry, reraise=True)
         for attempt in retrying:
             with attempt, self._sessions() as session:
-                return transition(session, *args, **kwargs)
+                return transition(session, *args)
         raise AssertionError("unreachable: Retrying either returns or raises")
 
     def _release(self, handle: RunningJob) -> None:
@@ -296,9 +399,19 @@ class JobRunner:
         with self._lock:
             return self._job_left.wait_for(lambda: self._has_room(queue), timeout_s)
 
+    def room(self, queue: str) -> int:
+        """How many more jobs of `queue` may start now (sys.maxsize for a queue without a limit here)."""
+        with self._lock:
+            return self._room(queue)
+
     def _has_room(self, queue: str) -> bool:
+        return self._room(queue) > 0
+
+    def _room(self, queue: str) -> int:
         limit = self.limits.get(queue)
-        return limit is None or sum(1 for h in self._running.values() if h.queue == queue) < limit
+        if limit is None:
+            return sys.maxsize
+        return max(0, limit - sum(1 for h in self._running.values() if h.queue == queue))
 
     def wait_idle(self, timeout_s: float, tick: Callable[[], None] | None = None) -> bool:
         """Waits until no job is in flight, calling `tick` (e.g. flush acks) every 0.1 s in this thread."""
@@ -333,7 +446,9 @@ class JobRunner:
                 self._abandon_writes.set()  # the store is down: unwritten outcomes are left to the fleet
             requeued = self._requeue_own_jobs()
         self._abandon_writes.set()
-        self._finisher.shutdown(wait=True)
+        self._inbox.put(_STOP)
+        if self._writer.is_alive():
+            self._writer.join()
         if tick is not None:
             tick()
         if self._watcher.is_alive():

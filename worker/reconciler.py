@@ -31,6 +31,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from core.clock import utcnow
 from core.dispatch import publish_and_mark
+from core.finished_jobs import FinishedSink
 from core.settings import Settings
 from core.store import jobs, workers
 
@@ -68,8 +69,9 @@ class ReconcileReport:
 
 class Reconciler:
     def __init__(self, sessions: sessionmaker[Session], broker: Broker, settings: Settings,
-                 local: Local | None = None) -> None:
+                 local: Local | None = None, finished: FinishedSink | None = None) -> None:
         self._sessions = sessions
+        self._finished = finished
         self._broker = broker
         self._local = local
         self._queues = list(settings.queues)
@@ -100,6 +102,8 @@ class Reconciler:
                 log.warning("requeued %d job(s) of dead worker(s) %s", len(requeued), dead)
             requeued += self._requeue_unheld(session, now)
             stale = jobs.undispatched(session, now - self._grace)
+        if expired and self._finished is not None:
+            self._finished.finished(expired)
         # Requeued jobs go out now, whatever their age; the rest once the API's grace has passed.
         pending = requeued + [job for job in stale if job not in requeued]
         published = publish_and_mark(self._sessions, self._broker.publish, pending)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from core.finished_jobs import FinishedSink
 from core.settings import Settings
 from core.token_stream import TokenSink
 from engine.host import EngineHost
@@ -32,17 +33,21 @@ log = logging.getLogger(__name__)
 
 class WorkerServices:
     def __init__(self, settings: Settings, sessions: sessionmaker[Session], broker: Broker, worker_id: str,
-                 *, tokens: TokenSink | None, republish_requeued: bool) -> None:
+                 *, tokens: TokenSink | None, republish_requeued: bool,
+                 finished: FinishedSink | None = None) -> None:
         """`republish_requeued`: jobs requeued at shutdown are published again at once (Celery); embedded
-        mode leaves them queued in the store for the next start."""
+        mode leaves them queued in the store for the next start. `finished` hears of every job this worker
+        makes final (its outcomes, its reconciler's expiries), for the API's long polls."""
         self.settings = settings
         self.worker_id = worker_id
         self._sessions = sessions
         self._broker = broker
         self._tokens = tokens
+        self._finished = finished
         self._republish = republish_requeued
         self._heartbeat = Heartbeat(sessions, worker_id, list(settings.queues), settings.worker_heartbeat_s)
-        self._reconciler = Reconciler(sessions, broker, settings, Local(worker_id, self._held_attempts))
+        self._reconciler = Reconciler(sessions, broker, settings, Local(worker_id, self._held_attempts),
+                                      finished=finished)
         self._webhooks = WebhookSender(sessions, settings)
         self._host: EngineHost | None = None
         self._runner: JobRunner | None = None
@@ -68,7 +73,8 @@ class WorkerServices:
         self._host = EngineHost.from_config(config)
         limits = {name: queue.max_running for name, queue in self.settings.queues.items()}
         self._runner = JobRunner(self._host, self._sessions, self.worker_id, limits=limits,
-                                 cancel_poll_s=self.settings.cancel_poll_s, tokens=self._tokens)
+                                 cancel_poll_s=self.settings.cancel_poll_s, tokens=self._tokens,
+                                 finished=self._finished)
         self._batches = make_batch_runner(self._sessions, self.settings, self._broker.publish, self.worker_id,
                                           self._host.tokenizer)
         self._heartbeat.start()

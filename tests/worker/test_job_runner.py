@@ -272,3 +272,92 @@ def test_two_attempts_of_one_job_are_held_apart_and_the_superseded_one_is_aborte
     second.wait()
     assert runner.held_attempts() == set()
     wait_for(lambda: _kv_free(host), "both attempts' KV blocks to be freed", timeout_s=30)
+
+
+class Finished:
+    """A FinishedSink that records each group it hears of."""
+
+    def __init__(self) -> None:
+        self.groups: list[list[str]] = []
+
+    def finished(self, job_ids: list[str]) -> None:
+        self.groups.append(list(job_ids))
+
+
+def test_jobs_handed_over_together_are_claimed_in_one_statement_and_written_in_few_transactions(
+    host: EngineHost, sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    claims, steps = _count_calls(monkeypatch, "claim_many"), _count_calls(monkeypatch, "record_step")
+    heard = Finished()
+    runner = JobRunner(host, sessions, "group-worker", cancel_poll_s=0.05, finished=heard)
+    runner.start()
+    try:
+        ids = [add_job(sessions, f"One token please {i}", max_tokens=1) for i in range(8)]
+        done = [Done() for _ in ids]
+        assert runner.run_many(list(zip(ids, done, strict=True))) == [True] * 8
+        for d in done:
+            d.wait()
+    finally:
+        runner.shutdown(grace_s=0.0, publish=None)
+
+    assert len(claims) == 1  # eight jobs, one claim
+    # Eight 1-token jobs finish in the engine step that prefills them (one, or two if the engine thread
+    # started before the last was submitted): one write each, not one per job.
+    assert 1 <= len(steps) <= 2 and sum(len(outcomes) for _, outcomes in steps) == 8
+    assert all(get_job(sessions, job_id).status == "succeeded" for job_id in ids)
+    assert sorted(job_id for group in heard.groups for job_id in group) == sorted(ids)
+
+
+def test_a_job_listed_twice_or_not_queued_is_not_started(
+    runner: JobRunner, sessions: sessionmaker[Session]
+) -> None:
+    job_id, gone = add_job(sessions, "Once only", max_tokens=1), add_job(sessions, "Cancelled", max_tokens=1)
+    with sessions() as session:
+        jobs.cancel(session, gone, "default", utcnow())
+    first, again, cancelled = Done(), Done(), Done()
+
+    assert runner.run_many([(job_id, first), (job_id, again), (gone, cancelled)]) == [True, False, False]
+    first.wait()
+    assert again.calls == 0 and cancelled.calls == 0 and get_job(sessions, job_id).attempts == 1
+
+
+def test_a_group_whose_write_fails_is_written_one_by_one_and_only_the_culprit_fails(
+    host: EngineHost, sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = jobs.record_step
+
+    def refuse_groups_with_the_poison(session: Session, first_tokens: Any, outcomes: Any, now: Any) -> Any:
+        if any(isinstance(o, jobs.Completion) and o.job_id == poison for o in outcomes):
+            raise ValueError("this result cannot be stored")  # not the database being away
+        return real(session, first_tokens, outcomes, now)
+
+    monkeypatch.setattr(jobs, "record_step", refuse_groups_with_the_poison)
+    runner = JobRunner(host, sessions, "isolating-worker", cancel_poll_s=0.05)
+    runner.start()
+    try:
+        ids = [add_job(sessions, f"Group member {i}", max_tokens=1) for i in range(4)]
+        poison = ids[2]
+        done = [Done() for _ in ids]
+        runner.run_many(list(zip(ids, done, strict=True)))
+        for d in done:
+            d.wait()
+    finally:
+        runner.shutdown(grace_s=0.0, publish=None)
+
+    statuses = {job_id: get_job(sessions, job_id) for job_id in ids}
+    assert statuses[poison].status == "failed" and statuses[poison].error_code == "engine_error"
+    assert "could not store the result" in (statuses[poison].error_message or "")
+    assert all(statuses[j].status == "succeeded" for j in ids if j != poison)
+
+
+def _count_calls(monkeypatch: pytest.MonkeyPatch, name: str) -> list[Any]:
+    """Wraps jobs.<name>, recording the argument after the session of every call."""
+    calls: list[Any] = []
+    real = getattr(jobs, name)
+
+    def counted(session: Session, *args: Any) -> Any:
+        calls.append(args[:2] if name == "record_step" else args[0])
+        return real(session, *args)
+
+    monkeypatch.setattr(jobs, name, counted)
+    return calls
