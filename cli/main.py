@@ -41,7 +41,8 @@ def serve(host: HostOpt = None, port: PortOpt = None, config: ConfigOpt = None) 
     upgrade(settings.database_url)
     settings = settings.model_copy(update={"model": resolve_model(settings)})
     runtime = EmbeddedRuntime(settings)
-    _run_api(settings, publisher=runtime.publisher, runtime=runtime, token_stream=runtime.token_stream)
+    _run_api(settings, publisher=runtime.publisher, runtime=runtime, token_stream=runtime.token_stream,
+             finished_watch=runtime.finished, finished_sink=runtime.finished)
 
 
 @app.command()
@@ -50,13 +51,23 @@ def api(host: HostOpt = None, port: PortOpt = None, config: ConfigOpt = None) ->
     settings = _server_settings(config, host, port)
     if settings.embedded:
         _fail("api needs broker_url (CONVEYOR_BROKER_URL=redis://...); `conveyor serve` runs embedded")
+    from api.finished_watch import RedisFinishedWatch
     from api.token_subscriptions import RedisTokenStream
     from core.broker import BrokerPublisher
+    from core.finished_jobs import RedisFinishedSink
 
     _check_tokenizer_files(settings)
     broker = settings.broker_url or ""
-    tokens = RedisTokenStream(broker) if broker.startswith("redis") else None  # streamed completions
-    _run_api(settings, publisher=BrokerPublisher(settings), runtime=None, token_stream=tokens)
+    pubsub = broker.startswith("redis")  # without it, streamed completions and long polls read the store
+    tokens = RedisTokenStream(broker) if pubsub else None
+    watch = RedisFinishedWatch(broker) if pubsub else None
+    finished = RedisFinishedSink(broker) if pubsub else None  # the API's cancel wakes every API's waiters
+    try:
+        _run_api(settings, publisher=BrokerPublisher(settings), runtime=None, token_stream=tokens,
+                 finished_watch=watch, finished_sink=finished)
+    finally:
+        if finished is not None:
+            finished.close()
 
 
 @app.command()
@@ -162,13 +173,14 @@ def status(job_id: str, url: UrlOpt = DEFAULT_URL, api_key: KeyOpt = None) -> No
 @app.command()
 def wait(
     job_id: str,
-    poll: Annotated[float, typer.Option(help="seconds between polls")] = 0.5,
     timeout: Annotated[float | None, typer.Option(help="give up after this many seconds")] = None,
     url: UrlOpt = DEFAULT_URL,
     api_key: KeyOpt = None,
+    _poll: Annotated[float | None, typer.Option("--poll", hidden=True, help="ignored: it long polls")] = None,
 ) -> None:
-    """Polls until the job finishes and prints it; exits 1 unless it succeeded."""
-    job = _print_call(url, api_key, lambda c: c.wait(job_id, poll, timeout))
+    """Waits for the job to finish (long polls, `GET /v1/jobs/ID?wait=30`) and prints it; exits 1 unless it
+    succeeded, 2 on --timeout."""
+    job = _print_call(url, api_key, lambda c: c.wait(job_id, timeout))
     if job["status"] != "succeeded":
         raise typer.Exit(1)
 
@@ -207,7 +219,8 @@ def _server_settings(config: Path | None, host: str | None, port: int | None) ->
     return settings
 
 
-def _run_api(settings: Settings, *, publisher: Any, runtime: Any, token_stream: Any = None) -> None:
+def _run_api(settings: Settings, *, publisher: Any, runtime: Any, token_stream: Any = None,
+             finished_watch: Any = None, finished_sink: Any = None) -> None:
     import uvicorn
 
     from api.app import create_app
@@ -215,11 +228,13 @@ def _run_api(settings: Settings, *, publisher: Any, runtime: Any, token_stream: 
 
     tokenizer = PromptTokenizer(settings.model_folder())
     application = create_app(settings, publisher=publisher, tokenizer=tokenizer, runtime=runtime,
-                             token_stream=token_stream)
+                             token_stream=token_stream, finished_watch=finished_watch,
+                             finished_sink=finished_sink)
     auth = "on" if settings.auth_enabled else "off (loopback only)"
     log = logging.getLogger("conveyor")
     log.info("listening on http://%s:%d, auth %s", settings.host, settings.port, auth)
-    uvicorn.run(application, host=settings.host, port=settings.port, log_level=settings.log_level.lower())
+    uvicorn.run(application, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
+                access_log=settings.access_log)
 
 
 def _check_tokenizer_files(settings: Settings) -> None:

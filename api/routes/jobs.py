@@ -1,27 +1,52 @@
-"""/v1/jobs: submit, read, list, cancel."""
+"""/v1/jobs: submit, read (at once, by long poll, or as server-sent events), list, cancel."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Query, Response
-from sqlalchemy.orm import Session
+from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi.responses import StreamingResponse
 
-from api import cursor
+from api import cursor, job_waits
 from api.auth import CurrentTenant
 from api.deps import ServicesDep, SessionDep
 from api.errors import ApiError, can_be_stored_id, lookup_id, not_found
+from api.job_waits import EVENTS_MAX_S, KEEPALIVE_S, MAX_WAIT_S, WaitingTenant
 from api.schemas.errors import error_responses
 from api.schemas.jobs import JobCreate, JobList
 from api.submit import submit
 from core.clock import utcnow
 from core.lifecycle import CANCELLED
 from core.store import jobs
-from core.store.tables import Job
 from core.views import JobPublic, JobStatus
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 REPLAYED = {200: {"model": JobPublic, "description": "an Idempotency-Key replay: the job it created"}}
+EVENTS = {200: {"description": "server-sent events: `event: job`, `data:` the job as `GET /v1/jobs/{id}` "
+                               "returns it",
+                "content": {"text/event-stream": {"schema": {"type": "string"}}}}}
+EVENTS_DESCRIPTION = (
+    "Server-sent events (`event: job`): the job at once, then each time its status changes; the stream ends "
+    f"after the final status, or after {EVENTS_MAX_S / 60:g} minutes with the current state (reconnect to "
+    f"follow on). A comment line at least every {KEEPALIVE_S:g} s keeps it open through proxies."
+)
+Wait = Annotated[float | None, Query(
+    gt=0, le=MAX_WAIT_S, allow_inf_nan=False,
+    description=f"long poll: answer as soon as the job is final, or after this many seconds (at most "
+                f"{MAX_WAIT_S:g}) with its current state",
+)]
+
+
+class EventStream(StreamingResponse):
+    media_type = "text/event-stream"
+
+
+def _json_errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """error_responses(...) for a route whose own media type is not JSON: its errors still answer JSON (a
+    `model` would be declared under the route's media type)."""
+    ref = {"$ref": "#/components/schemas/ErrorBody"}
+    return {status: {"description": declared["description"], "content": {"application/json": {"schema": ref}}}
+            for status, declared in error_responses(*statuses).items()}
 
 
 @router.post("", status_code=202, response_model=JobPublic,
@@ -41,9 +66,23 @@ def create_job(
     return JobPublic.from_row(job)
 
 
-@router.get("/{job_id}", response_model=JobPublic, responses=error_responses(401, 404))
-def get_job(job_id: str, session: SessionDep, tenant: CurrentTenant) -> JobPublic:
-    return JobPublic.from_row(_job_or_404(session, job_id, tenant))
+@router.get("/{job_id}", response_model=JobPublic, responses=error_responses(401, 404, 422))
+async def get_job(
+    job_id: str, request: Request, services: ServicesDep, tenant: WaitingTenant, wait: Wait = None
+) -> JobPublic:
+    """The job. With `wait=S`, a long poll: the answer comes as soon as the job is final (succeeded,
+    failed, cancelled or expired), or after S seconds with the job as it is then; always 200."""
+    if wait is None:
+        return await job_waits.read_or_404(services, job_id, tenant)
+    return await job_waits.until_final(services, job_id, tenant, wait, request.is_disconnected)
+
+
+@router.get("/{job_id}/events", response_class=EventStream, description=EVENTS_DESCRIPTION,
+            responses={**EVENTS, **_json_errors(401, 404)})
+async def job_events(job_id: str, services: ServicesDep, tenant: WaitingTenant) -> EventStream:
+    await job_waits.read_or_404(services, job_id, tenant)  # an unknown job is a 404, not an empty stream
+    return EventStream(job_waits.events(services, job_id, tenant),
+                       headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
 @router.get("", response_model=JobList, responses=error_responses(401, 422))
@@ -72,18 +111,13 @@ def list_jobs(
 
 
 @router.post("/{job_id}/cancel", response_model=JobPublic, responses=error_responses(401, 404, 409))
-def cancel_job(job_id: str, session: SessionDep, tenant: CurrentTenant) -> JobPublic:
+def cancel_job(job_id: str, session: SessionDep, services: ServicesDep, tenant: CurrentTenant) -> JobPublic:
     """Cancels a queued or running job (a running one is aborted in the engine within a step)."""
     job = jobs.cancel(session, lookup_id("job", job_id), tenant, utcnow())
     if job is None:
         raise not_found("job", job_id)
     if job.status != CANCELLED:
         raise ApiError(409, "not_cancellable", f"id: job {job_id} already {job.status}", "id")
+    if services.finished is not None:  # committed: wake this job's waiters here and in other API processes
+        services.finished.finished([job.id])
     return JobPublic.from_row(job)
-
-
-def _job_or_404(session: Session, job_id: str, tenant: str) -> Job:
-    job = jobs.get(session, lookup_id("job", job_id), tenant)
-    if job is None:
-        raise not_found("job", job_id)
-    return job

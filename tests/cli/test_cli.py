@@ -8,18 +8,24 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from live_server import free_port, wait_for
-from service_support import Service
+from fastapi import FastAPI, Request
+from live_server import free_port, new_api_key, serving, wait_for
+from service_support import RecordingPublisher, Service
 from typer.testing import CliRunner
 
+from api.app import create_app
+from api.prompt_tokenizer import PromptTokenizer
 from cli.http_client import ClientError, ConveyorClient
 from cli.main import app
 from core.clock import utcnow
+from core.finished_jobs import LocalFinishedHub
 from core.store import jobs
 
 runner = CliRunner()
@@ -140,12 +146,69 @@ def test_client_submit_status_wait_cancel(service: Service) -> None:
     assert client.submit({"prompt": "hello", "max_tokens": 2}, idempotency_key="c-1")["id"] == job["id"]
     assert client.get(job["id"])["status"] == "queued"
     with pytest.raises(TimeoutError):
-        client.wait(job["id"], poll_s=0.01, timeout_s=0.05)
+        client.wait(job["id"], timeout_s=0.05)
     with service.session_factory() as s:
         assert jobs.claim(s, job["id"], "w", utcnow()) is not None
         assert jobs.complete(s, job["id"], 1, result_text="hi", finish_reason="stop", prompt_tokens=2,
                              completion_tokens=1, preemptions=0, first_token_at=None, now=utcnow())
-    done = client.wait(job["id"], poll_s=0.01, timeout_s=5)
+    done = client.wait(job["id"], timeout_s=5)
     assert done["status"] == "succeeded" and done["result"]["text"] == "hi"
     with pytest.raises(ClientError, match=r"HTTP 409: id: job .* already succeeded"):
         client.cancel(job["id"])
+
+
+def test_conveyor_wait_long_polls_until_the_job_finishes_and_prints_it(
+    service: Service, prompt_tokenizer: PromptTokenizer
+) -> None:
+    hub = LocalFinishedHub()
+    served, queries = _recording_app(service, prompt_tokenizer, hub)
+    key = new_api_key(service.settings.database_url, "heidi")
+    job = ConveyorClient(service.client_with_key(key)).submit({"prompt": "x", "max_tokens": 2})
+
+    def finish() -> None:
+        time.sleep(0.5)
+        with service.session_factory() as s:
+            assert jobs.claim(s, job["id"], "w", utcnow()) is not None
+            assert jobs.complete(s, job["id"], 1, result_text="hi", finish_reason="stop", prompt_tokens=2,
+                                 completion_tokens=1, preemptions=0, first_token_at=None, now=utcnow())
+        hub.finished([job["id"]])
+
+    worker = threading.Thread(target=finish)
+    with serving(served) as url:
+        worker.start()
+        result = runner.invoke(app, ["wait", job["id"], "--url", url, "--api-key", key])
+    worker.join()
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["status"] == "succeeded"
+    assert queries == ["wait=30.000"]  # one long poll, answered when the job finished
+
+
+def test_conveyor_wait_gives_up_after_its_timeout(
+    service: Service, prompt_tokenizer: PromptTokenizer
+) -> None:
+    served, queries = _recording_app(service, prompt_tokenizer, LocalFinishedHub())
+    key = new_api_key(service.settings.database_url, "ivan")
+    job = ConveyorClient(service.client_with_key(key)).submit({"prompt": "x", "max_tokens": 2})
+    with serving(served) as url:
+        started = time.monotonic()
+        result = runner.invoke(app, ["wait", job["id"], "--url", url, "--api-key", key, "--timeout", "0.5"])
+    assert result.exit_code == 2 and "still queued after 0.5 s" in result.output
+    assert time.monotonic() - started < 5
+    assert queries and all(0 < float(q.removeprefix("wait=")) <= 0.5 for q in queries), queries
+
+
+def _recording_app(
+    service: Service, tokenizer: PromptTokenizer, hub: LocalFinishedHub
+) -> tuple[FastAPI, list[str]]:
+    """The service's app with the in-process hub, recording the query string of each job read."""
+    served = create_app(service.settings, publisher=RecordingPublisher(), tokenizer=tokenizer,
+                        finished_watch=hub, finished_sink=hub)
+    queries: list[str] = []
+
+    @served.middleware("http")
+    async def record(request: Request, call_next: Any) -> Any:
+        if request.method == "GET" and request.url.path.startswith("/v1/jobs/"):
+            queries.append(request.url.query)
+        return await call_next(request)
+
+    return served, queries

@@ -1,0 +1,122 @@
+"""Waiting on one job without holding a database session or a thread while nothing happens: the long poll
+of `GET /v1/jobs/{id}?wait=S` and the event stream of `GET /v1/jobs/{id}/events`.
+
+The waiter registers with the app's FinishedWatch BEFORE each store read, then sleeps until a notification,
+the fallback interval or its own deadline, and reads again: the store is the truth, a notification only cuts
+the wait short. Each read takes a short-lived session in the threadpool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from typing import Annotated
+
+from fastapi import Depends
+from fastapi.security import HTTPAuthorizationCredentials
+from starlette.concurrency import run_in_threadpool
+
+from api.auth import bearer_scheme, current_tenant
+from api.deps import Services, ServicesDep
+from api.errors import lookup_id, not_found
+from core.finished_jobs import FinishedWaiter
+from core.lifecycle import TERMINAL_STATUSES
+from core.store import jobs
+from core.views import JobPublic
+
+MAX_WAIT_S = 60.0  # a long poll's longest wait: below common proxy and load-balancer idle timeouts
+FALLBACK_READ_S = 1.0  # store reads while watched: a lost notification delays an answer by at most this
+UNWATCHED_READ_S = 0.5  # store reads when no watch is wired (tests, a non-Redis broker)
+EVENTS_MAX_S = 600.0  # an event stream ends after this long with the current state; clients reconnect
+KEEPALIVE_S = 15.0  # a comment line at least this often keeps proxies from closing an idle stream
+
+Disconnected = Callable[[], Awaitable[bool]]
+
+
+def waiting_tenant(
+    services: ServicesDep, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)]
+) -> str:
+    """The caller's tenant, with its session closed at once: the request may then wait for a while."""
+    with services.session_factory() as session:
+        return current_tenant(services, session, credentials)
+
+
+WaitingTenant = Annotated[str, Depends(waiting_tenant)]
+
+
+async def read(services: Services, job_id: str, tenant: str) -> JobPublic | None:
+    """The job as the store has it now, or None if the tenant has no such job."""
+    return await run_in_threadpool(_read, services, lookup_id("job", job_id), tenant)
+
+
+def _read(services: Services, job_id: str, tenant: str) -> JobPublic | None:
+    with services.session_factory() as session:
+        job = jobs.get(session, job_id, tenant)
+        return JobPublic.from_row(job) if job is not None else None
+
+
+async def read_or_404(services: Services, job_id: str, tenant: str) -> JobPublic:
+    job = await read(services, job_id, tenant)
+    if job is None:
+        raise not_found("job", job_id)
+    return job
+
+
+async def until_final(
+    services: Services, job_id: str, tenant: str, wait_s: float, disconnected: Disconnected
+) -> JobPublic:
+    """The job once final, or as it is after wait_s (or once the client is gone)."""
+    deadline = time.monotonic() + wait_s
+    with _watching(services, job_id) as pause:
+        while True:
+            job = await read_or_404(services, job_id, tenant)
+            left = deadline - time.monotonic()
+            if job.status in TERMINAL_STATUSES or left <= 0 or await disconnected():
+                return job
+            await pause(left)
+
+
+async def events(services: Services, job_id: str, tenant: str) -> AsyncIterator[str]:
+    """Server-sent events: the job now, then at each status change until final; a keep-alive comment when
+    quiet for KEEPALIVE_S; after EVENTS_MAX_S, the current state and the end. A job gone ends the stream."""
+    deadline = time.monotonic() + EVENTS_MAX_S
+    with _watching(services, job_id) as pause:
+        job = await read(services, job_id, tenant)
+        quiet_since = time.monotonic()
+        if job is not None:
+            yield job_event(job)
+        while job is not None and job.status not in TERMINAL_STATUSES:
+            now = time.monotonic()
+            if now >= deadline:
+                yield job_event(job)
+                return
+            await pause(min(deadline, quiet_since + KEEPALIVE_S) - now)
+            latest = await read(services, job_id, tenant)
+            if latest is not None and latest.status != job.status:
+                yield job_event(latest)
+                quiet_since = time.monotonic()
+            elif time.monotonic() - quiet_since >= KEEPALIVE_S:
+                yield ": keep-alive\n\n"
+                quiet_since = time.monotonic()
+            job = latest
+
+
+def job_event(job: JobPublic) -> str:
+    return f"event: job\ndata: {job.model_dump_json()}\n\n"
+
+
+@contextmanager
+def _watching(services: Services, job_id: str) -> Iterator[Callable[[float], Awaitable[object]]]:
+    """`pause(most_s)`: returns on a notification of the job, after the fallback interval or after most_s,
+    whichever comes first. Listening starts here, before the caller's first read."""
+    watch = services.finished_watch
+    if watch is None:
+        yield lambda most_s: asyncio.sleep(min(UNWATCHED_READ_S, most_s))
+        return
+    waiter: FinishedWaiter = watch.watch(job_id)
+    try:
+        yield lambda most_s: waiter.wait(min(FALLBACK_READ_S, most_s))
+    finally:
+        waiter.close()
