@@ -10,6 +10,7 @@ from typing import Protocol
 from fastapi import FastAPI
 from sqlalchemy.orm import Session, sessionmaker
 
+from api.admission import AdmissionGauge
 from api.deps import Services
 from api.errors import install_error_handlers
 from api.metrics import Metrics
@@ -18,7 +19,8 @@ from api.openapi_doc import install_truthful_openapi
 from api.prompt_tokenizer import PromptTokenizer
 from api.routes import batches, files, health, jobs, openai, queues, webhooks
 from api.uploads import UploadSizeLimit
-from core.dispatch import JobPublisher
+from core.dispatch import DispatchRelay, JobPublisher
+from core.finished_jobs import FinishedSink, FinishedWatch
 from core.settings import Settings
 from core.store.database import make_db_engine, make_session_factory
 from core.token_stream import TokenStream
@@ -42,13 +44,20 @@ def create_app(
     session_factory: sessionmaker[Session] | None = None,
     runtime: Runtime | None = None,
     token_stream: TokenStream | None = None,
+    finished_watch: FinishedWatch | None = None,
+    finished_sink: FinishedSink | None = None,
 ) -> FastAPI:
-    """`runtime` (the embedded worker) is started and stopped with the app. Tables come from migrations."""
+    """`runtime` (the embedded worker) is started and stopped with the app, `finished_watch` closed with it.
+    `finished_watch` wakes long polls and event streams when jobs finish (without one they read the store
+    more often); `finished_sink` is told of the jobs the API itself finishes (cancel). Tables come from
+    migrations."""
     owns_db_engine = session_factory is None
     if session_factory is None:
         session_factory = make_session_factory(make_db_engine(settings.database_url))
     metrics = Metrics(settings, session_factory)
-    services = Services(settings, session_factory, publisher, tokenizer, metrics)
+    dispatcher = DispatchRelay(session_factory, publisher.publish)
+    services = Services(settings, session_factory, publisher, tokenizer, metrics, AdmissionGauge(),
+                        dispatcher, finished=finished_sink, finished_watch=finished_watch)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -57,8 +66,11 @@ def create_app(
         try:
             yield
         finally:
+            dispatcher.stop()  # what was accepted is published before the embedded worker stops
             if runtime is not None:
                 runtime.stop()
+            if finished_watch is not None:
+                await finished_watch.aclose()
             if owns_db_engine:
                 bind = session_factory.kw["bind"]
                 bind.dispose()

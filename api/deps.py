@@ -9,9 +9,11 @@ from typing import Annotated
 from fastapi import Depends, Request
 from sqlalchemy.orm import Session, sessionmaker
 
+from api.admission import AdmissionGauge
 from api.metrics import Metrics
 from api.prompt_tokenizer import PromptTokenizer
-from core.dispatch import JobPublisher
+from core.dispatch import Dispatcher, JobPublisher
+from core.finished_jobs import FinishedSink, FinishedWatch
 from core.settings import Settings
 
 
@@ -24,6 +26,10 @@ class Services:
     publisher: JobPublisher
     tokenizer: PromptTokenizer
     metrics: Metrics
+    admission: AdmissionGauge  # max_queued without a COUNT per submit
+    dispatcher: Dispatcher  # the DispatchRelay: publishes committed jobs, in groups, off the request path
+    finished: FinishedSink | None = None  # told when the API itself commits a final status (cancel)
+    finished_watch: FinishedWatch | None = None  # wakes long polls and event streams; None: they poll
 
 
 def get_services(request: Request) -> Services:

@@ -22,7 +22,7 @@ from api.deps import Services
 from api.schemas.jobs import JobCreate
 from api.submit import submit
 from core.clock import utcnow
-from core.dispatch import JobPublisher
+from core.dispatch import Dispatcher
 from core.lifecycle import TERMINAL_STATUSES
 from core.store import jobs
 from core.store.tables import Job
@@ -64,23 +64,20 @@ class JobOutcome:
                    job.completion_tokens or 0, job.error_code, job.error_message, job.logprobs)
 
 
-class _SubscribeThenPublish:
-    """Wraps the app's publisher: subscribes to the job's tokens (on the app's loop) before publishing."""
+class _SubscribeThenDispatch:
+    """Wraps the app's dispatcher: subscribes to the job's tokens (on the app's loop) before dispatching."""
 
-    def __init__(self, inner: JobPublisher, stream: TokenStream, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, inner: Dispatcher, stream: TokenStream, loop: asyncio.AbstractEventLoop) -> None:
         self._inner, self._stream, self._loop = inner, stream, loop
         self.subscription: Subscription | None = None
 
-    def publish(self, job_id: str, queue: str) -> None:
+    def dispatch(self, job_id: str, queue: str) -> None:
         try:
             future = asyncio.run_coroutine_threadsafe(self._stream.subscribe(job_id), self._loop)
             self.subscription = future.result(SUBSCRIBE_TIMEOUT_S)
         except Exception as exc:  # text then arrives from the store at the end
             log.warning("token stream: subscribing to %s failed (%s); polling the store", job_id, exc)
-        self._inner.publish(job_id, queue)
-
-    def ping(self) -> bool:
-        return self._inner.ping()
+        self._inner.dispatch(job_id, queue)
 
 
 @dataclass
@@ -95,8 +92,8 @@ async def start(
     """Submits (same checks, limits and 429s as POST /v1/jobs) with the token subscription in place."""
     publisher = None
     if stream is not None:
-        publisher = _SubscribeThenPublish(services.publisher, stream, asyncio.get_running_loop())
-    submitting = replace(services, publisher=publisher) if publisher is not None else services
+        publisher = _SubscribeThenDispatch(services.dispatcher, stream, asyncio.get_running_loop())
+    submitting = replace(services, dispatcher=publisher) if publisher is not None else services
 
     def insert() -> str:
         with services.session_factory() as session:

@@ -1,10 +1,10 @@
-"""Accepting a job: checks against the queue's limits, idempotency, insert, publish (reconciler scheme)."""
+"""Accepting a job: checks against the queue's limits, idempotency, insert; the dispatch relay publishes it
+(reconciler scheme, core/dispatch.py)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import logging
 from datetime import datetime
 
 from sqlalchemy.exc import IntegrityError
@@ -19,7 +19,6 @@ from core.settings import QueueSettings
 from core.store import jobs
 from core.store.tables import Job
 
-log = logging.getLogger(__name__)
 MAX_IDEMPOTENCY_KEY_CHARS = 255
 
 
@@ -37,7 +36,8 @@ def submit(
         raise
     if created:
         services.metrics.jobs_submitted.labels(job.queue).inc()
-        _publish(session, services, job, now)
+        services.admission.admitted(job.queue)
+        services.dispatcher.dispatch(job.id, job.queue)
     return job, created
 
 
@@ -160,10 +160,8 @@ def _count_prompt_tokens(services: Services, body: JobCreate, queue: QueueSettin
 
 
 def _admit(session: Session, services: Services, name: str, queue: QueueSettings) -> None:
-    # NOTE: count-then-insert is a soft cap: submissions in flight at once each count the same jobs, so the
-    # queue can overshoot max_queued by up to their number (README, "Admission control"). A per-queue
-    # counter is to replace this COUNT.
-    if jobs.count_queued(session, name) >= queue.max_queued:
+    # NOTE: a soft cap, estimated per process (api/admission.py; README, "Admission control").
+    if not services.admission.has_room(session, name, queue.max_queued):
         retry_after = str(services.settings.retry_after_s)
         message = f"queue: the {name} queue is full ({queue.max_queued} queued); retry after {retry_after} s"
         raise ApiError(429, "queue_full", message, "queue", {"Retry-After": retry_after})
@@ -171,12 +169,3 @@ def _admit(session: Session, services: Services, name: str, queue: QueueSettings
 
 def _invalid(code: str, field: str, message: str) -> ApiError:
     return ApiError(422, code, f"{field}: {message}", field)
-
-
-def _publish(session: Session, services: Services, job: Job, now: datetime) -> None:
-    try:
-        services.publisher.publish(job.id, job.queue)
-    except Exception as exc:  # the reconciler re-publishes jobs left undispatched
-        log.warning("dispatch: publishing %s failed (%s); the reconciler will retry", job.id, exc)
-        return
-    jobs.mark_dispatched(session, [job.id], now)

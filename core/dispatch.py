@@ -6,11 +6,17 @@ queued with dispatched_at NULL, and a worker's reconciler re-publishes it after 
 messages are harmless: claiming a job is a conditional UPDATE. Messages carry only the job id; the store is
 the source of truth. Publishers (core/broker.py for Redis, worker/in_process_queue.py when embedded) are
 passed in, so the API never imports the worker.
+
+The API hands its committed jobs to a `DispatchRelay`: one thread that publishes whatever has gathered and
+marks the whole group dispatched in one UPDATE, so a submit's request does one transaction (its insert)
+and never waits on the broker.
 """
 
 from __future__ import annotations
 
 import logging
+import queue as stdlib_queue
+import threading
 from collections.abc import Callable
 from typing import Protocol
 
@@ -21,6 +27,9 @@ from core.store import jobs
 
 log = logging.getLogger(__name__)
 
+MAX_RELAY_GROUP = 500  # jobs published and marked per round
+_STOP = ("", "")
+
 Publish = Callable[[str, str], None]  # (job_id, queue)
 
 
@@ -30,6 +39,11 @@ class JobPublisher(Protocol):
 
     def ping(self) -> bool:
         """Whether the broker is reachable now."""
+
+
+class Dispatcher(Protocol):
+    def dispatch(self, job_id: str, queue: str) -> None:
+        """Hands a job whose insert has committed towards the broker; never blocks for long, never raises."""
 
 
 def publish_and_mark(
@@ -51,3 +65,51 @@ def publish_and_mark(
         with sessions() as session:
             jobs.mark_dispatched(session, sent, utcnow())
     return len(sent)
+
+
+class DispatchRelay:
+    """Publishes committed jobs from its own thread, in groups (see the module docstring). What it has not
+    published when it stops, or what the broker refused, stays undispatched for the reconciler."""
+
+    def __init__(self, sessions: sessionmaker[Session], publish: Publish) -> None:
+        self._sessions = sessions
+        self._publish = publish
+        self._inbox: stdlib_queue.SimpleQueue[tuple[str, str]] = stdlib_queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="dispatch-relay", daemon=True)
+        self._start_lock = threading.Lock()
+
+    def dispatch(self, job_id: str, queue: str) -> None:
+        """After the job's insert committed; never blocks. The relay's thread starts with its first job."""
+        self._inbox.put((job_id, queue))
+        if not self._thread.is_alive():
+            with self._start_lock:
+                if self._thread.ident is None:
+                    self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Publishes what is already waiting (within timeout_s), then stops."""
+        if self._thread.is_alive():
+            self._inbox.put(_STOP)
+            self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        stopping = False
+        while not stopping:
+            group, stopping = self._next_group()
+            if not group:
+                continue
+            try:
+                publish_and_mark(self._sessions, self._publish, group)
+            except Exception as exc:  # the store refused the mark: the reconciler publishes them again
+                log.warning("dispatch: marking %d job(s) dispatched failed (%s: %s)", len(group),
+                            type(exc).__name__, exc)
+
+    def _next_group(self) -> tuple[list[tuple[str, str]], bool]:
+        group = [self._inbox.get()]
+        while len(group) < MAX_RELAY_GROUP:
+            try:
+                group.append(self._inbox.get_nowait())
+            except stdlib_queue.Empty:
+                break
+        stopping = _STOP in group
+        return [item for item in group if item != _STOP], stopping
