@@ -135,6 +135,10 @@ class Settings(BaseSettings):
     )
 
     log_level: str = "INFO"
+    access_log: bool = Field(
+        False, description="one log line per HTTP request; off by default: /metrics counts requests by route "
+        "and status, and at hundreds of requests per second the lines cost the API real CPU",
+    )
 
     @classmethod
     def settings_customise_sources(
