@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from rich.console import Console
 
 from bench import plots
-from bench.experiment import ENGINE_FIELDS, BenchOptions, bench, experiment, parse_value
+from bench.experiment import DEFAULT_CONCURRENCY, ENGINE_FIELDS, BenchOptions, bench, experiment, parse_value
 from bench.workload import LONG, PROFILES, SHORT, Range, WorkloadSpec
 
 # Random-weight Llama-shaped models the bench can build for itself: `--model preset:NAME`.
@@ -61,10 +61,44 @@ def build_parser() -> argparse.ArgumentParser:
     )
     target.add_argument("--url", default="http://127.0.0.1:8000", help="service base URL (HTTP target)")
     target.add_argument("--api-key", help="Bearer API key (HTTP target)")
-    target.add_argument("--poll", type=float, default=0.2, help="job poll interval in seconds (HTTP target)")
+    target.add_argument(
+        "--poll",
+        type=float,
+        default=0.2,
+        help="seconds between two looks at a job when the service answers at once (HTTP target)",
+    )
+    target.add_argument(
+        "--wait",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="long poll: GET /v1/jobs/{id}?wait=SECONDS answers as soon as the job ends (HTTP target; the "
+        "service takes up to 60; 0: plain polls every --poll)",
+    )
 
     wl = p.add_argument_group("workload")
-    wl.add_argument("--profile", choices=PROFILES, default="mixed")
+    wl.add_argument(
+        "--profile",
+        choices=PROFILES,
+        default="mixed",
+        help="service (HTTP target): many one-token jobs, to measure the API's submit latency and "
+        "completions/s",
+    )
+    wl.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        metavar="N",
+        help="service profile, closed loop: N jobs in flight, each slot submitting the next when its job "
+        f"ends (the default, with N={DEFAULT_CONCURRENCY}, unless --submit-rate is given)",
+    )
+    wl.add_argument(
+        "--submit-rate",
+        type=float,
+        default=None,
+        metavar="R",
+        help="service profile, open loop: R submissions/s at fixed intervals, whatever is in flight",
+    )
     wl.add_argument(
         "--trace", help="replay a JSONL trace instead of a profile; its `group` fields name its groups"
     )
@@ -207,6 +241,7 @@ def options(args: argparse.Namespace) -> BenchOptions:
         long_output=args.long_output,
         short_group=args.short_group,
         long_group=args.long_group,
+        submit_rate=args.submit_rate,
     )
     return BenchOptions(
         model=resolve_model(args.model, args.model_cache),
@@ -214,6 +249,8 @@ def options(args: argparse.Namespace) -> BenchOptions:
         url=args.url,
         api_key=args.api_key,
         poll_s=args.poll,
+        wait_s=args.wait,
+        concurrency=args.concurrency,
         engine=_pairs(args.set, "set", parse_value),
         max_running=_pairs(args.max_running, "max-running", int),
         priority=_pairs(args.priority, "priority", int),

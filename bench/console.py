@@ -10,12 +10,15 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from bench.report import fmt
+from bench.report import SERVICE_COLUMNS, fmt, service_cells
 
 
 @contextmanager
-def progress_bar(console: Console, label: str, total: int, enabled: bool) -> Iterator[Callable[[int], None]]:
-    """Yields `advance(n)`; a no-op when disabled (tests, non-interactive runs)."""
+def progress_bar(
+    console: Console, label: str, total: int, enabled: bool, refresh_hz: float = 10
+) -> Iterator[Callable[[int], None]]:
+    """Yields `advance(n)`; a no-op when disabled (tests, non-interactive runs). `advance` only counts; the
+    bar is redrawn `refresh_hz` times a second (low when the bench shares the CPUs with a server)."""
     if not enabled:
         yield lambda n: None
         return
@@ -26,6 +29,7 @@ def progress_bar(console: Console, label: str, total: int, enabled: bool) -> Ite
         TimeElapsedColumn(),
         console=console,
         transient=True,
+        refresh_per_second=refresh_hz,
     ) as progress:
         task = progress.add_task(label, total=total)
         yield lambda n: progress.advance(task, n)
@@ -70,3 +74,24 @@ def summary_table(title: str, runs: dict[str, dict[str, Any]]) -> Table:
                 fmt(m["peak_running"]),
             )
     return table
+
+
+def service_table(title: str, runs: dict[str, dict[str, Any]]) -> Table:
+    """One row per HTTP run: the service figures (bench/service.py), latencies in milliseconds."""
+    table = Table(title=title)
+    for col in SERVICE_COLUMNS:
+        table.add_column(col, justify="left" if col == "run" else "right")
+    for name, run in runs.items():
+        if "service" in run:
+            table.add_row(name, *service_cells(run["service"]))
+    return table
+
+
+def refusal_lines(runs: dict[str, dict[str, Any]]) -> list[str]:
+    """A line per kind of refusal: HTTP status, error code, message, how many."""
+    return [
+        f"{name}: refused {k['count']}x: HTTP {k['status']} {k['code']}: {k['message']}"
+        for name, run in runs.items()
+        for k in run.get("service", {}).get("refusals", [])
+    ]
+

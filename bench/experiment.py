@@ -13,13 +13,15 @@ from typing import Any
 from rich.console import Console
 
 from bench import plots
-from bench.console import progress_bar, summary_table
+from bench.console import progress_bar, refusal_lines, service_table, summary_table
 from bench.decision import Condition, decide, default_conditions, default_hypothesis
 from bench.inventory import inventory
 from bench.metrics import count_check, summarize
+from bench.prompt_text import token_decoder
 from bench.records import RunResult
 from bench.report import write_decision, write_report
 from bench.roofline import ModelShape, efficiency, matmul_bound
+from bench.service import service_figures
 from bench.workload import (
     BenchRequest,
     Group,
@@ -34,6 +36,7 @@ from bench.workload import (
 from engine.config import EngineConfig, RequestClassConfig
 
 ENGINE_FIELDS = {f.name for f in dataclasses.fields(EngineConfig)} - {"model", "request_classes"}
+DEFAULT_CONCURRENCY = 32  # the service profile's closed loop when neither it nor a submit rate is given
 
 
 @dataclass
@@ -57,6 +60,8 @@ class BenchOptions:
     timeout_s: float | None = None
     respect_eos: bool = False
     poll_s: float = 0.2
+    wait_s: float = 30.0  # the long poll's wait (GET /v1/jobs/{id}?wait=S); 0: plain polls every poll_s
+    concurrency: int | None = None  # service profile: jobs in flight at once (closed loop)
     repeat: int = 1  # rounds per system (interleaved); the best round is reported
     # The workload's groups (the trace's, else the profile's): the engine's request classes, the queues
     # jobs are sent to over HTTP, and the only names the per-group settings above may use.
@@ -78,6 +83,24 @@ class BenchOptions:
         check_known_groups(self.deadlines, self.groups, "deadlines (--deadline)")
         check_known_groups(self.max_running, self.groups, "max_running (--max-running)")
         check_known_groups(self.priority, self.groups, "priority (--priority)")
+        self._check_service_load()
+
+    def _check_service_load(self) -> None:
+        """The service profile runs over HTTP, as a closed loop (`concurrency`) or an open one (the spec's
+        `submit_rate`); a closed loop of DEFAULT_CONCURRENCY when neither is given."""
+        service = self.spec.profile == "service" and not self.trace
+        if service and self.target != "http":
+            raise ValueError("profile service: it measures the service's API; use --target http")
+        if self.concurrency is not None and (not service or self.concurrency < 1):
+            raise ValueError(
+                f"concurrency (--concurrency): needs --profile service and N >= 1, got {self.concurrency}"
+            )
+        if self.concurrency is not None and self.spec.submit_rate:
+            raise ValueError("--concurrency, --submit-rate: a closed loop or an open loop, not both")
+        if service and self.concurrency is None and not self.spec.submit_rate:
+            self.concurrency = DEFAULT_CONCURRENCY
+        if self.wait_s < 0 or self.poll_s <= 0:
+            raise ValueError(f"--wait must be >= 0 and --poll > 0, got {self.wait_s} and {self.poll_s}")
 
     def deadlines_s(self) -> dict[str, float]:
         """Each group's deadline (given, else the group's own); groups without one are left out."""
@@ -109,7 +132,7 @@ class BenchOptions:
             cfg = dataclasses.asdict(self.engine_config())
             params["engine"] = cfg
         else:
-            params["url"] = self.url
+            params.update(url=self.url, poll_s=self.poll_s, wait_s=self.wait_s, concurrency=self.concurrency)
         return params
 
 
@@ -155,6 +178,8 @@ def parse_value(text: str) -> Any:
 
 def build_workload(opts: BenchOptions) -> tuple[list[BenchRequest], str]:
     """(requests, description). Prompt ids come from the model's tokenizer vocabulary, minus specials."""
+    if opts.spec.profile == "service" and not opts.trace:
+        return generate(opts.spec, [], 0), service_description(opts)
     vocab = vocab_ids(opts.model) if opts.model else []
     if opts.trace:
         return load_trace(opts.trace, vocab, opts.spec.seed), f"trace {opts.trace}"
@@ -170,6 +195,16 @@ def build_workload(opts: BenchOptions) -> tuple[list[BenchRequest], str]:
         + (f", cancel share {s.cancel_share}" if s.cancel_share else "")
     )
     return generate(s, vocab, model_max_len(opts)), desc
+
+
+def service_description(opts: BenchOptions) -> str:
+    s = opts.spec
+    load = (
+        f"open loop, {s.submit_rate:g} submissions/s at fixed intervals"
+        if s.submit_rate
+        else f"closed loop, {opts.concurrency} jobs in flight"
+    )
+    return f"profile service, seed {s.seed}, one-token jobs with short prompts on {s.short_group}, {load}"
 
 
 def vocab_ids(model: str) -> list[int]:
@@ -201,8 +236,8 @@ def run_target(opts: BenchOptions, requests: list[BenchRequest], console: Consol
     if opts.target == "http":
         from bench.http_target import run_http
 
-        decode = _decoder(opts.model) if opts.model else None
-        with progress_bar(console, f"http {opts.url}", len(requests), opts.progress) as advance:
+        decode = token_decoder(opts.model) if opts.model else None
+        with progress_bar(console, f"http {opts.url}", len(requests), opts.progress, refresh_hz=2) as advance:
             result = run_http(
                 opts.url,
                 requests,
@@ -210,6 +245,8 @@ def run_target(opts: BenchOptions, requests: list[BenchRequest], console: Consol
                 decode=decode,
                 respect_eos=opts.respect_eos,
                 poll_s=opts.poll_s,
+                wait_s=opts.wait_s,
+                concurrency=opts.concurrency,
                 timeout_s=opts.timeout_s or 3600.0,
                 progress=advance,
             )
@@ -226,13 +263,6 @@ def run_target(opts: BenchOptions, requests: list[BenchRequest], console: Consol
     return result, engine
 
 
-def _decoder(model: str) -> Any:
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(model)
-    return lambda ids: tok.decode(ids, skip_special_tokens=True)
-
-
 def run_summary(opts: BenchOptions, result: RunResult, bound: Any = None) -> dict[str, Any]:
     metrics = summarize(result, opts.deadlines_s())
     assert count_check(metrics), "completed + cancelled + failed must equal submitted"
@@ -243,6 +273,8 @@ def run_summary(opts: BenchOptions, result: RunResult, bound: Any = None) -> dic
         "metrics": metrics,
         "notes": result.notes,
     }
+    if result.target == "http":
+        run["service"] = service_figures(result)
     if opts.model and result.target != "http":
         run["efficiency"] = efficiency(
             ModelShape.from_config(opts.model), result.records, result.samples, result.duration_s, bound
@@ -311,7 +343,7 @@ def bench(opts: BenchOptions, console: Console) -> dict[str, Any]:
         from bench.profile import profile_steps
 
         runs[opts.target]["profile"] = profile_steps(engine, requests, opts, opts.out_dir / "profile.txt")
-    report = {
+    report: dict[str, Any] = {
         "title": f"{opts.target}, "
         + (f"trace {opts.trace}" if opts.trace else f"profile {opts.spec.profile}")
         + (f", best of {opts.repeat} interleaved rounds" if opts.repeat > 1 else ""),
@@ -323,6 +355,10 @@ def bench(opts: BenchOptions, console: Console) -> dict[str, Any]:
     }
     json_path, md_path = write_report(report, opts.out_dir)
     console.print(summary_table(report["title"], runs))
+    if any("service" in run for run in runs.values()):
+        console.print(service_table(f"service: {description}", runs))
+        for line in refusal_lines(runs):
+            console.print(line, markup=False)
     for key, value in report["ratios"].items():
         console.print(f"throughput ratio {key}: [bold]{value:.2f}x[/bold]")
     console.print(f"report: {md_path} and {json_path}")

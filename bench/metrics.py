@@ -2,7 +2,7 @@
 
 - submitted = every request of the workload; each ends in exactly one of completed (finished with `stop` or
   `length`; over HTTP `succeeded`), cancelled (the bench cancelled it and the target confirmed it), failed
-  (anything else: rejected at submit, error, expired, or unfinished when the run's timeout hit).
+  (anything else: refused at submit, error, expired, or unfinished when the run's timeout hit).
 - Latency percentiles (queue time, TTFT, inter-token latency, end-to-end) cover completed requests only and
   are measured from the client's arrival time (run start + arrival offset), not from when the target saw it.
   Inter-token latency is each request's mean gap after the first token; percentiles are over requests.

@@ -26,7 +26,16 @@ class RequestRecord:
     finished_time: float | None = None
     num_preemptions: int = 0
     cancel_requested: bool = False
-    error: str | None = None
+    error: str | None = None  # why it failed; for a refusal at submit, the API's message
+    # Over HTTP: the submit as the client saw it (POST /v1/jobs), and the error code of a refusal or failure.
+    submit_time: float | None = None  # when the POST was sent
+    submit_latency_s: float | None = None  # until its answer came back
+    submit_status: int | None = None  # the answer's HTTP status; >= 400 is a refusal
+    error_code: str | None = None
+
+    @property
+    def refused(self) -> bool:
+        return self.submit_status is not None and self.submit_status >= 400
 
     @property
     def queue_time(self) -> float | None:
@@ -75,6 +84,7 @@ class RunResult:
     end_time: float
     preemptions_total: int = 0
     notes: list[str] = field(default_factory=list)
+    client_cpu_s: float | None = None  # HTTP: the bench's own CPU time (user + system) during the run
 
     @property
     def duration_s(self) -> float:

@@ -54,6 +54,56 @@ def metrics_markdown(summary: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+SERVICE_COLUMNS = (
+    "run",
+    "ok/sub",
+    "failed",
+    "refused",
+    "submit/s",
+    "submit p50 ms",
+    "submit p99 ms",
+    "done/s",
+    "service p50 ms",
+    "service p99 ms",
+    "queue p99 ms",
+    "wall s",
+    "bench CPU s",
+)
+
+
+def service_cells(s: dict[str, Any]) -> list[str]:
+    return [
+        f"{s['succeeded']}/{s['submitted']}",
+        str(s["failed"]),
+        str(s["refused"]),
+        fmt(s["submit_rate_per_s"]),
+        _ms(s["submit_latency_s"]["p50"]),
+        _ms(s["submit_latency_s"]["p99"]),
+        fmt(s["completions_per_s"]),
+        _ms(s["service_time_s"]["p50"]),
+        _ms(s["service_time_s"]["p99"]),
+        _ms(s["queue_time_s"]["p99"]),
+        fmt(s["wall_s"]),
+        fmt(s.get("client_cpu_s")),
+    ]
+
+
+def _ms(seconds: float | None) -> str:
+    return "n/a" if seconds is None else f"{1000 * seconds:.1f}"
+
+
+def service_markdown(figures: dict[str, Any]) -> str:
+    """The service figures of one HTTP run (bench/service.py): a table, then each kind of refusal."""
+    lines = [
+        "| " + " | ".join(SERVICE_COLUMNS[1:]) + " |",
+        "|---" * (len(SERVICE_COLUMNS) - 1) + "|",
+        "| " + " | ".join(service_cells(figures)) + " |",
+    ]
+    for k in figures["refusals"]:
+        lines.append(f"- refused {k['count']}x: HTTP {k['status']} `{k['code']}`: {k['message']}")
+    return "\n".join(lines)
+
+
 def efficiency_markdown(eff: dict[str, Any]) -> str:
     lines = ["| figure | value |", "|---|---|"]
     lines.append(f"| model parameters | {eff['model_params'] / 1e6:.1f} M |")
@@ -122,6 +172,8 @@ def report_markdown(report: dict[str, Any]) -> str:
             "",
             metrics_markdown(run["metrics"]),
         ]
+        if run.get("service"):
+            parts += ["", "Service figures (latencies in ms):", "", service_markdown(run["service"])]
         if run.get("efficiency"):
             parts += ["", efficiency_markdown(run["efficiency"])]
         if run.get("notes"):

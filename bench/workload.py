@@ -1,4 +1,4 @@
-"""Seeded workloads: the `short`, `long` and `mixed` profiles, and replay of a JSONL trace.
+"""Seeded workloads: the `short`, `long`, `mixed` and `service` profiles, and replay of a JSONL trace.
 
 A workload is a list of requests, each with an arrival offset (seconds from the start of the run), a group
 (the engine request class / service queue it goes to), a prompt (token ids, or text for a trace that gives
@@ -7,6 +7,10 @@ names its groups: a profile sends its short requests to `interactive` and its lo
 service's standard queues, renamable in the spec); a trace may use any group names. The same seed always
 gives the same workload, so a baseline and a change see the same input set; `save_trace` writes it out and
 its sha256 identifies it in reports.
+
+The `service` profile measures the service rather than the engine: many one-token jobs with short prompts of
+plain words (no tokenizer needed), sent to the short group. They arrive at fixed intervals (`submit_rate`,
+open loop) or all at t=0, for the HTTP target to send a fixed number at a time (closed loop).
 """
 
 from __future__ import annotations
@@ -20,8 +24,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from bench.metrics import ALL
+from bench.prompt_text import word_prompt
 
-PROFILES = ("short", "long", "mixed")
+PROFILES = ("short", "long", "mixed", "service")
 
 
 @dataclass(frozen=True)
@@ -99,6 +104,9 @@ class Range:
         return f"{self.lo}:{self.hi}"
 
 
+SERVICE_PROMPT_WORDS = Range(6, 12)  # short, so the service's own overhead dominates each job
+
+
 @dataclass
 class WorkloadSpec:
     """Everything that determines a generated workload (recorded in every report as the input set).
@@ -120,10 +128,12 @@ class WorkloadSpec:
     long_output: Range = field(default_factory=lambda: Range(64, 256))
     short_group: str = SHORT.name
     long_group: str = LONG.name
+    submit_rate: float | None = None  # service only: submissions/s at fixed intervals (open loop)
 
     def __post_init__(self) -> None:
         if self.profile not in PROFILES:
             raise ValueError(f"profile must be one of {PROFILES}, got {self.profile!r}")
+        self._check_service()
         if self.num_requests < 1:
             raise ValueError(f"num_requests must be >= 1, got {self.num_requests}")
         if not 0.0 <= self.documents_share <= 1.0:
@@ -141,10 +151,20 @@ class WorkloadSpec:
             if rate < 0:
                 raise ValueError(f"rates (--rate): need RATE >= 0, got {group}={rate}")
 
+    def _check_service(self) -> None:
+        if self.submit_rate is not None and (self.profile != "service" or self.submit_rate <= 0):
+            raise ValueError(
+                f"submit_rate (--submit-rate): needs --profile service and a rate > 0, got {self.submit_rate}"
+            )
+        if self.profile == "service" and self.rates:
+            raise ValueError("rates (--rate): the service profile arrives at fixed intervals: --submit-rate")
+        if self.profile == "service" and self.cancel_share:
+            raise ValueError("cancel_share (--cancel-share): the service profile cancels nothing")
+
     def groups(self) -> list[Group]:
         """The groups this profile sends requests to, with the short and long groups' defaults."""
         short, long = replace(SHORT, name=self.short_group), replace(LONG, name=self.long_group)
-        return {"short": [short], "long": [long], "mixed": [short, long]}[self.profile]
+        return {"short": [short], "long": [long], "mixed": [short, long], "service": [short]}[self.profile]
 
     def describe(self) -> dict[str, object]:
         d = asdict(self)
@@ -156,6 +176,8 @@ class WorkloadSpec:
 
 def generate(spec: WorkloadSpec, vocab_ids: Sequence[int], max_model_len: int) -> list[BenchRequest]:
     """Draws the requests of `spec`; prompt token ids are drawn from `vocab_ids` (no special tokens)."""
+    if spec.profile == "service":
+        return service_requests(spec)
     if not vocab_ids:
         raise ValueError("vocab_ids: need at least one token id to synthesise prompts")
     rng = random.Random(spec.seed)
@@ -181,6 +203,22 @@ def generate(spec: WorkloadSpec, vocab_ids: Sequence[int], max_model_len: int) -
             )
         )
     return sorted(requests, key=lambda r: (r.arrival_s, r.request_id))
+
+
+def service_requests(spec: WorkloadSpec) -> list[BenchRequest]:
+    """One-token jobs with plain-word prompts; the i-th arrives at i / submit_rate (all at 0 without it)."""
+    rng = random.Random(spec.seed)
+    interval = 1.0 / spec.submit_rate if spec.submit_rate else 0.0
+    return [
+        BenchRequest(
+            request_id=f"bench-{i:05d}",
+            group=spec.short_group,
+            arrival_s=round(i * interval, 6),
+            max_tokens=1,
+            prompt=word_prompt(rng, SERVICE_PROMPT_WORDS.draw(rng)),
+        )
+        for i in range(spec.num_requests)
+    ]
 
 
 def _groups(spec: WorkloadSpec, rng: random.Random) -> list[str]:

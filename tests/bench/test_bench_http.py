@@ -5,57 +5,9 @@ from the jobs' usage. The bench itself imports nothing from api/ or worker/; onl
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
-import pytest
-from live_server import free_port
-
 from bench.cli import main
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-
-@pytest.fixture
-def service(llama_dir: Path, tmp_path: Path) -> Iterator[str]:
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")}
-    env.update(CONVEYOR_DATA_DIR=str(tmp_path / "data"), CONVEYOR_MODEL=str(llama_dir))
-    log = (tmp_path / "serve.log").open("w")
-    proc = subprocess.Popen(
-        [sys.executable, "-c", "from cli.main import app; app()", "serve", "--port", str(port)],
-        cwd=REPO,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_healthy(url, proc, tmp_path / "serve.log")
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        log.close()
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"conveyor serve exited:\n{log.read_text()[-3000:]}"
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise AssertionError(f"conveyor serve not healthy after {timeout_s} s:\n{log.read_text()[-3000:]}")
 
 
 def test_http_target_against_the_embedded_service(service: str, llama_dir: Path, tmp_path: Path) -> None:
