@@ -42,7 +42,8 @@ def serve(host: HostOpt = None, port: PortOpt = None, config: ConfigOpt = None) 
     settings = settings.model_copy(update={"model": resolve_model(settings)})
     runtime = EmbeddedRuntime(settings)
     _run_api(settings, publisher=runtime.publisher, runtime=runtime, token_stream=runtime.token_stream,
-             finished_watch=runtime.finished, finished_sink=runtime.finished)
+             finished_watch=runtime.finished, finished_sink=runtime.finished,
+             session_factory=runtime.sessions)  # one db engine: one SQLite writer queue for both
 
 
 @app.command()
@@ -220,7 +221,7 @@ def _server_settings(config: Path | None, host: str | None, port: int | None) ->
 
 
 def _run_api(settings: Settings, *, publisher: Any, runtime: Any, token_stream: Any = None,
-             finished_watch: Any = None, finished_sink: Any = None) -> None:
+             finished_watch: Any = None, finished_sink: Any = None, session_factory: Any = None) -> None:
     import uvicorn
 
     from api.app import create_app
@@ -229,7 +230,7 @@ def _run_api(settings: Settings, *, publisher: Any, runtime: Any, token_stream: 
     tokenizer = PromptTokenizer(settings.model_folder())
     application = create_app(settings, publisher=publisher, tokenizer=tokenizer, runtime=runtime,
                              token_stream=token_stream, finished_watch=finished_watch,
-                             finished_sink=finished_sink)
+                             finished_sink=finished_sink, session_factory=session_factory)
     auth = "on" if settings.auth_enabled else "off (loopback only)"
     log = logging.getLogger("conveyor")
     log.info("listening on http://%s:%d, auth %s", settings.host, settings.port, auth)

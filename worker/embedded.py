@@ -50,6 +50,12 @@ class EmbeddedRuntime:
         self._feeders: list[threading.Thread] = []
 
     @property
+    def sessions(self) -> sessionmaker[Session]:
+        """The runtime's db engine's sessions: the embedded API shares them (SQLite's writer queue is per
+        db engine, core/store/database.py)."""
+        return self._sessions
+
+    @property
     def host(self) -> EngineHost:
         return self._services.host
 

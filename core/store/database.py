@@ -4,6 +4,7 @@ to be confused with the inference engine."""
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 from typing import Any
 
@@ -16,7 +17,6 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 # smaller than that closes and reopens them (and reruns the pragmas) under load.
 SQLITE_POOL_SIZE = 48
 _WRITES = ("INSERT", "UPDATE", "DELETE", "REPLACE")
-_HOLDS_WRITE_LOCK = "conveyor_holds_write_lock"  # in a pooled connection's info dict
 
 
 def make_db_engine(url: str, **kwargs: Any) -> Engine:
@@ -28,9 +28,11 @@ def make_db_engine(url: str, **kwargs: Any) -> Engine:
         return create_engine(parsed, pool_pre_ping=True, **kwargs)
     if parsed.database not in (None, "", ":memory:"):  # a file: a QueuePool
         kwargs = {"pool_size": SQLITE_POOL_SIZE, "max_overflow": SQLITE_POOL_SIZE, **kwargs}
-    db_engine = create_engine(parsed, connect_args={"check_same_thread": False, "timeout": 30}, **kwargs)
+    writers = _WriterQueue(threading.Lock())
+    connect_args = {"check_same_thread": False, "timeout": 30, "factory": writers.connection_class()}
+    db_engine = create_engine(parsed, connect_args=connect_args, **kwargs)
     event.listen(db_engine, "connect", _sqlite_pragmas)
-    _WriterQueue(threading.Lock()).install(db_engine)
+    writers.install(db_engine)
     return db_engine
 
 
@@ -49,39 +51,62 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
 
 
 class _WriterQueue:
-    """One SQLite writer at a time in this process, waiting in line on a lock.
+    """One SQLite writer at a time per db engine, waiting in line on a lock (embedded mode runs its API and
+    its worker on one db engine).
 
     SQLite allows one write transaction at a time, and a connection that finds the write lock taken sleeps
     and retries (its busy handler sleeps 1, 2, 5, ... up to 100 ms), so under concurrent writes from the API
-    threads and the worker most of a submit's latency was sleeping. Here a write transaction takes this
-    lock before its first write statement (where the sqlite3 driver opens the transaction) and gives it
-    back at commit or rollback: waiting writers wake the moment it is free. Reads never wait (WAL)."""
+    threads and the worker most of a submit's latency was sleeping. Here a transaction takes this lock
+    before its first write statement (where the sqlite3 driver opens the transaction), and its connection
+    gives it back once SQLite's own commit or rollback is done: waiting writers wake the moment SQLite is
+    free. Reads never wait (WAL)."""
 
     def __init__(self, lock: threading.Lock) -> None:
         self._lock = lock
 
     def install(self, db_engine: Engine) -> None:
         event.listen(db_engine, "before_cursor_execute", self._before_execute)
-        event.listen(db_engine, "commit", self._release)
-        event.listen(db_engine, "rollback", self._release)
-        event.listen(db_engine.pool, "checkin", self._release_record)
 
-    def _before_execute(self, conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        if conn.info.get(_HOLDS_WRITE_LOCK) or not statement.lstrip()[:7].upper().startswith(_WRITES):
+    def connection_class(self) -> type[sqlite3.Connection]:
+        """The sqlite3 connection class to connect with: it gives the lock back after commit and rollback."""
+        lock = self._lock
+
+        class QueuedConnection(sqlite3.Connection):
+            holds_write_lock = False
+
+            def commit(self) -> None:
+                try:
+                    super().commit()
+                finally:
+                    self.give_back()
+
+            def rollback(self) -> None:
+                try:
+                    super().rollback()
+                finally:
+                    self.give_back()
+
+            def close(self) -> None:
+                try:
+                    super().close()
+                finally:
+                    self.give_back()
+
+            def give_back(self) -> None:
+                if self.holds_write_lock:
+                    self.holds_write_lock = False
+                    lock.release()
+
+        return QueuedConnection
+
+    def _before_execute(self, _conn: Any, cursor: Any, statement: str, *_args: Any) -> None:
+        connection = cursor.connection
+        if connection.holds_write_lock or not statement.lstrip()[:7].upper().startswith(_WRITES):
             return
         if not self._lock.acquire(timeout=SQLITE_BUSY_TIMEOUT_MS / 1000):
-            raise TimeoutError("database is locked: another write transaction held it too long")
-        conn.info[_HOLDS_WRITE_LOCK] = True
-
-    def _release(self, conn: Any) -> None:
-        self._release_info(conn.info)
-
-    def _release_record(self, _dbapi_connection: Any, record: Any) -> None:
-        self._release_info(record.info)  # a connection returned without commit or rollback
-
-    def _release_info(self, info: dict[str, Any]) -> None:
-        if info.pop(_HOLDS_WRITE_LOCK, False):
-            self._lock.release()
+            # What SQLite itself raises when its busy timeout runs out (callers retry OperationalError).
+            raise sqlite3.OperationalError("database is locked: another write transaction held it too long")
+        connection.holds_write_lock = True
 
 
 def ping(session: Session) -> None:

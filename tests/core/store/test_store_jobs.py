@@ -2,22 +2,31 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
+import pytest
+from sqlalchemy import event, select
 from sqlalchemy.orm import Session
 
-from core.store import jobs
-from core.store.tables import DEFAULT_TENANT
+from core.store import batches, finished, jobs, keys, webhooks
+from core.store.tables import DEFAULT_TENANT, BatchLine, Delivery
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
+T1 = T0 + timedelta(seconds=1)
+T2 = T0 + timedelta(seconds=2)
+OWN_HOOK = {"url": "https://own.example/hook"}
 
 
 def add_job(
-    session: Session, *, ttl_s: float | None = None, queue: str = "interactive", at: datetime = T0
+    session: Session, *, ttl_s: float | None = None, queue: str = "interactive", at: datetime = T0,
+    tenant: str = DEFAULT_TENANT, webhook: dict[str, Any] | None = None,
 ) -> str:
     new = jobs.NewJob(
-        tenant_id=DEFAULT_TENANT, queue=queue, prompt="hello", messages=None, params={"max_tokens": 4},
-        meta=None, webhook=None, idempotency_key=None, request_hash="h", prompt_tokens=2, ttl_s=ttl_s,
+        tenant_id=tenant, queue=queue, prompt="hello", messages=None, params={"max_tokens": 4},
+        meta=None, webhook=webhook, idempotency_key=None, request_hash="h", prompt_tokens=2, ttl_s=ttl_s,
         timeout_s=None,
     )
     return jobs.add(session, new, at).id
@@ -145,3 +154,192 @@ def test_queue_counts(session: Session) -> None:
     assert counts["interactive"] == jobs.QueueCounts(2, 0, T0 + timedelta(seconds=1))
     assert counts["documents"] == jobs.QueueCounts(0, 1, None)
     assert jobs.count_queued(session, "interactive") == 2
+
+
+# --- claim_many ----------------------------------------------------------------------------------------
+
+
+@contextmanager
+def statements(session: Session) -> Iterator[list[str]]:
+    """The SQL statements the session's db engine runs inside the block."""
+    seen: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        seen.append(statement)
+
+    db_engine = session.get_bind()
+    event.listen(db_engine, "before_cursor_execute", record)
+    try:
+        yield seen
+    finally:
+        event.remove(db_engine, "before_cursor_execute", record)
+
+
+def events_of(session: Session, job_id: str, tenant: str = DEFAULT_TENANT) -> list[str]:
+    return [d.event_type for d in webhooks.for_subject(session, tenant, "job", job_id)]
+
+
+def in_batch(session: Session, job_ids: list[str]) -> str:
+    batch = batches.create(session, tenant_id=DEFAULT_TENANT, input_url="s3://bucket-a/in.jsonl",
+                           output_url="s3://bucket-a/out/", queue="interactive", now=T0)
+    session.add_all(BatchLine(batch_id=batch.id, line=n, custom_id=f"c-{n}", status="queued", job_id=job_id)
+                    for n, job_id in enumerate(job_ids, start=1))
+    session.commit()
+    return batch.id
+
+
+def batch_counts(session: Session, batch_id: str) -> tuple[int, int, int, int]:
+    row = batches.get(session, batch_id)
+    assert row is not None
+    return row.completed, row.failed, row.prompt_tokens, row.completion_tokens
+
+
+def test_claim_many_returns_claimed_rows_in_the_order_asked_from_one_update(session: Session) -> None:
+    a, b, c = (add_job(session) for _ in range(3))
+    with statements(session) as seen:
+        claimed = jobs.claim_many(session, [c, a, b], "w1", T1)
+    assert [job.id for job in claimed] == [c, a, b]
+    assert {(job.status, job.attempts, job.worker_id, job.started_at) for job in claimed} == {
+        ("running", 1, "w1", T1)}
+    assert sum(s.lstrip().upper().startswith("UPDATE JOBS") for s in seen) == 1
+
+
+def test_claim_many_returns_a_job_listed_twice_once(session: Session) -> None:
+    a, b = add_job(session), add_job(session)
+    assert [job.id for job in jobs.claim_many(session, [a, b, a], "w1", T0)] == [a, b]
+    job = jobs.get(session, a)
+    assert job is not None and job.attempts == 1
+
+
+def test_claim_many_leaves_out_jobs_that_are_not_queued(session: Session) -> None:
+    running, cancelled, waiting = add_job(session), add_job(session), add_job(session)
+    assert jobs.claim(session, running, "w1", T0) is not None
+    assert jobs.cancel(session, cancelled, DEFAULT_TENANT, T0) is not None
+    claimed = jobs.claim_many(session, [running, cancelled, "job_missing", waiting], "w2", T1)
+    assert [job.id for job in claimed] == [waiting]
+    held = jobs.get(session, running)
+    assert held is not None and (held.worker_id, held.attempts) == ("w1", 1)
+    assert jobs.get(session, cancelled).status == "cancelled"  # type: ignore[union-attr]
+    assert jobs.claim_many(session, [], "w2", T1) == []
+
+
+def test_claim_many_expires_overdue_jobs_with_their_follow_on_effects_once(session: Session) -> None:
+    overdue = add_job(session, ttl_s=10, webhook=OWN_HOOK)
+    fresh = add_job(session, ttl_s=60, webhook=OWN_HOOK)
+    batch_id = in_batch(session, [overdue, fresh])
+    claimed = jobs.claim_many(session, [overdue, fresh], "w1", T0 + timedelta(seconds=11))
+    assert [job.id for job in claimed] == [fresh]
+    job = jobs.get(session, overdue)
+    assert job is not None and (job.status, job.attempts, job.started_at) == ("expired", 0, None)
+    assert jobs.claim_many(session, [overdue], "w2", T0 + timedelta(seconds=12)) == []  # a late duplicate
+    assert events_of(session, overdue) == ["job.expired"]
+    assert events_of(session, fresh) == []
+    assert batch_counts(session, batch_id)[:2] == (0, 1)
+
+
+# --- record_step ---------------------------------------------------------------------------------------
+
+
+def done(job_id: str, attempt: int, first_token_at: datetime | None = None) -> jobs.Completion:
+    return jobs.Completion(job_id, attempt, "out", "stop", prompt_tokens=2, completion_tokens=3,
+                           preemptions=0, first_token_at=first_token_at)
+
+
+def boom(job_id: str, attempt: int) -> jobs.Failure:
+    return jobs.Failure(job_id, attempt, "engine_error", "boom")
+
+
+def claimed_twice(session: Session, webhook: dict[str, Any] | None = None) -> str:
+    """A job whose first attempt's worker died: it now runs as attempt 2, so attempt 1 is stale."""
+    job_id = add_job(session, webhook=webhook)
+    assert jobs.claim(session, job_id, "dead", T0) is not None
+    assert jobs.requeue_orphans(session, ["dead"], T0) == [(job_id, "interactive")]
+    again = jobs.claim(session, job_id, "w1", T0)
+    assert again is not None and again.attempts == 2
+    return job_id
+
+
+def test_record_step_applies_each_outcome_for_its_own_attempt_in_one_commit(session: Session) -> None:
+    ok, bad = add_job(session), add_job(session)
+    stale = claimed_twice(session)
+    assert len(jobs.claim_many(session, [ok, bad], "w1", T0)) == 2
+    commits: list[Session] = []
+
+    def committed(s: Session) -> None:
+        commits.append(s)
+
+    event.listen(session, "after_commit", committed)
+    made_final = jobs.record_step(session, [], [done(ok, 1), boom(bad, 1), done(stale, 1)], T1)
+    event.remove(session, "after_commit", committed)
+    assert sorted(made_final) == sorted([ok, bad])
+    assert len(commits) == 1
+    states = {j: jobs.get(session, j) for j in (ok, bad, stale)}
+    assert {j: (row.status, row.result_text, row.error_code) for j, row in states.items() if row} == {
+        ok: ("succeeded", "out", None), bad: ("failed", None, "engine_error"), stale: ("running", None, None)}
+
+
+def test_record_step_runs_follow_on_effects_once_per_status_for_applied_jobs_only(
+    session: Session, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ok1, ok2, bad = (add_job(session, webhook=OWN_HOOK) for _ in range(3))
+    assert len(jobs.claim_many(session, [ok1, ok2, bad], "w1", T0)) == 3
+    stale = claimed_twice(session, webhook=OWN_HOOK)
+    batch_id = in_batch(session, [ok1, ok2, bad, stale])
+    calls: list[tuple[list[str], str]] = []
+
+    def spy(s: Session, job_ids: list[str], status: str, now: datetime) -> None:
+        calls.append((sorted(job_ids), status))
+        finished.record_finished(s, job_ids, status, now)
+
+    monkeypatch.setattr(jobs, "record_finished", spy)
+    # ok1 reported twice in the step, and stale's dead first attempt reporting late
+    step: list[jobs.Outcome] = [done(ok1, 1), boom(bad, 1), done(ok2, 1), done(ok1, 1), done(stale, 1)]
+    assert sorted(jobs.record_step(session, [], step, T1)) == sorted([ok1, ok2, bad])
+    assert sorted(calls) == sorted([(sorted([ok1, ok2]), "succeeded"), ([bad], "failed")])
+    assert jobs.record_step(session, [], step, T2) == []  # the whole step replayed changes nothing
+    assert [events_of(session, j) for j in (ok1, ok2, bad, stale)] == [
+        ["job.succeeded"], ["job.succeeded"], ["job.failed"], []]
+    assert batch_counts(session, batch_id) == (2, 1, 2 * 2, 2 * 3)
+
+
+def test_record_step_records_first_tokens_only_for_the_running_attempt(session: Session) -> None:
+    fresh, already, finished, both = (add_job(session) for _ in range(4))
+    assert len(jobs.claim_many(session, [fresh, already, finished, both], "w1", T0)) == 4
+    stale = claimed_twice(session)
+    assert jobs.record_first_token(session, already, 1, T1)
+    assert complete(session, finished, 1, at=T1)
+    firsts = [jobs.FirstToken(j, 1, T2) for j in (fresh, stale, already, finished, both)]
+    later = T2 + timedelta(seconds=1)
+    assert jobs.record_step(session, firsts, [done(both, 1, first_token_at=later)], later) == [both]
+    first_token_at = {j: jobs.get(session, j).first_token_at for j in (fresh, stale, already, finished, both)}  # type: ignore[union-attr]
+    assert first_token_at == {fresh: T2, stale: None, already: T1, finished: T1, both: T2}
+
+
+def test_a_group_gets_one_delivery_per_matching_enabled_subscription_of_its_tenant(session: Session) -> None:
+    for tenant in ("acme", "idle"):
+        keys.ensure_tenant(session, tenant, T0)
+    session.commit()
+
+    def subscribe(tenant: str, url: str, patterns: list[str]) -> str:
+        return webhooks.create_subscription(session, tenant, url, patterns, None, T0)[0].id
+
+    every = subscribe(DEFAULT_TENANT, "https://a.example/every", ["job.*"])
+    succeeded = subscribe(DEFAULT_TENANT, "https://a.example/succeeded", ["job.succeeded"])
+    subscribe(DEFAULT_TENANT, "https://a.example/failed", ["job.failed"])  # its filter does not match
+    disabled = subscribe(DEFAULT_TENANT, "https://a.example/disabled", [])
+    webhooks.disable_subscription(session, disabled, "target answered HTTP 410", T0)
+    session.commit()
+    acme = subscribe("acme", "https://acme.example/all", [])
+    subscribe("idle", "https://idle.example/all", [])  # a tenant with no job in the group
+    d1, d2, a1 = add_job(session), add_job(session), add_job(session, tenant="acme")
+    assert len(jobs.claim_many(session, [d1, d2, a1], "w1", T0)) == 3
+    with statements(session) as seen:
+        assert len(jobs.record_step(session, [], [done(d1, 1), done(a1, 1), done(d2, 1)], T1)) == 3
+    deliveries = session.execute(select(Delivery.subject_id, Delivery.subscription_id, Delivery.tenant_id,
+                                        Delivery.event_type)).all()
+    assert sorted(tuple(row) for row in deliveries) == sorted([
+        (d1, every, DEFAULT_TENANT, "job.succeeded"), (d1, succeeded, DEFAULT_TENANT, "job.succeeded"),
+        (d2, every, DEFAULT_TENANT, "job.succeeded"), (d2, succeeded, DEFAULT_TENANT, "job.succeeded"),
+        (a1, acme, "acme", "job.succeeded"),
+    ])
+    assert sum("FROM webhook_subscriptions" in s for s in seen) == 1  # every tenant's, read once
