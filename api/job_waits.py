@@ -27,7 +27,9 @@ from core.store import jobs
 from core.views import JobPublic
 
 MAX_WAIT_S = 60.0  # a long poll's longest wait: below common proxy and load-balancer idle timeouts
-FALLBACK_READ_S = 1.0  # store reads while watched: a lost notification delays an answer by at most this
+# Store reads while watched: a lost notification delays an answer by at most this. Not shorter: with hundreds
+# of clients waiting (an open-loop burst), one re-read per waiter per second cost more than the jobs did.
+FALLBACK_READ_S = 5.0
 UNWATCHED_READ_S = 0.5  # store reads when no watch is wired (tests, a non-Redis broker)
 EVENTS_MAX_S = 600.0  # an event stream ends after this long with the current state; clients reconnect
 KEEPALIVE_S = 15.0  # a comment line at least this often keeps proxies from closing an idle stream
