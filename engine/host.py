@@ -112,6 +112,11 @@ class EngineHost:
         with self._cond:
             self._step_listeners.append(listener)
 
+    def remove_step_listener(self, listener: OnStepEnd) -> None:
+        with self._cond:
+            if listener in self._step_listeners:
+                self._step_listeners.remove(listener)
+
     def stats(self) -> dict[str, object]:
         with self._cond:
             return dict(self._stats)

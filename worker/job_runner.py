@@ -446,6 +446,7 @@ class JobRunner:
                 self._abandon_writes.set()  # the store is down: unwritten outcomes are left to the fleet
             requeued = self._requeue_own_jobs()
         self._abandon_writes.set()
+        self.host.remove_step_listener(self._step_ended)
         self._inbox.put(_STOP)
         if self._writer.is_alive():
             self._writer.join()
