@@ -51,7 +51,9 @@ def publish_and_mark(
 ) -> int:
     """Publishes (job_id, queue) pairs in order and marks the published ones dispatched. Stops at the first
     failure (the broker is likely down): the rest stay undispatched for the next reconcile. Returns how
-    many went out."""
+    many went out. They are marked with the time publishing began, never later than the message reached
+    the broker: a broker found empty after that time (the reconciler's lost-messages rule) counts them."""
+    publishing_since = utcnow()
     sent: list[str] = []
     for job_id, queue in pending:
         try:
@@ -63,7 +65,7 @@ def publish_and_mark(
         sent.append(job_id)
     if sent:
         with sessions() as session:
-            jobs.mark_dispatched(session, sent, utcnow())
+            jobs.mark_dispatched(session, sent, publishing_since)
     return len(sent)
 
 
