@@ -39,6 +39,18 @@ def _unauthorized(message: str) -> ApiError:
 CurrentTenant = Annotated[str, Depends(current_tenant)]
 
 
+def tenant_then_release(
+    services: ServicesDep, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)]
+) -> str:
+    """The caller's tenant, its session closed at once: for requests that then wait (long polls, event
+    streams, synchronous completions) without holding a database connection."""
+    with services.session_factory() as session:
+        return current_tenant(services, session, credentials)
+
+
+WaitingTenant = Annotated[str, Depends(tenant_then_release)]
+
+
 def metrics_authorized(settings: Settings, authorization: str | None) -> bool:
     """May this `Authorization` header read /metrics? With a metrics token set, only `Bearer <token>` may;
     without one, anybody with auth off (the loopback default) and nobody with auth on.

@@ -12,14 +12,10 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from typing import Annotated
 
-from fastapi import Depends
-from fastapi.security import HTTPAuthorizationCredentials
 from starlette.concurrency import run_in_threadpool
 
-from api.auth import bearer_scheme, current_tenant
-from api.deps import Services, ServicesDep
+from api.deps import Services
 from api.errors import lookup_id, not_found
 from core.finished_jobs import FinishedWaiter
 from core.lifecycle import TERMINAL_STATUSES
@@ -35,17 +31,6 @@ EVENTS_MAX_S = 600.0  # an event stream ends after this long with the current st
 KEEPALIVE_S = 15.0  # a comment line at least this often keeps proxies from closing an idle stream
 
 Disconnected = Callable[[], Awaitable[bool]]
-
-
-def waiting_tenant(
-    services: ServicesDep, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)]
-) -> str:
-    """The caller's tenant, with its session closed at once: the request may then wait for a while."""
-    with services.session_factory() as session:
-        return current_tenant(services, session, credentials)
-
-
-WaitingTenant = Annotated[str, Depends(waiting_tenant)]
 
 
 async def read(services: Services, job_id: str, tenant: str) -> JobPublic | None:

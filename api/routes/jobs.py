@@ -8,10 +8,10 @@ from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
 from api import cursor, job_waits
-from api.auth import CurrentTenant
+from api.auth import CurrentTenant, WaitingTenant
 from api.deps import ServicesDep, SessionDep
 from api.errors import ApiError, can_be_stored_id, lookup_id, not_found
-from api.job_waits import EVENTS_MAX_S, KEEPALIVE_S, MAX_WAIT_S, WaitingTenant
+from api.job_waits import EVENTS_MAX_S, KEEPALIVE_S, MAX_WAIT_S
 from api.schemas.errors import error_responses
 from api.schemas.jobs import JobCreate, JobList
 from api.submit import submit

@@ -13,16 +13,15 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
-from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from api import openai_sync
-from api.auth import bearer_scheme, current_tenant
+from api.auth import WaitingTenant
 from api.deps import Services, ServicesDep
 from api.openai_errors import OpenAIError, OpenAIRoute, from_validation_error
 from api.openai_sync import ClientGoneError, FollowedJob, JobOutcome
@@ -50,20 +49,9 @@ DONE = "data: [DONE]\n\n"
 log = logging.getLogger(__name__)
 
 
-def openai_tenant(
-    services: ServicesDep, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)]
-) -> str:
-    """The caller's tenant, with a session closed at once: a synchronous answer may wait for minutes."""
-    with services.session_factory() as session:
-        return current_tenant(services, session, credentials)
-
-
-Tenant = Annotated[str, Depends(openai_tenant)]
-
-
 @router.post("/chat/completions", response_model=None, responses=COMPLETION_RESPONSES)
 async def create_chat_completion(
-    body: ChatCompletionCreate, request: Request, services: ServicesDep, tenant: Tenant
+    body: ChatCompletionCreate, request: Request, services: ServicesDep, tenant: WaitingTenant
 ) -> Response:
     """A `chat.completion`, or `chat.completion.chunk` server-sent events with `stream: true`."""
     _check_request(services.settings, body)
@@ -77,7 +65,7 @@ async def create_chat_completion(
 
 @router.post("/completions", response_model=None, responses=COMPLETION_RESPONSES)
 async def create_completion(
-    body: CompletionCreate, request: Request, services: ServicesDep, tenant: Tenant
+    body: CompletionCreate, request: Request, services: ServicesDep, tenant: WaitingTenant
 ) -> Response:
     """A `text_completion`, or `text_completion` server-sent events with `stream: true`."""
     _check_request(services.settings, body)
@@ -86,12 +74,12 @@ async def create_completion(
 
 
 @router.get("/models", response_model=ModelList, responses=openai_error_responses(401))
-def list_models(services: ServicesDep, _tenant: Tenant) -> ModelList:
+def list_models(services: ServicesDep, _tenant: WaitingTenant) -> ModelList:
     return ModelList(data=[_model_card(services.settings)])
 
 
 @router.get("/models/{model_id:path}", response_model=ModelCard, responses=openai_error_responses(401, 404))
-def get_model(model_id: str, services: ServicesDep, _tenant: Tenant) -> ModelCard:
+def get_model(model_id: str, services: ServicesDep, _tenant: WaitingTenant) -> ModelCard:
     _check_model(services.settings, model_id, param=None)
     return _model_card(services.settings)
 
