@@ -165,7 +165,7 @@ def claim_many(session: Session, job_ids: list[str], worker_id: str, now: dateti
     claimed = {job.id: job for job in session.execute(statement).scalars()}
     session.commit()
     if len(claimed) < len(set(job_ids)):
-        _expire_listed(session, [job_id for job_id in job_ids if job_id not in claimed], now)
+        expire_overdue(session, now, [job_id for job_id in job_ids if job_id not in claimed])
     return [claimed[job_id] for job_id in dict.fromkeys(job_ids) if job_id in claimed]
 
 
@@ -340,16 +340,14 @@ def requeue_unheld(
     return requeued
 
 
-def expire_overdue(session: Session, now: datetime) -> list[str]:
-    """queued jobs past expires_at -> expired."""
-    statement = (
-        update(Job)
-        .where(Job.status == QUEUED, Job.expires_at.is_not(None), Job.expires_at <= now)
-        .values(**_expired_values(now))
-        .returning(Job.id)
-        .execution_options(synchronize_session=False)
-    )
-    ids = list(session.execute(statement).scalars())
+def expire_overdue(session: Session, now: datetime, job_ids: list[str] | None = None) -> list[str]:
+    """queued jobs past expires_at -> expired (only those of `job_ids` when given); commits and returns
+    their ids."""
+    statement = update(Job).where(Job.status == QUEUED, Job.expires_at.is_not(None), Job.expires_at <= now)
+    if job_ids is not None:
+        statement = statement.where(Job.id.in_(job_ids))
+    statement = statement.values(**_expired_values(now)).returning(Job.id)
+    ids = list(session.execute(statement.execution_options(synchronize_session=False)).scalars())
     if ids:
         record_finished(session, ids, EXPIRED, now)
     session.commit()
@@ -391,22 +389,6 @@ def mark_dispatched(session: Session, job_ids: list[str], now: datetime) -> None
     statement = update(Job).where(Job.id.in_(job_ids), Job.status == QUEUED).values(dispatched_at=now)
     session.execute(statement.execution_options(synchronize_session=False))
     session.commit()
-
-
-def _expire_listed(session: Session, job_ids: list[str], now: datetime) -> list[str]:
-    """queued -> expired for those of `job_ids` whose ttl has passed; commits."""
-    statement = (
-        update(Job)
-        .where(Job.id.in_(job_ids), Job.status == QUEUED, Job.expires_at.is_not(None), Job.expires_at <= now)
-        .values(**_expired_values(now))
-        .returning(Job.id)
-        .execution_options(synchronize_session=False)
-    )
-    expired = list(session.execute(statement).scalars())
-    if expired:
-        record_finished(session, expired, EXPIRED, now)
-    session.commit()
-    return expired
 
 
 def _expired_values(now: datetime) -> dict[str, Any]:
