@@ -286,9 +286,11 @@ class Store:
 
 
 def wait_until(predicate: Callable[[], bool], what: str, timeout_s: float, *,
-               also: Callable[[], None] | None = None, poll_s: float = POLL_S) -> None:
+               also: Callable[[], None] | None = None, poll_s: float = POLL_S,
+               describe: Callable[[], str] | None = None) -> None:
     """Polls `predicate` (and `also`, which may raise to fail early) until true; AssertionError after
-    timeout_s. Database errors count as 'not yet' (a test may be waiting for a restarted server)."""
+    timeout_s, with what `describe` says of the state then. Database errors count as 'not yet' (a test may
+    be waiting for a restarted server)."""
     deadline = time.monotonic() + timeout_s
     last_error: Exception | None = None
     while True:
@@ -304,6 +306,8 @@ def wait_until(predicate: Callable[[], bool], what: str, timeout_s: float, *,
             last_error = exc
         if time.monotonic() > deadline:
             detail = f" (last error: {type(last_error).__name__}: {last_error})" if last_error else ""
+            if describe is not None:
+                detail += f"; now: {describe()}"
             raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}{detail}")
         time.sleep(poll_s)
 

@@ -61,6 +61,11 @@ def test_worker_sigkill_mid_traffic_every_job_ends_once_on_a_new_worker(stack: S
     assert all(outcome.jobs[j].attempts == 1 for j in others), "only the killed worker's jobs run twice"
 
 
+def _where(stack: Stack, job_ids: set[str]) -> str:
+    return ", ".join(f"{j}: {job.status} attempt {job.attempts} on {job.worker_id}"
+                     for j in sorted(job_ids) for job in [stack.store.job(j)])
+
+
 def test_worker_paused_past_dead_after_then_resumed_no_job_completes_twice(stack: Stack) -> None:
     workers = stack.start_workers(2)
     traffic = _traffic(stack, 5, "sigstop").start()
@@ -78,7 +83,7 @@ def test_worker_paused_past_dead_after_then_resumed_no_job_completes_twice(stack
         wait_until(lambda: all(stack.store.job(j).worker_id == other.worker_id or
                                stack.store.job(j).status not in ("queued", "running") for j in in_flight),
                    "the paused worker's jobs to be requeued and taken by the other worker",
-                   DEAD_AFTER_S + 30)
+                   DEAD_AFTER_S + 60, describe=lambda: _where(stack, in_flight))
         time.sleep(1.0)
     finally:
         paused.signal(signal.SIGCONT)
