@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, func, insert, null, or_, select, update
+from sqlalchemy import ColumnElement, Select, and_, func, insert, null, or_, select, update
 from sqlalchemy.orm import Session
 
 from core.lifecycle import (
@@ -305,13 +305,24 @@ def attempt_states(session: Session, job_ids: list[str]) -> dict[str, AttemptSta
             for job_id, status, attempts, worker_id in session.execute(query)}
 
 
+def _unlocked(*conditions: ColumnElement[bool]) -> Select[tuple[str]]:
+    """Ids of the jobs matching `conditions` that no open transaction is changing (PostgreSQL: FOR UPDATE
+    SKIP LOCKED; SQLite has one writer and ignores it). A sweep over many rows must not wait on one row: a
+    worker frozen (SIGSTOP, a stalled VM) in the middle of a transaction holds its rows' locks until its
+    session ends, and a plain UPDATE waiting on them would stall the whole fleet's reconcile with it. The
+    skipped rows are swept in a later round, once that transaction has ended (the worker resumed, or its
+    connection died)."""
+    return select(Job.id).where(*conditions).with_for_update(skip_locked=True)
+
+
 def requeue_orphans(session: Session, dead_worker_ids: list[str], now: datetime) -> list[tuple[str, str]]:
     """running -> queued for jobs held by dead workers; they are undispatched again, to be re-published."""
     if not dead_worker_ids:
         return []
+    orphaned = [Job.status == RUNNING, Job.worker_id.in_(dead_worker_ids)]
     statement = (
         update(Job)
-        .where(Job.status == RUNNING, Job.worker_id.in_(dead_worker_ids))
+        .where(Job.id.in_(_unlocked(*orphaned)), *orphaned)
         .values(status=QUEUED, worker_id=None, dispatched_at=None, first_token_at=None, updated_at=now)
         .returning(Job.id, Job.queue)
         .execution_options(synchronize_session=False)
@@ -343,9 +354,10 @@ def requeue_unheld(
 def expire_overdue(session: Session, now: datetime, job_ids: list[str] | None = None) -> list[str]:
     """queued jobs past expires_at -> expired (only those of `job_ids` when given); commits and returns
     their ids."""
-    statement = update(Job).where(Job.status == QUEUED, Job.expires_at.is_not(None), Job.expires_at <= now)
+    overdue = [Job.status == QUEUED, Job.expires_at.is_not(None), Job.expires_at <= now]
     if job_ids is not None:
-        statement = statement.where(Job.id.in_(job_ids))
+        overdue.append(Job.id.in_(job_ids))
+    statement = update(Job).where(Job.id.in_(_unlocked(*overdue)), *overdue)
     statement = statement.values(**_expired_values(now)).returning(Job.id)
     ids = list(session.execute(statement.execution_options(synchronize_session=False)).scalars())
     if ids:

@@ -8,11 +8,12 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-from sqlalchemy import event, select
-from sqlalchemy.orm import Session
+from sqlalchemy import event, select, text, update
+from sqlalchemy.orm import Session, sessionmaker
 
 from core.store import batches, finished, jobs, keys, webhooks
-from core.store.tables import DEFAULT_TENANT, BatchLine, Delivery
+from core.store.database import make_db_engine, make_session_factory
+from core.store.tables import DEFAULT_TENANT, BatchLine, Delivery, Job
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
 T1 = T0 + timedelta(seconds=1)
@@ -343,3 +344,36 @@ def test_a_group_gets_one_delivery_per_matching_enabled_subscription_of_its_tena
         (a1, acme, "acme", "job.succeeded"),
     ])
     assert sum("FROM webhook_subscriptions" in s for s in seen) == 1  # every tenant's, read once
+
+
+def _frozen_peer_holds(sessions: sessionmaker[Session], job_id: str) -> Session:
+    """A transaction that changed the job's row and is left open, as a worker stopped mid-write leaves it."""
+    peer = sessions()
+    peer.execute(update(Job).where(Job.id == job_id).values(updated_at=T2))
+    return peer
+
+
+def test_reconciler_sweeps_skip_rows_a_frozen_transaction_holds(emptied_postgres: str) -> None:
+    """A SIGSTOPped worker's open write held its rows' locks, and requeue_orphans (an UPDATE over all of a
+    dead worker's jobs) waited on them until the worker resumed: the other jobs were never requeued."""
+    db_engine = make_db_engine(emptied_postgres)
+    sessions = make_session_factory(db_engine)
+    try:
+        with sessions() as session:
+            held, free = add_job(session), add_job(session)
+            expiring_held, expiring_free = add_job(session, ttl_s=1), add_job(session, ttl_s=1)
+            for job_id in (held, free):
+                assert jobs.claim(session, job_id, "dead", T0) is not None
+        peers = [_frozen_peer_holds(sessions, held), _frozen_peer_holds(sessions, expiring_held)]
+        with sessions() as session:
+            session.execute(text("SET lock_timeout = '5s'"))  # waiting would fail the test, not hang it
+            assert jobs.requeue_orphans(session, ["dead"], T1) == [(free, "interactive")]
+            assert jobs.expire_overdue(session, T0 + timedelta(seconds=5)) == [expiring_free]
+        for peer in peers:
+            peer.rollback()  # the peer resumed (or its connection died): the next round sweeps the rest
+            peer.close()
+        with sessions() as session:
+            assert jobs.requeue_orphans(session, ["dead"], T2) == [(held, "interactive")]
+            assert jobs.expire_overdue(session, T0 + timedelta(seconds=5)) == [expiring_held]
+    finally:
+        db_engine.dispose()
