@@ -10,11 +10,12 @@ import ipaddress
 import os
 import socket
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
@@ -95,9 +96,16 @@ class Settings(BaseSettings):
     attention_backend: str | None = None
     device: str | None = None
     num_threads: int | None = Field(None, ge=1, description="torch intra-op threads; None: torch's default")
+    enable_prefix_caching: bool | None = Field(
+        None, description="reuse the KV cache of prompts' shared prefixes; None: the engine's default (on)"
+    )
 
     # Queues
     queues: dict[str, QueueSettings] = Field(default_factory=default_queues)
+    worker_queues: Annotated[list[str] | None, NoDecode] = Field(
+        None, description="queues a `conveyor worker` consumes (comma-separated: `documents` for a pool of "
+        "its own); None: every queue. The embedded service always runs every queue",
+    )
 
     # Reliability
     reconcile_interval_s: float = Field(2.0, gt=0)
@@ -171,6 +179,14 @@ class Settings(BaseSettings):
             return None
         return value
 
+    @field_validator("worker_queues", mode="before")
+    @classmethod
+    def _split_worker_queues(cls, value: Any) -> Any:
+        """`interactive,documents` from the environment, a list from a config file; empty: every queue."""
+        if isinstance(value, str):
+            value = [name.strip() for name in value.split(",") if name.strip()]
+        return value or None
+
     @field_validator("queues", mode="before")
     @classmethod
     def _merge_queue_defaults(cls, value: Any) -> Any:
@@ -193,7 +209,17 @@ class Settings(BaseSettings):
             self.docs_enabled = not self.auth_enabled
         if not self.queues:
             raise ValueError("queues: at least one queue is required")
+        unknown = sorted(set(self.worker_queues or []) - set(self.queues))
+        if unknown:
+            raise ValueError(f"worker_queues: unknown queue(s) {unknown}; known: {sorted(self.queues)}")
         return self
+
+    def consumed_queues(self) -> dict[str, QueueSettings]:
+        """The queues a `conveyor worker` takes jobs from, with their limits (worker_queues, or all). The
+        embedded service takes every queue: it is the only worker its API has."""
+        if self.worker_queues is None or self.embedded:
+            return dict(self.queues)
+        return {name: self.queues[name] for name in self.worker_queues}
 
     @property
     def embedded(self) -> bool:

@@ -45,7 +45,8 @@ class WorkerServices:
         self._tokens = tokens
         self._finished = finished
         self._republish = republish_requeued
-        self._heartbeat = Heartbeat(sessions, worker_id, list(settings.queues), settings.worker_heartbeat_s)
+        self._heartbeat = Heartbeat(sessions, worker_id, list(settings.consumed_queues()),
+                                    settings.worker_heartbeat_s)
         self._reconciler = Reconciler(sessions, broker, settings, Local(worker_id, self._held_attempts),
                                       finished=finished)
         self._webhooks = WebhookSender(sessions, settings)
@@ -71,7 +72,7 @@ class WorkerServices:
         config = engine_config(self.settings, resolve_model(self.settings))
         log.info("loading engine for %s", config.model)
         self._host = EngineHost.from_config(config)
-        limits = {name: queue.max_running for name, queue in self.settings.queues.items()}
+        limits = {name: queue.max_running for name, queue in self.settings.consumed_queues().items()}
         self._runner = JobRunner(self._host, self._sessions, self.worker_id, limits=limits,
                                  cancel_poll_s=self.settings.cancel_poll_s, tokens=self._tokens,
                                  finished=self._finished)

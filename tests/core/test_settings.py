@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from core.settings import Settings, load_settings
+from core.settings import Settings, default_queues, load_settings
 
 
 def test_defaults(tmp_path: Path) -> None:
@@ -60,3 +60,22 @@ def test_invalid_values_name_the_field() -> None:
 def test_a_queue_deadline_beyond_a_year_or_infinite_is_refused(deadline: float) -> None:
     with pytest.raises(ValueError, match="deadline_s"):
         Settings(queues={"interactive": {"deadline_s": deadline}})
+
+
+def test_worker_queues_from_the_environment_choose_what_a_worker_consumes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CONVEYOR_WORKER_QUEUES", " documents ,")
+    settings = Settings(broker_url="redis://127.0.0.1:6379/0")
+    assert settings.worker_queues == ["documents"]
+    assert list(settings.consumed_queues()) == ["documents"]
+    assert settings.consumed_queues()["documents"].max_running == settings.queues["documents"].max_running
+
+
+def test_worker_queues_unset_or_embedded_means_every_queue() -> None:
+    assert list(Settings(broker_url="redis://x").consumed_queues()) == list(default_queues())
+    assert list(Settings(worker_queues="documents").consumed_queues()) == list(default_queues())  # embedded
+
+
+def test_worker_queues_naming_an_unknown_queue_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"worker_queues: unknown queue\(s\) \['batch'\]"):
+        Settings(worker_queues="interactive,batch")

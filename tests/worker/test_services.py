@@ -75,3 +75,23 @@ def test_start_loads_the_engine_once_then_starts_every_service_and_stop_runs_in_
     assert log.count("host.load /models/m") == 1
     limits = services.runner.limits  # the per-queue hold: each queue's max_running
     assert limits == {"interactive": settings.queues["interactive"].max_running, "documents": 3}
+
+
+def test_a_worker_of_one_pool_takes_and_registers_only_its_queues(
+    log: list[str], make_settings: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    registered: list[list[str]] = []
+
+    class Heartbeat:
+        def __init__(self, sessions: Any, worker_id: str, queues: list[str], interval_s: float) -> None:
+            registered.append(queues)
+
+        def start(self) -> None: ...
+
+    monkeypatch.setattr(worker.services, "Heartbeat", Heartbeat)
+    settings = make_settings(model="/models/m", broker_url="redis://127.0.0.1:1/0", worker_queues="documents")
+    services = WorkerServices(settings, sessions=None, broker=RecordingPublisher(),  # type: ignore[arg-type]
+                              worker_id="w", tokens=None, republish_requeued=True)
+    services.start()
+    assert services.runner.limits == {"documents": settings.queues["documents"].max_running}
+    assert registered == [["documents"]]
