@@ -1,28 +1,41 @@
 # The two Quickstart commands: `make serve` and `make test`. Both create and use .venv at the repo root.
+# `make serve` installs what serving needs (the engine, CPU torch); `make test` adds the test tools and
+# Triton (about 1 GB, used on CUDA and by the kernel tests).
 VENV := .venv
 PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check
+# setuptools warns on every editable install that folders named like the packages could shadow them: here
+# those folders are the packages (the editable install points at them), so that one notice is silenced.
+EDITABLE := PYTHONWARNINGS="ignore:Editable installation" $(PIP) install -q -e
 # CPU machines get this pinned CPU build; GPU users install their own torch into .venv first.
 TORCH_PIN ?= torch==2.13.0
 
 .PHONY: serve test lint clean
 
-$(VENV)/.installed: pyproject.toml
-	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH_PIN)
-	$(PY) -m pip install -q -e '.[dev]'
-	touch $@
+$(VENV)/.serve: pyproject.toml
+	@test -x $(PY) || python3 -m venv $(VENV)
+	@echo "setting up $(VENV) for serving (first run: about a minute)"
+	@$(PIP) install -q --upgrade pip
+	@$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q $(TORCH_PIN)
+	@$(EDITABLE) '.[engine]'
+	@touch $@
 
-serve: $(VENV)/.installed
-	$(VENV)/bin/conveyor serve
+$(VENV)/.test: $(VENV)/.serve
+	@echo "adding the test tools to $(VENV)"
+	@$(EDITABLE) '.[test]'
+	@touch $@
 
-test: $(VENV)/.installed
+# exec: Ctrl-C reaches the server alone, which shuts down cleanly and exits 0.
+serve: $(VENV)/.serve
+	@exec $(VENV)/bin/conveyor serve
+
+test: $(VENV)/.test
 	bash .ci/services
 	$(PY) -m ruff check .
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q -ra
 
-lint: $(VENV)/.installed
+lint: $(VENV)/.test
 	$(PY) -m ruff check .
 	$(VENV)/bin/lint-imports
 
