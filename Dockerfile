@@ -1,10 +1,12 @@
-# Conveyor: one image for the API, the GPU worker and the migration step (`conveyor api|worker|migrate`).
-# GPU build by default (CUDA wheels of torch bundle the CUDA runtime and Triton); for a CPU image:
-#   docker build --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu .
-FROM python:3.11-slim
+# Conveyor images, two targets sharing one base (`conveyor api|worker|migrate|serve`):
+#   docker build --target api    -t conveyor:api .     # the API and `conveyor migrate`: no torch, no CUDA
+#   docker build --target worker -t conveyor:worker .  # GPU workers (and `conveyor serve`): CUDA torch
+# The worker is a GPU build by default (CUDA wheels of torch bundle the CUDA runtime and Triton); for a CPU
+# worker image:
+#   docker build --target worker --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu .
 
-ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128
-ARG TORCH_SPEC=torch
+# --- base: Python, the unprivileged user and the data folder, shared by both targets ---
+FROM python:3.11-slim AS base
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -13,19 +15,16 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     CONVEYOR_DATA_DIR=/data \
     HF_HOME=/data/hf
 
-# Triton compiles a small launcher for each kernel at run time: it needs a C compiler.
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends gcc libc6-dev \
-    && rm -rf /var/lib/apt/lists/*
-
-RUN useradd --create-home --uid 10001 conveyor \
+# A fixed uid/gid (10001): Kubernetes' runAsNonRoot checks it, and volumes are chowned to it (fsGroup).
+RUN groupadd --gid 10001 conveyor \
+    && useradd --create-home --uid 10001 --gid 10001 conveyor \
     && mkdir -p /data \
     && chown conveyor:conveyor /data
 
 WORKDIR /app
-# torch first, from its own index, so the layer is cached across code changes.
-# Pin with e.g. --build-arg TORCH_SPEC=torch==2.13.0 to match the version the tests ran with.
-RUN pip install --index-url "${TORCH_INDEX_URL}" "${TORCH_SPEC}"
+
+# --- source: the code both targets install (bench/, tests/ and deploy/ stay out) ---
+FROM base AS source
 COPY pyproject.toml README.md alembic.ini ./
 COPY api ./api
 COPY cli ./cli
@@ -34,11 +33,41 @@ COPY worker ./worker
 COPY engine ./engine
 COPY kernels ./kernels
 COPY migrations ./migrations
+
+# --- api: the base install only. Its dependencies bring no torch and no CUDA (pyproject.toml: torch comes
+# with the `engine` extra), so the image is small and starts in seconds; engine/ and kernels/ are present
+# as source but never imported by `conveyor api` or `conveyor migrate`.
+FROM base AS api
+COPY --from=source /app /app
 # Editable: alembic finds migrations/ next to core/ (core/store/migrate.py resolves it from the source tree).
 RUN pip install -e .
-
-USER conveyor
+USER 10001:10001
 VOLUME ["/data"]
 EXPOSE 8000
 ENTRYPOINT ["conveyor"]
-CMD ["serve"]
+CMD ["api"]
+
+# --- worker: CUDA torch, then the project with its `engine` extra ---
+FROM base AS worker
+
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128
+ARG TORCH_SPEC=torch
+
+# Triton compiles a small launcher for each kernel at run time: it needs a C compiler. Its cache, and any
+# other per-user cache, goes under /data: the root filesystem may be read-only (the Kubernetes manifests).
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
+ENV TRITON_CACHE_DIR=/data/triton \
+    XDG_CACHE_HOME=/data/cache
+
+# torch first, from its own index, so the layer is cached across code changes. The CUDA wheels bring the
+# matching Triton, so the `kernels` extra adds nothing here.
+# Pin with e.g. --build-arg TORCH_SPEC=torch==2.13.0 to match the version the tests ran with.
+RUN pip install --index-url "${TORCH_INDEX_URL}" "${TORCH_SPEC}"
+COPY --from=source /app /app
+RUN pip install -e '.[engine]'
+USER 10001:10001
+VOLUME ["/data"]
+ENTRYPOINT ["conveyor"]
+CMD ["worker"]
