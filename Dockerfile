@@ -38,6 +38,9 @@ COPY migrations ./migrations
 # with the `engine` extra), so the image is small and starts in seconds; engine/ and kernels/ are present
 # as source but never imported by `conveyor api` or `conveyor migrate`.
 FROM base AS api
+# transformers announces at import that it found no PyTorch: here that is the design (the API only counts
+# tokens), so its log stays at errors.
+ENV TRANSFORMERS_VERBOSITY=error
 COPY --from=source /app /app
 # Editable: alembic finds migrations/ next to core/ (core/store/migrate.py resolves it from the source tree).
 RUN pip install -e .

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from core.clock import utcnow
 from core.lifecycle import TERMINAL_STATUSES
 from core.settings import Settings
-from core.store import jobs
+from core.store import jobs, workers
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,8 @@ class Metrics:
 
 
 class StoreCollector(Collector):
-    """Queue depth, running jobs, oldest queued age, finished jobs and preemptions, read from the store."""
+    """Queue depth, running jobs, oldest queued age, load and live workers, finished jobs and preemptions,
+    read from the store."""
 
     def __init__(self, settings: Settings, session_factory: sessionmaker[Session]) -> None:
         self._settings = settings
@@ -55,10 +56,15 @@ class StoreCollector(Collector):
             with self._session_factory() as session:
                 counts = jobs.queue_counts(session)
                 totals = jobs.status_totals(session)
+                consumers = workers.live_workers_per_queue(
+                    session, now=utcnow(), dead_after_s=self._settings.worker_dead_after_s)
         except Exception as exc:  # a scrape must not fail because the database is briefly down
             log.warning("metrics: store unavailable: %s", exc)
             return
-        yield from self._queue_gauges(counts)
+        yield from self._queue_gauges(counts, consumers)
+        yield from self._finished_counters(totals)
+
+    def _finished_counters(self, totals: list[tuple[str, str, int, int]]) -> Iterator[Metric]:
         finished = CounterMetricFamily("conveyor_jobs_finished", "Jobs in a final status",
                                        labels=["queue", "status"])
         preempted = CounterMetricFamily("conveyor_job_preemptions", "Engine preemptions of jobs",
@@ -73,16 +79,32 @@ class StoreCollector(Collector):
         yield finished
         yield preempted
 
-    def _queue_gauges(self, counts: dict[str, jobs.QueueCounts]) -> Iterator[Metric]:
+    def _queue_gauges(self, counts: dict[str, jobs.QueueCounts],
+                      consumers: dict[str, int]) -> Iterator[Metric]:
         now = utcnow()
         depth = GaugeMetricFamily("conveyor_queue_depth", "Queued jobs", labels=["queue"])
         running = GaugeMetricFamily("conveyor_queue_running", "Running jobs", labels=["queue"])
         oldest = GaugeMetricFamily("conveyor_queue_oldest_age_seconds", "Age of the oldest queued job",
                                    labels=["queue"])
-        for name in sorted(set(self._settings.queues) | set(counts)):
+        names = sorted(set(self._settings.queues) | set(counts))
+        for name in names:
             c = counts.get(name, jobs.QueueCounts(0, 0, None))
             depth.add_metric([name], c.queued)
             running.add_metric([name], c.running)
             age = (now - c.oldest_queued_at).total_seconds() if c.oldest_queued_at else 0.0
             oldest.add_metric([name], age)
         yield from (depth, running, oldest)
+        yield from _scaling_gauges(names, counts, consumers)
+
+
+def _scaling_gauges(names: list[str], counts: dict[str, jobs.QueueCounts],
+                    consumers: dict[str, int]) -> Iterator[Metric]:
+    """The figures of /v1/scaling, for an autoscaler that reads Prometheus, and for dashboards."""
+    load = GaugeMetricFamily("conveyor_queue_load", "Queued plus running jobs: what workers scale on",
+                             labels=["queue"])
+    live = GaugeMetricFamily("conveyor_queue_workers", "Live workers consuming the queue", labels=["queue"])
+    for name in names:
+        c = counts.get(name, jobs.QueueCounts(0, 0, None))
+        load.add_metric([name], c.queued + c.running)
+        live.add_metric([name], consumers.get(name, 0))
+    yield from (load, live)

@@ -1,4 +1,10 @@
-"""/healthz (the process answers), /readyz (database, broker, a live worker), /metrics (Prometheus)."""
+"""/healthz (the process answers), /readyz (this API can take jobs: database and broker), /metrics.
+
+Readiness says nothing of workers on purpose: with workers that scale to zero (KEDA), an API with no worker
+alive must still accept jobs, which wait queued until one starts; a probe failing then would take the API
+out of its Service and refuse the very submissions that wake the workers. Worker presence is reported by
+/v1/queues, /v1/scaling and the metrics instead.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from api.deps import Services, ServicesDep
 from api.schemas.errors import error_responses
 from api.schemas.health import Check, Health, Readiness
-from core.clock import utcnow
-from core.store import database, workers
+from core.store import database
 
 router = APIRouter(tags=["health"])
 
@@ -22,7 +27,7 @@ def healthz() -> Health:
 
 @router.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness}})
 def readyz(services: ServicesDep) -> JSONResponse:
-    checks = {"database": _database(services), "broker": _broker(services), "worker": _worker(services)}
+    checks = {"database": _database(services), "broker": _broker(services)}
     body = Readiness(ready=all(c.ok for c in checks.values()), checks=checks)
     return JSONResponse(body.model_dump(), status_code=200 if body.ready else 503)
 
@@ -50,15 +55,3 @@ def _broker(services: Services) -> Check:
     except Exception as exc:
         return Check(ok=False, detail=f"unreachable: {type(exc).__name__}")
     return Check(ok=ok, detail="reachable" if ok else "unreachable")
-
-
-def _worker(services: Services) -> Check:
-    dead_after = services.settings.worker_dead_after_s
-    try:
-        with services.session_factory() as session:
-            n = len(workers.live_workers(session, now=utcnow(), dead_after_s=dead_after))
-    except Exception as exc:
-        return Check(ok=False, detail=f"unknown: {type(exc).__name__}")
-    if n == 0:
-        return Check(ok=False, detail=f"no worker seen in the last {dead_after:g} s")
-    return Check(ok=True, detail=f"{n} live worker(s)")

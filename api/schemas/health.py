@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 
 class Health(BaseModel):
@@ -15,5 +15,6 @@ class Check(BaseModel):
 
 
 class Readiness(BaseModel):
-    ready: bool
+    ready: bool = Field(description="the API can take jobs: its database and broker answer (workers may be "
+                                    "none: jobs wait queued until one starts)")
     checks: dict[str, Check]

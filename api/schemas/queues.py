@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from core.settings import QueueSettings
 
@@ -12,6 +12,7 @@ class QueuePublic(BaseModel):
     queued: int
     running: int
     oldest_queued_age_s: float | None
+    workers: int = Field(description="live workers consuming this queue (0: jobs wait until one starts)")
     limits: QueueSettings
 
 

@@ -129,6 +129,32 @@ def queue_counts(session: Session) -> dict[str, QueueCounts]:
     return out
 
 
+@dataclass(frozen=True)
+class QueueLoad:
+    queued: int
+    running: int
+
+    @property
+    def load(self) -> int:
+        return self.queued + self.running
+
+
+def queue_loads(session: Session) -> dict[str, QueueLoad]:
+    """Queued and running jobs per queue, and nothing else: the scaling signal, polled often, so it stays
+    one grouped COUNT that the (status, queue) index answers alone. Running jobs count because a worker
+    holds them: scaling down on queued jobs alone would take busy workers for idle ones."""
+    query = (
+        select(Job.queue, Job.status, func.count())
+        .where(Job.status.in_((QUEUED, RUNNING)))
+        .group_by(Job.queue, Job.status)
+    )
+    by_queue: dict[str, dict[str, int]] = {}
+    for queue, status, count in session.execute(query):
+        by_queue.setdefault(queue, {})[status] = int(count)
+    return {queue: QueueLoad(queued=c.get(QUEUED, 0), running=c.get(RUNNING, 0))
+            for queue, c in by_queue.items()}
+
+
 def status_totals(session: Session) -> list[tuple[str, str, int, int]]:
     """(queue, status, jobs, preemptions) over all jobs: the source of the finished-jobs metrics."""
     query = select(Job.queue, Job.status, func.count(), func.coalesce(func.sum(Job.preemptions), 0)).group_by(

@@ -1,11 +1,12 @@
 """Worker registry: each worker process registers, beats, and marks itself stopped.
 
-The reconciler uses it to find the running jobs of dead workers (to requeue them); /readyz uses it to say
-whether any worker is alive.
+The reconciler uses it to find the running jobs of dead workers (to requeue them); /v1/queues, /v1/scaling
+and the metrics use it to say how many live workers consume each queue.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import datetime, timedelta
 
 from sqlalchemy import select, update
@@ -45,6 +46,17 @@ def live_workers(session: Session, *, now: datetime, dead_after_s: float) -> lis
     cutoff = now - timedelta(seconds=dead_after_s)
     query = select(Worker).where(Worker.stopped_at.is_(None), Worker.last_seen_at >= cutoff)
     return list(session.execute(query.order_by(Worker.started_at)).scalars())
+
+
+def live_workers_per_queue(session: Session, *, now: datetime, dead_after_s: float) -> dict[str, int]:
+    """How many live workers (as in live_workers) consume each queue; a queue nobody consumes is absent.
+    Reads the queue lists only: the scaling signal asks this on every poll."""
+    cutoff = now - timedelta(seconds=dead_after_s)
+    query = select(Worker.queues).where(Worker.stopped_at.is_(None), Worker.last_seen_at >= cutoff)
+    counts: Counter[str] = Counter()
+    for queues in session.execute(query).scalars():
+        counts.update(set(queues))  # a worker listing a queue twice is still one consumer
+    return dict(counts)
 
 
 def dead_workers_with_jobs(session: Session, *, now: datetime, dead_after_s: float) -> list[str]:

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 from transformers import AutoTokenizer
 
 from core.clock import utcnow
-from core.store import jobs
+from core.store import jobs, workers
 
 
 def test_submit_run_complete_read_back(
@@ -218,21 +218,30 @@ def test_list_rejects_bad_filters(alice: TestClient) -> None:
         assert error_of(r)["field"] == field and error_of(r)["message"].startswith(f"{field}:")
 
 
-def test_queues_report_depth_running_limits_and_age(
+def test_queues_report_depth_running_limits_age_and_live_workers(
     service: Service, alice: TestClient, session: Session
 ) -> None:
     a = alice.post("/v1/jobs", json={"prompt": "a"}).json()["id"]
     alice.post("/v1/jobs", json={"prompt": "b"})
     assert jobs.claim(session, a, "w1", utcnow()) is not None
+    # Live: one worker on interactive. Not live: one silent past dead_after, one stopped.
+    workers.register(session, "w1", hostname="h", pid=1, queues=["interactive"], now=utcnow())
+    silent = utcnow() - timedelta(seconds=service.settings.worker_dead_after_s + 1)
+    workers.register(session, "w-silent", hostname="h", pid=2, queues=["interactive", "documents"],
+                     now=silent)
+    workers.register(session, "w-gone", hostname="h", pid=3, queues=["documents"], now=utcnow())
+    workers.mark_stopped(session, "w-gone", utcnow())
     queues = {q["name"]: q for q in alice.get("/v1/queues").json()["data"]}
     assert set(queues) == {"interactive", "documents"}
-    assert (queues["interactive"]["queued"], queues["interactive"]["running"]) == (1, 1)
-    assert queues["interactive"]["oldest_queued_age_s"] >= 0
+    interactive = queues["interactive"]
+    assert (interactive["queued"], interactive["running"], interactive["workers"]) == (1, 1, 1)
+    assert interactive["oldest_queued_age_s"] >= 0
     assert queues["documents"] == {
         "name": "documents",
         "queued": 0,
         "running": 0,
         "oldest_queued_age_s": None,
+        "workers": 0,
         "limits": service.settings.queues["documents"].model_dump(),
     }
 

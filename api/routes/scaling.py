@@ -1,0 +1,60 @@
+"""/v1/scaling: the signal workers scale on (KEDA's metrics-api trigger reads `queues.<name>.load`).
+
+Load is queued + running, counted in the store (the source of truth) rather than read from the broker: a
+job a worker holds unacknowledged is `running` there, so scaling down never takes a busy worker for an
+idle one, and a queue's load reaches 0 only when its last job has finished. Two cheap queries per poll.
+
+It is cluster-wide, like /metrics, so it takes the same credential: the metrics token (api.auth), never a
+tenant's key.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from api.auth import metrics_authorized
+from api.deps import ServicesDep, SessionDep
+from api.errors import ApiError
+from api.schemas.errors import error_responses
+from api.schemas.scaling import QueueScaling, Scaling
+from core.clock import utcnow
+from core.store import jobs, workers
+
+SCALING_PATH = "/v1/scaling"
+
+# Declares the credential in the OpenAPI document; the check itself is metrics_authorized, as for /metrics.
+metrics_bearer = HTTPBearer(auto_error=False, scheme_name="MetricsToken",
+                            description="Authorization: Bearer <metrics token> (CONVEYOR_METRICS_TOKEN)")
+
+
+def metrics_reader(
+    request: Request, services: ServicesDep,
+    _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(metrics_bearer)],
+) -> None:
+    """Refuses the request unless it may read /metrics; runs before any query."""
+    if not metrics_authorized(services.settings, request.headers.get("authorization")):
+        raise ApiError(401, "unauthorized", f"Authorization: {SCALING_PATH} requires the metrics token as a "
+                       "Bearer token", "Authorization", {"WWW-Authenticate": "Bearer"})
+
+
+router = APIRouter(tags=["scaling"])
+RESPONSES = error_responses(401)
+RESPONSES[401] = {**RESPONSES[401], "description": "without the metrics token, when one is required"}
+
+
+@router.get(SCALING_PATH, response_model=Scaling, responses=RESPONSES, dependencies=[Depends(metrics_reader)])
+def scaling(session: SessionDep, services: ServicesDep) -> Scaling:
+    """Per configured queue: queued and running jobs, their sum (`load`, what to scale on), the live workers
+    consuming it and its per-worker `max_running`."""
+    loads = jobs.queue_loads(session)
+    consumers = workers.live_workers_per_queue(session, now=utcnow(),
+                                               dead_after_s=services.settings.worker_dead_after_s)
+    queues = {}
+    for name, limits in services.settings.queues.items():
+        counted = loads.get(name, jobs.QueueLoad(0, 0))
+        queues[name] = QueueScaling(queued=counted.queued, running=counted.running, load=counted.load,
+                                    workers=consumers.get(name, 0), max_running=limits.max_running)
+    return Scaling(queues=queues)
