@@ -142,6 +142,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     wl.add_argument("--long-output", type=Range.parse, default=Range(64, 256), metavar="LO:HI")
     wl.add_argument(
+        "--prefix-tokens", type=int, default=768, metavar="P", help="shared-prefix: tokens all prompts share"
+    )
+    wl.add_argument(
+        "--suffix-tokens", type=int, default=32, metavar="S", help="shared-prefix: each prompt's own tokens"
+    )
+    wl.add_argument(
+        "--output-tokens", type=int, default=32, metavar="O", help="shared-prefix: tokens each one generates"
+    )
+    wl.add_argument(
         "--deadline",
         action="append",
         default=[],
@@ -242,6 +251,9 @@ def options(args: argparse.Namespace) -> BenchOptions:
         short_group=args.short_group,
         long_group=args.long_group,
         submit_rate=args.submit_rate,
+        prefix_tokens=args.prefix_tokens,
+        suffix_tokens=args.suffix_tokens,
+        output_tokens=args.output_tokens,
     )
     return BenchOptions(
         model=resolve_model(args.model, args.model_cache),

@@ -19,7 +19,7 @@ from bench.inventory import inventory
 from bench.metrics import count_check, summarize
 from bench.prompt_text import token_decoder
 from bench.records import RunResult
-from bench.report import write_decision, write_report
+from bench.report import run_line, wall_time_ratio, write_decision, write_report
 from bench.roofline import ModelShape, efficiency, matmul_bound
 from bench.service import service_figures
 from bench.workload import (
@@ -165,6 +165,8 @@ def current_value(opts: BenchOptions, param: str) -> Any:
 def parse_value(text: str) -> Any:
     if text.lower() in ("none", "null"):
         return None
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
     for kind in (int, float):
         try:
             return kind(text)
@@ -180,6 +182,8 @@ def build_workload(opts: BenchOptions) -> tuple[list[BenchRequest], str]:
     """(requests, description). Prompt ids come from the model's tokenizer vocabulary, minus specials."""
     if opts.spec.profile == "service" and not opts.trace:
         return generate(opts.spec, [], 0), service_description(opts)
+    if opts.spec.profile == "shared-prefix" and not opts.trace:
+        return _shared_prefix_workload(opts)
     vocab = vocab_ids(opts.model) if opts.model else []
     if opts.trace:
         return load_trace(opts.trace, vocab, opts.spec.seed), f"trace {opts.trace}"
@@ -192,6 +196,22 @@ def build_workload(opts: BenchOptions) -> tuple[list[BenchRequest], str]:
         f"{s.short_group} prompt/output {s.short_prompt}/{s.short_output}, "
         f"{s.long_group} prompt/output {s.long_prompt or 'context/4..context'}/{s.long_output}"
         + (f", {s.long_group} share {s.documents_share}" if s.profile == "mixed" else "")
+        + (f", cancel share {s.cancel_share}" if s.cancel_share else "")
+    )
+    return generate(s, vocab, model_max_len(opts)), desc
+
+
+def _shared_prefix_workload(opts: BenchOptions) -> tuple[list[BenchRequest], str]:
+    vocab = vocab_ids(opts.model) if opts.model else []
+    if not vocab:
+        raise ValueError("model: synthesised prompts need --model (its tokenizer supplies the token ids)")
+    s = opts.spec
+    rate = s.rates.get(s.short_group, 0.0)
+    arrivals = f"Poisson {rate}/s" if rate > 0 else "all at t=0"
+    desc = (
+        f"profile shared-prefix, seed {s.seed}, arrivals {arrivals}, "
+        f"{s.short_group}: one shared prefix of {s.prefix_tokens} tokens + a unique suffix of "
+        f"{s.suffix_tokens}, {s.output_tokens} output tokens each"
         + (f", cancel share {s.cancel_share}" if s.cancel_share else "")
     )
     return generate(s, vocab, model_max_len(opts)), desc
@@ -270,6 +290,7 @@ def run_summary(opts: BenchOptions, result: RunResult, bound: Any = None) -> dic
         "target": result.target,
         "duration_s": result.duration_s,
         "preemptions_total": result.preemptions_total,
+        "prefix_cache": result.prefix_cache,
         "metrics": metrics,
         "notes": result.notes,
     }
@@ -355,6 +376,8 @@ def bench(opts: BenchOptions, console: Console) -> dict[str, Any]:
     }
     json_path, md_path = write_report(report, opts.out_dir)
     console.print(summary_table(report["title"], runs))
+    for name, run in runs.items():
+        console.print(run_line(name, run), markup=False)
     if any("service" in run for run in runs.values()):
         console.print(service_table(f"service: {description}", runs))
         for line in refusal_lines(runs):
@@ -530,6 +553,9 @@ def experiment(
                 f"{param}: {base_value} -> {value}: {verdict}", {"baseline": baseline, "candidate": cand}
             )
         )
+        lines = [run_line("baseline", baseline), run_line("candidate", cand), wall_time_ratio(baseline, cand)]
+        for line in lines:
+            console.print(line, markup=False)
         console.print(f"decision sheet: {md}")
         sheets.append(sheet)
     if len(values) > 1:

@@ -55,6 +55,7 @@ class _OfflineRun:
     def execute(self, timeout_s: float | None) -> RunResult:
         self.start = time.time()
         preemptions_before = self.engine.scheduler.num_preemptions
+        cache_before = prefix_cache_counts(self.engine)
         while self.pending or self.engine.has_unfinished_requests():
             if timeout_s is not None and time.time() - self.start > timeout_s:
                 self._give_up(timeout_s)
@@ -73,6 +74,7 @@ class _OfflineRun:
             end_time=end,
             preemptions_total=self.engine.scheduler.num_preemptions - preemptions_before,
             notes=self.notes,
+            prefix_cache=prefix_cache_delta(cache_before, prefix_cache_counts(self.engine)),
         )
 
     def _inject_due(self) -> None:
@@ -180,13 +182,38 @@ class _OfflineRun:
 
 
 def warm_up(engine: LLMEngine, requests: list[BenchRequest]) -> None:
-    """One small request through the engine so first-call costs don't land on the measured run."""
+    """One small request through the engine so first-call costs don't land on the measured run; then the
+    prefix cache forgets it, so the run starts cold whether or not it shares the warm-up's tokens."""
     ids = next((r.prompt_token_ids for r in requests if r.prompt_token_ids), None) or [1, 2, 3]
     engine.add_request(
         "bench-warmup", ids[:32], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
     )
     while engine.has_unfinished_requests():
         engine.step()
+    engine.reset_prefix_cache()
+
+
+def prefix_cache_counts(engine: LLMEngine) -> tuple[int, int, int] | None:
+    """(tokens looked up, tokens found, blocks evicted) so far; None with prefix caching off."""
+    if not engine.config.enable_prefix_caching:
+        return None
+    t = engine.totals
+    return t.prefix_cache_queries, t.prefix_cache_hits, t.prefix_cache_evictions
+
+
+def prefix_cache_delta(
+    before: tuple[int, int, int] | None, after: tuple[int, int, int] | None
+) -> dict[str, Any] | None:
+    """The run's prefix cache figures: tokens looked up and found, hit rate, evictions."""
+    if before is None or after is None:
+        return None
+    queries, hits, evictions = (a - b for a, b in zip(after, before, strict=True))
+    return {
+        "queried_tokens": queries,
+        "hit_tokens": hits,
+        "hit_rate": hits / queries if queries else None,
+        "evictions": evictions,
+    }
 
 
 def engine_config_dict(engine: LLMEngine) -> dict[str, Any]:

@@ -7,7 +7,7 @@ configuration. Times are wall-clock seconds (time.time()).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 Status = Literal["completed", "cancelled", "failed"]
 
@@ -85,6 +85,8 @@ class RunResult:
     preemptions_total: int = 0
     notes: list[str] = field(default_factory=list)
     client_cpu_s: float | None = None  # HTTP: the bench's own CPU time (user + system) during the run
+    # In-process engine: prefix cache tokens looked up / found and blocks evicted during the run (None: off).
+    prefix_cache: dict[str, Any] | None = None
 
     @property
     def duration_s(self) -> float:

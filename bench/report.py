@@ -148,6 +148,30 @@ def _gib(n: int | None) -> str:
     return "n/a" if n is None else f"{n / 2**30:.1f} GiB"
 
 
+def prefix_cache_text(cache: dict[str, Any] | None) -> str:
+    """The run's prefix cache in words; "off" when the engine ran without it (or over HTTP: unknown)."""
+    if cache is None:
+        return "off"
+    rate = fmt(cache["hit_rate"], share=True) if cache["hit_rate"] is not None else "n/a"
+    return (
+        f"hit rate {rate} ({cache['hit_tokens']} of {cache['queried_tokens']} prompt tokens looked up), "
+        f"{cache['evictions']} evictions"
+    )
+
+
+def run_line(name: str, run: dict[str, Any]) -> str:
+    """Wall time, and the prefix cache figures of an in-process run."""
+    line = f"{name}: wall time {run['duration_s']:.2f} s"
+    if run.get("target") == "engine":
+        line += f"; prefix cache {prefix_cache_text(run.get('prefix_cache'))}"
+    return line
+
+
+def wall_time_ratio(baseline: dict[str, Any], candidate: dict[str, Any]) -> str:
+    b, c = baseline["duration_s"], candidate["duration_s"]
+    return f"wall time end to end: baseline {b:.2f} s, candidate {c:.2f} s (candidate / baseline {c / b:.2f})"
+
+
 def write_report(report: dict[str, Any], out_dir: Path, stem: str = "report") -> tuple[Path, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path = out_dir / f"{stem}.json"
@@ -168,7 +192,12 @@ def report_markdown(report: dict[str, Any]) -> str:
         parts += [
             f"## {name}",
             "",
-            f"Wall time {run['duration_s']:.2f} s.",
+            f"Wall time {run['duration_s']:.2f} s."
+            + (
+                f" Prefix cache: {prefix_cache_text(run.get('prefix_cache'))}."
+                if run.get("target") == "engine"
+                else ""
+            ),
             "",
             metrics_markdown(run["metrics"]),
         ]
@@ -221,9 +250,11 @@ def decision_markdown(sheet: dict[str, Any]) -> str:
             f"| `{c['condition']}` | {fmt(c['candidate'])} | {fmt(c['threshold'])} | "
             f"{'yes' if c['passed'] else 'no'}{' (' + c['note'] + ')' if c['note'] else ''} |"
         )
+    base_run, cand_run = sheet["baseline_run"], sheet["candidate_run"]
+    parts += ["", f"- {wall_time_ratio(base_run, cand_run)}"]
     parts += ["", f"## Baseline ({sheet['parameter']} = {sheet['baseline_value']})", ""]
-    parts += [metrics_markdown(sheet["baseline"]), ""]
+    parts += [run_line("baseline", base_run), "", metrics_markdown(sheet["baseline"]), ""]
     parts += [f"## Candidate ({sheet['parameter']} = {sheet['candidate_value']})", ""]
-    parts += [metrics_markdown(sheet["candidate"]), ""]
+    parts += [run_line("candidate", cand_run), "", metrics_markdown(sheet["candidate"]), ""]
     parts += ["## Inventory", "", inventory_markdown(sheet["inventory"]), ""]
     return "\n".join(parts)

@@ -1,4 +1,5 @@
-"""Seeded workloads: the `short`, `long`, `mixed` and `service` profiles, and replay of a JSONL trace.
+"""Seeded workloads: the `short`, `long`, `mixed`, `shared-prefix` and `service` profiles, and replay of a
+JSONL trace.
 
 A workload is a list of requests, each with an arrival offset (seconds from the start of the run), a group
 (the engine request class / service queue it goes to), a prompt (token ids, or text for a trace that gives
@@ -7,6 +8,10 @@ names its groups: a profile sends its short requests to `interactive` and its lo
 service's standard queues, renamable in the spec); a trace may use any group names. The same seed always
 gives the same workload, so a baseline and a change see the same input set; `save_trace` writes it out and
 its sha256 identifies it in reports.
+
+The `shared-prefix` profile measures prefix caching: every request is one shared prefix (`prefix_tokens`, the
+same token ids for all, like a batch's common instructions) followed by its own `suffix_tokens`, with exactly
+`output_tokens` to generate; the short group, all at t=0 unless a rate is given.
 
 The `service` profile measures the service rather than the engine: many one-token jobs with short prompts of
 plain words (no tokenizer needed), sent to the short group. They arrive at fixed intervals (`submit_rate`,
@@ -26,7 +31,7 @@ from pathlib import Path
 from bench.metrics import ALL
 from bench.prompt_text import word_prompt
 
-PROFILES = ("short", "long", "mixed", "service")
+PROFILES = ("short", "long", "mixed", "shared-prefix", "service")
 
 
 @dataclass(frozen=True)
@@ -129,11 +134,16 @@ class WorkloadSpec:
     short_group: str = SHORT.name
     long_group: str = LONG.name
     submit_rate: float | None = None  # service only: submissions/s at fixed intervals (open loop)
+    # shared-prefix only: the common prefix, each request's own suffix, and the tokens it generates.
+    prefix_tokens: int = 768
+    suffix_tokens: int = 32
+    output_tokens: int = 32
 
     def __post_init__(self) -> None:
         if self.profile not in PROFILES:
             raise ValueError(f"profile must be one of {PROFILES}, got {self.profile!r}")
         self._check_service()
+        self._check_shared_prefix()
         if self.num_requests < 1:
             raise ValueError(f"num_requests must be >= 1, got {self.num_requests}")
         if not 0.0 <= self.documents_share <= 1.0:
@@ -161,10 +171,21 @@ class WorkloadSpec:
         if self.profile == "service" and self.cancel_share:
             raise ValueError("cancel_share (--cancel-share): the service profile cancels nothing")
 
+    def _check_shared_prefix(self) -> None:
+        for name in ("prefix_tokens", "suffix_tokens", "output_tokens"):
+            value = getattr(self, name)
+            least = 0 if name != "output_tokens" else 1
+            if value < least:
+                raise ValueError(f"{name} (--{name.replace('_', '-')}): must be >= {least}, got {value}")
+        if self.prefix_tokens + self.suffix_tokens < 1:
+            raise ValueError("prefix_tokens, suffix_tokens: a prompt needs at least one token")
+
     def groups(self) -> list[Group]:
         """The groups this profile sends requests to, with the short and long groups' defaults."""
         short, long = replace(SHORT, name=self.short_group), replace(LONG, name=self.long_group)
-        return {"short": [short], "long": [long], "mixed": [short, long], "service": [short]}[self.profile]
+        by_profile = {"short": [short], "long": [long], "mixed": [short, long], "shared-prefix": [short],
+                      "service": [short]}
+        return by_profile[self.profile]
 
     def describe(self) -> dict[str, object]:
         d = asdict(self)
@@ -181,6 +202,8 @@ def generate(spec: WorkloadSpec, vocab_ids: Sequence[int], max_model_len: int) -
     if not vocab_ids:
         raise ValueError("vocab_ids: need at least one token id to synthesise prompts")
     rng = random.Random(spec.seed)
+    if spec.profile == "shared-prefix":
+        return shared_prefix_requests(spec, vocab_ids, rng, max_model_len)
     groups = _groups(spec, rng)
     requests = []
     clock = {g.name: 0.0 for g in spec.groups()}
@@ -219,6 +242,36 @@ def service_requests(spec: WorkloadSpec) -> list[BenchRequest]:
         )
         for i in range(spec.num_requests)
     ]
+
+
+def shared_prefix_requests(
+    spec: WorkloadSpec, vocab_ids: Sequence[int], rng: random.Random, max_model_len: int
+) -> list[BenchRequest]:
+    """One prefix drawn once, then per request its own suffix; arrivals as the short group's rate says."""
+    total = spec.prefix_tokens + spec.suffix_tokens + spec.output_tokens
+    if total > max_model_len:
+        raise ValueError(
+            f"prefix_tokens + suffix_tokens + output_tokens = {total} exceeds the context ({max_model_len})"
+        )
+    prefix = [rng.choice(vocab_ids) for _ in range(spec.prefix_tokens)]
+    rate, clock = spec.rates.get(spec.short_group, 0.0), 0.0
+    requests = []
+    for i in range(spec.num_requests):
+        if rate > 0:
+            clock += rng.expovariate(rate)
+        suffix = [rng.choice(vocab_ids) for _ in range(spec.suffix_tokens)]
+        cancel = max(1, spec.output_tokens // 2) if rng.random() < spec.cancel_share else None
+        requests.append(
+            BenchRequest(
+                request_id=f"bench-{i:05d}",
+                group=spec.short_group,
+                arrival_s=round(clock, 6),
+                max_tokens=spec.output_tokens,
+                prompt_token_ids=prefix + suffix,
+                cancel_after_tokens=cancel,
+            )
+        )
+    return requests
 
 
 def _groups(spec: WorkloadSpec, rng: random.Random) -> list[str]:

@@ -39,6 +39,9 @@ class EngineConfig:
     dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
     device: str = "auto"  # auto: cuda when available, else cpu
     attention_backend: str = "auto"  # auto: triton on CUDA, torch elsewhere
+    # Automatic prefix caching: full KV blocks are found again by the hash of the prefix they end, so requests
+    # that share a prefix (a batch's instructions, a chat's history) compute it once. Off: to compare.
+    enable_prefix_caching: bool = True
     request_classes: list[RequestClassConfig] = field(default_factory=list)
     seed: int = 0
     # torch intra-op threads, set once when the runner is built (process-wide); None: leave torch's setting.
@@ -87,6 +90,12 @@ class EngineConfig:
         if self.num_threads is not None:
             _require(self.num_threads >= 1, "num_threads", self.num_threads, ">= 1")
         _require(self.dtype in DTYPES, "dtype", self.dtype, f"one of {DTYPES}")
+        _require(
+            isinstance(self.enable_prefix_caching, bool),
+            "enable_prefix_caching",
+            self.enable_prefix_caching,
+            "True or False",
+        )
         _require(
             self.attention_backend in ATTENTION_BACKENDS,
             "attention_backend",

@@ -70,7 +70,9 @@ class LLMEngine:
         self.tokenizer = tokenizer if tokenizer is not None else Tokenizer(config.model)
         self.max_model_len = runner.max_model_len
         self.vocab_size = runner.vocab_size
-        self.block_manager = BlockManager(runner.num_kv_blocks, runner.block_size)
+        self.block_manager = BlockManager(
+            runner.num_kv_blocks, runner.block_size, enable_prefix_caching=config.enable_prefix_caching
+        )
         self.scheduler = Scheduler(config, self.block_manager, self.max_model_len)
         self.sampler = Sampler(runner.device, config.seed)
         self.eos_token_ids = self.tokenizer.eos_token_ids
@@ -153,16 +155,19 @@ class LLMEngine:
         start = time.perf_counter()
         self.last_failures = []
         outputs, self._pending_outputs = self._pending_outputs, []
+        evictions_before = self.block_manager.num_evictions
         sched = self.scheduler.schedule()
+        evictions = self.block_manager.num_evictions - evictions_before
         forward_seconds = 0.0
         if sched.chunks:
             outputs += self._run(sched)
             forward_seconds = self.runner.last_forward_seconds
-        self._record_step(sched, time.perf_counter() - start, forward_seconds)
+        self._record_step(sched, time.perf_counter() - start, forward_seconds, evictions)
         return outputs
 
     def _run(self, sched: SchedulerOutput) -> list[RequestOutput]:
         logits, seqs, failures = self._forward(sched)
+        self._cache_computed_blocks(sched, failures)
         sampled, seqs, sampling_failures = self._sample(logits, seqs)
         now = time.time()
         outputs = []
@@ -199,6 +204,13 @@ class LLMEngine:
         rows = [logits for _, logits in parts]
         logits = torch.cat(rows) if rows else torch.empty(0, self.vocab_size, device=self.runner.device)
         return logits, kept, {seqs[i]: e for i, e in failed.items()}
+
+    def _cache_computed_blocks(self, sched: SchedulerOutput, failures: Failures) -> None:
+        """Registers the full blocks the forward computed in the prefix cache, before any request finishes
+        (and frees its blocks). A failed chunk's blocks may be half written: they are not registered."""
+        for seq in sched.seqs:
+            if seq not in failures:
+                self.block_manager.cache_computed_blocks(seq)
 
     def _sample(
         self, logits: torch.Tensor, seqs: list[Sequence]
@@ -313,7 +325,9 @@ class LLMEngine:
 
     # --- stats ---------------------------------------------------------------------------------------
 
-    def _record_step(self, sched: SchedulerOutput, step_seconds: float, forward_seconds: float) -> None:
+    def _record_step(
+        self, sched: SchedulerOutput, step_seconds: float, forward_seconds: float, evictions: int
+    ) -> None:
         self.last_step = StepStats(
             num_seqs=len(sched.seqs),
             prefill_tokens=sched.num_prefill_tokens,
@@ -321,11 +335,19 @@ class LLMEngine:
             preemptions=len(sched.preempted),
             step_seconds=step_seconds,
             forward_seconds=forward_seconds,
+            prefix_cache_queries=sched.num_lookup_tokens,
+            prefix_cache_hits=sched.num_cached_tokens,
+            prefix_cache_evictions=evictions,
         )
         self.totals.add_step(self.last_step)
 
+    def reset_prefix_cache(self) -> int:
+        """Forgets every cached block no request holds (e.g. between benchmark runs); returns how many."""
+        return self.block_manager.reset_prefix_cache()
+
     def stats(self) -> dict[str, object]:
         names = list(self.scheduler.classes)
+        cache = self.block_manager.prefix_cache
         return stats_dict(
             running={n: self.scheduler.num_running(n) for n in names},
             waiting={n: self.scheduler.num_waiting(n) for n in names},
@@ -335,6 +357,7 @@ class LLMEngine:
             preemptions_total=self.scheduler.num_preemptions,
             last_step=self.last_step,
             totals=self.totals,
+            prefix_cache_blocks=cache.num_cached_blocks if cache is not None else None,
         )
 
 
@@ -400,4 +423,5 @@ def _to_output(seq: Sequence, num_new_tokens: int) -> RequestOutput:
         logprobs=list(seq.logprobs) if seq.logprobs is not None else None,
         num_new_tokens=num_new_tokens,
         prompt=seq.prompt,
+        num_cached_tokens=seq.num_cached_tokens or 0,
     )

@@ -31,6 +31,9 @@ class RequestOutput:
     logprobs: list[dict[int, float]] | None = None
     num_new_tokens: int = 0  # tokens added by the step that produced this output
     prompt: str | None = None
+    # Prompt tokens whose K/V came from the prefix cache when the request was first scheduled (vLLM's name);
+    # 0 before that, and always 0 with prefix caching off.
+    num_cached_tokens: int = 0
 
     @property
     def finished(self) -> bool:

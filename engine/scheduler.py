@@ -4,6 +4,11 @@ Unified token budget: a request is just prompt + output tokens, of which `num_co
 KV cache; prefill chunks and decode tokens are both "the next tokens to compute". Each step serves the
 running requests first (priority, arrival), then admits waiting ones by (class priority, arrival) while
 the token budget, `max_num_seqs` and each class's `max_running` allow.
+
+Prefix caching: a request admitted from the waiting queue first takes the longest chain of cached full
+blocks that starts its tokens (engine.prefix_cache); those tokens count as computed and spend none of the
+step's budget. A preempted request frees its blocks into the cache and gets back, when readmitted, whatever is
+still there. Blocks computed by a step are registered by LLMEngine once the step has succeeded.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from dataclasses import dataclass, field
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.outputs import FinishReason
+from engine.prefix_cache import block_hashes
 from engine.scheduled_chunk import ScheduledChunk
 from engine.sequence import Sequence, SequenceStatus
 
@@ -27,6 +33,11 @@ class SchedulerOutput:
     preempted: list[Sequence] = field(default_factory=list)
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
+    # Prefix cache lookups of the requests admitted this step: tokens looked up, and found cached.
+    num_lookup_tokens: int = 0
+    num_cached_tokens: int = 0
+    # Hashes of the full blocks this step's chunks complete (prefix caching only).
+    completed_block_hashes: set[bytes] = field(default_factory=set)
 
     @property
     def num_tokens(self) -> int:
@@ -132,18 +143,34 @@ class Scheduler:
         return True
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        bm = self.block_manager
         while budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self._next_admissible()
             if seq is None:
                 return
-            n = self._chunk_size(seq, budget)
-            if not self.block_manager.can_append(seq, n):
-                return  # strict priority: lower requests do not jump a head that does not fit
+            cached = bm.cached_prefix(seq)
+            # NOTE: strict priority: lower requests do not jump a head that waits or does not fit.
+            if bm.next_block_hash(seq, len(cached)) in out.completed_block_hashes:
+                return  # this step computes its next block for another request: reuse it next step instead
+            num_cached_tokens = len(cached) * bm.block_size
+            n = self._chunk_size(seq, budget, num_cached_tokens)
+            if not bm.can_allocate(n, cached):
+                return
             self.waiting[seq.request_class].popleft()
-            self.block_manager.append_slots(seq, n)
+            bm.allocate(seq, n, cached)
+            seq.num_computed_tokens = num_cached_tokens
+            self._count_lookup(out, seq, num_cached_tokens)
             self._admit(seq)
             self._add_chunk(out, seq, n)
             budget -= n
+
+    def _count_lookup(self, out: SchedulerOutput, seq: Sequence, num_cached_tokens: int) -> None:
+        if self.block_manager.prefix_cache is None:
+            return
+        out.num_lookup_tokens += seq.num_tokens
+        out.num_cached_tokens += num_cached_tokens
+        if seq.num_cached_tokens is None:
+            seq.num_cached_tokens = num_cached_tokens
 
     def _next_admissible(self) -> Sequence | None:
         """The head of the best class queue whose class is under its max_running."""
@@ -153,11 +180,13 @@ class Scheduler:
         ]
         return min(heads, key=lambda s: s.priority_key, default=None)
 
-    def _chunk_size(self, seq: Sequence, budget: int) -> int:
-        n = min(seq.num_uncomputed_tokens, budget)
+    def _chunk_size(self, seq: Sequence, budget: int, num_computed_tokens: int | None = None) -> int:
+        """Tokens of seq to compute this step, after num_computed_tokens (default: its own count)."""
+        start = seq.num_computed_tokens if num_computed_tokens is None else num_computed_tokens
+        n = min(seq.num_tokens - start, budget)
         if self.long_prefill_token_threshold > 0:
             n = min(n, self.long_prefill_token_threshold)
-        assert seq.num_computed_tokens + n <= self.max_model_len
+        assert start + n <= self.max_model_len, (seq.request_id, start, n)
         return n
 
     def _add_chunk(self, out: SchedulerOutput, seq: Sequence, n: int) -> None:
@@ -177,6 +206,9 @@ class Scheduler:
         # NOTE: counted as computed when scheduled; a failed step re-runs these chunks (LLMEngine isolates
         # the failure), and writing a chunk's K/V again into the same slots is idempotent.
         seq.num_computed_tokens = end
+        if self.block_manager.prefix_cache is not None:
+            bs = self.block_manager.block_size
+            out.completed_block_hashes.update(block_hashes(seq, bs, end // bs)[start // bs :])
         out.chunks.append(chunk)
         out.seqs.append(seq)
 
@@ -189,7 +221,10 @@ class Scheduler:
         self._add_running(seq)
 
     def _preempt(self, seq: Sequence) -> None:
-        """Recompute preemption: its generated tokens join the tokens to recompute, so output is unchanged."""
+        """Recompute preemption: its generated tokens join the tokens to recompute, so output is unchanged.
+
+        Its computed full blocks stay in the prefix cache (when on) until evicted: readmitted, it takes back
+        whatever is still there and recomputes only the rest."""
         self._remove_running(seq)
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0

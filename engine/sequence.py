@@ -25,7 +25,8 @@ class SequenceStatus(enum.Enum):
 class Sequence:
     """Prefill and decode are the same thing here: tokens not yet in the KV cache get computed.
 
-    `block_table` is read by everyone but changed only by the BlockManager.
+    `block_table`, `block_hashes` and `num_registered_blocks` are read by everyone but changed only by the
+    BlockManager (and engine.prefix_cache.block_hashes).
     """
 
     request_id: str
@@ -40,6 +41,12 @@ class Sequence:
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
+    # Prefix caching: the chained hash of each full block of its tokens so far (computed lazily, kept across
+    # preemptions), and how many blocks at the head of block_table are in the prefix cache (hits, or blocks
+    # it computed and registered).
+    block_hashes: list[bytes] = field(default_factory=list)
+    num_registered_blocks: int = 0
+    num_cached_tokens: int | None = None  # prompt tokens found in the prefix cache at its first admission
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None
     detokenizer: IncrementalDetokenizer | None = None

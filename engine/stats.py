@@ -8,11 +8,16 @@ from dataclasses import asdict, dataclass
 @dataclass
 class StepStats:
     num_seqs: int = 0
-    prefill_tokens: int = 0
+    prefill_tokens: int = 0  # tokens computed, so cached ones are not in it
     decode_tokens: int = 0
     preemptions: int = 0
     step_seconds: float = 0.0
     forward_seconds: float = 0.0
+    # Prefix cache, over the requests admitted this step (readmissions after preemption included): tokens
+    # looked up, tokens found cached, and cached blocks evicted to make room.
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    prefix_cache_evictions: int = 0
 
 
 @dataclass
@@ -25,12 +30,23 @@ class EngineTotals:
     aborted_requests: int = 0
     failed_requests: int = 0
     forward_seconds: float = 0.0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    prefix_cache_evictions: int = 0
 
     def add_step(self, step: StepStats) -> None:
         self.steps += 1
         self.prefill_tokens += step.prefill_tokens
         self.decode_tokens += step.decode_tokens
         self.forward_seconds += step.forward_seconds
+        self.prefix_cache_queries += step.prefix_cache_queries
+        self.prefix_cache_hits += step.prefix_cache_hits
+        self.prefix_cache_evictions += step.prefix_cache_evictions
+
+
+def hit_rate(hits: int, queries: int) -> float | None:
+    """Share of looked-up tokens found in the prefix cache; None when nothing was looked up."""
+    return hits / queries if queries else None
 
 
 def stats_dict(
@@ -42,8 +58,12 @@ def stats_dict(
     preemptions_total: int,
     last_step: StepStats,
     totals: EngineTotals,
+    prefix_cache_blocks: int | None = None,
 ) -> dict[str, object]:
-    """The flat, JSON-friendly snapshot behind LLMEngine.stats()."""
+    """The flat, JSON-friendly snapshot behind LLMEngine.stats().
+
+    `prefix_cache_blocks`: blocks holding cached content (held or evictable); None when prefix caching is off.
+    """
     return {
         "running": dict(running),
         "waiting": dict(waiting),
@@ -55,6 +75,15 @@ def stats_dict(
         "kv_block_size": block_size,
         "kv_usage": kv_blocks_used / kv_blocks_total,
         "preemptions_total": preemptions_total,
+        "prefix_cache": {
+            "enabled": prefix_cache_blocks is not None,
+            "cached_blocks": prefix_cache_blocks or 0,
+            "hit_rate": hit_rate(totals.prefix_cache_hits, totals.prefix_cache_queries),
+            "last_step_hit_rate": hit_rate(last_step.prefix_cache_hits, last_step.prefix_cache_queries),
+            "queries_total": totals.prefix_cache_queries,
+            "hits_total": totals.prefix_cache_hits,
+            "evictions_total": totals.prefix_cache_evictions,
+        },
         "last_step": asdict(last_step),
         "totals": asdict(totals),
     }
