@@ -57,11 +57,13 @@ class JobOutcome:
     error_code: str | None
     error_message: str | None
     logprobs: list[dict[str, Any]] | None = None  # as the job stores them
+    cached_tokens: int = 0  # prompt tokens from the engine's prefix cache
 
     @classmethod
     def of(cls, job: Job) -> JobOutcome:
         return cls(job.id, job.status, job.result_text, job.finish_reason, job.prompt_tokens or 0,
-                   job.completion_tokens or 0, job.error_code, job.error_message, job.logprobs)
+                   job.completion_tokens or 0, job.error_code, job.error_message, job.logprobs,
+                   job.cached_tokens or 0)
 
 
 class _SubscribeThenDispatch:

@@ -22,6 +22,7 @@ class GenerationResult:
     created: int  # unix seconds
     # As a job stores them, per generated token {token_id, text, logprob, top_logprobs}; None = not asked
     logprobs: list[dict[str, Any]] | None = None
+    cached_tokens: int = 0  # prompt tokens served from the engine's prefix cache
 
 
 def new_id(prefix: str) -> str:
@@ -29,9 +30,11 @@ def new_id(prefix: str) -> str:
     return prefix + uuid.uuid4().hex
 
 
-def usage(result: GenerationResult) -> dict[str, int]:
+def usage(result: GenerationResult) -> dict[str, Any]:
+    """OpenAI's usage object; prompt tokens found in the prefix cache under prompt_tokens_details."""
     return {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
-            "total_tokens": result.prompt_tokens + result.completion_tokens}
+            "total_tokens": result.prompt_tokens + result.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": result.cached_tokens}}
 
 
 def chat_completion(result: GenerationResult, completion_id: str) -> dict[str, Any]:

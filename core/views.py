@@ -38,6 +38,9 @@ class JobResult(BaseModel):
 class JobUsage(BaseModel):
     prompt_tokens: int | None
     completion_tokens: int | None
+    cached_tokens: int | None = Field(
+        None, description="prompt tokens whose KV the engine found in its prefix cache (not computed again)"
+    )
 
 
 class JobError(BaseModel):
@@ -75,7 +78,8 @@ class JobPublic(BaseModel):
         error = JobError(code=job.error_code, message=job.error_message) if job.error_code else None
         return cls(
             id=job.id, status=job.status, queue=job.queue, result=result,  # type: ignore[arg-type]
-            usage=JobUsage(prompt_tokens=job.prompt_tokens, completion_tokens=job.completion_tokens),
+            usage=JobUsage(prompt_tokens=job.prompt_tokens, completion_tokens=job.completion_tokens,
+                           cached_tokens=job.cached_tokens),
             error=error, created_at=job.created_at, started_at=job.started_at,
             first_token_at=job.first_token_at, finished_at=job.finished_at, expires_at=job.expires_at,
             queue_time_s=_seconds(job.created_at, job.started_at),

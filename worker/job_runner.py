@@ -298,6 +298,7 @@ class JobRunner:
             finish_reason=str(out.finish_reason), prompt_tokens=len(out.prompt_token_ids),
             completion_tokens=len(out.token_ids), preemptions=out.metrics.num_preemptions,
             first_token_at=_to_datetime(out.metrics.first_token_time), logprobs=logprobs,
+            cached_tokens=out.num_cached_tokens,
         )
 
     def _abort_outcome(self, handle: RunningJob, out: RequestOutput) -> jobs.Outcome | None:

@@ -221,7 +221,8 @@ def _result(outcome: JobOutcome, header: ChunkHeader) -> GenerationResult:
         raise _outcome_error(outcome)
     return GenerationResult(text=outcome.text or "", finish_reason=outcome.finish_reason or "stop",
                             prompt_tokens=outcome.prompt_tokens, completion_tokens=outcome.completion_tokens,
-                            model=header.model, created=header.created, logprobs=outcome.logprobs)
+                            model=header.model, created=header.created, logprobs=outcome.logprobs,
+                            cached_tokens=outcome.cached_tokens)
 
 
 def _outcome_error(outcome: JobOutcome) -> OpenAIError:

@@ -216,6 +216,7 @@ class Completion:
     preemptions: int
     first_token_at: datetime | None
     logprobs: list[dict[str, Any]] | None = None
+    cached_tokens: int = 0  # prompt tokens the engine found in its prefix cache
 
 
 @dataclass(frozen=True)
@@ -258,6 +259,7 @@ def _outcome_values(outcome: Outcome, now: datetime) -> tuple[str, dict[str, Any
     return SUCCEEDED, dict(
         status=SUCCEEDED, result_text=outcome.result_text, finish_reason=outcome.finish_reason,
         prompt_tokens=outcome.prompt_tokens, completion_tokens=outcome.completion_tokens,
+        cached_tokens=outcome.cached_tokens,
         logprobs=outcome.logprobs if outcome.logprobs is not None else null(),  # SQL NULL, not JSON null
         first_token_at=func.coalesce(Job.first_token_at, outcome.first_token_at), **common,
     )
@@ -283,10 +285,11 @@ def complete(
     first_token_at: datetime | None,
     now: datetime,
     logprobs: list[dict[str, Any]] | None = None,
+    cached_tokens: int = 0,
 ) -> bool:
     """running -> succeeded, only for the attempt that is running."""
     outcome = Completion(job_id, attempt, result_text, finish_reason, prompt_tokens, completion_tokens,
-                         preemptions, first_token_at, logprobs)
+                         preemptions, first_token_at, logprobs, cached_tokens)
     return bool(record_step(session, [], [outcome], now))
 
 

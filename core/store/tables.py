@@ -108,6 +108,7 @@ class Job(Base):
     finish_reason: Mapped[str | None] = mapped_column(String(16), nullable=True)
     prompt_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
     completion_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    cached_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)  # from the prefix cache
     # Per generated token when the job asked for logprobs: {token_id, text, logprob, top_logprobs: [...]}.
     logprobs: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
     error_code: Mapped[str | None] = mapped_column(String(64), nullable=True)

@@ -114,7 +114,28 @@ def test_chat_streamed_deltas_join_to_the_non_streamed_greedy_text(embedded: Ser
     assert chunks[0].choices[0].delta.role == "assistant"
     reasons = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert reasons == ["length"]
-    assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None and whole.usage is not None
+    # The same prompt again: equal counts, except that it may find more of its prompt in the prefix cache.
+    details = {"prompt_tokens_details"}
+    assert chunks[-1].usage.model_dump(exclude=details) == whole.usage.model_dump(exclude=details)
+
+
+def test_a_repeated_prompt_reports_its_cached_tokens_in_openai_usage(embedded: Server) -> None:
+    client = embedded.client()
+    words = " ".join(f"line{i} of the shared instructions" for i in range(24))
+    messages: list[Any] = [{"role": "user", "content": f"{words}. Summarise them."}]
+    first = client.chat.completions.create(model=embedded.model, messages=messages, **GREEDY)
+    again = client.chat.completions.create(model=embedded.model, messages=messages, **GREEDY)
+    assert first.usage is not None and again.usage is not None
+    assert first.usage.prompt_tokens_details is not None and again.usage.prompt_tokens_details is not None
+    cached_first = first.usage.prompt_tokens_details.cached_tokens or 0
+    cached_again = again.usage.prompt_tokens_details.cached_tokens or 0
+    prompt_tokens = again.usage.prompt_tokens
+    # The second computes at most its last KV block (16 tokens) again; the first found at most a shared
+    # chat-template prefix of earlier tests.
+    assert prompt_tokens - 16 <= cached_again < prompt_tokens and cached_first < cached_again
+    assert again.choices[0].message.content == first.choices[0].message.content
+    assert embedded.job(job_id_of(again.id)).cached_tokens == cached_again
 
 
 def test_streamed_text_with_a_stop_string_matches_the_non_streamed_cut(embedded: Server) -> None:

@@ -82,6 +82,22 @@ def test_runs_a_claimed_job_and_stores_result_usage_and_timestamps(
     assert done.calls == 1
 
 
+def test_a_job_whose_prompt_prefix_is_cached_stores_its_cached_tokens(
+    runner: JobRunner, sessions: sessionmaker[Session]
+) -> None:
+    prefix = " ".join(f"rule {i}: keep the queue moving" for i in range(20))
+    first_id = add_job(sessions, prefix + " First.", max_tokens=3)
+    second_id = add_job(sessions, prefix + " Second.", max_tokens=3)
+    for job_id in (first_id, second_id):  # one after the other: the second finds the first's blocks
+        done = Done()
+        assert runner.run(job_id, done)
+        done.wait()
+    first, second = get_job(sessions, first_id), get_job(sessions, second_id)
+    assert first.cached_tokens == 0, "nothing shared this prefix before"
+    assert second.prompt_tokens is not None and 16 <= second.cached_tokens < second.prompt_tokens
+    assert second.cached_tokens % 16 == 0, "whole KV blocks of the shared prefix"
+
+
 def test_a_duplicate_message_is_dropped_and_never_runs_twice(
     runner: JobRunner, sessions: sessionmaker[Session]
 ) -> None:

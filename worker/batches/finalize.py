@@ -223,7 +223,8 @@ class BatchFinalizer:
                                   prompt_tokens=job.prompt_tokens or 0,
                                   completion_tokens=job.completion_tokens or 0,
                                   model=meta.get("model") or self._model_name,
-                                  created=int(finished.timestamp()), logprobs=job.logprobs)
+                                  created=int(finished.timestamp()), logprobs=job.logprobs,
+                                  cached_tokens=job.cached_tokens or 0)
         if meta.get("endpoint", CHAT) == CHAT:
             body = chat_completion(result, new_id("chatcmpl-"))
         else:

@@ -44,7 +44,8 @@ def test_openai_shapes() -> None:
     assert (chat["object"], chat["model"], chat["created"]) == ("chat.completion", "tiny", 1_700_000_000)
     assert chat["choices"] == [{"index": 0, "message": {"role": "assistant", "content": "Hello!"},
                                 "logprobs": None, "finish_reason": "stop"}]
-    assert chat["usage"] == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
+    assert chat["usage"] == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7,
+                             "prompt_tokens_details": {"cached_tokens": 0}}
     text = text_completion(RESULT, "cmpl-1")
     assert text["object"] == "text_completion" and text["choices"][0]["text"] == "Hello!"
     line = batch_result_line("a", chat, line_id="batch_req_1", request_id="req_1")
