@@ -8,15 +8,20 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
+import sys
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
 
-from core.log_setup import configure_logging
+from cli.errors import ConveyorGroup, debug_enabled, remember_settings
+from core.log_setup import configure_logging, masked_url
 from core.settings import Settings, load_settings
 
-app = typer.Typer(no_args_is_help=True, help="Conveyor: a job queue for asynchronous LLM inference.")
+# ConveyorGroup: a command that cannot reach its database or broker says so in one line (cli/errors.py).
+app = typer.Typer(cls=ConveyorGroup, no_args_is_help=True,
+                  help="Conveyor: a job queue for asynchronous LLM inference.")
 keys_app = typer.Typer(no_args_is_help=True, help="Create, revoke and list API keys.")
 app.add_typer(keys_app, name="keys")
 
@@ -25,7 +30,14 @@ HostOpt = Annotated[str | None, typer.Option(help="bind address (default 127.0.0
 PortOpt = Annotated[int | None, typer.Option(help="port (default 8000)")]
 UrlOpt = Annotated[str, typer.Option("--url", envvar="CONVEYOR_URL", help="API base URL")]
 KeyOpt = Annotated[str | None, typer.Option("--api-key", envvar="CONVEYOR_API_KEY", help="Bearer API key")]
+DEBUG_HELP = "show full tracebacks, and the start-up logs of alembic and Celery"
 DEFAULT_URL = "http://127.0.0.1:8000"
+log = logging.getLogger("conveyor")
+
+
+@app.callback()
+def main(debug: Annotated[bool, typer.Option("--debug", help=DEBUG_HELP)] = False) -> None:
+    """Conveyor: a job queue for asynchronous LLM inference."""  # --debug is read by debug_enabled()
 
 
 @app.command()
@@ -35,13 +47,18 @@ def serve(host: HostOpt = None, port: PortOpt = None, config: ConfigOpt = None) 
     if not settings.embedded:
         _fail("serve runs embedded: unset broker_url, or run `conveyor api` and `conveyor worker`")
     from core.store.migrate import upgrade
+    from engine.loader import check_model_folder
+    from worker.cold_start import ColdStart
     from worker.embedded import EmbeddedRuntime
     from worker.model import resolve_model
 
-    upgrade(settings.database_url)
+    cold_start = ColdStart()  # the imports are done: migrating and the demo model count in the rest
+    log.info(upgrade(settings.database_url).describe())
+    label = _model_label(settings)
     settings = settings.model_copy(update={"model": resolve_model(settings)})
-    runtime = EmbeddedRuntime(settings)
-    _run_api(settings, publisher=runtime.publisher, runtime=runtime, token_stream=runtime.token_stream,
+    check_model_folder(settings.model or "")  # before the server starts: its lifespan would print a traceback
+    runtime = EmbeddedRuntime(settings, cold_start=cold_start)
+    _run_api(settings, label, publisher=runtime.publisher, runtime=runtime, token_stream=runtime.token_stream,
              finished_watch=runtime.finished, finished_sink=runtime.finished,
              session_factory=runtime.sessions)  # one db engine: one SQLite writer queue for both
 
@@ -54,18 +71,21 @@ def api(host: HostOpt = None, port: PortOpt = None, config: ConfigOpt = None) ->
         _fail("api needs broker_url (CONVEYOR_BROKER_URL=redis://...); `conveyor serve` runs embedded")
     from api.finished_watch import RedisFinishedWatch
     from api.token_subscriptions import RedisTokenStream
+    from cli.preflight import check_broker, check_database
     from core.broker import BrokerPublisher
     from core.finished_jobs import RedisFinishedSink
 
     _check_tokenizer_files(settings)
     broker = settings.broker_url or ""
+    check_database(settings.database_url)
+    check_broker(broker)
     pubsub = broker.startswith("redis")  # without it, streamed completions and long polls read the store
     tokens = RedisTokenStream(broker) if pubsub else None
     watch = RedisFinishedWatch(broker) if pubsub else None
     finished = RedisFinishedSink(broker) if pubsub else None  # the API's cancel wakes every API's waiters
     try:
-        _run_api(settings, publisher=BrokerPublisher(settings), runtime=None, token_stream=tokens,
-                 finished_watch=watch, finished_sink=finished)
+        _run_api(settings, _model_label(settings), publisher=BrokerPublisher(settings), runtime=None,
+                 token_stream=tokens, finished_watch=watch, finished_sink=finished)
     finally:
         if finished is not None:
             finished.close()
@@ -75,10 +95,20 @@ def api(host: HostOpt = None, port: PortOpt = None, config: ConfigOpt = None) ->
 def worker(config: ConfigOpt = None) -> None:
     """One GPU worker: loads one engine and consumes the interactive and documents queues."""
     settings = _settings(config)
-    configure_logging(settings)
+    _configure_logging(settings)
+    if settings.embedded:
+        _fail("worker needs broker_url (CONVEYOR_BROKER_URL=redis://...); `conveyor serve` runs embedded")
+    from cli.preflight import check_broker, check_database
+    from engine.loader import check_model_folder
     from worker.celery_worker import run_worker
+    from worker.cold_start import ColdStart
 
-    run_worker(settings)
+    cold_start = ColdStart()  # the imports are done; the checks below count in the rest of the cold start
+    if settings.model:  # else the demo model, built by the worker when missing
+        check_model_folder(settings.model)
+    check_database(settings.database_url)  # both before the engine loads: a set-up error fails in seconds
+    check_broker(settings.broker_url or "")
+    run_worker(settings, banner=debug_enabled(), cold_start=cold_start)
 
 
 @app.command()
@@ -87,8 +117,8 @@ def migrate(config: ConfigOpt = None) -> None:
     from core.store.migrate import upgrade
 
     settings = _settings(config)
-    upgrade(settings.database_url)
-    typer.echo("database is at the latest revision")
+    _configure_logging(settings)
+    typer.echo(upgrade(settings.database_url).describe())
 
 
 @keys_app.command("create")
@@ -205,9 +235,15 @@ def bench(ctx: typer.Context) -> None:
 
 def _settings(config: Path | None, **overrides: Any) -> Settings:
     try:
-        return load_settings(config, **overrides)
+        settings = load_settings(config, **overrides)
     except ValueError as exc:
         _fail(str(exc))
+    remember_settings(settings)  # the URLs a connection error is about (cli/errors.py)
+    return settings
+
+
+def _configure_logging(settings: Settings) -> None:
+    configure_logging(settings, debug=debug_enabled())
 
 
 def _server_settings(config: Path | None, host: str | None, port: int | None) -> Settings:
@@ -216,11 +252,11 @@ def _server_settings(config: Path | None, host: str | None, port: int | None) ->
         settings.check_bind()
     except ValueError as exc:
         _fail(str(exc))
-    configure_logging(settings)
+    _configure_logging(settings)
     return settings
 
 
-def _run_api(settings: Settings, *, publisher: Any, runtime: Any, token_stream: Any = None,
+def _run_api(settings: Settings, model_label: str, *, publisher: Any, runtime: Any, token_stream: Any = None,
              finished_watch: Any = None, finished_sink: Any = None, session_factory: Any = None) -> None:
     import uvicorn
 
@@ -232,10 +268,24 @@ def _run_api(settings: Settings, *, publisher: Any, runtime: Any, token_stream: 
                              token_stream=token_stream, finished_watch=finished_watch,
                              finished_sink=finished_sink, session_factory=session_factory)
     auth = "on" if settings.auth_enabled else "off (loopback only)"
-    log = logging.getLogger("conveyor")
-    log.info("listening on http://%s:%d, auth %s", settings.host, settings.port, auth)
+    queue = "in-process" if settings.embedded else f"broker {masked_url(settings.broker_url or '')}"
+    log.info("starting on http://%s:%d, auth %s; model: %s; database: %s; queue: %s", settings.host,
+             settings.port, auth, model_label, masked_url(settings.database_url), queue)
+    _exit_zero_on_sigterm()
     uvicorn.run(application, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
                 access_log=settings.access_log)
+
+
+def _exit_zero_on_sigterm() -> None:
+    """uvicorn shuts down gracefully on SIGTERM, then raises the signal again for the handler that was there
+    before it; the default one kills the process (status 143, "Terminated" in a shell). A shutdown that went
+    as planned exits 0, as it does on Ctrl-C."""
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(0))
+
+
+def _model_label(settings: Settings) -> str:
+    """What a start-up line calls the model: its folder, or the demo model (built by the first worker)."""
+    return settings.model or f"demo model at {settings.model_folder()}"
 
 
 def _check_tokenizer_files(settings: Settings) -> None:
@@ -243,6 +293,8 @@ def _check_tokenizer_files(settings: Settings) -> None:
     folder = settings.model_folder()
     if (folder / "tokenizer_config.json").is_file() or (folder / "tokenizer.json").is_file():
         return
+    if settings.model and not folder.is_dir():
+        _fail(f"model folder {folder} does not exist; fix: set CONVEYOR_MODEL to the folder the workers load")
     if settings.model:
         _fail(f"model: no tokenizer files in {folder} (CONVEYOR_MODEL must be the folder the workers load)")
     _fail(f"model: none configured, and the demo model is not built yet at {folder}: set CONVEYOR_MODEL, "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,14 @@ logger = logging.getLogger("engine")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")  # any one of them will do
 IGNORED_TENSOR_SUFFIXES = ("rotary_emb.inv_freq",)  # recomputed, saved only by old checkpoints
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class LoadTimings:
+    """Seconds the model runner spent loading, for the worker's cold-start report."""
+
+    weights_s: float  # config, model skeleton and every weight on the device
+    kv_cache_s: float  # sizing (on CUDA: a profiling forward) and allocating the KV cache
 
 
 def resolve_device(device: str) -> torch.device:
@@ -41,20 +50,33 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return DTYPES[dtype]
 
 
-def read_hf_config(model_dir: str | Path) -> dict[str, Any]:
+class ModelFolderError(FileNotFoundError, ValueError):
+    """The model folder is missing, or lacks a file the engine needs. A ValueError like every bad engine
+    argument, and still the FileNotFoundError that callers of the loader have always caught."""
+
+
+def check_model_folder(model_dir: str | Path) -> Path:
+    """The folder, checked first so that a mistyped path is named as such, not as a missing file in it."""
     path = Path(model_dir)
+    if not path.exists():
+        raise ModelFolderError(f"model folder {path} does not exist")
     if not path.is_dir():
-        raise FileNotFoundError(f"model: folder {str(path)!r} does not exist")
+        raise ModelFolderError(f"model folder {path} is not a folder")
+    return path
+
+
+def read_hf_config(model_dir: str | Path) -> dict[str, Any]:
+    path = check_model_folder(model_dir)
     config_file = path / "config.json"
     if not config_file.is_file():
-        raise FileNotFoundError(f"model: no config.json in {str(path)!r}")
+        raise ModelFolderError(f"model: no config.json in {str(path)!r}")
     return json.loads(config_file.read_text())
 
 
 def check_tokenizer_files(model_dir: str | Path) -> None:
-    path = Path(model_dir)
+    path = check_model_folder(model_dir)
     if not any((path / name).is_file() for name in TOKENIZER_FILES):
-        raise FileNotFoundError(f"model: no tokenizer file ({' or '.join(TOKENIZER_FILES)}) in {str(path)!r}")
+        raise ModelFolderError(f"model: no tokenizer file ({' or '.join(TOKENIZER_FILES)}) in {str(path)!r}")
 
 
 def safetensors_files(model_dir: str | Path) -> list[Path]:
@@ -65,11 +87,11 @@ def safetensors_files(model_dir: str | Path) -> list[Path]:
         names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         missing = [n for n in names if not (path / n).is_file()]
         if missing:
-            raise FileNotFoundError(f"model: {index.name} lists missing shard(s) {missing} in {str(path)!r}")
+            raise ModelFolderError(f"model: {index.name} lists missing shard(s) {missing} in {str(path)!r}")
         return [path / n for n in names]
     files = sorted(path.glob("*.safetensors"))
     if not files:
-        raise FileNotFoundError(f"model: no *.safetensors weight file in {str(path)!r}")
+        raise ModelFolderError(f"model: no *.safetensors weight file in {str(path)!r}")
     return files
 
 

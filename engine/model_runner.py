@@ -19,7 +19,7 @@ import kernels
 from engine.attention import KVCache, with_attention_plan
 from engine.config import EngineConfig
 from engine.kv_cache import KVCacheLayout, allocate_kv_cache, cuda_kv_budget_bytes, plan_num_blocks
-from engine.loader import check_tokenizer_files, load_model, resolve_device, resolve_dtype
+from engine.loader import LoadTimings, check_tokenizer_files, load_model, resolve_device, resolve_dtype
 from engine.scheduled_chunk import ScheduledChunk
 from kernels import AttentionMetadata
 
@@ -43,7 +43,9 @@ class ModelRunner:
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.attention_backend = kernels.resolve_backend(config.attention_backend, self.device)
         check_tokenizer_files(config.model)
+        started = time.perf_counter()  # timed for the worker's cold-start report (LoadTimings)
         self.model, self.hf_config = load_model(config.model, self.device, self.dtype, self.attention_backend)
+        weights_s, started = time.perf_counter() - started, time.perf_counter()
         settings = self.model.settings
         self.vocab_size: int = settings.vocab_size
         self.block_size: int = config.block_size
@@ -54,6 +56,7 @@ class ModelRunner:
         cuda_free = self._profile_cuda_free_bytes(layout) if self._needs_profiling() else None
         self.num_kv_blocks: int = plan_num_blocks(config, layout, self.max_model_len, cuda_free)
         self.kv_caches = allocate_kv_cache(layout, self.num_kv_blocks, self.device)
+        self.load_timings = LoadTimings(weights_s=weights_s, kv_cache_s=time.perf_counter() - started)
         self.last_forward_seconds: float = 0.0  # model forward + logits of the last step, inputs prepared
         logger.info("model runner ready: device=%s dtype=%s attention=%s max_model_len=%d", self.device,
                     self.dtype, self.attention_backend, self.max_model_len)

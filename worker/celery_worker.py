@@ -1,25 +1,43 @@
-"""`conveyor worker`: one process per GPU, one engine loaded once, consuming both job queues via Celery."""
+"""`conveyor worker`: one process per GPU, one engine loaded once, consuming both job queues via Celery.
+
+Celery's banner is off: it lists only the control queue and an empty task list, because the job queues are
+consumed by worker/consumer.py's bootstep. The worker logs its own summary instead, once it consumes.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
 import socket
+import warnings
+from typing import Any
 
+from celery import signals
+from celery.exceptions import SecurityWarning
+
+import engine.model_runner  # noqa: F401  (imported with the rest: "imports" in the cold-start figures)
 from core.broker import BrokerPublisher
 from core.finished_jobs import RedisFinishedSink
+from core.log_setup import masked_url
 from core.settings import Settings
 from core.store.database import make_db_engine, make_session_factory
+from engine.host import EngineHost
 from worker.celery_app import CONTROL_QUEUE, make_celery_app
+from worker.cold_start import ColdStart
 from worker.consumer import job_consumer_step
 from worker.heartbeat import new_worker_id
+from worker.model import describe_engine
 from worker.services import WorkerServices
 from worker.token_sinks import RedisTokenSink
 
 log = logging.getLogger(__name__)
 
 
-def run_worker(settings: Settings) -> None:
-    """Blocks until SIGTERM/SIGINT; then stops taking jobs, finishes or requeues in-flight ones, and exits."""
+def run_worker(settings: Settings, *, banner: bool = False, cold_start: ColdStart | None = None) -> None:
+    """Blocks until SIGTERM/SIGINT; then stops taking jobs, finishes or requeues in-flight ones, and exits.
+    `banner`: Celery's own start-up banner too (conveyor --debug). `cold_start`: made by the caller when its
+    imports were done (else now: this module's imports, torch, the engine and Celery, are done)."""
+    cold_start = cold_start if cold_start is not None else ColdStart()
     app = make_celery_app(settings)
     sessions = make_session_factory(make_db_engine(settings.database_url))
     worker_id = new_worker_id()
@@ -30,19 +48,56 @@ def run_worker(settings: Settings) -> None:
     services = WorkerServices(settings, sessions, publisher, worker_id, tokens=tokens,
                               republish_requeued=True, finished=finished)
     services.start()
+    cold_start.engine_ready(services.host)
+    cold_start.watch_first_token(services.host)
     grace_s = settings.worker_shutdown_grace_s
     app.steps["consumer"].add(job_consumer_step(services.runner, grace_s=grace_s, publish=publisher.publish))
+    _replace_root_warning()
+    summary = _summary_on_ready(settings, services.host, worker_id)
     try:
         worker = app.Worker(
             hostname=f"{worker_id}@{socket.gethostname()}", pool="solo", concurrency=1,
             queues=[CONTROL_QUEUE], without_mingle=True, without_gossip=True, without_heartbeat=True,
-            loglevel=settings.log_level,
+            loglevel=settings.log_level, quiet=not banner,
         )
         worker.start()
     finally:
+        signals.worker_ready.disconnect(summary)
         services.stop()  # the consumer step already shut the job runner down on SIGTERM: a no-op then
         publisher.close()
         if tokens is not None:
             tokens.close()
         if finished is not None:
             finished.close()
+
+
+def startup_summary(settings: Settings, host: EngineHost, worker_id: str) -> list[str]:
+    """What an operator checks first: which queues with which limits, which model on what, where it talks."""
+    queues = ", ".join(f"{name} (max_running {q.max_running}, priority {q.priority})"
+                       for name, q in settings.queues.items())
+    return [
+        f"worker {worker_id} consumes: {queues}",
+        f"engine: {describe_engine(host, demo=not settings.model)}",
+        f"broker {masked_url(settings.broker_url or '')}; database {masked_url(settings.database_url)}",
+    ]
+
+
+def _summary_on_ready(settings: Settings, host: EngineHost, worker_id: str) -> Any:
+    """Logs the summary when Celery's consumer is up (connected, job queues consumed): then it is true."""
+
+    def on_ready(**_: Any) -> None:
+        for line in startup_summary(settings, host, worker_id):
+            log.info("%s", line)
+
+    signals.worker_ready.connect(on_ready, weak=False)
+    return on_ready
+
+
+def _replace_root_warning() -> None:
+    """Celery's multi-line SecurityWarning about root becomes one line. Its risk, unpickling messages as
+    root, does not apply (the worker accepts JSON only); running as root still deserves a line, since a
+    container should not (the image runs as an unprivileged user)."""
+    warnings.filterwarnings("ignore", category=SecurityWarning)
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        log.warning("running as root: fine on a development machine; in production run workers as an "
+                    "unprivileged user")

@@ -21,6 +21,7 @@ from core.settings import Settings
 from core.store import jobs
 from core.store.database import make_db_engine, make_session_factory
 from engine.host import EngineHost
+from worker.cold_start import ColdStart
 from worker.heartbeat import new_worker_id
 from worker.in_process_queue import InProcessPublisher
 from worker.job_runner import RunnerStoppedError
@@ -34,12 +35,15 @@ STORE_ERROR_BACKOFF_S = 1.0
 
 
 class EmbeddedRuntime:
-    def __init__(self, settings: Settings, *, sessions: sessionmaker[Session] | None = None) -> None:
+    def __init__(self, settings: Settings, *, sessions: sessionmaker[Session] | None = None,
+                 cold_start: ColdStart | None = None) -> None:
+        """`cold_start`: made by the caller when its imports were done (else now)."""
         self.settings = settings
         self.publisher = InProcessPublisher(list(settings.queues))
         self.token_stream = InProcessTokenStream()  # running jobs' text, to the API (create_app)
         self.finished = LocalFinishedHub()  # finished jobs, to the API's waiters (create_app: watch and sink)
         self.worker_id = new_worker_id("embedded")
+        self.cold_start = cold_start if cold_start is not None else ColdStart()
         self._sessions = sessions if sessions is not None else make_session_factory(
             make_db_engine(settings.database_url)
         )
@@ -62,6 +66,8 @@ class EmbeddedRuntime:
     def start(self) -> None:
         self._load_backlog()  # before the reconciler starts, so no job is published twice
         self._services.start()
+        self.cold_start.engine_ready(self.host)
+        self.cold_start.watch_first_token(self.host)
         for name in self.settings.queues:
             thread = threading.Thread(target=self._feed, args=(name,), name=f"feeder-{name}", daemon=True)
             thread.start()

@@ -16,6 +16,7 @@ from typing import Any
 
 from core.settings import Settings
 from engine.config import EngineConfig, RequestClassConfig
+from engine.host import EngineHost
 
 log = logging.getLogger(__name__)
 
@@ -56,13 +57,32 @@ def engine_config(settings: Settings, model_path: str) -> EngineConfig:
     return EngineConfig(model=model_path, request_classes=classes, **given)
 
 
+def describe_engine(host: EngineHost, *, demo: bool) -> str:
+    """The model, the device and dtype, and the KV cache's capacity, for a start-up line."""
+    runner = host.engine.runner
+    model = f"demo model ({host.config.model})" if demo else host.config.model
+    kv_bytes = sum(t.numel() * t.element_size() for pair in getattr(runner, "kv_caches", []) for t in pair)
+    tokens = runner.num_kv_blocks * runner.block_size
+    fits = runner.num_kv_blocks // -(-runner.max_model_len // runner.block_size)  # whole blocks per sequence
+    dtype = str(getattr(runner, "dtype", "")).removeprefix("torch.")
+    return (f"{model} on {runner.device} {dtype}; KV cache {runner.num_kv_blocks} blocks x "
+            f"{runner.block_size} = {tokens} tokens, {kv_bytes / 2**20:.1f} MiB, fits {fits} sequences of "
+            f"max_model_len={runner.max_model_len}")
+
+
 def _build_demo_model(path: Path) -> None:
     """Builds in a private folder, then renames it into place: no process ever sees half a model."""
+    from transformers.utils import logging as hf_logging
+
     from engine.demo import build_tiny_model
 
     staging = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
-    build_tiny_model(staging)
+    hf_logging.disable_progress_bar()  # save_pretrained's "Writing model shards" bar, for a 1-shard model
+    try:
+        build_tiny_model(staging)
+    finally:
+        hf_logging.enable_progress_bar()
     try:
         staging.rename(path)
     except OSError:  # another process won the race; its copy is identical (the build is seeded)

@@ -27,6 +27,7 @@ from cli.main import app
 from core.clock import utcnow
 from core.finished_jobs import LocalFinishedHub
 from core.store import jobs
+from core.store.migrate import upgrade
 
 runner = CliRunner()
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -38,6 +39,10 @@ def test_migrate_creates_the_schema(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     result = runner.invoke(app, ["migrate"])
     assert result.exit_code == 0, result.output
     assert db.is_file() and "latest revision" in result.output
+    assert "migrated from an empty database to revision" in result.output
+    again = runner.invoke(app, ["migrate"])
+    assert again.exit_code == 0 and "schema at revision" in again.output, again.output
+    assert "alembic" not in again.output + again.stderr  # its INFO lines stay quiet
 
 
 def test_keys_create_list_revoke(service: Service, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -90,6 +95,7 @@ def test_api_serves_with_only_the_tokenizer_files_of_the_model(
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         shutil.copy(demo_model_dir / name, folder / name)
     port = free_port()
+    upgrade(f"sqlite:///{(tmp_path / 'conveyor.db').resolve()}")  # the default database under the data dir
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")}
     env.update(CONVEYOR_MODEL=str(folder), CONVEYOR_BROKER_URL=redis_url, CONVEYOR_DATA_DIR=str(tmp_path),
                PYTHONPATH=str(REPO_ROOT))

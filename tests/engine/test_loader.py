@@ -10,7 +10,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine.config import EngineConfig
-from engine.loader import load_model, read_hf_config, resolve_dtype, safetensors_files
+from engine.llm import LLM
+from engine.loader import ModelFolderError, load_model, read_hf_config, resolve_dtype, safetensors_files
 from engine.model_runner import ModelRunner
 
 CPU = torch.device("cpu")
@@ -142,3 +143,18 @@ def test_dtype_auto_is_float32_on_cpu_and_weights_take_the_requested_dtype(llama
     model = load(llama_dir, torch.bfloat16)
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     assert model.model.rotary.inv_freq.dtype == torch.float32  # RoPE angles stay fp32
+
+
+def test_a_model_folder_that_does_not_exist_is_named_as_such(tmp_path):
+    missing = tmp_path / "x" / "y"
+    with pytest.raises(ValueError, match=f"model folder {re.escape(str(missing))} does not exist"):
+        LLM(str(missing))  # not "no tokenizer file": the runner checks the folder first
+    a_file = tmp_path / "weights.safetensors"
+    a_file.write_bytes(b"")
+    with pytest.raises(ModelFolderError, match="is not a folder"):
+        ModelRunner(EngineConfig(model=str(a_file), num_kv_blocks=64))
+
+
+def test_the_runner_reports_its_load_timings(llama_dir):
+    runner = ModelRunner(EngineConfig(model=str(llama_dir), num_kv_blocks=64))
+    assert runner.load_timings.weights_s > 0 and runner.load_timings.kv_cache_s > 0

@@ -1,0 +1,39 @@
+"""Checks a server command runs before it starts: the database, its schema and the broker answer.
+
+Without them `conveyor api` would start and answer 500s, and `conveyor worker` would load its engine first
+and then fail (Postgres) or retry the broker forever (Celery's retry on start-up). Failing at once, with the
+one line of cli/errors.py, is what a newcomer needs; in Kubernetes the pod restarts until its services are up.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from cli.errors import SetupError
+from core.log_setup import masked_url
+
+log = logging.getLogger("conveyor")
+
+BROKER_CHECK_TIMEOUT_S = 2.0
+
+
+def check_database(database_url: str) -> None:
+    """Connects (errors are OperationalError, for cli/errors.py), then compares the schema revision."""
+    from core.store.migrate import current_revision, head_revision
+
+    revision, head = current_revision(database_url), head_revision()
+    if revision is None:
+        raise SetupError(f"the database {masked_url(database_url)}", "no Conveyor schema (never migrated)",
+                         "run `conveyor migrate` (with the same CONVEYOR_DATABASE_URL)")
+    if revision != head:  # older: migrate; newer (a rollback of the code): may still work, so only a warning
+        log.warning("database %s: schema at revision %s, this version of Conveyor expects %s: run "
+                    "`conveyor migrate` when upgrading", masked_url(database_url), revision, head)
+
+
+def check_broker(broker_url: str) -> None:
+    """One connection attempt to the broker; kombu's OperationalError when nobody answers."""
+    from kombu import Connection
+
+    with Connection(broker_url, connect_timeout=BROKER_CHECK_TIMEOUT_S) as connection:
+        connection.ensure_connection(max_retries=1)
+
