@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from engine.config import EngineConfig, RequestClassConfig
 from engine.outputs import RequestMetrics, RequestOutput
 from engine.sampling_params import SamplingParams
+from engine.structured_output import StructuredOutput
 
 if TYPE_CHECKING:
     from engine.host import EngineHost
@@ -31,6 +32,7 @@ __all__ = [
     "RequestMetrics",
     "RequestOutput",
     "SamplingParams",
+    "StructuredOutput",
 ]
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Protocol, TypeVar
@@ -16,6 +17,7 @@ import torch
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
+from engine.grammar import GrammarCompiler
 from engine.outputs import FinishReason, RequestMetrics, RequestOutput
 from engine.sampler import Sampler, SamplerOutput
 from engine.sampling_params import SamplingParams
@@ -82,6 +84,8 @@ class LLMEngine:
         self.last_step = StepStats()
         self.last_failures: list[StepError] = []  # requests the last step failed, until the next step
         self.totals = EngineTotals()
+        self._grammars: GrammarCompiler | None = None  # built by the first constrained request
+        self._grammars_lock = threading.Lock()
 
     # --- requests ------------------------------------------------------------------------------------
 
@@ -115,6 +119,8 @@ class LLMEngine:
         cls = self.config.request_class(request_class if request_class is not None else self.default_class)
         prompt_ids = self._prompt_token_ids(prompt)
         self._check_length(len(prompt_ids), params.max_tokens)
+        structured = params.structured
+        matcher = self._grammar_compiler().matcher(structured) if structured is not None else None
         return Sequence(
             request_id=request_id,
             prompt_token_ids=prompt_ids,
@@ -127,6 +133,7 @@ class LLMEngine:
             prompt=prompt if isinstance(prompt, str) else None,
             detokenizer=IncrementalDetokenizer(self.tokenizer),
             logprobs=[] if params.logprobs is not None else None,
+            matcher=matcher,
         )
 
     def enqueue(self, seq: Sequence) -> None:
@@ -169,9 +176,12 @@ class LLMEngine:
         logits, seqs, failures = self._forward(sched)
         self._cache_computed_blocks(sched, failures)
         sampled, seqs, sampling_failures = self._sample(logits, seqs)
+        sampling_failures |= _advance_grammars(seqs, sampled.token_ids)
         now = time.time()
         outputs = []
         for seq, token, logprobs in zip(seqs, sampled.token_ids, sampled.logprobs, strict=True):
+            if seq in sampling_failures:
+                continue
             self._append_token(seq, token, logprobs, now)
             outputs.append(_to_output(seq, num_new_tokens=1))
         if failures or sampling_failures:
@@ -271,6 +281,8 @@ class LLMEngine:
 
     def _stop_reason(self, seq: Sequence, token: int, delta: str) -> FinishReason | None:
         params = seq.params
+        if seq.matcher is not None and seq.matcher.is_terminated():
+            return "stop"  # the grammar is complete and its stop token (EOS) was sampled
         if seq.num_output_tokens >= params.min_tokens:
             if not params.ignore_eos and token in self.eos_token_ids:
                 return "stop"
@@ -290,6 +302,15 @@ class LLMEngine:
             raise ValueError(
                 f"logprobs must be at most the vocabulary size ({self.vocab_size}), got {params.logprobs}"
             )
+
+    def _grammar_compiler(self) -> GrammarCompiler:
+        """Built on first use (caller threads may race here), so unconstrained serving never loads it."""
+        with self._grammars_lock:
+            if self._grammars is None:
+                self._grammars = GrammarCompiler(
+                    self.tokenizer.hf_tokenizer, self.vocab_size, sorted(self.eos_token_ids)
+                )
+            return self._grammars
 
     def _prompt_token_ids(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -392,6 +413,16 @@ def _attempt(run: Callable[[list[X]], T], items: list[X]) -> T | Exception:
         return run(items)
     except Exception as exc:
         return exc
+
+
+def _advance_grammars(seqs: list[Sequence], tokens: list[int]) -> Failures:
+    """Feeds each constrained request its sampled token; one the grammar rejects (the mask should make that
+    impossible) fails that request alone."""
+    failures: Failures = {}
+    for seq, token in zip(seqs, tokens, strict=True):
+        if seq.matcher is not None and not seq.matcher.accept_token(token):
+            failures[seq] = RuntimeError(f"the grammar rejected sampled token {token}")
+    return failures
 
 
 def _is_token_id(value: object, vocab_size: int) -> bool:

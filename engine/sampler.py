@@ -1,6 +1,7 @@
 """Turns one step's logits into tokens, vectorised over the batch.
 
-Order: logprobs of the raw model distribution; repetition penalty; min_tokens masking; greedy rows take the
+Order: logprobs of the raw model distribution; repetition penalty; min_tokens masking; grammar masks of
+constrained rows (so temperature, top-k/p and seeds apply to the allowed tokens only); greedy rows take the
 argmax; the other rows get temperature, top-k, top-p, min-p and an exponential race (argmax p / E with
 E ~ Exp(1)), which samples exactly from p. A seeded row draws its noise from its own generator with a
 shape fixed per row ([V]), so its tokens do not depend on what else is in the batch.
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.grammar_mask import apply_grammar_masks
 from engine.sequence import Sequence
 
 
@@ -37,6 +39,7 @@ class Sampler:
         raw_logprobs = logits.log_softmax(dim=-1) if _wants_logprobs(seqs) else None
         logits = _apply_repetition_penalty(logits, seqs)
         logits = _mask_until_min_tokens(logits, seqs, eos_token_ids)
+        logits = apply_grammar_masks(logits, seqs)
         tokens = logits.argmax(dim=-1)  # [B]
         rows = [i for i, s in enumerate(seqs) if not s.params.greedy]
         if rows:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from engine.structured_output import StructuredOutput
+
 MAX_INT32 = 2**31 - 1  # max_tokens, min_tokens, logprobs and stop_token_ids
 MAX_TOP_K = MAX_INT32  # larger than the vocabulary means "keep all": the sampler clamps it to V
 # torch.Generator.manual_seed takes -2**63 .. 2**64-1 and reduces it mod 2**64. The signed int64 range
@@ -40,6 +42,7 @@ class SamplingParams:
     ignore_eos: bool = False
     repetition_penalty: float = 1.0  # over prompt and output tokens, as in transformers
     logprobs: int | None = None  # top-n logprobs per generated token (plus the sampled token's)
+    structured: StructuredOutput | None = None  # grammar-constrained output (JSON Schema, regex, choice)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -92,6 +95,12 @@ class SamplingParams:
         _check(isinstance(ids, list) and all(_int_in(t, 0, MAX_INT32) for t in ids), "stop_token_ids", ids,
                f"a list of token ids in [0, {MAX_INT32}]")
         _check(isinstance(self.ignore_eos, bool), "ignore_eos", self.ignore_eos, "a bool")
+        _check(self.structured is None or isinstance(self.structured, StructuredOutput), "structured",
+               self.structured, "None or a StructuredOutput")
+        if self.structured is not None:
+            self.structured.validate()
+            # A complete grammar allows only EOS, which min_tokens would mask: no token would be left.
+            _check(self.min_tokens == 0, "min_tokens", self.min_tokens, "0 with structured output")
 
 
 def _int_in(value: object, low: int, high: int) -> bool:

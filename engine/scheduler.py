@@ -93,6 +93,7 @@ class Scheduler:
         del self._unfinished[seq.request_id]
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
+        seq.matcher = None  # releases the grammar state
         seq.metrics.finished_time = time.time()
 
     def has_unfinished(self) -> bool:

@@ -12,6 +12,8 @@ from engine.outputs import FinishReason, RequestMetrics
 from engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    import xgrammar
+
     from engine.tokenizer import IncrementalDetokenizer
 
 
@@ -52,6 +54,10 @@ class Sequence:
     detokenizer: IncrementalDetokenizer | None = None
     text: str = ""  # generated text, cut before a matched stop string
     logprobs: list[dict[int, float]] | None = None
+    # Grammar state of a constrained request: it has accepted every output token. Recompute preemption keeps
+    # output_token_ids (only the KV is recomputed, no token is sampled again), so the state stays valid
+    # across preemptions. Dropped (released) when the request finishes.
+    matcher: xgrammar.GrammarMatcher | None = None
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -47,6 +47,7 @@ from engine.host import EngineHost
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from worker.logprobs import job_logprobs
+from worker.sampling import sampling_params_from_json
 from worker.streamer import JobStreamer
 
 log = logging.getLogger(__name__)
@@ -176,10 +177,7 @@ class JobRunner:
         future.add_done_callback(lambda f: self._to_writer(_Ended(handle, f)))
 
     def _engine_input(self, job: Job) -> tuple[str | list[int], SamplingParams]:
-        try:
-            params = SamplingParams(**(job.params or {}))
-        except TypeError as exc:
-            raise ValueError(f"params: {exc}") from exc
+        params = sampling_params_from_json(job.params or {})
         if job.messages is not None:
             return self.host.tokenizer.apply_chat_template(job.messages), params
         if job.prompt is None:

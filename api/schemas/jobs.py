@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    AnyHttpUrl,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from api.schemas.fields import (
@@ -29,6 +37,7 @@ from core.request_rules import (
     MAX_TTL_S,
     json_problem,
 )
+from core.structured_rules import MAX_CHOICES, structured_from_response_format, structured_problem
 from core.views import JobPublic
 
 SAMPLING_FIELDS = (
@@ -99,12 +108,51 @@ class JobCreate(BaseModel):
     timeout: float | None = Field(None, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False,
                                   description="seconds; fails with code `timeout` when over")
     webhook: AnyHttpUrl | WebhookSpec | None = Field(None, description="URL or object with `url`; stored")
+    # Structured outputs: at most one of these.
+    response_format: dict[str, Any] | None = Field(
+        None, description='as OpenAI: {"type": "json_schema", "json_schema": {"name", "schema", "strict"}}, '
+                          '{"type": "json_object"} or {"type": "text"}',
+    )
+    regex: Annotated[str, Field(min_length=1)] | None = Field(None, description="output matches this regex")
+    choice: Annotated[list[NonEmptyText], Field(min_length=1, max_length=MAX_CHOICES)] | None = Field(
+        None, description="output is exactly one of these strings",
+    )
+
+    @field_validator("response_format")
+    @classmethod
+    def _known_response_format(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None:
+            structured = structured_from_response_format(value)
+            problem = structured_problem(structured) if structured is not None else None
+            if problem is not None:
+                raise ValueError(problem)
+        return value
+
+    @field_validator("regex", "choice")
+    @classmethod
+    def _one_structured_output(cls, value: object, info: ValidationInfo) -> object:
+        earlier = [name for name in ("response_format", "regex") if info.data.get(name) is not None]
+        if value is not None and earlier and earlier != [info.field_name]:
+            raise ValueError(f"send at most one of response_format, regex, choice; {earlier[0]} is set too")
+        return value
+
+    def _structured_sources(self) -> dict[str, dict[str, Any] | None]:
+        fmt = structured_from_response_format(self.response_format) if self.response_format else None
+        return {"response_format": fmt, "regex": {"regex": self.regex} if self.regex else None,
+                "choice": {"choice": self.choice} if self.choice else None}
+
+    def structured(self) -> dict[str, Any] | None:
+        """The engine's structured-output form, stored in the job's params, or None."""
+        return next((v for v in self._structured_sources().values() if v is not None), None)
 
     def sampling_params(self) -> dict[str, Any]:
         params = self.model_dump(include=set(SAMPLING_FIELDS), mode="json")
         if isinstance(params["stop"], str):
             params["stop"] = [params["stop"]]
         params["stop"] = params["stop"] or []
+        structured = self.structured()
+        if structured is not None:
+            params["structured"] = structured
         return params
 
     def webhook_json(self) -> dict[str, Any] | None:

@@ -80,6 +80,9 @@ class OpenAISampling(BaseModel):
     min_tokens: MinTokens | None = None
     repetition_penalty: RepetitionPenalty | None = None
     ignore_eos: bool | None = None
+    response_format: dict[str, Any] | None = Field(
+        None, description='{"type": "json_schema", "json_schema": {"name", "schema"}}, json_object or text'
+    )
 
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
@@ -100,7 +103,7 @@ class OpenAISampling(BaseModel):
     def engine_params(self) -> dict[str, Any]:
         """The sent sampling fields under the job's (engine's) names; unsent ones keep the job defaults."""
         names = ("temperature", "top_p", "stop", "seed", "top_k", "min_p", "min_tokens", "repetition_penalty",
-                 "ignore_eos")
+                 "ignore_eos", "response_format")
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
 

@@ -24,8 +24,9 @@ from core.request_rules import (
     text_problem,
     utf8_length,
 )
-from engine import SamplingParams
 from worker.batches.reader import OversizeLine, RawLine
+from worker.batches.structured import STRUCTURED_FIELDS, merge_structured
+from worker.sampling import sampling_params_from_json
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -38,7 +39,7 @@ _ROLES = {"system", "developer", "user", "assistant", "tool"}
 _PASSIVE_FIELDS = {"model", "user", "stream", "n", "messages", "prompt"}
 _INT_PARAMS = {"max_tokens", "max_completion_tokens", "min_tokens", "top_k", "seed", "top_logprobs"}
 _FLOAT_PARAMS = {"temperature", "top_p", "min_p", "repetition_penalty"}
-_OTHER_PARAMS = {"stop", "stop_token_ids", "ignore_eos", "logprobs"}
+_OTHER_PARAMS = {"stop", "stop_token_ids", "ignore_eos", "logprobs", *STRUCTURED_FIELDS}
 _BODY_FIELDS = _PASSIVE_FIELDS | _INT_PARAMS | _FLOAT_PARAMS | _OTHER_PARAMS
 
 
@@ -244,7 +245,8 @@ def _sampling_params(body: dict[str, Any]) -> dict[str, Any]:
     _merge_max_tokens(params)
     _merge_logprobs(params)
     try:
-        SamplingParams(**params)
+        merge_structured(params)
+        sampling_params_from_json(params)
     except ValueError as error:
         raise LineRejected("invalid_parameter", str(error)) from None
     return params

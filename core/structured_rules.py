@@ -1,0 +1,74 @@
+"""Structured outputs as the API and the batch lines accept them, checked without the grammar library.
+
+The engine compiles with xgrammar, which imports torch, so the API cannot. Here: OpenAI's `response_format`
+becomes the engine's stored form ({"json_schema": {...}} | {"json_object": true} | {"regex": "..."} |
+{"choice": [...]}), a schema must pass its JSON Schema meta-schema and fit MAX_STRUCTURED_BYTES. A schema
+that passes but that xgrammar still cannot compile fails the job with code invalid_request.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jsonschema
+
+# Must equal engine.structured_output.MAX_STRUCTURED_BYTES (core cannot import engine; a test checks it).
+MAX_STRUCTURED_BYTES = 64 * 1024
+MAX_CHOICES = 1024
+RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema")
+
+
+def structured_from_response_format(response_format: object) -> dict[str, Any] | None:
+    """OpenAI's response_format -> the stored structured form (None for text). ValueError saying why."""
+    if not isinstance(response_format, dict):
+        raise ValueError(f"must be an object with a type, got {type(response_format).__name__}")
+    kind = response_format.get("type")
+    if kind not in RESPONSE_FORMAT_TYPES:
+        raise ValueError(f"type must be one of {', '.join(RESPONSE_FORMAT_TYPES)}, got {kind!r}")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"json_object": True}
+    spec = response_format.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+        raise ValueError("json_schema.schema must be a JSON Schema object")
+    return {"json_schema": spec["schema"]}
+
+
+def structured_problem(structured: dict[str, Any]) -> str | None:
+    """Why the stored structured form cannot be run, or None."""
+    set_kinds = [k for k, v in structured.items() if v is not None and v is not False]
+    if len(set_kinds) != 1:
+        return f"exactly one of json_schema, json_object, regex, choice must be set, got {set_kinds}"
+    kind = set_kinds[0]
+    value = structured[kind]
+    size = len(json.dumps([kind, value], sort_keys=True, separators=(",", ":")).encode())
+    if size > MAX_STRUCTURED_BYTES:
+        return f"must be at most {MAX_STRUCTURED_BYTES} bytes of canonical JSON, got {size}"
+    return _kind_problem(kind, value)
+
+
+def _kind_problem(kind: str, value: object) -> str | None:
+    if kind == "json_schema":
+        return _schema_problem(value)
+    if kind == "json_object":
+        return None if value is True else "json_object must be true"
+    if kind == "regex":
+        return None if isinstance(value, str) and value else "regex must be a non-empty string"
+    if kind == "choice":
+        ok = isinstance(value, list) and 0 < len(value) <= MAX_CHOICES
+        if not ok or not all(isinstance(c, str) and c for c in value):  # type: ignore[union-attr]
+            return f"choice must be a list of 1 to {MAX_CHOICES} non-empty strings"
+        return None
+    return f"unknown kind {kind!r}"
+
+
+def _schema_problem(schema: object) -> str | None:
+    if not isinstance(schema, dict):
+        return "the JSON Schema must be an object"
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        return f"not a valid JSON Schema: {exc.message}"
+    return None

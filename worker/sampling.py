@@ -1,0 +1,22 @@
+"""A job's stored params (JSON, engine names) -> the engine's SamplingParams, `structured` included."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.sampling_params import SamplingParams
+from engine.structured_output import StructuredOutput
+
+
+def sampling_params_from_json(params: dict[str, Any]) -> SamplingParams:
+    """ValueError naming the field for anything the engine would refuse (unknown names included)."""
+    fields = dict(params)
+    structured = fields.pop("structured", None)
+    try:
+        if structured is not None:
+            if not isinstance(structured, dict):
+                raise ValueError(f"structured must be an object, got {type(structured).__name__}")
+            fields["structured"] = StructuredOutput(**structured)
+        return SamplingParams(**fields)
+    except TypeError as exc:
+        raise ValueError(f"params: {exc}") from exc
