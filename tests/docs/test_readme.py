@@ -1,0 +1,234 @@
+"""The README's first-hour steps run as written on a fresh copy of the repository, so the README cannot drift
+from the code: the Quickstart's `make serve` (a new .venv, then the embedded service), the curl session, the
+engine example, Ctrl-C, and "Running with PostgreSQL and Redis" on a PostgreSQL cluster and a redis-server of
+the test's own, from createuser to a finished job. `make test`, the Quickstart's other command, is what CI
+runs (`.ci/run`).
+
+The blocks run exactly as the README prints them, except for ports: the test's servers listen on free ports
+(the machine's own PostgreSQL, Redis and port 8000 may be busy), so `:8000`, `:5432` and `:6379` are replaced
+by those ports (and PGPORT set for createuser/createdb) before a block runs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+from fault_support import FaultPostgres, FaultRedis, find_postgres_bin
+from live_server import free_port
+
+pytestmark = pytest.mark.readme
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SETUP_AND_START_S = 600.0  # a new .venv (pip) and the demo model on a loaded 2-core machine
+# This machine's pip configuration names package folders that are absent: pip's complaint is about the
+# machine, not the project, and no user of the README sees it.
+MACHINE_PIP_NOISE = re.compile(r"^WARNING: Location 'file://\S+' is ignored: it is neither a file nor")
+ALARMS = re.compile(r"Traceback|Warning|WARNING|deprecat|\*\*\*|Terminated|Interrupt|Error", re.IGNORECASE)
+
+
+def readme_blocks(section: str) -> list[tuple[str, str]]:
+    """(language, code) of every fenced block under the `## {section}` heading, up to the next `## `."""
+    text = (REPO_ROOT / "README.md").read_text()
+    start = text.index(f"\n## {section}\n")
+    end = text.find("\n## ", start + 1)
+    body = text[start:end if end != -1 else len(text)]
+    return re.findall(r"^```(\w+)\n(.*?)^```$", body, flags=re.MULTILINE | re.DOTALL)
+
+
+def only_block(section: str, language: str) -> str:
+    blocks = [code for lang, code in readme_blocks(section) if lang == language]
+    assert len(blocks) == 1, f"README section {section!r}: expected one {language} block, found {len(blocks)}"
+    return blocks[0]
+
+
+def commands(block: str) -> list[str]:
+    """The block's command lines, comments and blank lines dropped."""
+    lines = (line.split("  #")[0].strip() for line in block.splitlines())
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+def with_ports(block: str, ports: dict[int, int]) -> str:
+    for usual, ours in ports.items():
+        block = re.sub(rf":{usual}\b", f":{ours}", block)
+    return block
+
+
+def alarms(output: str) -> list[str]:
+    return [line for line in output.splitlines()
+            if ALARMS.search(line) and not MACHINE_PIP_NOISE.match(line) and "demo model" not in line]
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The environment a newcomer's shell has: none of a developer's (or the suite's) CONVEYOR_* settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CONVEYOR_", "VIRTUAL_ENV", "PYTHON"))}
+    return {**env, **extra}
+
+
+def run_bash(script: str, cwd: Path, env: dict[str, str], timeout_s: float
+             ) -> subprocess.CompletedProcess[str]:
+    """Runs a README block in a new session (its `&` servers are killed with it) under `set -euo pipefail`."""
+    proc = subprocess.Popen(["bash", "-euo", "pipefail", "-c", script], cwd=cwd, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"the README block did not finish within {timeout_s:.0f} s:\n{out[-4000:]}")
+    finally:
+        _kill_group(proc.pid)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    os.killpg(pid, signal.SIGKILL)
+
+
+@dataclass
+class Served:
+    """`make serve` running in the fresh copy."""
+
+    root: Path
+    port: int
+    proc: subprocess.Popen[str]
+    log: Path
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@pytest.fixture(scope="module")
+def fresh_copy() -> Iterator[Path]:
+    """The repository as a clone would have it (tracked and not-ignored files), without .venv or data/."""
+    root = Path(tempfile.mkdtemp(prefix="conveyor-readme-"))
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            cwd=REPO_ROOT, capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        source = REPO_ROOT / name
+        if source.is_file():
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, root / name)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def served(fresh_copy: Path) -> Iterator[Served]:
+    assert commands(only_block("Quickstart", "bash")) == ["make serve", "make test"]
+    port = free_port()
+    log = fresh_copy / "make-serve.log"
+    with log.open("w") as sink:
+        proc = subprocess.Popen(["make", "serve"], cwd=fresh_copy, env=clean_env(CONVEYOR_PORT=str(port)),
+                                stdout=sink, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    served = Served(fresh_copy, port, proc, log)
+    try:
+        _wait_ready(served)
+        yield served
+    finally:
+        _kill_group(proc.pid)
+
+
+def _wait_ready(served: Served) -> None:
+    deadline = time.monotonic() + SETUP_AND_START_S
+    while time.monotonic() < deadline:
+        assert served.proc.poll() is None, f"make serve exited {served.proc.returncode}:\n{served.output()}"
+        try:
+            if httpx.get(f"http://127.0.0.1:{served.port}/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    pytest.fail(f"make serve was not ready within {SETUP_AND_START_S:.0f} s:\n{served.output()[-4000:]}")
+
+
+def test_ci_runs_the_quickstart_test_command() -> None:
+    assert commands(only_block("Quickstart", "bash"))[1] == "make test"
+    assert re.search(r"^make test$", (REPO_ROOT / ".ci/run").read_text(), flags=re.MULTILINE)
+
+
+def test_make_serve_sets_up_without_triton_and_starts_quietly(served: Served) -> None:
+    site = next((served.root / ".venv/lib").glob("python3*/site-packages"))
+    assert (site / "torch").is_dir(), "make serve should install torch"
+    assert not (site / "triton").exists(), "make serve should not install triton"
+    output = served.output()
+    assert not alarms(output), "make serve printed alarms:\n" + "\n".join(alarms(output))
+    assert f"http://127.0.0.1:{served.port}" in output, f"the start should say where it listens:\n{output}"
+    assert "demo model" in output, f"the start should say the model is the demo model:\n{output}"
+
+
+def test_curl_session_runs_as_written(served: Served) -> None:
+    block = with_ports(only_block("A curl session", "bash"), {8000: served.port})
+    done = run_bash(block, served.root, clean_env(), timeout_s=120)
+    assert done.returncode == 0, f"the curl session failed ({done.returncode}):\n{done.stdout}"
+    out = done.stdout
+    assert re.match(r"job_[0-9a-f]{32}\n", out), f"the first line should be the job id:\n{out}"
+    assert '"status": "succeeded"' in out and "event: job" in out, out
+    assert '"cancelled"' in out or '"succeeded"' in out.split("event: job")[-1], out
+    assert not re.search(r'"error":\s*\{', out), out
+
+
+def test_engine_example_runs_as_written(served: Served) -> None:
+    assert (served.root / "data/demo-model/config.json").is_file(), "make serve should build data/demo-model"
+    done = subprocess.run([str(served.root / ".venv/bin/python"), "-c", only_block("The engine on its own",
+                                                                                  "python")],
+                          cwd=served.root, env=clean_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"(length|stop)", done.stdout), done.stdout
+
+
+def test_ctrl_c_stops_make_serve_cleanly(served: Served) -> None:
+    os.killpg(served.proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
+    code = served.proc.wait(timeout=60)
+    output = served.output()
+    # make itself got the SIGINT too and ends by it, silently, once the server it waits for has exited.
+    assert code in (0, -signal.SIGINT), f"make serve exited {code} on Ctrl-C:\n{output[-3000:]}"
+    assert "Finished server process" in output, f"the server should shut down, not die:\n{output[-3000:]}"
+    assert not alarms(output), "make serve printed alarms on Ctrl-C:\n" + "\n".join(alarms(output))
+
+
+def test_postgres_and_redis_steps_run_as_written(served: Served) -> None:
+    pg = FaultPostgres(find_postgres_bin())
+    redis = FaultRedis(Path(tempfile.mkdtemp(prefix="conveyor-readme-redis-")))
+    try:
+        pg.init()
+        _drop_conveyor_database(pg.port)  # the README creates the role and the database itself
+        redis.start()
+        api_port = free_port()
+        block = with_ports(only_block("Running with PostgreSQL and Redis", "bash"),
+                           {5432: pg.port, 6379: redis.port, 8000: api_port})
+        env = clean_env(PGPORT=str(pg.port), CONVEYOR_PORT=str(api_port),
+                        CONVEYOR_URL=f"http://127.0.0.1:{api_port}")
+        done = run_bash(block, served.root, env, timeout_s=300)
+        assert done.returncode == 0, f"the PostgreSQL/Redis steps failed ({done.returncode}):\n{done.stdout}"
+        assert '"status": "succeeded"' in done.stdout, done.stdout
+    finally:
+        redis.stop()
+        pg.destroy()
+
+
+def _drop_conveyor_database(port: int) -> None:
+    with psycopg.connect(f"postgresql://postgres@127.0.0.1:{port}/postgres", autocommit=True) as conn:
+        conn.execute('DROP DATABASE IF EXISTS "conveyor"')
