@@ -69,7 +69,7 @@ ENV TRITON_CACHE_DIR=/data/triton \
 # Pin with e.g. --build-arg TORCH_SPEC=torch==2.13.0 to match the version the tests ran with.
 RUN pip install --index-url "${TORCH_INDEX_URL}" "${TORCH_SPEC}"
 COPY --from=source /app /app
-RUN pip install -e '.[engine]'
+RUN pip install -e '.[engine,structured]'
 USER 10001:10001
 VOLUME ["/data"]
 ENTRYPOINT ["conveyor"]

@@ -18,6 +18,9 @@ $(VENV)/.serve: pyproject.toml
 	@$(PIP) install -q --upgrade pip
 	@$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q $(TORCH_PIN)
 	@$(EDITABLE) '.[engine]'
+	@# the `structured` extra, without the triton it declares (used on CUDA only); its other needs are in
+	@# by now. Keep the pins in step with pyproject.toml.
+	@$(PIP) install -q --no-deps 'xgrammar>=0.2.9,<0.3' 'apache-tvm-ffi>=0.1.11'
 	@touch $@
 
 $(VENV)/.test: $(VENV)/.serve

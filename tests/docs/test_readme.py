@@ -78,18 +78,22 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 def run_bash(script: str, cwd: Path, env: dict[str, str], timeout_s: float
              ) -> subprocess.CompletedProcess[str]:
-    """Runs a README block in a new session (its `&` servers are killed with it) under `set -euo pipefail`."""
-    proc = subprocess.Popen(["bash", "-euo", "pipefail", "-c", script], cwd=cwd, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"the README block did not finish within {timeout_s:.0f} s:\n{out[-4000:]}")
-    finally:
-        _kill_group(proc.pid)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
+    """Runs a README block in a new session under `set -euo pipefail`; its `&` servers are killed with the
+    session once the block's last command is done. Output goes to a file: those servers would hold a pipe
+    open after the block ends."""
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(["bash", "-euo", "pipefail", "-c", script], cwd=cwd, env=env, text=True,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc.pid)
+            out.seek(0)
+            pytest.fail(f"the README block did not finish within {timeout_s:.0f} s:\n{out.read()[-4000:]}")
+        finally:
+            _kill_group(proc.pid)
+        out.seek(0)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out.read(), "")
 
 
 def _kill_group(pid: int) -> None:
