@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine import LLMEngine, RequestOutput
+from engine import LLMEngine, RequestOutput, SamplingParams
 
 
 def drain(engine: LLMEngine) -> dict[str, RequestOutput]:
@@ -14,4 +14,27 @@ def drain(engine: LLMEngine) -> dict[str, RequestOutput]:
                 assert out.request_id not in done, "a finished output is reported once"
                 done[out.request_id] = out
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    return done
+
+
+def run_staggered(engine: LLMEngine, requests: list[tuple[str, list[int], int]], *, first: int, then: int
+                  ) -> dict[str, list[int]]:
+    """Greedy, EOS ignored: adds `first` of (id, prompt ids, max_tokens), then `then` more after every step,
+    so new prompts arrive mid-generation; each request's generated ids, all of them ending on length."""
+    pending = list(requests)
+    done: dict[str, list[int]] = {}
+
+    def add(n: int) -> None:
+        for rid, prompt, max_tokens in pending[:n]:
+            params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+            engine.add_request(rid, prompt, params)
+        del pending[:n]
+
+    add(first)
+    while engine.has_unfinished_requests() or pending:
+        for out in engine.step():
+            if out.finished:
+                assert out.finish_reason == "length"
+                done[out.request_id] = out.token_ids
+        add(then)
     return done

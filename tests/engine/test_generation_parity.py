@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from engine_support import run_staggered as staggered
 from transformers import AutoModelForCausalLM
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.sampling_params import SamplingParams
 from engine.scheduled_chunk import ScheduledChunk
 
 PROMPT_LENGTHS = [1, 2, 5, 15, 16, 17, 31, 33, 64, 100, 128, 150, 200, 257, 301, 320, 7, 45]
@@ -58,22 +58,7 @@ def record_chunks(engine: LLMEngine) -> list[list[ScheduledChunk]]:
 
 def run_staggered(engine: LLMEngine) -> dict[str, list[int]]:
     """Adds 6 requests, then 2 more after every step, so new prompts arrive mid-generation."""
-    pending = make_requests(engine.vocab_size)
-    done: dict[str, list[int]] = {}
-
-    def add(n: int) -> None:
-        for rid, prompt, max_tokens in pending[:n]:
-            params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
-            engine.add_request(rid, prompt, params)
-        del pending[:n]
-
-    add(6)
-    while engine.has_unfinished_requests() or pending:
-        for out in engine.step():
-            if out.finished:
-                assert out.finish_reason == "length"
-                done[out.request_id] = out.token_ids
-        add(2)
+    done = staggered(engine, make_requests(engine.vocab_size), first=6, then=2)
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
     return done
 

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from engine_support import run_staggered as staggered
 from transformers import AutoModelForCausalLM
 
 from engine.config import EngineConfig
 from engine.llm import LLM
 from engine.llm_engine import LLMEngine
-from engine.sampling_params import SamplingParams
 
 Request = tuple[str, list[int], int]  # id, prompt, max_tokens
 
@@ -56,22 +56,7 @@ def hf_reference(llama_dir: Path) -> dict[str, list[int]]:
 def run_staggered(llama_dir: Path, **config: object) -> tuple[dict[str, list[int]], LLMEngine]:
     """Adds 3 requests, then 1 more after every step, so prefixes are cached, shared and evicted mid-run."""
     engine = LLMEngine(EngineConfig(model=str(llama_dir), **config))  # type: ignore[arg-type]
-    pending = make_requests(engine.vocab_size)
-    done: dict[str, list[int]] = {}
-
-    def add(n: int) -> None:
-        for rid, prompt, max_tokens in pending[:n]:
-            params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
-            engine.add_request(rid, prompt, params)
-        del pending[:n]
-
-    add(3)
-    while engine.has_unfinished_requests() or pending:
-        for out in engine.step():
-            if out.finished:
-                assert out.finish_reason == "length"
-                done[out.request_id] = out.token_ids
-        add(1)
+    done = staggered(engine, make_requests(engine.vocab_size), first=3, then=1)
     assert engine.block_manager.num_used_blocks == 0
     return done, engine
 
