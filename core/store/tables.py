@@ -25,6 +25,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.sql import false
 from sqlalchemy.types import TypeDecorator
 
 DEFAULT_TENANT = "default"  # created by the first migration; the tenant of every request when auth is off
@@ -62,6 +63,12 @@ class Tenant(Base):
 
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    # Per-tenant overrides of the settings' defaults; NULL: the default applies.
+    weight: Mapped[float | None] = mapped_column(Float, nullable=True)  # fair-share weight within a queue
+    max_queued: Mapped[int | None] = mapped_column(Integer, nullable=True)  # queued jobs, per queue
+    max_running: Mapped[int | None] = mapped_column(Integer, nullable=True)  # running jobs, per queue
+    tokens_per_minute: Mapped[int | None] = mapped_column(Integer, nullable=True)  # prompt + output
+    retention_days: Mapped[int | None] = mapped_column(Integer, nullable=True)  # finished data kept
 
 
 class ApiKey(Base):
@@ -73,6 +80,7 @@ class ApiKey(Base):
     key_hash: Mapped[str] = mapped_column(String(64), unique=True)  # sha256 hex of the full key
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    is_admin: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())  # sees all tenants
 
 
 class Job(Base):
