@@ -211,6 +211,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="also run the same requests through transformers (continuous batching and static)",
     )
 
+    p.add_argument(
+        "--structured-share",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="constrain this share of the requests (spread evenly) to the bench's JSON Schema, in-process "
+        "engine only; compare with --compare structured_share=F",
+    )
+
     out = p.add_argument_group("output")
     out.add_argument("--out", type=Path, default=None, help="report folder (default bench-out/<timestamp>)")
     out.add_argument("--no-matmul-bound", action="store_true", help="skip the torch.mm FLOP/s measurement")
@@ -277,6 +286,7 @@ def options(args: argparse.Namespace) -> BenchOptions:
         repeat=args.repeat,
         timeout_s=args.timeout,
         respect_eos=args.respect_eos,
+        structured_share=args.structured_share,
     )
 
 

@@ -16,12 +16,13 @@ from bench import plots
 from bench.console import progress_bar, refusal_lines, service_table, summary_table
 from bench.decision import Condition, decide, default_conditions, default_hypothesis
 from bench.inventory import inventory
-from bench.metrics import count_check, summarize
+from bench.metrics import count_check, full_batch_decode_steps, summarize
 from bench.prompt_text import token_decoder
 from bench.records import RunResult
 from bench.report import run_line, wall_time_ratio, write_decision, write_report
 from bench.roofline import ModelShape, efficiency, matmul_bound
 from bench.service import service_figures
+from bench.structured import STRUCTURED_SHARE, check_share, constrained_ids, structured_figures
 from bench.workload import (
     BenchRequest,
     Group,
@@ -63,6 +64,7 @@ class BenchOptions:
     wait_s: float = 30.0  # the long poll's wait (GET /v1/jobs/{id}?wait=S); 0: plain polls every poll_s
     concurrency: int | None = None  # service profile: jobs in flight at once (closed loop)
     repeat: int = 1  # rounds per system (interleaved); the best round is reported
+    structured_share: float = 0.0  # share of requests constrained to the bench's JSON Schema (engine only)
     # The workload's groups (the trace's, else the profile's): the engine's request classes, the queues
     # jobs are sent to over HTTP, and the only names the per-group settings above may use.
     groups: list[Group] = field(init=False, default_factory=list)
@@ -75,6 +77,11 @@ class BenchOptions:
             raise ValueError(f"engine parameters: unknown {sorted(unknown)}; known: {sorted(ENGINE_FIELDS)}")
         if self.repeat < 1:
             raise ValueError(f"repeat must be >= 1, got {self.repeat}")
+        check_share(self.structured_share)
+        if self.structured_share and (self.target != "engine" or self.peers):
+            raise ValueError(
+                "structured_share (--structured-share): only the in-process engine, without peers"
+            )
         if self.target == "http" and self.peers:
             raise ValueError("peers: --peer runs only with the in-process engine target")
         if self.trace and self.spec.rates:
@@ -127,6 +134,7 @@ class BenchOptions:
             "target": self.target,
             "deadlines_s": self.deadlines_s(),
             "respect_eos": self.respect_eos,
+            "structured_share": self.structured_share,
         }
         if self.target == "engine":
             cfg = dataclasses.asdict(self.engine_config())
@@ -143,14 +151,17 @@ def with_param(opts: BenchOptions, param: str, value: str) -> BenchOptions:
     group, dot, name = param.partition(".")
     if dot and name in ("max_running", "priority") and group in groups:
         getattr(changed, name)[group] = int(value)
+    elif param == STRUCTURED_SHARE:
+        changed.structured_share = check_share(float(value))
     elif param in ENGINE_FIELDS:
         changed.engine[param] = parse_value(value)
     else:
         raise ValueError(
-            f"parameter {param!r}: use an engine parameter {sorted(ENGINE_FIELDS)} or GROUP.max_running / "
-            f"GROUP.priority with GROUP in this workload's groups {groups}"
+            f"parameter {param!r}: use an engine parameter {sorted(ENGINE_FIELDS)}, {STRUCTURED_SHARE}, or "
+            f"GROUP.max_running / GROUP.priority with GROUP in this workload's groups {groups}"
         )
     changed.engine_config()  # validates the new value now, with EngineConfig's message
+    changed.__post_init__()  # and the options' own checks
     return changed
 
 
@@ -159,6 +170,8 @@ def current_value(opts: BenchOptions, param: str) -> Any:
     if dot and name in ("max_running", "priority"):
         cls = opts.engine_config().request_class(group)
         return getattr(cls, name)
+    if param == STRUCTURED_SHARE:
+        return opts.structured_share
     return getattr(opts.engine_config(), param)
 
 
@@ -278,7 +291,12 @@ def run_target(opts: BenchOptions, requests: list[BenchRequest], console: Consol
     warm_up(engine, requests)
     with progress_bar(console, "engine", len(requests), opts.progress) as advance:
         result = run_engine(
-            engine, requests, respect_eos=opts.respect_eos, timeout_s=opts.timeout_s, progress=advance
+            engine,
+            requests,
+            respect_eos=opts.respect_eos,
+            timeout_s=opts.timeout_s,
+            progress=advance,
+            constrained=frozenset(constrained_ids(requests, opts.structured_share)),
         )
     return result, engine
 
@@ -291,6 +309,8 @@ def run_summary(opts: BenchOptions, result: RunResult, bound: Any = None) -> dic
         "duration_s": result.duration_s,
         "preemptions_total": result.preemptions_total,
         "prefix_cache": result.prefix_cache,
+        "decode_steps": full_batch_decode_steps(result.samples) if result.target == "engine" else None,
+        "structured": structured_figures(result),
         "metrics": metrics,
         "notes": result.notes,
     }

@@ -68,6 +68,22 @@ def _group_metrics(
     return m
 
 
+def request_metrics(result: RunResult, records: list[RequestRecord]) -> dict[str, Any]:
+    """Any subset of a run's requests counted as a group is (no deadline; KV figures of the whole run)."""
+    return _group_metrics(result, None, records, None)
+
+
+def full_batch_decode_steps(samples: list[StepSample]) -> dict[str, Any] | None:
+    """Wall time of the pure decode steps (one token per sequence) at the largest batch any of them had:
+    the figure a per-row cost (sampling, grammar masks) shows in, compared at the same batch size."""
+    decodes = [s for s in samples if s.num_seqs > 0 and s.num_tokens == s.num_seqs]
+    if not decodes:
+        return None
+    batch = max(s.num_seqs for s in decodes)
+    times = [s.step_s for s in decodes if s.num_seqs == batch]
+    return {"batch": batch, "steps": len(times), "mean_s": float(np.mean(times)), **percentiles(times)}
+
+
 def _attainment(records: list[RequestRecord], deadline: float | None) -> float | None:
     eligible = [r for r in records if r.status != "cancelled"]
     if deadline is None or not eligible:

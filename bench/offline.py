@@ -13,17 +13,24 @@ from collections.abc import Callable
 from typing import Any
 
 from bench.records import RequestRecord, RunResult, StepSample
+from bench.structured import BENCH_SCHEMA
 from bench.workload import BenchRequest
 from engine.llm_engine import LLMEngine, StepError
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
+from engine.structured_output import StructuredOutput
 
 ProgressFn = Callable[[int], None]  # called with the number of requests that just ended
 
 
-def bench_params(req: BenchRequest, respect_eos: bool = False) -> SamplingParams:
-    """Greedy, EOS ignored by default: every request does exactly its max_tokens, in every system."""
-    return SamplingParams(max_tokens=req.max_tokens, temperature=0.0, ignore_eos=not respect_eos)
+def bench_params(
+    req: BenchRequest, respect_eos: bool = False, structured: StructuredOutput | None = None
+) -> SamplingParams:
+    """Greedy, EOS ignored by default: every request does exactly its max_tokens, in every system (a
+    constrained one ends sooner when its grammar completes)."""
+    return SamplingParams(
+        max_tokens=req.max_tokens, temperature=0.0, ignore_eos=not respect_eos, structured=structured
+    )
 
 
 def run_engine(
@@ -33,15 +40,24 @@ def run_engine(
     respect_eos: bool = False,
     timeout_s: float | None = None,
     progress: ProgressFn | None = None,
+    constrained: frozenset[str] = frozenset(),
 ) -> RunResult:
-    run = _OfflineRun(engine, requests, respect_eos, progress)
+    """`constrained`: ids of the requests whose output is constrained to the bench's JSON Schema."""
+    run = _OfflineRun(engine, requests, respect_eos, progress, constrained)
     return run.execute(timeout_s)
 
 
 class _OfflineRun:
     def __init__(
-        self, engine: LLMEngine, requests: list[BenchRequest], respect_eos: bool, progress: ProgressFn | None
+        self,
+        engine: LLMEngine,
+        requests: list[BenchRequest],
+        respect_eos: bool,
+        progress: ProgressFn | None,
+        constrained: frozenset[str],
     ) -> None:
+        self.constrained = constrained
+        self.schema = StructuredOutput(json_schema=BENCH_SCHEMA) if constrained else None
         self.engine = engine
         self.pending = sorted(requests, key=lambda r: r.arrival_s)
         self.by_id = {r.request_id: r for r in requests}
@@ -87,6 +103,7 @@ class _OfflineRun:
                 arrival_time=self.start + req.arrival_s,
                 max_tokens=req.max_tokens,
                 cancel_requested=False,
+                constrained=req.request_id in self.constrained,
             )
             self.records[req.request_id] = record
             prompt: str | list[int] = (
@@ -94,12 +111,18 @@ class _OfflineRun:
             )
             try:
                 self.engine.add_request(
-                    req.request_id, prompt, bench_params(req, self.respect_eos), req.group
+                    req.request_id,
+                    prompt,
+                    bench_params(req, self.respect_eos, self._structured(req)),
+                    req.group,
                 )
             except ValueError as exc:
                 record.error = f"rejected: {exc}"
                 record.finished_time = time.time()
                 self.progress(1)
+
+    def _structured(self, req: BenchRequest) -> StructuredOutput | None:
+        return self.schema if req.request_id in self.constrained else None
 
     def _step(self) -> None:
         begin = time.perf_counter()

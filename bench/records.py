@@ -32,6 +32,7 @@ class RequestRecord:
     submit_latency_s: float | None = None  # until its answer came back
     submit_status: int | None = None  # the answer's HTTP status; >= 400 is a refusal
     error_code: str | None = None
+    constrained: bool = False  # its output was constrained to the bench's JSON Schema (--structured-share)
 
     @property
     def refused(self) -> bool:

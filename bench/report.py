@@ -159,11 +159,31 @@ def prefix_cache_text(cache: dict[str, Any] | None) -> str:
     )
 
 
+def structured_line(figures: dict[str, Any]) -> str:
+    """The constrained and the unconstrained requests of a run (--structured-share), side by side."""
+    parts = []
+    for name in ("constrained", "unconstrained"):
+        m = figures[name]
+        itl = m["itl_s"]["p50"]
+        parts.append(
+            f"{name} {m['completed']}/{m['submitted']}: {m['output_tokens_per_s']:.1f} output tok/s, "
+            + (f"ITL p50 {itl * 1e3:.1f} ms" if itl is not None else "ITL n/a")
+        )
+    return "; ".join(parts)
+
+
 def run_line(name: str, run: dict[str, Any]) -> str:
-    """Wall time, and the prefix cache figures of an in-process run."""
+    """Wall time, and the prefix cache, decode step and structured-output figures of an in-process run."""
     line = f"{name}: wall time {run['duration_s']:.2f} s"
     if run.get("target") == "engine":
         line += f"; prefix cache {prefix_cache_text(run.get('prefix_cache'))}"
+    if run.get("decode_steps"):
+        d = run["decode_steps"]
+        line += (
+            f"; decode step at batch {d['batch']}: {d['mean_s'] * 1e3:.1f} ms mean over {d['steps']} steps"
+        )
+    if run.get("structured"):
+        line += f"; {structured_line(run['structured'])}"
     return line
 
 
@@ -201,6 +221,8 @@ def report_markdown(report: dict[str, Any]) -> str:
             "",
             metrics_markdown(run["metrics"]),
         ]
+        if run.get("decode_steps") or run.get("structured"):
+            parts += ["", run_line(name, run) + "."]
         if run.get("service"):
             parts += ["", "Service figures (latencies in ms):", "", service_markdown(run["service"])]
         if run.get("efficiency"):

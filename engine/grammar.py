@@ -69,16 +69,19 @@ class GrammarCompiler:
 def _json_schema_ebnf(schema: dict[str, object]) -> str:
     """The schema's grammar, compact (no free whitespace: a random or weak model would pad forever).
 
-    NOTE: xgrammar 0.2.9 writes the characters of a string with maxLength/minLength as [^"\\\r\n], which
-    lets raw control characters (U+0000-U+001F) through, and JSON parsers reject those. We narrow that class
-    to the one its unbounded strings use.
+    NOTE: xgrammar 0.2.9 gets two things wrong in a string's characters, so we swap its two classes
+    (_LOOSE_STRING_CHAR, _STRING_CHAR) for _STRICT_STRING_CHAR. (1) With maxLength/minLength its class lacks
+    the control-character range, so raw U+0000-U+001F got through, and JSON parsers reject those. (2) Both
+    accept the UTF-8 encoding of a surrogate (U+D800-U+DFFF, e.g. bytes ED A7 B9), which is not valid UTF-8:
+    decoded, it becomes three U+FFFD, so a 24-character string came back 26 characters long.
     """
     ebnf = str(xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False))
-    return ebnf.replace(_LOOSE_STRING_CHAR, _STRICT_STRING_CHAR)
+    return ebnf.replace(_LOOSE_STRING_CHAR, _STRICT_STRING_CHAR).replace(_STRING_CHAR, _STRICT_STRING_CHAR)
 
 
-_LOOSE_STRING_CHAR = r'[^\"\\\r\n]'
-_STRICT_STRING_CHAR = r'[^\0-\x1f\"\\\r\n]'
+_LOOSE_STRING_CHAR = r'[^\"\\\r\n]'  # a bounded string's character
+_STRING_CHAR = r'[^\0-\x1f\"\\\r\n]'  # an unbounded one's
+_STRICT_STRING_CHAR = r'[^\0-\x1f\"\\\r\n\uD800-\uDFFF]'
 
 
 def _choice_ebnf(choices: list[str]) -> str:

@@ -146,3 +146,30 @@ def test_bounded_strings_refuse_raw_control_characters() -> None:
 
     ebnf = _json_schema_ebnf({"type": "object", "properties": {"s": {"type": "string", "maxLength": 3}}})
     assert _STRICT_STRING_CHAR in ebnf and _LOOSE_STRING_CHAR not in ebnf
+
+
+@pytest.mark.parametrize("max_length", [None, 4])
+def test_strings_refuse_encoded_surrogates(demo_model_dir: Path, max_length: int | None) -> None:
+    """Bytes ED A7 B9 (U+D9F9, a surrogate: not valid UTF-8) decode to three U+FFFD, so a string xgrammar
+    counted as 4 characters came back longer than its maxLength from the demo model. A valid two-byte
+    character still passes."""
+    from engine.grammar import GrammarCompiler
+
+    engine = _engine(demo_model_dir)
+    tokenizer = engine.tokenizer.hf_tokenizer
+    byte_token = {b: tokenizer.convert_tokens_to_ids(c) for b, c in _byte_level_alphabet().items()}
+    string = {"type": "string"} if max_length is None else {"type": "string", "maxLength": max_length}
+    schema = {"type": "object", "properties": {"s": string}, "required": ["s"]}
+    compiler = GrammarCompiler(tokenizer, engine.vocab_size, sorted(engine.eos_token_ids))
+    for character, valid in ((b"\xed\xa7\xb9", False), (b"\xc3\xa9", True)):
+        matcher = compiler.matcher(StructuredOutput(json_schema=schema))
+        assert all(matcher.accept_token(byte_token[b]) for b in b'{"s": "')
+        assert all(matcher.accept_token(byte_token[b]) for b in character) is valid, character
+
+
+def _byte_level_alphabet() -> dict[int, str]:
+    """GPT-2's byte-level BPE alphabet: the printable character each byte is written as."""
+    spans = (("!", "~"), ("¡", "¬"), ("®", "ÿ"))
+    printable = [b for lo, hi in spans for b in range(ord(lo), ord(hi) + 1)]
+    shifted = [b for b in range(256) if b not in printable]
+    return {**{b: chr(b) for b in printable}, **{b: chr(256 + i) for i, b in enumerate(shifted)}}
