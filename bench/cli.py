@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -300,7 +301,12 @@ def resolve_model(model: str | None, cache: Path) -> str | None:
     if not (path / "config.json").is_file():
         from engine.demo import build_tiny_model
 
-        build_tiny_model(path, **PRESETS[name])
+        # Built aside and renamed when complete: a build killed halfway must not look like a model.
+        partial = cache / f".{name}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        build_tiny_model(partial, **PRESETS[name])
+        shutil.rmtree(path, ignore_errors=True)
+        partial.rename(path)
     return str(path)
 
 
