@@ -10,7 +10,7 @@ EDITABLE := PYTHONWARNINGS="ignore:Editable installation" $(PIP) install -q -e
 # CPU machines get this pinned CPU build; GPU users install their own torch into .venv first.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: serve test lint clean
+.PHONY: serve test lint clean gpu-check
 
 $(VENV)/.serve: pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -37,6 +37,19 @@ test: $(VENV)/.test
 	$(PY) -m ruff check .
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q -ra
+
+# The GPU check (README "GPU check"; bench/gpu_check.py): kernels, engine against transformers, service, in
+# under 10 minutes on a CUDA machine. Install your CUDA torch into .venv before the first run (e.g.
+# `python3 -m venv .venv && .venv/bin/pip install torch --index-url https://download.pytorch.org/whl/cu128`):
+# the setup installs TORCH_PIN only when no torch imports, and the extras added here (Triton, which CUDA torch
+# already brings, and matplotlib) never replace it. `make gpu-check ARGS=--cpu`: the CPU rehearsal.
+$(VENV)/.gpu-check: $(VENV)/.serve
+	@echo "adding Triton and the bench's plots to $(VENV)"
+	@$(EDITABLE) '.[kernels,bench]'
+	@touch $@
+
+gpu-check: $(VENV)/.gpu-check
+	$(PY) -m bench.gpu_check $(ARGS)
 
 lint: $(VENV)/.test
 	$(PY) -m ruff check .

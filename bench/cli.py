@@ -30,6 +30,16 @@ PRESETS: dict[str, dict[str, Any]] = {
         vocab_size=8000,
         max_position_embeddings=2048,
     ),
+    # 1.10 B parameters: Llama-3.2-1B's layers with a 32k vocabulary, untied; the GPU check's model (bf16).
+    "llama-1b": dict(
+        hidden_size=2048,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        intermediate_size=8192,
+        vocab_size=32000,
+        max_position_embeddings=4096,
+    ),
 }
 DESCRIPTION = (
     "Benchmark the engine in-process or a running service: seeded workloads per queue, per-group metrics, "
@@ -54,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     target.add_argument(
         "--model",
-        help="model folder, or preset:tiny / preset:llama-25m (built once, random "
+        help="model folder, or preset:tiny / preset:llama-25m / preset:llama-1b (built once, random "
         "weights); over HTTP only its tokenizer is used, to send synthesised prompts as text",
     )
     target.add_argument(

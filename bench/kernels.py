@@ -3,6 +3,7 @@ and against SDPA over the same data laid out contiguously.
 
     python -m bench.kernels              # needs CUDA; prints a message and exits 0 without it
     python -m bench.kernels --cpu-smoke  # tiny fp32 shapes through the Triton interpreter on the CPU
+    python -m bench.kernels --json k.json  # also each case's figures as JSON (for scripts)
 
 Exit status 1 when any case disagrees with the PyTorch reference.
 """
@@ -10,11 +11,13 @@ Exit status 1 when any case disagrees with the PyTorch reference.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -54,6 +57,15 @@ class Shape:
     dtype: torch.dtype
     atol: float  # a case passes when |triton - reference| <= atol + rtol * |reference| everywhere
     rtol: float
+
+
+# The shapes the two runs use: a Llama-3-8B-like layer in bf16 on CUDA; a tiny fp32 one in the interpreter.
+GPU_SHAPE = Shape(
+    num_heads=32, num_kv_heads=8, head_dim=128, block_size=16, dtype=torch.bfloat16, atol=1e-2, rtol=1e-2
+)
+CPU_SMOKE_SHAPE = Shape(
+    num_heads=8, num_kv_heads=2, head_dim=32, block_size=16, dtype=torch.float32, atol=2e-5, rtol=0.0
+)
 
 
 def gpu_cases() -> list[Case]:
@@ -233,7 +245,15 @@ def device_peaks(device: torch.device) -> tuple[str, float | None, float | None]
     return name, None, None
 
 
-def run(cases: list[Case], shape: Shape, device: torch.device, warmup: int, iters: int) -> bool:
+def run(
+    cases: list[Case],
+    shape: Shape,
+    device: torch.device,
+    warmup: int,
+    iters: int,
+    results: list[dict[str, Any]] | None = None,
+) -> bool:
+    """True when every case agrees with the reference; each case's figures are appended to `results`."""
     name, peak_tflops, peak_gbps = device_peaks(device)
     console = Console(width=170)
     console.print(f"device: {name}; peaks: {_fmt(peak_tflops, 'TFLOP/s')}, {_fmt(peak_gbps, 'GB/s')}; "
@@ -243,8 +263,10 @@ def run(cases: list[Case], shape: Shape, device: torch.device, warmup: int, iter
                   "vs SDPA")
     all_ok = True
     for case in cases:
-        row, ok = _bench_case(case, shape, device, warmup, iters, peak_tflops, peak_gbps)
+        row, ok, figures = _bench_case(case, shape, device, warmup, iters, peak_tflops, peak_gbps)
         table.add_row(*row)
+        if results is not None:
+            results.append(figures)
         all_ok &= ok
     console.print(table)
     console.print("TFLOP/s count causal attention flops; GB/s count each K/V row, q and output once; "
@@ -256,7 +278,7 @@ def run(cases: list[Case], shape: Shape, device: torch.device, warmup: int, iter
 def _bench_case(
     case: Case, shape: Shape, device: torch.device, warmup: int, iters: int,
     peak_tflops: float | None, peak_gbps: float | None,
-) -> tuple[list[str], bool]:
+) -> tuple[list[str], bool, dict[str, Any]]:
     from kernels import paged_attention_ref
     from kernels.triton_paged_attention import choose_num_splits, paged_attention_triton
 
@@ -279,7 +301,20 @@ def _bench_case(
            "[green]yes[/]" if ok else "[red]NO[/]", f"{triton_ms:.3f} ({how})",
            _with_share(tflops, peak_tflops), _with_share(gbps, peak_gbps), f"{sdpa_ms:.3f} ({sdpa_how})",
            f"{sdpa_ms / triton_ms:.2f}x"]
-    return row, ok
+    figures = {
+        "case": case.name,
+        "tokens": sum(case.query_lens),
+        "splits": splits,
+        "max_err": err,
+        "ok": ok,
+        "triton_ms": triton_ms,
+        "timing": how,
+        "tflops": tflops,
+        "gbps": gbps,
+        "sdpa_ms": sdpa_ms,
+        "sdpa_timing": sdpa_how,
+    }
+    return row, ok, figures
 
 
 def _with_share(value: float, peak: float | None) -> str:
@@ -295,21 +330,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu-smoke", action="store_true",
                         help="without CUDA: run tiny fp32 cases through the Triton interpreter")
     parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--json", metavar="PATH", help="also write each case's figures to this JSON file")
     opts = parser.parse_args(argv)
+    results: list[dict[str, Any]] = []
     if torch.cuda.is_available():
-        shape = Shape(num_heads=32, num_kv_heads=8, head_dim=128, block_size=16, dtype=torch.bfloat16,
-                      atol=1e-2, rtol=1e-2)
-        ok = run(gpu_cases(), shape, torch.device("cuda"), warmup=3, iters=opts.iters)
+        ok = run(gpu_cases(), GPU_SHAPE, torch.device("cuda"), warmup=3, iters=opts.iters, results=results)
+        _write_json(opts.json, results, ok)
         return 0 if ok else 1
     if not opts.cpu_smoke:
         print("bench.kernels: no CUDA device; GPU speed is unmeasured here (use --cpu-smoke for a tiny "
               "interpreter run).")
         return 0
     os.environ["TRITON_INTERPRET"] = "1"  # before the first import of the Triton kernels
-    shape = Shape(num_heads=8, num_kv_heads=2, head_dim=32, block_size=16, dtype=torch.float32,
-                  atol=2e-5, rtol=0.0)
-    ok = run(cpu_smoke_cases(), shape, torch.device("cpu"), warmup=0, iters=1)
+    ok = run(cpu_smoke_cases(), CPU_SMOKE_SHAPE, torch.device("cpu"), warmup=0, iters=1, results=results)
+    _write_json(opts.json, results, ok)
     return 0 if ok else 1
+
+
+def _write_json(path: str | None, results: list[dict[str, Any]], ok: bool) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump({"ok": ok, "cases": results}, f, indent=2)
 
 
 if __name__ == "__main__":

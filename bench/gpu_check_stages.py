@@ -1,0 +1,276 @@
+"""The GPU check's three stages (bench/gpu_check.py runs each in a child process of its own): the kernel
+bench against the device's copy bandwidth, the engine against transformers on a ~1B Llama-shaped model, and
+the service bench against `conveyor serve`.
+
+Each stage takes the check's `Plan` and returns its figures: a JSON-able dict with `ok` (False when a check
+inside it failed: a kernel disagreeing with its reference, a request not completed) and `problems` (why).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+CHECKOUT = Path(__file__).resolve().parents[1]  # bench/gpu_check_stages.py -> the repository root
+# Bytes copied device to device for the bandwidth reference (each copy reads and writes this many).
+GPU_COPY_BYTES = 1 << 30
+CPU_COPY_BYTES = 32 << 20
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the stages run: the GPU check's sizes, or the CPU rehearsal's tiny ones (`cpu_plan`)."""
+
+    mode: str  # "gpu": CUDA, bf16, the 1B preset | "cpu": tiny shapes, fp32, through the same code
+    out_dir: Path
+    model_cache: Path  # where `--model preset:NAME` folders are built (bench/cli.py PRESETS)
+    preset: str  # the model of the engine and service stages
+    engine_args: tuple[str, ...]  # `conveyor bench` arguments of the engine stage, beyond model and output
+    service_jobs: int
+    service_concurrency: int
+    service_model: str  # "preset": the stage's model in the server | "demo": the server's demo model
+    kernel_iters: int
+
+    @property
+    def device(self) -> str:
+        return "cuda" if self.mode == "gpu" else "cpu"
+
+
+def gpu_plan(out_dir: Path, model_cache: Path, service_model: str = "preset") -> Plan:
+    """bf16 on CUDA; a mixed burst of 128 requests (longer outputs than the README's CPU workload), sized to
+    take tens of seconds per system on an H100/H200. The KV cache is fixed at 8192 blocks (4.3 GB for this
+    model, enough for 64 sequences at 2048 tokens): left at 90% of the device, the engine's cache would leave
+    no room for the transformers peers, which run while the engine is still loaded."""
+    engine_args = (
+        *("--profile", "mixed", "-n", "128", "--seed", "0"),
+        *("--short-prompt", "32:128", "--short-output", "64:128"),
+        *("--long-prompt", "512:1536", "--long-output", "128:256"),
+        *("--set", "max_num_seqs=64", "--set", "num_kv_blocks=8192", "--set", "dtype=bfloat16"),
+        *("--peer", "hf"),
+    )
+    return Plan("gpu", out_dir, model_cache, "llama-1b", engine_args, 2000, 32, service_model, 20)
+
+
+def cpu_plan(out_dir: Path, model_cache: Path, service_model: str = "preset") -> Plan:
+    """The same pipeline in about a minute: the interpreter's smoke cases, the tiny model in fp32 with
+    a handful of requests, and a few one-token jobs."""
+    engine_args = (
+        *("--profile", "mixed", "-n", "4", "--seed", "0"),
+        *("--short-prompt", "8:16", "--short-output", "2:4"),
+        *("--long-prompt", "24:40", "--long-output", "4:6"),
+        *("--set", "device=cpu", "--set", "dtype=float32", "--set", "max_num_seqs=4"),
+        *("--peer", "hf", "--no-matmul-bound"),
+    )
+    return Plan("cpu", out_dir, model_cache, "tiny", engine_args, 8, 4, service_model, 1)
+
+
+# --- (a) the kernel bench ----------------------------------------------------------------------------
+
+
+def kernel_stage(plan: Plan) -> dict[str, Any]:
+    """bench/kernels.py's cases, each one's achieved bandwidth also as a share of a measured device copy."""
+    import torch
+
+    from bench import kernels as kb
+
+    device = torch.device(plan.device)
+    name, peak_tflops, peak_gbps = kb.device_peaks(device)
+    gpu = plan.mode == "gpu"
+    cases, shape = (kb.gpu_cases(), kb.GPU_SHAPE) if gpu else (kb.cpu_smoke_cases(), kb.CPU_SMOKE_SHAPE)
+    copy = copy_bandwidth(device, GPU_COPY_BYTES if gpu else CPU_COPY_BYTES)
+    results: list[dict[str, Any]] = []
+    ok = kb.run(cases, shape, device, warmup=3 if gpu else 0, iters=plan.kernel_iters, results=results)
+    for case in results:
+        case["of_copy"] = case["gbps"] / copy["gbps"]
+    return {
+        "ok": ok,
+        "problems": [
+            f"{c['case']}: max error {c['max_err']:.2e}, over tolerance" for c in results if not c["ok"]
+        ],
+        "device": name,
+        "peak_tflops": peak_tflops,
+        "peak_gbps": peak_gbps,
+        "copy": copy,
+        "shape": {
+            "dtype": str(shape.dtype).removeprefix("torch."),
+            "num_heads": shape.num_heads,
+            "num_kv_heads": shape.num_kv_heads,
+            "head_dim": shape.head_dim,
+            "block_size": shape.block_size,
+        },
+        "cases": results,
+    }
+
+
+def copy_bandwidth(device: Any, nbytes: int) -> dict[str, Any]:
+    """GB/s of one large tensor copy on the device, counting its read and its write: the practical ceiling
+    a memory-bound kernel is measured against (the spec sheet's peak is rarely reachable)."""
+    import torch
+
+    from bench.kernels import time_ms
+
+    src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    dst = torch.empty_like(src)
+    ms, how = time_ms(lambda: dst.copy_(src), device, warmup=2, iters=10)
+    return {"bytes": nbytes, "ms": ms, "timing": how, "gbps": 2 * nbytes / ms / 1e6}
+
+
+# --- (b) the engine against transformers -------------------------------------------------------------
+
+
+def engine_stage(plan: Plan) -> dict[str, Any]:
+    """`conveyor bench --peer hf`, called in-process: the engine, then hf-static and hf-cb, same requests."""
+    from bench.cli import build_parser, options, resolve_model
+    from bench.experiment import bench
+
+    model = resolve_model(f"preset:{plan.preset}", plan.model_cache)
+    assert model is not None
+    out = plan.out_dir / "engine"
+    argv = ["--model", model, *plan.engine_args, "--no-progress", "--out", str(out)]
+    report = bench(options(build_parser().parse_args(argv)), Console(width=180))
+    figures = engine_figures(report, " ".join(["conveyor bench", *argv]), out / "report.json")
+    return {**figures, "model": model_record(plan.preset, model)}
+
+
+def engine_figures(report: dict[str, Any], command: str, path: Path) -> dict[str, Any]:
+    """The bench report's per-system figures; a request not completed, or systems that generated different
+    token counts (EOS is ignored, so every one must do the same work), fail the stage."""
+    systems = {name: _system_figures(run) for name, run in report["runs"].items()}
+    problems = [
+        f"{name}: {s['completed']} of {s['submitted']} requests completed"
+        for name, s in systems.items()
+        if s["completed"] != s["submitted"]
+    ]
+    if len({s["output_tokens"] for s in systems.values()}) > 1:
+        problems.append(f"the systems generated different token counts: {_counts(systems)}")
+    return {
+        "ok": not problems,
+        "problems": problems,
+        "command": command,
+        "workload": report["workload"]["description"],
+        "report": str(path),
+        "systems": systems,
+        "ratios": report["ratios"],
+    }
+
+
+def model_record(preset: str, path: str) -> dict[str, Any]:
+    """The model's shape and parameter count (linear weights, embeddings and an untied LM head; the norms'
+    few thousand are left out), from its config.json."""
+    from bench.roofline import ModelShape
+
+    shape = ModelShape.from_config(path)
+    return {"preset": preset, "path": path, "parameters": shape.num_params, **dataclasses.asdict(shape)}
+
+
+def _system_figures(run: dict[str, Any]) -> dict[str, Any]:
+    m = run["metrics"]["all"]
+    return {
+        "wall_s": run["duration_s"],
+        "submitted": m["submitted"],
+        "completed": m["completed"],
+        "output_tokens": m["output_tokens"],
+        "output_tokens_per_s": m["output_tokens_per_s"],
+        "total_tokens_per_s": m["total_tokens_per_s"],
+        "ttft_p50_s": m["ttft_s"]["p50"],
+        "ttft_p90_s": m["ttft_s"]["p90"],
+        "e2e_p90_s": m["e2e_s"]["p90"],
+    }
+
+
+def _counts(systems: dict[str, dict[str, Any]]) -> str:
+    return ", ".join(f"{name} {s['output_tokens']}" for name, s in systems.items())
+
+
+# --- (c) the service ---------------------------------------------------------------------------------
+
+
+def service_stage(plan: Plan) -> dict[str, Any]:
+    """`conveyor serve` on a free port, the service profile's one-token jobs in a closed loop, then stop."""
+    from bench.cli import build_parser, options, resolve_model
+    from bench.experiment import bench
+
+    out = plan.out_dir / "service"
+    out.mkdir(parents=True, exist_ok=True)
+    preset = plan.service_model == "preset"
+    model = resolve_model(f"preset:{plan.preset}", plan.model_cache) if preset else None
+    url, server = start_server(plan, model, out)
+    try:
+        argv = ["--target", "http", "--url", url, "--profile", "service"]
+        argv += ["--concurrency", str(plan.service_concurrency), "-n", str(plan.service_jobs)]
+        argv += ["--timeout", "300", "--no-progress", "--out", str(out)]
+        report = bench(options(build_parser().parse_args(argv)), Console(width=180))
+    finally:
+        stop_server(server)
+    figures = report["runs"]["http"]["service"]
+    problems = []
+    if figures["succeeded"] != figures["submitted"]:
+        problems.append(f"{figures['succeeded']} of {figures['submitted']} jobs succeeded")
+    return {
+        "ok": not problems,
+        "problems": problems,
+        "model": model or "demo model",
+        "command": " ".join(["conveyor bench", *argv]),
+        "report": str(out / "report.json"),
+        "service": figures,
+    }
+
+
+def start_server(plan: Plan, model: str | None, out: Path) -> tuple[str, subprocess.Popen[bytes]]:
+    """The embedded service (SQLite, in-process queue) with its data under `out`; waits until /readyz."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")}
+    env.update(CONVEYOR_DATA_DIR=str(out / "data"), CONVEYOR_DEVICE=plan.device)
+    if model is not None:
+        env["CONVEYOR_MODEL"] = model
+    log = (out / "serve.log").open("wb")
+    cmd = [sys.executable, "-c", "from cli.main import app; app()", "serve", "--port", str(port)]
+    server = subprocess.Popen(cmd, cwd=CHECKOUT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    log.close()  # the child has its own copy
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, server, out / "serve.log")
+    except BaseException:
+        stop_server(server)
+        raise
+    return url, server
+
+
+def wait_ready(url: str, server: subprocess.Popen[bytes], log: Path) -> None:
+    """Until /readyz answers 200; the stage's own budget bounds the wait."""
+    import httpx
+
+    while True:
+        if server.poll() is not None:
+            raise RuntimeError(f"conveyor serve exited with {server.returncode}: {log.read_text()[-2000:]}")
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+
+
+def stop_server(server: subprocess.Popen[bytes]) -> None:
+    server.terminate()  # it shuts down cleanly on SIGTERM
+    try:
+        server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
