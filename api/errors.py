@@ -11,10 +11,8 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from core.field_errors import validation_message
 from core.request_rules import text_problem
-
-LOCATIONS = ("body", "query", "path", "header", "cookie")
-UNION_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "url", "none"})
 
 
 class ApiError(Exception):
@@ -74,41 +72,47 @@ async def _api_error(_request: Request, exc: Exception) -> JSONResponse:
     return error_response(exc.status, exc.code, exc.message, exc.field, exc.headers)
 
 
-async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     errors = exc.errors()
-    if errors and errors[0].get("type") == "json_invalid":  # its loc is ("body", <offset>), not a field
-        return _unparsable_body(f"not valid JSON: {errors[0].get('ctx', {}).get('error', 'invalid JSON')}")
+    problem = body_problem(errors, request.headers.get("content-type"))
+    if problem is not None:
+        return _unparsable_body(problem)
     field, message = validation_message(errors)
     return error_response(422, "invalid_request", message, field)
+
+
+def body_problem(errors: Sequence[Any], content_type: str | None) -> str | None:
+    """What is wrong with the body as a whole (not JSON, not an object, empty), or None when the errors are
+    about its fields. FastAPI reports these at loc ("body",) or ("body", <offset>) with pydantic's wording
+    ("JSON decode error", "Input should be a valid dictionary"), which names no field and says little."""
+    if not errors:
+        return None
+    error, loc = errors[0], tuple(errors[0].get("loc", ()))
+    if error.get("type") == "json_invalid":  # loc ("body", <character offset>)
+        reason = error.get("ctx", {}).get("error", "invalid JSON")
+        where = f" at position {loc[1]}" if len(loc) > 1 and isinstance(loc[1], int) else ""
+        return f"not valid JSON ({reason}{where})"
+    if loc != ("body",):
+        return None
+    if error.get("type") == "missing":
+        return "empty; send a JSON object"
+    value = error.get("input")
+    if isinstance(value, bytes | str) and "json" not in (content_type or "").lower():
+        return f"not read as JSON (Content-Type {content_type or 'missing'}); send it as application/json"
+    return f"must be a JSON object, got {_json_type(value)}"
+
+
+def _json_type(value: object) -> str:
+    for kind, name in ((bool, "a boolean"), (int | float, "a number"), (str, "a string"), (list, "an array")):
+        if isinstance(value, kind):
+            return name
+    return "null" if value is None else type(value).__name__
 
 
 def _unparsable_body(reason: str) -> JSONResponse:
     """One answer for every body that cannot be parsed: bad JSON, undecodable bytes, broken multipart."""
     return error_response(422, "invalid_request", f"body: {reason}", "body")
-
-
-def validation_message(errors: Sequence[Any]) -> tuple[str | None, str]:
-    """(field, "field: what is wrong") for the most telling of pydantic's errors."""
-    error = _most_specific(errors)
-    field = field_name(error.get("loc", ()))
-    message = f"{field}: {error.get('msg', 'invalid value')}" if field else str(error.get("msg"))
-    return field or None, message
-
-
-def _most_specific(errors: Sequence[Any]) -> dict[str, Any]:
-    """The first error, unless it is a union member's type mismatch and a later error about the same field
-    says what is wrong: `"stop": ["\\udfff"]` fails as a string too, but the news is its bad item."""
-    first: dict[str, Any] = errors[0]
-    if not str(first.get("type", "")).endswith("_type"):
-        return first
-    field = field_name(first.get("loc", ()))
-    for error in errors[1:]:
-        name = field_name(error.get("loc", ()))
-        same_field = name == field or name.startswith((f"{field}[", f"{field}."))
-        if same_field and not str(error.get("type", "")).endswith("_type"):
-            return dict(error)
-    return first
 
 
 async def _http_error(_request: Request, exc: Exception) -> JSONResponse:
@@ -127,20 +131,3 @@ async def _store_unavailable(_request: Request, _exc: Exception) -> JSONResponse
 
 async def _internal_error(_request: Request, _exc: Exception) -> JSONResponse:
     return error_response(500, "internal_error", "internal server error")
-
-
-def field_name(loc: tuple[Any, ...] | list[Any]) -> str:
-    """('body', 'messages', 0, 'content') -> 'messages[0].content'; union member tags are dropped."""
-    parts = list(loc[1:] if loc and loc[0] in LOCATIONS else loc)
-    out = str(parts[0]) if parts else ""
-    for part in parts[1:]:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif not _is_union_tag(str(part)):
-            out += f".{part}"
-    return out
-
-
-def _is_union_tag(part: str) -> bool:
-    """pydantic names the failing member of a union in loc: 'str', 'list[constrained-str]', 'WebhookSpec'."""
-    return "[" in part or "-" in part or part in UNION_TAGS or part[:1].isupper()

@@ -20,7 +20,9 @@ from fastapi.routing import APIRoute
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from api.errors import ApiError, validation_message
+from api.errors import ApiError, body_problem
+from core.field_errors import validation_message
+from core.openai_request import Refusal
 
 CODES = {401: "invalid_api_key", 404: "not_found"}
 log = logging.getLogger(__name__)
@@ -56,11 +58,20 @@ def from_api_error(exc: ApiError) -> OpenAIError:
     return OpenAIError(status, exc.message, code=code, param=exc.field, headers=exc.headers)
 
 
-def from_validation_error(errors: Sequence[Any]) -> OpenAIError:
+def from_refusal(refusal: Refusal) -> OpenAIError:
+    """The shared OpenAI rules' refusal (core/openai_request.py): 404 for a model not served, else 400."""
+    if refusal.kind == "model_not_found":
+        return OpenAIError(404, refusal.message, code="model_not_found", param=refusal.param)
+    code = "unsupported_parameter" if refusal.kind == "unsupported" else "invalid_request"
+    return OpenAIError(400, refusal.message, code=code, param=refusal.param)
+
+
+def from_validation_error(errors: Sequence[Any], content_type: str | None = "application/json",
+                          ) -> OpenAIError:
     """pydantic's errors (a request's, or a JobCreate built from one) as OpenAI's 400."""
-    if errors and errors[0].get("type") == "json_invalid":  # its loc is ("body", <offset>), not a param
-        reason = errors[0].get("ctx", {}).get("error", "invalid JSON")
-        return OpenAIError(400, f"body: not valid JSON ({reason})", code="invalid_request", param="body")
+    problem = body_problem(errors, content_type)
+    if problem is not None:  # the body as a whole: not JSON, not an object, empty
+        return OpenAIError(400, f"body: {problem}", code="invalid_request", param="body")
     param, message = validation_message(errors)
     return OpenAIError(400, message, code="invalid_request", param=param)
 
@@ -77,7 +88,7 @@ class OpenAIRoute(APIRoute):
             except ApiError as exc:
                 return from_api_error(exc).response()
             except RequestValidationError as exc:
-                return from_validation_error(exc.errors()).response()
+                return from_validation_error(exc.errors(), request.headers.get("content-type")).response()
             except StarletteHTTPException as exc:
                 code = CODES.get(exc.status_code, "http_error")
                 return OpenAIError(exc.status_code, str(exc.detail), code=code).response()

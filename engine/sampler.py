@@ -1,10 +1,11 @@
 """Turns one step's logits into tokens, vectorised over the batch.
 
-Order: logprobs of the raw model distribution; repetition penalty; min_tokens masking; grammar masks of
-constrained rows (so temperature, top-k/p and seeds apply to the allowed tokens only); greedy rows take the
-argmax; the other rows get temperature, top-k, top-p, min-p and an exponential race (argmax p / E with
-E ~ Exp(1)), which samples exactly from p. A seeded row draws its noise from its own generator with a
-shape fixed per row ([V]), so its tokens do not depend on what else is in the batch.
+Order: logprobs of the raw model distribution; repetition penalty; presence and frequency penalties;
+min_tokens masking; grammar masks of constrained rows (so temperature, top-k/p and seeds apply to the allowed
+tokens only); greedy rows take the argmax; the other rows get temperature, top-k, top-p, min-p and an
+exponential race (argmax p / E with E ~ Exp(1)), which samples exactly from p. A seeded row draws its noise
+from its own generator with a shape fixed per row ([V]), so its tokens do not depend on what else is in the
+batch.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class Sampler:
         logits = logits.float()  # [B, V]
         raw_logprobs = logits.log_softmax(dim=-1) if _wants_logprobs(seqs) else None
         logits = _apply_repetition_penalty(logits, seqs)
+        logits = _apply_presence_frequency_penalties(logits, seqs)
         logits = _mask_until_min_tokens(logits, seqs, eos_token_ids)
         logits = apply_grammar_masks(logits, seqs)
         tokens = logits.argmax(dim=-1)  # [B]
@@ -95,6 +97,35 @@ def _apply_repetition_penalty(logits: torch.Tensor, seqs: list[Sequence]) -> tor
     logits = logits.clone()
     logits[row_idx] = torch.where(seen, penalised, sub)
     return logits
+
+
+def _apply_presence_frequency_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    """As in OpenAI, over output tokens only: logits[t] -= frequency_penalty * count(t) + presence_penalty *
+    (count(t) > 0). Rows with neither penalty are left as they are; a batch without any costs nothing."""
+    rows = [i for i, s in enumerate(seqs) if s.params.presence_penalty or s.params.frequency_penalty]
+    if not rows:
+        return logits
+    counts = _output_token_counts([seqs[i].output_token_ids for i in rows], logits.shape[1], logits.device)
+    params = [seqs[i].params for i in rows]
+    frequency = torch.tensor([p.frequency_penalty for p in params], device=logits.device)[:, None]  # [n, 1]
+    presence = torch.tensor([p.presence_penalty for p in params], device=logits.device)[:, None]  # [n, 1]
+    row_idx = torch.tensor(rows, device=logits.device)
+    logits = logits.clone()
+    logits[row_idx] -= frequency * counts + presence * (counts > 0)  # [n, V]
+    return logits
+
+
+def _output_token_counts(outputs: list[list[int]], vocab: int, device: torch.device) -> torch.Tensor:
+    """[n, V] float32: how often each token occurs in each row's output."""
+    width = max(1, max(len(out) for out in outputs))
+    # Padded with `vocab`, a column sliced off below.
+    ids = torch.full((len(outputs), width), vocab, dtype=torch.long)
+    for r, out in enumerate(outputs):
+        ids[r, : len(out)] = torch.tensor(out, dtype=torch.long)
+    ids = ids.to(device)
+    ones = torch.ones(ids.shape, device=device)
+    counts = torch.zeros(len(outputs), vocab + 1, device=device).scatter_add_(1, ids, ones)
+    return counts[:, :vocab]  # [n, V]
 
 
 def _mask_until_min_tokens(

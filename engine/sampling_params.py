@@ -26,6 +26,10 @@ MAX_TEMPERATURE = 100.0  # already indistinguishable from uniform for any realis
 # far inside float32 (|logit| * 100 / 1e-6).
 MIN_REPETITION_PENALTY = 0.01
 MAX_REPETITION_PENALTY = 100.0
+# OpenAI's presence and frequency penalties: subtracted from the logits of tokens already generated
+# (frequency_penalty once per occurrence, presence_penalty once). OpenAI's own range.
+MIN_OPENAI_PENALTY = -2.0
+MAX_OPENAI_PENALTY = 2.0
 
 
 @dataclass
@@ -41,6 +45,8 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     repetition_penalty: float = 1.0  # over prompt and output tokens, as in transformers
+    presence_penalty: float = 0.0  # over output tokens only, as in OpenAI
+    frequency_penalty: float = 0.0  # over output tokens only, times each token's count, as in OpenAI
     logprobs: int | None = None  # top-n logprobs per generated token (plus the sampled token's)
     structured: StructuredOutput | None = None  # grammar-constrained output (JSON Schema, regex, choice)
 
@@ -83,6 +89,10 @@ class SamplingParams:
         penalty = self.repetition_penalty
         _check(_is_real(penalty) and MIN_REPETITION_PENALTY <= penalty <= MAX_REPETITION_PENALTY,
                "repetition_penalty", penalty, f"in [{MIN_REPETITION_PENALTY}, {MAX_REPETITION_PENALTY}]")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _check(_is_real(value) and MIN_OPENAI_PENALTY <= value <= MAX_OPENAI_PENALTY, name, value,
+                   f"in [{MIN_OPENAI_PENALTY}, {MAX_OPENAI_PENALTY}]")
 
     def _validate_outputs(self) -> None:
         _check(self.seed is None or _int_in(self.seed, MIN_SEED, MAX_SEED), "seed", self.seed,

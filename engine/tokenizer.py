@@ -23,6 +23,11 @@ class Tokenizer:
         return self._tok
 
     @property
+    def chat_template(self) -> object:
+        """The chat template's source (None without one), read for the roles it names."""
+        return self._tok.chat_template
+
+    @property
     def vocab_size(self) -> int:
         return len(self._tok)
 

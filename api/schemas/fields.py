@@ -1,98 +1,73 @@
-"""Field types shared by the request schemas: text and JSON the store can hold (core/request_rules.py says
-why), and the bounds of every sampling field, so a value the API accepts can neither fail the engine nor the
-insert. Each refusal is a 422 (400 on the OpenAI routes) naming the field.
-
-The sampling bounds mirror engine/sampling_params.py's exported constants: the API process may not import
-the engine (import-linter), so they are repeated here, once, and tests/api/test_input_bounds_http.py checks
-that both agree.
-"""
+"""Field types shared by the request schemas. They live in core/request_fields.py, since the batch line
+parser (worker/) validates with the same types; re-exported here so each schema imports its fields from one
+place."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from core.request_fields import (
+    MAX_INT32,
+    MAX_OPENAI_PENALTY,
+    MAX_REPETITION_PENALTY,
+    MAX_SEED,
+    MAX_TEMPERATURE,
+    MAX_TOP_K,
+    MIN_OPENAI_PENALTY,
+    MIN_REPETITION_PENALTY,
+    MIN_SEED,
+    MIN_TEMPERATURE,
+    NO_NUL_PATTERN,
+    OPENAI_MAX_TEMPERATURE,
+    STORABLE,
+    ChatRole,
+    MinP,
+    MinTokens,
+    NonEmptyText,
+    OpenAIPenalty,
+    OpenAITemperature,
+    RepetitionPenalty,
+    Seed,
+    Stop,
+    StopTokenIds,
+    StorableText,
+    StoredJsonObject,
+    StoredText,
+    Temperature,
+    TokenCount,
+    TokenId,
+    TopK,
+    TopP,
+)
 
-from pydantic import AfterValidator, Field, GetCoreSchemaHandler, GetJsonSchemaHandler
-from pydantic.json_schema import JsonSchemaValue
-from pydantic_core import CoreSchema, PydanticCustomError, core_schema
-
-from core.request_rules import json_problem, text_problem
-
-MAX_INT32 = 2**31 - 1  # max_tokens, min_tokens, top_k and token ids: the engine's tensors are int32/int64
-MAX_TOP_K = MAX_INT32
-MIN_SEED = -(2**63)  # torch.Generator takes 64 bits; the signed range keeps each seed a distinct stream
-MAX_SEED = 2**63 - 1
-MIN_TEMPERATURE = 1e-6  # below it (but above 0, greedy) float32 logits / temperature overflow
-MAX_TEMPERATURE = 100.0
-MIN_REPETITION_PENALTY = 0.01
-MAX_REPETITION_PENALTY = 100.0
-
-
-# Told to clients (and schema-driven fuzzers) in the schema; enforced, with a clearer message, by
-# _storable_text. Lone surrogates cannot be excluded by an ECMA-262 pattern without refusing every character
-# outside the BMP, so only the validator refuses them.
-NO_NUL_PATTERN = "^[^\\u0000]*$"
-
-
-def _storable_text(value: object) -> object:
-    if isinstance(value, str):
-        problem = text_problem(value)
-        if problem is not None:
-            raise PydanticCustomError("invalid_text", problem)
-    return value
-
-
-def _storable_json(value: dict[str, Any]) -> dict[str, Any]:
-    problem = json_problem(value)
-    if problem is not None:
-        raise PydanticCustomError("invalid_json_value", problem)
-    return value
-
-
-def _temperature(value: float) -> float:
-    if 0.0 < value < MIN_TEMPERATURE:
-        raise PydanticCustomError("temperature_range", f"must be 0 (greedy) or at least {MIN_TEMPERATURE}")
-    return value
-
-
-class StorableText:
-    """Annotated marker for text we store: `Annotated[str, Field(max_length=...), STORABLE]`. Put length
-    constraints before it, so pydantic keeps them on the str (with its usual messages)."""
-
-    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
-        # Checked before str validation: pydantic's own length checks fail on lone surrogates vaguely.
-        return core_schema.no_info_before_validator_function(_storable_text, handler(source))
-
-    def __get_pydantic_json_schema__(
-        self, schema: CoreSchema, handler: GetJsonSchemaHandler
-    ) -> JsonSchemaValue:
-        json_schema = handler(schema)
-        json_schema.setdefault("pattern", NO_NUL_PATTERN)  # a stricter pattern of the field wins
-        return json_schema
-
-
-STORABLE = StorableText()
-StoredText = Annotated[str, STORABLE]
-NonEmptyText = Annotated[str, Field(min_length=1), STORABLE]
-StoredJsonObject = Annotated[dict[str, Any], AfterValidator(_storable_json)]
-
-TokenCount = Annotated[int, Field(ge=1, le=MAX_INT32)]
-MinTokens = Annotated[int, Field(ge=0, le=MAX_INT32)]
-TokenId = Annotated[int, Field(ge=0, le=MAX_INT32)]
-TopK = Annotated[int, Field(ge=-1, le=MAX_TOP_K, description="0 or -1 = off")]
-Seed = Annotated[int, Field(ge=MIN_SEED, le=MAX_SEED)]
-_GREEDY_OR_WARM = Field(json_schema_extra={"anyOf": [{"const": 0}, {"minimum": MIN_TEMPERATURE}]},
-                        description="0 = greedy")
-Temperature = Annotated[
-    float, Field(ge=0.0, le=MAX_TEMPERATURE, allow_inf_nan=False), AfterValidator(_temperature),
-    _GREEDY_OR_WARM,
-]
-OPENAI_MAX_TEMPERATURE = 2.0  # OpenAI's own range
-OpenAITemperature = Annotated[
-    float, Field(ge=0.0, le=OPENAI_MAX_TEMPERATURE, allow_inf_nan=False), AfterValidator(_temperature),
-    _GREEDY_OR_WARM,
-]
-TopP = Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)]
-MinP = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
-RepetitionPenalty = Annotated[
-    float, Field(ge=MIN_REPETITION_PENALTY, le=MAX_REPETITION_PENALTY, allow_inf_nan=False)
+__all__ = [
+    "MAX_INT32",
+    "MAX_OPENAI_PENALTY",
+    "MAX_REPETITION_PENALTY",
+    "MAX_SEED",
+    "MAX_TEMPERATURE",
+    "MAX_TOP_K",
+    "MIN_OPENAI_PENALTY",
+    "MIN_REPETITION_PENALTY",
+    "MIN_SEED",
+    "MIN_TEMPERATURE",
+    "NO_NUL_PATTERN",
+    "OPENAI_MAX_TEMPERATURE",
+    "STORABLE",
+    "ChatRole",
+    "MinP",
+    "MinTokens",
+    "NonEmptyText",
+    "OpenAIPenalty",
+    "OpenAITemperature",
+    "RepetitionPenalty",
+    "Seed",
+    "Stop",
+    "StopTokenIds",
+    "StorableText",
+    "StoredJsonObject",
+    "StoredText",
+    "Temperature",
+    "TokenCount",
+    "TokenId",
+    "TopK",
+    "TopP",
 ]

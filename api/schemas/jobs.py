@@ -17,35 +17,31 @@ from pydantic_core import PydanticCustomError
 
 from api.schemas.fields import (
     STORABLE,
+    ChatRole,
     MinP,
     MinTokens,
     NonEmptyText,
+    OpenAIPenalty,
     RepetitionPenalty,
     Seed,
+    Stop,
+    StopTokenIds,
     StoredJsonObject,
     Temperature,
     TokenCount,
-    TokenId,
     TopK,
     TopP,
 )
-from core.request_rules import (
-    MAX_LOGPROBS,
-    MAX_STOP_STRINGS,
-    MAX_STOP_TOKEN_IDS,
-    MAX_TIMEOUT_S,
-    MAX_TTL_S,
-    json_problem,
-)
+from core.request_rules import MAX_LOGPROBS, MAX_TIMEOUT_S, MAX_TTL_S, json_problem
 from core.structured_rules import MAX_CHOICES, structured_from_response_format, structured_problem
 from core.views import JobPublic
 
 SAMPLING_FIELDS = (
     "max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
-    "ignore_eos", "repetition_penalty", "logprobs",
+    "ignore_eos", "repetition_penalty", "presence_penalty", "frequency_penalty", "logprobs",
 )
-Stop = NonEmptyText | Annotated[list[NonEmptyText], Field(max_length=MAX_STOP_STRINGS)]
-StopTokenIds = Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)]
+# Stored only when set: a job without them keeps the params shape it always had.
+ZERO_DEFAULT_FIELDS = ("presence_penalty", "frequency_penalty")
 
 
 def exactly_one_of(first: str, second: str) -> dict[str, Any]:
@@ -58,7 +54,7 @@ def exactly_one_of(first: str, second: str) -> dict[str, Any]:
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    role: Annotated[str, Field(min_length=1, max_length=32), STORABLE] = Field(examples=["user"])
+    role: ChatRole = Field(examples=["user"], description="passed to the chat template as given")
     content: Annotated[str, STORABLE]
 
 
@@ -98,6 +94,9 @@ class JobCreate(BaseModel):
     stop_token_ids: StopTokenIds = Field(default_factory=list)
     ignore_eos: bool = False
     repetition_penalty: RepetitionPenalty = 1.0
+    presence_penalty: OpenAIPenalty = Field(0.0, description="as OpenAI: minus this for a generated token")
+    frequency_penalty: OpenAIPenalty = Field(
+        0.0, description="as OpenAI: minus this times each generated token's count")
     logprobs: int | None = Field(
         None, ge=0, le=MAX_LOGPROBS,
         description="return this many alternatives per generated token (result.logprobs)",
@@ -147,6 +146,9 @@ class JobCreate(BaseModel):
 
     def sampling_params(self) -> dict[str, Any]:
         params = self.model_dump(include=set(SAMPLING_FIELDS), mode="json")
+        for name in ZERO_DEFAULT_FIELDS:
+            if not params[name]:
+                del params[name]
         if isinstance(params["stop"], str):
             params["stop"] = [params["stop"]]
         params["stop"] = params["stop"] or []

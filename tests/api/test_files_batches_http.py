@@ -27,7 +27,7 @@ ENGINE = dict(max_num_seqs=16, max_num_batched_tokens=256, num_kv_blocks=192, bl
 
 
 def _line(custom_id: str, max_tokens: int = 2, url: str = "/v1/chat/completions") -> bytes:
-    body: dict[str, Any] = {"model": "tiny", "max_tokens": max_tokens, "temperature": 0}
+    body: dict[str, Any] = {"max_tokens": max_tokens, "temperature": 0}  # model: optional (the served one)
     if url == "/v1/chat/completions":
         body["messages"] = [{"role": "user", "content": f"say {custom_id}"}]
     else:

@@ -1,46 +1,41 @@
 """Parse and validate one batch input line into a `BatchRequest` or a `LineError`.
 
 Two line shapes are accepted: Conveyor's `{"custom_id", "body"}` and OpenAI's
-`{"custom_id", "method": "POST", "url": "/v1/chat/completions" | "/v1/completions", "body"}`. The body holds
-`messages` or `prompt` plus sampling parameters under OpenAI's names or the engine's; they are mapped to
-`engine.SamplingParams` keyword arguments and checked by it (its bounds are the API's too). What the API
-checks beyond the engine applies here as well (core/request_rules.py): text the store can hold, at most
-MAX_STOP_STRINGS stop strings and MAX_STOP_TOKEN_IDS stop token ids, logprobs up to MAX_LOGPROBS, and a
-prompt refused by its size before it is tokenized.
+`{"custom_id", "method": "POST", "url": "/v1/chat/completions" | "/v1/completions", "body"}`. The body is
+held to the rules of the synchronous routes, defined once in core/openai_request.py: the same fields, bounds
+and refusals (`n` > 1, an unknown `model`, a chat role the model's template cannot render), each a line error
+naming the field while the rest of the batch runs. What only a batch adds: `stream` must be false, a line's
+url must match the batch's endpoint, output and prompt lengths are held to the batch queue's limits (a prompt
+is refused by its size before it is tokenized), and the engine checks the resulting parameters last.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from core.request_rules import (
-    MAX_LOGPROBS,
-    MAX_STOP_STRINGS,
-    MAX_STOP_TOKEN_IDS,
-    PROMPT_BYTES_PER_TOKEN,
-    text_problem,
-    utf8_length,
+from core.openai_request import (
+    CHAT,
+    COMPLETIONS,
+    STRUCTURED_FIELDS,
+    ChatCompletionCreate,
+    OpenAIRequest,
+    Refusal,
+    Served,
+    check_request,
+    parse_body,
 )
+from core.request_rules import PROMPT_BYTES_PER_TOKEN, text_problem, utf8_length
 from worker.batches.reader import OversizeLine, RawLine
-from worker.batches.structured import STRUCTURED_FIELDS, merge_structured
 from worker.sampling import sampling_params_from_json
 
-CHAT = "/v1/chat/completions"
-COMPLETIONS = "/v1/completions"
 ENDPOINTS = (CHAT, COMPLETIONS)
 MAX_CUSTOM_ID_CHARS = 512
 
 _LINE_FIELDS = {"custom_id", "body", "method", "url"}
-_ROLES = {"system", "developer", "user", "assistant", "tool"}
-# Body fields that carry no sampling parameter: checked, then dropped.
-_PASSIVE_FIELDS = {"model", "user", "stream", "n", "messages", "prompt"}
-_INT_PARAMS = {"max_tokens", "max_completion_tokens", "min_tokens", "top_k", "seed", "top_logprobs"}
-_FLOAT_PARAMS = {"temperature", "top_p", "min_p", "repetition_penalty"}
-_OTHER_PARAMS = {"stop", "stop_token_ids", "ignore_eos", "logprobs", *STRUCTURED_FIELDS}
-_BODY_FIELDS = _PASSIVE_FIELDS | _INT_PARAMS | _FLOAT_PARAMS | _OTHER_PARAMS
+_BODY_PARAMS = ("messages", "prompt")  # a refusal naming them is invalid_body, others invalid_parameter
 
 
 @dataclass(frozen=True)
@@ -49,7 +44,7 @@ class BatchRequest:
     custom_id: str
     endpoint: str  # CHAT or COMPLETIONS
     messages: list[dict[str, str]] | None
-    prompt: str | list[int] | None  # text, or token ids
+    prompt: str | list[int] | None  # text (token ids are refused, as on the synchronous route)
     params: dict[str, Any]  # engine.SamplingParams keyword arguments, only those the line set
     model: str | None
 
@@ -92,12 +87,15 @@ class CustomIdSet:
 @dataclass(frozen=True)
 class LineLimits:
     """Checks that depend on the queue and the model: the batch's endpoint (None: either), the prompt
-    length counted by `count_tokens`, and the output length."""
+    length counted by `count_tokens`, the output length, and what is served (`model` names, chat roles;
+    by default any model, and the roles of a template that names neither developer nor tool)."""
 
     endpoint: str | None = None
     max_prompt_tokens: int | None = None
     count_tokens: Callable[[BatchRequest], int] | None = None
     max_output_tokens: int | None = None
+    served: Served = field(default_factory=Served)
+    max_model_len: int | None = None  # prompt + max_tokens must fit it, as at the synchronous routes
 
 
 def parse_line(number: int, raw: RawLine, seen: CustomIdSet, limits: LineLimits | None = None,
@@ -164,8 +162,10 @@ def _request(number: int, custom_id: str, line: dict[str, Any], limits: LineLimi
     if not isinstance(body, dict):
         raise LineRejected("invalid_body", "body must be a JSON object")
     endpoint = _endpoint(line.get("url"), body, limits.endpoint)
-    return BatchRequest(line=number, custom_id=custom_id, endpoint=endpoint, messages=_messages(body),
-                        prompt=_prompt(body), params=_sampling_params(body), model=_model(body))
+    try:
+        return _validated(number, custom_id, endpoint, body, limits.served)
+    except Refusal as refusal:
+        raise LineRejected(_line_code(refusal), refusal.message) from None
 
 
 def _endpoint(url: object, body: dict[str, Any], batch_endpoint: str | None) -> str:
@@ -183,131 +183,45 @@ def _endpoint(url: object, body: dict[str, Any], batch_endpoint: str | None) -> 
     return str(endpoint)
 
 
-def _messages(body: dict[str, Any]) -> list[dict[str, str]] | None:
-    if "messages" not in body:
-        return None
-    messages = body["messages"]
-    if not isinstance(messages, list) or not messages:
-        raise LineRejected("invalid_body", "messages must be a non-empty list")
-    return [_message(i, message) for i, message in enumerate(messages)]
+def _validated(number: int, custom_id: str, endpoint: str, body: dict[str, Any], served: Served,
+               ) -> BatchRequest:
+    """The synchronous route's rules (core/openai_request.py), then what only a batch adds."""
+    request = parse_body(endpoint, body)
+    check_request(request, served)
+    if request.stream:
+        raise Refusal("invalid", "stream", "must be false in a batch")
+    if isinstance(request, ChatCompletionCreate):
+        messages, prompt = request.chat_messages(served.roles), None
+    else:
+        messages, prompt = None, request.prompt_text()
+    return BatchRequest(line=number, custom_id=custom_id, endpoint=endpoint, messages=messages, prompt=prompt,
+                        params=_job_params(request), model=request.model)
 
 
-def _message(index: int, message: object) -> dict[str, str]:
-    if not isinstance(message, dict) or message.get("role") not in _ROLES:
-        roles = ", ".join(sorted(_ROLES))
-        raise LineRejected("invalid_body", f"messages[{index}] must be an object with a role in {roles}")
-    content = message.get("content")
-    if isinstance(content, list):  # OpenAI content parts: only text is supported
-        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                   for p in content):
-            raise LineRejected("invalid_body", f"messages[{index}].content parts must all be text parts")
-        content = "".join(part["text"] for part in content)
-    if not isinstance(content, str):
-        raise LineRejected("invalid_body", f"messages[{index}].content must be a string or text parts")
-    _check_text("invalid_body", f"messages[{index}].content", content)
-    return {"role": message["role"], "content": content}
-
-
-def _prompt(body: dict[str, Any]) -> str | list[int] | None:
-    if "prompt" not in body:
-        return None
-    prompt = body["prompt"]
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # OpenAI allows a list of prompts; one line carries one
-    if isinstance(prompt, str) and prompt:
-        _check_text("invalid_body", "prompt", prompt)
-        return prompt
-    if isinstance(prompt, list) and prompt and all(_is_int(t) and t >= 0 for t in prompt):
-        return list(prompt)
-    raise LineRejected("invalid_body", "prompt must be a non-empty string or a list of token ids")
-
-
-def _model(body: dict[str, Any]) -> str | None:
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise LineRejected("invalid_parameter", "model must be a string")
-    if model is not None:
-        _check_text("invalid_parameter", "model", model)  # stored in the job's metadata
-    return model
-
-
-def _sampling_params(body: dict[str, Any]) -> dict[str, Any]:
-    unknown = sorted(set(body) - _BODY_FIELDS)
-    if unknown:
-        raise LineRejected("invalid_parameter", f"unknown body fields: {', '.join(map(_shown, unknown))}")
-    if body.get("n", 1) != 1:
-        raise LineRejected("invalid_parameter", f"n must be 1, got {body['n']!r}")
-    if body.get("stream", False) is not False:
-        raise LineRejected("invalid_parameter", "stream must be false in a batch")
-    params = {name: body[name] for name in body.keys() - _PASSIVE_FIELDS}
-    _check_types(params)
-    _check_lists(params)
-    _merge_max_tokens(params)
-    _merge_logprobs(params)
+def _job_params(request: OpenAIRequest) -> dict[str, Any]:
+    """The job's stored params (structured output in its stored form), checked by the engine's own rules."""
+    params = request.job_params()
+    for name in STRUCTURED_FIELDS:
+        params.pop(name, None)
+    structured = request.structured()  # checked by check_request
+    if structured is not None:
+        params["structured"] = structured
+    max_tokens = request.requested_max_tokens()
+    if max_tokens is not None:
+        params["max_tokens"] = max_tokens
     try:
-        merge_structured(params)
         sampling_params_from_json(params)
     except ValueError as error:
         raise LineRejected("invalid_parameter", str(error)) from None
     return params
 
 
-def _check_types(params: dict[str, Any]) -> None:
-    for name, value in params.items():
-        if name in _INT_PARAMS and value is not None and not _is_int(value):
-            raise LineRejected("invalid_parameter", f"{name} must be an integer, got {value!r}")
-        if name in _FLOAT_PARAMS and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise LineRejected("invalid_parameter", f"{name} must be a number, got {value!r}")
-    if not isinstance(params.get("ignore_eos", False), bool):
-        raise LineRejected("invalid_parameter", "ignore_eos must be a boolean")
-    stop = params.get("stop")
-    if stop is not None and not isinstance(stop, (str, list)):
-        raise LineRejected("invalid_parameter", "stop must be a string or a list of strings")
-    if not isinstance(params.get("stop_token_ids", []), list):
-        raise LineRejected("invalid_parameter", "stop_token_ids must be a list of token ids")
-    for name in ("seed", "stop"):
-        if name in params and params[name] is None:
-            del params[name]
-
-
-def _check_lists(params: dict[str, Any]) -> None:
-    """The API's limits on stop strings and stop token ids (the engine takes any number)."""
-    stop = params.get("stop")
-    stops = [stop] if isinstance(stop, str) else stop or []
-    if len(stops) > MAX_STOP_STRINGS:
-        raise LineRejected("invalid_parameter", f"stop must hold at most {MAX_STOP_STRINGS} strings")
-    for index, text in enumerate(stops):
-        if isinstance(text, str):  # the engine refuses anything else
-            _check_text("invalid_parameter", f"stop[{index}]" if isinstance(stop, list) else "stop", text)
-    if len(params.get("stop_token_ids", [])) > MAX_STOP_TOKEN_IDS:
-        raise LineRejected("invalid_parameter",
-                           f"stop_token_ids must hold at most {MAX_STOP_TOKEN_IDS} token ids")
-
-
-def _merge_max_tokens(params: dict[str, Any]) -> None:
-    legacy, current = params.pop("max_tokens", None), params.pop("max_completion_tokens", None)
-    if legacy is not None and current is not None and legacy != current:
-        raise LineRejected("invalid_parameter", "max_tokens and max_completion_tokens disagree")
-    value = current if current is not None else legacy
-    if value is not None:
-        params["max_tokens"] = value
-
-
-def _merge_logprobs(params: dict[str, Any]) -> None:
-    """Chat: `logprobs: bool` plus `top_logprobs: int`; completions and the engine: `logprobs: int`."""
-    logprobs, top = params.pop("logprobs", None), params.pop("top_logprobs", None)
-    if isinstance(logprobs, bool):
-        if top is not None and not logprobs:
-            raise LineRejected("invalid_parameter", "top_logprobs needs logprobs set to true")
-        logprobs = (top or 0) if logprobs else None
-    elif top is not None:
-        raise LineRejected("invalid_parameter", "top_logprobs needs logprobs set to true")
-    elif logprobs is not None and not _is_int(logprobs):
-        raise LineRejected("invalid_parameter", f"logprobs must be a boolean or an integer, got {logprobs!r}")
-    if logprobs is not None and _is_int(logprobs) and logprobs > MAX_LOGPROBS:
-        raise LineRejected("invalid_parameter", f"logprobs must be at most {MAX_LOGPROBS}, got {logprobs}")
-    if logprobs is not None:
-        params["logprobs"] = logprobs
+def _line_code(refusal: Refusal) -> str:
+    """The batch error code of a refusal the synchronous route answers with 400 (404: model_not_found)."""
+    if refusal.kind == "model_not_found":
+        return "model_not_found"
+    root = (refusal.param or "").split("[")[0].split(".")[0]
+    return "invalid_body" if refusal.param is None or root in _BODY_PARAMS else "invalid_parameter"
 
 
 def _check_lengths(request: BatchRequest, limits: LineLimits) -> None:
@@ -326,6 +240,10 @@ def _check_lengths(request: BatchRequest, limits: LineLimits) -> None:
     if tokens > limits.max_prompt_tokens:
         raise LineRejected("prompt_too_long",
                            f"prompt has {tokens} tokens, more than the queue's {limits.max_prompt_tokens}")
+    context = limits.max_model_len
+    if context is not None and max_tokens is not None and tokens + max_tokens > context:
+        message = f"max_tokens: {tokens} prompt tokens + max_tokens {max_tokens} exceeds max_model_len"
+        raise LineRejected("context_too_long", f"{message} ({context})")
 
 
 def _check_prompt_bytes(request: BatchRequest, max_prompt_tokens: int) -> None:
@@ -338,7 +256,3 @@ def _check_prompt_bytes(request: BatchRequest, max_prompt_tokens: int) -> None:
         raise LineRejected("prompt_too_long", f"prompt has {size} bytes, more than the queue's limit of "
                            f"{limit} (max_prompt_tokens {max_prompt_tokens} x {PROMPT_BYTES_PER_TOKEN} bytes "
                            "per token)")
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)

@@ -55,8 +55,8 @@ def test_conveyor_prompt_line_and_openai_completions_prompt_list() -> None:
                                                                                        "logprobs": 1})
     listed = _parse({"custom_id": "b", "url": COMPLETIONS, "body": {"prompt": ["hello"]}})
     assert isinstance(listed, BatchRequest) and listed.prompt == "hello"
-    tokens = _parse({"custom_id": "c", "body": {"prompt": [1, 2, 3]}})
-    assert isinstance(tokens, BatchRequest) and tokens.prompt == [1, 2, 3]
+    tokens = _parse({"custom_id": "c", "body": {"prompt": [1, 2, 3]}})  # refused as /v1/completions does
+    assert isinstance(tokens, LineError) and tokens.message.startswith("prompt: token-id prompts")
 
 
 @pytest.mark.parametrize(("line", "code", "fragment"), [
@@ -71,15 +71,15 @@ def test_conveyor_prompt_line_and_openai_completions_prompt_list() -> None:
     ({"custom_id": "a", "body": {"prompt": "x", "messages": []}}, "invalid_body", "exactly one"),
     ({"custom_id": "a", "body": "x"}, "invalid_body", "JSON object"),
     ({"custom_id": "a", "body": {"messages": [{"role": "robot", "content": "x"}]}}, "invalid_body", "role"),
-    ({"custom_id": "a", "body": {"prompt": "x", "frequency_penalty": 1}}, "invalid_parameter",
+    ({"custom_id": "a", "body": {"prompt": "x", "frequency_penalty": 3}}, "invalid_parameter",
      "frequency_penalty"),
-    ({"custom_id": "a", "body": {"prompt": "x", "n": 2}}, "invalid_parameter", "n must be 1"),
+    ({"custom_id": "a", "body": {"prompt": "x", "n": 2}}, "invalid_parameter", "n: only n=1"),
     ({"custom_id": "a", "body": {"prompt": "x", "temperature": -1}}, "invalid_parameter", "temperature"),
     ({"custom_id": "a", "body": {"prompt": "x", "top_p": "high"}}, "invalid_parameter", "top_p"),
     ({"custom_id": "a", "body": {"prompt": "x", "max_tokens": 1.5}}, "invalid_parameter", "max_tokens"),
     ({"custom_id": "a", "body": {"prompt": "x", "max_tokens": 1000}}, "invalid_parameter", "<= 256"),
-    ({"custom_id": "a", "body": {"prompt": "x", "max_tokens": 3, "max_completion_tokens": 4}},
-     "invalid_parameter", "disagree"),
+    ({"custom_id": "a", "body": {"messages": [{"role": "user", "content": "x"}], "max_tokens": 3,
+                                 "max_completion_tokens": 4}}, "invalid_parameter", "disagree"),
     ({"custom_id": "a", "body": {"prompt": "x", "top_logprobs": 2}}, "invalid_parameter", "top_logprobs"),
     ({"custom_id": "a", "body": {"prompt": "x", "stream": True}}, "invalid_parameter", "stream"),
     ({"custom_id": "a", "body": {"prompt": "word " * 51}}, "prompt_too_long", "51 tokens"),

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from engine.tokenizer import Tokenizer
-from worker.batches.lines import BatchRequest, CustomIdSet, LineError, LineLimits, parse_line
+from worker.batches.lines import COMPLETIONS, BatchRequest, CustomIdSet, LineError, LineLimits, parse_line
 from worker.batches.prompt_length import prompt_token_counter
 
 
@@ -25,8 +25,10 @@ def test_counts_what_the_engine_sees(tokenizer: Tokenizer) -> None:
     messages = [{"role": "user", "content": "hello there"}]
     chat = _parse({"messages": messages}, LineLimits())
     text = _parse({"prompt": "hello there"}, LineLimits())
-    ids = _parse({"prompt": [5, 6, 7]}, LineLimits())
-    assert isinstance(chat, BatchRequest) and isinstance(text, BatchRequest) and isinstance(ids, BatchRequest)
+    # Lines with token-id prompts are refused (as on /v1/completions); the counter still takes them.
+    ids = BatchRequest(line=1, custom_id="b", endpoint=COMPLETIONS, messages=None, prompt=[5, 6, 7],
+                       params={}, model=None)
+    assert isinstance(chat, BatchRequest) and isinstance(text, BatchRequest)
     assert count(chat) == len(tokenizer.apply_chat_template(messages))
     assert count(text) == len(tokenizer.encode("hello there"))
     assert count(ids) == 3

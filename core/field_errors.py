@@ -1,0 +1,59 @@
+"""pydantic's validation errors as one "field: what is wrong" line naming the field as a client wrote it
+(`messages[0].content`), shared by the API's error handlers and the batch line parser, so a refused field
+reads the same over HTTP and in a batch's error file."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from core.request_rules import text_problem
+
+LOCATIONS = ("body", "query", "path", "header", "cookie")
+UNION_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "url", "none"})
+
+
+def validation_message(errors: Sequence[Any]) -> tuple[str | None, str]:
+    """(field, "field: what is wrong") for the most telling of pydantic's errors."""
+    error = _most_specific(errors)
+    field = field_name(error.get("loc", ()))
+    message = f"{field}: {error.get('msg', 'invalid value')}" if field else str(error.get("msg"))
+    return field or None, message
+
+
+def _most_specific(errors: Sequence[Any]) -> dict[str, Any]:
+    """The first error, unless it is a union member's type mismatch and a later error about the same field
+    says what is wrong: `"stop": ["\\udfff"]` fails as a string too, but the news is its bad item."""
+    first: dict[str, Any] = errors[0]
+    if not str(first.get("type", "")).endswith("_type"):
+        return first
+    field = field_name(first.get("loc", ()))
+    for error in errors[1:]:
+        name = field_name(error.get("loc", ()))
+        same_field = name == field or name.startswith((f"{field}[", f"{field}."))
+        if same_field and not str(error.get("type", "")).endswith("_type"):
+            return dict(error)
+    return first
+
+
+def field_name(loc: tuple[Any, ...] | list[Any]) -> str:
+    """('body', 'messages', 0, 'content') -> 'messages[0].content'; union member tags are dropped, and a key
+    that is not storable text (an unknown field named with a NUL) is shown escaped."""
+    parts = list(loc[1:] if loc and loc[0] in LOCATIONS else loc)
+    out = _shown(parts[0]) if parts else ""
+    for part in parts[1:]:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif not _is_union_tag(str(part)):
+            out += f".{_shown(part)}"
+    return out
+
+
+def _shown(part: object) -> str:
+    text = str(part)
+    return text if text_problem(text) is None else ascii(text)
+
+
+def _is_union_tag(part: str) -> bool:
+    """pydantic names the failing member of a union in loc: 'str', 'list[constrained-str]', 'WebhookSpec'."""
+    return "[" in part or "-" in part or part in UNION_TAGS or part[:1].isupper()

@@ -1,0 +1,331 @@
+"""One set of rules for OpenAI request bodies: what /v1/chat/completions and /v1/completions accept, and what
+a batch line's body may hold (S3 batches and OpenAI's /v1/batches), so the same body is accepted or refused,
+naming the same field, on every path. The API validates requests with these models (api/routes/openai.py);
+the batch line parser (worker/batches/lines.py) validates each line's body with them too.
+
+Three steps, each refusing with a `Refusal` that names the field:
+1. the pydantic models: types and bounds (core/request_fields.py), unknown fields refused;
+2. `check_request`: the model served, fields sent but not supported (`n` > 1, `logit_bias`, ...), and the
+   chat roles the model's chat template knows (`ChatRoles`);
+3. `job_params`: the sent fields under the job's (engine's) names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
+
+from core.field_errors import validation_message
+from core.request_fields import (
+    MAX_INT32,
+    ChatRole,
+    MinP,
+    MinTokens,
+    NonEmptyText,
+    OpenAIPenalty,
+    OpenAITemperature,
+    RepetitionPenalty,
+    Seed,
+    Stop,
+    StopTokenIds,
+    StoredText,
+    TokenCount,
+    TopK,
+    TopP,
+)
+from core.request_rules import MAX_LOGPROBS
+from core.settings import Settings
+from core.structured_rules import MAX_CHOICES, structured_from_response_format, structured_problem
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+COMPLETIONS_MAX_LOGPROBS = 5  # OpenAI's limit for /v1/completions
+STRUCTURED_FIELDS = ("response_format", "regex", "choice")
+STREAMED_LOGPROBS = "logprobs are not supported with stream=true; send the request without streaming"
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+# What a refusal is; each path turns it into its own answer (api/routes/openai.py: 400 or 404; a batch: a
+# line error code).
+RefusalKind = Literal["invalid", "unsupported", "model_not_found"]
+
+
+class Refusal(ValueError):
+    """A body the rules refuse; `param` names the field and `message` starts with it."""
+
+    def __init__(self, kind: RefusalKind, param: str | None, reason: str) -> None:
+        self.kind, self.param = kind, param
+        self.message = f"{param}: {reason}" if param else reason
+        super().__init__(self.message)
+
+
+@dataclass(frozen=True)
+class ChatRoles:
+    """The optional roles the model's chat template knows, found by their names in its source ('tool' or
+    "tool"): a template that never names a role has no rendering for it made for the model. `developer`
+    without one is sent as `system` (OpenAI's newer name for it); `tool` without one is refused."""
+
+    developer: bool = False
+    tool: bool = False
+
+    @classmethod
+    def of_template(cls, template: object) -> ChatRoles:
+        if not isinstance(template, str):  # no chat template (or several named ones): only the base roles
+            return cls()
+        return cls(developer=_names_role(template, "developer"), tool=_names_role(template, "tool"))
+
+
+def _names_role(template: str, role: str) -> bool:
+    return f"'{role}'" in template or f'"{role}"' in template
+
+
+@dataclass(frozen=True)
+class Served:
+    """What this deployment serves: the names `model` may take (none: any, for parsers used without a
+    deployment), and its chat template's roles."""
+
+    models: tuple[str, ...] = ()
+    roles: ChatRoles = ChatRoles()
+
+    @classmethod
+    def of(cls, settings: Settings, chat_template: object) -> Served:
+        names = (settings.served_model_id(), *([settings.model] if settings.model else []))
+        return cls(models=names, roles=ChatRoles.of_template(chat_template))
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    include_usage: bool | None = None
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["text"]
+    text: StoredText
+
+
+class ChatMessageIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: ChatRole = Field(
+        description="`developer` is sent as `system` when the chat template has no developer role; `tool` "
+        "only when the chat template has a tool role"
+    )
+    content: StoredText | list[TextPart]
+    name: StoredText | None = Field(None, description="accepted and ignored")
+    tool_call_id: StoredText | None = Field(None, description="accepted and ignored")
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class OpenAISampling(BaseModel):
+    """Fields shared by both endpoints; None means "not sent" (OpenAI's defaults apply)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: NonEmptyText | None = Field(None, description="the served model (GET /v1/models); optional")
+    max_tokens: TokenCount | None = None
+    temperature: OpenAITemperature | None = None
+    top_p: TopP | None = None
+    n: int | None = Field(None, ge=1, le=MAX_INT32, description="only 1")
+    stop: Stop | None = None
+    seed: Seed | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: OpenAIPenalty | None = None
+    frequency_penalty: OpenAIPenalty | None = None
+    logit_bias: dict[str, FiniteFloat] | None = Field(None, description="only empty")
+    user: StoredText | None = Field(None, description="accepted and ignored")
+    # Engine extras (the SDK's extra_body)
+    top_k: TopK | None = None
+    min_p: MinP | None = None
+    min_tokens: MinTokens | None = None
+    repetition_penalty: RepetitionPenalty | None = None
+    ignore_eos: bool | None = None
+    stop_token_ids: StopTokenIds | None = None
+    response_format: dict[str, Any] | None = Field(
+        None, description='{"type": "json_schema", "json_schema": {"name", "schema"}}, json_object or text'
+    )
+    regex: Annotated[str, Field(min_length=1)] | None = Field(None, description="output matches this regex")
+    choice: Annotated[list[NonEmptyText], Field(min_length=1, max_length=MAX_CHOICES)] | None = Field(
+        None, description="output is exactly one of these strings"
+    )
+
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def refusal(self) -> Refusal | None:
+        """A sent value Conveyor cannot honour (or that contradicts another), else None."""
+        if self.n not in (None, 1):
+            return Refusal(
+                "unsupported", "n", "only n=1 is supported; send separate requests for more choices"
+            )
+        if self.logit_bias:
+            return Refusal("unsupported", "logit_bias", "logit_bias is not supported")
+        if self.stream_options is not None and not self.stream:
+            return Refusal("invalid", "stream_options", "stream_options is only allowed with stream=true")
+        return self._structured_refusal()
+
+    def _structured_refusal(self) -> Refusal | None:
+        sent = [name for name in STRUCTURED_FIELDS if getattr(self, name) is not None]
+        if len(sent) > 1:
+            return Refusal(
+                "invalid",
+                sent[1],
+                f"send at most one of {', '.join(STRUCTURED_FIELDS)}; {sent[0]} is set too",
+            )
+        try:
+            structured = self.structured()
+        except ValueError as exc:
+            return Refusal("invalid", sent[0], str(exc))
+        problem = structured_problem(structured) if structured is not None else None
+        return Refusal("invalid", sent[0], problem) if problem is not None else None
+
+    def structured(self) -> dict[str, Any] | None:
+        """The engine's structured-output form (a job's params["structured"]), or None. ValueError: why the
+        response_format cannot be one."""
+        if self.response_format is not None:
+            return structured_from_response_format(self.response_format)
+        if self.regex is not None:
+            return {"regex": self.regex}
+        return {"choice": self.choice} if self.choice is not None else None
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    def job_params(self) -> dict[str, Any]:
+        """The sent sampling fields under the job's (engine's) names, structured-output fields as sent;
+        unsent ones keep the job defaults. max_tokens is left to the caller (each path has its default)."""
+        names = (
+            "temperature",
+            "top_p",
+            "stop",
+            "seed",
+            "top_k",
+            "min_p",
+            "min_tokens",
+            "repetition_penalty",
+            "presence_penalty",
+            "frequency_penalty",
+            "ignore_eos",
+            "stop_token_ids",
+            *STRUCTURED_FIELDS,
+        )
+        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+
+
+class ChatCompletionCreate(OpenAISampling):
+    messages: list[ChatMessageIn] = Field(min_length=1)
+    max_completion_tokens: TokenCount | None = None
+    logprobs: StrictBool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+
+    def refusal(self) -> Refusal | None:
+        if self.top_logprobs is not None and not self.logprobs:
+            return Refusal("invalid", "top_logprobs", "top_logprobs needs logprobs set to true")
+        if self.logprobs and self.stream:
+            return Refusal("unsupported", "logprobs", STREAMED_LOGPROBS)
+        both = (self.max_tokens, self.max_completion_tokens)
+        if None not in both and both[0] != both[1]:
+            return Refusal(
+                "invalid", "max_completion_tokens", "max_tokens and max_completion_tokens disagree"
+            )
+        return super().refusal()
+
+    def job_params(self) -> dict[str, Any]:
+        """`logprobs: true` + `top_logprobs: n` is the engine's `logprobs: n` (0 alternatives by default)."""
+        params = super().job_params()
+        if self.logprobs:
+            params["logprobs"] = self.top_logprobs or 0
+        return params
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def chat_messages(self, roles: ChatRoles) -> list[dict[str, str]]:
+        """{"role", "content"} for the chat template: text parts joined, `developer` as `system` when the
+        template has no developer role; a tool message without a tool role in the template is refused."""
+        plain = []
+        for index, message in enumerate(self.messages):
+            role = message.role
+            if role == "tool" and not roles.tool:
+                raise Refusal(
+                    "unsupported",
+                    f"messages[{index}].role",
+                    "the model's chat template has no tool role, so tool messages cannot be rendered",
+                )
+            if role == "developer" and not roles.developer:
+                role = "system"
+            plain.append({"role": role, "content": message.text()})
+        return plain
+
+
+class CompletionCreate(OpenAISampling):
+    prompt: (
+        NonEmptyText
+        | Annotated[list[NonEmptyText], Field(min_length=1, max_length=1)]
+        | list[int]
+        | list[list[int]]
+    )
+    logprobs: int | None = Field(None, ge=0, le=COMPLETIONS_MAX_LOGPROBS)
+    echo: bool | None = None
+    suffix: StoredText | None = None
+    best_of: int | None = Field(None, ge=1, le=MAX_INT32)
+
+    def refusal(self) -> Refusal | None:
+        if isinstance(self.prompt, list) and not self.prompt:  # [] matches list[int] as well as list[str]
+            return Refusal("invalid", "prompt", "must not be empty")
+        if isinstance(self.prompt, list) and not all(isinstance(p, str) for p in self.prompt):
+            return Refusal("unsupported", "prompt", "token-id prompts are not supported; send text")
+        checks = (
+            ("logprobs", self.logprobs is not None and bool(self.stream), STREAMED_LOGPROBS),
+            ("echo", bool(self.echo), "echo is not supported"),
+            ("suffix", bool(self.suffix), "suffix is not supported"),
+            ("best_of", self.best_of not in (None, 1), "only best_of=1 is supported"),
+        )
+        for param, bad, reason in checks:
+            if bad:
+                return Refusal("unsupported", param, reason)
+        return super().refusal()
+
+    def job_params(self) -> dict[str, Any]:
+        params = super().job_params()
+        if self.logprobs is not None:
+            params["logprobs"] = self.logprobs
+        return params
+
+    def prompt_text(self) -> str:
+        prompt = self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+        assert isinstance(prompt, str), "checked by refusal()"
+        return prompt
+
+
+OpenAIRequest = ChatCompletionCreate | CompletionCreate
+
+
+def parse_body(endpoint: str, body: dict[str, Any]) -> OpenAIRequest:
+    """A batch line's body validated as the synchronous route validates its request; Refusal naming the
+    field otherwise."""
+    model = ChatCompletionCreate if endpoint == CHAT else CompletionCreate
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        param, message = validation_message(exc.errors())
+        raise Refusal("invalid", param, message.removeprefix(f"{param}: ") if param else message) from None
+
+
+def check_request(body: OpenAIRequest, served: Served) -> None:
+    """Refusal for a model that is not served or a field that cannot be honoured (chat roles: chat_messages
+    checks them)."""
+    if body.model is not None and served.models and body.model not in served.models:
+        raise Refusal(
+            "model_not_found",
+            "model",
+            f"the model `{body.model}` does not exist; this server serves `{served.models[0]}`",
+        )
+    refusal = body.refusal()
+    if refusal is not None:
+        raise refusal

@@ -1,0 +1,246 @@
+"""One set of rules for OpenAI fields: each body of the table goes to the synchronous route and, as a line,
+into a batch of the same endpoint; both accept it or both refuse it naming the same field (400/404 on the
+route, a line error with its line number in the batch while the other lines run). Also: bodies that are not
+JSON, or not an object, get an error saying so on every route family, in that family's error shape.
+
+The synchronous route's jobs are run to success the moment they are published (no engine); the batch is read
+by a batch runner with the demo model's tokenizer (the chat template the API also reads), into queued jobs."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from service_support import RecordingPublisher, Service, error_of
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from core.clock import utcnow
+from core.openai_request import CHAT, COMPLETIONS
+from core.store import jobs
+from core.store.tables import BatchLine, Job
+from engine.tokenizer import Tokenizer
+from worker.batches.runner import BatchRunner
+
+USER = {"role": "user", "content": "hi"}
+# (case, endpoint, body without model, the field both paths must refuse; None: both accept)
+CASES: list[tuple[str, str, dict[str, Any], str | None]] = [
+    ("chat", CHAT, {"messages": [USER], "max_tokens": 2}, None),
+    ("text", COMPLETIONS, {"prompt": "hi", "max_tokens": 2}, None),
+    ("penalties", CHAT, {"messages": [USER], "presence_penalty": 0.5, "frequency_penalty": -1.5}, None),
+    ("text-penalties", COMPLETIONS, {"prompt": "hi", "presence_penalty": 2, "frequency_penalty": 2}, None),
+    ("presence-range", CHAT, {"messages": [USER], "presence_penalty": 2.5}, "presence_penalty"),
+    ("frequency-type", COMPLETIONS, {"prompt": "hi", "frequency_penalty": "high"}, "frequency_penalty"),
+    ("n-1", CHAT, {"messages": [USER], "n": 1}, None),
+    ("n-2", CHAT, {"messages": [USER], "n": 2}, "n"),
+    ("text-n-2", COMPLETIONS, {"prompt": "hi", "n": 2}, "n"),
+    ("unknown-model", CHAT, {"messages": [USER], "model": "gpt-4o"}, "model"),
+    ("text-unknown-model", COMPLETIONS, {"prompt": "hi", "model": "gpt-4o"}, "model"),
+    ("unknown-role", CHAT, {"messages": [USER, {"role": "robot", "content": "x"}]}, "messages[1].role"),
+    (
+        "tool-role",
+        CHAT,
+        {"messages": [USER, {"role": "tool", "content": "4", "tool_call_id": "c"}]},
+        "messages[1].role",
+    ),
+    ("developer-role", CHAT, {"messages": [{"role": "developer", "content": "be brief"}, USER]}, None),
+    ("unknown-field", CHAT, {"messages": [USER], "frobnicate": 1}, "frobnicate"),
+    ("logit-bias", CHAT, {"messages": [USER], "logit_bias": {"5": 1}}, "logit_bias"),
+    ("engine-extras", CHAT, {"messages": [USER], "top_k": 5, "stop_token_ids": [2], "min_tokens": 1}, None),
+    ("token-ids", COMPLETIONS, {"prompt": [1, 2, 3]}, "prompt"),
+    ("two-structured", CHAT, {"messages": [USER], "regex": "a+", "choice": ["a"]}, "choice"),
+    (
+        "disagree",
+        CHAT,
+        {"messages": [USER], "max_tokens": 2, "max_completion_tokens": 3},
+        "max_completion_tokens",
+    ),
+    ("top-logprobs", CHAT, {"messages": [USER], "top_logprobs": 2}, "top_logprobs"),
+    ("chat-int-logprobs", CHAT, {"messages": [USER], "logprobs": 2}, "logprobs"),
+    ("best-of", COMPLETIONS, {"prompt": "hi", "best_of": 2}, "best_of"),
+    ("temperature", CHAT, {"messages": [USER], "temperature": 3}, "temperature"),
+]
+
+
+class InstantWorker(RecordingPublisher):
+    """Runs each job to success when it is published, so the synchronous routes answer without an engine."""
+
+    def __init__(self, session_factory: sessionmaker[Session]) -> None:
+        super().__init__()
+        self._session_factory = session_factory
+
+    def publish(self, job_id: str, queue: str) -> None:
+        super().publish(job_id, queue)
+        with self._session_factory() as session:
+            job = jobs.claim(session, job_id, "instant-worker", utcnow())
+            assert job is not None
+            jobs.complete(
+                session,
+                job_id,
+                job.attempts,
+                result_text="ok",
+                finish_reason="stop",
+                prompt_tokens=1,
+                completion_tokens=1,
+                preemptions=0,
+                first_token_at=None,
+                now=utcnow(),
+            )
+
+
+@pytest.fixture(scope="module")
+def engine_tokenizer(demo_model_dir: Path) -> Tokenizer:
+    return Tokenizer(demo_model_dir)
+
+
+def _with_model(body: dict[str, Any], model: str) -> dict[str, Any]:
+    return {"model": model, **body}
+
+
+def _sync(client: TestClient, endpoint: str, body: dict[str, Any]) -> tuple[str | None, Any]:
+    """(the refused param or None, the response)."""
+    r = client.post(endpoint, json=body)
+    if r.status_code == 200:
+        return None, r
+    assert r.status_code in (400, 404), r.text
+    error = error_of(r)
+    assert error["message"].startswith(f"{error['param']}: "), error
+    return str(error["param"]), r
+
+
+def _run_batch(
+    service: Service, client: TestClient, endpoint: str, bodies: list[dict[str, Any]], tokenizer: Tokenizer
+) -> dict[int, BatchLine]:
+    lines = [
+        json.dumps({"custom_id": f"c{i}", "method": "POST", "url": endpoint, "body": body})
+        for i, body in enumerate(bodies)
+    ]
+    upload = client.post(
+        "/v1/files", files={"file": ("in.jsonl", "\n".join(lines).encode())}, data={"purpose": "batch"}
+    )
+    assert upload.status_code == 200, upload.text
+    created = client.post("/v1/batches", json={"input_file_id": upload.json()["id"], "endpoint": endpoint})
+    assert created.status_code == 200, created.text
+    runner = BatchRunner(
+        service.session_factory,
+        service.settings,
+        lambda job_id, queue: None,
+        "runner-1",
+        tokenizer=tokenizer,
+        s3=None,
+        model_name=service.settings.served_model_id(),
+    )
+    for _ in range(3):
+        runner.run_once()
+    with service.session_factory() as session:
+        rows = session.scalars(select(BatchLine).where(BatchLine.batch_id == created.json()["id"])).all()
+        session.expunge_all()
+    return {row.line: row for row in rows}
+
+
+def _job(service: Service, job_id: str) -> Job:
+    with service.session_factory() as session:
+        job = session.get(Job, job_id)
+        assert job is not None
+        session.expunge(job)
+        return job
+
+
+def test_a_body_is_accepted_or_refused_alike_by_the_route_and_in_a_batch(
+    make_service: Callable[..., Service],
+    session_factory: sessionmaker[Session],
+    demo_model_dir: Path,
+    engine_tokenizer: Tokenizer,
+) -> None:
+    service = make_service(
+        publisher=InstantWorker(session_factory), model=str(demo_model_dir), batch_window_jobs=100
+    )
+    client = service.client("alice")
+    model = service.settings.served_model_id()
+    for endpoint in (CHAT, COMPLETIONS):
+        cases = [case for case in CASES if case[1] == endpoint]
+        bodies = [body if "model" in body else _with_model(body, model) for _, _, body, _ in cases]
+        batch = _run_batch(service, client, endpoint, bodies, engine_tokenizer)
+        for number, ((name, _, _, refused), body) in enumerate(zip(cases, bodies, strict=True), start=1):
+            param, response = _sync(client, endpoint, body)
+            line = batch[number]
+            assert param == refused, (name, response.text)
+            if refused is None:
+                assert line.status != "failed" and line.job_id is not None, (name, line.error)
+                _check_accepted(service, name, response.headers["X-Conveyor-Job-Id"], line.job_id)
+                continue
+            assert line.status == "failed" and line.error is not None, name
+            assert line.error["message"].startswith(f"{refused}: "), (name, line.error)
+            if refused == "model":  # a 404 on the route, its own line error code in the batch
+                assert response.status_code == 404 and error_of(response)["code"] == "model_not_found"
+                assert line.error["code"] == "model_not_found"
+
+
+def _check_accepted(service: Service, name: str, sync_job_id: str, batch_job_id: str) -> None:
+    """Both paths stored the request alike: the penalties in the params, developer as system."""
+    sync_job, batch_job = _job(service, sync_job_id), _job(service, batch_job_id)
+    if name == "penalties":
+        for job in (sync_job, batch_job):
+            assert (job.params["presence_penalty"], job.params["frequency_penalty"]) == (0.5, -1.5)
+    if name == "developer-role":
+        for job in (sync_job, batch_job):
+            assert job.messages is not None and job.messages[0] == {"role": "system", "content": "be brief"}
+
+
+BAD_BODIES = [  # (raw body, content type, what the message must say)
+    (b"{not json", "application/json", "body: not valid JSON (Expecting property name"),
+    (b"", "application/json", "body: empty; send a JSON object"),
+    (b"[1, 2]", "application/json", "body: must be a JSON object, got an array"),
+    (b'"text"', "application/json", "body: must be a JSON object, got a string"),
+    (b"42", "application/json", "body: must be a JSON object, got a number"),
+    (b'{"prompt": "x"}', "text/plain", "body: not read as JSON (Content-Type text/plain)"),
+]
+CONVEYOR_ROUTES = ("/v1/jobs", "/v1/webhooks", "/v1/batches")
+OPENAI_ROUTES = (CHAT, COMPLETIONS)
+
+
+@pytest.mark.parametrize(("raw", "content_type", "says"), BAD_BODIES)
+def test_a_body_that_is_not_a_json_object_is_refused_saying_so(
+    service: Service,
+    raw: bytes,
+    content_type: str,
+    says: str,
+) -> None:
+    client = service.client("alice")
+    for path in CONVEYOR_ROUTES:
+        r = client.post(path, content=raw, headers={"Content-Type": content_type})
+        assert r.status_code == 422, (path, r.text)
+        error = error_of(r)
+        assert (error["code"], error["field"]) == ("invalid_request", "body"), (path, error)
+        assert error["message"].startswith(says), (path, error)
+    for path in OPENAI_ROUTES:
+        r = client.post(path, content=raw, headers={"Content-Type": content_type})
+        assert r.status_code == 400, (path, r.text)
+        error = error_of(r)
+        assert (error["type"], error["param"]) == ("invalid_request_error", "body"), (path, error)
+        assert error["message"].startswith(says), (path, error)
+
+
+def test_the_job_api_takes_the_penalties_and_refuses_unknown_roles(service: Service) -> None:
+    client = service.client("alice")
+    body = {"prompt": "hi", "presence_penalty": 1.5, "frequency_penalty": -0.5}
+    accepted = client.post("/v1/jobs", json=body)
+    assert accepted.status_code == 202, accepted.text
+    params = _job(service, accepted.json()["id"]).params
+    assert (params["presence_penalty"], params["frequency_penalty"]) == (1.5, -0.5)
+    plain = client.post("/v1/jobs", json={"prompt": "hi"})
+    assert "presence_penalty" not in _job(service, plain.json()["id"]).params  # unset: params as before
+    for refused, field in (
+        ({"prompt": "hi", "frequency_penalty": 2.5}, "frequency_penalty"),
+        (
+            {"messages": [{"role": "user", "content": "a"}, {"role": "robot", "content": "b"}]},
+            "messages[1].role",
+        ),
+    ):
+        r = client.post("/v1/jobs", json=refused)
+        assert r.status_code == 422, r.text
+        assert error_of(r)["field"] == field and error_of(r)["message"].startswith(f"{field}: ")
