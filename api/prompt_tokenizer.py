@@ -6,6 +6,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from core.model_limits import model_context_length
+
 
 class PromptTokenizer:
     """Renders chat messages with the model's chat template and counts tokens the way the engine will.
@@ -17,7 +19,14 @@ class PromptTokenizer:
         from transformers import AutoTokenizer
 
         self._tok: Any = AutoTokenizer.from_pretrained(str(model_path))
+        # The model's own context length (config.json): what submit judges prompt + max_tokens against.
+        self.context_length: int | None = model_context_length(Path(model_path))
         self._lock = threading.Lock()
+
+    @property
+    def chat_template(self) -> object:
+        """The model's chat template source (None without one); read for the roles it names."""
+        return self._tok.chat_template
 
     def count_prompt(self, prompt: str) -> int:
         with self._lock:

@@ -3,8 +3,9 @@
 Every worker process (and the embedded runtime) runs this loop every reconcile_interval_s:
   1. queued jobs past their ttl -> expired;
   2. running jobs of dead workers (stopped, or no heartbeat for worker_dead_after_s) -> queued (and
-     undispatched), so a SIGKILLed worker's job runs again. A worker never judges itself: its own heartbeat
-     may be late (the database was down, the process was paused) while it is plainly alive;
+     undispatched), so a SIGKILLed worker's job runs again; one that has had its max_attempts runs ->
+     failed (`worker_lost`) instead. A worker never judges itself: its own heartbeat may be late (the
+     database was down, the process was paused) while it is plainly alive;
   3. this worker's own running jobs that its runner does not hold (the claim committed but its answer was
      lost with the connection) -> queued;
   4. queued jobs still undispatched after dispatch_grace_s (the API died between commit and publish, the
@@ -14,6 +15,8 @@ Every worker process (and the embedded runtime) runs this loop every reconcile_i
        to one reconciler in the fleet), every queued job dispatched before now, however busy the queue is;
      - a queue the broker reports empty while the store still has jobs of it queued, dispatched a while
        ago (REDISPATCH_FACTOR x dispatch_grace_s): their messages went missing some other way.
+Every purge_interval_s it also runs the retention purge (core/store/retention.py) and prunes the rows of
+long-dead workers.
 Every change is a conditional UPDATE, so reconcilers may run concurrently; a job published twice is claimed
 once (the second message finds it no longer queued and is dropped).
 """
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -33,7 +37,7 @@ from core.clock import utcnow
 from core.dispatch import publish_and_mark
 from core.finished_jobs import FinishedSink
 from core.settings import Settings
-from core.store import jobs, workers
+from core.store import jobs, retention, workers
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +69,7 @@ class ReconcileReport:
     requeued: int
     published: int
     redispatched: int = 0
+    lost: int = 0  # failed with worker_lost: their worker died on each of their max_attempts runs
 
 
 class Reconciler:
@@ -78,6 +83,8 @@ class Reconciler:
         self._interval_s = settings.reconcile_interval_s
         self._grace = timedelta(seconds=settings.dispatch_grace_s)
         self._dead_after_s = settings.worker_dead_after_s
+        self._settings = settings
+        self._next_purge = time.monotonic()  # the first round purges; then every purge_interval_s
         self._lost_before: datetime | None = None  # the broker lost its queues; not all republished yet
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="reconciler", daemon=True)
@@ -97,13 +104,17 @@ class Reconciler:
             dead = workers.dead_workers_with_jobs(session, now=now, dead_after_s=self._dead_after_s)
             if self._local is not None and self._local.worker_id in dead:
                 dead.remove(self._local.worker_id)
+            lost = jobs.fail_lost(session, dead, now, self._settings.max_attempts)
+            if lost:
+                log.warning("failed %d job(s) as worker_lost: their worker died and they had had their "
+                            "max_attempts (%d) runs", len(lost), self._settings.max_attempts)
             requeued = jobs.requeue_orphans(session, dead, now)
             if requeued:
                 log.warning("requeued %d job(s) of dead worker(s) %s", len(requeued), dead)
             requeued += self._requeue_unheld(session, now)
             stale = jobs.undispatched(session, now - self._grace)
-        if expired and self._finished is not None:
-            self._finished.finished(expired)
+        if (expired or lost) and self._finished is not None:
+            self._finished.finished(expired + lost)
         # Requeued jobs go out now, whatever their age; the rest once the API's grace has passed.
         pending = requeued + [job for job in stale if job not in requeued]
         published = publish_and_mark(self._sessions, self._broker.publish, pending)
@@ -113,7 +124,22 @@ class Reconciler:
         if published == len(pending):  # the broker is up
             redispatched = self._redispatch_lost(now)
         return ReconcileReport(expired=len(expired), requeued=len(requeued), published=published,
-                               redispatched=redispatched)
+                               redispatched=redispatched, lost=len(lost))
+
+    def purge_once(self) -> retention.PurgeReport:
+        """The retention purge, and the rows of workers dead for worker_prune_after_s."""
+        now = utcnow()
+        with self._sessions() as session:
+            pruned = workers.prune(session, now=now, older_than_s=self._settings.worker_prune_after_s)
+        if pruned:
+            log.info("pruned %d row(s) of long-dead workers", pruned)
+        return retention.purge(self._sessions, self._settings, now)
+
+    def _purge_when_due(self) -> None:
+        if time.monotonic() < self._next_purge:
+            return
+        self._next_purge = time.monotonic() + self._settings.purge_interval_s
+        self.purge_once()
 
     def _requeue_unheld(self, session: Session, now: datetime) -> list[tuple[str, str]]:
         if self._local is None:
@@ -167,6 +193,7 @@ class Reconciler:
         while not self._stop.wait(self._interval_s):
             try:
                 self.run_once()
+                self._purge_when_due()
             except Exception as exc:  # store or broker briefly unreachable: one line a round, not a traceback
                 log.warning("reconcile failed (%s: %s); trying again in %s s", type(exc).__name__, exc,
                             self._interval_s)

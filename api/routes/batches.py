@@ -1,4 +1,5 @@
-"""/v1/batches: create (OpenAI's form or Conveyor's S3 form), read, list, cancel. OpenAI's Batch API shape."""
+"""/v1/batches: create (OpenAI's form or Conveyor's S3 form), read, list, cancel, delete. OpenAI's Batch API
+shape."""
 
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ from api.batch_locations import check_batch_location
 from api.deps import ServicesDep, SessionDep
 from api.errors import ApiError, can_be_stored_id, lookup_id, not_found
 from api.schemas.batches import BatchCreate, BatchList, BatchPublic
+from api.schemas.deleted import Deleted
 from api.schemas.errors import error_responses
 from api.webhook_targets import check_job_webhook
 from core.clock import utcnow
-from core.lifecycle import BATCH_CANCELLED, CANCELLING
-from core.store import batches, files
+from core.lifecycle import BATCH_CANCELLED, CANCELLING, OPEN_BATCH_STATUSES
+from core.store import batches, blobs, files
 from core.store.tables import Batch
 from core.views import batch_public
 
@@ -87,6 +89,28 @@ def cancel_batch(batch_id: str, session: SessionDep, tenant: CurrentTenant) -> B
     if batch.status not in (CANCELLING, BATCH_CANCELLED):
         raise ApiError(409, "not_cancellable", f"id: batch {batch_id} already {batch.status}", "id")
     return _public(batch)
+
+
+@router.delete("/{batch_id}", response_model=Deleted, responses=error_responses(401, 404, 409))
+def delete_batch(batch_id: str, session: SessionDep, services: ServicesDep, tenant: CurrentTenant) -> Deleted:
+    """Deletes an ended batch (completed, failed, expired or cancelled): its lines, its jobs, its output
+    and error files (the stored bytes too) and its webhook deliveries. Results written to an S3 `output`
+    stay: they are the client's. An open batch is refused (409): cancel it and wait for it to end."""
+    lookup_id("batch", batch_id)
+    urls: list[str] = []
+    while True:  # a chunk of lines per transaction: a million-line batch never holds one huge transaction
+        step = batches.delete_step(session, batch_id, tenant, services.settings.purge_chunk_rows)
+        if step.status is None:
+            raise not_found("batch", batch_id)
+        if step.status in OPEN_BATCH_STATUSES:
+            message = f"id: batch {batch_id} is {step.status}; cancel it and delete it once it has ended"
+            raise ApiError(409, "not_deletable", message, "id")
+        urls += step.blob_urls
+        if step.done:
+            break
+    for url in urls:
+        blobs.delete(services.settings, url)
+    return Deleted(id=batch_id, object="batch")
 
 
 def _check_metadata(body: BatchCreate, limit: int) -> None:

@@ -1,4 +1,4 @@
-"""/v1/files: upload (multipart, purpose `batch`), read, download. OpenAI's Files API shape."""
+"""/v1/files: upload (multipart, purpose `batch`), read, download, delete. OpenAI's Files API shape."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from starlette.datastructures import UploadFile
 from api.auth import CurrentTenant
 from api.deps import Services, ServicesDep, SessionDep
 from api.errors import ApiError, can_be_stored_id, lookup_id, not_found
+from api.schemas.deleted import Deleted
 from api.schemas.errors import error_responses
 from api.schemas.files import UPLOAD_BODY, FileList, FilePublic
 from core.clock import utcnow
@@ -81,6 +82,21 @@ def file_content(file_id: str, session: SessionDep, services: ServicesDep, tenan
     chunks: Iterator[bytes] = blobs.read_chunks(services.settings, row.url)
     headers = {"Content-Length": str(row.bytes)}
     return StreamingResponse(chunks, media_type="application/octet-stream", headers=headers)
+
+
+@router.delete("/{file_id}", response_model=Deleted, responses=error_responses(401, 404, 409))
+def delete_file(file_id: str, session: SessionDep, services: ServicesDep, tenant: CurrentTenant) -> Deleted:
+    """Deletes the file and its stored bytes (OpenAI's `client.files.delete`). A file an open batch still
+    reads as its input is refused (409) until the batch has ended."""
+    outcome = files.delete_file(session, lookup_id("file", file_id), tenant)
+    if not outcome.found:
+        raise not_found("file", file_id)
+    if outcome.open_batch_id is not None:
+        message = f"id: file {file_id} is the input of batch {outcome.open_batch_id}, which has not ended"
+        raise ApiError(409, "not_deletable", message, "id")
+    assert outcome.url is not None
+    blobs.delete(services.settings, outcome.url)  # after the commit: a failure here leaves an orphan blob
+    return Deleted(id=file_id, object="file")
 
 
 def _filename(name: str | None) -> str:

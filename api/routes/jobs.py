@@ -1,4 +1,4 @@
-"""/v1/jobs: submit, read (at once, by long poll, or as server-sent events), list, cancel."""
+"""/v1/jobs: submit, read (at once, by long poll, or as server-sent events), list, cancel, delete."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from api.auth import CurrentTenant, WaitingTenant
 from api.deps import ServicesDep, SessionDep
 from api.errors import ApiError, can_be_stored_id, lookup_id, not_found
 from api.job_waits import EVENTS_MAX_S, KEEPALIVE_S, MAX_WAIT_S
+from api.schemas.deleted import Deleted
 from api.schemas.errors import error_responses
 from api.schemas.jobs import JobCreate, JobList
 from api.submit import submit
@@ -121,3 +122,20 @@ def cancel_job(job_id: str, session: SessionDep, services: ServicesDep, tenant: 
     if services.finished is not None:  # committed: wake this job's waiters here and in other API processes
         services.finished.finished([job.id])
     return JobPublic.from_row(job)
+
+
+@router.delete("/{job_id}", response_model=Deleted, responses=error_responses(401, 404, 409))
+def delete_job(job_id: str, session: SessionDep, tenant: CurrentTenant) -> Deleted:
+    """Deletes a finished job (succeeded, failed, cancelled or expired): its prompt, result, logprobs and
+    webhook deliveries. A queued or running job is refused (409): cancel it first, then delete it."""
+    outcome = jobs.delete_finished(session, lookup_id("job", job_id), tenant)
+    if outcome.status is None:
+        raise not_found("job", job_id)
+    if outcome.open_batch_id is not None:
+        message = (f"id: job {job_id} belongs to batch {outcome.open_batch_id}, which has not ended; delete "
+                   "the batch once it has")
+        raise ApiError(409, "not_deletable", message, "id")
+    if not outcome.deleted:
+        raise ApiError(409, "not_deletable", f"id: job {job_id} is {outcome.status}; cancel it first "
+                       f"(POST /v1/jobs/{job_id}/cancel), then delete it", "id")
+    return Deleted(id=job_id, object="job")

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, case, func, or_, select, update
+from sqlalchemy import ColumnElement, case, delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from core.lifecycle import (
@@ -39,6 +39,7 @@ from core.lifecycle import (
     STOP_FAILED,
     VALIDATING,
 )
+from core.store import files, jobs, webhooks
 from core.store.finished import record_finished
 from core.store.paging import page_after_id
 from core.store.tables import Batch, BatchLine, Job
@@ -330,3 +331,49 @@ def finish(session: Session, batch_id: str, owner: str, now: datetime, *, status
         session.rollback()
         return None
     return get(session, batch_id)
+
+
+# --- deleting ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BatchDeletionStep:
+    """One transaction of deleting a batch: `status` None when there is no such batch (or, with
+    skip_locked, another transaction holds it); an open status means nothing was deleted; else `done` says
+    whether the batch row itself went, and `blob_urls` are its output files' blobs to remove."""
+
+    status: str | None
+    done: bool = False
+    blob_urls: list[str] = field(default_factory=list)
+
+
+def delete_step(session: Session, batch_id: str, tenant_id: str | None, chunk_rows: int, *,
+                skip_locked: bool = False) -> BatchDeletionStep:
+    """Deletes up to `chunk_rows` of an ended batch's lines with their jobs (and those jobs' webhook
+    deliveries); once none are left, its output and error files, its own deliveries and the batch row.
+    Holds the batch row's lock for the transaction, so two deleters (the API and purges in several
+    workers) never work on one batch at once. Commits. Call again until `done`."""
+    query = select(Batch.status, Batch.tenant_id, Batch.output_file_id, Batch.error_file_id).where(
+        Batch.id == batch_id)
+    if tenant_id is not None:
+        query = query.where(Batch.tenant_id == tenant_id)
+    row = session.execute(query.with_for_update(skip_locked=skip_locked)).first()
+    if row is None or row.status in OPEN_BATCH_STATUSES:
+        session.rollback()
+        return BatchDeletionStep(row.status if row is not None else None)
+    lines = session.execute(
+        select(BatchLine.line, BatchLine.job_id).where(BatchLine.batch_id == batch_id).limit(chunk_rows)
+    ).all()
+    if lines:
+        jobs.delete_rows(session, row.tenant_id, [job_id for _, job_id in lines if job_id is not None])
+        session.execute(delete(BatchLine).where(BatchLine.batch_id == batch_id,
+                                                BatchLine.line.in_([line for line, _ in lines])))
+        session.commit()
+        return BatchDeletionStep(row.status)
+    urls = files.delete_rows(session, [f for f in (row.output_file_id, row.error_file_id) if f is not None])
+    webhooks.delete_for_subjects(session, row.tenant_id, "batch", [batch_id])
+    deleted = session.execute(delete(Batch).where(Batch.id == batch_id)).rowcount  # type: ignore[attr-defined]
+    session.commit()
+    if deleted != 1:  # another deleter got here first (SQLite has no row locks to keep it out)
+        return BatchDeletionStep(None)
+    return BatchDeletionStep(row.status, done=True, blob_urls=urls)

@@ -60,5 +60,14 @@ def read_chunks(settings: Settings, url: str) -> Iterator[bytes]:
             yield chunk
 
 
+def delete(settings: Settings, url: str) -> None:
+    """Removes the blob at `url`; one already gone is no error (a delete retried, or two purges)."""
+    if url.startswith("s3://"):
+        location = parse_s3_object_url(url)
+        _s3(settings).delete_object(Bucket=location.bucket, Key=location.key)
+        return
+    Path(url).unlink(missing_ok=True)
+
+
 def _s3(settings: Settings) -> Any:
     return make_s3_client(settings.s3_endpoint_url, settings.s3_region)

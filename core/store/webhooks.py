@@ -13,10 +13,11 @@ from collections.abc import Collection
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from core.lifecycle import DELIVERY_DELIVERED, DELIVERY_FAILED, DELIVERY_PENDING
+from core.store import outcome_counts
 from core.store.tables import Attempt, Delivery, SigningSecret, Subscription
 from core.webhooks.attempt import AttemptResult
 from core.webhooks.signing import generate_secret
@@ -206,6 +207,7 @@ def record(session: Session, delivery: Delivery, number: int, result: AttemptRes
     ).rowcount == 1  # type: ignore[attr-defined]
     if applied:
         session.add(_attempt_row(delivery.id, number, result))
+        outcome_counts.record_webhook_attempt(session, result.outcome)
         if result.outcome == "disabled" and delivery.subscription_id is not None:
             reason = f"target answered HTTP {result.status_code}"
             disable_subscription(session, delivery.subscription_id, reason, now)
@@ -250,6 +252,28 @@ def attempts_of(session: Session, delivery_ids: list[str]) -> dict[str, list[Att
     for row in session.execute(query).scalars():
         out[row.delivery_id].append(row)
     return out
+
+
+# --- deleting ------------------------------------------------------------------------------------------
+
+
+def delete_for_subjects(session: Session, tenant_id: str, subject_type: str, subject_ids: list[str]) -> int:
+    """Deletes the deliveries about these jobs or batches, with their attempts; no commit. Returns how many
+    deliveries went."""
+    if not subject_ids:
+        return 0
+    query = select(Delivery.id).where(Delivery.tenant_id == tenant_id, Delivery.subject_type == subject_type,
+                                      Delivery.subject_id.in_(subject_ids))
+    return delete_deliveries(session, list(session.execute(query).scalars()))
+
+
+def delete_deliveries(session: Session, delivery_ids: list[str]) -> int:
+    """Deletes these deliveries and their attempts (children first: no ON DELETE CASCADE); no commit."""
+    if not delivery_ids:
+        return 0
+    session.execute(delete(Attempt).where(Attempt.delivery_id.in_(delivery_ids)))
+    result = session.execute(delete(Delivery).where(Delivery.id.in_(delivery_ids)))
+    return int(result.rowcount)  # type: ignore[attr-defined]
 
 
 def _get(session: Session, delivery_id: str) -> Delivery | None:

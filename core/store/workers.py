@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from datetime import datetime, timedelta
 
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from core.lifecycle import RUNNING
@@ -69,3 +69,14 @@ def dead_workers_with_jobs(session: Session, *, now: datetime, dead_after_s: flo
         .distinct()
     )
     return [worker_id for worker_id in session.execute(query).scalars() if worker_id is not None]
+
+
+def prune(session: Session, *, now: datetime, older_than_s: float) -> int:
+    """Deletes the rows of workers stopped or silent for `older_than_s` that hold no running job (the
+    reconciler requeues those first); commits. Returns how many went."""
+    cutoff = now - timedelta(seconds=older_than_s)
+    holding = select(Job.worker_id).where(Job.status == RUNNING, Job.worker_id.is_not(None))
+    statement = delete(Worker).where(Worker.last_seen_at < cutoff, Worker.id.not_in(holding))
+    result = session.execute(statement.execution_options(synchronize_session=False))
+    session.commit()
+    return int(result.rowcount)  # type: ignore[attr-defined]

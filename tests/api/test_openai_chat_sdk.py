@@ -262,18 +262,16 @@ def test_sdk_error_classes(workerless: Server) -> None:
     assert full.value.code == "queue_full" and full.value.response.headers["retry-after"] == "2"
 
 
-def test_a_job_the_engine_refuses_is_a_400_or_an_error_event(embedded: Server) -> None:
+def test_a_request_beyond_the_models_context_is_a_400_at_submit(embedded: Server) -> None:
     client = embedded.client()
-    # ~200 prompt tokens + 900 exceed the model's 1024 positions: the API lets it through (no max_model_len
-    # configured), the worker's engine refuses it and the job fails with invalid_request.
+    # ~200 prompt tokens + 900 exceed the model's 1024 positions: with no max_model_len configured, the API
+    # judges it against the model's own (its config.json), streamed or not, before any job exists.
     prompt = "word " * 200
-    with pytest.raises(openai.BadRequestError) as plain:
-        client.completions.create(model=embedded.model, prompt=prompt, max_tokens=900)
-    assert plain.value.code == "invalid_request"
-    stream = client.completions.create(model=embedded.model, prompt=prompt, max_tokens=900, stream=True)
-    with pytest.raises(openai.APIError) as streamed:
-        list(stream)
-    assert streamed.value.code == "invalid_request" and "max_model_len" in streamed.value.message
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.completions.create(model=embedded.model, prompt=prompt, max_tokens=900, stream=stream)
+        assert refused.value.code == "context_too_long" and "max_model_len (1024)" in refused.value.message
+        assert refused.value.param == "max_tokens"
 
 
 def test_a_job_cancelled_through_the_jobs_api_ends_its_stream_with_an_error(embedded: Server) -> None:

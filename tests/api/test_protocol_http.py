@@ -79,7 +79,7 @@ def test_a_500_is_logged_with_its_traceback(failing_app: FastAPI, caplog: pytest
 
 @pytest.mark.parametrize(("path", "allow"), [
     ("/v1/jobs", "GET, OPTIONS, POST"),  # two routes share the path
-    ("/v1/jobs/job_x", "GET, OPTIONS"),
+    ("/v1/jobs/job_x", "DELETE, GET, OPTIONS"),
     ("/v1/webhooks/wh_x", "DELETE, GET, OPTIONS"),
     ("/healthz", "GET, OPTIONS"),
 ])
@@ -91,7 +91,7 @@ def test_options_answers_with_allow(service: Service, path: str, allow: str) -> 
 @pytest.mark.parametrize(("method", "path", "allow"), [
     ("PATCH", "/v1/jobs", "GET, OPTIONS, POST"),
     ("DELETE", "/v1/jobs", "GET, OPTIONS, POST"),
-    ("PUT", "/v1/jobs/job_x", "GET, OPTIONS"),
+    ("PUT", "/v1/jobs/job_x", "DELETE, GET, OPTIONS"),
     ("GET", "/v1/jobs/job_x/cancel", "OPTIONS, POST"),
 ])
 def test_405_lists_every_method_of_the_path(

@@ -6,9 +6,11 @@ The poison must pass the API's validation and fail in the engine. Candidates, in
    the whole engine step failed). Once the API bounds top_k it is refused with a 4xx naming the field,
    which this test asserts (the root cause is bounded), and the next candidate is tried;
 2. `seed` 2**70: torch refuses it when the engine builds the request's generator; a 4xx once bounded;
-3. a prompt plus `max_tokens` longer than the model's context (4096 positions): within the documents
-   queue's own limits, which are all the API checks when `max_model_len` is not configured, and refused by
-   the engine when the worker submits it.
+3. a prompt plus `max_tokens` longer than the model's context (4096 positions): refused at submit since
+   requests are judged against the model's context (422 naming max_tokens);
+4. a JSON Schema whose `pattern` uses a lookbehind: a valid JSON Schema, so the API (which checks schemas
+   against their meta-schema but loads no grammar compiler) accepts it, and the engine's grammar compiler
+   refuses it when the worker submits the request.
 
 The first candidate the API accepts is the poison.
 """
@@ -36,6 +38,8 @@ pytestmark = pytest.mark.faults
 HUGE = 2**70  # 1180591620717411303424
 TOGETHER = 11  # good jobs running with the poison
 MODEL_POSITIONS = 4096  # the suite's demo model (fault_model_dir)
+LOOKBEHIND = {"type": "string", "pattern": "(?<=a)b"}  # valid JSON Schema; xgrammar refuses it
+UNCOMPILABLE = {"type": "json_schema", "json_schema": {"name": "p", "schema": LOOKBEHIND}}
 
 
 def _candidates() -> list[tuple[str, dict[str, Any]]]:
@@ -45,6 +49,8 @@ def _candidates() -> list[tuple[str, dict[str, Any]]]:
         ("seed", long_job("poison: seed", 400, seed=HUGE, temperature=1.0)),
         ("max_tokens", long_job("poison: longer than the model's context " * 4, MODEL_POSITIONS,
                                 queue="documents")),
+        ("response_format", long_job("poison: a pattern the grammar compiler cannot parse", 400,
+                                     response_format=UNCOMPILABLE)),
     ]
 
 

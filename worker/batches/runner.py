@@ -42,6 +42,8 @@ from core.lifecycle import (
     STOP_EXPIRED,
     STOP_FAILED,
 )
+from core.model_limits import model_context_length, served_max_model_len
+from core.openai_request import Served
 from core.s3 import make_s3_client
 from core.settings import Settings
 from core.store import batches
@@ -273,8 +275,17 @@ class BatchRunner:
         queue = self._settings.queue(batch.queue)
         assert queue is not None, f"batch {batch.id} names unknown queue {batch.queue!r}"
         counter = prompt_token_counter(self._tokenizer) if self._tokenizer is not None else None
+        # The engine tokenizer's template decides the chat roles, as the API's does for its routes.
+        template = getattr(self._tokenizer, "chat_template", None)
         return LineLimits(endpoint=batch.endpoint, max_prompt_tokens=queue.max_prompt_tokens,
-                          count_tokens=counter, max_output_tokens=queue.max_output_tokens)
+                          count_tokens=counter, max_output_tokens=queue.max_output_tokens,
+                          served=Served.of(self._settings, template), max_model_len=self._max_model_len())
+
+    def _max_model_len(self) -> int | None:
+        """What the engine serves (the configured max_model_len within the model's), read from the model's
+        config.json: a line whose prompt + max_tokens exceed it is a line error, as at the sync routes."""
+        model_length = model_context_length(self._settings.model_folder())
+        return served_max_model_len(self._settings.max_model_len, model_length)
 
     # --- open inputs ------------------------------------------------------------------------------
 

@@ -1,0 +1,111 @@
+"""A step that runs out of device memory is retried once on the same worker, under the same attempt: one
+out-of-memory error and the job still succeeds (with the text a clean run gives); two and it fails with the
+cause; any other engine error fails it at once. The model runner's forward is made to raise, as the GPU
+would; JobRunner against Postgres and an in-process EngineHost on the tiny demo model."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from live_server import wait_for
+from sqlalchemy.orm import Session, sessionmaker
+from worker_support import add_job, get_job, wait_finished
+
+from engine.config import EngineConfig, RequestClassConfig
+from engine.host import EngineHost
+from engine.scheduled_chunk import ScheduledChunk
+from worker.job_runner import JobRunner
+
+
+class FlakyForward:
+    """The runner's execute, raising `error` on the next `failures` calls."""
+
+    def __init__(self, execute: object) -> None:
+        self._execute = execute
+        self.failures = 0
+        self.raised = 0
+        self.error: Exception = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    def __call__(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
+        if self.failures > 0:
+            self.failures -= 1
+            self.raised += 1
+            raise self.error
+        result: torch.Tensor = self._execute(chunks)  # type: ignore[operator]
+        return result
+
+
+@pytest.fixture(scope="module")
+def host(worker_model_dir: Path) -> Iterator[EngineHost]:
+    config = EngineConfig(
+        model=str(worker_model_dir),
+        max_num_seqs=4,
+        max_model_len=256,
+        num_kv_blocks=64,
+        request_classes=[RequestClassConfig("interactive", max_running=4, priority=0)],
+    )
+    engine_host = EngineHost.from_config(config)
+    yield engine_host
+    engine_host.shutdown()
+
+
+@pytest.fixture
+def forward(host: EngineHost, monkeypatch: pytest.MonkeyPatch) -> FlakyForward:
+    flaky = FlakyForward(host.engine.runner.execute)
+    monkeypatch.setattr(host.engine.runner, "execute", flaky)
+    return flaky
+
+
+@pytest.fixture
+def runner(host: EngineHost, sessions: sessionmaker[Session]) -> Iterator[JobRunner]:
+    job_runner = JobRunner(host, sessions, "oom-worker", cancel_poll_s=0.05)
+    job_runner.start()
+    yield job_runner
+    job_runner.shutdown(grace_s=0.0, publish=None)
+
+
+def _run(runner: JobRunner, sessions: sessionmaker[Session], prompt: str) -> str:
+    job_id = add_job(sessions, prompt, max_tokens=6, ignore_eos=True)
+    assert runner.run(job_id, lambda: None)
+    wait_finished(sessions, [job_id])
+    wait_for(lambda: not runner.held_attempts(), "the runner to release the job")
+    return job_id
+
+
+def test_one_out_of_memory_step_is_retried_and_the_job_succeeds(
+    runner: JobRunner,
+    sessions: sessionmaker[Session],
+    forward: FlakyForward,
+) -> None:
+    clean = get_job(sessions, _run(runner, sessions, "The river is calm"))
+    forward.failures = 1
+    retried = get_job(sessions, _run(runner, sessions, "The river is calm"))
+    assert forward.raised == 1
+    assert (retried.status, retried.attempts, retried.worker_id) == ("succeeded", 1, "oom-worker")
+    assert retried.result_text == clean.result_text and retried.completion_tokens == 6
+
+
+def test_a_second_out_of_memory_fails_the_job_with_its_cause(
+    runner: JobRunner,
+    sessions: sessionmaker[Session],
+    forward: FlakyForward,
+) -> None:
+    forward.failures = 5
+    job = get_job(sessions, _run(runner, sessions, "The river is calm"))
+    assert forward.raised == 2  # the first try and its one retry
+    assert (job.status, job.error_code, job.attempts) == ("failed", "engine_error", 1)
+    assert "OutOfMemoryError" in (job.error_message or "")
+
+
+def test_another_engine_error_is_not_retried(
+    runner: JobRunner,
+    sessions: sessionmaker[Session],
+    forward: FlakyForward,
+) -> None:
+    forward.failures, forward.error = 5, RuntimeError("illegal memory access")
+    job = get_job(sessions, _run(runner, sessions, "The river is calm"))
+    assert forward.raised == 1
+    assert (job.status, job.error_code) == ("failed", "engine_error")
