@@ -1,25 +1,35 @@
-"""Admission control without a COUNT per submit: each queue's queued-job count, estimated per API process.
+"""Admission control without a COUNT per submit: queued-job counts, estimated per API process; and the
+tenant's quotas (its queued jobs per queue, its tokens per minute).
 
-The estimate is the last COUNT of the queue's queued jobs plus the jobs this process admitted since. It is
-re-counted when it is older than REFRESH_S, and whenever it says the queue is full, so a queue that drained
-is never refused on a stale number. What it can miss are other API processes' admissions since the last
-count: with R replicas each admitting at most A jobs per REFRESH_S, a queue overshoots `max_queued` by at
-most about (R - 1) x A (README, "Admission control"). Jobs leaving the queue are not subtracted between
-counts, so the estimate errs towards "full", and a full verdict is always re-counted.
+The estimate of a queue's queued jobs (and of one tenant's queued jobs in it) is the last COUNT plus the
+jobs this process admitted since. It is re-counted when it is older than REFRESH_S, and whenever it says
+the queue is full, so a queue that drained is never refused on a stale number. What it can miss are other
+API processes' admissions since the last count: with R replicas each admitting at most A jobs per
+REFRESH_S, a queue overshoots `max_queued` by at most about (R - 1) x A (README, "Admission control").
+Jobs leaving the queue are not subtracted between counts, so the estimate errs towards "full", and a full
+verdict is always re-counted.
+
+Tokens per minute are read from the store at each submit of a tenant that has the limit
+(core/store/token_usage.py): one indexed range sum, so every API process sees every other's jobs.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 
 from sqlalchemy.orm import Session
 
-from core.store import jobs
+from core.store import jobs, token_usage
+from core.store.tenants import TenantLimits
 
 REFRESH_S = 0.5
+
+_Key = tuple[str, str | None]  # (queue, tenant or None for every tenant)
 
 
 @dataclass
@@ -28,30 +38,71 @@ class _Estimate:
     counted_at: float
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """Why a tenant's submit is refused: 429 with Retry-After when waiting helps, else 422."""
+
+    code: str
+    field: str
+    message: str
+    retry_after_s: int | None
+
+
 class AdmissionGauge:
     def __init__(self, refresh_s: float = REFRESH_S, clock: Callable[[], float] = time.monotonic) -> None:
         self._refresh_s = refresh_s
         self._clock = clock
         self._lock = threading.Lock()
-        self._estimates: dict[str, _Estimate] = {}
+        self._estimates: dict[_Key, _Estimate] = {}
 
-    def has_room(self, session: Session, queue: str, max_queued: int) -> bool:
-        """Whether one more job fits under `max_queued`; counts the queue's rows only when the estimate is
-        stale or says no."""
+    def has_room(self, session: Session, queue: str, max_queued: int, tenant_id: str | None = None) -> bool:
+        """Whether one more job fits under `max_queued` (in the queue; with `tenant_id`, that tenant's jobs
+        in it); counts the rows only when the estimate is stale or says no."""
+        key = (queue, tenant_id)
         with self._lock:
-            estimate = self._estimates.get(queue)
+            estimate = self._estimates.get(key)
             fresh = estimate is not None and self._clock() - estimate.counted_at < self._refresh_s
             if fresh and estimate is not None and estimate.queued < max_queued:
                 return True
         counted_at = self._clock()
-        queued = jobs.count_queued(session, queue)
+        queued = jobs.count_queued(session, queue, tenant_id)
         with self._lock:
-            self._estimates[queue] = _Estimate(queued, counted_at)
+            self._estimates[key] = _Estimate(queued, counted_at)
         return queued < max_queued
 
-    def admitted(self, queue: str) -> None:
-        """One more job of `queue` was committed by this process."""
+    def admitted(self, queue: str, tenant_id: str | None = None) -> None:
+        """One more job of `queue` (of `tenant_id`) was committed by this process."""
         with self._lock:
-            estimate = self._estimates.get(queue)
-            if estimate is not None:
-                estimate.queued += 1
+            for key in {(queue, None), (queue, tenant_id)}:
+                estimate = self._estimates.get(key)
+                if estimate is not None:
+                    estimate.queued += 1
+
+
+def queued_refusal(session: Session, gauge: AdmissionGauge, limits: TenantLimits, tenant_id: str, queue: str,
+                   retry_after_s: int) -> Refusal | None:
+    """The tenant already has its max_queued jobs queued in `queue`."""
+    if limits.max_queued is None or gauge.has_room(session, queue, limits.max_queued, tenant_id):
+        return None
+    message = (f"queue: tenant {tenant_id} has {limits.max_queued} jobs queued in the {queue} queue, its "
+               f"max_queued; retry after {retry_after_s} s")
+    return Refusal("tenant_queue_full", "queue", message, retry_after_s)
+
+
+def tokens_refusal(session: Session, limits: TenantLimits, tenant_id: str, needed: int, now: datetime,
+                   ) -> Refusal | None:
+    """`needed` (the job's prompt tokens + max_tokens) would take the tenant past its tokens per minute."""
+    limit = limits.tokens_per_minute
+    if limit is None:
+        return None
+    if needed > limit:
+        message = (f"max_tokens: prompt + max_tokens ({needed}) exceeds tenant {tenant_id}'s "
+                   f"tokens_per_minute ({limit}); no wait makes it fit")
+        return Refusal("tokens_per_minute_exceeded", "max_tokens", message, None)
+    if token_usage.tokens_used(session, tenant_id, now) + needed <= limit:
+        return None
+    use = token_usage.window_use(session, tenant_id, now)  # the slow path: only for a refusal
+    wait = max(1, math.ceil(use.seconds_until_room(needed, limit, now)))
+    message = (f"tokens_per_minute: tenant {tenant_id} used {use.total} of its {limit} tokens in the last "
+               f"minute, and this job reserves {needed} (prompt + max_tokens); retry after {wait} s")
+    return Refusal("tokens_per_minute_exceeded", "tokens_per_minute", message, wait)

@@ -12,6 +12,13 @@ outcome is in the store, so a redelivery is dropped at claim, and the ack is ski
 
 kombu channels are not thread-safe: jobs end on the runner's finisher thread, which only queues the message;
 the ack itself runs on the consumer's event loop (hub.call_soon wakes it), or on the stopping thread.
+
+Fair share (core/store/fair_share.py): a message only says that a job of its queue may be ready. The runner
+claims the next jobs of the queue in fair order, whichever they are; a message that finds nothing it may
+claim (every queued job is another's, already running, or of a tenant at its max_running) is acked at once.
+So that a tenant held at its cap is not left without messages, each job that ends here is followed by a
+pull: a claim with no message, when the queue has room and no held message would take it. A job started by
+a pull leaves its own message in the broker, where it later wakes a claim of whatever is next (or nothing).
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from worker.job_runner import JobRunner, RunnerStoppedError
 log = logging.getLogger(__name__)
 
 STORE_ERROR_BACKOFF_S = 1.0
+PULL_MAX = 64  # jobs one pull claims at most
 
 
 def job_consumer_step(runner: JobRunner, *, grace_s: float, publish: Publish) -> type[bootsteps.ConsumerStep]:
@@ -47,7 +55,8 @@ def job_consumer_step(runner: JobRunner, *, grace_s: float, publish: Publish) ->
 
         def __init__(self, parent: Any, **kwargs: Any) -> None:
             super().__init__(parent, **kwargs)
-            self._acks: stdlib_queue.SimpleQueue[Message] = stdlib_queue.SimpleQueue()
+            # Messages to ack, and queue names (a job started by a pull ended: pull again).
+            self._acks: stdlib_queue.SimpleQueue[Message | str] = stdlib_queue.SimpleQueue()
             self._held: dict[str, deque[Message]] = {name: deque() for name in limits}
             self._hub: Any = None
             self._channels: set[Any] = set()  # the open channels: only their messages can be acked
@@ -110,47 +119,69 @@ def job_consumer_step(runner: JobRunner, *, grace_s: float, publish: Publish) ->
                 self._start([held.popleft() for _ in range(min(room, len(held)))])
 
         def _start(self, messages: list[Message]) -> None:
-            requests = []
+            """Claims as many jobs of the messages' queue as there are messages, in fair order; the messages
+            beyond what started are acked at once (nothing was left to claim for them)."""
+            tokens = []
             for message in messages:
                 body = message.payload
-                job_id = body.get("job_id") if isinstance(body, dict) else None
-                if not isinstance(job_id, str):
+                if not isinstance(body, dict) or not isinstance(body.get("job_id"), str):
                     log.error("dropping malformed job message %r", body)
                     message.ack()
                     continue
-                requests.append((job_id, message))
-            if not requests:
+                tokens.append(message)
+            if not tokens:
                 return
+            queue = str(tokens[0].delivery_info.get("routing_key", ""))
             try:
-                started = runner.run_many([(job_id, self._acker(message)) for job_id, message in requests])
+                started = runner.run_next(queue, [self._acker(message) for message in tokens])
             except RunnerStoppedError:
-                for _, message in requests:
+                for message in tokens:
                     message.requeue()
                 return
             except Exception:
-                log.exception("could not start %d job(s); messages returned to the queue", len(requests))
+                log.exception("could not start %d job(s); messages returned to the queue", len(tokens))
                 time.sleep(STORE_ERROR_BACKOFF_S)  # the store is likely down: do not spin on redelivery
-                for _, message in requests:
+                for message in tokens:
                     message.requeue()
                 return
-            for (_, message), was_started in zip(requests, started, strict=True):
-                if not was_started:
-                    message.ack()
+            for message in tokens[started:]:
+                message.ack()
+
+        def _pull(self, queue: str) -> None:
+            """After a job of `queue` ended here: claim what may now start (a tenant that was at its
+            max_running may start another), without a message."""
+            room = runner.room(queue)
+            if room <= 0 or self._held[queue]:
+                return
+            try:
+                runner.run_next(queue, [self._puller(queue) for _ in range(min(room, PULL_MAX))])
+            except RunnerStoppedError:
+                return
+            except Exception as exc:  # the store is likely down; the next message or ended job tries again
+                log.warning("pull of %s failed (%s: %s)", queue, type(exc).__name__, exc)
+
+        def _puller(self, queue: str) -> Callable[[], None]:
+            return lambda: self._ack_later(queue)
 
         def _acker(self, message: Message) -> Callable[[], None]:
             return lambda: self._ack_later(message)
 
-        def _ack_later(self, message: Message) -> None:
+        def _ack_later(self, message: Message | str) -> None:
             self._acks.put(message)
             if self._hub is not None:
                 self._hub.call_soon(self._flush_acks)
 
         def _flush_acks(self) -> None:
+            ended: set[str] = set()  # queues a job ended in since the last flush
             while True:
                 try:
                     message = self._acks.get_nowait()
                 except stdlib_queue.Empty:
                     break
+                if isinstance(message, str):
+                    ended.add(message)
+                    continue
+                ended.add(str(message.delivery_info.get("routing_key", "")))
                 if message.channel not in self._channels:
                     log.info("job message of a closed broker channel not acked (its outcome is stored)")
                     continue
@@ -160,5 +191,7 @@ def job_consumer_step(runner: JobRunner, *, grace_s: float, publish: Publish) ->
                     log.warning("ack failed (%s: %s)", type(exc).__name__, exc)
             for queue in self._held:
                 self._start_held(queue)
+                if queue in ended:
+                    self._pull(queue)
 
     return JobConsumerStep

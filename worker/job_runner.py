@@ -12,7 +12,9 @@ cancels, enforces `timeout`, and aborts attempts the store no longer calls curre
 to another worker while this one was paused or cut off).
 
 Attempts, not jobs, are the unit here: the table of running work is keyed by request id (`job#attempt`),
-so a late attempt 1 can never remove, or answer for, an attempt 2 of the same job in this worker.
+so a late attempt 1 can never remove, or answer for, an attempt 2 of the same job in this worker. An attempt
+whose engine step ran out of device memory is submitted once more, within the same attempt, before its
+failure is written (worker/transient.py says which errors qualify).
 
 The per-queue hold lives here: `has_room(queue)` / `wait_for_room(queue, ...)` say whether fewer than the
 queue's `max_running` jobs of it are in flight in this worker; the Celery consumer and the embedded feeders
@@ -40,8 +42,10 @@ from core.clock import utcnow
 from core.dispatch import Publish, publish_and_mark
 from core.finished_jobs import FinishedSink
 from core.lifecycle import CANCELLED, RUNNING
-from core.store import jobs
+from core.store import fair_share, jobs
+from core.store.fair_share import FairState
 from core.store.tables import Job
+from core.store.tenants import TenantLimits
 from core.token_stream import TokenSink
 from engine.host import EngineHost
 from engine.outputs import RequestOutput
@@ -49,6 +53,7 @@ from engine.sampling_params import SamplingParams
 from worker.logprobs import job_logprobs
 from worker.sampling import sampling_params_from_json
 from worker.streamer import JobStreamer
+from worker.transient import is_transient
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +80,8 @@ class RunningJob:
     logprobs: int | None = None  # top-n alternatives asked for per generated token
     abort_reason: str | None = None  # "cancelled" | "timeout" | "shutdown" | "superseded" once aborted
     first_token_seen: bool = False
+    engine_input: tuple[str | list[int], SamplingParams] | None = None  # what was submitted, for a retry
+    retried: bool = False  # a transient engine error (out of memory) already had its one retry
 
 
 @dataclass(frozen=True)
@@ -105,7 +112,7 @@ class JobRunner:
     def __init__(
         self, host: EngineHost, sessions: sessionmaker[Session], worker_id: str, *,
         limits: dict[str, int] | None = None, cancel_poll_s: float = 0.5, tokens: TokenSink | None = None,
-        finished: FinishedSink | None = None,
+        finished: FinishedSink | None = None, tenant_defaults: TenantLimits | None = None,
     ) -> None:
         self.host = host
         self.worker_id = worker_id
@@ -114,6 +121,8 @@ class JobRunner:
         self._cancel_poll_s = cancel_poll_s
         self._streamer = JobStreamer(tokens) if tokens is not None else None  # text deltas to the API
         self._finished = finished  # told which jobs each group made final (long polls wake)
+        self._tenant_defaults = tenant_defaults or TenantLimits()  # weights and max_running, fair claims
+        self._fair = {name: FairState() for name in self.limits}  # per queue: whom it served, what waits
         self._lock = threading.Lock()
         self._running: dict[str, RunningJob] = {}  # by request id (job#attempt)
         self._job_left = threading.Condition(self._lock)
@@ -158,6 +167,23 @@ class JobRunner:
             started.append(job is not None)
         return started
 
+    def run_next(self, queue: str, on_dones: list[OnDone]) -> int:
+        """Claims up to len(on_dones) jobs of `queue` in fair order (core/store/fair_share.py: whichever
+        jobs are next, not named ones) and starts them, the i-th with on_dones[i]. Returns how many started:
+        on_dones beyond that are never called.
+
+        Raises RunnerStoppedError once shutdown has begun, and store errors as they come.
+        """
+        if self._stop.is_set():
+            raise RunnerStoppedError("the runner is shutting down")
+        state = self._fair.setdefault(queue, FairState())
+        with self._sessions() as session:
+            claimed = fair_share.claim_fair(session, queue, len(on_dones), self.worker_id, utcnow(),
+                                            self._tenant_defaults, state)
+        for job, on_done in zip(claimed, on_dones, strict=False):
+            self._start(job, on_done)
+        return len(claimed)
+
     def _start(self, job: Job, on_done: OnDone) -> None:
         handle = RunningJob(job.id, job.attempts, job.queue, f"{job.id}#{job.attempts}", job.timeout_s,
                             time.monotonic(), on_done, logprobs=(job.params or {}).get("logprobs"))
@@ -165,6 +191,7 @@ class JobRunner:
             self._running[handle.request_id] = handle
         try:
             prompt, params = self._engine_input(job)
+            handle.engine_input = (prompt, params)
             future = self.host.submit(handle.request_id, prompt, params, job.queue,
                                       on_update=lambda out: self._on_update(handle, out))
         except ValueError as exc:
@@ -174,7 +201,36 @@ class JobRunner:
             log.exception("engine refused job %s", job.id)
             self._inbox.put(_Ended(handle, failure=(ENGINE_ERROR, _describe(exc))))
             return
-        future.add_done_callback(lambda f: self._to_writer(_Ended(handle, f)))
+        future.add_done_callback(lambda f: self._ended(handle, f))
+
+    def _ended(self, handle: RunningJob, future: Future[RequestOutput]) -> None:
+        if not self._retried_once(handle, future):
+            self._to_writer(_Ended(handle, future))
+
+    def _retried_once(self, handle: RunningJob, future: Future[RequestOutput]) -> bool:
+        """Submits the attempt again, once, after a transient engine error (worker/transient.py), under a new
+        request id (the failed one's abort output is still being delivered in this step); the store sees
+        one attempt. False when it is not retried: the failure is then written as usual."""
+        error = future.exception()
+        if (error is None or handle.retried or handle.engine_input is None or handle.abort_reason is not None
+                or self._stop.is_set() or not is_transient(error)):
+            return False
+        handle.retried = True
+        log.warning("job %s attempt %d: %s; retrying it once on this worker", handle.job_id, handle.attempt,
+                    _describe(error))
+        retry_id = f"{handle.request_id}~retry"
+        with self._lock:
+            self._running.pop(handle.request_id, None)
+            handle.request_id = retry_id
+            self._running[retry_id] = handle
+        try:
+            retry = self.host.submit(retry_id, *handle.engine_input, handle.queue,
+                                     on_update=lambda out: self._on_update(handle, out))
+        except Exception:
+            log.exception("job %s: the retry was refused", handle.job_id)
+            return False
+        retry.add_done_callback(lambda f: self._ended(handle, f))
+        return True
 
     def _engine_input(self, job: Job) -> tuple[str | list[int], SamplingParams]:
         params = sampling_params_from_json(job.params or {})

@@ -31,12 +31,14 @@ def ensure_tenant(session: Session, tenant_id: str, now: datetime) -> Tenant:
     return tenant
 
 
-def create_key(session: Session, tenant_id: str, now: datetime) -> tuple[ApiKey, str]:
-    """Creates the tenant if needed and a new key for it; returns the row and the plaintext key."""
+def create_key(session: Session, tenant_id: str, now: datetime, *, admin: bool = False) -> tuple[ApiKey, str]:
+    """Creates the tenant if needed and a new key for it; returns the row and the plaintext key. An admin
+    key acts as its tenant everywhere, and also sees totals across tenants (GET /v1/queues)."""
     ensure_tenant(session, tenant_id, now)
     plaintext = KEY_PREFIX + secrets.token_urlsafe(32)
     row = ApiKey(id="key_" + secrets.token_hex(8), tenant_id=tenant_id,
-                 prefix=plaintext[:DISPLAY_PREFIX_CHARS], key_hash=hash_key(plaintext), created_at=now)
+                 prefix=plaintext[:DISPLAY_PREFIX_CHARS], key_hash=hash_key(plaintext), created_at=now,
+                 is_admin=admin)
     session.add(row)
     session.commit()
     return row, plaintext
@@ -58,3 +60,10 @@ def tenant_for_key(session: Session, plaintext: str) -> str | None:
     active = ApiKey.revoked_at.is_(None)
     query = select(ApiKey.tenant_id).where(ApiKey.key_hash == hash_key(plaintext), active)
     return session.execute(query).scalar_one_or_none()
+
+
+def is_admin_key(session: Session, plaintext: str) -> bool:
+    """Whether an active key is an admin key (False for unknown and revoked keys)."""
+    active = ApiKey.revoked_at.is_(None)
+    query = select(ApiKey.is_admin).where(ApiKey.key_hash == hash_key(plaintext), active)
+    return bool(session.execute(query).scalar_one_or_none())

@@ -1,4 +1,5 @@
-"""The job consumer step: held messages start together (one claim) when their queue has room; across a
+"""The job consumer step: held messages start together (one fair claim of as many jobs) when their queue has
+room, and those the claim found nothing for are acked; a job that ends is followed by a pull; across a
 broker reconnect, a message of a closed channel is never acked (kombu raises on it), and closing the old
 channels after a connection loss raises nothing, though Celery has already dropped the connection its own
 close would need."""
@@ -42,15 +43,20 @@ class Runner:
     def __init__(self) -> None:
         self.limits = {"interactive": 2}
         self.free = 0  # jobs that may start now
-        self.groups: list[list[str]] = []
+        self.claimable = 1  # queued jobs a claim finds
+        self.claims: list[int] = []  # jobs asked for, per claim
+        self.on_dones: list[Any] = []
 
     def room(self, queue: str) -> int:
         return self.free
 
-    def run_many(self, requests: list[tuple[str, Any]]) -> list[bool]:
-        self.groups.append([job_id for job_id, _ in requests])
-        self.free -= len(requests)
-        return [job_id != "job_gone" for job_id, _ in requests]
+    def run_next(self, queue: str, on_dones: list[Any]) -> int:
+        self.claims.append(len(on_dones))
+        started = min(len(on_dones), self.claimable)
+        self.claimable -= started
+        self.free -= started
+        self.on_dones += on_dones[:started]
+        return started
 
 
 class DeadConsumer:
@@ -67,24 +73,46 @@ def _step(runner: Runner | None = None) -> Any:
     return step_class(SimpleNamespace(steps=[]))
 
 
-def test_held_messages_start_together_when_room_opens_and_an_unclaimable_one_is_acked() -> None:
+def test_held_messages_start_together_when_room_opens_and_those_without_a_job_are_acked() -> None:
     runner = Runner()
     step = _step(runner)
     channel = Channel()
     step._channels = {channel}
-    messages = [Message(channel, job_id) for job_id in ("job_a", "job_gone", "job_b")]
+    messages = [Message(channel, job_id) for job_id in ("job_a", "job_b", "job_c")]
     for message in messages:
         step._on_message(message.payload, message)  # the queue is full: all three wait
-    assert runner.groups == []
+    assert runner.claims == []
 
     runner.free = 2
     step._flush_acks()  # a job ended: its ack makes room, and the held ones start
 
-    assert runner.groups == [["job_a", "job_gone"]]  # as many as fit, in one claim
-    assert messages[1].acked and not messages[0].acked  # not ours to run: acked at once
-    runner.free = 5
+    assert runner.claims == [2]  # as many as fit, in one claim
+    assert messages[1].acked and not messages[0].acked  # the claim found one job: the other is acked
+    runner.on_dones[0]()  # that job ends: its message is acked, and the last held one claims
+    runner.claimable = 1
     step._flush_acks()
-    assert runner.groups[-1] == ["job_b"]
+    assert messages[0].acked and runner.claims[-1] == 1 and not messages[2].acked
+
+
+def test_a_job_that_ends_with_no_message_held_is_followed_by_a_pull() -> None:
+    runner = Runner()
+    step = _step(runner)
+    channel = Channel()
+    step._channels = {channel}
+    message = Message(channel)
+    runner.free = 1
+    step._on_message(message.payload, message)
+    assert runner.claims == [1] and not message.acked
+
+    runner.claimable, runner.free = 1, 1  # a job of a tenant that was at its max_running may now start
+    runner.on_dones[0]()
+    step._flush_acks()
+
+    assert message.acked and runner.claims == [1, 1]  # the pull, with no message
+    runner.free = 1
+    runner.on_dones[1]()  # the pulled job ends: another pull (finding nothing now)
+    step._flush_acks()
+    assert runner.claims == [1, 1, 1]
 
 
 def test_acks_of_a_closed_channel_are_skipped_and_the_open_channel_is_acked(

@@ -1,0 +1,129 @@
+"""`conveyor tenants set|show|list`: each tenant's limits, straight in the store (like `conveyor keys`).
+
+A tenant's value of a limit overrides the setting of the same name (`tenant_weight`, `tenant_max_queued`,
+`tenant_max_running`, `tenant_tokens_per_minute`, `retention_days`); `--reset NAME` gives the setting back.
+The API and the workers read the store on every submit and claim, so a change applies at once.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+
+from cli.errors import remember_settings
+from core.settings import Settings, load_settings
+
+tenants_app = typer.Typer(no_args_is_help=True,
+                          help="Per-tenant limits: fair-share weight, quotas, retention.")
+
+ConfigOpt = Annotated[Path | None, typer.Option("--config", help="TOML settings (or CONVEYOR_CONFIG_FILE)")]
+TenantArg = Annotated[str, typer.Argument(help="tenant id (created if new)")]
+
+
+@tenants_app.command("set")
+def tenants_set(
+    tenant: TenantArg,
+    weight: Annotated[float | None, typer.Option(help="share of a queue's slots against others")] = None,
+    max_queued: Annotated[int | None, typer.Option(help="queued jobs per queue (429 beyond)")] = None,
+    max_running: Annotated[int | None, typer.Option(help="running jobs per queue, across workers")] = None,
+    tokens_per_minute: Annotated[int | None, typer.Option(help="prompt + output tokens a minute")] = None,
+    retention_days: Annotated[int | None, typer.Option(help="finished data is purged after this")] = None,
+    reset: Annotated[list[str] | None, typer.Option(
+        help="a limit to give back to the setting's default (repeatable), e.g. --reset max_running")] = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Sets a tenant's own limits (creating the tenant if new) and prints them as JSON."""
+    from core.clock import utcnow
+    from core.store import tenants
+
+    given = dict(weight=weight, max_queued=max_queued, max_running=max_running,
+                 tokens_per_minute=tokens_per_minute, retention_days=retention_days)
+    changes: dict[str, Any] = {name: value for name, value in given.items() if value is not None}
+    for name in reset or []:
+        field = name.replace("-", "_")
+        if field in changes:
+            _fail(f"{field}: both set and reset")
+        changes[field] = None
+    if not changes:
+        _fail("nothing to set: give at least one of --weight, --max-queued, --max-running, "
+              "--tokens-per-minute, --retention-days or --reset")
+    settings = _settings(config)
+    with _session(settings) as session:
+        try:
+            row = tenants.set_overrides(session, tenant, changes, utcnow())
+        except ValueError as exc:
+            _fail(str(exc))
+        typer.echo(json.dumps(_describe(row, settings), indent=2))
+
+
+@tenants_app.command("show")
+def tenants_show(tenant: Annotated[str, typer.Argument(help="tenant id")], config: ConfigOpt = None) -> None:
+    """Prints a tenant's own limits (null: the default) and the limits in effect, as JSON."""
+    from core.store.tables import Tenant
+
+    settings = _settings(config)
+    with _session(settings) as session:
+        row = session.get(Tenant, tenant)
+        if row is None:
+            _fail(f"tenant {tenant}: no such tenant")
+        typer.echo(json.dumps(_describe(row, settings), indent=2))
+
+
+@tenants_app.command("list")
+def tenants_list(config: ConfigOpt = None) -> None:
+    """Lists tenants and the limits in effect for each (* marks the tenant's own value)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from core.store import tenants
+
+    settings = _settings(config)
+    table = Table("tenant", *tenants.LIMIT_FIELDS)
+    with _session(settings) as session:
+        for row in tenants.list_tenants(session):
+            own = tenants.overrides_of(row)
+            effective = _effective(row, settings)
+            table.add_row(row.id, *(_cell(effective[name], own[name] is not None)
+                                    for name in tenants.LIMIT_FIELDS))
+    Console(width=120).print(table)
+
+
+def _describe(row: Any, settings: Settings) -> dict[str, Any]:
+    from core.store import tenants
+
+    return {"tenant": row.id, "overrides": tenants.overrides_of(row), "effective": _effective(row, settings)}
+
+
+def _effective(row: Any, settings: Settings) -> dict[str, Any]:
+    from core.store.tenants import TenantLimits
+
+    return asdict(TenantLimits.defaults(settings).with_overrides(row))
+
+
+def _cell(value: Any, own: bool) -> str:
+    text = "-" if value is None else str(value)
+    return f"{text}*" if own else text
+
+
+def _settings(config: Path | None) -> Settings:
+    try:
+        settings = load_settings(config)
+    except ValueError as exc:
+        _fail(str(exc))
+    remember_settings(settings)  # the URLs a connection error is about (cli/errors.py)
+    return settings
+
+
+def _session(settings: Settings) -> Any:
+    from core.store.database import make_db_engine, make_session_factory
+
+    return make_session_factory(make_db_engine(settings.database_url))()
+
+
+def _fail(message: str, code: int = 2) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)

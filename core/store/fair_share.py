@@ -1,0 +1,318 @@
+"""Fair share inside a queue: which queued jobs a worker claims next, and the claim itself.
+
+A broker message (or an in-process wake-up) says only "a job of queue Q may be ready"; the worker then
+claims the next jobs of Q in fair order, whichever they are (`claim_fair`):
+  1. PostgreSQL: the queue's claim lock (`pg_advisory_xact_lock`, held to the commit), so two workers never
+     both see a tenant under its max_running and both start one more. SQLite (embedded) has one process,
+     and its claims of one queue come from one feeder thread.
+  2. Grouped reads of the queue's running jobs (every claim) and queued jobs (reused by a worker for up to
+     QUEUED_VIEW_S: it scans the whole backlog; see FairState) per stream, with each tenant's weight and
+     max_running. A stream is one tenant's own submissions, or one of its batches.
+  3. The plan (`plan`, pure): job by job, the tenant with the fewest running jobs per unit of weight among
+     those with queued work under their max_running; ties go to the tenant this worker served least recently
+     (so a single free slot goes round-robin), then to the oldest work. Within the tenant, the same rule
+     over its streams (fewest running, least recently served, oldest).
+  4. Per planned stream, its oldest queued jobs are taken `FOR UPDATE SKIP LOCKED` and claimed by one
+     conditional UPDATE (`status = 'queued'`) that returns them: a job is still claimed exactly once.
+A tenant that arrives while another holds every slot gets the next slots that free up (within one job's
+time, plus up to QUEUED_VIEW_S before a worker's reused view sees it), until its running jobs per weight
+catch up.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import zlib
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from sqlalchemy import ColumnElement, func, or_, select, update
+from sqlalchemy.orm import Session
+
+from core.lifecycle import QUEUED, RUNNING
+from core.store.jobs import claimed_values
+from core.store.tables import Job, Tenant
+from core.store.tenants import TenantLimits
+
+CLAIM_LOCK_SPACE = 0x636F6E76  # the first key of the claim locks ("conv"); the second is the queue's crc32
+MAX_SERVED_ENTRIES = 4096  # tenants and streams a worker remembers serving (the oldest are forgotten)
+QUEUED_VIEW_S = 0.5  # how long a worker reuses its read of a queue's queued jobs (FairState)
+
+
+@dataclass(frozen=True)
+class Stream:
+    tenant_id: str
+    batch_id: str | None  # None: the tenant's own submissions
+
+
+@dataclass
+class StreamLoad:
+    queued: int = 0
+    running: int = 0
+    oldest_queued_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Share:
+    weight: float
+    max_running: int | None
+
+
+class ServedOrder:
+    """When this worker last started a job for each tenant and stream (a sequence number; never: -1).
+    Ties in the plan go to whoever was served least recently. Thread-safe; bounded."""
+
+    def __init__(self, max_entries: int = MAX_SERVED_ENTRIES) -> None:
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._last: dict[str | Stream, int] = {}
+        self._max_entries = max_entries
+
+    @property
+    def seq(self) -> int:
+        return self._seq
+
+    def last(self, key: str | Stream) -> int:
+        with self._lock:
+            return self._last.get(key, -1)
+
+    def note(self, key: str | Stream) -> None:
+        with self._lock:
+            self._seq += 1
+            self._last.pop(key, None)
+            self._last[key] = self._seq  # insertion order is serving order: the first entry is the oldest
+            if len(self._last) > self._max_entries:
+                del self._last[next(iter(self._last))]
+
+
+@dataclass
+class _QueuedView:
+    loads: dict[Stream, StreamLoad]  # queued counts and oldest only
+    shares: dict[str, Share]
+    read_at: float  # time.monotonic()
+
+
+class FairState:
+    """One worker's memory of one queue between its claims: whom it served last, and the queue's queued
+    streams as last read. That read scans every queued job of the queue, so it is reused for QUEUED_VIEW_S
+    (minus this worker's own claims); running jobs are read fresh at every claim, so max_running and the
+    running share are exact. A claim whose plan comes up short of what it was asked for, or that finds
+    fewer rows than planned, reads the queued jobs again: a reused view never leaves a job unclaimed, it
+    may only hold back a newly arrived tenant's first turn by up to QUEUED_VIEW_S."""
+
+    def __init__(self, view_s: float = QUEUED_VIEW_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self.served = ServedOrder()
+        self._view_s = view_s
+        self._clock = clock
+        self._view: _QueuedView | None = None
+
+    def cached_view(self) -> _QueuedView | None:
+        view = self._view
+        if view is None or self._clock() - view.read_at >= self._view_s:
+            return None
+        return view
+
+    def keep_view(self, loads: dict[Stream, StreamLoad], shares: dict[str, Share]) -> _QueuedView:
+        self._view = _QueuedView(loads, shares, self._clock())
+        return self._view
+
+    def forget_view(self) -> None:
+        self._view = None
+
+
+@dataclass
+class _TenantPlan:
+    tenant_id: str
+    share: Share
+    streams: dict[Stream, StreamLoad] = field(default_factory=dict)
+
+    @property
+    def running(self) -> int:
+        return sum(load.running for load in self.streams.values())
+
+    @property
+    def queued(self) -> int:
+        return sum(load.queued for load in self.streams.values())
+
+    def open(self) -> bool:
+        under_cap = self.share.max_running is None or self.running < self.share.max_running
+        return self.queued > 0 and under_cap
+
+    def oldest(self) -> datetime:
+        return min(load.oldest_queued_at for load in self.streams.values() if load.oldest_queued_at)
+
+
+def plan(loads: dict[Stream, StreamLoad], shares: dict[str, Share], count: int, served: ServedOrder,
+         ) -> list[Stream]:
+    """The streams of the next `count` jobs to start, in order (fewer when no tenant may start more).
+    `served` is read, not changed: the caller notes the picks it claimed."""
+    tenants: dict[str, _TenantPlan] = {}
+    for stream, load in loads.items():
+        tenant = tenants.setdefault(stream.tenant_id, _TenantPlan(stream.tenant_id, shares[stream.tenant_id]))
+        tenant.streams[stream] = StreamLoad(load.queued, load.running, load.oldest_queued_at)
+    picked: dict[str | Stream, int] = {}  # picks of this plan, more recent than anything in `served`
+
+    def last(key: str | Stream) -> int:
+        return picked.get(key, served.last(key))
+
+    picks: list[Stream] = []
+    while len(picks) < count:
+        candidates = [tenant for tenant in tenants.values() if tenant.open()]
+        if not candidates:
+            break
+        tenant = min(candidates, key=lambda t: (t.running / t.share.weight, last(t.tenant_id), t.oldest(),
+                                                t.tenant_id))
+        stream = min((s for s, load in tenant.streams.items() if load.queued > 0),
+                     key=lambda s: _stream_order(s, tenant.streams[s], last(s)))
+        tenant.streams[stream].queued -= 1
+        tenant.streams[stream].running += 1
+        picked[tenant.tenant_id] = picked[stream] = served.seq + len(picks) + 1
+        picks.append(stream)
+    return picks
+
+
+def _stream_order(stream: Stream, load: StreamLoad, last_served: int) -> tuple[int, int, datetime, str]:
+    assert load.oldest_queued_at is not None, stream
+    return load.running, last_served, load.oldest_queued_at, stream.batch_id or ""
+
+
+def claim_fair(session: Session, queue: str, count: int, worker_id: str, now: datetime,
+               defaults: TenantLimits, state: FairState) -> list[Job]:
+    """Claims up to `count` queued jobs of `queue` in fair order (module docstring) and commits: queued ->
+    running, attempts + 1, started_at = now, as `jobs.claim_many`. Returns the claimed rows."""
+    if count <= 0:
+        return []
+    _lock_queue(session, queue)
+    running, running_shares = _running_loads(session, queue, defaults)
+    claimed: list[Job] = []
+    view, fresh = state.cached_view(), False
+    while True:
+        if view is None:
+            view, fresh = state.keep_view(*_queued_loads(session, queue, now, defaults)), True
+        picks = _plan(view, running, running_shares, count - len(claimed), state)
+        for stream, n in Counter(picks).items():
+            got = _claim_oldest(session, queue, stream, n, worker_id, now)
+            _took(view, stream, len(got), state, short=len(got) < n)
+            running[stream] = running.get(stream, 0) + len(got)
+            claimed += got
+        if len(claimed) >= count or fresh:
+            break
+        view = None  # the reused view came up short: a reused view must never leave claimable jobs behind
+    session.commit()
+    for job in claimed:
+        state.served.note(job.tenant_id)
+        state.served.note(Stream(job.tenant_id, _batch_id(job)))
+    return claimed
+
+
+def _plan(view: _QueuedView, running: dict[Stream, int], running_shares: dict[str, Share], count: int,
+          state: FairState) -> list[Stream]:
+    loads = {stream: StreamLoad(load.queued, 0, load.oldest_queued_at) for stream, load in view.loads.items()}
+    for stream, n in running.items():
+        loads.setdefault(stream, StreamLoad()).running = n
+    return plan(loads, {**view.shares, **running_shares}, count, state.served)
+
+
+def _took(view: _QueuedView, stream: Stream, n: int, state: FairState, *, short: bool) -> None:
+    """Keeps the reused view in step with this worker's own claims; forgets it when it proved wrong."""
+    load = view.loads.get(stream)
+    if short or load is None:
+        state.forget_view()
+    else:
+        load.queued -= n
+
+
+def _batch_id(job: Job) -> str | None:
+    value = (job.meta or {}).get("batch_id")
+    return value if isinstance(value, str) else None
+
+
+def _running_loads(session: Session, queue: str, defaults: TenantLimits,
+                   ) -> tuple[dict[Stream, int], dict[str, Share]]:
+    """Running jobs of `queue` per stream (few: what the fleet runs), and each such tenant's share."""
+    stream = batch_of()
+    query = (
+        select(Job.tenant_id, stream, func.count(), Tenant.weight, Tenant.max_running)
+        .join(Tenant, Tenant.id == Job.tenant_id)
+        .where(Job.queue == queue, Job.status == RUNNING)
+        .group_by(Job.tenant_id, stream, Tenant.weight, Tenant.max_running)
+    )
+    running: dict[Stream, int] = {}
+    shares: dict[str, Share] = {}
+    for tenant_id, batch_id, count, weight, max_running in session.execute(query):
+        running[Stream(tenant_id, batch_id)] = int(count)
+        shares[tenant_id] = _share(weight, max_running, defaults)
+    return running, shares
+
+
+def _queued_loads(session: Session, queue: str, now: datetime, defaults: TenantLimits,
+                  ) -> tuple[dict[Stream, StreamLoad], dict[str, Share]]:
+    """Queued jobs of `queue` (not past their ttl) per stream, with the oldest's creation, and each such
+    tenant's share: one scan of the queue's queued jobs."""
+    stream = batch_of()
+    query = (
+        select(Job.tenant_id, stream, func.count(), func.min(Job.created_at), Tenant.weight,
+               Tenant.max_running)
+        .join(Tenant, Tenant.id == Job.tenant_id)
+        .where(Job.queue == queue, Job.status == QUEUED, _not_expired(now))
+        .group_by(Job.tenant_id, stream, Tenant.weight, Tenant.max_running)
+    )
+    loads: dict[Stream, StreamLoad] = {}
+    shares: dict[str, Share] = {}
+    for tenant_id, batch_id, count, oldest, weight, max_running in session.execute(query):
+        loads[Stream(tenant_id, batch_id)] = StreamLoad(int(count), 0, oldest)
+        shares[tenant_id] = _share(weight, max_running, defaults)
+    return loads, shares
+
+
+def _share(weight: float | None, max_running: int | None, defaults: TenantLimits) -> Share:
+    return Share(weight if weight is not None else defaults.weight,
+                 max_running if max_running is not None else defaults.max_running)
+
+
+def batch_of() -> ColumnElement[str | None]:
+    """The batch a job answers a line of (its metadata's batch_id), NULL for a tenant's own submissions."""
+    return Job.meta["batch_id"].as_string()
+
+
+def _claim_oldest(session: Session, queue: str, stream: Stream, n: int, worker_id: str, now: datetime,
+                  ) -> list[Job]:
+    batch = batch_of()
+    of_stream = batch.is_(None) if stream.batch_id is None else batch == stream.batch_id
+    oldest = (
+        select(Job.id)
+        .where(Job.queue == queue, Job.status == QUEUED, Job.tenant_id == stream.tenant_id, of_stream,
+               _not_expired(now))
+        .order_by(Job.created_at, Job.id)
+        .limit(n)
+        .with_for_update(skip_locked=True)  # a row another transaction is changing (a cancel) is skipped
+    )
+    # NOTE: two statements, not `UPDATE ... WHERE id IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)`:
+    # PostgreSQL may run such a subquery again per row, each time skipping the rows just locked, and so
+    # update more than n.
+    ids = list(session.execute(oldest).scalars())
+    if not ids:
+        return []
+    statement = (
+        update(Job)
+        .where(Job.id.in_(ids), Job.status == QUEUED)
+        .values(**claimed_values(worker_id, now))
+        .returning(Job)
+        .execution_options(synchronize_session=False, populate_existing=True)
+    )
+    return sorted(session.execute(statement).scalars(), key=lambda job: (job.created_at, job.id))
+
+
+def _not_expired(now: datetime) -> ColumnElement[bool]:
+    return or_(Job.expires_at.is_(None), Job.expires_at > now)
+
+
+def _lock_queue(session: Session, queue: str) -> None:
+    """PostgreSQL: one claimer of `queue` at a time, until its transaction ends (released at commit)."""
+    if session.get_bind().dialect.name != "postgresql":
+        return
+    key = zlib.crc32(queue.encode()) - (1 << 31)  # the second key is an int4
+    session.execute(select(func.pg_advisory_xact_lock(CLAIM_LOCK_SPACE, key)))

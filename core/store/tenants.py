@@ -1,0 +1,92 @@
+"""Each tenant's limits: the settings' defaults, overridden per tenant by the nullable columns of `tenants`
+(`conveyor tenants set`). NULL in a column means the default applies; a default of None means no limit of
+that kind (the queue's own limits still hold).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from core.lifecycle import QUEUED
+from core.settings import Settings
+from core.store.keys import ensure_tenant
+from core.store.tables import Job, Tenant
+
+LIMIT_FIELDS = ("weight", "max_queued", "max_running", "tokens_per_minute", "retention_days")
+
+
+@dataclass(frozen=True)
+class TenantLimits:
+    """What one tenant may do, per queue (weight, max_queued, max_running) and overall (the rest)."""
+
+    weight: float = 1.0  # its share of a queue's slots against other tenants' weights
+    max_queued: int | None = None  # its queued jobs in one queue
+    max_running: int | None = None  # its running jobs in one queue, across the fleet
+    tokens_per_minute: int | None = None  # prompt + output tokens of the jobs it submitted in the last minute
+    retention_days: int | None = None  # its finished data is purged after this long
+
+    @classmethod
+    def defaults(cls, settings: Settings) -> TenantLimits:
+        return cls(weight=settings.tenant_weight, max_queued=settings.tenant_max_queued,
+                   max_running=settings.tenant_max_running,
+                   tokens_per_minute=settings.tenant_tokens_per_minute,
+                   retention_days=settings.retention_days)
+
+    def with_overrides(self, tenant: Tenant | None) -> TenantLimits:
+        """These defaults with the tenant's non-NULL columns in their place."""
+        if tenant is None:
+            return self
+        given = {name: getattr(tenant, name) for name in LIMIT_FIELDS if getattr(tenant, name) is not None}
+        return TenantLimits(**{**asdict(self), **given})
+
+
+def effective_limits(session: Session, tenant_id: str, defaults: TenantLimits) -> TenantLimits:
+    return defaults.with_overrides(session.get(Tenant, tenant_id))
+
+
+def overrides_of(tenant: Tenant) -> dict[str, Any]:
+    """The tenant's own columns, None where the default applies."""
+    return {name: getattr(tenant, name) for name in LIMIT_FIELDS}
+
+
+def set_overrides(session: Session, tenant_id: str, changes: dict[str, Any], now: datetime) -> Tenant:
+    """Sets (or, with None, clears) the named overrides, creating the tenant if new, and commits. Raises
+    ValueError naming the field for an unknown field or a value out of range."""
+    for name, value in changes.items():
+        _check_override(name, value)
+    tenant = ensure_tenant(session, tenant_id, now)
+    for name, value in changes.items():
+        setattr(tenant, name, value)
+    _redispatch_queued(session, tenant_id)
+    session.commit()
+    return tenant
+
+
+def list_tenants(session: Session) -> list[Tenant]:
+    return list(session.execute(select(Tenant).order_by(Tenant.id)).scalars())
+
+
+def _check_override(name: str, value: Any) -> None:
+    if name not in LIMIT_FIELDS:
+        raise ValueError(f"{name}: not a tenant limit; known: {', '.join(LIMIT_FIELDS)}")
+    if value is None:
+        return
+    if name == "weight":
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1e6:
+            raise ValueError(f"weight: must be a number in (0, 1000000], got {value!r}")
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 2**31 - 1:
+        raise ValueError(f"{name}: must be an integer of at least 1, got {value!r}")
+
+
+def _redispatch_queued(session: Session, tenant_id: str) -> None:
+    """Marks the tenant's queued jobs undispatched, so a reconciler publishes them again within
+    dispatch_grace_s: a raised max_running lets some of them start, and their earlier messages may have been
+    consumed (and dropped) while the tenant was at its cap."""
+    statement = update(Job).where(Job.tenant_id == tenant_id, Job.status == QUEUED).values(dispatched_at=None)
+    session.execute(statement.execution_options(synchronize_session=False))

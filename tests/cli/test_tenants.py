@@ -1,0 +1,63 @@
+"""`conveyor tenants set|show|list` and `conveyor keys create --admin`: overrides land in the store and take
+effect on the next submit; --reset gives a limit back to its setting; bad values name the field."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from service_support import Service
+from typer.testing import CliRunner
+
+from cli.main import app
+
+runner = CliRunner()
+
+
+def test_set_show_reset_and_list(service: Service, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CONVEYOR_DATABASE_URL", service.settings.database_url)
+    monkeypatch.setenv("CONVEYOR_TENANT_MAX_RUNNING", "4")
+    alice = service.client("alice")
+
+    done = runner.invoke(app, ["tenants", "set", "alice", "--weight", "2.5", "--max-queued", "1",
+                               "--tokens-per-minute", "5000"])
+
+    assert done.exit_code == 0, done.output
+    shown = json.loads(done.output)
+    assert shown["overrides"] == {"weight": 2.5, "max_queued": 1, "max_running": None,
+                                  "tokens_per_minute": 5000, "retention_days": None}
+    assert shown["effective"]["max_running"] == 4  # the setting, as no override is set
+    assert alice.post("/v1/jobs", json={"prompt": "x"}).status_code == 202
+    assert alice.post("/v1/jobs", json={"prompt": "x"}).status_code == 429  # its max_queued, at once
+
+    reset = runner.invoke(app, ["tenants", "set", "alice", "--reset", "max-queued", "--max-running", "1"])
+    assert reset.exit_code == 0, reset.output
+    assert json.loads(reset.output)["overrides"]["max_queued"] is None
+    assert alice.post("/v1/jobs", json={"prompt": "x"}).status_code == 202
+    show = json.loads(runner.invoke(app, ["tenants", "show", "alice"]).output)
+    assert show["effective"]["max_running"] == 1 and show["effective"]["weight"] == 2.5
+    listed = runner.invoke(app, ["tenants", "list"])
+    assert listed.exit_code == 0 and "alice" in listed.output and "2.5*" in listed.output
+
+
+def test_bad_values_and_unknown_tenants_are_refused(
+    service: Service, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("CONVEYOR_DATABASE_URL", service.settings.database_url)
+    bad = runner.invoke(app, ["tenants", "set", "alice", "--max-running", "0"])
+    assert bad.exit_code == 2 and "max_running" in bad.output
+    nothing = runner.invoke(app, ["tenants", "set", "alice"])
+    assert nothing.exit_code == 2 and "nothing to set" in nothing.output
+    unknown = runner.invoke(app, ["tenants", "show", "nobody"])
+    assert unknown.exit_code == 2 and "no such tenant" in unknown.output
+
+
+def test_keys_create_admin(service: Service, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CONVEYOR_DATABASE_URL", service.settings.database_url)
+    service.client("alice").post("/v1/jobs", json={"prompt": "x"})
+    created = runner.invoke(app, ["keys", "create", "--tenant", "ops", "--admin"])
+    assert created.exit_code == 0, created.output
+    key = json.loads(created.output)
+    assert key["admin"] is True
+    queues = service.client_with_key(key["key"]).get("/v1/queues").json()
+    assert queues["scope"] == "all" and queues["data"][0]["queued"] == 1
