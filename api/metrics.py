@@ -1,8 +1,11 @@
 """Prometheus metrics, one registry per app instance.
 
-Counters the API itself sees (submissions, rejections, HTTP responses) live in this process. Job outcomes
-happen in workers, so they are read from the store at scrape time: every API replica reports the same
-cluster-wide numbers, counted by one rule whatever the deployment.
+Counters the API itself sees (submissions, rejections, HTTP responses) live in this process: sum() them over
+API replicas. Job outcomes happen in workers, so they are read from the store at scrape time: every API
+replica reports the same cluster-wide numbers, counted by one rule whatever the deployment, so dashboards
+take max() over replicas (never sum()). The job latency histograms and outcome counters come from the
+`metric_counts` table (core/store/outcome_counts.py), written once per job in its final transition.
+Embedded, the engine's own metrics (worker/engine_metrics.py) join this registry (`extra`).
 """
 
 from __future__ import annotations
@@ -11,20 +14,23 @@ import logging
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.clock import utcnow
 from core.lifecycle import TERMINAL_STATUSES
+from core.metric_buckets import LATENCY_BUCKETS_S
 from core.settings import Settings
-from core.store import jobs, workers
+from core.store import jobs, outcome_counts, workers
+from core.store.tables import MetricCount
 
 log = logging.getLogger(__name__)
 
 
 class Metrics:
-    def __init__(self, settings: Settings, session_factory: sessionmaker[Session]) -> None:
+    def __init__(self, settings: Settings, session_factory: sessionmaker[Session],
+                 extra: Collector | None = None) -> None:
         self.registry = CollectorRegistry()
         self.jobs_submitted = Counter(
             "conveyor_jobs_submitted", "Jobs accepted by this API process", ["queue"], registry=self.registry
@@ -38,6 +44,8 @@ class Metrics:
             ["method", "route", "status"], registry=self.registry,
         )
         self.registry.register(StoreCollector(settings, session_factory))
+        if extra is not None:
+            self.registry.register(extra)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -56,6 +64,7 @@ class StoreCollector(Collector):
             with self._session_factory() as session:
                 counts = jobs.queue_counts(session)
                 totals = jobs.status_totals(session)
+                outcomes = outcome_counts.all_counts(session)
                 consumers = workers.live_workers_per_queue(
                     session, now=utcnow(), dead_after_s=self._settings.worker_dead_after_s)
         except Exception as exc:  # a scrape must not fail because the database is briefly down
@@ -63,6 +72,7 @@ class StoreCollector(Collector):
             return
         yield from self._queue_gauges(counts, consumers)
         yield from self._finished_counters(totals)
+        yield from outcome_families(outcomes)
 
     def _finished_counters(self, totals: list[tuple[str, str, int, int]]) -> Iterator[Metric]:
         finished = CounterMetricFamily("conveyor_jobs_finished", "Jobs in a final status",
@@ -93,8 +103,19 @@ class StoreCollector(Collector):
             running.add_metric([name], c.running)
             age = (now - c.oldest_queued_at).total_seconds() if c.oldest_queued_at else 0.0
             oldest.add_metric([name], age)
-        yield from (depth, running, oldest)
+        yield from (depth, running, oldest, self._deadline_gauge(names))
         yield from _scaling_gauges(names, counts, consumers)
+
+    def _deadline_gauge(self, names: list[str]) -> Metric:
+        """Each queue's default ttl, so an alert can compare the oldest queued job's age with it."""
+        deadline = GaugeMetricFamily("conveyor_queue_deadline_seconds",
+                                     "The queue's default ttl (deadline_s): queued jobs expire past it",
+                                     labels=["queue"])
+        for name in names:
+            queue = self._settings.queue(name)
+            if queue is not None and queue.deadline_s is not None:
+                deadline.add_metric([name], queue.deadline_s)
+        return deadline
 
 
 def _scaling_gauges(names: list[str], counts: dict[str, jobs.QueueCounts],
@@ -108,3 +129,56 @@ def _scaling_gauges(names: list[str], counts: dict[str, jobs.QueueCounts],
         load.add_metric([name], c.queued + c.running)
         live.add_metric([name], consumers.get(name, 0))
     yield from (load, live)
+
+
+HISTOGRAM_HELP = {
+    outcome_counts.QUEUE_TIME: "Job created to started (or to final, if it never started), per final status",
+    outcome_counts.TTFT: "Job created to its first token, per final status (jobs that had one)",
+    outcome_counts.E2E: "Job created to final, per final status",
+}
+
+
+def outcome_families(rows: list[MetricCount]) -> Iterator[Metric]:
+    """The job histograms and outcome counters of the metric_counts table, as Prometheus families."""
+    for metric, doc in HISTOGRAM_HELP.items():
+        yield _histogram_family(f"conveyor_{metric}", doc, outcome_counts.series_of(rows, metric))
+    outcomes = CounterMetricFamily("conveyor_job_outcomes", "Jobs that reached a final status (from the "
+                                   "end-to-end histogram's counts)", labels=["queue", "status"])
+    per_status: dict[tuple[str, str], int] = {}
+    for row in outcome_counts.series_of(rows, outcome_counts.E2E):
+        per_status[(row.queue, row.status)] = per_status.get((row.queue, row.status), 0) + row.count
+    for (queue, status), n in sorted(per_status.items()):
+        outcomes.add_metric([queue, status], n)
+    yield outcomes
+    failures = outcome_counts.series_of(rows, outcome_counts.JOB_FAILURES)
+    lines = outcome_counts.series_of(rows, outcome_counts.BATCH_LINES)
+    deliveries = outcome_counts.series_of(rows, outcome_counts.WEBHOOK_DELIVERIES)
+    yield _counter_family("conveyor_job_failures", "Failed and expired jobs by error code", ["queue", "code"],
+                          [((r.queue, r.label), r.count) for r in failures])
+    yield _counter_family("conveyor_batch_lines", "Batch lines whose job finished, by outcome",
+                          ["queue", "outcome"], [((r.queue, r.label), r.count) for r in lines])
+    yield _counter_family("conveyor_webhook_deliveries", "Webhook delivery attempts by outcome", ["outcome"],
+                          [((r.label,), r.count) for r in deliveries])
+
+
+def _counter_family(name: str, doc: str, labels: list[str],
+                    values: list[tuple[tuple[str, ...], int]]) -> Metric:
+    family = CounterMetricFamily(name, doc, labels=labels)
+    for label_values, n in sorted(values):
+        family.add_metric(list(label_values), n)
+    return family
+
+
+def _histogram_family(name: str, doc: str, rows: list[MetricCount]) -> Metric:
+    """Cumulative buckets per (queue, status) from the table's per-bucket rows."""
+    bounds = [repr(b) for b in LATENCY_BUCKETS_S] + [outcome_counts.INF_LABEL]
+    series: dict[tuple[str, str], tuple[list[int], list[float]]] = {}
+    for row in rows:
+        counts, total = series.setdefault((row.queue, row.status), ([0] * len(bounds), [0.0]))
+        counts[bounds.index(row.label)] += row.count
+        total[0] += row.total
+    family = HistogramMetricFamily(name, doc, labels=["queue", "status"])
+    for (queue, status), (counts, total) in sorted(series.items()):
+        cumulative = [sum(counts[: i + 1]) for i in range(len(counts))]
+        family.add_metric([queue, status], list(zip(bounds, cumulative, strict=True)), sum_value=total[0])
+    return family

@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 OnUpdate = Callable[[RequestOutput], None]
 OnStepEnd = Callable[[], None]
+OnFinished = Callable[[str, RequestOutput], None]  # (request class, its final output)
 
 
 class EngineShutdownError(RuntimeError):
@@ -35,6 +36,7 @@ class EngineShutdownError(RuntimeError):
 class _Pending:
     future: Future[RequestOutput]
     on_update: OnUpdate | None
+    request_class: str
 
 
 class EngineHost:
@@ -47,6 +49,7 @@ class EngineHost:
         self._stopping = False
         self._stats = engine.stats()
         self._step_listeners: list[OnStepEnd] = []
+        self._finish_listeners: list[OnFinished] = []
         self._thread = threading.Thread(target=self._loop, name="engine-host", daemon=True)
         self._thread.start()
 
@@ -82,7 +85,7 @@ class EngineHost:
                 raise RuntimeError("EngineHost is shut down")
             if request_id in self._pending:
                 raise ValueError(f"request_id {request_id!r} is already running or waiting")
-            self._pending[request_id] = _Pending(future, on_update)
+            self._pending[request_id] = _Pending(future, on_update, seq.request_class)
             self._inbox.append(seq)
             self._cond.notify()
         return future
@@ -116,6 +119,12 @@ class EngineHost:
         with self._cond:
             if listener in self._step_listeners:
                 self._step_listeners.remove(listener)
+
+    def on_request_finished(self, listener: OnFinished) -> None:
+        """Calls `listener(request class, output)` on the engine thread once per request that finishes
+        (stop, length or abort) before its future resolves: observers read its metrics there, once."""
+        with self._cond:
+            self._finish_listeners.append(listener)
 
     def stats(self) -> dict[str, object]:
         with self._cond:
@@ -198,7 +207,17 @@ class EngineHost:
                 except Exception:  # a caller's callback must not stop the engine
                     log.exception("on_update callback failed for %s", out.request_id)
             if out.finished:
+                self._tell_finished(pending.request_class, out)
                 pending.future.set_result(out)
+
+    def _tell_finished(self, request_class: str, out: RequestOutput) -> None:
+        with self._cond:
+            listeners = list(self._finish_listeners)
+        for listener in listeners:
+            try:
+                listener(request_class, out)
+            except Exception:  # an observer must not stop the engine
+                log.exception("request-finished listener failed for %s", out.request_id)
 
     def _fail(self, request_ids: list[str], exc: BaseException) -> None:
         for request_id in request_ids:

@@ -6,6 +6,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -30,11 +31,18 @@ class Heartbeat:
         self._interval_s = interval_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="worker-heartbeat", daemon=True)
+        self._last_beat = time.monotonic()  # of the last beat the store took (registration included)
+
+    def age_s(self) -> float:
+        """Seconds since the store last took this worker's beat (its metrics report it: a worker that cannot
+        reach the store looks dead to the reconcilers long before it looks dead to anything else)."""
+        return time.monotonic() - self._last_beat
 
     def start(self) -> None:
         with self._sessions() as session:
             workers.register(session, self.worker_id, hostname=socket.gethostname(), pid=os.getpid(),
                              queues=self._queues, now=utcnow())
+        self._last_beat = time.monotonic()
         self._thread.start()
         log.info("worker %s registered for queues %s", self.worker_id, self._queues)
 
@@ -51,5 +59,7 @@ class Heartbeat:
                 with self._sessions() as session:
                     if not workers.heartbeat(session, self.worker_id, utcnow()):
                         log.error("worker %s is not registered as running in the store", self.worker_id)
+                    else:
+                        self._last_beat = time.monotonic()
             except Exception:  # the store may be briefly down; the next beat retries
                 log.exception("heartbeat failed")

@@ -11,10 +11,11 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session
 
-from core.store import batch_outcomes, webhook_events
+from core.store import batch_outcomes, outcome_counts, webhook_events
 
 
 def record_finished(session: Session, job_ids: list[str], status: str, now: datetime) -> None:
     """Runs inside the transition's transaction; each feature reacting to finished jobs adds its call here."""
     webhook_events.enqueue_job_events(session, job_ids, status, now)
     batch_outcomes.record_outcomes(session, job_ids, status, now)
+    outcome_counts.record_finished_jobs(session, job_ids, status)  # the API's job metrics

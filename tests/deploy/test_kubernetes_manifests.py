@@ -230,6 +230,27 @@ def test_api_binds_everywhere_with_auth_and_no_gpu(manifests: list[Manifest], mo
     assert not any(GPU in str(c.get("resources")) for c in all_containers(api))
 
 
+def test_workers_serve_their_engine_metrics_where_the_annotations_say(
+    manifests: list[Manifest], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each worker's settings turn its metrics port on, beyond loopback, and the pod's scrape annotations
+    and container port name that port."""
+    for worker in workers(manifests):
+        container = main_container(worker)
+        for name in [n for n in os.environ if n.startswith("CONVEYOR_")]:
+            monkeypatch.delenv(name)  # the pod's environment only
+        for name, value in container_env(manifests, container).items():
+            monkeypatch.setenv(name, value)
+        settings = Settings()
+        port = settings.worker_metrics_port
+        assert port is not None and settings.host == "0.0.0.0", worker["metadata"]["name"]
+        annotations = worker["spec"]["template"]["metadata"]["annotations"]
+        assert annotations["prometheus.io/scrape"] == "true"
+        assert int(annotations["prometheus.io/port"]) == port
+        assert annotations["prometheus.io/path"] == "/metrics"
+        assert {"name": "metrics", "containerPort": port} in container["ports"]
+
+
 def test_every_pod_migrates_before_it_starts(manifests: list[Manifest]) -> None:
     for deployment in of_kind(manifests, "Deployment"):
         init = pod_spec(deployment).get("initContainers", [])

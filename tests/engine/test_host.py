@@ -187,3 +187,20 @@ def test_from_config_runs_the_real_model(llama_dir: Path) -> None:
     assert len(out.token_ids) == 4 and out.prompt_token_ids == host.tokenizer.encode("Good morning")
     assert host.config.num_kv_blocks == 32
     host.shutdown()
+
+
+def test_finish_listeners_hear_each_request_once_with_its_class(tokenizer) -> None:
+    runner = FakeRunner(num_kv_blocks=32, vocab_size=VOCAB)
+    classes = [RequestClassConfig(name="chat", max_running=4), RequestClassConfig(name="docs", max_running=4)]
+    config = EngineConfig(model="unused", num_kv_blocks=runner.num_kv_blocks, request_classes=classes)
+    host = EngineHost(LLMEngine(config, runner=runner, tokenizer=tokenizer))
+    heard: list[tuple[str, str, str | None]] = []
+    host.on_request_finished(lambda cls, out: heard.append((cls, out.request_id, out.finish_reason)))
+    host.on_request_finished(lambda cls, out: 1 / 0)  # a failing observer must not stop the engine
+    done = host.submit("a", [5, 6], greedy(3), request_class="chat")
+    long = host.submit("b", [7], greedy(200), request_class="docs")
+    assert host.cancel("b")  # before its 200 steps
+    done.result(timeout=30)
+    assert long.result(timeout=30).finish_reason == "abort"
+    assert sorted(heard) == [("chat", "a", "length"), ("docs", "b", "abort")]
+    host.shutdown()

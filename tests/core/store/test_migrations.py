@@ -25,7 +25,7 @@ def test_upgrade_head_matches_the_models(fresh_url: str) -> None:
     db_engine = make_db_engine(fresh_url)
     head = ScriptDirectory.from_config(alembic_config(fresh_url)).get_current_head()  # one linear history
     with db_engine.connect() as conn:
-        assert MigrationContext.configure(conn).get_current_revision() == head == "0007_tenant_limits"
+        assert MigrationContext.configure(conn).get_current_revision() == head == "0008_metric_counts"
         assert {"tenants", "api_keys", "jobs", "workers"} <= set(inspect(conn).get_table_names())
         assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
         assert conn.execute(text("SELECT id FROM tenants")).scalars().all() == ["default"]

@@ -1,0 +1,130 @@
+"""Cluster-wide outcome counters in the `metric_counts` table: what the API's /metrics reports per queue and
+final status, counted once whichever process makes the outcome final.
+
+Written inside the transaction of the final transition (record_finished) or of the webhook attempt, so a
+transition that lost a race counts nothing and a committed one counts exactly once. Every API process reads
+the same rows: scraped several times, they report the same global value (aggregate with max(), not sum()).
+Rows are upserted in a fixed key order, so concurrent finishes wait on each other's rows, never deadlock.
+
+Series (`metric` column; histograms keep one non-cumulative row per bucket, `label` its upper bound):
+- job_queue_time_seconds, job_time_to_first_token_seconds, job_e2e_seconds: per queue and final status;
+- job_failures: per queue and error code (failed and expired jobs);
+- batch_lines: per queue and line outcome (lines whose job finished);
+- webhook_deliveries: per attempt outcome (delivered, retry, failed, disabled).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import func, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import Session
+
+from core.lifecycle import EXPIRED, FAILED, LINE_OUTCOME
+from core.metric_buckets import LATENCY_BUCKETS_S
+from core.store.tables import BatchLine, Job, MetricCount
+
+QUEUE_TIME, TTFT, E2E = "job_queue_time_seconds", "job_time_to_first_token_seconds", "job_e2e_seconds"
+HISTOGRAMS = (QUEUE_TIME, TTFT, E2E)
+JOB_FAILURES, BATCH_LINES, WEBHOOK_DELIVERIES = "job_failures", "batch_lines", "webhook_deliveries"
+INF_LABEL = "+Inf"
+
+Key = tuple[str, str, str, str]  # (metric, queue, status, label)
+
+
+@dataclass
+class Increment:
+    count: int = 0
+    total: float = 0.0
+
+
+def bucket_label(seconds: float) -> str:
+    """The upper bound of the smallest bucket holding `seconds`, as Prometheus writes it ("+Inf" past the
+    last)."""
+    i = bisect.bisect_left(LATENCY_BUCKETS_S, seconds)
+    return repr(LATENCY_BUCKETS_S[i]) if i < len(LATENCY_BUCKETS_S) else INF_LABEL
+
+
+def record_finished_jobs(session: Session, job_ids: list[str], status: str) -> None:
+    """Counts jobs that just reached `status` (inside their transition's transaction, after its UPDATE)."""
+    rows = session.execute(
+        select(
+            Job.queue, Job.created_at, Job.started_at, Job.first_token_at, Job.finished_at, Job.error_code
+        ).where(Job.id.in_(job_ids))
+    ).all()
+    increments: dict[Key, Increment] = {}
+    for queue, created, started, first_token, finished, code in rows:
+        end = finished or created
+        _observe(increments, (QUEUE_TIME, queue, status), _seconds(created, started or end))
+        _observe(increments, (E2E, queue, status), _seconds(created, end))
+        if first_token is not None:
+            _observe(increments, (TTFT, queue, status), _seconds(created, first_token))
+        if status in (FAILED, EXPIRED):
+            _count(increments, (JOB_FAILURES, queue, "", code or "unknown"), 1)
+    _count_batch_lines(session, job_ids, status, increments)
+    _upsert(session, increments)
+
+
+def record_webhook_attempt(session: Session, outcome: str) -> None:
+    """Counts one webhook attempt's outcome (inside the transaction that stores the attempt)."""
+    _upsert(session, {(WEBHOOK_DELIVERIES, "", "", outcome): Increment(1, 0.0)})
+
+
+def all_counts(session: Session) -> list[MetricCount]:
+    """Every series: a bounded table (metrics x queues x statuses x buckets or codes), read in one query."""
+    return list(session.scalars(select(MetricCount)))
+
+
+def _count_batch_lines(
+    session: Session, job_ids: list[str], status: str, increments: dict[Key, Increment]
+) -> None:
+    rows = session.execute(
+        select(Job.queue, func.count())
+        .join(BatchLine, BatchLine.job_id == Job.id)
+        .where(Job.id.in_(job_ids))
+        .group_by(Job.queue)
+    ).all()
+    for queue, n in rows:
+        _count(increments, (BATCH_LINES, queue, "", LINE_OUTCOME[status]), n)
+
+
+def _seconds(start: datetime, end: datetime) -> float:
+    return max(0.0, (end - start).total_seconds())
+
+
+def _observe(increments: dict[Key, Increment], series: tuple[str, str, str], seconds: float) -> None:
+    inc = increments.setdefault((*series, bucket_label(seconds)), Increment())
+    inc.count += 1
+    inc.total += seconds
+
+
+def _count(increments: dict[Key, Increment], key: Key, n: int) -> None:
+    increments.setdefault(key, Increment()).count += n
+
+
+def _upsert(session: Session, increments: dict[Key, Increment]) -> None:
+    insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+    table = MetricCount.__table__
+    for key, inc in sorted(increments.items()):  # a fixed lock order
+        metric, queue, status, label = key
+        statement = insert(table).values(
+            metric=metric, queue=queue, status=status, label=label, count=inc.count, total=inc.total
+        )
+        session.execute(
+            statement.on_conflict_do_update(
+                index_elements=["metric", "queue", "status", "label"],
+                set_={
+                    "count": table.c.count + statement.excluded.count,
+                    "total": table.c.total + statement.excluded.total,
+                },
+            )
+        )
+
+
+def series_of(rows: Iterable[MetricCount], metric: str) -> list[MetricCount]:
+    return [row for row in rows if row.metric == metric]
