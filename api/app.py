@@ -5,9 +5,10 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from fastapi import FastAPI
+from prometheus_client import CollectorRegistry
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.admission import AdmissionGauge
@@ -36,6 +37,14 @@ class Runtime(Protocol):
     def stop(self) -> None: ...
 
 
+@runtime_checkable
+class MetricsSource(Protocol):
+    """A runtime whose own metrics join the app's /metrics (the embedded worker's engine metrics)."""
+
+    @property
+    def metrics_registry(self) -> CollectorRegistry: ...
+
+
 def create_app(
     settings: Settings,
     *,
@@ -54,7 +63,8 @@ def create_app(
     owns_db_engine = session_factory is None
     if session_factory is None:
         session_factory = make_session_factory(make_db_engine(settings.database_url))
-    metrics = Metrics(settings, session_factory)
+    metrics = Metrics(settings, session_factory,
+                      extra=runtime.metrics_registry if isinstance(runtime, MetricsSource) else None)
     dispatcher = DispatchRelay(session_factory, publisher.publish)
     services = Services(settings, session_factory, publisher, tokenizer, metrics, AdmissionGauge(),
                         dispatcher, finished=finished_sink, finished_watch=finished_watch)

@@ -10,14 +10,17 @@ from datetime import datetime
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from api import admission
 from api.deps import Services
 from api.errors import ApiError
 from api.schemas.jobs import JobCreate
 from api.webhook_targets import check_job_webhook
+from core.model_limits import served_max_model_len
 from core.request_rules import PROMPT_BYTES_PER_TOKEN, text_problem, utf8_length
 from core.settings import QueueSettings
-from core.store import jobs
+from core.store import jobs, tenants
 from core.store.tables import Job
+from core.store.tenants import TenantLimits
 
 MAX_IDEMPOTENCY_KEY_CHARS = 255
 
@@ -36,7 +39,7 @@ def submit(
         raise
     if created:
         services.metrics.jobs_submitted.labels(job.queue).inc()
-        services.admission.admitted(job.queue)
+        services.admission.admitted(job.queue, tenant_id)
         services.dispatcher.dispatch(job.id, job.queue)
     return job, created
 
@@ -54,7 +57,11 @@ def _submit(
         if earlier is not None:
             return _replay(earlier, request_hash), False
     _admit(session, services, body.queue, queue)  # before tokenizing: an overloaded queue costs no CPU
+    limits = tenants.effective_limits(session, tenant_id, TenantLimits.defaults(services.settings))
+    _refuse(admission.queued_refusal(session, services.admission, limits, tenant_id, body.queue,
+                                     services.settings.retry_after_s))
     prompt_tokens = _count_prompt_tokens(services, body, queue)
+    _refuse(admission.tokens_refusal(session, limits, tenant_id, prompt_tokens + body.max_tokens, now))
     new = jobs.NewJob(
         tenant_id=tenant_id, queue=body.queue, prompt=body.prompt,
         messages=[m.model_dump() for m in body.messages] if body.messages else None,
@@ -152,11 +159,17 @@ def _count_prompt_tokens(services: Services, body: JobCreate, queue: QueueSettin
     if n > queue.max_prompt_tokens:
         raise _invalid("prompt_too_long", field, f"{n} tokens exceeds the {body.queue} queue's "
                        f"max_prompt_tokens ({queue.max_prompt_tokens})")
-    max_model_len = services.settings.max_model_len
+    max_model_len = model_max_len(services)
     if max_model_len is not None and n + body.max_tokens > max_model_len:
         raise _invalid("context_too_long", "max_tokens", f"{n} prompt tokens + max_tokens {body.max_tokens} "
                        f"exceeds max_model_len ({max_model_len})")
     return n
+
+
+def model_max_len(services: Services) -> int | None:
+    """The max_model_len the workers serve: the configured one, else the model's own (its config.json),
+    so a request that can never run is refused here rather than failing on a worker."""
+    return served_max_model_len(services.settings.max_model_len, services.tokenizer.context_length)
 
 
 def _admit(session: Session, services: Services, name: str, queue: QueueSettings) -> None:
@@ -165,6 +178,16 @@ def _admit(session: Session, services: Services, name: str, queue: QueueSettings
         retry_after = str(services.settings.retry_after_s)
         message = f"queue: the {name} queue is full ({queue.max_queued} queued); retry after {retry_after} s"
         raise ApiError(429, "queue_full", message, "queue", {"Retry-After": retry_after})
+
+
+def _refuse(refusal: admission.Refusal | None) -> None:
+    """A tenant quota's refusal as the HTTP error: 429 with Retry-After when waiting helps, else 422."""
+    if refusal is None:
+        return
+    if refusal.retry_after_s is None:
+        raise ApiError(422, refusal.code, refusal.message, refusal.field)
+    headers = {"Retry-After": str(refusal.retry_after_s)}
+    raise ApiError(429, refusal.code, refusal.message, refusal.field, headers)
 
 
 def _invalid(code: str, field: str, message: str) -> ApiError:

@@ -16,6 +16,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from cli.errors import ConveyorGroup, debug_enabled, remember_settings
+from cli.tenants import tenants_app
 from core.log_setup import configure_logging, masked_url
 from core.settings import Settings, load_settings
 
@@ -24,6 +25,7 @@ app = typer.Typer(cls=ConveyorGroup, no_args_is_help=True,
                   help="Conveyor: a job queue for asynchronous LLM inference.")
 keys_app = typer.Typer(no_args_is_help=True, help="Create, revoke and list API keys.")
 app.add_typer(keys_app, name="keys")
+app.add_typer(tenants_app, name="tenants")
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="TOML settings (or CONVEYOR_CONFIG_FILE)")]
 HostOpt = Annotated[str | None, typer.Option(help="bind address (default 127.0.0.1)")]
@@ -123,6 +125,7 @@ def migrate(config: ConfigOpt = None) -> None:
 
 @keys_app.command("create")
 def keys_create(tenant: Annotated[str, typer.Option(help="tenant the key belongs to")],
+                admin: Annotated[bool, typer.Option(help="also sees totals across tenants")] = False,
                 config: ConfigOpt = None) -> None:
     """Creates a key (and the tenant if new). The key is printed once; only its hash is stored."""
     from core.clock import utcnow
@@ -130,10 +133,10 @@ def keys_create(tenant: Annotated[str, typer.Option(help="tenant the key belongs
 
     with _session(config) as session:
         try:
-            row, plaintext = keys.create_key(session, tenant, utcnow())
+            row, plaintext = keys.create_key(session, tenant, utcnow(), admin=admin)
         except ValueError as exc:
             _fail(str(exc))
-    typer.echo(json.dumps({"id": row.id, "tenant": row.tenant_id, "key": plaintext}))
+    typer.echo(json.dumps({"id": row.id, "tenant": row.tenant_id, "key": plaintext, "admin": row.is_admin}))
 
 
 @keys_app.command("revoke")
@@ -156,12 +159,12 @@ def keys_list(config: ConfigOpt = None) -> None:
 
     from core.store import keys
 
-    table = Table("id", "tenant", "prefix", "created", "revoked")
+    table = Table("id", "tenant", "prefix", "created", "revoked", "admin")
     with _session(config) as session:
         for k in keys.list_keys(session):
             revoked = k.revoked_at.isoformat(timespec="seconds") if k.revoked_at else ""
             created = k.created_at.isoformat(timespec="seconds")
-            table.add_row(k.id, k.tenant_id, k.prefix + "…", created, revoked)
+            table.add_row(k.id, k.tenant_id, k.prefix + "…", created, revoked, "yes" if k.is_admin else "")
     Console(width=120).print(table)
 
 
@@ -220,6 +223,20 @@ def wait(
 def cancel(job_id: str, url: UrlOpt = DEFAULT_URL, api_key: KeyOpt = None) -> None:
     """Cancels a queued or running job and prints it."""
     _print_call(url, api_key, lambda c: c.cancel(job_id))
+
+
+@app.command()
+def top(
+    url: UrlOpt = DEFAULT_URL,
+    worker: Annotated[list[str] | None, typer.Option(help="a worker's metrics URL (repeatable)")] = None,
+    metrics_token: Annotated[str | None, typer.Option(envvar="CONVEYOR_METRICS_TOKEN")] = None,
+    interval: Annotated[float, typer.Option(min=0.2, help="seconds between refreshes")] = 2.0,
+    once: Annotated[bool, typer.Option(help="print one frame (rates over one interval) and exit")] = False,
+) -> None:
+    """Queues, workers and engines in a refreshing terminal view, read from the metrics (like htop)."""
+    from cli.top import run_top
+
+    run_top(url, worker or [], metrics_token, interval, once)
 
 
 PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}

@@ -107,6 +107,24 @@ class Settings(BaseSettings):
         "its own); None: every queue. The embedded service always runs every queue",
     )
 
+    # Tenants: fair share and quotas (defaults; `conveyor tenants set` overrides them per tenant)
+    tenant_weight: float = Field(
+        1.0, gt=0, le=1e6, allow_inf_nan=False,
+        description="a tenant's share of a queue's slots against the other tenants with work in it",
+    )
+    tenant_max_queued: int | None = Field(
+        None, ge=1, description="queued jobs one tenant may have in one queue (429 beyond); None: only the "
+        "queue's max_queued",
+    )
+    tenant_max_running: int | None = Field(
+        None, ge=1, description="running jobs one tenant may have in one queue, across all workers, batch "
+        "lines included; None: no cap beyond fair share",
+    )
+    tenant_tokens_per_minute: int | None = Field(
+        None, ge=1, description="prompt + output tokens of the jobs one tenant submitted in the last minute "
+        "(429 beyond); None: no limit",
+    )
+
     # Reliability
     reconcile_interval_s: float = Field(2.0, gt=0)
     dispatch_grace_s: float = Field(5.0, gt=0, description="re-publish undispatched jobs older than this")
@@ -116,6 +134,22 @@ class Settings(BaseSettings):
         30.0, gt=0, description="at shutdown, in-flight jobs get this long to finish before they are requeued"
     )
     cancel_poll_s: float = Field(0.5, gt=0, description="worker poll period for cancels")
+    max_attempts: int = Field(
+        3, ge=1, description="runs a job gets when its worker keeps dying; then it fails with `worker_lost`"
+    )
+    worker_prune_after_s: float = Field(
+        86400.0, gt=0, description="rows of workers stopped or silent this long are deleted from `workers`"
+    )
+    retention_days: int | None = Field(
+        None, ge=1, description="finished jobs, ended batches, files and webhook deliveries older than this "
+        "are purged; a tenant's own retention_days overrides it; None: kept forever",
+    )
+    purge_interval_s: float = Field(300.0, gt=0, description="how often each reconciler runs the purge")
+    purge_chunk_rows: int = Field(500, ge=1, description="rows the purge deletes per transaction")
+    worker_metrics_port: int | None = Field(
+        None, ge=1, le=65535, description="a `conveyor worker` serves its engine's Prometheus metrics on "
+        "this port, bound to `host`; None: not served (embedded: always on the server's own /metrics)",
+    )
 
     # Webhooks
     webhook_allowlist: list[str] = Field(

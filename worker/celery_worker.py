@@ -26,6 +26,7 @@ from worker.celery_app import CONTROL_QUEUE, make_celery_app
 from worker.cold_start import ColdStart
 from worker.consumer import job_consumer_step
 from worker.heartbeat import new_worker_id
+from worker.metrics_server import serve_metrics
 from worker.model import describe_engine
 from worker.services import WorkerServices
 from worker.token_sinks import RedisTokenSink
@@ -48,6 +49,8 @@ def run_worker(settings: Settings, *, banner: bool = False, cold_start: ColdStar
     services = WorkerServices(settings, sessions, publisher, worker_id, tokens=tokens,
                               republish_requeued=True, finished=finished)
     services.start()
+    services.metrics.track_cold_start(cold_start)
+    stop_metrics = serve_metrics(settings, services.metrics.registry)
     cold_start.engine_ready(services.host)
     cold_start.watch_first_token(services.host)
     grace_s = settings.worker_shutdown_grace_s
@@ -64,6 +67,7 @@ def run_worker(settings: Settings, *, banner: bool = False, cold_start: ColdStar
     finally:
         signals.worker_ready.disconnect(summary)
         services.stop()  # the consumer step already shut the job runner down on SIGTERM: a no-op then
+        stop_metrics()
         publisher.close()
         if tokens is not None:
             tokens.close()

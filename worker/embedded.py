@@ -9,11 +9,14 @@ at start.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue as stdlib_queue
+import sys
 import threading
 import time
 
+from prometheus_client import CollectorRegistry
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.finished_jobs import LocalFinishedHub
@@ -32,6 +35,7 @@ log = logging.getLogger(__name__)
 
 POLL_S = 0.2  # how often an idle feeder looks at the stop flag
 STORE_ERROR_BACKOFF_S = 1.0
+CLAIM_MAX = 512  # jobs one claim takes at most
 
 
 class EmbeddedRuntime:
@@ -63,9 +67,15 @@ class EmbeddedRuntime:
     def host(self) -> EngineHost:
         return self._services.host
 
+    @property
+    def metrics_registry(self) -> CollectorRegistry:
+        """The engine's metrics, served on the embedded server's own /metrics (api.app's MetricsSource)."""
+        return self._services.metrics.registry
+
     def start(self) -> None:
         self._load_backlog()  # before the reconciler starts, so no job is published twice
         self._services.start()
+        self._services.metrics.track_cold_start(self.cold_start)
         self.cold_start.engine_ready(self.host)
         self.cold_start.watch_first_token(self.host)
         for name in self.settings.queues:
@@ -92,27 +102,26 @@ class EmbeddedRuntime:
             log.info("loaded %d queued job(s) from the store", len(rows))
 
     def _feed(self, queue_name: str) -> None:
-        """Hands this queue's jobs to the runner whenever its per-queue hold has room, as many at once as
-        are waiting and fit (claimed together)."""
+        """Whenever this queue has room, claims as many of its jobs as fit, in fair order
+        (core/store/fair_share.py); with nothing to claim, waits for a wake-up (a submit's publish) or
+        POLL_S (a tenant held at its max_running may start another once one of its jobs ended)."""
         runner = self._services.runner
-        pending = self.publisher.queues[queue_name]
+        wakeups = self.publisher.queues[queue_name]
         while not self._stop.is_set():
             if not runner.wait_for_room(queue_name, POLL_S):
                 continue
+            _take_waiting(wakeups, sys.maxsize)  # the claim below sees every job they announced
             try:
-                job_ids = [pending.get(timeout=POLL_S)]
-            except stdlib_queue.Empty:
-                continue
-            job_ids += _take_waiting(pending, runner.room(queue_name) - 1)
-            try:
-                runner.run_many([(job_id, _nothing) for job_id in job_ids])
+                started = runner.run_next(queue_name, [_nothing] * min(runner.room(queue_name), CLAIM_MAX))
             except RunnerStoppedError:
                 return
             except Exception:
-                log.exception("could not start %d job(s); they stay queued", len(job_ids))
+                log.exception("could not claim jobs of %s; they stay queued", queue_name)
                 time.sleep(STORE_ERROR_BACKOFF_S)
-                for job_id in job_ids:
-                    self.publisher.publish(job_id, queue_name)
+                continue
+            if not started:
+                with contextlib.suppress(stdlib_queue.Empty):
+                    wakeups.get(timeout=POLL_S)
 
 
 def _take_waiting(pending: stdlib_queue.SimpleQueue[str], limit: int) -> list[str]:

@@ -18,10 +18,13 @@ from collections.abc import Callable
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.finished_jobs import FinishedSink
+from core.model_limits import limits_beyond_model
 from core.settings import Settings
+from core.store.tenants import TenantLimits
 from core.token_stream import TokenSink
 from engine.host import EngineHost
 from worker.batches.runner import BatchRunner, make_batch_runner
+from worker.engine_metrics import WorkerMetrics
 from worker.heartbeat import Heartbeat
 from worker.job_runner import JobRunner
 from worker.model import engine_config, resolve_model
@@ -50,6 +53,7 @@ class WorkerServices:
         self._reconciler = Reconciler(sessions, broker, settings, Local(worker_id, self._held_attempts),
                                       finished=finished)
         self._webhooks = WebhookSender(sessions, settings)
+        self.metrics = WorkerMetrics()  # exists before the engine: the embedded API adds its registry early
         self._host: EngineHost | None = None
         self._runner: JobRunner | None = None
         self._batches: BatchRunner | None = None
@@ -72,10 +76,13 @@ class WorkerServices:
         config = engine_config(self.settings, resolve_model(self.settings))
         log.info("loading engine for %s", config.model)
         self._host = EngineHost.from_config(config)
+        self._warn_limits_beyond_model(self._host.engine.max_model_len)
+        self.metrics.attach(self._host, heartbeat_age_s=lambda: self._heartbeat.age_s())
         limits = {name: queue.max_running for name, queue in self.settings.consumed_queues().items()}
         self._runner = JobRunner(self._host, self._sessions, self.worker_id, limits=limits,
                                  cancel_poll_s=self.settings.cancel_poll_s, tokens=self._tokens,
-                                 finished=self._finished)
+                                 finished=self._finished,
+                                 tenant_defaults=TenantLimits.defaults(self.settings))
         self._batches = make_batch_runner(self._sessions, self.settings, self._broker.publish, self.worker_id,
                                           self._host.tokenizer)
         self._heartbeat.start()
@@ -83,6 +90,16 @@ class WorkerServices:
         self._reconciler.start()
         self._webhooks.start()
         self._batches.start()
+
+    def _warn_limits_beyond_model(self, max_model_len: int) -> None:
+        """A warning for limits the operator set; the defaults' (sized for real models, beyond a small or
+        demo model's context) only at INFO, since nobody chose them."""
+        over = limits_beyond_model(self.settings.queues, max_model_len)
+        if over:
+            level = logging.WARNING if "queues" in self.settings.model_fields_set else logging.INFO
+            log.log(level, "queue limits beyond what the model can run (max_model_len=%d; requests are "
+                    "judged against it at submit and /v1/queues shows them clamped): %s", max_model_len,
+                    ", ".join(over))
 
     def stop(self, grace_s: float | None = None, tick: Callable[[], None] | None = None) -> None:
         """Stops every service in the order of the module docstring. In-flight jobs get grace_s (default:

@@ -23,15 +23,16 @@ from starlette.concurrency import run_in_threadpool
 from api import openai_sync
 from api.auth import WaitingTenant
 from api.deps import Services, ServicesDep
-from api.openai_errors import OpenAIError, OpenAIRoute, from_validation_error
+from api.openai_errors import OpenAIError, OpenAIRoute, from_refusal, from_validation_error
 from api.openai_sync import ClientGoneError, FollowedJob, JobOutcome
 from api.schemas.errors import openai_error_responses
 from api.schemas.jobs import JobCreate
-from api.schemas.openai import ChatCompletionCreate, CompletionCreate, ModelCard, ModelList, OpenAISampling
-from api.submit import max_prompt_bytes, prompt_bytes
+from api.schemas.openai import ChatCompletionCreate, CompletionCreate, ModelCard, ModelList, OpenAIRequest
+from api.submit import max_prompt_bytes, model_max_len, prompt_bytes
 from core.openai_objects import ChunkHeader, GenerationResult, chunk, usage_chunk
 from core.openai_objects import chat_completion as chat_body
 from core.openai_objects import text_completion as text_body
+from core.openai_request import Refusal, Served, check_request
 from core.settings import Settings
 from core.token_stream import TokenStream
 
@@ -54,8 +55,12 @@ async def create_chat_completion(
     body: ChatCompletionCreate, request: Request, services: ServicesDep, tenant: WaitingTenant
 ) -> Response:
     """A `chat.completion`, or `chat.completion.chunk` server-sent events with `stream: true`."""
-    _check_request(services.settings, body)
-    messages = [m.plain() for m in body.messages]
+    served = _served(services)
+    _check_request(served, body)
+    try:
+        messages = body.chat_messages(served.roles)
+    except Refusal as refusal:
+        raise from_refusal(refusal) from None
     max_tokens = body.requested_max_tokens()
     if max_tokens is None:
         max_tokens = await run_in_threadpool(_default_chat_max_tokens, services, messages)
@@ -68,7 +73,7 @@ async def create_completion(
     body: CompletionCreate, request: Request, services: ServicesDep, tenant: WaitingTenant
 ) -> Response:
     """A `text_completion`, or `text_completion` server-sent events with `stream: true`."""
-    _check_request(services.settings, body)
+    _check_request(_served(services), body)
     job = _job_create(services.settings, body, body.max_tokens, prompt=body.prompt_text())
     return await _complete(request, services, tenant, body, job, chat=False)
 
@@ -97,10 +102,10 @@ def _check_model(settings: Settings, model: str, param: str | None = "model") ->
 
 
 def _default_chat_max_tokens(services: Services, messages: list[dict[str, str]]) -> int:
-    """OpenAI's chat default is "as many as fit": the queue's cap, within max_model_len when configured."""
+    """OpenAI's chat default is "as many as fit": the queue's cap, within the served max_model_len."""
     queue = services.settings.queue(QUEUE)
     assert queue is not None, "the interactive queue is always configured"
-    max_model_len = services.settings.max_model_len
+    max_model_len = model_max_len(services)
     if max_model_len is None or prompt_bytes(None, messages) > max_prompt_bytes(queue):
         return queue.max_output_tokens  # too long to count: submit() refuses it without tokenizing
     try:
@@ -110,29 +115,34 @@ def _default_chat_max_tokens(services: Services, messages: list[dict[str, str]])
     return max(1, min(queue.max_output_tokens, max_model_len - prompt_tokens))
 
 
-def _check_request(settings: Settings, body: OpenAISampling) -> None:
-    """400 for a parameter Conveyor cannot honour, 404 for a model it does not serve."""
-    _check_model(settings, body.model)
-    problem = body.unsupported()
-    if problem is not None:
-        raise OpenAIError(400, f"{problem[0]}: {problem[1]}", code="unsupported_parameter", param=problem[0])
+def _served(services: Services) -> Served:
+    return Served.of(services.settings, services.tokenizer.chat_template)
+
+
+def _check_request(served: Served, body: OpenAIRequest) -> None:
+    """The rules batch lines follow too (core/openai_request.py): 404 for a model this server does not
+    serve, 400 for a parameter Conveyor cannot honour."""
+    try:
+        check_request(body, served)
+    except Refusal as refusal:
+        raise from_refusal(refusal) from None
 
 
 def _job_create(
-    settings: Settings, body: OpenAISampling, max_tokens: int | None, *, prompt: str | None = None,
+    settings: Settings, body: OpenAIRequest, max_tokens: int | None, *, prompt: str | None = None,
     messages: list[dict[str, str]] | None = None,
 ) -> JobCreate:
     if max_tokens is None:
         max_tokens = COMPLETION_DEFAULT_MAX_TOKENS
     try:
         return JobCreate.model_validate(dict(prompt=prompt, messages=messages, queue=QUEUE,
-                                             max_tokens=max_tokens, **body.engine_params()))
+                                             max_tokens=max_tokens, **body.job_params()))
     except ValidationError as exc:
         raise from_validation_error(exc.errors()) from exc
 
 
 async def _complete(
-    request: Request, services: Services, tenant: str, body: OpenAISampling, job_body: JobCreate, *,
+    request: Request, services: Services, tenant: str, body: OpenAIRequest, job_body: JobCreate, *,
     chat: bool,
 ) -> Response:
     stream: TokenStream | None = getattr(request.app.state, "token_stream", None)

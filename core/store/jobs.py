@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, Select, and_, func, insert, null, or_, select, update
+from sqlalchemy import ColumnElement, Select, and_, delete, func, insert, null, or_, select, update
 from sqlalchemy.orm import Session
 
 from core.lifecycle import (
@@ -23,14 +23,16 @@ from core.lifecycle import (
     EXPIRED,
     FAILED,
     JOB_TRANSITIONS,
+    OPEN_BATCH_STATUSES,
     QUEUED,
     RUNNING,
     SUCCEEDED,
     TERMINAL_STATUSES,
 )
+from core.store import webhooks
 from core.store.finished import record_finished
 from core.store.paging import newest_first
-from core.store.tables import Job
+from core.store.tables import Batch, BatchLine, Job
 
 
 @dataclass(frozen=True)
@@ -106,18 +108,24 @@ def page(
     return list(session.execute(newest_first(query, Job, limit=limit, before=before)).scalars())
 
 
-def count_queued(session: Session, queue: str) -> int:
+def count_queued(session: Session, queue: str, tenant_id: str | None = None) -> int:
+    """The queue's queued jobs; with `tenant_id`, that tenant's only."""
     query = select(func.count()).select_from(Job).where(Job.queue == queue, Job.status == QUEUED)
+    if tenant_id is not None:
+        query = query.where(Job.tenant_id == tenant_id)
     return int(session.execute(query).scalar_one())
 
 
-def queue_counts(session: Session) -> dict[str, QueueCounts]:
-    """Queued and running jobs per queue, and when the oldest queued job was created."""
+def queue_counts(session: Session, tenant_id: str | None = None) -> dict[str, QueueCounts]:
+    """Queued and running jobs per queue, and when the oldest queued job was created; with `tenant_id`,
+    that tenant's jobs only."""
     query = (
         select(Job.queue, Job.status, func.count(), func.min(Job.created_at))
         .where(Job.status.in_((QUEUED, RUNNING)))
         .group_by(Job.queue, Job.status)
     )
+    if tenant_id is not None:
+        query = query.where(Job.tenant_id == tenant_id)
     rows: dict[str, dict[str, Any]] = {}
     for queue, status, count, oldest in session.execute(query):
         rows.setdefault(queue, {})[status] = (count, oldest)
@@ -183,8 +191,7 @@ def claim_many(session: Session, job_ids: list[str], worker_id: str, now: dateti
     statement = (
         update(Job)
         .where(Job.id.in_(job_ids), Job.status == QUEUED, not_expired)
-        .values(status=RUNNING, attempts=Job.attempts + 1, started_at=now, first_token_at=None,
-                worker_id=worker_id, updated_at=now)
+        .values(**claimed_values(worker_id, now))
         .returning(Job)
         .execution_options(synchronize_session=False, populate_existing=True)
     )
@@ -193,6 +200,12 @@ def claim_many(session: Session, job_ids: list[str], worker_id: str, now: dateti
     if len(claimed) < len(set(job_ids)):
         expire_overdue(session, now, [job_id for job_id in job_ids if job_id not in claimed])
     return [claimed[job_id] for job_id in dict.fromkeys(job_ids) if job_id in claimed]
+
+
+def claimed_values(worker_id: str, now: datetime) -> dict[str, Any]:
+    """What a claim writes (queued -> running): shared with the fair claim (core/store/fair_share.py)."""
+    return dict(status=RUNNING, attempts=Job.attempts + 1, started_at=now, first_token_at=None,
+                worker_id=worker_id, updated_at=now)
 
 
 # --- a worker's writes, grouped: one transaction per engine step -----------------------------------
@@ -344,6 +357,31 @@ def _unlocked(*conditions: ColumnElement[bool]) -> Select[tuple[str]]:
     return select(Job.id).where(*conditions).with_for_update(skip_locked=True)
 
 
+WORKER_LOST = "worker_lost"
+
+
+def fail_lost(session: Session, dead_worker_ids: list[str], now: datetime, max_attempts: int) -> list[str]:
+    """running -> failed (`worker_lost`) for jobs held by dead workers that have had their `max_attempts`
+    runs (each claim counted one): a job that kills its worker every time must not take the fleet down one
+    worker after another. Run before `requeue_orphans`, which requeues the rest. Commits; returns the ids."""
+    if not dead_worker_ids:
+        return []
+    spent = [Job.status == RUNNING, Job.worker_id.in_(dead_worker_ids), Job.attempts >= max_attempts]
+    message = f"the worker running this job died, and the job has had its max_attempts ({max_attempts}) runs"
+    statement = (
+        update(Job)
+        .where(Job.id.in_(_unlocked(*spent)), *spent)
+        .values(status=FAILED, error_code=WORKER_LOST, error_message=message, finished_at=now, updated_at=now)
+        .returning(Job.id)
+        .execution_options(synchronize_session=False)
+    )
+    ids = list(session.execute(statement).scalars())
+    if ids:
+        record_finished(session, ids, FAILED, now)
+    session.commit()
+    return ids
+
+
 def requeue_orphans(session: Session, dead_worker_ids: list[str], now: datetime) -> list[tuple[str, str]]:
     """running -> queued for jobs held by dead workers; they are undispatched again, to be re-published."""
     if not dead_worker_ids:
@@ -430,6 +468,59 @@ def mark_dispatched(session: Session, job_ids: list[str], now: datetime) -> None
     statement = update(Job).where(Job.id.in_(job_ids), Job.status == QUEUED).values(dispatched_at=now)
     session.execute(statement.execution_options(synchronize_session=False))
     session.commit()
+
+
+# --- deleting ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobDeletion:
+    """What DELETE found: no such job (`status` None), a job still queued or running (not deleted), one an
+    open batch still holds (`open_batch_id`, not deleted), or a final job now deleted."""
+
+    status: str | None
+    deleted: bool = False
+    open_batch_id: str | None = None
+
+
+def delete_finished(session: Session, job_id: str, tenant_id: str) -> JobDeletion:
+    """Deletes the tenant's job, once final and no open batch holds it, with its webhook deliveries, in one
+    transaction; commits. The DELETE is conditional on a final status, so a job that a worker is still
+    running is never deleted under it."""
+    status = session.execute(
+        select(Job.status).where(Job.id == job_id, Job.tenant_id == tenant_id).with_for_update()
+    ).scalar_one_or_none()
+    if status is None or status not in TERMINAL_STATUSES:
+        session.rollback()
+        return JobDeletion(status)
+    batch_id = open_batch_of(session, job_id)
+    if batch_id is not None:
+        session.rollback()
+        return JobDeletion(status, open_batch_id=batch_id)
+    deleted = delete_rows(session, tenant_id, [job_id], TERMINAL_STATUSES)
+    session.commit()
+    return JobDeletion(status, deleted=deleted == 1)
+
+
+def open_batch_of(session: Session, job_id: str) -> str | None:
+    """The batch still running that holds this job (its output is not written yet), or None."""
+    query = (select(BatchLine.batch_id).join(Batch, Batch.id == BatchLine.batch_id)
+             .where(BatchLine.job_id == job_id, Batch.status.in_(OPEN_BATCH_STATUSES)).limit(1))
+    return session.execute(query).scalar_one_or_none()
+
+
+def delete_rows(session: Session, tenant_id: str, job_ids: list[str],
+                statuses: tuple[str, ...] | None = None) -> int:
+    """Deletes the tenant's jobs of `job_ids` (only those in `statuses` when given) and the webhook
+    deliveries about them; no commit. Returns how many jobs went."""
+    if not job_ids:
+        return 0
+    webhooks.delete_for_subjects(session, tenant_id, "job", job_ids)
+    statement = delete(Job).where(Job.id.in_(job_ids), Job.tenant_id == tenant_id)
+    if statuses is not None:
+        statement = statement.where(Job.status.in_(statuses))
+    result = session.execute(statement.execution_options(synchronize_session=False))
+    return int(result.rowcount)  # type: ignore[attr-defined]
 
 
 def _expired_values(now: datetime) -> dict[str, Any]:

@@ -285,3 +285,19 @@ class Attempt(Base):
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     response_excerpt: Mapped[str | None] = mapped_column(Text, nullable=True)
     next_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+
+class MetricCount(Base):
+    """Cluster-wide counters of final outcomes (core/store/outcome_counts.py), one row per series: written
+    in the same transaction as the job's final transition (or the webhook attempt), so each is counted once
+    whichever process records it, and kept when retention deletes the jobs. A histogram has one row per
+    bucket (non-cumulative: `label` is the bucket's upper bound) with the sum of its observations."""
+
+    __tablename__ = "metric_counts"
+
+    metric: Mapped[str] = mapped_column(String(64), primary_key=True)
+    queue: Mapped[str] = mapped_column(String(64), primary_key=True)   # "" when not per queue
+    status: Mapped[str] = mapped_column(String(16), primary_key=True)  # "" when not per status
+    label: Mapped[str] = mapped_column(String(64), primary_key=True)   # bucket bound, error code, outcome
+    count: Mapped[int] = mapped_column(BigInteger)
+    total: Mapped[float] = mapped_column(Float)  # sum of the observations (histograms)

@@ -4,6 +4,7 @@ Celery worker and the embedded runtime alike."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -24,6 +25,7 @@ class Recorder:
 
         class Part:
             tokenizer = None
+            engine = SimpleNamespace(max_model_len=2048)  # what the start-up limit check reads
 
             def __init__(self, *args: Any, **kwargs: Any) -> None:
                 log.append(f"{name}.init")
@@ -42,6 +44,12 @@ class Recorder:
 
             def shutdown(self, *args: Any) -> None:
                 log.append(f"{name}.shutdown")
+
+            def on_request_finished(self, listener: Any) -> None:  # the worker metrics observe the host
+                pass
+
+            def on_step_end(self, listener: Any) -> None:
+                pass
 
         return Part
 
