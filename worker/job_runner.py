@@ -157,14 +157,15 @@ class JobRunner:
         with self._sessions() as session:
             claimed = jobs.claim_many(session, [job_id for job_id, _ in requests], self.worker_id, utcnow())
         unstarted = {job.id: job for job in claimed}
-        started = []
+        to_start, started = [], []
         for job_id, on_done in requests:
             job = unstarted.pop(job_id, None)  # a job listed twice starts once
             if job is None:
                 log.info("job %s not claimable (done, cancelled, expired or running); dropped", job_id)
             else:
-                self._start(job, on_done)
+                to_start.append((job, on_done))
             started.append(job is not None)
+        self._start_all(to_start)
         return started
 
     def run_next(self, queue: str, on_dones: list[OnDone]) -> int:
@@ -178,17 +179,27 @@ class JobRunner:
             raise RunnerStoppedError("the runner is shutting down")
         state = self._fair.setdefault(queue, FairState())
         with self._sessions() as session:
-            claimed = fair_share.claim_fair(session, queue, len(on_dones), self.worker_id, utcnow(),
+            claimed = fair_share.claim_fair(session, queue, len(on_dones), self.worker_id, utcnow,
                                             self._tenant_defaults, state)
-        for job, on_done in zip(claimed, on_dones, strict=False):
-            self._start(job, on_done)
+        self._start_all(list(zip(claimed, on_dones, strict=False)))
         return len(claimed)
 
-    def _start(self, job: Job, on_done: OnDone) -> None:
+    def _start_all(self, claimed: list[tuple[Job, OnDone]]) -> None:
+        """Holds every claimed attempt first, then submits them one by one: a submit may take a while (a new
+        schema compiles in this thread), and the reconciler requeues a claim its worker does not hold once
+        it is older than dispatch_grace_s."""
+        handles = [self._hold(job, on_done) for job, on_done in claimed]
+        for (job, _), handle in zip(claimed, handles, strict=True):
+            self._submit(job, handle)
+
+    def _hold(self, job: Job, on_done: OnDone) -> RunningJob:
         handle = RunningJob(job.id, job.attempts, job.queue, f"{job.id}#{job.attempts}", job.timeout_s,
                             time.monotonic(), on_done, logprobs=(job.params or {}).get("logprobs"))
         with self._lock:
             self._running[handle.request_id] = handle
+        return handle
+
+    def _submit(self, job: Job, handle: RunningJob) -> None:
         try:
             prompt, params = self._engine_input(job)
             handle.engine_input = (prompt, params)

@@ -179,13 +179,17 @@ def _stream_order(stream: Stream, load: StreamLoad, last_served: int) -> tuple[i
     return load.running, last_served, load.oldest_queued_at, stream.batch_id or ""
 
 
-def claim_fair(session: Session, queue: str, count: int, worker_id: str, now: datetime,
+def claim_fair(session: Session, queue: str, count: int, worker_id: str, clock: Callable[[], datetime],
                defaults: TenantLimits, state: FairState) -> list[Job]:
     """Claims up to `count` queued jobs of `queue` in fair order (module docstring) and commits: queued ->
-    running, attempts + 1, started_at = now, as `jobs.claim_many`. Returns the claimed rows."""
+    running, attempts + 1, started_at = now, as `jobs.claim_many`. Returns the claimed rows.
+
+    `now` is read from `clock` once the queue's claim lock is held: a wait for the lock must not age the
+    claim, since the reconciler requeues a claim older than dispatch_grace_s that its worker does not hold."""
     if count <= 0:
         return []
     _lock_queue(session, queue)
+    now = clock()
     running, running_shares = _running_loads(session, queue, defaults)
     claimed: list[Job] = []
     view, fresh = state.cached_view(), False

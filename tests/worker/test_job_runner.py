@@ -324,6 +324,27 @@ def test_jobs_handed_over_together_are_claimed_in_one_statement_and_written_in_f
     assert sorted(job_id for group in heard.groups for job_id in group) == sorted(ids)
 
 
+def test_every_claimed_attempt_is_held_before_the_first_is_submitted(
+    runner: JobRunner, sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A submit may take a while (a new schema compiles in the claiming thread); meanwhile the reconciler
+    must see the group's other claims as held, or it requeues them as lost once dispatch_grace_s passes."""
+    ids = [add_job(sessions, f"Held together {i}", max_tokens=1) for i in range(3)]
+    seen: list[set[tuple[str, int]]] = []
+    submit = runner.host.submit
+
+    def submit_and_look(*args: Any, **kwargs: Any) -> Any:
+        seen.append(runner.held_attempts())
+        return submit(*args, **kwargs)
+
+    monkeypatch.setattr(runner.host, "submit", submit_and_look)
+    done = [Done() for _ in ids]
+    assert runner.run_many(list(zip(ids, done, strict=True))) == [True] * 3
+    for d in done:
+        d.wait()
+    assert seen[0] >= {(job_id, 1) for job_id in ids}
+
+
 def test_a_job_listed_twice_or_not_queued_is_not_started(
     runner: JobRunner, sessions: sessionmaker[Session]
 ) -> None:

@@ -16,6 +16,11 @@ from core.store.tables import Job
 from core.store.tenants import TenantLimits
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
+
+
+def at_t0() -> datetime:
+    """The claims' clock in these tests."""
+    return T0
 DEFAULTS = TenantLimits()
 A, B = Stream("a", None), Stream("b", None)
 
@@ -91,7 +96,7 @@ def _finish(session: Session, claimed: list[Job]) -> None:
 def test_b_submitting_later_runs_before_most_of_a_with_two_slots(session: Session) -> None:
     a_jobs = _add(session, "a", 20, T0)
     state = FairState(view_s=0.0)  # every claim reads the queue afresh: b's jobs are seen at once
-    running = claim_fair(session, "documents", 2, "w1", T0, DEFAULTS, state)
+    running = claim_fair(session, "documents", 2, "w1", at_t0, DEFAULTS, state)
     assert [j.id for j in running] == a_jobs[:2]  # alone, a's oldest first
     b_jobs = set(_add(session, "b", 4, T0 + timedelta(seconds=1)))
     order: list[str] = []
@@ -99,7 +104,7 @@ def test_b_submitting_later_runs_before_most_of_a_with_two_slots(session: Sessio
         done, running = running[0], running[1:]
         _finish(session, [done])
         order.append(done.tenant_id)
-        running += claim_fair(session, "documents", 1, "w1", T0, DEFAULTS, state)
+        running += claim_fair(session, "documents", 1, "w1", at_t0, DEFAULTS, state)
     assert order[:2] == ["a", "a"]
     last_b = max(i for i, tenant in enumerate(order) if tenant == "b")
     assert last_b < 10, order  # b's 4 jobs done within a's first 6 or so, not after a's 20
@@ -110,9 +115,9 @@ def test_a_tenants_max_running_holds_and_the_others_take_the_rest(session: Sessi
     _add(session, "a", 10, T0)
     _add(session, "b", 10, T0 + timedelta(seconds=1))
     tenants.set_overrides(session, "a", {"max_running": 2}, T0)
-    claimed = claim_fair(session, "documents", 6, "w1", T0, DEFAULTS, FairState())
+    claimed = claim_fair(session, "documents", 6, "w1", at_t0, DEFAULTS, FairState())
     assert sorted(j.tenant_id for j in claimed) == ["a", "a", "b", "b", "b", "b"]
-    assert claim_fair(session, "documents", 6, "w1", T0, TenantLimits(max_running=4), FairState()) == []
+    assert claim_fair(session, "documents", 6, "w1", at_t0, TenantLimits(max_running=4), FairState()) == []
 
 
 def test_expired_and_other_queues_jobs_are_not_claimed(session: Session) -> None:
@@ -121,7 +126,8 @@ def test_expired_and_other_queues_jobs_are_not_claimed(session: Session) -> None
                       webhook=None, idempotency_key=None, request_hash="h", prompt_tokens=1, ttl_s=1.0,
                       timeout_s=None)
     jobs.add(session, new, T0)
-    assert claim_fair(session, "documents", 5, "w1", T0 + timedelta(seconds=2), DEFAULTS, FairState()) == []
+    two_s_later = T0 + timedelta(seconds=2)
+    assert claim_fair(session, "documents", 5, "w1", lambda: two_s_later, DEFAULTS, FairState()) == []
 
 
 def test_concurrent_claimers_take_each_job_once_and_keep_the_cap(emptied_postgres: str) -> None:
@@ -138,7 +144,7 @@ def test_concurrent_claimers_take_each_job_once_and_keep_the_cap(emptied_postgre
         state = FairState()
         for _ in range(10):
             with session_factory() as own:
-                got = claim_fair(own, "documents", 2, worker, T0, DEFAULTS, state)
+                got = claim_fair(own, "documents", 2, worker, at_t0, DEFAULTS, state)
             with lock:
                 claimed.extend(got)
 
@@ -158,10 +164,10 @@ def test_concurrent_claimers_take_each_job_once_and_keep_the_cap(emptied_postgre
 def test_a_reused_view_of_the_queue_never_leaves_claimable_jobs_behind(session: Session) -> None:
     _add(session, "a", 2, T0)
     one, other = FairState(view_s=3600.0), FairState(view_s=3600.0)
-    assert [j.tenant_id for j in claim_fair(session, "documents", 1, "w1", T0, DEFAULTS, one)] == ["a"]
-    assert len(claim_fair(session, "documents", 5, "w2", T0, DEFAULTS, other)) == 1  # a's last job
+    assert [j.tenant_id for j in claim_fair(session, "documents", 1, "w1", at_t0, DEFAULTS, one)] == ["a"]
+    assert len(claim_fair(session, "documents", 5, "w2", at_t0, DEFAULTS, other)) == 1  # a's last job
     b_jobs = set(_add(session, "b", 1, T0 + timedelta(seconds=1)))  # unseen by w1's view, which says a has 1
 
-    claimed = claim_fair(session, "documents", 1, "w1", T0, DEFAULTS, one)
+    claimed = claim_fair(session, "documents", 1, "w1", at_t0, DEFAULTS, one)
 
     assert {j.id for j in claimed} == b_jobs  # the view came up short: the queue was read again
