@@ -276,7 +276,8 @@ def test_two_attempts_of_one_job_are_held_apart_and_the_superseded_one_is_aborte
     with sessions() as session:  # requeued behind this worker's back (it looked dead for a while)
         assert jobs.requeue_orphans(session, [runner.worker_id], utcnow()) == [(job_id, "documents")]
     assert runner.run(job_id, second)  # attempt 2, in the same worker
-    assert runner.held_attempts() == {(job_id, 1), (job_id, 2)}
+    # Both are held under their own keys; the watcher (every 50 ms) may already have dropped attempt 1.
+    assert {(job_id, 2)} <= runner.held_attempts() <= {(job_id, 1), (job_id, 2)}
 
     first.wait()  # attempt 1 is no longer the job's: the watcher aborts it, and nothing is written
     assert runner.held_attempts() == {(job_id, 2)}  # attempt 2 keeps its entry, its checks and its slot
