@@ -6,7 +6,7 @@ Runs on SQLite and on PostgreSQL."""
 from __future__ import annotations
 
 import io
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,41 +16,14 @@ from deletion_support import attempts_of, count, deliveries_of, delivery, ended_
 from openai.types import FileDeleted
 from service_support import Service, error_of
 from sqlalchemy import update
+from test_files_batches_http import moto_url, s3  # noqa: F401 (the shared moto server and bucket)
 
 from core.clock import utcnow
 from core.lifecycle import IN_PROGRESS
 from core.store import batches
 from core.store.tables import Batch, BatchLine, File, Job
 
-BUCKET = "conveyor-deletes"
-
-
-@pytest.fixture(scope="module")
-def moto_url() -> Iterator[str]:
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        yield f"http://127.0.0.1:{server.get_host_and_port()[1]}"
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def s3(moto_url: str, monkeypatch: pytest.MonkeyPatch) -> Any:
-    import boto3
-
-    for name, value in (
-        ("AWS_ACCESS_KEY_ID", "testing"),
-        ("AWS_SECRET_ACCESS_KEY", "testing"),
-        ("AWS_CONFIG_FILE", "/nonexistent"),
-        ("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent"),
-    ):
-        monkeypatch.setenv(name, value)
-    client = boto3.client("s3", endpoint_url=moto_url, region_name="us-east-1")
-    client.create_bucket(Bucket=BUCKET)
-    return client
+BUCKET = "conveyor-batches"  # the bucket the shared `s3` fixture creates
 
 
 def test_a_finished_job_is_deleted_with_its_deliveries(service: Service) -> None:
@@ -75,7 +48,7 @@ def test_a_finished_job_is_deleted_with_its_deliveries(service: Service) -> None
 
 
 def test_a_file_and_its_s3_blob_are_deleted(
-    make_service: Callable[..., Service], moto_url: str, s3: Any
+    make_service: Callable[..., Service], moto_url: str, s3: Any  # noqa: F811 (imported fixtures)
 ) -> None:
     service = make_service(
         files_url=f"s3://{BUCKET}/uploads", s3_endpoint_url=moto_url, s3_region="us-east-1"
