@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy import ColumnElement, func, or_, select, update
+from sqlalchemy import ColumnElement, func, or_, select, text, update
 from sqlalchemy.orm import Session
 
 from core.lifecycle import QUEUED, RUNNING
@@ -39,6 +39,7 @@ from core.store.tenants import TenantLimits
 
 CLAIM_LOCK_SPACE = 0x636F6E76  # the first key of the claim locks ("conv"); the second is the queue's crc32
 MAX_SERVED_ENTRIES = 4096  # tenants and streams a worker remembers serving (the oldest are forgotten)
+CLAIM_IDLE_TIMEOUT_MS = 5000  # a claim transaction idle this long (its worker frozen) is ended by Postgres
 QUEUED_VIEW_S = 0.5  # how long a worker reuses its read of a queue's queued jobs (FairState)
 
 
@@ -319,4 +320,7 @@ def _lock_queue(session: Session, queue: str) -> None:
     if session.get_bind().dialect.name != "postgresql":
         return
     key = zlib.crc32(queue.encode()) - (1 << 31)  # the second key is an int4
+    # A claimer frozen mid-transaction (SIGSTOP, a paused VM) would hold the queue's lock, and so stall the
+    # whole fleet's claims of it, until it woke up; the server ends such a session after this long idle.
+    session.execute(text(f"SET LOCAL idle_in_transaction_session_timeout = {CLAIM_IDLE_TIMEOUT_MS}"))
     session.execute(select(func.pg_advisory_xact_lock(CLAIM_LOCK_SPACE, key)))
