@@ -40,8 +40,8 @@ def run_worker(settings: Settings, *, banner: bool = False, cold_start: ColdStar
     imports were done (else now: this module's imports, torch, the engine and Celery, are done)."""
     cold_start = cold_start if cold_start is not None else ColdStart()
     app = make_celery_app(settings)
-    sessions = make_session_factory(make_db_engine(settings.database_url))
     worker_id = new_worker_id()
+    sessions = make_session_factory(make_db_engine(settings.database_url, session_name=worker_id))
     publisher = BrokerPublisher(settings)
     redis_broker = settings.broker_url is not None and settings.broker_url.startswith("redis")
     tokens = RedisTokenSink(settings.broker_url or "") if redis_broker else None  # text deltas to the API

@@ -104,6 +104,10 @@ class Reconciler:
             dead = workers.dead_workers_with_jobs(session, now=now, dead_after_s=self._dead_after_s)
             if self._local is not None and self._local.worker_id in dead:
                 dead.remove(self._local.worker_id)
+            ended = workers.end_idle_transactions(session, dead)
+            if ended:
+                log.warning("ended %d idle transaction(s) of dead worker(s) %s: their row locks kept their "
+                            "jobs from being requeued", ended, dead)
             lost = jobs.fail_lost(session, dead, now, self._settings.max_attempts)
             if lost:
                 log.warning("failed %d job(s) as worker_lost: their worker died and they had had their "

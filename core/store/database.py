@@ -16,15 +16,21 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 # Embedded mode's threads (the API's thread pool, the worker's) each hold a connection briefly; a pool
 # smaller than that closes and reopens them (and reruns the pragmas) under load.
 SQLITE_POOL_SIZE = 48
+POSTGRES_NAME_MAX = 63
 _WRITES = ("INSERT", "UPDATE", "DELETE", "REPLACE")
 
 
-def make_db_engine(url: str, **kwargs: Any) -> Engine:
-    """`postgresql://` URLs use psycopg 3; SQLite files get WAL and a busy timeout on every connection."""
+def make_db_engine(url: str, *, session_name: str | None = None, **kwargs: Any) -> Engine:
+    """`postgresql://` URLs use psycopg 3; SQLite files get WAL and a busy timeout on every connection.
+    `session_name`: the Postgres `application_name` of every connection (a worker's id, see
+    `postgres_session_name`), so the fleet can find a dead worker's sessions; SQLite ignores it."""
     parsed = make_url(url)
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
     if parsed.get_backend_name() != "sqlite":
+        if session_name is not None:
+            kwargs["connect_args"] = {**kwargs.get("connect_args", {}),
+                                      "application_name": postgres_session_name(session_name)}
         return create_engine(parsed, pool_pre_ping=True, **kwargs)
     if parsed.database not in (None, "", ":memory:"):  # a file: a QueuePool
         kwargs = {"pool_size": SQLITE_POOL_SIZE, "max_overflow": SQLITE_POOL_SIZE, **kwargs}
@@ -34,6 +40,11 @@ def make_db_engine(url: str, **kwargs: Any) -> Engine:
     event.listen(db_engine, "connect", _sqlite_pragmas)
     writers.install(db_engine)
     return db_engine
+
+
+def postgres_session_name(name: str) -> str:
+    """`name` as Postgres keeps it in `application_name`: cut to NAMEDATALEN - 1 bytes (ids are ASCII)."""
+    return name[:POSTGRES_NAME_MAX]
 
 
 def make_session_factory(db_engine: Engine) -> sessionmaker[Session]:

@@ -9,10 +9,11 @@ from __future__ import annotations
 from collections import Counter
 from datetime import datetime, timedelta
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import bindparam, delete, select, text, update
 from sqlalchemy.orm import Session
 
 from core.lifecycle import RUNNING
+from core.store.database import postgres_session_name
 from core.store.tables import Job, Worker
 
 
@@ -69,6 +70,25 @@ def dead_workers_with_jobs(session: Session, *, now: datetime, dead_after_s: flo
         .distinct()
     )
     return [worker_id for worker_id in session.execute(query).scalars() if worker_id is not None]
+
+
+_END_IDLE_TRANSACTIONS = text(
+    "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity"
+    " WHERE application_name IN :names AND state LIKE 'idle in transaction%'"
+    " AND usename = current_user AND pid <> pg_backend_pid()"
+).bindparams(bindparam("names", expanding=True))
+
+
+def end_idle_transactions(session: Session, worker_ids: list[str]) -> int:
+    """PostgreSQL: ends the sessions of dead workers (named by `make_db_engine(session_name=...)`) that sit
+    idle inside a transaction. A worker frozen mid-write (SIGSTOP, a paused VM) holds its rows' locks for as
+    long as it stays frozen, and the sweeps skip locked rows (`jobs._unlocked`), so without this its jobs
+    would stay `running` until it woke. Only sessions of this database role can be ended. The server ends
+    them asynchronously: their rows are free for the next sweep. Returns how many were signalled."""
+    if not worker_ids or session.get_bind().dialect.name != "postgresql":
+        return 0
+    names = sorted({postgres_session_name(worker_id) for worker_id in worker_ids})
+    return int(session.execute(_END_IDLE_TRANSACTIONS, {"names": names}).scalar_one())
 
 
 def prune(session: Session, *, now: datetime, older_than_s: float) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
@@ -9,9 +10,10 @@ from typing import Any
 
 import pytest
 from sqlalchemy import event, select, text, update
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.store import batches, finished, jobs, keys, webhooks
+from core.store import batches, finished, jobs, keys, webhooks, workers
 from core.store.database import make_db_engine, make_session_factory
 from core.store.tables import DEFAULT_TENANT, BatchLine, Delivery, Job
 
@@ -377,3 +379,36 @@ def test_reconciler_sweeps_skip_rows_a_frozen_transaction_holds(emptied_postgres
             assert jobs.expire_overdue(session, T0 + timedelta(seconds=5)) == [expiring_held]
     finally:
         db_engine.dispose()
+
+
+def test_a_dead_workers_idle_transaction_is_ended_so_its_rows_are_swept(emptied_postgres: str) -> None:
+    """The paused-worker fault test: the frozen worker's open write (its step's first tokens) held one job's
+    row, so every sweep skipped it, and that job stayed `running` until the worker woke."""
+    worker_id = "worker-" + "h" * 60 + "-frozen"  # longer than Postgres keeps: matched by its first 63 bytes
+    db_engine, worker_engine = make_db_engine(emptied_postgres), make_db_engine(emptied_postgres,
+                                                                                 session_name=worker_id)
+    sessions = make_session_factory(db_engine)
+    try:
+        with sessions() as session:
+            held = add_job(session)
+            assert jobs.claim(session, held, worker_id, T0) is not None
+        frozen = _frozen_peer_holds(make_session_factory(worker_engine), held)
+        with sessions() as session:
+            assert workers.end_idle_transactions(session, ["someone-else"]) == 0
+            assert workers.end_idle_transactions(session, [worker_id]) == 1
+            session.commit()
+        with sessions() as session:
+            session.execute(text("SET lock_timeout = '5s'"))
+            requeued = jobs.requeue_orphans(session, [worker_id], T1)
+            for _ in range(50):  # the server ends the session asynchronously
+                if requeued:
+                    break
+                time.sleep(0.1)
+                requeued = jobs.requeue_orphans(session, [worker_id], T1)
+            assert requeued == [(held, "interactive")]
+        with pytest.raises(OperationalError):  # the worker, woken, finds its session gone and retries
+            frozen.commit()
+        frozen.close()
+    finally:
+        db_engine.dispose()
+        worker_engine.dispose()
