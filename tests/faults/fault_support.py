@@ -208,6 +208,18 @@ class FaultRedis(SpareRedis):
             client.close()
         return {job_id for message in raw for job_id in _message_job_ids(message)}
 
+    def delivered_job_ids(self, queue: str) -> set[str]:
+        """The job ids of a broker queue's messages delivered to a consumer and not yet acked (kombu keeps
+        them in its `unacked` hash, as `[message, exchange, routing key]`)."""
+        client = self.client()
+        try:
+            raw = client.hvals("unacked")
+        finally:
+            client.close()
+        entries = [json.loads(value) for value in raw]
+        return {job_id for message, _exchange, routing_key in entries if routing_key == queue
+                for job_id in _message_job_ids(json.dumps(message).encode())}
+
 
 def _message_job_ids(message: bytes) -> list[str]:
     texts = [message.decode(errors="replace")]
