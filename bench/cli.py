@@ -12,11 +12,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import torch
 from rich.console import Console
 
 from bench import plots
 from bench.experiment import DEFAULT_CONCURRENCY, ENGINE_FIELDS, BenchOptions, bench, experiment, parse_value
 from bench.workload import LONG, PROFILES, SHORT, Range, WorkloadSpec
+from engine.cpu_threads import choose_cpu_threads, hidden_size_of
+from engine.loader import resolve_device
 
 # Random-weight Llama-shaped models the bench can build for itself: `--model preset:NAME`.
 PRESETS: dict[str, dict[str, Any]] = {
@@ -249,7 +252,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the target and each peer N times, interleaved; report each one's best round",
     )
     out.add_argument("--timeout", type=float, default=None, help="give up a run after this many seconds")
-    out.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    out.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch.set_num_threads for every system; default (in-process engine on CPU without --set "
+        "num_threads): measured at start, as the service does",
+    )
     out.add_argument("--no-progress", action="store_true")
     return p
 
@@ -344,12 +353,10 @@ def main(argv: list[str] | None = None) -> int:
     # Wide enough for the summary table when the output is a file or a pipe.
     console = Console() if sys.stdout.isatty() else Console(width=180)
     logging.basicConfig(level=logging.WARNING)
+    threads_before = torch.get_num_threads()
     try:
-        if args.threads:
-            import torch
-
-            torch.set_num_threads(args.threads)
         opts = options(args)
+        apply_threads(args.threads, opts, console)
         if args.compare and args.sweep:
             raise ValueError("--compare and --sweep: give one of them")
         if args.compare or args.sweep:
@@ -369,4 +376,28 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2
+    finally:  # torch's thread count is process-wide: a caller in the same process gets its own back
+        torch.set_num_threads(threads_before)
     return 0
+
+
+def apply_threads(threads: int | None, opts: BenchOptions, console: Console) -> None:
+    """--threads N for every system of the run; else, for the in-process engine on CPU without
+    `--set num_threads`, the count the service would measure (recorded in the inventory)."""
+    if threads:
+        torch.set_num_threads(threads)
+        return
+    if opts.target != "engine" or opts.model is None or "num_threads" in opts.engine:
+        return
+    try:
+        on_cpu = resolve_device(str(opts.engine.get("device", "auto"))).type == "cpu"
+    except RuntimeError:  # a device torch does not know: the engine refuses it with its own message
+        return
+    if on_cpu:
+        choice = choose_cpu_threads(hidden_size_of(opts.model))
+        torch.set_num_threads(choice.threads)  # for the peers too, as --threads
+        # And in the engine's configuration: each engine built (a --compare baseline after a candidate with
+        # another num_threads) sets it again, and the inventory's parameters show it.
+        opts.engine["num_threads"] = choice.threads
+        opts.thread_choice = choice
+        console.print(f"torch threads: {choice.describe()}", markup=False)

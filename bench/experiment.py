@@ -35,6 +35,7 @@ from bench.workload import (
     trace_groups,
 )
 from engine.config import EngineConfig, RequestClassConfig
+from engine.cpu_threads import ThreadChoice
 
 ENGINE_FIELDS = {f.name for f in dataclasses.fields(EngineConfig)} - {"model", "request_classes"}
 DEFAULT_CONCURRENCY = 32  # the service profile's closed loop when neither it nor a submit rate is given
@@ -65,6 +66,7 @@ class BenchOptions:
     concurrency: int | None = None  # service profile: jobs in flight at once (closed loop)
     repeat: int = 1  # rounds per system (interleaved); the best round is reported
     structured_share: float = 0.0  # share of requests constrained to the bench's JSON Schema (engine only)
+    thread_choice: ThreadChoice | None = None  # how the CPU thread count was measured (bench/cli.py)
     # The workload's groups (the trace's, else the profile's): the engine's request classes, the queues
     # jobs are sent to over HTTP, and the only names the per-group settings above may use.
     groups: list[Group] = field(init=False, default_factory=list)
@@ -392,7 +394,7 @@ def bench(opts: BenchOptions, console: Console) -> dict[str, Any]:
         "runs": runs,
         "ratios": ratios(runs),
         "plots": [p for run in runs.values() for p in run["plots"]],
-        "inventory": inventory(opts.model, opts.parameters()),
+        "inventory": inventory(opts.model, opts.parameters(), opts.thread_choice),
     }
     json_path, md_path = write_report(report, opts.out_dir)
     console.print(summary_table(report["title"], runs))
@@ -562,7 +564,8 @@ def experiment(
             "baseline_run": {k: v for k, v in baseline.items() if k != "metrics"},
             "candidate_run": {k: v for k, v in cand.items() if k != "metrics"},
             "inventory": inventory(
-                opts.model, {"baseline": opts.parameters(), "candidate": cand_opts.parameters()}
+                opts.model, {"baseline": opts.parameters(), "candidate": cand_opts.parameters()},
+                opts.thread_choice,
             ),
         }
         stem = "decision" if len(values) == 1 else f"decision-{param}={value}"

@@ -15,10 +15,13 @@ from typing import Any
 
 import torch
 
+from engine.cpu_threads import ThreadChoice, cpu_budget
+
 CHECKOUT = Path(__file__).resolve().parents[1]  # bench/inventory.py -> the repository root
 
 
-def inventory(model_path: str | None, params: dict[str, Any]) -> dict[str, Any]:
+def inventory(model_path: str | None, params: dict[str, Any],
+              thread_choice: ThreadChoice | None = None) -> dict[str, Any]:
     return {
         "conveyor_version": _version(),
         "git_commit": _git_commit(),
@@ -28,11 +31,28 @@ def inventory(model_path: str | None, params: dict[str, Any]) -> dict[str, Any]:
         "memory_bytes": _memory_bytes(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
+        "cpu_threads": _cpu_threads(thread_choice),
         "torch_version": torch.__version__,
         "transformers_version": _package_version("transformers"),
         "python_version": platform.python_version(),
         "platform": platform.platform(),
         "parameters": params,
+    }
+
+
+def _cpu_threads(choice: ThreadChoice | None) -> dict[str, Any]:
+    """The CPUs this process may use, and the measured thread choice (None: --threads, --set num_threads, a
+    GPU or the HTTP target, where nothing was measured)."""
+    budget = cpu_budget()
+    return {
+        "available_cpus": budget.available,
+        "affinity_cpus": budget.affinity_cpus,
+        "cgroup_quota_cpus": budget.cgroup_quota,
+        "choice": None if choice is None else {
+            "threads": choice.threads,
+            "reason": choice.reason,
+            "timings_ms": {str(n): round(ms, 4) for n, ms in sorted(choice.timings_ms.items())},
+        },
     }
 
 

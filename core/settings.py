@@ -95,7 +95,9 @@ class Settings(BaseSettings):
     dtype: str | None = None
     attention_backend: str | None = None
     device: str | None = None
-    num_threads: int | None = Field(None, ge=1, description="torch intra-op threads; None: torch's default")
+    num_threads: int | None = Field(
+        None, ge=1, description="torch intra-op threads; None: measured at start on CPU (engine.cpu_threads)"
+    )
     enable_prefix_caching: bool | None = Field(
         None, description="reuse the KV cache of prompts' shared prefixes; None: the engine's default (on)"
     )

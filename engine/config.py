@@ -45,7 +45,9 @@ class EngineConfig:
     request_classes: list[RequestClassConfig] = field(default_factory=list)
     seed: int = 0
     # torch intra-op threads, set once when the runner is built (process-wide); None: leave torch's setting.
-    # On a shared CPU fewer threads can be faster (each op waits for its slowest thread).
+    # On a shared CPU fewer threads can be faster (each op waits for its slowest thread). The engine applies
+    # only this explicit count; callers that want a measured one use engine.cpu_threads.choose_cpu_threads
+    # (the service and the bench do, on CPU, when no count is given).
     num_threads: int | None = None
 
     def __post_init__(self) -> None:

@@ -2,7 +2,8 @@
 
 One configuration: every Settings field named like an EngineConfig field is passed to the engine when set,
 and left to the engine's own default when None, so defaults live in one place (EngineConfig) and no field is
-copied by hand. Each queue becomes an engine request class of the same name, limit and priority.
+copied by hand. Each queue becomes an engine request class of the same name, limit and priority. The one
+exception is num_threads on CPU: unset, it is measured here at start (engine/cpu_threads.py).
 """
 
 from __future__ import annotations
@@ -11,12 +12,15 @@ import dataclasses
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from core.settings import Settings
 from engine.config import EngineConfig, RequestClassConfig
+from engine.cpu_threads import ThreadChoice, choose_cpu_threads, hidden_size_of
 from engine.host import EngineHost
+from engine.loader import resolve_device
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +49,10 @@ def engine_fields() -> list[str]:
     return [f.name for f in dataclasses.fields(EngineConfig) if f.name not in NOT_FROM_SETTINGS]
 
 
-def engine_config(settings: Settings, model_path: str) -> EngineConfig:
-    """The engine's configuration: the fields Settings sets, one request class per queue, the model path."""
+def engine_config(settings: Settings, model_path: str,
+                  choose_threads: Callable[[int], ThreadChoice] = choose_cpu_threads) -> EngineConfig:
+    """The engine's configuration: the fields Settings sets, one request class per queue, the model path;
+    on CPU without a num_threads setting, the thread count `choose_threads(hidden size)` measures."""
     given: dict[str, Any] = {}
     for name in engine_fields():
         value = getattr(settings, name)
@@ -54,7 +60,21 @@ def engine_config(settings: Settings, model_path: str) -> EngineConfig:
             given[name] = value
     classes = [RequestClassConfig(name=name, max_running=queue.max_running, priority=queue.priority)
                for name, queue in settings.queues.items()]
-    return EngineConfig(model=model_path, request_classes=classes, **given)
+    config = EngineConfig(model=model_path, request_classes=classes, **given)
+    # The engine applies only an explicit count (the same configuration runs the same everywhere); the
+    # service measures one here, once, since on shared vCPUs torch's default (every core) can be slower.
+    if config.num_threads is None and _on_cpu(config.device):
+        choice = choose_threads(hidden_size_of(model_path))
+        log.info("torch threads: %s", choice.describe())
+        config = dataclasses.replace(config, num_threads=choice.threads)
+    return config
+
+
+def _on_cpu(device: str) -> bool:
+    try:
+        return resolve_device(device).type == "cpu"
+    except RuntimeError:  # not a device torch knows: the runner refuses it, with its own message
+        return False
 
 
 def describe_engine(host: EngineHost, *, demo: bool) -> str:

@@ -11,7 +11,12 @@ from typing import Any
 import pytest
 
 from engine.config import EngineConfig
+from engine.cpu_threads import ThreadChoice
 from worker.model import engine_config, engine_fields, resolve_model
+
+
+def choice(threads: int) -> ThreadChoice:
+    return ThreadChoice(threads, "fastest", {1: 3.1, 2: 5.4}, 2, 2, None)
 
 
 def test_without_a_model_the_demo_model_is_built_once_and_announced_as_random(
@@ -57,10 +62,11 @@ def test_every_engine_knob_is_a_setting_of_the_same_name_that_defaults_to_the_en
     assert not missing, f"EngineConfig fields without a setting: {missing}"
     assert all(getattr(settings, name) is None for name in fields), "defaults live in EngineConfig only"
 
-    derived = engine_config(settings, "/models/m")
+    derived = engine_config(settings, "/models/m", choose_threads=lambda hidden: choice(2))
     engine_defaults = EngineConfig(model="/models/m")
     for name in fields:
-        assert getattr(derived, name) == getattr(engine_defaults, name), name
+        if name != "num_threads":  # measured on CPU when unset: see the tests below
+            assert getattr(derived, name) == getattr(engine_defaults, name), name
 
 
 def test_the_readme_configuration_table_shows_the_engine_defaults() -> None:
@@ -73,3 +79,29 @@ def test_the_readme_configuration_table_shows_the_engine_defaults() -> None:
         value = getattr(defaults, name)
         expected = f"`{value}`" if value is not None else None
         assert shown == expected if expected else shown in ("unset", "the model's"), (name, shown, value)
+
+
+def test_on_cpu_an_unset_thread_count_is_measured_once_with_the_model_hidden_size(
+    make_settings: Callable[..., Any], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "config.json").write_text('{"hidden_size": 96}')
+    asked: list[int] = []
+
+    def chooser(hidden: int) -> ThreadChoice:
+        asked.append(hidden)
+        return choice(1)
+
+    with caplog.at_level(logging.INFO, logger="worker.model"):
+        config = engine_config(make_settings(device="cpu"), str(tmp_path), choose_threads=chooser)
+    assert asked == [96] and config.num_threads == 1
+    assert "torch threads: 1 of 2 CPUs (1: 3.10 ms, 2: 5.40 ms per step-sized matmul; fastest)" in caplog.text
+
+
+def test_an_explicit_thread_count_or_a_gpu_is_not_measured(make_settings: Callable[..., Any]) -> None:
+    def chooser(hidden: int) -> ThreadChoice:
+        raise AssertionError("measured although not asked to")
+
+    explicit = engine_config(make_settings(device="cpu", num_threads=3), "/models/m", choose_threads=chooser)
+    assert explicit.num_threads == 3
+    on_gpu = engine_config(make_settings(device="cuda"), "/models/m", choose_threads=chooser)
+    assert on_gpu.num_threads is None  # torch's default: intra-op threads hardly matter next to the GPU
