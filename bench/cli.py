@@ -18,8 +18,7 @@ from rich.console import Console
 from bench import plots
 from bench.experiment import DEFAULT_CONCURRENCY, ENGINE_FIELDS, BenchOptions, bench, experiment, parse_value
 from bench.workload import LONG, PROFILES, SHORT, Range, WorkloadSpec
-from engine.cpu_threads import choose_cpu_threads, hidden_size_of
-from engine.loader import resolve_device
+from engine.cpu_threads import choose_cpu_threads, hidden_size_of, runs_on_cpu
 
 # Random-weight Llama-shaped models the bench can build for itself: `--model preset:NAME`.
 PRESETS: dict[str, dict[str, Any]] = {
@@ -389,11 +388,7 @@ def apply_threads(threads: int | None, opts: BenchOptions, console: Console) -> 
         return
     if opts.target != "engine" or opts.model is None or "num_threads" in opts.engine:
         return
-    try:
-        on_cpu = resolve_device(str(opts.engine.get("device", "auto"))).type == "cpu"
-    except RuntimeError:  # a device torch does not know: the engine refuses it with its own message
-        return
-    if on_cpu:
+    if runs_on_cpu(str(opts.engine.get("device", "auto"))):
         choice = choose_cpu_threads(hidden_size_of(opts.model))
         torch.set_num_threads(choice.threads)  # for the peers too, as --threads
         # And in the engine's configuration: each engine built (a --compare baseline after a candidate with

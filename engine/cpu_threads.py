@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from engine.loader import resolve_device
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 DECODE_BATCH = 16  # rows of the timed matmul: a decode step of a moderately busy engine
 MLP_RATIO = 4  # [hidden] -> [4 * hidden]: the shape of an MLP's up projection
@@ -102,6 +104,15 @@ def cpu_budget(root: Path = CGROUP_ROOT) -> CpuBudget:
     # sched_getaffinity is Linux-only; elsewhere every CPU counts.
     affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return CpuBudget(affinity_cpus=affinity, cgroup_quota=cgroup_cpu_quota(root))
+
+
+def runs_on_cpu(device: str) -> bool:
+    """Whether an engine configured with `device` ("auto", "cpu", "cuda:N") runs on the CPU, where a thread
+    count is worth measuring. A device torch does not know is not (the runner refuses it with a message)."""
+    try:
+        return resolve_device(device).type == "cpu"
+    except RuntimeError:
+        return False
 
 
 def candidate_counts(available: int) -> list[int]:

@@ -18,9 +18,8 @@ from typing import Any
 
 from core.settings import Settings
 from engine.config import EngineConfig, RequestClassConfig
-from engine.cpu_threads import ThreadChoice, choose_cpu_threads, hidden_size_of
+from engine.cpu_threads import ThreadChoice, choose_cpu_threads, hidden_size_of, runs_on_cpu
 from engine.host import EngineHost
-from engine.loader import resolve_device
 
 log = logging.getLogger(__name__)
 
@@ -63,18 +62,11 @@ def engine_config(settings: Settings, model_path: str,
     config = EngineConfig(model=model_path, request_classes=classes, **given)
     # The engine applies only an explicit count (the same configuration runs the same everywhere); the
     # service measures one here, once, since on shared vCPUs torch's default (every core) can be slower.
-    if config.num_threads is None and _on_cpu(config.device):
+    if config.num_threads is None and runs_on_cpu(config.device):
         choice = choose_threads(hidden_size_of(model_path))
         log.info("torch threads: %s", choice.describe())
         config = dataclasses.replace(config, num_threads=choice.threads)
     return config
-
-
-def _on_cpu(device: str) -> bool:
-    try:
-        return resolve_device(device).type == "cpu"
-    except RuntimeError:  # not a device torch knows: the runner refuses it, with its own message
-        return False
 
 
 def describe_engine(host: EngineHost, *, demo: bool) -> str:
