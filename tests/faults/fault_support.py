@@ -14,11 +14,9 @@ Nothing here touches the shared services on 5432/6379: the fault tests kill and 
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import glob
 import http.server
-import json
 import os
 import re
 import shutil
@@ -198,38 +196,6 @@ class FaultRedis(SpareRedis):
             client.flushall()
         finally:
             client.close()
-
-    def queued_job_ids(self, queue: str) -> set[str]:
-        """The job ids of the messages waiting in a broker queue (kombu keeps them in a list of that name)."""
-        client = self.client()
-        try:
-            raw = client.lrange(queue, 0, -1)
-        finally:
-            client.close()
-        return {job_id for message in raw for job_id in _message_job_ids(message)}
-
-    def delivered_job_ids(self, queue: str) -> set[str]:
-        """The job ids of a broker queue's messages delivered to a consumer and not yet acked (kombu keeps
-        them in its `unacked` hash, as `[message, exchange, routing key]`)."""
-        client = self.client()
-        try:
-            raw = client.hvals("unacked")
-        finally:
-            client.close()
-        entries = [json.loads(value) for value in raw]
-        return {job_id for message, _exchange, routing_key in entries if routing_key == queue
-                for job_id in _message_job_ids(json.dumps(message).encode())}
-
-
-def _message_job_ids(message: bytes) -> list[str]:
-    texts = [message.decode(errors="replace")]
-    with contextlib.suppress(Exception):
-        envelope = json.loads(message)
-        body = envelope.get("body", "")
-        if envelope.get("properties", {}).get("body_encoding") == "base64":
-            body = base64.b64decode(body).decode(errors="replace")
-        texts.append(str(body))
-    return sorted({m for text in texts for m in re.findall(r"job_[0-9a-f]{32}", text)})
 
 
 # --- the store, read by the tests ---------------------------------------------------------------------------
