@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-ATTENTION_BACKENDS = ("auto", "torch", "triton")
+ATTENTION_BACKENDS = ("auto", "torch", "triton", "cpu")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 
 
@@ -38,7 +38,8 @@ class EngineConfig:
     long_prefill_token_threshold: int = 512
     dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
     device: str = "auto"  # auto: cuda when available, else cpu
-    attention_backend: str = "auto"  # auto: triton on CUDA, torch elsewhere
+    # auto: triton on CUDA; on CPU, cpu (C++ decode kernel, compiled on first use) where it builds, else torch
+    attention_backend: str = "auto"
     # Automatic prefix caching: full KV blocks are found again by the hash of the prefix they end, so requests
     # that share a prefix (a batch's instructions, a chat's history) compute it once. Off: to compare.
     enable_prefix_caching: bool = True

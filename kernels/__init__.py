@@ -1,6 +1,6 @@
-"""Paged attention and KV-cache writes for the engine: Triton kernels on CUDA, PyTorch references elsewhere.
+"""Paged attention and KV-cache writes for the engine: Triton kernels on CUDA, a C++ decode kernel on CPU.
 
-Contract (both backends, same signatures):
+Contract (every backend, same signatures):
 
 - `AttentionMetadata` (kernels/metadata.py): one step's metadata, S sequences and T query tokens, built once
   per step by its caller and passed to every layer's calls:
@@ -17,19 +17,24 @@ Contract (both backends, same signatures):
   - Query token i of sequence s sits at position `seq_lens[s] - query_len(s) + i` and attends to every
     cached key at or before it. Output [T, Hq, D] in q's dtype (written into `out` when given); softmax in
     fp32.
-- `plan_paged_attention(k_cache, meta, num_heads, *, backend=None) -> AttentionPlan | None`: the step's
-  layer-independent work (the reference's sequence groups, index tensors and visibility masks), built once
-  per step and stored as `dataclasses.replace(meta, plan=plan)` for every layer's `paged_attention`; with
-  `meta.plan` None the reference builds its own on each call. Triton plans nothing (None) and ignores
-  `meta.plan`. A plan is valid for the metadata it was built from and caches of that shape.
+- `plan_paged_attention(k_cache, meta, num_heads, *, backend=None) -> AttentionPlan | CpuAttentionPlan |
+  None`: the step's layer-independent work (the reference's sequence groups, index tensors and visibility
+  masks; the cpu backend's decode rows and block tables besides), built once per step and stored as
+  `dataclasses.replace(meta, plan=plan)` for every layer's `paged_attention`; with `meta.plan` None the
+  torch and cpu backends build their own on each call. Triton plans nothing (None) and ignores `meta.plan`.
+  A plan is valid for the backend and metadata it was built from and caches of that shape.
 - `reshape_and_cache(k, v, k_cache, v_cache, slot_mapping, *, backend=None)`: writes `k`, `v` [T, Hkv, D]
   in place at `slot_mapping[t] = block_id * block_size + offset` (int32 or int64; `meta.slot_mapping` in a
   step); a negative slot is skipped. It takes the slots alone: a cache write needs nothing else.
 
-`backend`: None (or "auto", as in EngineConfig) picks Triton for CUDA tensors and the PyTorch reference
-otherwise; "triton" or "torch" forces one on any device (Triton on CPU tensors needs `TRITON_INTERPRET=1`
-set before the kernel modules are first imported); anything else is a ValueError. The Triton modules are
-imported only when first dispatched to, so CPU users need not install triton.
+`backend`: None (or "auto", as in EngineConfig) picks Triton for CUDA tensors; on CPU tensors, "cpu" (the
+C++ decode kernel of `kernels/cpu_paged_attention.py` for decodes, the reference for prefill chunks) when
+that kernel builds on this machine, else "torch" (the PyTorch reference alone). "triton" or "torch" forces
+one on any device (Triton on CPU tensors needs `TRITON_INTERPRET=1` set before the kernel modules are first
+imported); "cpu" forces the kernel on CPU tensors and is a RuntimeError where it cannot be built; anything
+else is a ValueError. The Triton modules are imported only when first dispatched to, so CPU users need not
+install triton; the C++ kernel is built only when first resolved to (tens of seconds, once per machine).
+The cpu backend writes the cache through the reference.
 
 Checks: wrong shapes, dtypes or devices raise ValueError naming the field (metadata only, no device sync).
 The reference also checks the length values (it reads them on the host anyway); the Triton path trusts them,
@@ -41,6 +46,12 @@ from __future__ import annotations
 
 import torch
 
+from kernels.cpu_paged_attention import (
+    CpuAttentionPlan,
+    decode_kernel,
+    paged_attention_cpu,
+    plan_paged_attention_cpu,
+)
 from kernels.metadata import AttentionMetadata
 from kernels.reference import (
     AttentionPlan,
@@ -49,19 +60,25 @@ from kernels.reference import (
     reshape_and_cache_ref,
 )
 
-BACKENDS = ("triton", "torch")
+BACKENDS = ("triton", "torch", "cpu")
 
-__all__ = ["BACKENDS", "AttentionMetadata", "AttentionPlan", "paged_attention", "paged_attention_ref",
-           "plan_paged_attention", "plan_paged_attention_ref", "reshape_and_cache", "reshape_and_cache_ref",
-           "resolve_backend"]
+__all__ = ["BACKENDS", "AttentionMetadata", "AttentionPlan", "CpuAttentionPlan", "paged_attention",
+           "paged_attention_cpu", "paged_attention_ref", "plan_paged_attention", "plan_paged_attention_cpu",
+           "plan_paged_attention_ref", "reshape_and_cache", "reshape_and_cache_ref", "resolve_backend"]
 
 
 def resolve_backend(backend: str | None, device: torch.device) -> str:
-    """The backend for `device`: the forced one, else Triton on CUDA and the reference elsewhere."""
+    """The backend for `device`: the forced one, else Triton on CUDA and on CPU the C++ decode kernel where it
+    builds (the reference where it does not)."""
     if backend is None or backend == "auto":
-        return "triton" if device.type == "cuda" else "torch"
+        if device.type == "cuda":
+            return "triton"
+        return "cpu" if device.type == "cpu" and decode_kernel().module is not None else "torch"
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS} or None, got {backend!r}")
+    if backend == "cpu" and decode_kernel().module is None:
+        raise RuntimeError(f"attention backend 'cpu': the C++ decode kernel could not be built here "
+                           f"({decode_kernel().detail}); use 'torch' or 'auto'")
     return backend
 
 
@@ -75,8 +92,11 @@ def paged_attention(
     *,
     backend: str | None = None,
 ) -> torch.Tensor:
-    if resolve_backend(backend, q.device) == "torch":
+    chosen = resolve_backend(backend, q.device)
+    if chosen == "torch":
         return paged_attention_ref(q, k_cache, v_cache, meta, scale, out)
+    if chosen == "cpu":
+        return paged_attention_cpu(q, k_cache, v_cache, meta, scale, out)
     from kernels.triton_paged_attention import paged_attention_triton
 
     return paged_attention_triton(q, k_cache, v_cache, meta, scale, out)
@@ -88,11 +108,14 @@ def plan_paged_attention(
     num_heads: int,
     *,
     backend: str | None = None,
-) -> AttentionPlan | None:
+) -> AttentionPlan | CpuAttentionPlan | None:
     """The step's attention plan, to store in `meta.plan` for every layer's `paged_attention`; None where the
     backend (Triton) plans nothing on the host. `meta.plan` itself is not read."""
-    if resolve_backend(backend, k_cache.device) == "torch":
+    chosen = resolve_backend(backend, k_cache.device)
+    if chosen == "torch":
         return plan_paged_attention_ref(k_cache, meta, num_heads)
+    if chosen == "cpu":
+        return plan_paged_attention_cpu(k_cache, meta, num_heads)
     return None
 
 
@@ -105,7 +128,7 @@ def reshape_and_cache(
     *,
     backend: str | None = None,
 ) -> None:
-    if resolve_backend(backend, k.device) == "torch":
+    if resolve_backend(backend, k.device) in ("torch", "cpu"):
         reshape_and_cache_ref(k, v, k_cache, v_cache, slot_mapping)
         return
     from kernels.triton_cache import reshape_and_cache_triton

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:  # the reference imports this module: a runtime import would be circular
+if TYPE_CHECKING:  # the planners import this module: a runtime import would be circular
+    from kernels.cpu_paged_attention import CpuAttentionPlan
     from kernels.reference import AttentionPlan
 
 
@@ -30,6 +31,6 @@ class AttentionMetadata:
     query_start_loc: torch.Tensor  # [S + 1]: offset of each sequence's first query token in the step
     max_query_len: int  # upper bound of the query lengths (differences of query_start_loc)
     max_seq_len: int  # upper bound of seq_lens
-    # The torch backend's layer-independent work for this step (`plan_paged_attention`), built once and read
-    # by every layer's `paged_attention`; None: the reference plans on each call, Triton needs none.
-    plan: AttentionPlan | None = None
+    # The torch or cpu backend's layer-independent work for this step (`plan_paged_attention`), built once and
+    # read by every layer's `paged_attention`; None: those backends plan on each call, Triton needs none.
+    plan: AttentionPlan | CpuAttentionPlan | None = None

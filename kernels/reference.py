@@ -58,7 +58,9 @@ def plan_paged_attention_ref(
     k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]: only its shape and device are read
     meta: AttentionMetadata,  # its block_tables, seq_lens, query_start_loc and bounds; not its plan
     num_heads: int,
+    include_decodes: bool = True,
 ) -> AttentionPlan:
+    """`include_decodes` False: sequences with one query token are left out (another kernel attends them)."""
     # The per-sequence metadata is tiny: plain lists make the grouping and index building cheap.
     starts, seq_len_list = meta.query_start_loc.tolist(), meta.seq_lens.tolist()
     query_lens = [end - begin for begin, end in pairwise(starts)]
@@ -66,7 +68,7 @@ def plan_paged_attention_ref(
     row_elements = k_cache.shape[2] * k_cache.shape[3]  # Hkv * D per cached token
     groups = tuple(
         _plan_group(group, starts, query_lens, seq_len_list, meta.block_tables, k_cache.shape[:2])
-        for group in _group_sequences(query_lens, seq_len_list, row_elements, num_heads)
+        for group in _group_sequences(query_lens, seq_len_list, row_elements, num_heads, include_decodes)
     )
     most_blocks = max((g.blocks.shape[0] for g in groups), default=0)
     scratch = k_cache.new_empty(2, most_blocks, k_cache.shape[1] * row_elements)
@@ -85,6 +87,8 @@ def paged_attention_ref(
     """`meta.plan`: from `plan_paged_attention_ref` on this step's metadata; built here when None."""
     check_paged_attention(q, k_cache, v_cache, meta, out)
     plan = meta.plan if meta.plan is not None else plan_paged_attention_ref(k_cache, meta, q.shape[1])
+    if not isinstance(plan, AttentionPlan):
+        raise ValueError(f"plan: built for another backend ({type(plan).__name__}), not for 'torch'")
     _check_plan(plan, q, k_cache)
     out = torch.empty_like(q) if out is None else out
     for group in plan.groups:
@@ -110,10 +114,11 @@ def _check_lengths(query_lens: list[int], seq_lens: list[int], max_query_len: in
 
 
 def _group_sequences(
-    query_lens: list[int], seq_lens: list[int], row_elements: int, num_heads: int
+    query_lens: list[int], seq_lens: list[int], row_elements: int, num_heads: int, include_decodes: bool
 ) -> list[list[int]]:
     """Sequence ids in groups: decodes apart from prefills, by context length, each padded group bounded."""
-    order = sorted((s for s in range(len(query_lens)) if query_lens[s] > 0),
+    smallest = 1 if include_decodes else 2
+    order = sorted((s for s in range(len(query_lens)) if query_lens[s] >= smallest),
                    key=lambda s: (query_lens[s] > 1, seq_lens[s]))
     groups: list[list[int]] = []
     max_q = 0

@@ -1,4 +1,8 @@
-"""Greedy generation through the engine is token-for-token transformers' `generate`, in three settings."""
+"""Greedy generation through the engine is token-for-token transformers' `generate`, in three settings.
+
+The first two run with each CPU attention path the engine may choose: `cpu` (the C++ decode kernel, what
+"auto" picks where it builds) and `torch` (the gather path it falls back to); Triton has its own file.
+"""
 
 from __future__ import annotations
 
@@ -63,15 +67,21 @@ def run_staggered(engine: LLMEngine) -> dict[str, list[int]]:
     return done
 
 
-def test_ample_kv_memory(llama_dir: Path, hf_reference: dict[str, list[int]]) -> None:
-    engine = LLMEngine(EngineConfig(model=str(llama_dir), num_kv_blocks=512))
+CPU_BACKENDS = ["cpu", "torch"]
+
+
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_ample_kv_memory(llama_dir: Path, hf_reference: dict[str, list[int]], backend: str) -> None:
+    engine = LLMEngine(EngineConfig(model=str(llama_dir), num_kv_blocks=512, attention_backend=backend))
+    assert engine.runner.attention_backend == backend
     assert run_staggered(engine) == hf_reference
     assert engine.stats()["preemptions_total"] == 0
 
 
-def test_chunked_prefill(llama_dir: Path, hf_reference: dict[str, list[int]]) -> None:
+@pytest.mark.parametrize("backend", CPU_BACKENDS)
+def test_chunked_prefill(llama_dir: Path, hf_reference: dict[str, list[int]], backend: str) -> None:
     config = EngineConfig(model=str(llama_dir), num_kv_blocks=512, max_num_batched_tokens=48,
-                          long_prefill_token_threshold=40)
+                          long_prefill_token_threshold=40, attention_backend=backend)
     engine = LLMEngine(config)
     steps = record_chunks(engine)
     assert run_staggered(engine) == hf_reference

@@ -30,6 +30,12 @@ CASES = {
 }
 
 
+@pytest.fixture(params=["torch", "cpu"], scope="module")
+def backend(request) -> str:
+    """The CPU attention paths the engine may choose: the gather path and the C++ decode kernel."""
+    return request.param
+
+
 @pytest.fixture(params=list(CASES), scope="module")
 def model_dir(request, tiny_model_dir) -> Path:
     arch, kwargs = CASES[request.param]
@@ -76,8 +82,8 @@ def run_in_chunks(runner: ModelRunner, ids: list[int], sizes: list[int], blocks:
     return logits[0]
 
 
-def test_whole_prompt_in_one_chunk(model_dir):
-    runner = make_runner(model_dir)
+def test_whole_prompt_in_one_chunk(model_dir, backend):
+    runner = make_runner(model_dir, backend)
     ids = prompt(45, seed=1)
     logits = runner.execute([ScheduledChunk(ids, 0, [7, 3, 11], sample=True)])
     assert logits.dtype == torch.float32
@@ -85,15 +91,15 @@ def test_whole_prompt_in_one_chunk(model_dir):
     torch.testing.assert_close(logits[0], hf_last_logits(model_dir, ids), atol=TOL, rtol=0)
 
 
-def test_prompt_in_chunks_through_a_shuffled_block_table(model_dir):
-    runner = make_runner(model_dir)
+def test_prompt_in_chunks_through_a_shuffled_block_table(model_dir, backend):
+    runner = make_runner(model_dir, backend)
     ids = prompt(70, seed=2)
     logits = run_in_chunks(runner, ids, [5, 16, 1, 30, 17, 1], shuffled_blocks(5, seed=3))
     torch.testing.assert_close(logits, hf_last_logits(model_dir, ids), atol=TOL, rtol=0)
 
 
-def test_two_sequences_mixing_prefill_chunks_and_decode(model_dir):
-    runner = make_runner(model_dir)
+def test_two_sequences_mixing_prefill_chunks_and_decode(model_dir, backend):
+    runner = make_runner(model_dir, backend)
     a, b = prompt(21, seed=4), prompt(40, seed=5)
     blocks_a = shuffled_blocks(2, seed=6)
     blocks_b = shuffled_blocks(3, seed=7, exclude=blocks_a)

@@ -17,7 +17,6 @@ from engine.model_runner import (
 )
 from engine.scheduled_chunk import ScheduledChunk
 from kernels import reference
-from kernels.reference import plan_paged_attention_ref
 
 CPU = torch.device("cpu")
 
@@ -34,7 +33,7 @@ def test_runner_exposes_what_the_engine_needs(runner, llama_dir):
     assert runner.num_kv_blocks == 40
     assert runner.device == CPU
     assert runner.dtype == torch.float32
-    assert runner.attention_backend == "torch"  # auto on CPU
+    assert runner.attention_backend == "cpu"  # auto on CPU, where the C++ decode kernel builds (CI machines)
     assert runner.hf_config["architectures"] == ["LlamaForCausalLM"]
 
 
@@ -152,13 +151,13 @@ def test_cuda_profiling_path_runs_a_forward_and_budgets_the_rest(runner, monkeyp
 def test_the_attention_plan_is_built_once_per_step_for_every_layer(runner, monkeypatch):
     assert runner.model.settings.num_layers > 1
     built = []
+    group_sequences = reference._group_sequences
 
-    def counting_plan(*args, **kwargs):
+    def counting(*args, **kwargs):  # every plan (torch's, or the cpu backend's prefill part) groups once
         built.append(1)
-        return plan_paged_attention_ref(*args, **kwargs)
+        return group_sequences(*args, **kwargs)
 
-    monkeypatch.setattr(kernels, "plan_paged_attention_ref", counting_plan)
-    monkeypatch.setattr(reference, "plan_paged_attention_ref", counting_plan)  # the unplanned fallback
+    monkeypatch.setattr(reference, "_group_sequences", counting)
     chunks = [ScheduledChunk(token_ids=[5, 6, 7], start_pos=0, block_table=[2], sample=True),
               ScheduledChunk(token_ids=[9], start_pos=20, block_table=[3, 4], sample=True)]
     runner.execute(chunks)

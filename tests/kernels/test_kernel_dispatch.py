@@ -1,4 +1,4 @@
-"""The one dispatch point: Triton on CUDA, the reference elsewhere, either one when forced."""
+"""The one dispatch point: Triton on CUDA, the C++ decode kernel (or the reference) on CPU, or as forced."""
 
 from __future__ import annotations
 
@@ -13,24 +13,26 @@ import kernels
 
 
 def test_backend_resolution() -> None:
-    assert kernels.resolve_backend(None, torch.device("cpu")) == "torch"
+    assert kernels.resolve_backend(None, torch.device("cpu")) in ("cpu", "torch")
     assert kernels.resolve_backend(None, torch.device("cuda")) == "triton"
     assert kernels.resolve_backend("triton", torch.device("cpu")) == "triton"
     assert kernels.resolve_backend("torch", torch.device("cuda")) == "torch"
 
 
-def test_cpu_tensors_use_the_reference_by_default(paged_batch, monkeypatch) -> None:
+def test_cpu_tensors_use_the_resolved_cpu_backend_by_default(paged_batch, monkeypatch) -> None:
     calls: list[str] = []
-    reference = kernels.paged_attention_ref
+    chosen = kernels.resolve_backend(None, torch.device("cpu"))
+    entry = {"cpu": "paged_attention_cpu", "torch": "paged_attention_ref"}[chosen]
+    original = getattr(kernels, entry)
 
     def spy(*args, **kwargs):
-        calls.append("ref")
-        return reference(*args, **kwargs)
+        calls.append(chosen)
+        return original(*args, **kwargs)
 
-    monkeypatch.setattr(kernels, "paged_attention_ref", spy)
+    monkeypatch.setattr(kernels, entry, spy)
     batch = paged_batch([2, 1], [6, 9], head_dim=16)
     kernels.paged_attention(*batch.args())
-    assert calls == ["ref"]
+    assert calls == [chosen]
 
 
 def test_forced_backends_agree_on_cpu(paged_batch) -> None:

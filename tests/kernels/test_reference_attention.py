@@ -60,11 +60,14 @@ def test_reference_matches_naive_oracle(paged_batch, tolerance, monkeypatch, cas
 
 def test_sequences_grouped_by_kind_then_context_length(monkeypatch) -> None:
     query_lens, seq_lens = [1, 7, 1, 0, 1, 3], [90, 7, 10, 5, 40, 30]
-    groups = reference._group_sequences(query_lens, seq_lens, row_elements=8, num_heads=2)
+    shape = {"row_elements": 8, "num_heads": 2}
+    groups = reference._group_sequences(query_lens, seq_lens, **shape, include_decodes=True)
     assert groups == [[2, 4, 0], [1, 5]]  # decodes first, each kind by context length; query length 0 dropped
+    prefills = reference._group_sequences(query_lens, seq_lens, **shape, include_decodes=False)
+    assert prefills == [[1, 5]]  # the cpu backend's C++ kernel takes the decodes
     # Padded cost per sequence: longest context x (2 * 8 + 2 * 2 * longest query) elements.
     monkeypatch.setattr(reference, "GROUP_BUDGET_ELEMENTS", 2000)
-    groups = reference._group_sequences(query_lens, seq_lens, row_elements=8, num_heads=2)
+    groups = reference._group_sequences(query_lens, seq_lens, **shape, include_decodes=True)
     assert groups == [[2, 4], [0], [1], [5]]
 
 
@@ -109,7 +112,7 @@ def test_reference_rejects_bad_inputs_naming_the_field(paged_batch, change, fiel
         paged_attention_ref(*batch.args())
 
 
-def plan_for(batch, num_heads: int, backend: str | None = None) -> kernels.AttentionPlan | None:
+def plan_for(batch, num_heads: int, backend: str = "torch") -> kernels.AttentionPlan | None:
     return kernels.plan_paged_attention(batch.k_cache, batch.meta(), num_heads, backend=backend)
 
 

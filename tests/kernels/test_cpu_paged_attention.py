@@ -1,0 +1,141 @@
+"""The cpu backend: the C++ decode kernel against the reference, its plan, its checks and its fallback.
+
+These tests need the kernel built (the first run on a machine compiles it, ~20 s); where it cannot be built
+(no C++ compiler, a CPU without AVX2) the build test says why and the rest are skipped by it.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+import kernels
+from kernels import cpu_paged_attention
+from kernels.cpu_paged_attention import CpuAttentionPlan, DecodeKernel
+
+
+@pytest.fixture(scope="module")
+def built() -> DecodeKernel:
+    kernel = cpu_paged_attention.decode_kernel()
+    if kernel.module is None:
+        pytest.skip(f"the C++ decode kernel cannot be built here: {kernel.detail}")
+    return kernel
+
+
+def test_the_kernel_builds_on_this_machine() -> None:
+    # CI machines have g++, ninja and AVX2: a failure here means every CPU run falls back to the gather path.
+    kernel = cpu_paged_attention.decode_kernel()
+    assert kernel.module is not None, kernel.detail
+    assert kernels.resolve_backend(None, torch.device("cpu")) == "cpu"
+    assert kernels.resolve_backend("auto", torch.device("cuda")) == "triton"
+
+
+STEPS = {
+    "decodes only": ([1, 1, 1, 1], [5, 40, 17, 300]),
+    "decodes and prefill chunks": ([3, 1, 0, 1, 7, 16], [8, 20, 4, 33, 7, 50]),
+    "one token long context": ([1], [1000]),
+    "block-aligned contexts": ([1, 1], [16, 32]),
+}
+
+
+@pytest.mark.parametrize("step", list(STEPS))
+@pytest.mark.parametrize(("heads", "head_dim", "block_size"), [((4, 2), 64, 16), ((8, 1), 32, 8),
+                                                               ((2, 2), 128, 32)])
+def test_matches_the_reference(built, paged_batch, step, heads, head_dim, block_size) -> None:
+    query_lens, seq_lens = STEPS[step]
+    batch = paged_batch(query_lens, seq_lens, num_heads=heads[0], num_kv_heads=heads[1], head_dim=head_dim,
+                        block_size=block_size, seed=len(step))
+    expected = kernels.paged_attention(*batch.args(), backend="torch")
+    got = kernels.paged_attention(*batch.args(), backend="cpu")
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("dtype", "atol"), [(torch.float16, 2e-3), (torch.bfloat16, 1e-2)])
+def test_half_precision_caches_accumulate_in_fp32(built, paged_batch, dtype, atol) -> None:
+    batch = paged_batch([1, 2, 1], [70, 9, 33], dtype=dtype)
+    expected = kernels.paged_attention(*batch.args(), backend="torch")
+    got = kernels.paged_attention(*batch.args(), backend="cpu")
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.float(), expected.float(), atol=atol, rtol=0)
+
+
+def test_strided_queries_and_a_given_out(built, paged_batch) -> None:
+    batch = paged_batch([1, 4, 1], [25, 4, 60])
+    fused = torch.cat([batch.q, torch.randn_like(batch.q)], dim=1)  # q as a view of a wider projection
+    q = fused[:, : batch.q.shape[1]]
+    assert not q.is_contiguous()
+    out = torch.full_like(batch.q, float("nan"))
+    result = kernels.paged_attention(q, batch.k_cache, batch.v_cache, batch.meta(), batch.scale, out,
+                                     backend="cpu")
+    assert result is out
+    torch.testing.assert_close(out, kernels.paged_attention(*batch.args(), backend="torch"))
+
+
+def test_the_plan_sends_decodes_to_the_kernel_and_the_rest_to_the_reference(built, paged_batch) -> None:
+    batch = paged_batch([1, 5, 1, 0], [30, 5, 7, 3])
+    plan = kernels.plan_paged_attention(batch.k_cache, batch.meta(), batch.q.shape[1], backend="cpu")
+    assert isinstance(plan, CpuAttentionPlan)
+    assert plan.decode_rows.tolist() == [0, 6]  # rows of sequences 0 and 2 in q
+    assert plan.decode_seq_lens.tolist() == [30, 7]
+    assert [g.num_seqs for g in plan.rest.groups] == [1]  # the prefill chunk alone
+    one_plan = kernels.paged_attention(*batch.args(plan), backend="cpu")
+    torch.testing.assert_close(one_plan, kernels.paged_attention(*batch.args(), backend="torch"))
+
+
+def test_a_head_dim_the_kernel_cannot_vectorise_goes_to_the_reference(built, paged_batch) -> None:
+    batch = paged_batch([1, 1], [20, 9], head_dim=12)
+    plan = kernels.plan_paged_attention(batch.k_cache, batch.meta(), batch.q.shape[1], backend="cpu")
+    assert plan.decode_rows.numel() == 0 and sum(g.num_seqs for g in plan.rest.groups) == 2
+    torch.testing.assert_close(kernels.paged_attention(*batch.args(), backend="cpu"),
+                               kernels.paged_attention(*batch.args(), backend="torch"))
+
+
+def test_plans_are_not_interchangeable_between_backends(built, paged_batch) -> None:
+    batch = paged_batch([1, 3], [10, 3])
+    reference_plan = kernels.plan_paged_attention(batch.k_cache, batch.meta(), 4, backend="torch")
+    cpu_plan = kernels.plan_paged_attention(batch.k_cache, batch.meta(), 4, backend="cpu")
+    with pytest.raises(ValueError, match="plan: built for another backend"):
+        kernels.paged_attention(*batch.args(reference_plan), backend="cpu")
+    with pytest.raises(ValueError, match="plan: built for another backend"):
+        kernels.paged_attention(*batch.args(cpu_plan), backend="torch")
+
+
+def test_a_block_id_beyond_the_cache_is_an_error_not_a_wild_read(built, paged_batch) -> None:
+    batch = paged_batch([1], [40])
+    batch.block_tables[0, 1] = batch.k_cache.shape[0] + 5
+    with pytest.raises(RuntimeError, match=r"block_tables\[0, 1\].*outside the cache"):
+        kernels.paged_attention(*batch.args(), backend="cpu")
+
+
+def test_non_contiguous_caches_are_refused(built, paged_batch) -> None:
+    batch = paged_batch([1], [20])
+    strided = torch.cat([batch.k_cache, batch.k_cache], dim=3)[..., : batch.k_cache.shape[3]]
+    with pytest.raises(ValueError, match="contiguous"):
+        kernels.paged_attention(batch.q, strided, batch.v_cache, batch.meta(), batch.scale, backend="cpu")
+
+
+def test_a_failed_build_is_a_result_with_the_reason(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.cpp"
+    broken.write_text("this is not C++\n")
+    kernel = cpu_paged_attention.build_decode_kernel("AVX2", source=broken)
+    assert kernel.module is None and kernel.detail
+    unsupported = cpu_paged_attention.build_decode_kernel("DEFAULT")
+    assert unsupported.module is None and "AVX2" in unsupported.detail
+
+
+def test_without_a_kernel_auto_falls_back_and_forcing_cpu_says_why(monkeypatch, caplog) -> None:
+    unavailable = DecodeKernel(None, "RuntimeError: Ninja is required to load C++ extensions")
+    monkeypatch.setattr(cpu_paged_attention, "build_decode_kernel", lambda isa: unavailable)
+    cpu_paged_attention.decode_kernel.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="kernels.cpu_paged_attention"):
+            assert kernels.resolve_backend(None, torch.device("cpu")) == "torch"
+        assert "using the gather path" in caplog.text and "Ninja is required" in caplog.text
+        with pytest.raises(RuntimeError, match=r"attention backend 'cpu'.*Ninja is required"):
+            kernels.resolve_backend("cpu", torch.device("cpu"))
+    finally:
+        cpu_paged_attention.decode_kernel.cache_clear()
+
