@@ -12,6 +12,7 @@ from typing import Any
 
 from rich.console import Console
 
+import kernels
 from bench import plots
 from bench.console import progress_bar, refusal_lines, service_table, summary_table
 from bench.decision import Condition, decide, default_conditions, default_hypothesis
@@ -36,6 +37,7 @@ from bench.workload import (
 )
 from engine.config import EngineConfig, RequestClassConfig
 from engine.cpu_threads import ThreadChoice
+from engine.loader import resolve_device
 
 ENGINE_FIELDS = {f.name for f in dataclasses.fields(EngineConfig)} - {"model", "request_classes"}
 DEFAULT_CONCURRENCY = 32  # the service profile's closed loop when neither it nor a submit rate is given
@@ -139,8 +141,11 @@ class BenchOptions:
             "structured_share": self.structured_share,
         }
         if self.target == "engine":
-            cfg = dataclasses.asdict(self.engine_config())
-            params["engine"] = cfg
+            config = self.engine_config()
+            params["engine"] = dataclasses.asdict(config)
+            # What "auto" became here (the engine resolves it the same way): cpu, torch or triton.
+            params["attention_backend"] = kernels.resolve_backend(config.attention_backend,
+                                                                  resolve_device(config.device))
         else:
             params.update(url=self.url, poll_s=self.poll_s, wait_s=self.wait_s, concurrency=self.concurrency)
         return params

@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from PIL import Image
 
+import kernels
 from bench.cli import main
 from bench.decision import Condition, decide
 from bench.metrics import LATENCIES, PERCENTILES, summarize
@@ -111,6 +113,7 @@ def test_offline_bench_reports_every_metric_and_counts_cancellations(llama_dir: 
     inv = report["inventory"]
     assert inv["model"]["config_sha256"] and inv["torch_version"] and inv["git_commit"] is not None
     assert inv["parameters"]["engine"]["max_num_seqs"] == 4
+    assert inv["parameters"]["attention_backend"] == kernels.resolve_backend(None, torch.device("cpu"))
     assert [c["name"] for c in inv["parameters"]["engine"]["request_classes"]] == ["interactive", "documents"]
     for name in ("latency_cdf.png", "timeline.png"):
         assert_png(out / name)
