@@ -2,9 +2,9 @@
 //
 // One work item per decode sequence, spread over torch's intra-op threads (at::parallel_for, so
 // torch.set_num_threads governs it). A work item walks its sequence's block table one cache block at a time
-// and keeps an online softmax (running max m, running sum l, unnormalised accumulator acc) for each of the
-// query heads that share its KV head, so every K and V row is read once per KV head, not once per query
-// head. Scores and accumulation are fp32 whatever the cache dtype.
+// and keeps an online softmax (running max, running sum, unnormalised accumulator) for every query head, so
+// each K and V block is read from memory once for all heads (query heads of one KV head share its rows).
+// Scores and accumulation are fp32 whatever the cache dtype.
 #include <torch/extension.h>
 
 #include <ATen/Dispatch.h>
@@ -28,7 +28,7 @@ struct Shapes {
   int64_t q_token_stride, q_head_stride, out_token_stride, out_head_stride, table_stride;
 };
 
-// A cache row as fp32: the row itself for fp32 caches, else converted into `buffer`.
+// n cache values as fp32: the values themselves for fp32 caches, else converted into `buffer`.
 template <typename scalar_t>
 inline const float* as_float(const scalar_t* row, float* buffer, int64_t n) {
   if constexpr (std::is_same_v<scalar_t, float>) {
@@ -122,7 +122,7 @@ struct FlushDenormals {
 // Per-thread working memory of one work item, sized once per chunk of work items.
 struct Scratch {
   std::vector<float> q, acc, scores, max, sum, rows;  // rows: a block's K or V as fp32 when converted
-  std::vector<const float*> k, v;  // [block_size]: each row of the block being read, per KV head
+  std::vector<const float*> k, v;  // [block_size]: the current head's slice of each row of the block
   explicit Scratch(const Shapes& s)
       : q(s.num_heads * s.head_dim), acc(s.num_heads * s.head_dim), scores(s.num_heads * s.block_size),
         max(s.num_heads), sum(s.num_heads), rows(s.block_size * s.num_kv_heads * s.head_dim),
