@@ -32,6 +32,9 @@ class LoadTimings:
 
     weights_s: float  # config, model skeleton and every weight on the device
     kv_cache_s: float  # sizing (on CUDA: a profiling forward) and allocating the KV cache
+    # Resolving the attention backend: on CPU, building (first start on a machine: 15-20 s) or loading the
+    # C++ decode kernel (kernels/cpu_paged_attention.py).
+    attention_s: float = 0.0
 
 
 def resolve_device(device: str) -> torch.device:

@@ -41,9 +41,11 @@ class ModelRunner:
             torch.set_num_threads(config.num_threads)
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
-        self.attention_backend = kernels.resolve_backend(config.attention_backend, self.device)
-        check_tokenizer_files(config.model)
         started = time.perf_counter()  # timed for the worker's cold-start report (LoadTimings)
+        self.attention_backend = kernels.resolve_backend(config.attention_backend, self.device)
+        attention_s = time.perf_counter() - started
+        check_tokenizer_files(config.model)
+        started = time.perf_counter()
         self.model, self.hf_config = load_model(config.model, self.device, self.dtype, self.attention_backend)
         weights_s, started = time.perf_counter() - started, time.perf_counter()
         settings = self.model.settings
@@ -56,7 +58,8 @@ class ModelRunner:
         cuda_free = self._profile_cuda_free_bytes(layout) if self._needs_profiling() else None
         self.num_kv_blocks: int = plan_num_blocks(config, layout, self.max_model_len, cuda_free)
         self.kv_caches = allocate_kv_cache(layout, self.num_kv_blocks, self.device)
-        self.load_timings = LoadTimings(weights_s=weights_s, kv_cache_s=time.perf_counter() - started)
+        self.load_timings = LoadTimings(weights_s=weights_s, kv_cache_s=time.perf_counter() - started,
+                                        attention_s=attention_s)
         self.last_forward_seconds: float = 0.0  # model forward + logits of the last step, inputs prepared
         logger.info("model runner ready: device=%s dtype=%s attention=%s max_model_len=%d", self.device,
                     self.dtype, self.attention_backend, self.max_model_len)

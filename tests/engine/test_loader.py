@@ -3,12 +3,14 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import time
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+import kernels
 from engine.config import EngineConfig
 from engine.llm import LLM
 from engine.loader import ModelFolderError, load_model, read_hf_config, resolve_dtype, safetensors_files
@@ -155,6 +157,14 @@ def test_a_model_folder_that_does_not_exist_is_named_as_such(tmp_path):
         ModelRunner(EngineConfig(model=str(a_file), num_kv_blocks=64))
 
 
-def test_the_runner_reports_its_load_timings(llama_dir):
+def test_the_runner_reports_its_load_timings(llama_dir, monkeypatch):
+    resolve = kernels.resolve_backend
+
+    def slow_resolve(*args, **kwargs):  # as a first start that compiles the CPU decode kernel
+        time.sleep(0.05)
+        return resolve(*args, **kwargs)
+
+    monkeypatch.setattr(kernels, "resolve_backend", slow_resolve)
     runner = ModelRunner(EngineConfig(model=str(llama_dir), num_kv_blocks=64))
     assert runner.load_timings.weights_s > 0 and runner.load_timings.kv_cache_s > 0
+    assert runner.load_timings.attention_s >= 0.05
