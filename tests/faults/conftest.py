@@ -112,13 +112,15 @@ def fault_db_url(fault_pg: FaultPostgres, tmp_path_factory: pytest.TempPathFacto
 
 @pytest.fixture(scope="session")
 def fault_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny random-weight demo model, built once, with room (4096 positions) for long jobs, and 8 layers:
-    a long job must still be running when a test kills, pauses or stops its worker, and with the default 2
-    layers a quiet machine decodes ~1000 tokens a second (800 tokens were done within a 1 s grace)."""
+    """The tiny random-weight demo model, built once, with room (4096 positions) for long jobs, and 24 layers:
+    a long job must still be running when a test kills, pauses or stops its worker. With the default 2 layers
+    a quiet machine decoded ~1000 tokens a second (800 tokens were done within a 1 s grace); with 8, a quiet
+    machine later ran 4 jobs of 800 tokens in under 2 s and a 4000-token blocker in 6.8 s, both inside
+    windows the tests need them to outlast. A step's cost grows with the layers, so 24 gives those 3x."""
     from engine.demo import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("fault-model"), max_position_embeddings=4096,
-                            num_hidden_layers=8)
+                            num_hidden_layers=24)
 
 
 @pytest.fixture(scope="session")

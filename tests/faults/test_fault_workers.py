@@ -109,7 +109,7 @@ def test_worker_sigterm_requeues_or_finishes_its_jobs_once(stack: Stack, grace: 
     """Short grace (1 s): the jobs in flight are handed back and run on the other worker, once. Long grace
     (60 s): they finish in place, and the worker exits afterwards."""
     grace_s = {"short": "1", "long": "60"}[grace]
-    tokens = 800
+    tokens = 2000  # several seconds on the fault model: still running after the short grace
     traffic = stack.traffic(rate=1)
     if grace == "short":
         workers = stack.start_workers(2, WORKER_SHUTDOWN_GRACE_S=grace_s)
