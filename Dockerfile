@@ -57,8 +57,8 @@ ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128
 ARG TORCH_SPEC=torch
 
 # Triton compiles a small launcher for each kernel at run time: it needs a C compiler. On a CPU worker the
-# decode attention kernel (kernels/csrc) is compiled at first start: g++ and ninja (without them it falls
-# back to the slower gather path and logs why). Those caches (torch_extensions/ under XDG_CACHE_HOME), and
+# C++ kernels (kernels/csrc: decode attention, fused RMSNorm/RoPE/SwiGLU) are compiled at first start: g++ and
+# ninja (without them it falls back to the slower gather path and eager ops, and logs why). Those caches (torch_extensions/ under XDG_CACHE_HOME), and
 # any other per-user cache, go under /data: the root filesystem may be read-only (the Kubernetes manifests).
 RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc g++ libc6-dev ninja-build \

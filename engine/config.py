@@ -38,7 +38,8 @@ class EngineConfig:
     long_prefill_token_threshold: int = 512
     dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
     device: str = "auto"  # auto: cuda when available, else cpu
-    # auto: triton on CUDA; on CPU, cpu (C++ decode kernel, compiled on first use) where it builds, else torch
+    # auto: triton on CUDA; on CPU, cpu (C++ kernels compiled on first use: decode attention and the fused
+    # RMSNorm/RoPE/SwiGLU) where they build, else torch (eager PyTorch)
     attention_backend: str = "auto"
     # Automatic prefix caching: full KV blocks are found again by the hash of the prefix they end, so requests
     # that share a prefix (a batch's instructions, a chat's history) compute it once. Off: to compare.

@@ -32,8 +32,8 @@ class LoadTimings:
 
     weights_s: float  # config, model skeleton and every weight on the device
     kv_cache_s: float  # sizing (on CUDA: a profiling forward) and allocating the KV cache
-    # Resolving the attention backend: on CPU, building (first start on a machine: 15-20 s) or loading the
-    # C++ decode kernel (kernels/cpu_paged_attention.py).
+    # Resolving the attention backend: on CPU, building (first start on a machine: 20-40 s) or loading the
+    # C++ CPU kernels (kernels/cpu_extension.py).
     attention_s: float = 0.0
 
 

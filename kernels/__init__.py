@@ -1,4 +1,4 @@
-"""Paged attention and KV-cache writes for the engine: Triton kernels on CUDA, a C++ decode kernel on CPU.
+"""Paged attention and KV-cache writes for the engine: Triton kernels on CUDA, C++ kernels on CPU.
 
 Contract (every backend, same signatures):
 
@@ -28,13 +28,14 @@ Contract (every backend, same signatures):
   step); a negative slot is skipped. It takes the slots alone: a cache write needs nothing else.
 
 `backend`: None (or "auto", as in EngineConfig) picks Triton for CUDA tensors; on CPU tensors, "cpu" (the
-C++ decode kernel of `kernels/cpu_paged_attention.py` for decodes, the reference for prefill chunks) when
-that kernel builds on this machine, else "torch" (the PyTorch reference alone). "triton" or "torch" forces
-one on any device (Triton on CPU tensors needs `TRITON_INTERPRET=1` set before the kernel modules are first
-imported); "cpu" forces the kernel on CPU tensors and is a RuntimeError where it cannot be built; anything
-else is a ValueError. The Triton modules are imported only when first dispatched to, so CPU users need not
-install triton; the C++ kernel is built only when first resolved to (tens of seconds, once per machine).
-The cpu backend writes the cache through the reference.
+C++ decode kernel of `kernels/cpu_paged_attention.py` for decodes, the reference for prefill chunks; the
+model then also runs the extension's fused element-wise ops, `kernels/cpu_fused.py`) when the C++ CPU
+extension (`kernels/cpu_extension.py`) builds on this machine, else "torch" (the PyTorch reference alone).
+"triton" or "torch" forces one on any device (Triton on CPU tensors needs `TRITON_INTERPRET=1` set before the
+kernel modules are first imported); "cpu" forces the C++ kernels on CPU tensors and is a RuntimeError where
+they cannot be built; anything else is a ValueError. The Triton modules are imported only when first
+dispatched to, so CPU users need not install triton; the C++ extension is built only when first resolved to
+(tens of seconds, once per machine). The cpu backend writes the cache through the reference.
 
 Checks: wrong shapes, dtypes or devices raise ValueError naming the field (metadata only, no device sync).
 The reference also checks the length values (it reads them on the host anyway); the Triton path trusts them,
@@ -46,9 +47,9 @@ from __future__ import annotations
 
 import torch
 
+from kernels.cpu_extension import cpu_kernels
 from kernels.cpu_paged_attention import (
     CpuAttentionPlan,
-    decode_kernel,
     paged_attention_cpu,
     plan_paged_attention_cpu,
 )
@@ -68,17 +69,17 @@ __all__ = ["BACKENDS", "AttentionMetadata", "AttentionPlan", "CpuAttentionPlan",
 
 
 def resolve_backend(backend: str | None, device: torch.device) -> str:
-    """The backend for `device`: the forced one, else Triton on CUDA and on CPU the C++ decode kernel where it
-    builds (the reference where it does not)."""
+    """The backend for `device`: the forced one, else Triton on CUDA and on CPU the C++ kernels where they
+    build (the reference where they do not)."""
     if backend is None or backend == "auto":
         if device.type == "cuda":
             return "triton"
-        return "cpu" if device.type == "cpu" and decode_kernel().module is not None else "torch"
+        return "cpu" if device.type == "cpu" and cpu_kernels().module is not None else "torch"
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS} or None, got {backend!r}")
-    if backend == "cpu" and decode_kernel().module is None:
-        raise RuntimeError(f"attention backend 'cpu': the C++ decode kernel could not be built here "
-                           f"({decode_kernel().detail}); use 'torch' or 'auto'")
+    if backend == "cpu" and cpu_kernels().module is None:
+        raise RuntimeError(f"attention backend 'cpu': the C++ CPU kernels could not be built here "
+                           f"({cpu_kernels().detail}); use 'torch' or 'auto'")
     return backend
 
 

@@ -21,6 +21,7 @@ from torch import nn
 
 from engine.attention import KVCache, PagedAttention
 from kernels import AttentionMetadata
+from kernels.cpu_fused import rms_norm_cpu, rotate_half_cpu_, silu_and_mul_cpu
 
 # checkpoint name fragment -> (our fused parameter fragment, shard index within it)
 PACKED_PARAMS: dict[str, tuple[str, int]] = {
@@ -105,12 +106,15 @@ def parse_rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float, dtype: torch.dtype) -> None:
+    def __init__(self, dim: int, eps: float, dtype: torch.dtype, fused: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(dim, dtype=dtype))
         self.eps = eps
+        self.fused = fused  # the cpu backend's one-pass kernel, for [T, dim] inputs
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., dim]
+        if self.fused and x.dim() == 2:
+            return rms_norm_cpu(x, self.weight, self.eps)
         # Normalise in fp32 and cast back before the weight, as transformers does (bit-level parity).
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -137,8 +141,11 @@ class RotaryEmbedding(nn.Module):
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
-def apply_rotation(x: torch.Tensor, rotation: Rotation) -> torch.Tensor:  # [T, H, D]
+def apply_rotation(x: torch.Tensor, rotation: Rotation, fused: bool = False) -> torch.Tensor:  # [T, H, D]
+    """fused: the cpu backend's kernel, which rotates x in place (a fresh projection's view) in one pass."""
     cos, sin = rotation
+    if fused:
+        return rotate_half_cpu_(x, cos.view(cos.shape[0], -1), sin.view(sin.shape[0], -1))
     return x * cos + rotate_half(x) * sin
 
 
@@ -167,6 +174,7 @@ class Attention(nn.Module):
         self.q_size = s.num_heads * s.head_dim
         self.kv_size = s.num_kv_heads * s.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = s.num_heads, s.num_kv_heads, s.head_dim
+        self.fused = attention_backend == "cpu"
         self.qkv_proj = Linear(s.hidden_size, self.q_size + 2 * self.kv_size, s.qkv_bias, s.dtype)
         self.o_proj = Linear(self.q_size, s.hidden_size, s.o_bias, s.dtype)
         self.q_norm = RMSNorm(s.head_dim, s.rms_norm_eps, s.dtype) if s.qk_norm else None
@@ -182,7 +190,7 @@ class Attention(nn.Module):
         v = v.view(-1, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotation(q, rotation), apply_rotation(k, rotation)
+        q, k = apply_rotation(q, rotation, self.fused), apply_rotation(k, rotation, self.fused)
         out = self.attn(q, k, v, kv_cache, meta)  # [T, Hq, D]
         return self.o_proj(out.reshape(-1, self.q_size))  # [T, H]
 
@@ -190,12 +198,15 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """SwiGLU: down(silu(gate(x)) * up(x))."""
 
-    def __init__(self, s: LlamaSettings) -> None:
+    def __init__(self, s: LlamaSettings, fused: bool) -> None:
         super().__init__()
         self.gate_up_proj = Linear(s.hidden_size, 2 * s.intermediate_size, s.mlp_bias, s.dtype)
         self.down_proj = Linear(s.intermediate_size, s.hidden_size, s.mlp_bias, s.dtype)
+        self.fused = fused  # the cpu backend's one-pass silu(gate) * up
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H]
+        if self.fused:
+            return self.down_proj(silu_and_mul_cpu(self.gate_up_proj(x)))
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [T, I] each
         return self.down_proj(F.silu(gate) * up)
 
@@ -203,10 +214,11 @@ class MLP(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, s: LlamaSettings, attention_backend: str) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps, s.dtype)
+        fused = attention_backend == "cpu"
+        self.input_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps, s.dtype, fused)
         self.self_attn = Attention(s, attention_backend)
-        self.post_attention_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps, s.dtype)
-        self.mlp = MLP(s)
+        self.post_attention_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps, s.dtype, fused)
+        self.mlp = MLP(s, fused)
 
     def forward(
         self, x: torch.Tensor, rotation: Rotation, kv_cache: KVCache, meta: AttentionMetadata
@@ -221,7 +233,7 @@ class LlamaModel(nn.Module):
         self.embed_tokens = Embedding(s.vocab_size, s.hidden_size, s.dtype)
         self.rotary = RotaryEmbedding(s.head_dim, s.rope_theta, s.rope_scaling)
         self.layers = nn.ModuleList(DecoderLayer(s, attention_backend) for _ in range(s.num_layers))
-        self.norm = RMSNorm(s.hidden_size, s.rms_norm_eps, s.dtype)
+        self.norm = RMSNorm(s.hidden_size, s.rms_norm_eps, s.dtype, attention_backend == "cpu")
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,

@@ -1,7 +1,8 @@
 """Greedy generation through the engine is token-for-token transformers' `generate`, in three settings.
 
-The first two run with each CPU attention path the engine may choose: `cpu` (the C++ decode kernel, what
-"auto" picks where it builds) and `torch` (the gather path it falls back to); Triton has its own file.
+The first two run with each CPU path the engine may choose: `cpu` (the C++ decode kernel and fused
+element-wise ops, what "auto" picks where they build) and `torch` (the gather path and eager ops it falls back
+to); Triton has its own file.
 """
 
 from __future__ import annotations

@@ -160,7 +160,7 @@ def test_a_model_folder_that_does_not_exist_is_named_as_such(tmp_path):
 def test_the_runner_reports_its_load_timings(llama_dir, monkeypatch):
     resolve = kernels.resolve_backend
 
-    def slow_resolve(*args, **kwargs):  # as a first start that compiles the CPU decode kernel
+    def slow_resolve(*args, **kwargs):  # as a first start that compiles the C++ CPU kernels
         time.sleep(0.05)
         return resolve(*args, **kwargs)
 

@@ -32,7 +32,7 @@ CASES = {
 
 @pytest.fixture(params=["torch", "cpu"], scope="module")
 def backend(request) -> str:
-    """The CPU attention paths the engine may choose: the gather path and the C++ decode kernel."""
+    """The CPU paths the engine may choose: eager PyTorch, and the C++ decode kernel with the fused ops."""
     return request.param
 
 

@@ -33,7 +33,7 @@ def test_runner_exposes_what_the_engine_needs(runner, llama_dir):
     assert runner.num_kv_blocks == 40
     assert runner.device == CPU
     assert runner.dtype == torch.float32
-    assert runner.attention_backend == "cpu"  # auto on CPU, where the C++ decode kernel builds (CI machines)
+    assert runner.attention_backend == "cpu"  # auto on CPU, where the C++ CPU kernels build (CI machines)
     assert runner.hf_config["architectures"] == ["LlamaForCausalLM"]
 
 

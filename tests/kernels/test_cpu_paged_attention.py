@@ -1,36 +1,26 @@
 """The cpu backend: the C++ decode kernel against the reference, its plan, its checks and its fallback.
 
-These tests need the kernel built (the first run on a machine compiles it, ~20 s); where it cannot be built
-(no C++ compiler, a CPU without AVX2) the build test says why and the rest are skipped by it.
+These tests need the CPU kernels built (the first run on a machine compiles them, ~20-40 s); where they cannot
+be built (no C++ compiler, a CPU without AVX2) test_cpu_extension.py's build test fails and says why, and
+these are skipped.
 """
 
 from __future__ import annotations
-
-import logging
-from pathlib import Path
 
 import pytest
 import torch
 
 import kernels
-from kernels import cpu_paged_attention
-from kernels.cpu_paged_attention import CpuAttentionPlan, DecodeKernel
+from kernels.cpu_extension import CpuKernels, cpu_kernels
+from kernels.cpu_paged_attention import CpuAttentionPlan
 
 
 @pytest.fixture(scope="module")
-def built() -> DecodeKernel:
-    kernel = cpu_paged_attention.decode_kernel()
-    if kernel.module is None:
-        pytest.skip(f"the C++ decode kernel cannot be built here: {kernel.detail}")
-    return kernel
-
-
-def test_the_kernel_builds_on_this_machine() -> None:
-    # CI machines have g++, ninja and AVX2: a failure here means every CPU run falls back to the gather path.
-    kernel = cpu_paged_attention.decode_kernel()
-    assert kernel.module is not None, kernel.detail
-    assert kernels.resolve_backend(None, torch.device("cpu")) == "cpu"
-    assert kernels.resolve_backend("auto", torch.device("cuda")) == "triton"
+def built() -> CpuKernels:
+    built = cpu_kernels()
+    if built.module is None:
+        pytest.skip(f"the C++ CPU kernels cannot be built here: {built.detail}")
+    return built
 
 
 STEPS = {
@@ -117,25 +107,18 @@ def test_non_contiguous_caches_are_refused(built, paged_batch) -> None:
         kernels.paged_attention(batch.q, strided, batch.v_cache, batch.meta(), batch.scale, backend="cpu")
 
 
-def test_a_failed_build_is_a_result_with_the_reason(tmp_path: Path) -> None:
-    broken = tmp_path / "broken.cpp"
-    broken.write_text("this is not C++\n")
-    kernel = cpu_paged_attention.build_decode_kernel("AVX2", source=broken)
-    assert kernel.module is None and kernel.detail
-    unsupported = cpu_paged_attention.build_decode_kernel("DEFAULT")
-    assert unsupported.module is None and "AVX2" in unsupported.detail
 
 
-def test_without_a_kernel_auto_falls_back_and_forcing_cpu_says_why(monkeypatch, caplog) -> None:
-    unavailable = DecodeKernel(None, "RuntimeError: Ninja is required to load C++ extensions")
-    monkeypatch.setattr(cpu_paged_attention, "build_decode_kernel", lambda isa: unavailable)
-    cpu_paged_attention.decode_kernel.cache_clear()
+
+def test_threads_share_a_batch_of_uneven_contexts(built, paged_batch) -> None:
+    # Long documents first, then short chats, as a step admits them: each thread takes the longest left.
+    seq_lens = [900, 700, 800, 650] + [40 + 3 * i for i in range(20)]
+    batch = paged_batch([1] * len(seq_lens), seq_lens, seed=3)
+    expected = kernels.paged_attention(*batch.args(), backend="torch")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
     try:
-        with caplog.at_level(logging.WARNING, logger="kernels.cpu_paged_attention"):
-            assert kernels.resolve_backend(None, torch.device("cpu")) == "torch"
-        assert "using the gather path" in caplog.text and "Ninja is required" in caplog.text
-        with pytest.raises(RuntimeError, match=r"attention backend 'cpu'.*Ninja is required"):
-            kernels.resolve_backend("cpu", torch.device("cpu"))
+        got = kernels.paged_attention(*batch.args(), backend="cpu")
     finally:
-        cpu_paged_attention.decode_kernel.cache_clear()
-
+        torch.set_num_threads(threads)
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)

@@ -1,4 +1,4 @@
-"""The one dispatch point: Triton on CUDA, the C++ decode kernel (or the reference) on CPU, or as forced."""
+"""The one dispatch point: Triton on CUDA, the C++ kernels (or the reference) on CPU, or as forced."""
 
 from __future__ import annotations
 

@@ -1,0 +1,15 @@
+// The CPU kernels of one extension (built by kernels/cpu_extension.py), bound in bindings_cpu.cpp.
+#pragma once
+
+#include <torch/extension.h>
+
+// paged_decode_cpu.cpp
+void paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                  const at::Tensor& block_tables, const at::Tensor& seq_lens, const at::Tensor& q_rows,
+                  double scale, at::Tensor out);
+int64_t paged_decode_lanes();
+
+// fused_cpu.cpp
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+void rotate_half_(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin);
+at::Tensor silu_and_mul(const at::Tensor& gate_up);
