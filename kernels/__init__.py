@@ -35,7 +35,7 @@ extension (`kernels/cpu_extension.py`) builds on this machine, else "torch" (the
 kernel modules are first imported); "cpu" forces the C++ kernels on CPU tensors and is a RuntimeError where
 they cannot be built; anything else is a ValueError. The Triton modules are imported only when first
 dispatched to, so CPU users need not install triton; the C++ extension is built only when first resolved to
-(tens of seconds, once per machine). The cpu backend writes the cache through the reference.
+(tens of seconds, once per machine). The cpu backend writes the cache with a C++ row copy.
 
 Checks: wrong shapes, dtypes or devices raise ValueError naming the field (metadata only, no device sync).
 The reference also checks the length values (it reads them on the host anyway); the Triton path trusts them,
@@ -52,6 +52,7 @@ from kernels.cpu_paged_attention import (
     CpuAttentionPlan,
     paged_attention_cpu,
     plan_paged_attention_cpu,
+    reshape_and_cache_cpu,
 )
 from kernels.metadata import AttentionMetadata
 from kernels.reference import (
@@ -65,7 +66,8 @@ BACKENDS = ("triton", "torch", "cpu")
 
 __all__ = ["BACKENDS", "AttentionMetadata", "AttentionPlan", "CpuAttentionPlan", "paged_attention",
            "paged_attention_cpu", "paged_attention_ref", "plan_paged_attention", "plan_paged_attention_cpu",
-           "plan_paged_attention_ref", "reshape_and_cache", "reshape_and_cache_ref", "resolve_backend"]
+           "plan_paged_attention_ref", "reshape_and_cache", "reshape_and_cache_cpu", "reshape_and_cache_ref",
+           "resolve_backend"]
 
 
 def resolve_backend(backend: str | None, device: torch.device) -> str:
@@ -129,8 +131,12 @@ def reshape_and_cache(
     *,
     backend: str | None = None,
 ) -> None:
-    if resolve_backend(backend, k.device) in ("torch", "cpu"):
+    chosen = resolve_backend(backend, k.device)
+    if chosen == "torch":
         reshape_and_cache_ref(k, v, k_cache, v_cache, slot_mapping)
+        return
+    if chosen == "cpu":
+        reshape_and_cache_cpu(k, v, k_cache, v_cache, slot_mapping)
         return
     from kernels.triton_cache import reshape_and_cache_triton
 

@@ -1,7 +1,8 @@
-"""The C++ CPU kernels, built once per machine: paged decode attention and the fused element-wise ops.
+"""The C++ CPU kernels, built once per machine: paged decode attention, cache writes, fused element-wise ops.
 
-`csrc/paged_decode_cpu.cpp` (decode attention straight from the paged cache) and `csrc/fused_cpu.cpp`
-(RMSNorm, rotate-half RoPE, SwiGLU in one pass each) make one extension. It is compiled on first use with
+`csrc/paged_decode_cpu.cpp` (decode attention straight from the paged cache), `csrc/cache_write_cpu.cpp`
+(a step's K/V rows into their slots) and `csrc/fused_cpu.cpp` (RMSNorm, rotate-half RoPE, SwiGLU in one pass
+each) make one extension. It is compiled on first use with
 torch's C++ extension builder (the system's C++ compiler and ninja), for the instruction set torch detected
 on this CPU, and cached by torch under its extensions directory; a later process loads it in milliseconds.
 `cpu_kernels()` says whether it could be built, and why not.
@@ -21,7 +22,8 @@ import torch
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = (CSRC / "paged_decode_cpu.cpp", CSRC / "fused_cpu.cpp", CSRC / "bindings_cpu.cpp")
+SOURCES = tuple(CSRC / name for name in ("paged_decode_cpu.cpp", "cache_write_cpu.cpp", "fused_cpu.cpp",
+                                          "bindings_cpu.cpp"))
 # Compiler flags per instruction set torch reports (torch.backends.cpu.get_cpu_capability()). Without AVX2 the
 # portable build measured 2x slower than the gather path, so no kernel is built there. -ffast-math lets the
 # compiler call glibc's vector exp (libmvec); it is a compile flag only, so the process' float mode (which

@@ -1,4 +1,5 @@
 """The `cpu` backend: a C++ kernel reads decode attention straight from the paged cache; prefill: reference.
+Cache writes are one row copy per token (C++).
 
 The reference gathers every sequence's K/V out of the cache in every layer before SDPA reads it again; for
 decode tokens (one query against the whole context) that copy is most of the work. The kernel in
@@ -15,10 +16,15 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from kernels.checks import check_paged_attention
+from kernels.checks import check_paged_attention, check_reshape_and_cache
 from kernels.cpu_extension import cpu_kernels
 from kernels.metadata import AttentionMetadata
-from kernels.reference import AttentionPlan, paged_attention_ref, plan_paged_attention_ref
+from kernels.reference import (
+    AttentionPlan,
+    paged_attention_ref,
+    plan_paged_attention_ref,
+    reshape_and_cache_ref,
+)
 
 
 @dataclass(frozen=True)
@@ -77,3 +83,25 @@ def paged_attention_cpu(
         module.paged_decode(q, k_cache, v_cache, plan.decode_tables, plan.decode_seq_lens, plan.decode_rows,
                             scale, out)
     return paged_attention_ref(q, k_cache, v_cache, replace(meta, plan=plan.rest), scale, out)
+
+
+def reshape_and_cache_cpu(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """The reference's contract, one row copy per token (`csrc/cache_write_cpu.cpp`); layouts the copy cannot
+    take (a token's heads not contiguous, a dtype conversion, strided caches) go through the reference."""
+    check_reshape_and_cache(k, v, k_cache, v_cache, slot_mapping)
+    module = cpu_kernels().module
+    assert module is not None, "backend 'cpu' was chosen without its kernels (resolve_backend checks)"
+    rows_ok = all(x.stride(2) == 1 and x.stride(1) == x.shape[2] and x.dtype == k_cache.dtype for x in (k, v))
+    if not (rows_ok and k_cache.is_contiguous() and v_cache.is_contiguous() and slot_mapping.is_contiguous()):
+        reshape_and_cache_ref(k, v, k_cache, v_cache, slot_mapping)
+        return
+    try:
+        module.reshape_and_cache(k, v, k_cache, v_cache, slot_mapping)
+    except RuntimeError as exc:  # a slot beyond the cache: the reference's contract says ValueError
+        raise ValueError(f"slot_mapping: {exc}".splitlines()[0]) from exc

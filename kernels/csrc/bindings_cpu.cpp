@@ -4,6 +4,7 @@
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode", &paged_decode, "decode attention over the paged KV cache");
   m.attr("lanes") = paged_decode_lanes();  // paged_decode: head_dim must be a multiple of it
+  m.def("reshape_and_cache", &reshape_and_cache, "new K/V rows into their paged cache slots");
   m.def("rms_norm", &rms_norm, "RMSNorm of x [T, H] rows");
   m.def("rotate_half_", &rotate_half_, "rotate-half RoPE of x [T, H, D], in place");
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up of gate_up [T, 2I]");

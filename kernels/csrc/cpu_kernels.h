@@ -13,3 +13,7 @@ int64_t paged_decode_lanes();
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 void rotate_half_(at::Tensor x, const at::Tensor& cos, const at::Tensor& sin);
 at::Tensor silu_and_mul(const at::Tensor& gate_up);
+
+// cache_write_cpu.cpp
+void reshape_and_cache(const at::Tensor& k, const at::Tensor& v, at::Tensor k_cache, at::Tensor v_cache,
+                       const at::Tensor& slot_mapping);

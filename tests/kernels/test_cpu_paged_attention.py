@@ -122,3 +122,33 @@ def test_threads_share_a_batch_of_uneven_contexts(built, paged_batch) -> None:
     finally:
         torch.set_num_threads(threads)
     torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("slot_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize(("dtype", "block_size", "num_kv_heads", "head_dim"),
+                         [(torch.float32, 16, 2, 64), (torch.float16, 32, 3, 24)])
+def test_cache_write_matches_the_reference(built, dtype, block_size, num_kv_heads, head_dim,
+                                           slot_dtype) -> None:
+    gen = torch.Generator().manual_seed(0)
+    k_cache = torch.randn(4, block_size, num_kv_heads, head_dim, generator=gen).to(dtype)
+    v_cache = torch.randn(4, block_size, num_kv_heads, head_dim, generator=gen).to(dtype)
+    # k and v as views of one fused projection [T, (k|v) * Hkv * D], as the model hands them over.
+    kv = torch.randn(6, 2, num_kv_heads, head_dim, generator=gen).to(dtype)
+    k, v = kv[:, 0], kv[:, 1]
+    slots = [block_size * 3 + 5, -1, 0, block_size * 2 - 1, -5, block_size + 2]
+    slots = torch.tensor(slots, dtype=slot_dtype)
+    expected_k, expected_v = k_cache.clone(), v_cache.clone()
+    kernels.reshape_and_cache(k, v, expected_k, expected_v, slots, backend="torch")
+    kernels.reshape_and_cache(k, v, k_cache, v_cache, slots, backend="cpu")
+    assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v)
+    assert torch.equal(k_cache[3, 5], k[0]) and torch.equal(v_cache[1, block_size - 1], v[3])
+
+
+def test_cache_write_takes_any_layout_and_refuses_slots_beyond_the_cache(built) -> None:
+    k_cache, v_cache = torch.zeros(2, 16, 2, 16), torch.zeros(2, 16, 2, 16)
+    k = torch.randn(2, 16, 2).transpose(1, 2)  # heads of a token not contiguous: the reference's path
+    kernels.reshape_and_cache(k, k, k_cache, v_cache, torch.tensor([17, 3]), backend="cpu")
+    assert torch.equal(k_cache[1, 1], k[0]) and torch.equal(v_cache[0, 3], k[1])
+    with pytest.raises(ValueError, match=r"slot_mapping\[1\] = 32 is outside the cache's 32 slots"):
+        kernels.reshape_and_cache(torch.ones(2, 2, 16), torch.ones(2, 2, 16), k_cache, v_cache,
+                                  torch.tensor([0, 32]), backend="cpu")
