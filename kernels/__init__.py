@@ -79,6 +79,9 @@ def resolve_backend(backend: str | None, device: torch.device) -> str:
         return "cpu" if device.type == "cpu" and cpu_kernels().module is not None else "torch"
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS} or None, got {backend!r}")
+    if backend == "cpu" and device.type != "cpu":
+        raise ValueError(f"attention backend 'cpu' runs on CPU tensors; the device is {device}: use 'auto', "
+                         "'triton' or 'torch'")
     if backend == "cpu" and cpu_kernels().module is None:
         raise RuntimeError(f"attention backend 'cpu': the C++ CPU kernels could not be built here "
                            f"({cpu_kernels().detail}); use 'torch' or 'auto'")

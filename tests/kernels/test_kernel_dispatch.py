@@ -61,3 +61,8 @@ def test_importing_kernels_does_not_import_triton() -> None:
     # CPU-only installs may lack triton: only a dispatch to the Triton backend may import it.
     code = "import sys, kernels; kernels.paged_attention_ref; assert 'triton' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(kernels.__file__).parent.parent)
+
+
+def test_forcing_the_cpu_backend_on_a_gpu_is_refused_at_resolution() -> None:
+    with pytest.raises(ValueError, match="attention backend 'cpu' runs on CPU tensors; the device is cuda"):
+        kernels.resolve_backend("cpu", torch.device("cuda"))
