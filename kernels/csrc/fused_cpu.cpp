@@ -38,6 +38,12 @@ void rms_norm_rows(const scalar_t* x, int64_t x_stride, const scalar_t* weight, 
   });
 }
 
+// x rounded to scalar_t and back: where eager PyTorch stores an intermediate in the tensors' dtype.
+template <typename scalar_t>
+inline float rounded(float x) {
+  return static_cast<float>(static_cast<scalar_t>(x));
+}
+
 // x [T, H, D] in place: x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x[D/2:], x[:D/2]).
 template <typename scalar_t>
 void rotate_rows(scalar_t* x, int64_t token_stride, int64_t head_stride, int64_t heads, const scalar_t* cos,
@@ -52,9 +58,11 @@ void rotate_rows(scalar_t* x, int64_t token_stride, int64_t head_stride, int64_t
 #pragma omp simd
         for (int64_t i = 0; i < half; ++i) {
           const float lo = static_cast<float>(v[i]), hi = static_cast<float>(v[i + half]);
-          v[i] = static_cast<scalar_t>(lo * static_cast<float>(c[i]) - hi * static_cast<float>(s[i]));
-          v[i + half] = static_cast<scalar_t>(hi * static_cast<float>(c[i + half]) +
-                                              lo * static_cast<float>(s[i + half]));
+          // Each product rounded to the dtype before the sum, as eager's x * cos + rotate_half(x) * sin.
+          v[i] = static_cast<scalar_t>(rounded<scalar_t>(lo * static_cast<float>(c[i])) -
+                                       rounded<scalar_t>(hi * static_cast<float>(s[i])));
+          v[i + half] = static_cast<scalar_t>(rounded<scalar_t>(hi * static_cast<float>(c[i + half])) +
+                                              rounded<scalar_t>(lo * static_cast<float>(s[i + half])));
         }
       }
     }

@@ -53,6 +53,8 @@ def test_rotation_in_place_matches_eager_on_views_of_a_projection(built, dtype) 
     assert got_q.data_ptr() == q.data_ptr() and got_k.data_ptr() == k.data_ptr()  # in place
     close(got_q, expected_q)
     close(got_k, expected_k)
+    if dtype != torch.float32:  # each product rounded to the dtype where eager rounds it: the same bits
+        assert torch.equal(got_q, expected_q) and torch.equal(got_k, expected_k)
     assert torch.equal(qkv[:, (q_heads + kv_heads) * dim :], v_before)  # v untouched
 
 
