@@ -7,19 +7,10 @@ import torch
 import torch.nn.functional as F
 
 from engine.models.llama import MLP, LlamaSettings, RMSNorm, apply_rotation
-from kernels.cpu_extension import CpuKernels, cpu_kernels
 from kernels.cpu_fused import rms_norm_cpu, rotate_half_cpu_, silu_and_mul_cpu
 
 # fp32: a few ulps (one pass rounds once where eager rounds per op); half precision: one unit of the dtype.
 TOLERANCES = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (2e-2, 2e-2)}
-
-
-@pytest.fixture(scope="module")
-def built() -> CpuKernels:
-    built = cpu_kernels()
-    if built.module is None:
-        pytest.skip(f"the C++ CPU kernels cannot be built here: {built.detail}")
-    return built
 
 
 def close(got: torch.Tensor, expected: torch.Tensor) -> None:

@@ -11,17 +11,7 @@ import pytest
 import torch
 
 import kernels
-from kernels.cpu_extension import CpuKernels, cpu_kernels
 from kernels.cpu_paged_attention import CpuAttentionPlan
-
-
-@pytest.fixture(scope="module")
-def built() -> CpuKernels:
-    built = cpu_kernels()
-    if built.module is None:
-        pytest.skip(f"the C++ CPU kernels cannot be built here: {built.detail}")
-    return built
-
 
 STEPS = {
     "decodes only": ([1, 1, 1, 1], [5, 40, 17, 300]),
