@@ -2,10 +2,10 @@
 
 `csrc/paged_decode_cpu.cpp` (decode attention straight from the paged cache), `csrc/cache_write_cpu.cpp`
 (a step's K/V rows into their slots) and `csrc/fused_cpu.cpp` (RMSNorm, rotate-half RoPE, SwiGLU in one pass
-each) make one extension. It is compiled on first use with
-torch's C++ extension builder (the system's C++ compiler and ninja), for the instruction set torch detected
-on this CPU, and cached by torch under its extensions directory; a later process loads it in milliseconds.
-`cpu_kernels()` says whether it could be built, and why not.
+each) make one extension (`csrc/bindings_cpu.cpp` binds them). It is compiled on first use with torch's C++
+extension builder (the system's C++ compiler and ninja), for the instruction set torch detected on this CPU,
+and cached by torch under its extensions directory; a later process loads it in milliseconds. `cpu_kernels()`
+says whether it could be built, and why not.
 """
 
 from __future__ import annotations
