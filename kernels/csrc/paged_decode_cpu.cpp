@@ -223,9 +223,9 @@ void check_blocks(const at::Tensor& block_tables, const at::Tensor& seq_lens, co
 }
 
 // Sequence ids, longest context first. The threads take them in this order, each its next as it finishes
-// one, so no thread is left with the long documents while another idles: a static split of the batch in
-// order measured 1.4x where 2 threads could give 2x (a step's sequences come in admission order, documents
-// together).
+// one, so no thread is left with the long documents while another idles (a step's sequences come in
+// admission order, documents together). Two threads over one, decode attention over a whole bench run: a
+// static split of the batch 1.4x, this 1.85x.
 std::vector<int64_t> longest_first(const int32_t* lens, int64_t num_seqs) {
   std::vector<int64_t> order(num_seqs);
   std::iota(order.begin(), order.end(), 0);
