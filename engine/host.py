@@ -74,10 +74,12 @@ class EngineHost:
         params: SamplingParams,
         request_class: str | None = None,
         on_update: OnUpdate | None = None,
+        *,
+        cache_salt: str | None = None,
     ) -> Future[RequestOutput]:
         """Raises ValueError here, in the caller, for invalid input; the future resolves when it finishes.
         `request_class` None: the engine's default class (its first configured one)."""
-        seq = self.engine.make_sequence(request_id, prompt, params, request_class)
+        seq = self.engine.make_sequence(request_id, prompt, params, request_class, cache_salt=cache_salt)
         future: Future[RequestOutput] = Future()
         future.set_running_or_notify_cancel()  # cancel through cancel(), which also frees the KV blocks
         with self._cond:
@@ -97,8 +99,12 @@ class EngineHost:
         params: SamplingParams,
         request_class: str | None = None,
         on_update: OnUpdate | None = None,
+        *,
+        cache_salt: str | None = None,
     ) -> RequestOutput:
-        return await asyncio.wrap_future(self.submit(request_id, prompt, params, request_class, on_update))
+        return await asyncio.wrap_future(
+            self.submit(request_id, prompt, params, request_class, on_update, cache_salt=cache_salt)
+        )
 
     def cancel(self, request_id: str) -> bool:
         """Aborts within a step and frees its KV blocks; the future resolves with finish_reason "abort"."""

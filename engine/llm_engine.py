@@ -95,9 +95,11 @@ class LLMEngine:
         prompt: str | list[int],
         params: SamplingParams | None = None,
         request_class: str | None = None,
+        *,
+        cache_salt: str | None = None,
     ) -> None:
         """Validates everything first (ValueError naming the field), so a bad request disturbs nothing."""
-        self.enqueue(self.make_sequence(request_id, prompt, params, request_class))
+        self.enqueue(self.make_sequence(request_id, prompt, params, request_class, cache_salt=cache_salt))
 
     def make_sequence(
         self,
@@ -105,6 +107,8 @@ class LLMEngine:
         prompt: str | list[int],
         params: SamplingParams | None = None,
         request_class: str | None = None,
+        *,
+        cache_salt: str | None = None,
     ) -> Sequence:
         """Validates a request and builds its Sequence without touching engine state (thread-safe).
 
@@ -113,6 +117,8 @@ class LLMEngine:
         """
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
+        if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
+            raise ValueError(f"cache_salt must be a non-empty string or None, got {cache_salt!r}")
         params = params if params is not None else SamplingParams()
         params.validate()
         self._check_vocab_bounds(params)
@@ -131,6 +137,7 @@ class LLMEngine:
             metrics=RequestMetrics(arrival_time=time.time()),
             generator=self.sampler.make_generator(params.seed) if params.seed is not None else None,
             prompt=prompt if isinstance(prompt, str) else None,
+            cache_salt=cache_salt,
             detokenizer=IncrementalDetokenizer(self.tokenizer),
             logprobs=[] if params.logprobs is not None else None,
             matcher=matcher,
