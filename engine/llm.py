@@ -30,14 +30,18 @@ class LLM:
         sampling_params: SamplingParams | list[SamplingParams] | None = None,
         *,
         request_class: str | None = None,
+        cache_salt: str | None = None,
         use_tqdm: bool = False,
     ) -> list[RequestOutput]:
-        """Runs every prompt to completion; outputs come back in input order."""
+        """Runs every prompt to completion; outputs come back in input order.
+
+        cache_salt: these prompts reuse prefix-cache blocks only of earlier requests under the same salt.
+        """
         prompts = _as_prompt_list(prompts)
         params = _as_params_list(sampling_params, len(prompts))
         # Validate every request before queueing any, so a bad one leaves nothing half-submitted.
         seqs = [
-            self.engine.make_sequence(f"llm-{next(self._ids)}", p, sp, request_class)
+            self.engine.make_sequence(f"llm-{next(self._ids)}", p, sp, request_class, cache_salt=cache_salt)
             for p, sp in zip(prompts, params, strict=True)
         ]
         for seq in seqs:

@@ -1,15 +1,20 @@
 """The prefix cache: full KV blocks found by the hash of the whole prefix they end, and the least-recently
 used order in which the cached blocks that no sequence holds are evicted.
 
-A block's hash chains its parent's: sha256(parent hash + the block's token ids as int64), the first block's
-parent being empty. Equal hashes therefore mean equal whole prefixes, positions included (the chain fixes
-where a block sits). NOTE: a hit is trusted without comparing token ids (they are not kept): sha256 is a
-256-bit cryptographic hash, so the chance that two different prefixes collide is negligible (about
-n^2 / 2^257 for n cached blocks), far below the chance of a hardware fault.
+A block's hash chains its parent's: sha256(parent hash + the block's token ids as int64). The first block's
+parent is the sequence's root: empty (ROOT_HASH) for an unsalted request, else a hash of its cache salt
+(`salt_root`). Equal hashes therefore mean equal whole prefixes under equal salts, positions included (the
+chain fixes where a block sits). NOTE: a hit is trusted without comparing token ids (they are not kept):
+sha256 is a 256-bit cryptographic hash, so the chance that two different prefixes collide is negligible
+(about n^2 / 2^257 for n cached blocks), far below the chance of a hardware fault.
+
+The salt partitions the cache (as vLLM's `cache_salt`): requests under different salts never share a block,
+so a hit, its `cached_tokens` count and its shorter time to first token say nothing about what a request
+under another salt asked. The service salts every job with its tenant's cache namespace.
 
 A block's K/V depend on the tokens up to its end and on the model, its weights and dtype. The cache lives and
 dies with one engine (one model, one dtype), and nothing else changes K/V today: no LoRA adapters, no
-multimodal inputs, no per-tenant cache salt. Any of those, once added, must be hashed in with the tokens.
+multimodal inputs. Any of those, once added, must be hashed in with the tokens (as the salt is).
 """
 
 from __future__ import annotations
@@ -20,12 +25,23 @@ from collections import OrderedDict
 
 from engine.sequence import Sequence
 
-ROOT_HASH = b""  # the parent of every sequence's first block
+ROOT_HASH = b""  # the parent of an unsalted sequence's first block
 
 
 def hash_block(parent: bytes, token_ids: list[int]) -> bytes:
     """The 32-byte hash of a full block: its parent's hash chained with its token ids."""
     return hashlib.sha256(parent + array("q", token_ids).tobytes()).digest()
+
+
+def salt_root(cache_salt: str | None) -> bytes:
+    """The parent of a sequence's first block: ROOT_HASH when unsalted, else 32 bytes derived from the salt.
+
+    NOTE: blake2b with its own personalisation, not sha256: no block's hash input (a 0- or 32-byte parent and
+    int64 token ids) can then produce a salt's root, so a salted chain never continues an unsalted one.
+    """
+    if cache_salt is None:
+        return ROOT_HASH
+    return hashlib.blake2b(cache_salt.encode(), digest_size=32, person=b"conveyor-salt").digest()
 
 
 def block_hashes(seq: Sequence, block_size: int, num_blocks: int) -> list[bytes]:
@@ -36,7 +52,7 @@ def block_hashes(seq: Sequence, block_size: int, num_blocks: int) -> list[bytes]
     assert num_blocks * block_size <= seq.num_tokens, (seq.request_id, num_blocks, seq.num_tokens)
     hashes = seq.block_hashes
     for i in range(len(hashes), num_blocks):
-        parent = hashes[i - 1] if i else ROOT_HASH
+        parent = hashes[i - 1] if i else salt_root(seq.cache_salt)
         hashes.append(hash_block(parent, seq.token_slice(i * block_size, (i + 1) * block_size)))
     return hashes
 

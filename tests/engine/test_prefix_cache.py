@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from engine.block_manager import BlockManager
 from engine.outputs import RequestMetrics
-from engine.prefix_cache import ROOT_HASH, block_hashes, hash_block
+from engine.prefix_cache import ROOT_HASH, block_hashes, hash_block, salt_root
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 
 BS = 4
 
 
-def make_seq(request_id: str, tokens: list[int]) -> Sequence:
+def make_seq(request_id: str, tokens: list[int], cache_salt: str | None = None) -> Sequence:
     return Sequence(
         request_id=request_id,
         prompt_token_ids=list(tokens),
@@ -20,6 +20,7 @@ def make_seq(request_id: str, tokens: list[int]) -> Sequence:
         priority=0,
         arrival_order=0,
         metrics=RequestMetrics(arrival_time=0.0),
+        cache_salt=cache_salt,
     )
 
 
@@ -39,6 +40,45 @@ def test_the_hash_chains_the_whole_prefix() -> None:
     assert hash_block(a, [5, 6, 7, 8]) != hash_block(b, [5, 6, 7, 8]), "same block, different prefix"
     seq = make_seq("s", [1, 2, 3, 4, 5, 6, 7, 8, 9])
     assert block_hashes(seq, BS, 2) == [a, hash_block(a, [5, 6, 7, 8])]
+
+
+def test_a_salt_seeds_the_chain_in_place_of_the_empty_root() -> None:
+    root = salt_root("tenant:a")
+    assert salt_root(None) == ROOT_HASH
+    assert len(root) == 32 and root not in (salt_root("tenant:b"), hash_block(ROOT_HASH, [1, 2, 3, 4]))
+    seq = make_seq("s", [1, 2, 3, 4, 5, 6, 7, 8, 9], cache_salt="tenant:a")
+    first = hash_block(root, [1, 2, 3, 4])
+    assert block_hashes(seq, BS, 2) == [first, hash_block(first, [5, 6, 7, 8])]
+
+
+def test_equal_prompts_under_different_salts_share_no_block() -> None:
+    bm = BlockManager(num_blocks=12, block_size=BS, enable_prefix_caching=True)
+    tokens = list(range(10, 19))  # two full blocks + 1
+    a = make_seq("a", tokens, cache_salt="tenant:a")
+    assert admit(bm, a) == []
+    assert a.block_table == [0, 1, 2]
+    b = make_seq("b", tokens, cache_salt="tenant:b")
+    assert admit(bm, b) == [], "another salt's blocks are not hits"
+    assert b.block_table == [3, 4, 5]
+    unsalted = make_seq("u", tokens)
+    assert admit(bm, unsalted) == [], "an unsalted request does not see salted blocks"
+    assert unsalted.block_table == [6, 7, 8]
+    assert bm.cached_prefix(make_seq("a2", [*tokens, 1], cache_salt="tenant:a")) == [0, 1]
+    assert bm.cached_prefix(make_seq("b2", [*tokens, 1], cache_salt="tenant:b")) == [3, 4]
+    assert bm.cached_prefix(make_seq("u2", [*tokens, 1])) == [6, 7]
+    assert bm.cached_prefix(make_seq("c", [*tokens, 1], cache_salt="tenant:c")) == []
+
+
+def test_a_salted_requests_blocks_stay_cached_for_its_salt_after_free() -> None:
+    bm = BlockManager(num_blocks=6, block_size=BS, enable_prefix_caching=True)
+    a = make_seq("a", list(range(10, 19)), cache_salt="namespace:shared")
+    admit(bm, a)
+    bm.free(a)
+    assert bm.evictable_block_ids() == [1, 0]
+    assert bm.cached_prefix(make_seq("other", list(range(10, 19)), cache_salt="tenant:x")) == []
+    again = make_seq("again", [*range(10, 18), 42], cache_salt="namespace:shared")
+    assert admit(bm, again) == [0, 1]
+    assert again.block_table == [0, 1, 3]
 
 
 def test_a_shared_prefix_is_computed_once_and_the_partial_last_block_is_private() -> None:

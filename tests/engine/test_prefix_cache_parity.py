@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM
 from engine.config import EngineConfig
 from engine.llm import LLM
 from engine.llm_engine import LLMEngine
+from engine.sampling_params import SamplingParams
 
 Request = tuple[str, list[int], int]  # id, prompt, max_tokens
 
@@ -84,6 +85,18 @@ def test_prefix_caching_on_equals_off_equals_transformers(
     if setting == "tiny cache":
         assert engine.stats()["preemptions_total"] > 0
         assert stats["evictions_total"] > 0
+
+
+def test_llm_generate_reuses_cached_blocks_only_under_the_same_salt(llama_dir: Path) -> None:
+    llm = LLM(str(llama_dir), num_kv_blocks=64, block_size=16)
+    prompt = list(range(5, 45))  # two full blocks + 8 tokens
+    greedy = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    first = llm.generate([prompt], greedy, cache_salt="tenant:b")[0]
+    assert first.num_cached_tokens == 0
+    assert llm.generate([prompt], greedy, cache_salt="tenant:a")[0].num_cached_tokens == 0
+    assert llm.generate([prompt], greedy)[0].num_cached_tokens == 0, "unsalted is its own partition"
+    again = llm.generate([prompt], greedy, cache_salt="tenant:b")[0]
+    assert again.num_cached_tokens == 32 and again.token_ids == first.token_ids
 
 
 def test_llm_takes_the_switch_and_the_config_refuses_a_non_boolean(llama_dir: Path) -> None:

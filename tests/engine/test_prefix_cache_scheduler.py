@@ -124,6 +124,33 @@ def test_requests_that_share_a_prefix_in_one_step_compute_it_once(tokenizer) -> 
     }
 
 
+def test_a_salt_keeps_a_prompt_from_hitting_another_salts_blocks(tokenizer) -> None:
+    engine = make_engine(tokenizer)
+    prompt = tokens(40, 8)  # two full blocks + 8 tokens
+    engine.add_request("b", prompt, greedy(2), cache_salt="tenant:b")
+    drain(engine)
+    engine.add_request("a", prompt, greedy(2), cache_salt="tenant:a")
+    engine.add_request("b-again", prompt, greedy(2), cache_salt="tenant:b")
+    outs = {o.request_id: o for o in engine.step()}
+    assert outs["a"].num_cached_tokens == 0 and outs["b-again"].num_cached_tokens == 32
+    assert chunk_shapes(engine) == [(40, 0), (8, 32)], "a computes everything, in the same step as b-again"
+    assert drain(engine) == {"a": reference(prompt, 2, VOCAB), "b-again": reference(prompt, 2, VOCAB)}
+
+
+def test_same_step_requests_under_different_salts_do_not_wait_for_each_other(tokenizer) -> None:
+    engine = make_engine(tokenizer)
+    prompt = tokens(40, 9)
+    engine.add_request("a", prompt, greedy(2), cache_salt="tenant:a")
+    engine.add_request("b", prompt, greedy(2), cache_salt="tenant:b")
+    engine.add_request("a-again", prompt, greedy(3), cache_salt="tenant:a")
+    engine.step()
+    assert chunk_shapes(engine) == [(40, 0), (40, 0)], "b is not a's prefix: it runs; a-again waits for a"
+    outs = {o.request_id: o for o in engine.step()}
+    assert chunk_shapes(engine)[-1] == (8, 32), "a-again takes a's two full blocks"
+    assert outs["a-again"].num_cached_tokens == 32
+    assert drain(engine) == {"a-again": reference(prompt, 3, VOCAB)}
+
+
 def test_a_preempted_request_gets_its_cached_blocks_back(tokenizer) -> None:
     # 4 blocks of 8 tokens: a and b each start with 2; when a grows, b (latest) is preempted.
     engine = make_engine(tokenizer, num_kv_blocks=4, block_size=8, max_model_len=32)
