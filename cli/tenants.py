@@ -2,6 +2,8 @@
 
 A tenant's value of a limit overrides the setting of the same name (`tenant_weight`, `tenant_max_queued`,
 `tenant_max_running`, `tenant_tokens_per_minute`, `retention_days`); `--reset NAME` gives the setting back.
+`--cache-namespace NAME` puts the tenant's jobs in a prefix-cache partition shared with the other tenants
+given NAME (by default a tenant's is its own); `--reset cache_namespace` makes it its own again.
 The API and the workers read the store on every submit and claim, so a change applies at once.
 """
 
@@ -18,7 +20,7 @@ from cli.errors import remember_settings
 from core.settings import Settings, load_settings
 
 tenants_app = typer.Typer(no_args_is_help=True,
-                          help="Per-tenant limits: fair-share weight, quotas, retention.")
+                          help="Per-tenant limits: fair-share weight, quotas, retention, cache namespace.")
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="TOML settings (or CONVEYOR_CONFIG_FILE)")]
 TenantArg = Annotated[str, typer.Argument(help="tenant id (created if new)")]
@@ -32,6 +34,8 @@ def tenants_set(
     max_running: Annotated[int | None, typer.Option(help="running jobs per queue, across workers")] = None,
     tokens_per_minute: Annotated[int | None, typer.Option(help="prompt + output tokens a minute")] = None,
     retention_days: Annotated[int | None, typer.Option(help="finished data is purged after this")] = None,
+    cache_namespace: Annotated[str | None, typer.Option(
+        help="share cached prompt prefixes with the tenants given the same name (default: its own)")] = None,
     reset: Annotated[list[str] | None, typer.Option(
         help="a limit to give back to the setting's default (repeatable), e.g. --reset max_running")] = None,
     config: ConfigOpt = None,
@@ -41,7 +45,8 @@ def tenants_set(
     from core.store import tenants
 
     given = dict(weight=weight, max_queued=max_queued, max_running=max_running,
-                 tokens_per_minute=tokens_per_minute, retention_days=retention_days)
+                 tokens_per_minute=tokens_per_minute, retention_days=retention_days,
+                 cache_namespace=cache_namespace)
     changes: dict[str, Any] = {name: value for name, value in given.items() if value is not None}
     for name in reset or []:
         field = name.replace("-", "_")
@@ -50,7 +55,7 @@ def tenants_set(
         changes[field] = None
     if not changes:
         _fail("nothing to set: give at least one of --weight, --max-queued, --max-running, "
-              "--tokens-per-minute, --retention-days or --reset")
+              "--tokens-per-minute, --retention-days, --cache-namespace or --reset")
     settings = _settings(config)
     with _session(settings) as session:
         try:
@@ -82,13 +87,13 @@ def tenants_list(config: ConfigOpt = None) -> None:
     from core.store import tenants
 
     settings = _settings(config)
-    table = Table("tenant", *tenants.LIMIT_FIELDS)
+    table = Table("tenant", *tenants.LIMIT_FIELDS, "cache_namespace")
     with _session(settings) as session:
         for row in tenants.list_tenants(session):
             own = tenants.overrides_of(row)
             effective = _effective(row, settings)
             table.add_row(row.id, *(_cell(effective[name], own[name] is not None)
-                                    for name in tenants.LIMIT_FIELDS))
+                                    for name in tenants.LIMIT_FIELDS), _cell(row.cache_namespace, False))
     Console(width=120).print(table)
 
 
@@ -99,9 +104,10 @@ def _describe(row: Any, settings: Settings) -> dict[str, Any]:
 
 
 def _effective(row: Any, settings: Settings) -> dict[str, Any]:
-    from core.store.tenants import TenantLimits
+    from core.store.tenants import TenantLimits, cache_salt
 
-    return asdict(TenantLimits.defaults(settings).with_overrides(row))
+    limits = asdict(TenantLimits.defaults(settings).with_overrides(row))
+    return {**limits, "cache_salt": cache_salt(row.id, row.cache_namespace)}
 
 
 def _cell(value: Any, own: bool) -> str:

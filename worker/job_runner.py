@@ -42,7 +42,7 @@ from core.clock import utcnow
 from core.dispatch import Publish, publish_and_mark
 from core.finished_jobs import FinishedSink
 from core.lifecycle import CANCELLED, RUNNING
-from core.store import fair_share, jobs
+from core.store import fair_share, jobs, tenants
 from core.store.fair_share import FairState
 from core.store.tables import Job
 from core.store.tenants import TenantLimits
@@ -82,6 +82,7 @@ class RunningJob:
     first_token_seen: bool = False
     engine_input: tuple[str | list[int], SamplingParams] | None = None  # what was submitted, for a retry
     retried: bool = False  # a transient engine error (out of memory) already had its one retry
+    cache_salt: str | None = None  # its tenant's prefix-cache partition (core/store/tenants.py cache_salt)
 
 
 @dataclass(frozen=True)
@@ -156,6 +157,7 @@ class JobRunner:
             raise RunnerStoppedError("the runner is shutting down")
         with self._sessions() as session:
             claimed = jobs.claim_many(session, [job_id for job_id, _ in requests], self.worker_id, utcnow())
+            salts = tenants.cache_salts(session, [job.tenant_id for job in claimed])
         unstarted = {job.id: job for job in claimed}
         to_start, started = [], []
         for job_id, on_done in requests:
@@ -165,7 +167,7 @@ class JobRunner:
             else:
                 to_start.append((job, on_done))
             started.append(job is not None)
-        self._start_all(to_start)
+        self._start_all(to_start, salts)
         return started
 
     def run_next(self, queue: str, on_dones: list[OnDone]) -> int:
@@ -181,20 +183,22 @@ class JobRunner:
         with self._sessions() as session:
             claimed = fair_share.claim_fair(session, queue, len(on_dones), self.worker_id, utcnow,
                                             self._tenant_defaults, state)
-        self._start_all(list(zip(claimed, on_dones, strict=False)))
+            salts = tenants.cache_salts(session, [job.tenant_id for job in claimed])
+        self._start_all(list(zip(claimed, on_dones, strict=False)), salts)
         return len(claimed)
 
-    def _start_all(self, claimed: list[tuple[Job, OnDone]]) -> None:
+    def _start_all(self, claimed: list[tuple[Job, OnDone]], salts: dict[str, str]) -> None:
         """Holds every claimed attempt first, then submits them one by one: a submit may take a while (a new
         schema compiles in this thread), and the reconciler requeues a claim its worker does not hold once
-        it is older than dispatch_grace_s."""
-        handles = [self._hold(job, on_done) for job, on_done in claimed]
+        it is older than dispatch_grace_s. `salts`: each tenant's prefix-cache salt, read with the claim."""
+        handles = [self._hold(job, on_done, salts[job.tenant_id]) for job, on_done in claimed]
         for (job, _), handle in zip(claimed, handles, strict=True):
             self._submit(job, handle)
 
-    def _hold(self, job: Job, on_done: OnDone) -> RunningJob:
+    def _hold(self, job: Job, on_done: OnDone, cache_salt: str) -> RunningJob:
         handle = RunningJob(job.id, job.attempts, job.queue, f"{job.id}#{job.attempts}", job.timeout_s,
-                            time.monotonic(), on_done, logprobs=(job.params or {}).get("logprobs"))
+                            time.monotonic(), on_done, logprobs=(job.params or {}).get("logprobs"),
+                            cache_salt=cache_salt)
         with self._lock:
             self._running[handle.request_id] = handle
         return handle
@@ -204,7 +208,8 @@ class JobRunner:
             prompt, params = self._engine_input(job)
             handle.engine_input = (prompt, params)
             future = self.host.submit(handle.request_id, prompt, params, job.queue,
-                                      on_update=lambda out: self._on_update(handle, out))
+                                      on_update=lambda out: self._on_update(handle, out),
+                                      cache_salt=handle.cache_salt)
         except ValueError as exc:
             self._inbox.put(_Ended(handle, failure=(INVALID_REQUEST, str(exc))))
             return
@@ -236,7 +241,8 @@ class JobRunner:
             self._running[retry_id] = handle
         try:
             retry = self.host.submit(retry_id, *handle.engine_input, handle.queue,
-                                     on_update=lambda out: self._on_update(handle, out))
+                                     on_update=lambda out: self._on_update(handle, out),
+                                     cache_salt=handle.cache_salt)
         except Exception:
             log.exception("job %s: the retry was refused", handle.job_id)
             return False

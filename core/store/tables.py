@@ -69,6 +69,9 @@ class Tenant(Base):
     max_running: Mapped[int | None] = mapped_column(Integer, nullable=True)  # running jobs, per queue
     tokens_per_minute: Mapped[int | None] = mapped_column(Integer, nullable=True)  # prompt + output
     retention_days: Mapped[int | None] = mapped_column(Integer, nullable=True)  # finished data kept
+    # The prefix cache's partition its jobs use (core/store/tenants.py cache_salt); NULL: its own, shared
+    # with no other tenant. Tenants given the same name see each other's cached prefixes.
+    cache_namespace: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class ApiKey(Base):

@@ -25,7 +25,8 @@ def test_set_show_reset_and_list(service: Service, monkeypatch: pytest.MonkeyPat
     assert done.exit_code == 0, done.output
     shown = json.loads(done.output)
     assert shown["overrides"] == {"weight": 2.5, "max_queued": 1, "max_running": None,
-                                  "tokens_per_minute": 5000, "retention_days": None}
+                                  "tokens_per_minute": 5000, "retention_days": None, "cache_namespace": None}
+    assert shown["effective"]["cache_salt"] == "tenant:alice"
     assert shown["effective"]["max_running"] == 4  # the setting, as no override is set
     assert alice.post("/v1/jobs", json={"prompt": "x"}).status_code == 202
     assert alice.post("/v1/jobs", json={"prompt": "x"}).status_code == 429  # its max_queued, at once
@@ -38,6 +39,24 @@ def test_set_show_reset_and_list(service: Service, monkeypatch: pytest.MonkeyPat
     assert show["effective"]["max_running"] == 1 and show["effective"]["weight"] == 2.5
     listed = runner.invoke(app, ["tenants", "list"])
     assert listed.exit_code == 0 and "alice" in listed.output and "2.5*" in listed.output
+
+
+def test_cache_namespace_is_set_shown_listed_and_reset(
+    service: Service, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("CONVEYOR_DATABASE_URL", service.settings.database_url)
+    done = runner.invoke(app, ["tenants", "set", "alice", "--cache-namespace", "acme"])
+    assert done.exit_code == 0, done.output
+    shown = json.loads(done.output)
+    assert shown["overrides"]["cache_namespace"] == "acme"
+    assert shown["effective"]["cache_salt"] == "namespace:acme"
+    listed = runner.invoke(app, ["tenants", "list"])
+    assert listed.exit_code == 0 and "acme" in listed.output, listed.output
+    reset = runner.invoke(app, ["tenants", "set", "alice", "--reset", "cache-namespace"])
+    assert reset.exit_code == 0, reset.output
+    assert json.loads(reset.output)["effective"]["cache_salt"] == "tenant:alice"
+    blank = runner.invoke(app, ["tenants", "set", "alice", "--cache-namespace", " acme"])
+    assert blank.exit_code == 2 and "cache_namespace" in blank.output
 
 
 def test_bad_values_and_unknown_tenants_are_refused(

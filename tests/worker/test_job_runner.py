@@ -18,7 +18,7 @@ from worker_support import LONG_JOB_TOKENS, add_job, get_job, wait_generating
 
 import worker.job_runner
 from core.clock import utcnow
-from core.store import jobs
+from core.store import jobs, keys, tenants
 from engine.config import EngineConfig, RequestClassConfig
 from engine.host import EngineHost
 from worker.job_runner import JobRunner
@@ -96,6 +96,31 @@ def test_a_job_whose_prompt_prefix_is_cached_stores_its_cached_tokens(
     assert first.cached_tokens == 0, "nothing shared this prefix before"
     assert second.prompt_tokens is not None and 16 <= second.cached_tokens < second.prompt_tokens
     assert second.cached_tokens % 16 == 0, "whole KV blocks of the shared prefix"
+
+
+def test_a_cached_prefix_is_shared_within_a_tenant_or_a_namespace_and_never_across(
+    runner: JobRunner, sessions: sessionmaker[Session]
+) -> None:
+    with sessions() as session:
+        for tenant_id in ("tenant-a", "tenant-b"):
+            keys.ensure_tenant(session, tenant_id, utcnow())
+        for tenant_id in ("team-1", "team-2"):
+            tenants.set_overrides(session, tenant_id, {"cache_namespace": "team"}, utcnow())
+        session.commit()
+    secret = " ".join(f"clause {i}: the merger closes on friday" for i in range(20))
+    order = ["tenant-b", "tenant-a", "tenant-b", "team-1", "team-2"]
+    ids = [add_job(sessions, secret, max_tokens=2, tenant_id=tenant_id) for tenant_id in order]
+    for job_id in ids[:4]:  # one after the other: each finds what the earlier ones cached
+        done = Done()
+        assert runner.run(job_id, done)
+        done.wait()
+    done = Done()
+    assert runner.run_next("interactive", [done]) == 1, "the fair claim salts its jobs too"
+    done.wait()
+    b, a, b_again, team_1, team_2 = (get_job(sessions, job_id).cached_tokens for job_id in ids)
+    assert (b, a, team_1) == (0, 0, 0), "another tenant's blocks are not hits, nor are unsalted ones"
+    assert b_again is not None and b_again >= 16, "a tenant still hits its own prefix"
+    assert team_2 == b_again, "tenants of one namespace hit each other's prefix"
 
 
 def test_a_duplicate_message_is_dropped_and_never_runs_twice(

@@ -109,3 +109,16 @@ def test_another_engine_error_is_not_retried(
     job = get_job(sessions, _run(runner, sessions, "The river is calm"))
     assert forward.raised == 1
     assert (job.status, job.error_code) == ("failed", "engine_error")
+
+
+def test_the_retry_keeps_the_tenants_cache_salt(
+    runner: JobRunner,
+    sessions: sessionmaker[Session],
+    forward: FlakyForward,
+) -> None:
+    prompt = " ".join(f"step {i} of the plan" for i in range(12))  # several KV blocks
+    forward.failures = 1
+    retried = get_job(sessions, _run(runner, sessions, prompt))
+    assert forward.raised == 1 and retried.status == "succeeded"
+    again = get_job(sessions, _run(runner, sessions, prompt))
+    assert again.cached_tokens is not None and again.cached_tokens >= 16, "the retry cached under the salt"

@@ -28,12 +28,13 @@ def add_job(
     messages: list[dict[str, str]] | None = None,
     timeout_s: float | None = None,
     ttl_s: float | None = None,
+    tenant_id: str = "default",
     **params: Any,
 ) -> str:
     """Inserts a queued job as the API would (without publishing it) and returns its id."""
     params = {"temperature": 0.0, **params}
     new = jobs.NewJob(
-        tenant_id="default", queue=queue, prompt=None if messages else prompt, messages=messages,
+        tenant_id=tenant_id, queue=queue, prompt=None if messages else prompt, messages=messages,
         params=params, meta=None, webhook=None, idempotency_key=None, request_hash="test", prompt_tokens=0,
         ttl_s=ttl_s, timeout_s=timeout_s,
     )
