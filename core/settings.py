@@ -101,6 +101,18 @@ class Settings(BaseSettings):
     enable_prefix_caching: bool | None = Field(
         None, description="reuse the KV cache of prompts' shared prefixes; None: the engine's default (on)"
     )
+    grammar_compile_timeout_s: float | None = Field(
+        None, gt=0, description="a new structured-output constraint that does not compile within this many "
+        "seconds fails its job (invalid_request); None: the engine's default (5 s)"
+    )
+    grammar_compile_memory_bytes: int | None = Field(
+        None, ge=2**20, description="memory one constraint's compile may take; None: the engine's default "
+        "(2 GiB)"
+    )
+    grammar_cache_bytes: int | None = Field(
+        None, ge=0, description="memory the compiled grammars kept for reuse may hold; None: the engine's "
+        "default (512 MiB)"
+    )
 
     # Queues
     queues: dict[str, QueueSettings] = Field(default_factory=default_queues)

@@ -51,6 +51,12 @@ class EngineConfig:
     # only this explicit count; callers that want a measured one use engine.cpu_threads.choose_cpu_threads
     # (the service and the bench do, on CPU, when no count is given).
     num_threads: int | None = None
+    # Structured outputs: a constraint not seen before is test-compiled in a child process killed after this
+    # long (or when it allocates more than grammar_compile_memory_bytes), so one costly schema fails alone
+    # instead of holding a core for minutes (engine/grammar_probe.py). None: compile with no limit, no child.
+    grammar_compile_timeout_s: float | None = 5.0
+    grammar_compile_memory_bytes: int = 2 * 2**30
+    grammar_cache_bytes: int = 512 * 2**20  # compiled grammars kept for reuse, by the memory they hold
 
     def __post_init__(self) -> None:
         self.request_classes = [
@@ -93,6 +99,12 @@ class EngineConfig:
             _require(self.max_model_len >= 1, "max_model_len", self.max_model_len, ">= 1")
         if self.num_threads is not None:
             _require(self.num_threads >= 1, "num_threads", self.num_threads, ">= 1")
+        if self.grammar_compile_timeout_s is not None:
+            _require(self.grammar_compile_timeout_s > 0, "grammar_compile_timeout_s",
+                     self.grammar_compile_timeout_s, "> 0 or None")
+        _require(self.grammar_compile_memory_bytes >= 2**20, "grammar_compile_memory_bytes",
+                 self.grammar_compile_memory_bytes, ">= 1 MiB")
+        _require(self.grammar_cache_bytes >= 0, "grammar_cache_bytes", self.grammar_cache_bytes, ">= 0")
         _require(self.dtype in DTYPES, "dtype", self.dtype, f"one of {DTYPES}")
         _require(
             isinstance(self.enable_prefix_caching, bool),

@@ -1,9 +1,12 @@
 """Compiles StructuredOutput constraints with xgrammar against the model's own tokenizer, and caches them.
 
-Runs in the caller's thread (LLMEngine.make_sequence, which EngineHost.submit calls in the submitting
-thread), so a slow schema never stalls the step loop. xgrammar's compiler is thread-safe; our cache in
-front of it is keyed by canonical JSON so equal schemas from a thousand batch lines compile once (xgrammar
-keys by the exact schema string).
+A constraint not seen before is first test-compiled in a child process under a hard time and memory limit
+(engine/grammar_probe.py), then compiled here; so a schema that would take minutes costs at most the
+deadline, and fails its request alone (GrammarLimitError). EngineHost calls `compile` on a thread of its own
+(engine/grammar_queue.py), never in the thread that submits or steps. The cache in front is keyed by
+canonical JSON, so equal schemas from a thousand batch lines compile once (xgrammar keys by the exact schema
+string); it is bounded by the bytes the compiled grammars hold, and it also remembers constraints that
+failed, so a refused schema sent again is refused at once.
 """
 
 from __future__ import annotations
@@ -14,56 +17,113 @@ from collections import OrderedDict
 
 import xgrammar as xgr
 
+from engine.grammar_probe import GrammarProbe
 from engine.structured_output import StructuredOutput
 
-MAX_CACHED_GRAMMARS = 256
+MAX_REFUSED = 1024  # refused constraints remembered (their messages only)
 
 
 class GrammarCompiler:
-    def __init__(self, hf_tokenizer: object, vocab_size: int, stop_token_ids: list[int]) -> None:
+    def __init__(
+        self, hf_tokenizer: object, vocab_size: int, stop_token_ids: list[int], *,
+        timeout_s: float | None = None, memory_bytes: int = 2**31, cache_bytes: int = 2**29,
+    ) -> None:
+        """timeout_s None: compile in the caller's thread with no limit (no child process)."""
         # vocab_size from the model config: the embedding (and the logits) may be wider than the tokenizer.
         info = xgr.TokenizerInfo.from_huggingface(
             hf_tokenizer, vocab_size=vocab_size, stop_token_ids=sorted(stop_token_ids)  # type: ignore[arg-type]
         )
-        self._compiler = xgr.GrammarCompiler(info, max_threads=1)
-        self._cache: OrderedDict[str, xgr.CompiledGrammar] = OrderedDict()
+        # xgrammar's own cache would keep every grammar beyond ours: off.
+        self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+        self._probe = GrammarProbe(info.serialize_json(), timeout_s, memory_bytes) if timeout_s else None
+        self.cache_bytes = cache_bytes
+        self._cache: OrderedDict[str, xgr.CompiledGrammar] = OrderedDict()  # least recently used first
+        self._cached_bytes = 0
+        self._refused: OrderedDict[str, ValueError] = OrderedDict()
         self._lock = threading.Lock()
         self.vocab_size = vocab_size
         self.num_compiles = 0  # cache misses, for tests and stats
 
-    def compile(self, structured: StructuredOutput) -> xgr.CompiledGrammar:
-        """The compiled grammar; ValueError naming the field if xgrammar rejects the constraint."""
+    @property
+    def num_cached_bytes(self) -> int:
+        return self._cached_bytes
+
+    def cached(self, structured: StructuredOutput) -> xgr.CompiledGrammar | None:
+        """The compiled grammar if it is cached (no compile); raises the earlier refusal if it was refused."""
         key = structured.cache_key
         with self._lock:
-            if key in self._cache:
+            refused = self._refused.get(key)
+            if refused is not None:
+                raise type(refused)(str(refused))
+            compiled = self._cache.get(key)
+            if compiled is not None:
                 self._cache.move_to_end(key)
-                return self._cache[key]
-        compiled = self._compile(structured)  # outside the lock: other callers' schemas need not wait
-        with self._lock:
-            self.num_compiles += 1
-            self._cache[key] = compiled
-            while len(self._cache) > MAX_CACHED_GRAMMARS:
-                self._cache.popitem(last=False)
+            return compiled
+
+    def compile(self, structured: StructuredOutput) -> xgr.CompiledGrammar:
+        """The compiled grammar; ValueError naming the field if xgrammar rejects the constraint,
+        GrammarLimitError if it does not compile within the limits."""
+        compiled = self.cached(structured)
+        if compiled is not None:
+            return compiled
+        try:
+            if self._probe is not None:
+                self._probe.check(structured)  # outside the lock: a slow probe holds up no cache hit
+            compiled = compile_structured(self._compiler, structured)
+        except ValueError as exc:
+            self._remember_refusal(structured.cache_key, exc)
+            raise
+        self._insert(structured.cache_key, compiled)
         return compiled
 
     def matcher(self, structured: StructuredOutput) -> xgr.GrammarMatcher:
-        """A fresh grammar state for one request."""
+        """A fresh grammar state for one request (compiling the constraint if need be)."""
         return xgr.GrammarMatcher(self.compile(structured))
 
-    def _compile(self, structured: StructuredOutput) -> xgr.CompiledGrammar:
-        kind = structured.kind
-        try:
-            if kind == "json_schema":
-                return self._compiler.compile_grammar(_json_schema_ebnf(structured.schema_dict()))
-            if kind == "json_object":  # an object, as OpenAI's json_object means (the builtin allows arrays)
-                return self._compiler.compile_grammar(_json_schema_ebnf({"type": "object"}))
-            if kind == "regex":
-                assert structured.regex is not None
-                return self._compiler.compile_regex(structured.regex)
-            assert structured.choice is not None
-            return self._compiler.compile_grammar(_choice_ebnf(structured.choice))
-        except (RuntimeError, ValueError) as exc:  # xgrammar raises RuntimeError for a bad grammar
-            raise ValueError(f"structured.{kind} cannot be compiled: {exc}") from exc
+    def close(self) -> None:
+        """Stops the probe process; compiles after this fail."""
+        if self._probe is not None:
+            self._probe.close()
+
+    def _insert(self, key: str, compiled: xgr.CompiledGrammar) -> None:
+        size = compiled.memory_size_bytes
+        with self._lock:
+            self.num_compiles += 1
+            if key in self._cache or size > self.cache_bytes:
+                return  # cached meanwhile by another caller, or too big to keep: used once, not kept
+            self._cache[key] = compiled
+            self._cached_bytes += size
+            while self._cached_bytes > self.cache_bytes:
+                _, evicted = self._cache.popitem(last=False)
+                self._cached_bytes -= evicted.memory_size_bytes
+
+    def _remember_refusal(self, key: str, error: ValueError) -> None:
+        with self._lock:
+            self._refused[key] = error
+            while len(self._refused) > MAX_REFUSED:
+                self._refused.popitem(last=False)
+
+
+def xgrammar_matcher(compiled: xgr.CompiledGrammar) -> xgr.GrammarMatcher:
+    """A fresh grammar state for one request."""
+    return xgr.GrammarMatcher(compiled)
+
+
+def compile_structured(compiler: xgr.GrammarCompiler, structured: StructuredOutput) -> xgr.CompiledGrammar:
+    """One constraint compiled by `compiler` (here, or in the probe process); ValueError naming the field."""
+    kind = structured.kind
+    try:
+        if kind == "json_schema":
+            return compiler.compile_grammar(_json_schema_ebnf(structured.schema_dict()))
+        if kind == "json_object":  # an object, as OpenAI's json_object means (the builtin allows arrays)
+            return compiler.compile_grammar(_json_schema_ebnf({"type": "object"}))
+        if kind == "regex":
+            assert structured.regex is not None
+            return compiler.compile_regex(structured.regex)
+        assert structured.choice is not None
+        return compiler.compile_grammar(_choice_ebnf(structured.choice))
+    except (RuntimeError, ValueError) as exc:  # xgrammar raises RuntimeError for a bad grammar
+        raise ValueError(f"structured.{kind} cannot be compiled: {exc}") from exc
 
 
 def _json_schema_ebnf(schema: dict[str, object]) -> str:

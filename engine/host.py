@@ -2,7 +2,10 @@
 
 Only the engine thread touches the engine's state. Callers validate and build their Sequence in their own
 thread (so bad input raises there, synchronously), then hand it over through a lock-protected inbox; the
-engine thread sleeps on a Condition when it has nothing to do.
+engine thread sleeps on a Condition when it has nothing to do. A constrained request whose grammar is not
+cached goes to the inbox only once a compile thread has compiled it (engine/grammar_queue.py): submit never
+compiles, so neither the caller nor the engine thread waits for a costly schema, and a constraint that
+cannot be compiled fails that request's future with a ValueError.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from engine.config import EngineConfig
+from engine.grammar_queue import GrammarQueue
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
@@ -26,6 +30,7 @@ log = logging.getLogger(__name__)
 OnUpdate = Callable[[RequestOutput], None]
 OnStepEnd = Callable[[], None]
 OnFinished = Callable[[str, RequestOutput], None]  # (request class, its final output)
+OnAdmitted = Callable[[], None]  # the request is in the engine's inbox (its grammar, if any, compiled)
 
 
 class EngineShutdownError(RuntimeError):
@@ -37,6 +42,7 @@ class _Pending:
     future: Future[RequestOutput]
     on_update: OnUpdate | None
     request_class: str
+    on_admitted: OnAdmitted | None = None
 
 
 class EngineHost:
@@ -46,6 +52,9 @@ class EngineHost:
         self._inbox: list[Sequence] = []  # submitted, not yet handed to the engine
         self._cancels: list[str] = []
         self._pending: dict[str, _Pending] = {}  # every request whose future is unresolved
+        self._compiling: set[str] = set()  # pending requests waiting for their grammar
+        self._cancelled_compiles: set[str] = set()  # of those, cancelled: aborted once compiled
+        self._grammars = GrammarQueue(self._compile_grammar)
         self._stopping = False
         self._stats = engine.stats()
         self._step_listeners: list[OnStepEnd] = []
@@ -76,10 +85,15 @@ class EngineHost:
         on_update: OnUpdate | None = None,
         *,
         cache_salt: str | None = None,
+        on_admitted: OnAdmitted | None = None,
     ) -> Future[RequestOutput]:
         """Raises ValueError here, in the caller, for invalid input; the future resolves when it finishes.
-        `request_class` None: the engine's default class (its first configured one)."""
-        seq = self.engine.make_sequence(request_id, prompt, params, request_class, cache_salt=cache_salt)
+        `request_class` None: the engine's default class (its first configured one). `on_admitted` is
+        called once the request is handed to the engine: before submit returns, or on the compile thread
+        once its grammar compiled (not if the compile fails: the future fails instead)."""
+        seq = self.engine.make_sequence(request_id, prompt, params, request_class, cache_salt=cache_salt,
+                                        attach_grammar=False)
+        ready = self.engine.attach_grammar(seq, compile=False)  # a cache hit, or a refusal, right here
         future: Future[RequestOutput] = Future()
         future.set_running_or_notify_cancel()  # cancel through cancel(), which also frees the KV blocks
         with self._cond:
@@ -87,9 +101,16 @@ class EngineHost:
                 raise RuntimeError("EngineHost is shut down")
             if request_id in self._pending:
                 raise ValueError(f"request_id {request_id!r} is already running or waiting")
-            self._pending[request_id] = _Pending(future, on_update, seq.request_class)
-            self._inbox.append(seq)
-            self._cond.notify()
+            self._pending[request_id] = _Pending(future, on_update, seq.request_class, on_admitted)
+            if ready:
+                self._inbox.append(seq)
+                self._cond.notify()
+            else:
+                self._compiling.add(request_id)
+        if not ready:
+            self._grammars.submit(seq, cache_salt, self._grammar_compiled)
+        elif on_admitted is not None:
+            on_admitted()
         return future
 
     async def generate(
@@ -111,6 +132,9 @@ class EngineHost:
         with self._cond:
             if request_id not in self._pending or self._stopping:
                 return False
+            if request_id in self._compiling:
+                self._cancelled_compiles.add(request_id)
+                return True
             self._cancels.append(request_id)
             self._cond.notify()
             return True
@@ -144,6 +168,35 @@ class EngineHost:
         if wait and threading.current_thread() is not self._thread:
             self._thread.join()
 
+    # --- compile thread ------------------------------------------------------------------------------
+
+    def _compile_grammar(self, seq: Sequence) -> None:
+        self.engine.attach_grammar(seq, compile=True)
+
+    def _grammar_compiled(self, seq: Sequence, error: Exception | None) -> None:
+        """Hands a compiled request to the engine, or fails it. A request cancelled meanwhile is handed over
+        with its cancel (aborted before any step), so its future resolves as every abort does."""
+        request_id = seq.request_id
+        with self._cond:
+            self._compiling.discard(request_id)
+            cancelled = request_id in self._cancelled_compiles
+            self._cancelled_compiles.discard(request_id)
+            pending = self._pending.get(request_id)
+            if pending is None or self._stopping:
+                return  # failed by shutdown already
+            if error is None or cancelled:
+                self._inbox.append(seq)
+                if cancelled:
+                    self._cancels.append(request_id)
+                self._cond.notify()
+        if error is not None and not cancelled:
+            self._fail([request_id], error)
+        elif pending.on_admitted is not None:
+            try:
+                pending.on_admitted()
+            except Exception:  # a caller's callback must not stop the compiles
+                log.exception("on_admitted callback failed for %s", request_id)
+
     # --- engine thread -------------------------------------------------------------------------------
 
     def _loop(self) -> None:
@@ -154,6 +207,8 @@ class EngineHost:
             log.exception("engine host thread stopped on an unexpected error")
         finally:
             self._fail_all(EngineShutdownError("EngineHost shut down before the request finished"))
+            self._grammars.shutdown(wait=False)
+            self.engine.close()
 
     def _wait_for_work(self) -> bool:
         """Blocks until there is something to do; False when shutting down."""

@@ -17,7 +17,7 @@ import torch
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
-from engine.grammar import GrammarCompiler
+from engine.grammar import GrammarCompiler, xgrammar_matcher
 from engine.outputs import FinishReason, RequestMetrics, RequestOutput
 from engine.sampler import Sampler, SamplerOutput
 from engine.sampling_params import SamplingParams
@@ -109,8 +109,13 @@ class LLMEngine:
         request_class: str | None = None,
         *,
         cache_salt: str | None = None,
+        attach_grammar: bool = True,
     ) -> Sequence:
         """Validates a request and builds its Sequence without touching engine state (thread-safe).
+
+        A constrained request gets its grammar state here, compiled if need be; with attach_grammar False it
+        has none yet, and the caller must `attach_grammar` before it enqueues it (EngineHost compiles on a
+        thread of its own).
 
         NOTE: prompt + max_tokens must fit max_model_len (and the whole KV cache); we reject rather than
         silently shorten max_tokens, so a caller never gets a surprise "length" finish.
@@ -125,9 +130,7 @@ class LLMEngine:
         cls = self.config.request_class(request_class if request_class is not None else self.default_class)
         prompt_ids = self._prompt_token_ids(prompt)
         self._check_length(len(prompt_ids), params.max_tokens)
-        structured = params.structured
-        matcher = self._grammar_compiler().matcher(structured) if structured is not None else None
-        return Sequence(
+        seq = Sequence(
             request_id=request_id,
             prompt_token_ids=prompt_ids,
             params=params,
@@ -140,8 +143,24 @@ class LLMEngine:
             cache_salt=cache_salt,
             detokenizer=IncrementalDetokenizer(self.tokenizer),
             logprobs=[] if params.logprobs is not None else None,
-            matcher=matcher,
         )
+        if attach_grammar:
+            self.attach_grammar(seq, compile=True)
+        return seq
+
+    def attach_grammar(self, seq: Sequence, *, compile: bool) -> bool:
+        """Gives a constrained seq its grammar state, from the cache or (when `compile`) compiling it.
+        False when it still needs a compile. Raises ValueError (GrammarLimitError) for a constraint that
+        cannot be compiled, or was refused before."""
+        structured = seq.params.structured
+        if structured is None:
+            return True
+        compiler = self.grammar_compiler
+        compiled = compiler.compile(structured) if compile else compiler.cached(structured)
+        if compiled is None:
+            return False
+        seq.matcher = xgrammar_matcher(compiled)
+        return True
 
     def enqueue(self, seq: Sequence) -> None:
         if self.scheduler.get(seq.request_id) is not None:
@@ -310,14 +329,25 @@ class LLMEngine:
                 f"logprobs must be at most the vocabulary size ({self.vocab_size}), got {params.logprobs}"
             )
 
-    def _grammar_compiler(self) -> GrammarCompiler:
+    @property
+    def grammar_compiler(self) -> GrammarCompiler:
         """Built on first use (caller threads may race here), so unconstrained serving never loads it."""
         with self._grammars_lock:
             if self._grammars is None:
+                config = self.config
                 self._grammars = GrammarCompiler(
-                    self.tokenizer.hf_tokenizer, self.vocab_size, sorted(self.eos_token_ids)
+                    self.tokenizer.hf_tokenizer, self.vocab_size, sorted(self.eos_token_ids),
+                    timeout_s=config.grammar_compile_timeout_s,
+                    memory_bytes=config.grammar_compile_memory_bytes,
+                    cache_bytes=config.grammar_cache_bytes,
                 )
             return self._grammars
+
+    def close(self) -> None:
+        """Stops the grammar probe process, if one was started."""
+        with self._grammars_lock:
+            if self._grammars is not None:
+                self._grammars.close()
 
     def _prompt_token_ids(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):

@@ -17,6 +17,11 @@ MAX_CHOICES = 1024
 KINDS = ("json_schema", "json_object", "regex", "choice")
 
 
+class GrammarLimitError(ValueError):
+    """A constraint that did not compile within the engine's time or memory limit: the request's fault (its
+    schema is too costly), so a ValueError, told to the caller as an invalid request."""
+
+
 @dataclass(frozen=True)
 class StructuredOutput:
     json_schema: dict[str, Any] | str | None = None

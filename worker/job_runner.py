@@ -83,6 +83,9 @@ class RunningJob:
     engine_input: tuple[str | list[int], SamplingParams] | None = None  # what was submitted, for a retry
     retried: bool = False  # a transient engine error (out of memory) already had its one retry
     cache_salt: str | None = None  # its tenant's prefix-cache partition (core/store/tenants.py cache_salt)
+    # Waiting for its grammar to compile, outside the engine: not counted in its queue's room here
+    # (_room), so a costly schema holds up no other job's start.
+    compiling: bool = False
 
 
 @dataclass(frozen=True)
@@ -188,9 +191,10 @@ class JobRunner:
         return len(claimed)
 
     def _start_all(self, claimed: list[tuple[Job, OnDone]], salts: dict[str, str]) -> None:
-        """Holds every claimed attempt first, then submits them one by one: a submit may take a while (a new
-        schema compiles in this thread), and the reconciler requeues a claim its worker does not hold once
-        it is older than dispatch_grace_s. `salts`: each tenant's prefix-cache salt, read with the claim."""
+        """Holds every claimed attempt first, then submits them one by one (a submit compiles nothing: a new
+        schema compiles on the engine host's compile thread), since the reconciler requeues a claim its
+        worker does not hold once it is older than dispatch_grace_s. `salts`: each tenant's prefix-cache
+        salt, read with the claim."""
         handles = [self._hold(job, on_done, salts[job.tenant_id]) for job, on_done in claimed]
         for (job, _), handle in zip(claimed, handles, strict=True):
             self._submit(job, handle)
@@ -198,7 +202,7 @@ class JobRunner:
     def _hold(self, job: Job, on_done: OnDone, cache_salt: str) -> RunningJob:
         handle = RunningJob(job.id, job.attempts, job.queue, f"{job.id}#{job.attempts}", job.timeout_s,
                             time.monotonic(), on_done, logprobs=(job.params or {}).get("logprobs"),
-                            cache_salt=cache_salt)
+                            cache_salt=cache_salt, compiling="structured" in (job.params or {}))
         with self._lock:
             self._running[handle.request_id] = handle
         return handle
@@ -209,7 +213,8 @@ class JobRunner:
             handle.engine_input = (prompt, params)
             future = self.host.submit(handle.request_id, prompt, params, job.queue,
                                       on_update=lambda out: self._on_update(handle, out),
-                                      cache_salt=handle.cache_salt)
+                                      cache_salt=handle.cache_salt,
+                                      on_admitted=lambda: self._admitted(handle))
         except ValueError as exc:
             self._inbox.put(_Ended(handle, failure=(INVALID_REQUEST, str(exc))))
             return
@@ -218,6 +223,12 @@ class JobRunner:
             self._inbox.put(_Ended(handle, failure=(ENGINE_ERROR, _describe(exc))))
             return
         future.add_done_callback(lambda f: self._ended(handle, f))
+
+    def _admitted(self, handle: RunningJob) -> None:
+        """The engine has the attempt (its grammar compiled): it counts in its queue's room from now on."""
+        with self._lock:
+            handle.compiling = False
+            self._job_left.notify_all()
 
     def _ended(self, handle: RunningJob, future: Future[RequestOutput]) -> None:
         if not self._retried_once(handle, future):
@@ -242,7 +253,7 @@ class JobRunner:
         try:
             retry = self.host.submit(retry_id, *handle.engine_input, handle.queue,
                                      on_update=lambda out: self._on_update(handle, out),
-                                     cache_salt=handle.cache_salt)
+                                     cache_salt=handle.cache_salt, on_admitted=lambda: self._admitted(handle))
         except Exception:
             log.exception("job %s: the retry was refused", handle.job_id)
             return False
@@ -355,6 +366,8 @@ class JobRunner:
             return self._failure(handle, *item.failure)
         try:
             out = item.future.result()
+        except ValueError as exc:  # the engine refused it after submit: a grammar that cannot be compiled
+            return self._failure(handle, INVALID_REQUEST, str(exc))
         except Exception as exc:
             return self._failure(handle, ENGINE_ERROR, _describe(exc))
         if out.finish_reason == "abort":
@@ -480,10 +493,15 @@ class JobRunner:
         return self._room(queue) > 0
 
     def _room(self, queue: str) -> int:
+        """NOTE: attempts waiting for their grammar do not count against the limit: a tenant's costly schemas
+        hold up no one's start (any cap on them, once reached, would). What bounds them is the claim: fair
+        share hands a tenant its share of the claims, its max_running caps its running jobs fleet-wide, and
+        the compile thread takes tenants in turn (engine/grammar_queue.py)."""
         limit = self.limits.get(queue)
         if limit is None:
             return sys.maxsize
-        return max(0, limit - sum(1 for h in self._running.values() if h.queue == queue))
+        in_engine = sum(1 for h in self._running.values() if h.queue == queue and not h.compiling)
+        return max(0, limit - in_engine)
 
     def wait_idle(self, timeout_s: float, tick: Callable[[], None] | None = None) -> bool:
         """Waits until no job is in flight, calling `tick` (e.g. flush acks) every 0.1 s in this thread."""
