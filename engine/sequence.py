@@ -40,8 +40,9 @@ class Sequence:
     metrics: RequestMetrics
     generator: torch.Generator | None = None  # only for seeded requests
     prompt: str | None = None
-    # Seeds the prefix cache's hash chain: requests with different salts never share cached blocks (the
-    # service gives each tenant its own, so a hit cannot reveal what another tenant asked). None: unsalted.
+    # Seeds the prefix cache's hash chain (engine.prefix_cache.salt_root): requests with different salts
+    # never share cached blocks (the service gives each tenant its own, or its cache namespace's, so a hit
+    # cannot reveal what another tenant asked). None: unsalted.
     cache_salt: str | None = None
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
