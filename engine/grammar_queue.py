@@ -48,6 +48,17 @@ class GrammarQueue:
                 self._thread.start()
             self._cond.notify()
 
+    def discard(self, request_id: str) -> None:
+        """Drops a request that has not begun compiling (its `done` is never called); one compiling now
+        finishes, and its caller ignores the outcome."""
+        with self._cond:
+            for owner, requests in list(self._waiting.items()):
+                kept = deque(item for item in requests if item.seq.request_id != request_id)
+                if not kept:
+                    del self._waiting[owner]
+                elif len(kept) != len(requests):
+                    self._waiting[owner] = kept
+
     @property
     def num_waiting(self) -> int:
         with self._cond:

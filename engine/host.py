@@ -52,8 +52,7 @@ class EngineHost:
         self._inbox: list[Sequence] = []  # submitted, not yet handed to the engine
         self._cancels: list[str] = []
         self._pending: dict[str, _Pending] = {}  # every request whose future is unresolved
-        self._compiling: set[str] = set()  # pending requests waiting for their grammar
-        self._cancelled_compiles: set[str] = set()  # of those, cancelled: aborted once compiled
+        self._compiling: dict[str, Sequence] = {}  # pending requests waiting for their grammar
         self._grammars = GrammarQueue(self._compile_grammar)
         self._stopping = False
         self._stats = engine.stats()
@@ -106,7 +105,7 @@ class EngineHost:
                 self._inbox.append(seq)
                 self._cond.notify()
             else:
-                self._compiling.add(request_id)
+                self._compiling[request_id] = seq
         if not ready:
             self._grammars.submit(seq, cache_salt, self._grammar_compiled)
         elif on_admitted is not None:
@@ -132,9 +131,10 @@ class EngineHost:
         with self._cond:
             if request_id not in self._pending or self._stopping:
                 return False
-            if request_id in self._compiling:
-                self._cancelled_compiles.add(request_id)
-                return True
+            seq = self._compiling.pop(request_id, None)
+            if seq is not None:  # aborted before any step, like any cancel; its compile's result is dropped
+                self._grammars.discard(request_id)
+                self._inbox.append(seq)
             self._cancels.append(request_id)
             self._cond.notify()
             return True
@@ -174,22 +174,18 @@ class EngineHost:
         self.engine.attach_grammar(seq, compile=True)
 
     def _grammar_compiled(self, seq: Sequence, error: Exception | None) -> None:
-        """Hands a compiled request to the engine, or fails it. A request cancelled meanwhile is handed over
-        with its cancel (aborted before any step), so its future resolves as every abort does."""
+        """Hands a compiled request to the engine, or fails it; nothing for one cancelled meanwhile (cancel
+        handed it over already) or failed by shutdown."""
         request_id = seq.request_id
         with self._cond:
-            self._compiling.discard(request_id)
-            cancelled = request_id in self._cancelled_compiles
-            self._cancelled_compiles.discard(request_id)
-            pending = self._pending.get(request_id)
-            if pending is None or self._stopping:
-                return  # failed by shutdown already
-            if error is None or cancelled:
+            if self._compiling.get(request_id) is not seq or self._stopping:
+                return
+            del self._compiling[request_id]
+            pending = self._pending[request_id]
+            if error is None:
                 self._inbox.append(seq)
-                if cancelled:
-                    self._cancels.append(request_id)
                 self._cond.notify()
-        if error is not None and not cancelled:
+        if error is not None:
             self._fail([request_id], error)
         elif pending.on_admitted is not None:
             try:
