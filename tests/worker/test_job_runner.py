@@ -184,6 +184,52 @@ def test_parameters_the_engine_rejects_fail_the_job_as_invalid_request(
     assert job.error_message is not None and "max_tokens" in job.error_message
 
 
+def test_a_grammar_that_cannot_be_compiled_fails_its_job_as_invalid_request(
+    runner: JobRunner, sessions: sessionmaker[Session]
+) -> None:
+    job_id = add_job(sessions, "Hello", max_tokens=5, structured={"regex": "(unclosed"})
+    done = Done()
+    assert runner.run(job_id, done)  # submitted at once: the refusal comes from the compile thread
+    done.wait()
+
+    job = get_job(sessions, job_id)
+    assert job.status == "failed" and job.error_code == "invalid_request", job.error_message
+    assert job.error_message is not None and "structured.regex cannot be compiled" in job.error_message
+
+
+def test_a_job_waiting_for_its_grammar_takes_no_room_in_its_queue(
+    host: EngineHost, sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    release = threading.Event()
+    compile_now = host._grammars._compile
+
+    def held(seq: Any) -> None:
+        assert release.wait(60)
+        compile_now(seq)
+
+    monkeypatch.setattr(host._grammars, "_compile", held)
+    runner = JobRunner(host, sessions, "compiling-worker", limits={"interactive": 1}, cancel_poll_s=0.05)
+    runner.start()
+    try:
+        schema = {"type": "object", "properties": {"waits": {"type": "integer"}}, "required": ["waits"]}
+        constrained = add_job(sessions, "The queue holds", max_tokens=20, structured={"json_schema": schema})
+        constrained_done = Done()
+        assert runner.run(constrained, constrained_done)
+        assert runner.has_room("interactive"), "a job waiting for its grammar holds no slot"
+        plain, plain_done = add_job(sessions, "Good morning", max_tokens=3), Done()
+        assert runner.run(plain, plain_done)
+        plain_done.wait()
+        assert get_job(sessions, plain).status == "succeeded"
+        assert get_job(sessions, constrained).status == "running" and not constrained_done.event.is_set()
+        release.set()
+        constrained_done.wait()
+        assert get_job(sessions, constrained).status == "succeeded"
+    finally:
+        release.set()
+        runner.shutdown(grace_s=0.0, publish=None)
+        wait_for(lambda: _kv_free(host), "the engine to free every KV block", timeout_s=30)
+
+
 def test_chat_messages_are_rendered_with_the_model_chat_template(
     runner: JobRunner, host: EngineHost, sessions: sessionmaker[Session]
 ) -> None:
