@@ -155,6 +155,8 @@ class LLMEngine:
         structured = seq.params.structured
         if structured is None:
             return True
+        if not compile and self._grammars is None:
+            return False  # the compiler (seconds for a large vocabulary) is built by the first compile
         compiler = self.grammar_compiler
         compiled = compiler.compile(structured) if compile else compiler.cached(structured)
         if compiled is None:
