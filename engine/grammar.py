@@ -28,7 +28,7 @@ class GrammarCompiler:
         self, hf_tokenizer: object, vocab_size: int, stop_token_ids: list[int], *,
         timeout_s: float | None = None, memory_bytes: int = 2**31, cache_bytes: int = 2**29,
     ) -> None:
-        """timeout_s None: compile in the caller's thread with no limit (no child process)."""
+        """timeout_s None: compile with no limit, in the calling thread only (no child process)."""
         # vocab_size from the model config: the embedding (and the logits) may be wider than the tokenizer.
         info = xgr.TokenizerInfo.from_huggingface(
             hf_tokenizer, vocab_size=vocab_size, stop_token_ids=sorted(stop_token_ids)  # type: ignore[arg-type]

@@ -10,8 +10,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-# Canonical JSON of one request's constraint. A bigger schema costs compile time in the caller's thread
-# and memory in the cache; real response schemas are a few KiB.
+# Canonical JSON of one request's constraint; real response schemas are a few KiB. Size alone does not bound
+# the compile (a 29 KB schema can take seconds): the compile limits in EngineConfig do.
 MAX_STRUCTURED_BYTES = 64 * 1024
 MAX_CHOICES = 1024
 KINDS = ("json_schema", "json_object", "regex", "choice")
