@@ -18,6 +18,9 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_TOKEN_IDS = 64
 MAX_LOGPROBS = 20  # alternatives per generated token
 MAX_JSON_DEPTH = 32  # nesting of stored JSON (metadata); deeper JSON would exhaust Python's recursion
+# Digits of an integer literal read from a batch line before it is converted: no field takes more than 19
+# (int64), so a longer one is refused unread (Python's own limit, 4,300 digits, raises mid-parse).
+MAX_INT_DIGITS = 100
 # A prompt's tokens each stand for at least one byte and rarely for more than a few: refusing a prompt over
 # max_prompt_tokens * PROMPT_BYTES_PER_TOKEN UTF-8 bytes before tokenizing keeps a huge prompt from costing
 # a full tokenization. Real text averages 2 to 6 bytes per token; only a prompt made mostly of very long
@@ -47,6 +50,27 @@ def json_problem(value: object) -> str | None:
     nesting can exhaust the stack before MAX_JSON_DEPTH refuses it."""
     for where, reason in _problems(value):
         return f"{where}: {reason}" if where else reason
+    return None
+
+
+def json_shape_problem(value: object, max_depth: int = MAX_JSON_DEPTH, max_nodes: int | None = None,
+                       ) -> str | None:
+    """Why `value` is too big for recursive code (json.dumps, jsonschema): "is nested deeper than <max_depth>
+    levels" or "holds more than <max_nodes> objects and arrays"; None when it fits. Iterative, stopping at
+    the first excess; depth is counted as json_problem counts it."""
+    stack: list[tuple[object, int]] = [(value, 0)]
+    nodes = 0
+    while stack:
+        item, depth = stack.pop()
+        if not isinstance(item, (dict, list)):
+            continue
+        if depth >= max_depth:
+            return f"is nested deeper than {max_depth} levels"
+        nodes += 1
+        if max_nodes is not None and nodes > max_nodes:
+            return f"holds more than {max_nodes} objects and arrays"
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((child, depth + 1) for child in children)
     return None
 
 
