@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,6 +14,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from core.field_errors import validation_message
 from core.request_rules import text_problem
+
+# pydantic's error types at loc ("body",) that mean the body is not an object at all.
+WHOLE_BODY_ERRORS = frozenset({"missing", "model_attributes_type", "model_type", "dict_type"})
 
 
 class ApiError(Exception):
@@ -93,8 +97,8 @@ def body_problem(errors: Sequence[Any], content_type: str | None) -> str | None:
         reason = error.get("ctx", {}).get("error", "invalid JSON")
         where = f" at position {loc[1]}" if len(loc) > 1 and isinstance(loc[1], int) else ""
         return f"not valid JSON ({reason}{where})"
-    if loc != ("body",):
-        return None
+    if loc != ("body",) or error.get("type") not in WHOLE_BODY_ERRORS:
+        return None  # a field's error, or a rule of the whole model that names its fields itself
     if error.get("type") == "missing":
         return "empty; send a JSON object"
     value = error.get("input")
@@ -115,10 +119,24 @@ def _unparsable_body(reason: str) -> JSONResponse:
     return error_response(422, "invalid_request", f"body: {reason}", "body")
 
 
+def parse_failure(exc: StarletteHTTPException) -> str:
+    """Why FastAPI could not read the body, from the error it chained to its 400 "There was an error parsing
+    the body": a JSON integer over Python's digit limit, nesting beyond its recursion limit, bad bytes."""
+    cause = exc.__cause__
+    if isinstance(cause, ValueError) and "integer string conversion" in str(cause):
+        digits = sys.get_int_max_str_digits()
+        return f"not valid JSON (an integer has more than {digits} digits; no field takes one)"
+    if isinstance(cause, RecursionError):
+        return "not valid JSON (nested too deeply)"
+    if isinstance(cause, UnicodeDecodeError):
+        return f"could not be parsed (not UTF-8: {cause.reason} at byte {cause.start})"
+    return f"could not be parsed ({exc.detail})"
+
+
 async def _http_error(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     if exc.status_code == 400:  # FastAPI's answer to a body it could not decode (not UTF-8, bad multipart)
-        return _unparsable_body(f"could not be parsed ({exc.detail})")
+        return _unparsable_body(parse_failure(exc))
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
     return error_response(exc.status_code, code, str(exc.detail), None, getattr(exc, "headers", None))
 

@@ -20,7 +20,7 @@ from fastapi.routing import APIRoute
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from api.errors import ApiError, body_problem
+from api.errors import ApiError, body_problem, parse_failure
 from core.field_errors import validation_message
 from core.openai_request import Refusal
 
@@ -90,6 +90,9 @@ class OpenAIRoute(APIRoute):
             except RequestValidationError as exc:
                 return from_validation_error(exc.errors(), request.headers.get("content-type")).response()
             except StarletteHTTPException as exc:
+                if exc.status_code == 400:  # a body FastAPI could not read (api/errors.py: parse_failure)
+                    return OpenAIError(400, f"body: {parse_failure(exc)}", code="invalid_request",
+                                       param="body").response()
                 code = CODES.get(exc.status_code, "http_error")
                 return OpenAIError(exc.status_code, str(exc.detail), code=code).response()
             except OperationalError:  # connection details stay out of the body (they may name hosts)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from core.request_rules import text_problem
+from core.request_rules import SURROGATE, text_problem
 
 LOCATIONS = ("body", "query", "path", "header", "cookie")
 UNION_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "url", "none"})
@@ -17,6 +17,8 @@ def validation_message(errors: Sequence[Any]) -> tuple[str | None, str]:
     """(field, "field: what is wrong") for the most telling of pydantic's errors."""
     error = _most_specific(errors)
     field = field_name(error.get("loc", ()))
+    if not field and error.get("type") == "string_unicode":  # pydantic names no field for such a key
+        return None, f"a field name {SURROGATE}"
     message = f"{field}: {error.get('msg', 'invalid value')}" if field else str(error.get("msg"))
     return field or None, message
 
