@@ -15,12 +15,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
 from core.field_errors import validation_message
 from core.request_fields import (
-    MAX_INT32,
     ChatRole,
+    Count,
+    Logprobs,
     MinP,
     MinTokens,
     NonEmptyText,
@@ -31,11 +32,11 @@ from core.request_fields import (
     Stop,
     StopTokenIds,
     StoredText,
+    StrictFlag,
     TokenCount,
     TopK,
     TopP,
 )
-from core.request_rules import MAX_LOGPROBS
 from core.settings import Settings
 from core.structured_rules import MAX_CHOICES, structured_from_response_format, structured_problem
 
@@ -44,7 +45,7 @@ COMPLETIONS = "/v1/completions"
 COMPLETIONS_MAX_LOGPROBS = 5  # OpenAI's limit for /v1/completions
 STRUCTURED_FIELDS = ("response_format", "regex", "choice")
 STREAMED_LOGPROBS = "logprobs are not supported with stream=true; send the request without streaming"
-FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+FiniteFloat = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 # What a refusal is; each path turns it into its own answer (api/routes/openai.py: 400 or 404; a batch: a
 # line error code).
 RefusalKind = Literal["invalid", "unsupported", "model_not_found"]
@@ -96,7 +97,7 @@ class Served:
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    include_usage: bool | None = None
+    include_usage: StrictFlag | None = None
 
 
 class TextPart(BaseModel):
@@ -130,10 +131,10 @@ class OpenAISampling(BaseModel):
     max_tokens: TokenCount | None = None
     temperature: OpenAITemperature | None = None
     top_p: TopP | None = None
-    n: int | None = Field(None, ge=1, le=MAX_INT32, description="only 1")
+    n: Count | None = Field(None, description="only 1")
     stop: Stop | None = None
     seed: Seed | None = None
-    stream: bool | None = False
+    stream: StrictFlag | None = False
     stream_options: StreamOptions | None = None
     presence_penalty: OpenAIPenalty | None = None
     frequency_penalty: OpenAIPenalty | None = None
@@ -144,7 +145,7 @@ class OpenAISampling(BaseModel):
     min_p: MinP | None = None
     min_tokens: MinTokens | None = None
     repetition_penalty: RepetitionPenalty | None = None
-    ignore_eos: bool | None = None
+    ignore_eos: StrictFlag | None = None
     stop_token_ids: StopTokenIds | None = None
     response_format: dict[str, Any] | None = Field(
         None, description='{"type": "json_schema", "json_schema": {"name", "schema"}}, json_object or text'
@@ -221,7 +222,7 @@ class ChatCompletionCreate(OpenAISampling):
     messages: list[ChatMessageIn] = Field(min_length=1)
     max_completion_tokens: TokenCount | None = None
     logprobs: StrictBool | None = None
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    top_logprobs: Logprobs | None = None
 
     def refusal(self) -> Refusal | None:
         if self.top_logprobs is not None and not self.logprobs:
@@ -267,13 +268,13 @@ class CompletionCreate(OpenAISampling):
     prompt: (
         NonEmptyText
         | Annotated[list[NonEmptyText], Field(min_length=1, max_length=1)]
-        | list[int]
-        | list[list[int]]
+        | list[StrictInt]
+        | list[list[StrictInt]]
     )
-    logprobs: int | None = Field(None, ge=0, le=COMPLETIONS_MAX_LOGPROBS)
-    echo: bool | None = None
+    logprobs: Annotated[int, Field(strict=True, ge=0, le=COMPLETIONS_MAX_LOGPROBS)] | None = None
+    echo: StrictFlag | None = None
     suffix: StoredText | None = None
-    best_of: int | None = Field(None, ge=1, le=MAX_INT32)
+    best_of: Count | None = None
 
     def refusal(self) -> Refusal | None:
         if isinstance(self.prompt, list) and not self.prompt:  # [] matches list[int] as well as list[str]

@@ -17,7 +17,13 @@ from pydantic import AfterValidator, Field, GetCoreSchemaHandler, GetJsonSchemaH
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema, PydanticCustomError, core_schema
 
-from core.request_rules import MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, json_problem, text_problem
+from core.request_rules import (
+    MAX_LOGPROBS,
+    MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
+    json_problem,
+    text_problem,
+)
 
 MAX_INT32 = 2**31 - 1  # max_tokens, min_tokens, top_k and token ids: the engine's tensors are int32/int64
 MAX_TOP_K = MAX_INT32
@@ -79,29 +85,34 @@ StoredText = Annotated[str, STORABLE]
 NonEmptyText = Annotated[str, Field(min_length=1), STORABLE]
 StoredJsonObject = Annotated[dict[str, Any], AfterValidator(_storable_json)]
 
-TokenCount = Annotated[int, Field(ge=1, le=MAX_INT32)]
-MinTokens = Annotated[int, Field(ge=0, le=MAX_INT32)]
-TokenId = Annotated[int, Field(ge=0, le=MAX_INT32)]
-TopK = Annotated[int, Field(ge=-1, le=MAX_TOP_K, description="0 or -1 = off")]
-Seed = Annotated[int, Field(ge=MIN_SEED, le=MAX_SEED)]
+# Numbers and booleans are strict: JSON's 5 is an integer, but "5", true and 5.0 are refused rather than
+# coerced (a float field takes 5 as 5.0), so a client's mistake is told, not guessed at.
+TokenCount = Annotated[int, Field(strict=True, ge=1, le=MAX_INT32)]
+MinTokens = Annotated[int, Field(strict=True, ge=0, le=MAX_INT32)]
+TokenId = Annotated[int, Field(strict=True, ge=0, le=MAX_INT32)]
+TopK = Annotated[int, Field(strict=True, ge=-1, le=MAX_TOP_K, description="0 or -1 = off")]
+Seed = Annotated[int, Field(strict=True, ge=MIN_SEED, le=MAX_SEED)]
+Logprobs = Annotated[int, Field(strict=True, ge=0, le=MAX_LOGPROBS)]  # alternatives per token
+Count = Annotated[int, Field(strict=True, ge=1, le=MAX_INT32)]  # OpenAI's n and best_of (only 1 is served)
+StrictFlag = Annotated[bool, Field(strict=True)]
 _GREEDY_OR_WARM = Field(json_schema_extra={"anyOf": [{"const": 0}, {"minimum": MIN_TEMPERATURE}]},
                         description="0 = greedy")
 Temperature = Annotated[
-    float, Field(ge=0.0, le=MAX_TEMPERATURE, allow_inf_nan=False), AfterValidator(_temperature),
+    float, Field(strict=True, ge=0.0, le=MAX_TEMPERATURE, allow_inf_nan=False), AfterValidator(_temperature),
     _GREEDY_OR_WARM,
 ]
 OPENAI_MAX_TEMPERATURE = 2.0  # OpenAI's own range
 OpenAITemperature = Annotated[
-    float, Field(ge=0.0, le=OPENAI_MAX_TEMPERATURE, allow_inf_nan=False), AfterValidator(_temperature),
-    _GREEDY_OR_WARM,
+    float, Field(strict=True, ge=0.0, le=OPENAI_MAX_TEMPERATURE, allow_inf_nan=False),
+    AfterValidator(_temperature), _GREEDY_OR_WARM,
 ]
-TopP = Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)]
-MinP = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+TopP = Annotated[float, Field(strict=True, gt=0.0, le=1.0, allow_inf_nan=False)]
+MinP = Annotated[float, Field(strict=True, ge=0.0, le=1.0, allow_inf_nan=False)]
 RepetitionPenalty = Annotated[
-    float, Field(ge=MIN_REPETITION_PENALTY, le=MAX_REPETITION_PENALTY, allow_inf_nan=False)
+    float, Field(strict=True, ge=MIN_REPETITION_PENALTY, le=MAX_REPETITION_PENALTY, allow_inf_nan=False)
 ]
 OpenAIPenalty = Annotated[
-    float, Field(ge=MIN_OPENAI_PENALTY, le=MAX_OPENAI_PENALTY, allow_inf_nan=False)
+    float, Field(strict=True, ge=MIN_OPENAI_PENALTY, le=MAX_OPENAI_PENALTY, allow_inf_nan=False)
 ]
 Stop = NonEmptyText | Annotated[list[NonEmptyText], Field(max_length=MAX_STOP_STRINGS)]
 StopTokenIds = Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)]
