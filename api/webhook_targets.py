@@ -20,6 +20,7 @@ from core.webhooks.ssrf import (
     TargetRefused,
     check_target,
     system_resolver,
+    url_problem,
 )
 
 
@@ -35,13 +36,10 @@ def check_webhook_target(url: str, settings: Settings, field: str,
 
 
 def _refused_only_for_dns(url: str, policy: SsrfPolicy, resolver: Resolver) -> bool:
-    try:
-        parsed = httpx.URL(url)
-    except httpx.InvalidURL:
+    if url_problem(url) is not None:  # not a URL at all: no DNS record can make it one
         return False
+    parsed = httpx.URL(url)
     host = parsed.host.lower().rstrip(".")
-    if not host or parsed.scheme not in ("http", "https"):
-        return False
     port = parsed.port or (443 if parsed.scheme == "https" else 80)
     if host in METADATA_HOSTS or _resolves(host, port, resolver):
         return False

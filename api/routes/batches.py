@@ -16,6 +16,7 @@ from api.errors import ApiError, can_be_stored_id, lookup_id, not_found
 from api.schemas.batches import BatchCreate, BatchList, BatchPublic
 from api.schemas.deleted import Deleted
 from api.schemas.errors import error_responses
+from api.schemas.jobs import webhook_json
 from api.webhook_targets import check_job_webhook
 from core.clock import utcnow
 from core.lifecycle import BATCH_CANCELLED, CANCELLING, OPEN_BATCH_STATUSES
@@ -37,7 +38,7 @@ def create_batch(body: BatchCreate, session: SessionDep, services: ServicesDep, 
     _check_metadata(body, services.settings.max_metadata_bytes)
     check_batch_location(body.input, services.settings.batch_s3_allowlist, "input")
     check_batch_location(body.output, services.settings.batch_s3_allowlist, "output")
-    webhook = body.webhook.model_dump(mode="json") if body.webhook else None
+    webhook = webhook_json(body.webhook)
     check_job_webhook(webhook, services.settings)  # refused now, as for a job, not only at delivery
     input_url = body.input
     if body.input_file_id is not None:

@@ -6,9 +6,10 @@ import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from api.schemas.fields import STORABLE, StoredJsonObject
-from api.schemas.jobs import WebhookSpec, exactly_one_of
+from api.schemas.jobs import WebhookTarget, exactly_one_of
 
 Endpoint = Literal["/v1/chat/completions", "/v1/completions"]
 # The same patterns in the JSON schema and here, applied as JSON schema validators written in Python apply
@@ -40,7 +41,7 @@ class BatchCreate(BaseModel):
     endpoint: Endpoint | None = Field(None, description="every line's endpoint; omitted: each line says")
     completion_window: str = Field("24h", pattern=r"^[1-9][0-9]{0,2}h$", description="e.g. 24h")
     queue: str = Field("documents", description="the queue the lines run in")
-    webhook: WebhookSpec | None = None
+    webhook: WebhookTarget | None = Field(None, description="URL or object with `url`; stored")
     metadata: StoredJsonObject | None = None
 
     @field_validator("input")
@@ -62,7 +63,8 @@ class BatchCreate(BaseModel):
     @model_validator(mode="after")
     def _one_input(self) -> BatchCreate:
         if (self.input is None) == (self.input_file_id is None):
-            raise ValueError("exactly one of `input_file_id` or `input` is required")
+            sent = "both were sent" if self.input is not None else "neither was sent"
+            raise PydanticCustomError("one_input", f"input_file_id, input: send exactly one of them; {sent}")
         return self
 
     @property

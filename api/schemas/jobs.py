@@ -7,6 +7,7 @@ from typing import Annotated, Any
 from pydantic import (
     AnyHttpUrl,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationInfo,
@@ -18,6 +19,7 @@ from pydantic_core import PydanticCustomError
 from api.schemas.fields import (
     STORABLE,
     ChatRole,
+    Logprobs,
     MinP,
     MinTokens,
     NonEmptyText,
@@ -27,14 +29,17 @@ from api.schemas.fields import (
     Stop,
     StopTokenIds,
     StoredJsonObject,
+    StrictFlag,
     Temperature,
     TokenCount,
     TopK,
     TopP,
 )
-from core.request_rules import MAX_LOGPROBS, MAX_TIMEOUT_S, MAX_TTL_S, json_problem
+from core.request_rules import MAX_TIMEOUT_S, MAX_TTL_S, json_problem
 from core.structured_rules import MAX_CHOICES, structured_from_response_format, structured_problem
 from core.views import JobPublic
+from core.webhooks.events import validate_filter
+from core.webhooks.ssrf import url_problem
 
 SAMPLING_FIELDS = (
     "max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
@@ -58,12 +63,42 @@ class ChatMessage(BaseModel):
     content: Annotated[str, STORABLE]
 
 
+def _url_as_sent(value: object) -> object:
+    """pydantic's URL type drops tabs and newlines and percent-encodes spaces: such a URL is refused as
+    sent, naming what is wrong (core/webhooks/ssrf.py: url_problem)."""
+    if isinstance(value, str):
+        problem = url_problem(value)
+        if problem is not None:
+            raise PydanticCustomError("url_parsing", problem)
+    return value
+
+
+def event_filter(value: list[str]) -> list[str]:
+    """A subscription's (or a target's) `events`: exact types, `<group>.*` or `*`, at least one."""
+    if not value:
+        raise PydanticCustomError("empty_event_filter", "must name at least one event type, "
+                                  "'<group>.*' or '*' (omit it for every event)")
+    try:
+        return validate_filter(value)
+    except ValueError as exc:
+        raise PydanticCustomError("invalid_event_filter", str(exc)) from None
+
+
+WebhookUrl = Annotated[AnyHttpUrl, BeforeValidator(_url_as_sent)]
+
+
 class WebhookSpec(BaseModel):
     """The target `url`; any other fields are stored with it (as JSON, so they must be storable JSON)."""
 
     model_config = ConfigDict(extra="allow")
 
-    url: AnyHttpUrl
+    url: WebhookUrl
+    events: list[str] | None = Field(None, description="an event filter as a subscription's; stored")
+
+    @field_validator("events")
+    @classmethod
+    def _known_events(cls, value: list[str] | None) -> list[str] | None:
+        return None if value is None else event_filter(value)
 
     @model_validator(mode="after")
     def _storable_extras(self) -> WebhookSpec:
@@ -71,6 +106,18 @@ class WebhookSpec(BaseModel):
         if problem is not None:
             raise PydanticCustomError("invalid_json_value", problem)
         return self
+
+
+WebhookTarget = WebhookUrl | WebhookSpec
+
+
+def webhook_json(webhook: AnyHttpUrl | WebhookSpec | None) -> dict[str, Any] | None:
+    """A job's or batch's `webhook` as stored: {"url", ...the object's other fields as sent}."""
+    if webhook is None:
+        return None
+    if isinstance(webhook, WebhookSpec):
+        return webhook.model_dump(mode="json", exclude_unset=True)
+    return {"url": str(webhook)}
 
 
 class JobCreate(BaseModel):
@@ -92,21 +139,20 @@ class JobCreate(BaseModel):
     seed: Seed | None = None
     stop: Stop | None = None
     stop_token_ids: StopTokenIds = Field(default_factory=list)
-    ignore_eos: bool = False
+    ignore_eos: StrictFlag = False
     repetition_penalty: RepetitionPenalty = 1.0
     presence_penalty: OpenAIPenalty = Field(0.0, description="as OpenAI: minus this for a generated token")
     frequency_penalty: OpenAIPenalty = Field(
         0.0, description="as OpenAI: minus this times each generated token's count")
-    logprobs: int | None = Field(
-        None, ge=0, le=MAX_LOGPROBS,
-        description="return this many alternatives per generated token (result.logprobs)",
+    logprobs: Logprobs | None = Field(
+        None, description="return this many alternatives per generated token (result.logprobs)",
     )
     metadata: StoredJsonObject | None = Field(None, description="small JSON object returned as given")
-    ttl: float | None = Field(None, gt=0, le=MAX_TTL_S, allow_inf_nan=False,
+    ttl: float | None = Field(None, strict=True, gt=0, le=MAX_TTL_S, allow_inf_nan=False,
                               description="seconds; the job expires if not started in time")
-    timeout: float | None = Field(None, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False,
+    timeout: float | None = Field(None, strict=True, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False,
                                   description="seconds; fails with code `timeout` when over")
-    webhook: AnyHttpUrl | WebhookSpec | None = Field(None, description="URL or object with `url`; stored")
+    webhook: WebhookTarget | None = Field(None, description="URL or object with `url`; stored")
     # Structured outputs: at most one of these.
     response_format: dict[str, Any] | None = Field(
         None, description='as OpenAI: {"type": "json_schema", "json_schema": {"name", "schema", "strict"}}, '
@@ -120,11 +166,15 @@ class JobCreate(BaseModel):
     @field_validator("response_format")
     @classmethod
     def _known_response_format(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value is not None:
+        if value is None:
+            return None
+        try:
             structured = structured_from_response_format(value)
-            problem = structured_problem(structured) if structured is not None else None
-            if problem is not None:
-                raise ValueError(problem)
+        except ValueError as exc:
+            raise PydanticCustomError("invalid_response_format", str(exc)) from None
+        problem = structured_problem(structured) if structured is not None else None
+        if problem is not None:
+            raise PydanticCustomError("invalid_response_format", problem)
         return value
 
     @field_validator("regex", "choice")
@@ -158,11 +208,7 @@ class JobCreate(BaseModel):
         return params
 
     def webhook_json(self) -> dict[str, Any] | None:
-        if self.webhook is None:
-            return None
-        if isinstance(self.webhook, WebhookSpec):
-            return self.webhook.model_dump(mode="json")
-        return {"url": str(self.webhook)}
+        return webhook_json(self.webhook)
 
 
 class JobList(BaseModel):

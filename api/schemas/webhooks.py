@@ -9,10 +9,11 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from api.schemas.fields import STORABLE
+from api.schemas.jobs import event_filter
 from core.store.tables import Attempt, Delivery, Subscription
-from core.webhooks.events import EVENT_TYPES, validate_filter
+from core.webhooks.events import EVENT_TYPES
 
-# What validate_filter accepts, told in the schema: each type, each `<group>.*`, and `*`.
+# What event_filter accepts, told in the schema: each type, each `<group>.*`, and `*`.
 EVENT_FILTERS = ["*", *sorted({f"{t.split('.')[0]}.*" for t in EVENT_TYPES}), *EVENT_TYPES]
 
 
@@ -25,14 +26,14 @@ class WebhookCreate(BaseModel):
     events: list[str] = Field(
         default_factory=lambda: ["*"], max_length=len(EVENT_TYPES),
         description=f"event types, '<group>.*' or '*'; types: {', '.join(EVENT_TYPES)}",
-        json_schema_extra={"items": {"type": "string", "enum": EVENT_FILTERS}},
+        json_schema_extra={"items": {"type": "string", "enum": EVENT_FILTERS}, "minItems": 1},
     )
     description: Annotated[str, Field(max_length=500), STORABLE] | None = None
 
     @field_validator("events")
     @classmethod
     def _known_events(cls, value: list[str]) -> list[str]:
-        return validate_filter(value)
+        return event_filter(value)
 
 
 class WebhookPublic(BaseModel):

@@ -19,7 +19,9 @@ checked is the address that is connected to.
 from __future__ import annotations
 
 import ipaddress
+import re
 import socket
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -32,6 +34,7 @@ Resolver = Callable[[str, int], list[str]]
 METADATA_HOSTS = frozenset({"metadata.google.internal", "metadata.goog", "metadata"})
 METADATA_ADDRESSES = frozenset(ipaddress.ip_address(a) for a in ("169.254.169.254", "fd00:ec2::254"))
 CGNAT = ipaddress.ip_network("100.64.0.0/10")
+_HOST = re.compile(r"[A-Za-z0-9._:-]+")  # a name (IDNA-encoded), an IPv4 or an IPv6 address (unbracketed)
 
 
 class TargetRefused(ValueError):
@@ -119,16 +122,31 @@ def _unwrap(address: IPAddress) -> IPAddress:
     return address
 
 
-def _parse(url: str) -> httpx.URL:
+def url_problem(url: str) -> str | None:
+    """Why `url` is not an absolute http(s) URL with a host name or address, as sent, or None. Whitespace and
+    control characters are refused as such: URL parsers drop them (tabs, newlines) or percent-encode them
+    (a space in the host), so the URL stored would not be the one given."""
+    odd = next((c for c in url if c.isspace() or unicodedata.category(c) == "Cc"), None)
+    if odd is not None:
+        return f"not a valid URL (it contains whitespace or a control character: {odd!r})"
     try:
         parsed = httpx.URL(url)
     except httpx.InvalidURL as exc:
-        raise _refused(url, f"not a valid URL ({exc})") from None
+        return f"not a valid URL ({exc})"
     if parsed.scheme not in ("http", "https"):
-        raise _refused(url, "the scheme must be https")
+        return "the scheme must be https"
     if not parsed.host:
-        raise _refused(url, "the URL has no host")
-    return parsed
+        return "the URL has no host"
+    if not _HOST.fullmatch(parsed.raw_host.decode("ascii", "replace")):
+        return f"not a valid URL (the host {parsed.host!r} is not a name or an address)"
+    return None
+
+
+def _parse(url: str) -> httpx.URL:
+    problem = url_problem(url)
+    if problem is not None:
+        raise _refused(url, problem)
+    return httpx.URL(url)
 
 
 def _resolve(url: str, host: str, port: int, resolver: Resolver) -> list[str]:
