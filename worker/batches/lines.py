@@ -7,11 +7,16 @@ and refusals (`n` > 1, an unknown `model`, a chat role the model's template cann
 naming the field while the rest of the batch runs. What only a batch adds: `stream` must be false, a line's
 url must match the batch's endpoint, output and prompt lengths are held to the batch queue's limits (a prompt
 is refused by its size before it is tokenized), and the engine checks the resulting parameters last.
+
+Nothing about one line can fail the batch: an integer literal longer than MAX_INT_DIGITS is refused before
+it is converted, and any other exception while judging a line (a bug, or a tokenizer or chat template
+failing in a way nobody foresaw) becomes that line's `invalid_line` error, logged with its traceback.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,9 +32,11 @@ from core.openai_request import (
     check_request,
     parse_body,
 )
-from core.request_rules import PROMPT_BYTES_PER_TOKEN, text_problem, utf8_length
+from core.request_rules import MAX_INT_DIGITS, PROMPT_BYTES_PER_TOKEN, text_problem, utf8_length
 from worker.batches.reader import OversizeLine, RawLine
 from worker.sampling import sampling_params_from_json
+
+log = logging.getLogger(__name__)
 
 ENDPOINTS = (CHAT, COMPLETIONS)
 MAX_CUSTOM_ID_CHARS = 512
@@ -112,13 +119,17 @@ def parse_line(number: int, raw: RawLine, seen: CustomIdSet, limits: LineLimits 
         return request
     except LineRejected as error:
         return LineError(number, custom_id, error.code, str(error))
+    except Exception as error:  # a line must never fail its batch, whatever judging it raised
+        log.exception("batch line %d: judging it raised %s", number, type(error).__name__)
+        return LineError(number, custom_id, "invalid_line",
+                         f"the line could not be judged: {type(error).__name__}")
 
 
 def _decode(raw: RawLine) -> dict[str, Any]:
     if isinstance(raw, OversizeLine):
         raise LineRejected("line_too_long", f"line is longer than {raw.limit} bytes")
     try:
-        line = json.loads(raw)
+        line = json.loads(raw, parse_int=_bounded_int)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise LineRejected("invalid_json", f"line is not valid JSON: {error}") from None
     except RecursionError:  # raised, not refused, it would fail the round and the line be read again forever
@@ -126,6 +137,15 @@ def _decode(raw: RawLine) -> dict[str, Any]:
     if not isinstance(line, dict):
         raise LineRejected("invalid_json", "line must be a JSON object")
     return line
+
+
+def _bounded_int(literal: str) -> int:
+    """An integer literal of the line, converted only when it is short enough to be any field's value."""
+    digits = len(literal) - literal.startswith("-")
+    if digits > MAX_INT_DIGITS:
+        raise LineRejected("invalid_json", f"line holds an integer of {digits} digits; at most "
+                           f"{MAX_INT_DIGITS} are read (no field takes more than 19)")
+    return int(literal)
 
 
 def _custom_id(line: dict[str, Any]) -> str:

@@ -1,0 +1,152 @@
+"""One hostile line fails alone (issue 27). Before, a line holding a deeply nested response_format schema
+(RecursionError in jsonschema) or a 5,000-digit max_tokens (ValueError from Python's int limit in json.loads)
+escaped the line parser, and the whole batch ended `failed` with `input_unreadable`, total 0."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from service_support import Service
+from sqlalchemy import select
+
+from core.request_rules import MAX_INT_DIGITS
+from core.store.tables import BatchLine, Job
+from worker.batches.lines import BatchRequest, CustomIdSet, LineError, LineLimits, parse_line
+from worker.batches.runner import BatchRunner
+
+
+def nested_objects(levels: int) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
+def nested_items(levels: int) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
+def schema_body(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"prompt": "x", "response_format": {"type": "json_schema",
+                                              "json_schema": {"name": "s", "schema": schema}}}
+
+
+def line(custom_id: str, body: dict[str, Any] | str) -> bytes:
+    text = body if isinstance(body, str) else json.dumps(body)
+    return f'{{"custom_id": "{custom_id}", "body": {text}}}'.encode()
+
+
+HOSTILE = [  # (line, code, a fragment of its message)
+    (line("objects", schema_body(nested_objects(100))), "invalid_parameter",
+     "response_format: the JSON Schema is nested deeper than 32 levels"),
+    (line("items", schema_body(nested_items(150))), "invalid_parameter",
+     "response_format: the JSON Schema is nested deeper than 32 levels"),
+    (line("digits", '{"prompt": "x", "max_tokens": ' + "9" * 5000 + "}"), "invalid_json",
+     f"integer of 5000 digits; at most {MAX_INT_DIGITS}"),
+    (line("negative", '{"prompt": "x", "seed": -' + "9" * 5000 + "}"), "invalid_json", "5000 digits"),
+    (b'{"custom_id": "elsewhere", "body": {"prompt": "x"}, "x": ' + b"1" * 101 + b"}", "invalid_json",
+     "101 digits"),
+    (line("string", '{"prompt": "x", "max_tokens": "5"}'), "invalid_parameter",
+     "max_tokens: Input should be a valid integer"),
+    (line("bool", '{"prompt": "x", "max_tokens": true}'), "invalid_parameter",
+     "max_tokens: Input should be a valid integer"),
+    (line("float", '{"prompt": "x", "max_tokens": 5.0}'), "invalid_parameter",
+     "max_tokens: Input should be a valid integer"),
+    (line("logprobs", '{"prompt": "x", "logprobs": true}'), "invalid_parameter",
+     "logprobs: Input should be a valid integer"),
+    (line("schema-type", schema_body({"$schema": []})), "invalid_parameter", "$schema must be a string"),
+]
+
+
+@pytest.mark.parametrize(("raw", "code", "fragment"), HOSTILE)
+def test_hostile_line_is_its_own_error(raw: bytes, code: str, fragment: str) -> None:
+    parsed = parse_line(3, raw, CustomIdSet(), LineLimits(max_output_tokens=64))
+    assert isinstance(parsed, LineError), parsed
+    assert (parsed.line, parsed.code) == (3, code) and fragment in parsed.message, parsed
+
+
+def test_long_but_sane_integers_still_name_their_field() -> None:
+    parsed = parse_line(1, line("k", {"prompt": "x", "top_k": 2**70}), CustomIdSet())
+    assert isinstance(parsed, LineError) and parsed.code == "invalid_parameter"
+    assert parsed.message.startswith("top_k: "), parsed
+
+
+def _counter_raising(error: Exception) -> Callable[[BatchRequest], int]:
+    def count(request: BatchRequest) -> int:
+        raise error
+
+    return count
+
+
+@pytest.mark.parametrize("error", [RuntimeError("template blew up"), TypeError("bad"), RecursionError()])
+def test_anything_judging_a_line_raises_is_that_lines_error(error: Exception,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    limits = LineLimits(max_prompt_tokens=100, count_tokens=_counter_raising(error))
+    seen = CustomIdSet()
+    with caplog.at_level(logging.ERROR, logger="worker.batches.lines"):
+        parsed = parse_line(5, line("a", {"prompt": "x"}), seen, limits)
+    name = type(error).__name__
+    assert parsed == LineError(5, "a", "invalid_line", f"the line could not be judged: {name}")
+    assert "a" in seen  # the failed line owns its custom_id, as any other invalid line does
+    [record] = caplog.records
+    assert record.exc_info is not None and name in record.getMessage()
+
+
+class _Tokenizer:
+    """The engine tokenizer's two methods; a prompt or message saying "explode" makes either raise."""
+
+    chat_template = None
+
+    def encode(self, text: str) -> list[int]:
+        if "explode" in text:
+            raise RuntimeError("tokenizer failure")
+        return [1] * len(text.split())
+
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
+        if any("explode" in m["content"] for m in messages):
+            raise KeyError("a template variable")
+        return [1] * sum(len(m["content"].split()) for m in messages)
+
+
+def _upload(client: Any, content: bytes) -> str:
+    r = client.post("/v1/files", files={"file": ("lines.jsonl", content)}, data={"purpose": "batch"})
+    assert r.status_code == 200, r.text
+    return str(r.json()["id"])
+
+
+def test_hostile_lines_fail_alone_and_the_rest_of_the_batch_is_queued(
+    make_service: Callable[..., Service],
+) -> None:
+    service = make_service(batch_max_line_bytes=1 << 20)
+    client = service.client("alice")
+    lines = [line("good-1", {"prompt": "hello", "max_tokens": 2}),
+             *(raw for raw, _, _ in HOSTILE),
+             line("tokenizer", {"prompt": "explode now"}),
+             line("template", {"messages": [{"role": "user", "content": "explode"}]}),
+             line("good-2", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})]
+    r = client.post("/v1/batches", json={"input_file_id": _upload(client, b"\n".join(lines) + b"\n")})
+    assert r.status_code == 200, r.text
+    batch_id = r.json()["id"]
+
+    runner = BatchRunner(service.session_factory, service.settings, lambda job_id, queue: None, "runner-1",
+                         tokenizer=_Tokenizer(), s3=None, model_name="demo-model")
+    for _ in range(3):
+        runner.run_once()
+
+    batch = client.get(f"/v1/batches/{batch_id}").json()
+    assert batch["status"] == "in_progress" and batch["errors"] is None, batch
+    assert batch["request_counts"]["total"] == len(lines)
+    with service.session_factory() as session:
+        codes = {row.line: (row.error or {}).get("code")
+                 for row in session.scalars(select(BatchLine).where(BatchLine.batch_id == batch_id))}
+        queued = sorted(job.meta["custom_id"] for job in session.scalars(select(Job)) if job.meta)
+    want = [None, *(code for _, code, _ in HOSTILE), "invalid_line", "invalid_line", None]
+    assert codes == dict(enumerate(want, start=1))
+    assert queued == ["good-1", "good-2"]
