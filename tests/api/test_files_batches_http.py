@@ -178,6 +178,47 @@ def test_s3_form_through_http(embedded: tuple[str, str, str], s3: Any) -> None:
     assert manifest["request_counts"] == {"total": 7, "completed": 6, "failed": 1, "cancelled": 0}
 
 
+def _deep_schema_line(custom_id: str, levels: int) -> bytes:
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"a": schema}}
+    body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "deep", "schema": schema}}}
+    return json.dumps({"custom_id": custom_id, "body": body}).encode() + b"\n"
+
+
+def test_hostile_lines_fail_alone_and_the_good_ones_succeed(embedded: tuple[str, str, str]) -> None:
+    """Before (issue 27), a line holding a schema nested 100 levels or a 5,000-digit max_tokens raised out of
+    the line parser: the batch ended `failed` (input_unreadable, total 0) and no line ran."""
+    url, alice_key, _ = embedded
+    alice = _client(url, alice_key)
+    chat = '"messages": [{"role": "user", "content": "x"}]'
+    content = b"".join([
+        _line("good-1"),
+        _deep_schema_line("deep", 100),
+        b'{"custom_id": "digits", "body": {' + chat.encode() + b', "max_tokens": ' + b"9" * 5000 + b"}}\n",
+        b'{"custom_id": "string", "body": {' + chat.encode() + b', "max_tokens": "5"}}\n',
+        _line("good-2"),
+    ])
+    uploaded = alice.files.create(file=("hostile.jsonl", content), purpose="batch")
+    batch = alice.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                 completion_window="24h")
+    done = _until_closed(alice, batch.id)
+
+    assert done.status == "completed" and done.errors is None
+    assert done.request_counts is not None
+    assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (5, 2, 3)
+    output = [json.loads(line) for line in alice.files.content(done.output_file_id or "").text.splitlines()]
+    assert sorted(r["custom_id"] for r in output) == ["good-1", "good-2"]
+    assert all(r["response"]["status_code"] == 200 for r in output)
+    errors = [json.loads(line) for line in alice.files.content(done.error_file_id or "").text.splitlines()]
+    assert [(e["line"], e["error"]["code"]) for e in errors] == [
+        (2, "invalid_parameter"), (3, "invalid_json"), (4, "invalid_parameter")]
+    assert "nested deeper than 32 levels" in errors[0]["error"]["message"]
+    assert "5000 digits" in errors[1]["error"]["message"]
+    assert errors[2]["error"]["message"] == "max_tokens: Input should be a valid integer"
+
+
 # --- a worker-less app on SQLite and Postgres ---------------------------------------------------------
 
 
