@@ -115,8 +115,8 @@ class GrammarProbe:
             if answer is None:  # out of memory, or a crash
                 self._replace(child)
                 raise GrammarLimitError(
-                    f"structured.{structured.kind} could not be compiled within "
-                    f"{self.memory_bytes / 2**20:.0f} MiB (grammar_compile_memory_bytes)"
+                    f"structured.{structured.kind} could not be compiled: the compile ran out of its "
+                    f"{self.memory_bytes / 2**20:.0f} MiB (grammar_compile_memory_bytes) or crashed"
                 )
         if not answer.get("ok"):
             raise ValueError(str(answer.get("error")))
