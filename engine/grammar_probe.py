@@ -112,15 +112,20 @@ class GrammarProbe:
                 ) from None
             if answer is None and self._closed:
                 raise RuntimeError("the grammar probe is closed")
-            if answer is None:  # out of memory, or a crash
+            if answer is None:  # a crash (the stack, or memory the limit let the allocator promise)
                 self._replace(child)
-                raise GrammarLimitError(
-                    f"structured.{structured.kind} could not be compiled: the compile ran out of its "
-                    f"{self.memory_bytes / 2**20:.0f} MiB (grammar_compile_memory_bytes) or crashed"
-                )
+                raise GrammarLimitError(f"structured.{structured.kind} could not be compiled: the compile "
+                                        "process crashed")
+        if answer.get("out_of_memory"):
+            raise GrammarLimitError(f"structured.{structured.kind} could not be compiled within "
+                                    f"{self._memory_limit}")
         if not answer.get("ok"):
             raise ValueError(str(answer.get("error")))
         return ProbeResult(int(answer["memory_bytes"]), float(answer["seconds"]))
+
+    @property
+    def _memory_limit(self) -> str:
+        return f"{self.memory_bytes / 2**20:.0f} MiB (grammar_compile_memory_bytes)"
 
     def close(self) -> None:
         """Kills the child, without waiting for a compile in progress (which then raises RuntimeError)."""
@@ -169,11 +174,13 @@ def _serve(stdin: IO[str], stdout: IO[str]) -> None:
         start = time.perf_counter()
         try:
             compiled = compile_structured(compiler, StructuredOutput(**json.loads(line)))
-        except ValueError as exc:
-            _answer(stdout, {"ok": False, "error": str(exc)})
-            continue
         except MemoryError:
-            return  # the parent reports the memory limit
+            _answer(stdout, {"ok": False, "out_of_memory": True})
+            continue
+        except ValueError as exc:  # xgrammar's C++ reports its failed allocations as std::bad_alloc
+            _answer(stdout, {"ok": False, "out_of_memory": True} if "bad_alloc" in str(exc)
+                    else {"ok": False, "error": str(exc)})
+            continue
         _answer(stdout, {"ok": True, "memory_bytes": compiled.memory_size_bytes,
                          "seconds": time.perf_counter() - start})
         del compiled

@@ -55,6 +55,16 @@ def test_a_schema_past_the_deadline_is_refused_naming_the_limit_and_stays_refuse
     assert compiler.num_compiles == 1
 
 
+def test_a_schema_past_the_memory_cap_is_refused_naming_the_limit(demo_model_dir: Path) -> None:
+    engine = LLMEngine(EngineConfig(model=str(demo_model_dir), num_kv_blocks=64, max_model_len=256,
+                                    grammar_compile_timeout_s=60.0, grammar_compile_memory_bytes=8 * 2**20))
+    limit = r"could not be compiled within 8 MiB \(grammar_compile_memory_bytes\)"
+    with pytest.raises(GrammarLimitError, match=limit):
+        engine.grammar_compiler.compile(StructuredOutput(json_schema=costly_schema(600)))
+    assert engine.grammar_compiler.compile(StructuredOutput(json_schema=SMALL)) is not None
+    engine.close()
+
+
 def test_a_grammar_xgrammar_rejects_is_a_value_error_naming_the_field(compiler) -> None:
     with pytest.raises(ValueError, match=r"structured.regex cannot be compiled"):
         compiler.compile(StructuredOutput(regex="("))
