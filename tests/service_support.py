@@ -3,12 +3,16 @@ fixtures)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
+from api.app import create_app
+from api.prompt_tokenizer import PromptTokenizer
 from core.clock import utcnow
 from core.settings import Settings
 from core.store import keys
@@ -59,6 +63,26 @@ class Service:
         c = TestClient(self.http.app)
         c.headers["Authorization"] = f"Bearer {key}"
         return c
+
+
+@contextmanager
+def embedded_tenants(settings: Settings, tokenizer: PromptTokenizer, sessions: sessionmaker[Session],
+                     ) -> Iterator[Callable[[str], TestClient]]:
+    """An embedded server (HTTP -> store -> in-process queue -> EmbeddedRuntime -> engine) and a factory of
+    tenants' clients, each carrying a fresh API key of its tenant."""
+    from worker.embedded import EmbeddedRuntime
+
+    runtime = EmbeddedRuntime(settings)
+    app = create_app(settings, publisher=runtime.publisher, tokenizer=tokenizer, runtime=runtime)
+    with TestClient(app) as http:
+        def client(tenant: str) -> TestClient:
+            with sessions() as session:
+                _, key = keys.create_key(session, tenant, utcnow())
+            c = TestClient(http.app)
+            c.headers["Authorization"] = f"Bearer {key}"
+            return c
+
+        yield client
 
 
 def error_of(response: Any) -> dict[str, Any]:

@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from service_support import embedded_tenants
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.app import create_app
 from api.prompt_tokenizer import PromptTokenizer
 from core.clock import utcnow
 from core.settings import Settings
-from core.store import keys, tenants
+from core.store import tenants
 
 ENGINE = dict(max_num_seqs=8, max_num_batched_tokens=256, num_kv_blocks=192, block_size=16, dtype="float32",
               device="cpu", attention_backend="torch")
@@ -36,20 +36,9 @@ def server(
     prompt_tokenizer: PromptTokenizer, session_factory: sessionmaker[Session],
 ) -> Iterator[Callable[[str], TestClient]]:
     """A client factory: the client of a tenant, carrying a fresh API key of it."""
-    from worker.embedded import EmbeddedRuntime
-
     settings = make_settings(database_url=database_url, model=str(demo_model_dir), auth_enabled=True,
                              batch_window_jobs=4, **ENGINE)
-    runtime = EmbeddedRuntime(settings)
-    app = create_app(settings, publisher=runtime.publisher, tokenizer=prompt_tokenizer, runtime=runtime)
-    with TestClient(app) as http:
-        def client(tenant: str) -> TestClient:
-            with session_factory() as session:
-                _, key = keys.create_key(session, tenant, utcnow())
-            c = TestClient(http.app)
-            c.headers["Authorization"] = f"Bearer {key}"
-            return c
-
+    with embedded_tenants(settings, prompt_tokenizer, session_factory) as client:
         yield client
 
 

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from hostile_schemas import nested_items, nested_objects
 from service_support import RecordingPublisher, Service, error_of
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
@@ -50,20 +51,6 @@ def rows(service: Service, table: Any) -> int:
 
 def post_raw(service: Service, path: str, raw: str) -> Any:
     return service.client("alice").post(path, content=raw.encode(), headers=JSON)
-
-
-def nested_objects(levels: int) -> dict[str, Any]:
-    schema: dict[str, Any] = {"type": "string"}
-    for _ in range(levels):
-        schema = {"type": "object", "properties": {"a": schema}}
-    return schema
-
-
-def nested_items(levels: int) -> dict[str, Any]:
-    schema: dict[str, Any] = {"type": "string"}
-    for _ in range(levels):
-        schema = {"type": "array", "items": schema}
-    return schema
 
 
 def problem(response: Any) -> tuple[int, str | None, str]:

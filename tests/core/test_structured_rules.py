@@ -10,6 +10,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+from hostile_schemas import nested_items, nested_objects
 
 from core.request_rules import json_shape_problem
 from core.structured_rules import (
@@ -30,20 +31,6 @@ ONE_LEVEL = ["items", "not", "if", "then", "else", "contains", "propertyNames", 
              "additionalItems", "unevaluatedItems", "unevaluatedProperties", "contentSchema"]
 IN_AN_OBJECT = ["properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies"]
 IN_AN_ARRAY = ["allOf", "anyOf", "oneOf", "prefixItems"]
-
-
-def nested_objects(levels: int) -> dict[str, Any]:
-    schema: dict[str, Any] = {"type": "string"}
-    for _ in range(levels):
-        schema = {"type": "object", "properties": {"a": schema}}
-    return schema
-
-
-def nested_items(levels: int) -> dict[str, Any]:
-    schema: dict[str, Any] = {"type": "string"}
-    for _ in range(levels):
-        schema = {"type": "array", "items": schema}
-    return schema
 
 
 def deepest(keyword: str) -> dict[str, Any]:

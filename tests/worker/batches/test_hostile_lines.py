@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from hostile_schemas import nested_items, nested_objects
 from service_support import Service
 from sqlalchemy import select
 
@@ -17,20 +18,6 @@ from core.request_rules import MAX_INT_DIGITS
 from core.store.tables import BatchLine, Job
 from worker.batches.lines import BatchRequest, CustomIdSet, LineError, LineLimits, parse_line
 from worker.batches.runner import BatchRunner
-
-
-def nested_objects(levels: int) -> dict[str, Any]:
-    schema: dict[str, Any] = {"type": "string"}
-    for _ in range(levels):
-        schema = {"type": "object", "properties": {"a": schema}}
-    return schema
-
-
-def nested_items(levels: int) -> dict[str, Any]:
-    schema: dict[str, Any] = {"type": "string"}
-    for _ in range(levels):
-        schema = {"type": "array", "items": schema}
-    return schema
 
 
 def schema_body(schema: dict[str, Any]) -> dict[str, Any]:
