@@ -100,8 +100,7 @@ class GrammarProbe:
         """How the constraint compiled; GrammarLimitError past the time or memory limit, ValueError naming
         the field if xgrammar rejects it."""
         with self._lock:
-            child = self._ready_child()
-            child.send(json.dumps(dataclasses.asdict(structured)))
+            child = self._sent(json.dumps(dataclasses.asdict(structured)))
             try:
                 answer = child.answer(self.timeout_s)
             except queue.Empty:
@@ -133,6 +132,18 @@ class GrammarProbe:
         child = self._child
         if child is not None:
             child.kill()
+
+    def _sent(self, request: str) -> _Child:
+        """The child `request` went to; one that died since its last answer (the kernel's OOM killer, say)
+        is replaced first."""
+        child = self._ready_child()
+        try:
+            child.send(request)
+        except OSError:
+            self._replace(child)
+            child = self._ready_child()
+            child.send(request)
+        return child
 
     def _ready_child(self) -> _Child:
         if self._closed:

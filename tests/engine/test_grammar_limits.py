@@ -65,6 +65,16 @@ def test_a_schema_past_the_memory_cap_is_refused_naming_the_limit(demo_model_dir
     engine.close()
 
 
+def test_a_probe_process_that_died_between_compiles_is_replaced(compiler) -> None:
+    assert compiler._probe is not None
+    compiler.compile(StructuredOutput(json_schema=SMALL))
+    child = compiler._probe._child
+    assert child is not None
+    child.kill()  # as the kernel's OOM killer would
+    assert compiler.compile(StructuredOutput(regex="[0-9]+")) is not None
+    assert compiler._probe._child is not child
+
+
 def test_a_grammar_xgrammar_rejects_is_a_value_error_naming_the_field(compiler) -> None:
     with pytest.raises(ValueError, match=r"structured.regex cannot be compiled"):
         compiler.compile(StructuredOutput(regex="("))
