@@ -15,7 +15,7 @@ from api.app import create_app
 from api.prompt_tokenizer import PromptTokenizer
 from core.clock import utcnow
 from core.settings import Settings
-from core.store import keys
+from core.store import jobs, keys
 
 
 class RecordingPublisher:
@@ -42,6 +42,20 @@ class RecordingPublisher:
     def lost_messages(self) -> bool:
         restarted, self.restarted = self.restarted, False
         return restarted
+
+
+class CancelOnPublish(RecordingPublisher):
+    """Cancels each job it is given (as tenant "alice"): a request that wrongly gets through answers 409 at
+    once instead of waiting for a worker the app under test does not have."""
+
+    def __init__(self, session_factory: sessionmaker[Session]) -> None:
+        super().__init__()
+        self.session_factory = session_factory
+
+    def publish(self, job_id: str, queue: str) -> None:
+        super().publish(job_id, queue)
+        with self.session_factory() as session:
+            jobs.cancel(session, job_id, "alice", utcnow())
 
 
 @dataclass

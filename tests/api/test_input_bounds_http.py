@@ -11,16 +11,14 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from service_support import RecordingPublisher, Service, error_of
+from service_support import CancelOnPublish, Service, error_of
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.prompt_tokenizer import PromptTokenizer
 from api.schemas import fields
 from core import request_rules
-from core.clock import utcnow
 from core.request_rules import MAX_JSON_DEPTH, PROMPT_BYTES_PER_TOKEN
-from core.store import jobs
 from core.store.tables import Batch, Job, Subscription
 
 BIG = 2**70  # the operator's top_k: past every integer column and tensor type
@@ -145,20 +143,6 @@ def test_api_bounds_are_the_engines() -> None:
 
 
 # --- the OpenAI routes: OpenAI's 400 naming the parameter -----------------------------------------
-
-class CancelOnPublish(RecordingPublisher):
-    """Cancels each job it is given: a request that wrongly gets through answers 409 at once instead of
-    waiting for a worker this app does not have."""
-
-    def __init__(self, session_factory: sessionmaker[Session]) -> None:
-        super().__init__()
-        self.session_factory = session_factory
-
-    def publish(self, job_id: str, queue: str) -> None:
-        super().publish(job_id, queue)
-        with self.session_factory() as session:
-            jobs.cancel(session, job_id, "alice", utcnow())
-
 
 @pytest.fixture
 def openai_service(make_service: Callable[..., Service], session_factory: sessionmaker[Session]) -> Service:

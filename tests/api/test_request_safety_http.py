@@ -11,32 +11,16 @@ from typing import Any
 
 import pytest
 from hostile_schemas import nested_items, nested_objects
-from service_support import RecordingPublisher, Service, error_of
+from service_support import CancelOnPublish, Service, error_of
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.clock import utcnow
-from core.store import jobs
 from core.store.tables import Batch, Job, Subscription
 from core.structured_rules import MAX_STRUCTURED_DEPTH
 
 JSON = {"Content-Type": "application/json"}
 CHAT = '"messages": [{"role": "user", "content": "hi"}]'
 HUGE = "9" * 5000  # past Python's 4,300-digit limit on converting a string to an int
-
-
-class CancelOnPublish(RecordingPublisher):
-    """Cancels each job it is given: an OpenAI request that wrongly gets through answers 409 at once instead
-    of waiting for a worker this app does not have."""
-
-    def __init__(self, session_factory: sessionmaker[Session]) -> None:
-        super().__init__()
-        self.session_factory = session_factory
-
-    def publish(self, job_id: str, queue: str) -> None:
-        super().publish(job_id, queue)
-        with self.session_factory() as session:
-            jobs.cancel(session, job_id, "alice", utcnow())
 
 
 @pytest.fixture
