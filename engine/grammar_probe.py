@@ -8,8 +8,8 @@ again in the engine's process, where the matcher must live. A compiled grammar c
 xgrammar's serialized form grows quadratically (356 MB of JSON for a 4 MB grammar of 1,000 properties).
 
 The protocol is JSON lines. Parent to child: first {"tokenizer_info": ..., "memory_bytes": ...}, then one
-StructuredOutput's fields per line. Child to parent: {"ready": true} once, then per request either
-{"ok": true, "memory_bytes": n, "seconds": s} or {"ok": false, "error": "..."}.
+StructuredOutput's fields per line. Child to parent: {"ready": true} once, then per request one of
+{"ok": true}, {"ok": false, "out_of_memory": true} or {"ok": false, "error": "..."}.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import resource
 import subprocess
 import sys
 import threading
-import time
 import weakref
 from typing import IO, Any
 
@@ -33,12 +32,6 @@ log = logging.getLogger(__name__)
 
 STARTUP_TIMEOUT_S = 120.0  # the child imports xgrammar (and torch with it): seconds on a busy machine
 CHILD_MODULE = "engine.grammar_probe"
-
-
-@dataclasses.dataclass(frozen=True)
-class ProbeResult:
-    memory_bytes: int  # what xgrammar says the compiled grammar holds
-    seconds: float
 
 
 class _Child:
@@ -96,9 +89,9 @@ class GrammarProbe:
         self._closed = False
         self.num_kills = 0
 
-    def check(self, structured: StructuredOutput) -> ProbeResult:
-        """How the constraint compiled; GrammarLimitError past the time or memory limit, ValueError naming
-        the field if xgrammar rejects it."""
+    def check(self, structured: StructuredOutput) -> None:
+        """Returns once the constraint compiled within the limits; GrammarLimitError past the time or memory
+        limit, ValueError naming the field if xgrammar rejects it."""
         with self._lock:
             child = self._sent(json.dumps(dataclasses.asdict(structured)))
             try:
@@ -120,7 +113,6 @@ class GrammarProbe:
                                     f"{self._memory_limit}")
         if not answer.get("ok"):
             raise ValueError(str(answer.get("error")))
-        return ProbeResult(int(answer["memory_bytes"]), float(answer["seconds"]))
 
     @property
     def _memory_limit(self) -> str:
@@ -182,7 +174,6 @@ def _serve(stdin: IO[str], stdout: IO[str]) -> None:
     _limit_memory(int(setup["memory_bytes"]))
     _answer(stdout, {"ready": True})
     for line in stdin:
-        start = time.perf_counter()
         try:
             compiled = compile_structured(compiler, StructuredOutput(**json.loads(line)))
         except MemoryError:
@@ -192,9 +183,8 @@ def _serve(stdin: IO[str], stdout: IO[str]) -> None:
             _answer(stdout, {"ok": False, "out_of_memory": True} if "bad_alloc" in str(exc)
                     else {"ok": False, "error": str(exc)})
             continue
-        _answer(stdout, {"ok": True, "memory_bytes": compiled.memory_size_bytes,
-                         "seconds": time.perf_counter() - start})
         del compiled
+        _answer(stdout, {"ok": True})
 
 
 def _limit_memory(memory_bytes: int) -> None:

@@ -59,11 +59,6 @@ class GrammarQueue:
                 elif len(kept) != len(requests):
                     self._waiting[owner] = kept
 
-    @property
-    def num_waiting(self) -> int:
-        with self._cond:
-            return sum(len(requests) for requests in self._waiting.values())
-
     def shutdown(self, wait: bool = True) -> None:
         """Drops what waits (its requests are failed by the host) and stops after the compile in progress;
         `wait`: until then."""
