@@ -17,8 +17,6 @@ import psycopg
 import pytest
 import redis
 from fastapi.testclient import TestClient
-from live_server import SpareRedis
-from service_support import RecordingPublisher, Service
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -30,6 +28,8 @@ from core.store.migrate import upgrade
 from core.store.tables import Base
 from core.webhooks.signing import generate_secret
 from engine.demo import build_tiny_model
+from tests.support.live_server import SpareRedis
+from tests.support.service import RecordingPublisher, Service
 
 POSTGRES_SERVER = os.environ.get("CONVEYOR_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REDIS_SERVER = os.environ.get("CONVEYOR_TEST_REDIS", "redis://127.0.0.1:6379")

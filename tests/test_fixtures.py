@@ -6,7 +6,7 @@ import pytest
 from sqlalchemy import func, select
 
 from core.clock import utcnow
-from core.store import batches, jobs, keys, webhooks, workers
+from core.store import batches, jobs, keys, outcome_counts, webhooks, workers
 from core.store.database import make_db_engine, make_session_factory
 from core.store.files import new_file_id
 from core.store.tables import Attempt, Base, BatchLine, File
@@ -37,6 +37,7 @@ def _fill_every_table(url: str) -> None:
         session.flush()
         session.add(Attempt(delivery_id=delivery.id, number=1, attempted_at=now, outcome="retry",
                             duration_s=0.1))
+        outcome_counts.record_webhook_attempt(session, "retry")  # metric_counts
         session.commit()
     db_engine.dispose()
 

@@ -6,13 +6,13 @@ from collections.abc import Callable
 
 import pytest
 from fastapi.testclient import TestClient
-from service_support import Service, error_of
 from sqlalchemy.orm import Session
 
 from core.clock import utcnow
 from core.settings import Settings
 from core.store import keys
 from core.store.tables import DEFAULT_TENANT, ApiKey
+from tests.support.service import Service, error_of
 
 
 @pytest.mark.parametrize(

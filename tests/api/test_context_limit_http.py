@@ -7,9 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from service_support import Service, error_of
-
 from core.store.tables import Job
+from tests.support.service import Service, error_of
 
 MODEL_LEN = 1024  # engine/demo.py's max_position_embeddings
 

@@ -12,9 +12,7 @@ from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
-from deletion_support import attempts_of, count, deliveries_of, delivery, ended_batch, finished_job
 from openai.types import FileDeleted
-from service_support import Service, error_of
 from sqlalchemy import update
 from test_files_batches_http import moto_url, s3  # noqa: F401 (the shared moto server and bucket)
 
@@ -22,6 +20,8 @@ from core.clock import utcnow
 from core.lifecycle import IN_PROGRESS
 from core.store import batches
 from core.store.tables import Batch, BatchLine, File, Job
+from tests.support.deletion import attempts_of, count, deliveries_of, delivery, ended_batch, finished_job
+from tests.support.service import Service, error_of
 
 BUCKET = "conveyor-batches"  # the bucket the shared `s3` fixture creates
 

@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from live_server import free_port
 from typer.testing import CliRunner
 
 from api.app import create_app
 from api.prompt_tokenizer import PromptTokenizer
 from core.settings import Settings
+from tests.support.live_server import free_port
 
 ENGINE = dict(max_num_seqs=8, max_num_batched_tokens=256, num_kv_blocks=192, block_size=16, dtype="float32",
               device="cpu", attention_backend="torch")

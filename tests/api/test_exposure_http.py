@@ -10,10 +10,10 @@ from collections.abc import Callable
 
 import httpx
 import pytest
-from service_support import Service, error_of
 
 from core.settings import Settings
 from core.store.migrate import upgrade
+from tests.support.service import Service, error_of
 
 TOKEN = "metrics-token-9f2c41d7e8b3"
 DOCS = ("/docs", "/redoc", "/openapi.json")

@@ -14,13 +14,13 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from live_server import new_api_key, serving, wait_for
-from service_support import Service, error_of
 
 from api.app import create_app
 from api.prompt_tokenizer import PromptTokenizer
 from core.settings import Settings
 from core.store.migrate import upgrade
+from tests.support.live_server import new_api_key, serving, wait_for
+from tests.support.service import Service, error_of
 
 ENGINE = dict(max_num_seqs=16, max_num_batched_tokens=256, num_kv_blocks=192, block_size=16, dtype="float32",
               device="cpu", attention_backend="torch")

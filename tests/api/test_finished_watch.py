@@ -9,11 +9,11 @@ import threading
 from collections.abc import Callable
 
 import pytest
-from live_server import SpareRedis
 
 from api import finished_watch
 from api.finished_watch import RedisFinishedWatch
 from core.finished_jobs import RedisFinishedSink
+from tests.support.live_server import SpareRedis
 
 SUBSCRIBE_S = 10.0
 

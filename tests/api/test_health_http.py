@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
-from service_support import RecordingPublisher, Service
 from sqlalchemy.orm import Session
 
 from core.clock import utcnow
 from core.settings import Settings
 from core.store import jobs, workers
 from core.store.database import make_db_engine, make_session_factory
+from tests.support.service import RecordingPublisher, Service
 
 METRICS_TOKEN = "metrics-token-for-these-tests"
 

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from service_support import CancelOnPublish, Service, error_of
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -20,6 +19,7 @@ from api.schemas import fields
 from core import request_rules
 from core.request_rules import MAX_JSON_DEPTH, PROMPT_BYTES_PER_TOKEN
 from core.store.tables import Batch, Job, Subscription
+from tests.support.service import CancelOnPublish, Service, error_of
 
 BIG = 2**70  # the operator's top_k: past every integer column and tensor type
 JSON = {"Content-Type": "application/json"}

@@ -14,8 +14,6 @@ from typing import Any
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from live_server import serving
-from service_support import RecordingPublisher, Service, error_of
 from sqlalchemy.orm import Session, sessionmaker
 
 from api import job_waits
@@ -26,6 +24,8 @@ from core.clock import utcnow
 from core.finished_jobs import FinishedSink, FinishedWatch, LocalFinishedHub, RedisFinishedSink
 from core.settings import Settings
 from core.store import jobs
+from tests.support.live_server import serving
+from tests.support.service import RecordingPublisher, Service, error_of
 
 NOT_NOTIFIED_S = 30.0  # the fallback read interval in tests that must be answered by a notification
 

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from service_support import RecordingPublisher, Service, error_of
 from sqlalchemy.orm import Session
 from transformers import AutoTokenizer
 
 from core.clock import utcnow
 from core.store import jobs, workers
+from tests.support.service import RecordingPublisher, Service, error_of
 
 
 def test_submit_run_complete_read_back(

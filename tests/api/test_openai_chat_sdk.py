@@ -13,8 +13,6 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from live_server import WAIT_S, new_api_key, serving, wait_for
-from service_support import RecordingPublisher
 
 from api.app import create_app
 from api.prompt_tokenizer import PromptTokenizer
@@ -23,6 +21,8 @@ from core.settings import Settings
 from core.store import jobs
 from core.store.database import make_db_engine, make_session_factory
 from core.store.migrate import upgrade
+from tests.support.live_server import WAIT_S, new_api_key, serving, wait_for
+from tests.support.service import RecordingPublisher
 
 ENGINE = dict(max_num_seqs=8, max_num_batched_tokens=256, num_kv_blocks=192, block_size=16, dtype="float32",
               device="cpu", attention_backend="torch")

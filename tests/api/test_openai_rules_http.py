@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from service_support import RecordingPublisher, Service, error_of
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -24,6 +23,7 @@ from core.openai_request import CHAT, COMPLETIONS
 from core.store import jobs
 from core.store.tables import BatchLine, Job
 from engine.tokenizer import Tokenizer
+from tests.support.service import RecordingPublisher, Service, error_of
 from worker.batches.runner import BatchRunner
 
 USER = {"role": "user", "content": "hi"}

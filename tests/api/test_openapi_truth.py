@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 from jsonschema import Draft202012Validator
-from service_support import Service
 from sqlalchemy.exc import OperationalError
 
 from core.clock import utcnow
 from core.request_rules import MAX_TTL_S
 from core.store import jobs
+from tests.support.service import Service
 
 CHAT = [{"role": "user", "content": "hi"}]
 

@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from service_support import embedded_tenants
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.prompt_tokenizer import PromptTokenizer
 from core.clock import utcnow
 from core.settings import Settings
 from core.store import tenants
+from tests.support.service import embedded_tenants
 
 ENGINE = dict(max_num_seqs=8, max_num_batched_tokens=256, num_kv_blocks=192, block_size=16, dtype="float32",
               device="cpu", attention_backend="torch")

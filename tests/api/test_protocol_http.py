@@ -8,13 +8,13 @@ import httpx
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from live_server import serving
-from service_support import RecordingPublisher, Service, error_of
 
 from api.app import create_app
 from api.prompt_tokenizer import PromptTokenizer
 from core.settings import Settings
 from core.store.migrate import upgrade
+from tests.support.live_server import serving
+from tests.support.service import RecordingPublisher, Service, error_of
 
 SECRET = "s3cr3t-in-the-exception-message"
 

@@ -9,11 +9,11 @@ from typing import Any
 
 import httpx
 from fastapi.testclient import TestClient
-from service_support import Service, error_of
 from sqlalchemy.orm import Session
 
 from core.clock import utcnow
 from core.store import jobs, keys, tenants
+from tests.support.service import Service, error_of
 
 
 def _post(client: TestClient, **body: object) -> httpx.Response:

@@ -10,13 +10,13 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from hostile_schemas import nested_items, nested_objects
-from service_support import CancelOnPublish, Service, error_of
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.store.tables import Batch, Job, Subscription
 from core.structured_rules import MAX_STRUCTURED_DEPTH
+from tests.support.hostile_schemas import nested_items, nested_objects
+from tests.support.service import CancelOnPublish, Service, error_of
 
 JSON = {"Content-Type": "application/json"}
 CHAT = '"messages": [{"role": "user", "content": "hi"}]'

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import httpx
 from fastapi.testclient import TestClient
-from service_support import Service, error_of
 from sqlalchemy.orm import Session
 
 from api.routes.scaling import SCALING_PATH
@@ -18,6 +17,7 @@ from core.clock import utcnow
 from core.settings import QueueSettings
 from core.store import jobs, workers
 from core.store.database import make_db_engine, make_session_factory
+from tests.support.service import Service, error_of
 
 TOKEN = "metrics-token-for-scaling"
 BEARER = {"Authorization": f"Bearer {TOKEN}"}

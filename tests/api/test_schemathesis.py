@@ -20,7 +20,6 @@ import schemathesis
 from fastapi import FastAPI
 from hypothesis import HealthCheck, settings
 from schemathesis import Case
-from service_support import RecordingPublisher
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.types import Receive, Scope, Send
 
@@ -32,6 +31,7 @@ from core.settings import Settings
 from core.store import jobs, keys
 from core.store.database import make_db_engine, make_session_factory
 from core.store.migrate import upgrade
+from tests.support.service import RecordingPublisher
 
 SEED = 20261130
 MAX_EXAMPLES = 25

@@ -10,8 +10,9 @@ from typing import Any
 import httpx
 import jsonschema
 import openai
-from live_server import wait_for
 from test_openai_chat_sdk import MESSAGES, Server, embedded  # noqa: F401 (the module-scoped fixture)
+
+from tests.support.live_server import wait_for
 
 SCHEMA: dict[str, Any] = {
     "type": "object",

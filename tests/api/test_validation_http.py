@@ -6,7 +6,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from fastapi.testclient import TestClient
-from service_support import Service, error_of
+
+from tests.support.service import Service, error_of
 
 
 def submit(client: TestClient, **body: object) -> tuple[int, dict[str, object]]:

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from live_server import free_port
+
+from tests.support.live_server import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 

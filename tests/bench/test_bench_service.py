@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bench_fake_service import FakeService
 
 from bench.cli import main
 from bench.http_lanes import Lanes
@@ -18,6 +17,7 @@ from bench.http_target import run_http
 from bench.report import service_markdown
 from bench.service import service_figures
 from bench.workload import BenchRequest, WorkloadSpec, generate, service_requests
+from tests.support.bench_fake_service import FakeService
 
 URL = "http://service"
 

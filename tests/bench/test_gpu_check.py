@@ -10,10 +10,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import gpu_check_fakes as fakes
 import pytest
 import torch
 
+import tests.support.gpu_check_fakes as fakes
 from bench import gpu_check
 from bench.cli import PRESETS, build_parser, options
 from bench.gpu_check import StageOutcome, build_report, run_stages, write_report

@@ -7,12 +7,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from live_server import new_api_key, serving
-
 from api.app import create_app
 from api.prompt_tokenizer import PromptTokenizer
 from bench.tenant_isolation import main, run
 from core.store.migrate import upgrade
+from tests.support.live_server import new_api_key, serving
 
 ENGINE = dict(max_num_seqs=8, max_num_batched_tokens=256, num_kv_blocks=192, dtype="float32", device="cpu",
               attention_backend="torch")

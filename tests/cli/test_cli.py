@@ -16,8 +16,6 @@ from typing import Any
 import httpx
 import pytest
 from fastapi import FastAPI, Request
-from live_server import free_port, new_api_key, serving, wait_for
-from service_support import RecordingPublisher, Service
 from typer.testing import CliRunner
 
 from api.app import create_app
@@ -28,6 +26,8 @@ from core.clock import utcnow
 from core.finished_jobs import LocalFinishedHub
 from core.store import jobs
 from core.store.migrate import upgrade
+from tests.support.live_server import free_port, new_api_key, serving, wait_for
+from tests.support.service import RecordingPublisher, Service
 
 runner = CliRunner()
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -10,12 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from live_server import free_port
 from typer.testing import CliRunner
 
 from cli.errors import one_line
 from cli.main import app
 from core.store.migrate import upgrade
+from tests.support.live_server import free_port
 
 runner = CliRunner()
 REPO_ROOT = Path(__file__).resolve().parents[2]

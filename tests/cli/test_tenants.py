@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from service_support import Service
 from typer.testing import CliRunner
 
 from cli.main import app
+from tests.support.service import Service
 
 runner = CliRunner()
 

@@ -7,12 +7,12 @@ import re
 
 from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
-from live_server import free_port, serving
 from rich.console import Console
 from typer.testing import CliRunner
 
 from cli.main import app
 from cli.top import Frame, Source, quantile, rate, read, render, run_top
+from tests.support.live_server import free_port, serving
 
 API_TEXT = """\
 conveyor_queue_depth{queue="interactive"} 3

@@ -9,10 +9,10 @@ import json
 import pytest
 import redis
 from kombu.exceptions import OperationalError
-from live_server import SpareRedis
 
 from core.broker import BrokerPublisher
 from core.settings import Settings
+from tests.support.live_server import SpareRedis
 from worker.in_process_queue import InProcessPublisher
 
 

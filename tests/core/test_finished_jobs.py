@@ -10,9 +10,9 @@ import time
 
 import pytest
 import redis
-from live_server import SpareRedis, wait_for
 
 from core.finished_jobs import CHANNEL, LocalFinishedHub, RedisFinishedSink, decode, encode
+from tests.support.live_server import SpareRedis, wait_for
 
 
 def test_ids_round_trip_and_junk_is_no_ids() -> None:

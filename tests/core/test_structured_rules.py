@@ -10,7 +10,6 @@ from typing import Any
 
 import jsonschema
 import pytest
-from hostile_schemas import nested_items, nested_objects
 
 from core.request_rules import json_shape_problem
 from core.structured_rules import (
@@ -19,6 +18,7 @@ from core.structured_rules import (
     MAX_STRUCTURED_NODES,
     structured_problem,
 )
+from tests.support.hostile_schemas import nested_items, nested_objects
 
 DRAFTS = [
     "https://json-schema.org/draft/2020-12/schema", "https://json-schema.org/draft/2019-09/schema",

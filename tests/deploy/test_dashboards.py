@@ -18,7 +18,6 @@ from typing import Any, cast
 
 import pytest
 import yaml
-from metrics_support import documented_metrics, family_name
 
 from api.metrics import Metrics
 from core.settings import Settings
@@ -26,6 +25,7 @@ from core.store.database import make_db_engine, make_session_factory
 from core.store.migrate import upgrade
 from engine.host import EngineHost
 from engine.stats import EngineTotals, StepStats, stats_dict
+from tests.support.metrics import documented_metrics, family_name
 from worker.cold_start import ColdStart
 from worker.engine_metrics import WorkerMetrics
 

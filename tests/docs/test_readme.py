@@ -25,8 +25,9 @@ from pathlib import Path
 import httpx
 import psycopg
 import pytest
-from fault_support import FaultPostgres, FaultRedis, find_postgres_bin
-from live_server import free_port
+
+from tests.support.faults import FaultPostgres, FaultRedis, find_postgres_bin
+from tests.support.live_server import free_port
 
 pytestmark = pytest.mark.readme
 

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_support import run_staggered as staggered
 from transformers import AutoModelForCausalLM
 
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.scheduled_chunk import ScheduledChunk
+from tests.support.engine import run_staggered as staggered
 
 PROMPT_LENGTHS = [1, 2, 5, 15, 16, 17, 31, 33, 64, 100, 128, 150, 200, 257, 301, 320, 7, 45]
 MAX_TOKENS = [4, 9, 17, 1, 12, 20, 6, 24, 3, 16, 11, 8, 19, 5, 14, 10, 22, 13]

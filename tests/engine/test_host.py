@@ -8,14 +8,14 @@ from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
-from fake_runner import FailingRunner, FakeRunner, reference
-from poison_runner import PoisonRunner
 
 from engine import EngineConfig, EngineHost, LLMEngine, RequestOutput, SamplingParams
 from engine.config import RequestClassConfig
 from engine.host import EngineShutdownError
 from engine.sequence import Sequence
 from engine.tokenizer import Tokenizer
+from tests.support.fake_runner import FailingRunner, FakeRunner, reference
+from tests.support.poison_runner import PoisonRunner
 
 VOCAB = 64
 MARKER = 60  # the first prompt token of a request PoisonRunner fails

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from engine_support import drain
 
 from engine import LLM, EngineConfig, LLMEngine, RequestOutput, SamplingParams
+from tests.support.engine import drain
 
 
 @pytest.fixture(scope="module")

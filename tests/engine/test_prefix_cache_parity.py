@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_support import run_staggered as staggered
 from transformers import AutoModelForCausalLM
 
 from engine.config import EngineConfig
 from engine.llm import LLM
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
+from tests.support.engine import run_staggered as staggered
 
 Request = tuple[str, list[int], int]  # id, prompt, max_tokens
 

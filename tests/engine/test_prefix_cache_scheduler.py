@@ -10,7 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from fake_runner import FakeRunner, reference
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -19,6 +18,7 @@ from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
 from engine.tokenizer import Tokenizer
+from tests.support.fake_runner import FakeRunner, reference
 
 VOCAB = 64
 

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from fake_runner import FakeRunner, reference
 
 from engine.config import EngineConfig, RequestClassConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
 from engine.scheduled_chunk import ScheduledChunk
 from engine.tokenizer import Tokenizer
+from tests.support.fake_runner import FakeRunner, reference
 
 VOCAB = 64
 

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from engine_support import drain
-from fake_runner import FailingRunner, FakeRunner, reference
-from poison_runner import PoisonRunner
 
 from engine import EngineConfig, LLMEngine, RequestOutput, SamplingParams
 from engine.scheduled_chunk import ScheduledChunk
 from engine.tokenizer import Tokenizer
+from tests.support.engine import drain
+from tests.support.fake_runner import FailingRunner, FakeRunner, reference
+from tests.support.poison_runner import PoisonRunner
 
 VOCAB = 64
 MARKER = 60  # first prompt token of the poisoned request; no other prompt starts with it

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from engine import EngineConfig, LLMEngine, SamplingParams, StructuredOutput
-from tests.engine.engine_support import drain
+from tests.support.engine import drain
 
 SCHEMA: dict[str, Any] = {
     "type": "object",

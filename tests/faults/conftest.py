@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import NoReturn
 
 import pytest
-from fault_support import (
+
+from tests.support.faults import (
     REPO_ROOT,
     ApiServer,
     FaultPostgres,

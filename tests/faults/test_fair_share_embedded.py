@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from live_server import wait_for
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -30,6 +29,7 @@ from core.settings import Settings
 from core.store import keys
 from core.store.migrate import upgrade
 from core.store.tables import Job
+from tests.support.live_server import wait_for
 from worker.embedded import EmbeddedRuntime
 
 ENGINE = dict(max_num_seqs=8, max_num_batched_tokens=256, num_kv_blocks=256, block_size=16, dtype="float32",

@@ -23,7 +23,8 @@ import warnings
 from typing import Any
 
 import pytest
-from fault_support import (
+
+from tests.support.faults import (
     Stack,
     check_exactly_once,
     describe,

@@ -2,7 +2,7 @@
 
 Each test runs a real `conveyor worker` on the suite's own PostgreSQL and Redis, submits steady traffic over
 HTTP through the shared `conveyor api`, injects the fault, and ends with the central assertion
-(fault_support.check_exactly_once): every accepted job reaches a final state once, for the right reason.
+(check_exactly_once): every accepted job reaches a final state once, for the right reason.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from datetime import datetime, timezone
 
 import httpx
 import pytest
-from fault_support import (
+
+from tests.support.faults import (
     LONG_OUTPUT_TOKENS,
     Stack,
     Traffic,

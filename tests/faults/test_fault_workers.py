@@ -2,7 +2,7 @@
 
 Each test runs real `conveyor worker` processes on the suite's own PostgreSQL and Redis, submits jobs over
 HTTP through the shared `conveyor api`, injects the fault, and ends with the central assertion
-(fault_support.check_exactly_once): every accepted job reaches a final state once, for the right reason.
+(check_exactly_once): every accepted job reaches a final state once, for the right reason.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import signal
 import time
 
 import pytest
-from fault_support import (
+
+from tests.support.faults import (
     DEAD_AFTER_S,
     Stack,
     Traffic,

@@ -11,9 +11,10 @@ from typing import Any
 
 import httpx
 import pytest
-from fault_support import Stack
-from live_server import free_port
-from metrics_support import (
+
+from tests.support.faults import Stack
+from tests.support.live_server import free_port
+from tests.support.metrics import (
     KV,
     Families,
     check_api_counts,

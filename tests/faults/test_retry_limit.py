@@ -19,7 +19,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from service_support import RecordingPublisher
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.clock import utcnow
@@ -27,6 +26,7 @@ from core.lifecycle import FAILED, QUEUED, RUNNING
 from core.settings import Settings
 from core.store import jobs
 from core.store.tables import Job
+from tests.support.service import RecordingPublisher
 from worker.reconciler import Reconciler
 
 pytestmark = pytest.mark.faults

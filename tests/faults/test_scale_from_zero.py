@@ -2,7 +2,8 @@
 many wait, a worker started then (the autoscaler's move) runs each exactly once, and a worker scaled down
 while busy (SIGTERM, short grace) hands its jobs back, counted as load until a new worker finishes them.
 
-Real `conveyor api` and `conveyor worker` processes on the suite's own PostgreSQL and Redis (fault_support).
+Real `conveyor api` and `conveyor worker` processes on the suite's own PostgreSQL and Redis
+(tests/support/faults.py).
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from typing import Any
 
 import httpx
 import pytest
-from fault_support import Stack, Traffic, check_exactly_once, long_job, short_job, wait_generating
+
+from tests.support.faults import Stack, Traffic, check_exactly_once, long_job, short_job, wait_generating
 
 pytestmark = pytest.mark.faults
 

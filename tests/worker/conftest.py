@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
-from worker_support import WorkerProcesses
 
 from core.store.database import make_db_engine, make_session_factory
+from tests.support.worker import WorkerProcesses
 
 
 @pytest.fixture(scope="session")

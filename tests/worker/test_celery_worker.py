@@ -9,9 +9,15 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from live_server import SpareRedis
 from sqlalchemy.orm import Session, sessionmaker
-from worker_support import (
+
+from core.broker import BrokerPublisher
+from core.dispatch import publish_and_mark
+from core.settings import Settings
+from engine.llm import LLM
+from engine.sampling_params import SamplingParams
+from tests.support.live_server import SpareRedis
+from tests.support.worker import (
     LONG_JOB_TOKENS,
     WorkerProcesses,
     add_job,
@@ -20,12 +26,6 @@ from worker_support import (
     wait_generating,
     worker_env,
 )
-
-from core.broker import BrokerPublisher
-from core.dispatch import publish_and_mark
-from core.settings import Settings
-from engine.llm import LLM
-from engine.sampling_params import SamplingParams
 
 
 def _submit(

@@ -8,9 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from live_server import wait_for
 from sqlalchemy.orm import Session, sessionmaker
-from worker_support import LONG_JOB_TOKENS, add_job, get_job, wait_finished, wait_generating
 
 from core.clock import utcnow
 from core.dispatch import publish_and_mark
@@ -20,6 +18,8 @@ from core.store.database import make_db_engine, make_session_factory
 from core.store.migrate import upgrade
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
+from tests.support.live_server import wait_for
+from tests.support.worker import LONG_JOB_TOKENS, add_job, get_job, wait_finished, wait_generating
 from worker.embedded import EmbeddedRuntime
 from worker.job_runner import JobRunner
 

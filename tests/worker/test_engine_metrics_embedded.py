@@ -8,7 +8,12 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from metrics_support import (
+
+from api.app import create_app
+from api.prompt_tokenizer import PromptTokenizer
+from core.settings import Settings
+from core.store.migrate import upgrade
+from tests.support.metrics import (
     KV,
     Families,
     Scenario,
@@ -20,11 +25,6 @@ from metrics_support import (
     run_scenario,
     wait_for,
 )
-
-from api.app import create_app
-from api.prompt_tokenizer import PromptTokenizer
-from core.settings import Settings
-from core.store.migrate import upgrade
 from worker.embedded import EmbeddedRuntime
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
-from live_server import free_port
 from prometheus_client import CollectorRegistry, Gauge
 
 from core.settings import Settings
+from tests.support.live_server import free_port
 from worker.metrics_server import serve_metrics
 
 # What Prometheus 2.x sends: OpenMetrics preferred.

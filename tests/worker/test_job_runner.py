@@ -10,17 +10,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from live_server import wait_for
-from service_support import RecordingPublisher
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
-from worker_support import LONG_JOB_TOKENS, add_job, get_job, wait_generating
 
 import worker.job_runner
 from core.clock import utcnow
 from core.store import jobs, keys, tenants
 from engine.config import EngineConfig, RequestClassConfig
 from engine.host import EngineHost
+from tests.support.live_server import wait_for
+from tests.support.service import RecordingPublisher
+from tests.support.worker import LONG_JOB_TOKENS, add_job, get_job, wait_generating
 from worker.job_runner import JobRunner
 
 

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from live_server import wait_for
 from sqlalchemy.orm import Session, sessionmaker
-from worker_support import add_job, get_job, wait_finished
 
 from engine.config import EngineConfig, RequestClassConfig
 from engine.host import EngineHost
 from engine.scheduled_chunk import ScheduledChunk
+from tests.support.live_server import wait_for
+from tests.support.worker import add_job, get_job, wait_finished
 from worker.job_runner import JobRunner
 
 

@@ -8,15 +8,15 @@ from pathlib import Path
 from typing import Any
 
 import openai
-from live_server import serving, wait_for
 from sqlalchemy.orm import Session, sessionmaker
-from worker_support import LONG_JOB_TOKENS, WorkerProcesses, get_job, worker_env
 
 from api.app import create_app
 from api.prompt_tokenizer import PromptTokenizer
 from api.token_subscriptions import RedisTokenStream
 from core.broker import BrokerPublisher
 from core.settings import Settings
+from tests.support.live_server import serving, wait_for
+from tests.support.worker import LONG_JOB_TOKENS, WorkerProcesses, get_job, worker_env
 
 MESSAGES: list[Any] = [{"role": "user", "content": "Tell me about block tables."}]
 GREEDY: dict[str, Any] = {"temperature": 0, "max_tokens": 16, "extra_body": {"ignore_eos": True}}

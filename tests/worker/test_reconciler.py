@@ -8,14 +8,14 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
-from service_support import RecordingPublisher
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
-from worker_support import add_job, get_job
 
 from core.clock import utcnow
 from core.store import jobs, workers
 from core.store.tables import Job, Worker
+from tests.support.service import RecordingPublisher
+from tests.support.worker import add_job, get_job
 from worker.reconciler import Local, Reconciler
 
 

@@ -8,16 +8,16 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from deletion_support import count, finished_job
-from live_server import wait_for
-from service_support import RecordingPublisher
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
-from worker_support import add_job
 
 from core.clock import utcnow
 from core.store import jobs, workers
 from core.store.tables import Job, Worker
+from tests.support.deletion import count, finished_job
+from tests.support.live_server import wait_for
+from tests.support.service import RecordingPublisher
+from tests.support.worker import add_job
 from worker.reconciler import Reconciler
 
 

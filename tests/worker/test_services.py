@@ -8,9 +8,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from service_support import RecordingPublisher
 
 import worker.services
+from tests.support.service import RecordingPublisher
 from worker.services import WorkerServices
 
 

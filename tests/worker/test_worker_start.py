@@ -7,11 +7,11 @@ import signal
 from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
-from worker_support import WorkerProcesses, add_job, wait_finished, worker_env
 
 from core.broker import BrokerPublisher
 from core.dispatch import publish_and_mark
 from core.settings import Settings
+from tests.support.worker import WorkerProcesses, add_job, wait_finished, worker_env
 
 
 def test_worker_logs_its_summary_and_cold_start_not_celerys_banner(

@@ -9,7 +9,6 @@ from datetime import timedelta
 from pathlib import Path
 from threading import Thread
 
-from deletion_support import count, deliveries_of, delivery, ended_batch, finished_job, stored_file
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -18,6 +17,7 @@ from core.lifecycle import IN_PROGRESS
 from core.settings import Settings
 from core.store import keys, retention
 from core.store.tables import Attempt, Batch, BatchLine, Delivery, File, Job, Tenant
+from tests.support.deletion import count, deliveries_of, delivery, ended_batch, finished_job, stored_file
 
 
 def _retention_days(session: Session, tenant: str, days: int | None) -> None:

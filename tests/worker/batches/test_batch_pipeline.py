@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from live_server import wait_for
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.clock import utcnow
@@ -20,6 +19,7 @@ from core.s3 import make_s3_client
 from core.settings import Settings
 from core.store import batches
 from core.store.tables import Batch
+from tests.support.live_server import wait_for
 from worker.batches.runner import BatchRunner
 
 ENGINE = dict(max_num_seqs=32, max_num_batched_tokens=512, num_kv_blocks=256, block_size=16, dtype="float32",

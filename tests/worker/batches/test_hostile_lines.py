@@ -10,12 +10,12 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from hostile_schemas import nested_items, nested_objects
-from service_support import Service
 from sqlalchemy import select
 
 from core.request_rules import MAX_INT_DIGITS
 from core.store.tables import BatchLine, Job
+from tests.support.hostile_schemas import nested_items, nested_objects
+from tests.support.service import Service
 from worker.batches.lines import BatchRequest, CustomIdSet, LineError, LineLimits, parse_line
 from worker.batches.runner import BatchRunner
 

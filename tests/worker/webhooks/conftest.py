@@ -10,12 +10,12 @@ import httpx
 import pytest
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
-from webhook_receiver import Receiver
-from webhook_service import WEBHOOK_TABLES, NullPublisher, WebhookService
 
 from core.settings import Settings
 from core.store.database import make_db_engine, make_session_factory
 from core.webhooks.ssrf import SsrfPolicy
+from tests.support.webhook_receiver import Receiver
+from tests.support.webhook_service import WEBHOOK_TABLES, NullPublisher, WebhookService
 from worker.webhooks.pinned import webhook_client
 from worker.webhooks.sender import WebhookSender
 

@@ -8,11 +8,11 @@ from datetime import datetime, timedelta, timezone
 import httpx
 import pytest
 from standardwebhooks import Webhook
-from webhook_receiver import Receiver, Reply
 
 from core.webhooks.events import build_event
 from core.webhooks.signing import WebhookSecret, active_secrets, generate_secret
 from core.webhooks.ssrf import SsrfPolicy
+from tests.support.webhook_receiver import Receiver, Reply
 from worker.webhooks.backoff import MAX_ATTEMPTS
 from worker.webhooks.delivery import ERROR_TEXT_CHARS, RESPONSE_EXCERPT_BYTES, deliver
 from worker.webhooks.pinned import webhook_client

@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 from standardwebhooks import Webhook
-from webhook_receiver import Receiver
-from webhook_service import WebhookService
 
 from core.clock import utcnow
 from core.store import batches, webhooks
 from core.store.webhook_events import enqueue_batch_event
+from tests.support.webhook_receiver import Receiver
+from tests.support.webhook_service import WebhookService
 
 REFUSED = [
     ("http://10.1.2.3/hook", "plain http"),

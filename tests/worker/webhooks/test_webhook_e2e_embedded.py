@@ -12,11 +12,11 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import text
 from standardwebhooks import Webhook
-from webhook_receiver import Receiver
-from webhook_service import WEBHOOK_TABLES
 
 from core.settings import Settings
 from core.store.database import make_db_engine
+from tests.support.webhook_receiver import Receiver
+from tests.support.webhook_service import WEBHOOK_TABLES
 
 ENGINE = dict(max_num_seqs=4, max_num_batched_tokens=128, num_kv_blocks=64, block_size=16, dtype="float32",
               device="cpu", attention_backend="torch")

@@ -13,12 +13,12 @@ from fastapi.testclient import TestClient
 from sqlalchemy import text
 from standardwebhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError
-from webhook_receiver import Receiver, Reply
-from webhook_service import WebhookService
 
 from core.clock import utcnow
 from core.store import jobs
 from core.webhooks.signing import verify
+from tests.support.webhook_receiver import Receiver, Reply
+from tests.support.webhook_service import WebhookService
 
 
 def subscribe(client: TestClient, url: str, events: list[str] | None = None) -> dict[str, Any]:

@@ -9,14 +9,14 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from webhook_receiver import Receiver, Reply
-from webhook_service import WebhookService
 
 import worker.webhooks.delivery
 from core.clock import utcnow
 from core.store import webhooks
 from core.store.tables import Attempt, Delivery
 from core.webhooks.events import build_event
+from tests.support.webhook_receiver import Receiver, Reply
+from tests.support.webhook_service import WebhookService
 from worker.webhooks.sender import POLL_S, WebhookSender
 
 STALL_S = 2.0  # how long the stalled receiver takes to answer each request

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from webhook_receiver import Receiver
 
 from core.webhooks.ssrf import Resolver, SsrfPolicy, TargetRefused, check_target
+from tests.support.webhook_receiver import Receiver
 from worker.webhooks.pinned import PinnedTransport, webhook_client
 
 PUBLIC = "93.184.216.34"

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
-from fake_runner import FakeRunner
 
 from engine.scheduled_chunk import ScheduledChunk
+from tests.support.fake_runner import FakeRunner
 
 
 class PoisonRunner(FakeRunner):

@@ -9,12 +9,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from live_server import wait_for
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.clock import utcnow
 from core.store import jobs
 from core.store.tables import Job
+from tests.support.live_server import wait_for
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LONG_JOB_TOKENS = 2000  # long enough to be caught running on the tiny model (a few ms per token on CPU)

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from prometheus_client.parser import text_string_to_metric_families
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 FINAL = ("succeeded", "failed", "cancelled", "expired")
 WAIT_S = 180.0  # a hang guard, not a speed assertion
 # Tiny KV cache: 8 blocks x 16 tokens. Two documents jobs of ~110 tokens each need 14 blocks together, so

@@ -1,4 +1,4 @@
-"""The machinery of the fault-injection suite (imported as `fault_support`; tests/faults/conftest.py holds the
+"""The machinery of the fault-injection suite (`tests.support.faults`; tests/faults/conftest.py holds the
 fixtures).
 
 - FaultPostgres: a private PostgreSQL cluster (initdb/pg_ctl into a temporary folder, run as the `postgres`
@@ -35,13 +35,13 @@ from typing import Any
 
 import httpx
 import redis
-from live_server import SpareRedis, free_port
 from sqlalchemy import create_engine, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import sessionmaker
 
 from core.lifecycle import TERMINAL_STATUSES
 from core.store.tables import DEFAULT_TENANT, Base, Delivery, Job, Tenant, Worker
+from tests.support.live_server import SpareRedis, free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PG_BIN_GLOB = "/usr/lib/postgresql/*/bin"

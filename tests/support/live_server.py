@@ -1,7 +1,7 @@
 """Real servers for the service tests: the app under uvicorn on an ephemeral loopback port, API keys, and
 a private redis-server to stop and start.
 
-Imported as `live_server` (tests/ is on sys.path through the root conftest), like `api_support`.
+Imported as `tests.support.live_server`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Rows for the deletion and retention tests, written straight into the store (imported as
-`deletion_support`): finished jobs, ended batches with lines, jobs and output files, uploaded files with
-their blobs, and webhook deliveries with an attempt. Each takes the times it should look its age by."""
+"""Rows for the deletion and retention tests, written straight into the store: finished jobs, ended batches
+with lines, jobs and output files, uploaded files with their blobs, and webhook deliveries with an attempt.
+Each takes the times it should look its age by."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Helpers shared by the service tests (imported as `service_support`; the root conftest holds the
+"""Helpers shared by the service tests (`tests.support.service`; the root conftest holds the
 fixtures)."""
 
 from __future__ import annotations
