@@ -32,11 +32,16 @@ $(VENV)/.test: $(VENV)/.serve
 serve: $(VENV)/.serve
 	@exec $(VENV)/bin/conveyor serve
 
+# The suite runs on every core (pytest-xdist; the fault suite and the README test each keep one worker, see
+# tests/conftest.py) and ends with its slowest tests. One tier: `make test TESTS=tests/engine`; serially:
+# `make test WORKERS=0`.
+TESTS ?=
+WORKERS ?= auto
 test: $(VENV)/.test
 	bash .ci/services
 	$(PY) -m ruff check .
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra -n $(WORKERS) --dist loadgroup --durations=15 $(TESTS)
 
 # The GPU check (README "GPU check"; bench/gpu_check.py): kernels, engine against transformers, service, in
 # under 10 minutes on a CUDA machine. Install your CUDA torch into .venv before the first run (e.g.

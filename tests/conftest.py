@@ -29,10 +29,25 @@ from core.store.tables import Base
 from core.webhooks.signing import generate_secret
 from engine.demo import build_tiny_model
 from tests.support.live_server import SpareRedis
+from tests.support.redis_claim import claimed_database
 from tests.support.service import RecordingPublisher, Service
 
 POSTGRES_SERVER = os.environ.get("CONVEYOR_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REDIS_SERVER = os.environ.get("CONVEYOR_TEST_REDIS", "redis://127.0.0.1:6379")
+
+
+# Suites whose tests share one costly session or module fixture run on one pytest-xdist worker each (with
+# `--dist loadgroup`): the fault suite's private PostgreSQL, Redis and `conveyor api` processes, and the
+# README test's fresh copy of the repository. Every other test goes to whichever worker is free.
+SERIAL_GROUPS = {"faults": "faults", "docs": "readme"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    tests_dir = Path(__file__).parent
+    for item in items:
+        folder = item.path.relative_to(tests_dir).parts[0]
+        if folder in SERIAL_GROUPS:
+            item.add_marker(pytest.mark.xdist_group(SERIAL_GROUPS[folder]))
 
 
 @pytest.fixture(autouse=True)
@@ -78,10 +93,17 @@ def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'conveyor.db'}"
 
 
+@pytest.fixture(scope="session")
+def _redis_database() -> Iterator[int]:
+    """This test process' own database index on the shared Redis (tests/support/redis_claim.py)."""
+    with claimed_database(REDIS_SERVER) as index:
+        yield index
+
+
 @pytest.fixture
-def redis_url() -> str:
-    """A flushed Redis database; the number is random per test so concurrent runs rarely share one."""
-    url = f"{REDIS_SERVER}/{secrets.randbelow(15) + 1}"
+def redis_url(_redis_database: int) -> str:
+    """A flushed Redis database, this test process' own: no other xdist worker or run flushes it."""
+    url = f"{REDIS_SERVER}/{_redis_database}"
     client = redis.Redis.from_url(url, socket_connect_timeout=5)
     client.flushdb()
     client.close()
