@@ -1,5 +1,8 @@
 """Compiles StructuredOutput constraints with xgrammar against the model's own tokenizer, and caches them.
 
+xgrammar is the optional `structured` extra: this module is imported only by the first compile
+(engine/structured_output_manager.py), never by `import engine`.
+
 A constraint not seen before is first test-compiled in a child process under a hard time and memory limit
 (engine/grammar_probe.py), then compiled here; so a schema that would take minutes costs at most the
 deadline, and fails its request alone (GrammarLimitError). EngineHost calls `compile` on a thread of its own

@@ -2,13 +2,13 @@
 
 One int32 bitmask [B, ceil(V / 32)] for the batch is filled on the CPU by each constrained row's matcher,
 copied to the logits' device once, and applied in place there (disallowed tokens become -inf). Rows without
-a matcher are left alone, and a batch without any constrained row skips all of it.
+a matcher are left alone, and a batch without any constrained row skips all of it (and never imports
+xgrammar, which only a constrained request needs: engine/structured_output_manager.py).
 """
 
 from __future__ import annotations
 
 import torch
-import xgrammar as xgr
 
 from engine.sequence import Sequence
 
@@ -18,6 +18,8 @@ def apply_grammar_masks(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Ten
     rows = [i for i, s in enumerate(seqs) if s.matcher is not None]
     if not rows:
         return logits
+    import xgrammar as xgr  # a matcher exists, so xgrammar is installed (and imported already)
+
     vocab = logits.shape[1]
     bitmask = xgr.allocate_token_bitmask(len(seqs), vocab)  # [B, ceil(V / 32)] int32, all allowed
     for i in rows:

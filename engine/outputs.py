@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from engine.sequence import Sequence
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -38,3 +41,19 @@ class RequestOutput:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+
+def request_output(seq: Sequence, num_new_tokens: int) -> RequestOutput:
+    """A snapshot of seq for its caller (copies: the engine goes on changing seq)."""
+    return RequestOutput(
+        request_id=seq.request_id,
+        prompt_token_ids=seq.prompt_token_ids,
+        token_ids=list(seq.output_token_ids),
+        text=seq.text,
+        finish_reason=seq.finish_reason,
+        metrics=RequestMetrics(**vars(seq.metrics)),
+        logprobs=list(seq.logprobs) if seq.logprobs is not None else None,
+        num_new_tokens=num_new_tokens,
+        prompt=seq.prompt,
+        num_cached_tokens=seq.num_cached_tokens or 0,
+    )

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.scheduler import SchedulerOutput
 
 
 @dataclass
@@ -18,6 +22,22 @@ class StepStats:
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     prefix_cache_evictions: int = 0
+
+    @classmethod
+    def of_step(
+        cls, sched: SchedulerOutput, step_seconds: float, forward_seconds: float, evictions: int
+    ) -> StepStats:
+        return cls(
+            num_seqs=len(sched.seqs),
+            prefill_tokens=sched.num_prefill_tokens,
+            decode_tokens=sched.num_decode_tokens,
+            preemptions=len(sched.preempted),
+            step_seconds=step_seconds,
+            forward_seconds=forward_seconds,
+            prefix_cache_queries=sched.num_lookup_tokens,
+            prefix_cache_hits=sched.num_cached_tokens,
+            prefix_cache_evictions=evictions,
+        )
 
 
 @dataclass
