@@ -1,10 +1,8 @@
-"""Accepting a job: checks against the queue's limits, idempotency, insert; the dispatch relay publishes it
-(reconciler scheme, core/dispatch.py)."""
+"""Accepting a job: the request rules (core/request_limits.py, the same for every door) answered as 4xx,
+admission, idempotency, insert; the dispatch relay publishes it (reconciler scheme, core/dispatch.py)."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 from datetime import datetime
 
 from sqlalchemy.exc import IntegrityError
@@ -15,14 +13,21 @@ from api.deps import Services
 from api.errors import ApiError
 from api.schemas.jobs import JobCreate
 from api.webhook_targets import check_job_webhook
+from core.field_errors import FieldProblem
 from core.model_limits import served_max_model_len
-from core.request_rules import PROMPT_BYTES_PER_TOKEN, text_problem, utf8_length
+from core.request_limits import (
+    RequestLimits,
+    RequestSize,
+    idempotency_key_problem,
+    metadata_problem,
+    size_problem,
+    tokenizer_problem,
+    tokens_problem,
+)
 from core.settings import QueueSettings
 from core.store import jobs, tenants
 from core.store.tables import Job
 from core.store.tenants import TenantLimits
-
-MAX_IDEMPOTENCY_KEY_CHARS = 255
 
 
 def submit(
@@ -48,23 +53,25 @@ def _submit(
     session: Session, services: Services, tenant_id: str, body: JobCreate, queue: QueueSettings,
     idempotency_key: str | None, now: datetime,
 ) -> tuple[Job, bool]:
-    _check_body(services, body, queue)
+    limits = RequestLimits.of_queue(body.queue, queue, model_max_len(services))
+    size = request_size(body)
+    _check_body(services, body, size, limits)
     check_job_webhook(body.webhook_json(), services.settings)
-    request_hash = _request_hash(body)
+    request_hash = jobs.request_hash(body.model_dump(mode="json"))
     if idempotency_key is not None:
-        _check_idempotency_key(idempotency_key)
+        _raise(idempotency_key_problem(idempotency_key))
         earlier = jobs.by_idempotency_key(session, tenant_id, idempotency_key)
         if earlier is not None:
             return _replay(earlier, request_hash), False
     _admit(session, services, body.queue, queue)  # before tokenizing: an overloaded queue costs no CPU
-    limits = tenants.effective_limits(session, tenant_id, TenantLimits.defaults(services.settings))
-    _refuse(admission.queued_refusal(session, services.admission, limits, tenant_id, body.queue,
+    quota = tenants.effective_limits(session, tenant_id, TenantLimits.defaults(services.settings))
+    _refuse(admission.queued_refusal(session, services.admission, quota, tenant_id, body.queue,
                                      services.settings.retry_after_s))
-    prompt_tokens = _count_prompt_tokens(services, body, queue)
-    _refuse(admission.tokens_refusal(session, limits, tenant_id, prompt_tokens + body.max_tokens, now))
+    prompt_tokens = _count_prompt_tokens(services, size)
+    _raise(tokens_problem(size, prompt_tokens, limits))
+    _refuse(admission.tokens_refusal(session, quota, tenant_id, prompt_tokens + body.max_tokens, now))
     new = jobs.NewJob(
-        tenant_id=tenant_id, queue=body.queue, prompt=body.prompt,
-        messages=[m.model_dump() for m in body.messages] if body.messages else None,
+        tenant_id=tenant_id, queue=body.queue, prompt=body.prompt, messages=size.messages,
         params=body.sampling_params(), meta=body.metadata, webhook=body.webhook_json(),
         idempotency_key=idempotency_key, request_hash=request_hash, prompt_tokens=prompt_tokens,
         ttl_s=body.ttl if body.ttl is not None else queue.deadline_s, timeout_s=body.timeout,
@@ -88,55 +95,18 @@ def _queue(services: Services, name: str) -> QueueSettings:
     return queue
 
 
-def _check_body(services: Services, body: JobCreate, queue: QueueSettings) -> None:
+def request_size(body: JobCreate) -> RequestSize:
+    """The lengths the request rules judge: the prompt or the messages as stored, max_tokens, min_tokens."""
+    messages = [m.model_dump() for m in body.messages] if body.messages else None
+    return RequestSize(body.prompt, messages, body.max_tokens, body.min_tokens)
+
+
+def _check_body(services: Services, body: JobCreate, size: RequestSize, limits: RequestLimits) -> None:
     if (body.prompt is None) == (body.messages is None):
-        raise _invalid("invalid_request", "prompt", "exactly one of `prompt` or `messages` is required")
-    _check_prompt_bytes(body, queue)
-    if body.max_tokens > queue.max_output_tokens:
-        raise _invalid("max_tokens_too_large", "max_tokens", f"{body.max_tokens} exceeds the {body.queue} "
-                       f"queue's max_output_tokens ({queue.max_output_tokens})")
-    if body.min_tokens > body.max_tokens:
-        message = f"{body.min_tokens} exceeds max_tokens ({body.max_tokens})"
-        raise _invalid("invalid_request", "min_tokens", message)
-    if body.metadata is not None:
-        size = len(json.dumps(body.metadata, separators=(",", ":")).encode())
-        limit = services.settings.max_metadata_bytes
-        if size > limit:
-            raise _invalid("metadata_too_large", "metadata", f"{size} bytes of JSON exceeds {limit}")
-
-
-def _check_prompt_bytes(body: JobCreate, queue: QueueSettings) -> None:
-    """Refuses a prompt that cannot fit max_prompt_tokens by its size alone, before tokenizing it whole."""
-    field = "prompt" if body.prompt is not None else "messages"
-    size = prompt_bytes(body.prompt, [m.model_dump() for m in body.messages or []])
-    limit = max_prompt_bytes(queue)
-    if size > limit:
-        raise _invalid("prompt_too_long", field, f"{size} bytes exceeds the {body.queue} queue's limit of "
-                       f"{limit} bytes (max_prompt_tokens {queue.max_prompt_tokens} x "
-                       f"{PROMPT_BYTES_PER_TOKEN} bytes per token)")
-
-
-def prompt_bytes(prompt: str | None, messages: list[dict[str, str]]) -> int:
-    """UTF-8 bytes of the prompt, or of the messages' contents (the chat template only adds to them)."""
-    return utf8_length(prompt or "") + sum(utf8_length(m["content"]) for m in messages)
-
-
-def max_prompt_bytes(queue: QueueSettings) -> int:
-    return queue.max_prompt_tokens * PROMPT_BYTES_PER_TOKEN
-
-
-def _check_idempotency_key(key: str) -> None:
-    if not key or len(key) > MAX_IDEMPOTENCY_KEY_CHARS:
-        limit = MAX_IDEMPOTENCY_KEY_CHARS
-        raise _invalid("invalid_request", "Idempotency-Key", f"must be 1 to {limit} characters")
-    problem = text_problem(key)
-    if problem is not None:  # the key is stored
-        raise _invalid("invalid_request", "Idempotency-Key", problem)
-
-
-def _request_hash(body: JobCreate) -> str:
-    canonical = json.dumps(body.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()
+        raise ApiError(422, "invalid_request", "prompt: exactly one of `prompt` or `messages` is required",
+                       "prompt")
+    _raise(size_problem(size, limits))
+    _raise(metadata_problem(body.metadata, services.settings.max_metadata_bytes))
 
 
 def _replay(earlier: Job, request_hash: str) -> Job:
@@ -146,24 +116,14 @@ def _replay(earlier: Job, request_hash: str) -> Job:
     return earlier
 
 
-def _count_prompt_tokens(services: Services, body: JobCreate, queue: QueueSettings) -> int:
-    field = "prompt" if body.prompt is not None else "messages"
+def _count_prompt_tokens(services: Services, size: RequestSize) -> int:
     try:
-        if body.prompt is not None:
-            n = services.tokenizer.count_prompt(body.prompt)
-        else:
-            assert body.messages is not None
-            n = services.tokenizer.count_messages([m.model_dump() for m in body.messages])
+        if size.messages is not None:
+            return services.tokenizer.count_messages(size.messages)
+        assert size.prompt is not None
+        return services.tokenizer.count_prompt(size.prompt)
     except ValueError as exc:
-        raise ApiError(422, "invalid_request", str(exc), field) from exc
-    if n > queue.max_prompt_tokens:
-        raise _invalid("prompt_too_long", field, f"{n} tokens exceeds the {body.queue} queue's "
-                       f"max_prompt_tokens ({queue.max_prompt_tokens})")
-    max_model_len = model_max_len(services)
-    if max_model_len is not None and n + body.max_tokens > max_model_len:
-        raise _invalid("context_too_long", "max_tokens", f"{n} prompt tokens + max_tokens {body.max_tokens} "
-                       f"exceeds max_model_len ({max_model_len})")
-    return n
+        raise _error(tokenizer_problem(size, exc)) from exc
 
 
 def model_max_len(services: Services) -> int | None:
@@ -190,5 +150,10 @@ def _refuse(refusal: admission.Refusal | None) -> None:
     raise ApiError(429, refusal.code, refusal.message, refusal.field, headers)
 
 
-def _invalid(code: str, field: str, message: str) -> ApiError:
-    return ApiError(422, code, f"{field}: {message}", field)
+def _raise(problem: FieldProblem | None) -> None:
+    if problem is not None:
+        raise _error(problem)
+
+
+def _error(problem: FieldProblem) -> ApiError:
+    return ApiError(422, problem.code, problem.message, problem.field)

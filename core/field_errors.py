@@ -1,16 +1,31 @@
-"""pydantic's validation errors as one "field: what is wrong" line naming the field as a client wrote it
-(`messages[0].content`), shared by the API's error handlers and the batch line parser, so a refused field
-reads the same over HTTP and in a batch's error file."""
+"""A refused field as one "field: what is wrong" line naming the field as a client wrote it
+(`messages[0].content`): pydantic's validation errors, and the `FieldProblem` the request rules return (core/
+request_limits.py). Shared by the API's error handlers and the batch line parser, so a refused field reads
+the same over HTTP and in a batch's error file."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from core.request_rules import SURROGATE, text_problem
 
 LOCATIONS = ("body", "query", "path", "header", "cookie")
 UNION_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "url", "none"})
+
+
+@dataclass(frozen=True)
+class FieldProblem:
+    """Why a request cannot run, naming `field`: the API answers `code` and `message` (422 on /v1/jobs,
+    OpenAI's 400 on its routes); a batch line fails with `line_code` and `line_message`, the batch error
+    file's own codes (invalid_parameter, ...). Both messages start with the field."""
+
+    field: str
+    code: str
+    message: str
+    line_code: str
+    line_message: str
 
 
 def validation_message(errors: Sequence[Any]) -> tuple[str | None, str]:

@@ -28,11 +28,12 @@ from api.openai_sync import ClientGoneError, FollowedJob, JobOutcome
 from api.schemas.errors import openai_error_responses
 from api.schemas.jobs import JobCreate
 from api.schemas.openai import ChatCompletionCreate, CompletionCreate, ModelCard, ModelList, OpenAIRequest
-from api.submit import max_prompt_bytes, model_max_len, prompt_bytes
+from api.submit import model_max_len
 from core.openai_objects import ChunkHeader, GenerationResult, chunk, usage_chunk
 from core.openai_objects import chat_completion as chat_body
 from core.openai_objects import text_completion as text_body
 from core.openai_request import Refusal, Served, check_request
+from core.request_limits import RequestLimits, RequestSize, prompt_bytes_problem
 from core.settings import Settings
 from core.token_stream import TokenStream
 
@@ -106,7 +107,8 @@ def _default_chat_max_tokens(services: Services, messages: list[dict[str, str]])
     queue = services.settings.queue(QUEUE)
     assert queue is not None, "the interactive queue is always configured"
     max_model_len = model_max_len(services)
-    if max_model_len is None or prompt_bytes(None, messages) > max_prompt_bytes(queue):
+    limits = RequestLimits.of_queue(QUEUE, queue, max_model_len)
+    if max_model_len is None or prompt_bytes_problem(RequestSize(None, messages, None), limits) is not None:
         return queue.max_output_tokens  # too long to count: submit() refuses it without tokenizing
     try:
         prompt_tokens = services.tokenizer.count_messages(messages)

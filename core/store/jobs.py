@@ -10,6 +10,8 @@ timezone-aware UTC datetimes.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -60,6 +62,12 @@ class QueueCounts:
 
 def new_job_id() -> str:
     return "job_" + uuid.uuid4().hex
+
+
+def request_hash(request: object) -> str:
+    """A request's fingerprint (sha256 of its canonical JSON): an Idempotency-Key replay must match it."""
+    canonical = json.dumps(request, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def add(session: Session, new: NewJob, now: datetime) -> Job:

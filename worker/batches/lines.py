@@ -4,9 +4,10 @@ Two line shapes are accepted: Conveyor's `{"custom_id", "body"}` and OpenAI's
 `{"custom_id", "method": "POST", "url": "/v1/chat/completions" | "/v1/completions", "body"}`. The body is
 held to the rules of the synchronous routes, defined once in core/openai_request.py: the same fields, bounds
 and refusals (`n` > 1, an unknown `model`, a chat role the model's template cannot render), each a line error
-naming the field while the rest of the batch runs. What only a batch adds: `stream` must be false, a line's
-url must match the batch's endpoint, output and prompt lengths are held to the batch queue's limits (a prompt
-is refused by its size before it is tokenized), and the engine checks the resulting parameters last.
+naming the field while the rest of the batch runs. Prompt and output lengths are held to the batch queue's
+limits and the model's context by the request rules every door shares (core/request_limits.py: a prompt is
+refused by its size before it is tokenized). What only a batch adds: `stream` must be false, a line's url
+must match the batch's endpoint, and the engine checks the resulting parameters last.
 
 Nothing about one line can fail the batch: an integer literal longer than MAX_INT_DIGITS is refused before
 it is converted, and any other exception while judging a line (a bug, or a tokenizer or chat template
@@ -18,9 +19,10 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from core.field_errors import FieldProblem
 from core.openai_request import (
     CHAT,
     COMPLETIONS,
@@ -32,7 +34,8 @@ from core.openai_request import (
     check_request,
     parse_body,
 )
-from core.request_rules import MAX_INT_DIGITS, PROMPT_BYTES_PER_TOKEN, text_problem, utf8_length
+from core.request_limits import RequestLimits, RequestSize, size_problem, tokenizer_problem, tokens_problem
+from core.request_rules import MAX_INT_DIGITS, text_problem
 from worker.batches.reader import OversizeLine, RawLine
 from worker.sampling import sampling_params_from_json
 
@@ -54,6 +57,13 @@ class BatchRequest:
     prompt: str | list[int] | None  # text (token ids are refused, as on the synchronous route)
     params: dict[str, Any]  # engine.SamplingParams keyword arguments, only those the line set
     model: str | None
+    prompt_tokens: int = 0  # as the queue's tokenizer counts them (0 when the parser was given none)
+
+    def size(self) -> RequestSize:
+        """The lengths the request rules judge."""
+        prompt = self.prompt if isinstance(self.prompt, str) else None  # token ids: counted exactly anyway
+        return RequestSize(prompt, self.messages, self.params.get("max_tokens"),
+                           self.params.get("min_tokens", 0))
 
 
 @dataclass(frozen=True)
@@ -103,6 +113,10 @@ class LineLimits:
     max_output_tokens: int | None = None
     served: Served = field(default_factory=Served)
     max_model_len: int | None = None  # prompt + max_tokens must fit it, as at the synchronous routes
+    queue: str | None = None  # the batch's queue, named in nothing but the limits' own messages
+
+    def request_limits(self) -> RequestLimits:
+        return RequestLimits(self.queue, self.max_prompt_tokens, self.max_output_tokens, self.max_model_len)
 
 
 def parse_line(number: int, raw: RawLine, seen: CustomIdSet, limits: LineLimits | None = None,
@@ -114,8 +128,8 @@ def parse_line(number: int, raw: RawLine, seen: CustomIdSet, limits: LineLimits 
         custom_id = _custom_id(line)
         if not seen.add(custom_id):
             raise LineRejected("duplicate_custom_id", f"custom_id {custom_id!r} appears more than once")
-        request = _request(number, custom_id, line, limits)
-        _check_lengths(request, limits)
+        request = _counted(_request(number, custom_id, line, limits), limits)
+        _check_engine_params(request.params)
         return request
     except LineRejected as error:
         return LineError(number, custom_id, error.code, str(error))
@@ -219,7 +233,7 @@ def _validated(number: int, custom_id: str, endpoint: str, body: dict[str, Any],
 
 
 def _job_params(request: OpenAIRequest) -> dict[str, Any]:
-    """The job's stored params (structured output in its stored form), checked by the engine's own rules."""
+    """The job's stored params (structured output in its stored form), as the line set them."""
     params = request.job_params()
     for name in STRUCTURED_FIELDS:
         params.pop(name, None)
@@ -229,11 +243,15 @@ def _job_params(request: OpenAIRequest) -> dict[str, Any]:
     max_tokens = request.requested_max_tokens()
     if max_tokens is not None:
         params["max_tokens"] = max_tokens
+    return params
+
+
+def _check_engine_params(params: dict[str, Any]) -> None:
+    """Last, the engine's own rules over the params the job will run with."""
     try:
         sampling_params_from_json(params)
     except ValueError as error:
         raise LineRejected("invalid_parameter", str(error)) from None
-    return params
 
 
 def _line_code(refusal: Refusal) -> str:
@@ -244,35 +262,25 @@ def _line_code(refusal: Refusal) -> str:
     return "invalid_body" if refusal.param is None or root in _BODY_PARAMS else "invalid_parameter"
 
 
-def _check_lengths(request: BatchRequest, limits: LineLimits) -> None:
-    max_tokens, cap = request.params.get("max_tokens"), limits.max_output_tokens
-    if cap is not None and max_tokens is not None and max_tokens > cap:
-        raise LineRejected("invalid_parameter", f"max_tokens must be <= {cap} here, got {max_tokens}")
-    if limits.max_prompt_tokens is None:
-        return
-    _check_prompt_bytes(request, limits.max_prompt_tokens)
+def _counted(request: BatchRequest, limits: LineLimits) -> BatchRequest:
+    """The request rules every door shares (core/request_limits.py), with the prompt's tokens counted
+    between the two steps; the request carries its count."""
+    size, rules = request.size(), limits.request_limits()
+    _reject(size_problem(size, rules))
     if limits.count_tokens is None:
-        return
+        return request
     try:
         tokens = limits.count_tokens(request)
     except ValueError as error:  # e.g. a chat template that rejects the messages
-        raise LineRejected("invalid_body", str(error)) from None
-    if tokens > limits.max_prompt_tokens:
-        raise LineRejected("prompt_too_long",
-                           f"prompt has {tokens} tokens, more than the queue's {limits.max_prompt_tokens}")
-    context = limits.max_model_len
-    if context is not None and max_tokens is not None and tokens + max_tokens > context:
-        message = f"max_tokens: {tokens} prompt tokens + max_tokens {max_tokens} exceeds max_model_len"
-        raise LineRejected("context_too_long", f"{message} ({context})")
+        raise _rejected(tokenizer_problem(size, error)) from None
+    _reject(tokens_problem(size, tokens, rules))
+    return replace(request, prompt_tokens=tokens)
 
 
-def _check_prompt_bytes(request: BatchRequest, max_prompt_tokens: int) -> None:
-    """Refuses a text prompt that cannot fit max_prompt_tokens by its size alone, before tokenizing it."""
-    if isinstance(request.prompt, list):  # token ids: counted exactly anyway
-        return
-    size = utf8_length(request.prompt or "") + sum(utf8_length(m["content"]) for m in request.messages or [])
-    limit = max_prompt_tokens * PROMPT_BYTES_PER_TOKEN
-    if size > limit:
-        raise LineRejected("prompt_too_long", f"prompt has {size} bytes, more than the queue's limit of "
-                           f"{limit} (max_prompt_tokens {max_prompt_tokens} x {PROMPT_BYTES_PER_TOKEN} bytes "
-                           "per token)")
+def _reject(problem: FieldProblem | None) -> None:
+    if problem is not None:
+        raise _rejected(problem)
+
+
+def _rejected(problem: FieldProblem) -> LineRejected:
+    return LineRejected(problem.line_code, problem.line_message)
