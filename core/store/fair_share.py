@@ -7,7 +7,8 @@ claims the next jobs of Q in fair order, whichever they are (`claim_fair`):
      and its claims of one queue come from one feeder thread.
   2. Grouped reads of the queue's running jobs (every claim) and queued jobs (reused by a worker for up to
      QUEUED_VIEW_S: it scans the whole backlog; see FairState) per stream, with each tenant's weight and
-     max_running. A stream is one tenant's own submissions, or one of its batches.
+     max_running. A stream is one tenant's own submissions, or one of its batches (the job's batch_id
+     column, which only the batch runner sets: a client's metadata never makes a stream).
   3. The plan (`plan`, pure): job by job, the tenant with the fewest running jobs per unit of weight among
      those with queued work under their max_running; ties go to the tenant this worker served least recently
      (so a single free slot goes round-robin), then to the oldest work. Within the tenant, the same rule
@@ -209,7 +210,7 @@ def claim_fair(session: Session, queue: str, count: int, worker_id: str, clock: 
     session.commit()
     for job in claimed:
         state.served.note(job.tenant_id)
-        state.served.note(Stream(job.tenant_id, _batch_id(job)))
+        state.served.note(Stream(job.tenant_id, job.batch_id))
     return claimed
 
 
@@ -230,20 +231,14 @@ def _took(view: _QueuedView, stream: Stream, n: int, state: FairState, *, short:
         load.queued -= n
 
 
-def _batch_id(job: Job) -> str | None:
-    value = (job.meta or {}).get("batch_id")
-    return value if isinstance(value, str) else None
-
-
 def _running_loads(session: Session, queue: str, defaults: TenantLimits,
                    ) -> tuple[dict[Stream, int], dict[str, Share]]:
     """Running jobs of `queue` per stream (few: what the fleet runs), and each such tenant's share."""
-    stream = batch_of()
     query = (
-        select(Job.tenant_id, stream, func.count(), Tenant.weight, Tenant.max_running)
+        select(Job.tenant_id, Job.batch_id, func.count(), Tenant.weight, Tenant.max_running)
         .join(Tenant, Tenant.id == Job.tenant_id)
         .where(Job.queue == queue, Job.status == RUNNING)
-        .group_by(Job.tenant_id, stream, Tenant.weight, Tenant.max_running)
+        .group_by(Job.tenant_id, Job.batch_id, Tenant.weight, Tenant.max_running)
     )
     running: dict[Stream, int] = {}
     shares: dict[str, Share] = {}
@@ -257,13 +252,12 @@ def _queued_loads(session: Session, queue: str, now: datetime, defaults: TenantL
                   ) -> tuple[dict[Stream, StreamLoad], dict[str, Share]]:
     """Queued jobs of `queue` (not past their ttl) per stream, with the oldest's creation, and each such
     tenant's share: one scan of the queue's queued jobs."""
-    stream = batch_of()
     query = (
-        select(Job.tenant_id, stream, func.count(), func.min(Job.created_at), Tenant.weight,
+        select(Job.tenant_id, Job.batch_id, func.count(), func.min(Job.created_at), Tenant.weight,
                Tenant.max_running)
         .join(Tenant, Tenant.id == Job.tenant_id)
         .where(Job.queue == queue, Job.status == QUEUED, _not_expired(now))
-        .group_by(Job.tenant_id, stream, Tenant.weight, Tenant.max_running)
+        .group_by(Job.tenant_id, Job.batch_id, Tenant.weight, Tenant.max_running)
     )
     loads: dict[Stream, StreamLoad] = {}
     shares: dict[str, Share] = {}
@@ -278,15 +272,9 @@ def _share(weight: float | None, max_running: int | None, defaults: TenantLimits
                  max_running if max_running is not None else defaults.max_running)
 
 
-def batch_of() -> ColumnElement[str | None]:
-    """The batch a job answers a line of (its metadata's batch_id), NULL for a tenant's own submissions."""
-    return Job.meta["batch_id"].as_string()
-
-
 def _claim_oldest(session: Session, queue: str, stream: Stream, n: int, worker_id: str, now: datetime,
                   ) -> list[Job]:
-    batch = batch_of()
-    of_stream = batch.is_(None) if stream.batch_id is None else batch == stream.batch_id
+    of_stream = Job.batch_id.is_(None) if stream.batch_id is None else Job.batch_id == stream.batch_id
     oldest = (
         select(Job.id)
         .where(Job.queue == queue, Job.status == QUEUED, Job.tenant_id == stream.tenant_id, of_stream,

@@ -39,6 +39,9 @@ from core.store.tables import Batch, BatchLine, Job
 
 @dataclass(frozen=True)
 class NewJob:
+    """A job as any door submits it (the job API, the OpenAI routes, a batch line), judged by the request
+    rules (core/request_limits.py) before it gets here."""
+
     tenant_id: str
     queue: str
     prompt: str | None
@@ -51,6 +54,7 @@ class NewJob:
     prompt_tokens: int
     ttl_s: float | None
     timeout_s: float | None
+    batch_id: str | None = None  # the batch whose line this job answers; set by the batch runner only
 
 
 @dataclass(frozen=True)
@@ -70,19 +74,29 @@ def request_hash(request: object) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+def build(new: NewJob, now: datetime) -> Job:
+    """The queued job row of `new`, in no session yet: the one constructor of every door's jobs (`add`
+    inserts one; a batch chunk adds its rows in its own transaction)."""
+    return Job(**_queued_row(new, now))
+
+
 def add(session: Session, new: NewJob, now: datetime) -> Job:
     """Inserts a queued job and commits. Raises sqlalchemy IntegrityError on a duplicate idempotency key."""
+    row = _queued_row(new, now)
+    session.execute(insert(Job), [row])  # a bulk INSERT: no unit-of-work bookkeeping for one new row
+    session.commit()
+    return Job(**row)  # not attached to the session: the caller only reads it
+
+
+def _queued_row(new: NewJob, now: datetime) -> dict[str, Any]:
     expires_at = now + timedelta(seconds=new.ttl_s) if new.ttl_s is not None else None
-    row = dict(
+    return dict(
         id=new_job_id(), tenant_id=new.tenant_id, queue=new.queue, status=QUEUED, prompt=new.prompt,
         messages=new.messages, params=new.params, meta=new.meta, webhook=new.webhook,
         idempotency_key=new.idempotency_key, request_hash=new.request_hash, ttl_s=new.ttl_s,
         timeout_s=new.timeout_s, expires_at=expires_at, created_at=now, updated_at=now, attempts=0,
-        preemptions=0, prompt_tokens=new.prompt_tokens,
+        preemptions=0, prompt_tokens=new.prompt_tokens, batch_id=new.batch_id,
     )
-    session.execute(insert(Job), [row])  # a bulk INSERT: no unit-of-work bookkeeping for one new row
-    session.commit()
-    return Job(**row)  # not attached to the session: the caller only reads it
 
 
 def get(session: Session, job_id: str, tenant_id: str | None = None) -> Job | None:

@@ -127,6 +127,10 @@ class Job(Base):
     worker_id: Mapped[str | None] = mapped_column(String(128), nullable=True)
     dispatched_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    # The batch whose line this job answers, set by the batch runner only (NULL: the tenant's own
+    # submission): fair share's streams (core/store/fair_share.py). A client's metadata is only metadata.
+    batch_id: Mapped[str | None] = mapped_column(ForeignKey("batches.id", name="fk_jobs_batch_id"),
+                                                nullable=True, index=True)
 
 
 class Worker(Base):

@@ -38,7 +38,6 @@ from core.lifecycle import (
     IN_PROGRESS,
     LINE_FAILED,
     LINE_QUEUED,
-    QUEUED,
     STOP_EXPIRED,
     STOP_FAILED,
 )
@@ -46,8 +45,7 @@ from core.model_limits import model_context_length, served_max_model_len
 from core.openai_request import Served
 from core.s3 import make_s3_client
 from core.settings import Settings
-from core.store import batches
-from core.store.jobs import new_job_id
+from core.store import batches, jobs
 from core.store.tables import Batch, BatchLine, Job
 from worker.batches.finalize import BatchFinalizer, OutputWriteError, describe_error
 from worker.batches.lines import BatchRequest, CustomIdSet, LineError, LineLimits, parse_line
@@ -263,7 +261,7 @@ class BatchRunner:
                 return lines, new_jobs, True
             parsed = parse_line(number, raw, source.seen, limits)
             if isinstance(parsed, BatchRequest) and not isinstance(parsed.prompt, list):
-                job = _job(batch, parsed, now)
+                job = _new_job(batch, parsed, now)
                 new_jobs.append(job)
                 lines.append(BatchLine(batch_id=batch.id, line=number, custom_id=parsed.custom_id,
                                        status=LINE_QUEUED, job_id=job.id))
@@ -279,7 +277,8 @@ class BatchRunner:
         template = getattr(self._tokenizer, "chat_template", None)
         return LineLimits(endpoint=batch.endpoint, max_prompt_tokens=queue.max_prompt_tokens,
                           count_tokens=counter, max_output_tokens=queue.max_output_tokens,
-                          served=Served.of(self._settings, template), max_model_len=self._max_model_len())
+                          served=Served.of(self._settings, template), max_model_len=self._max_model_len(),
+                          queue=batch.queue)
 
     def _max_model_len(self) -> int | None:
         """What the engine serves (the configured max_model_len within the model's), read from the model's
@@ -312,15 +311,20 @@ class BatchRunner:
             self._drop_input(batch_id)
 
 
-def _job(batch: Batch, request: BatchRequest, now: datetime) -> Job:
-    """A queued job for one valid line; its metadata names the batch line it answers."""
+def _new_job(batch: Batch, request: BatchRequest, now: datetime) -> Job:
+    """The queued job of one valid line, built by the store's own constructor: its batch_id column names the
+    batch (fair share's stream), its metadata the line it answers (shown under /v1/jobs, as the README
+    says), and its prompt_tokens are the tokens the line was judged by."""
     assert not isinstance(request.prompt, list)
     meta = {"batch_id": batch.id, "custom_id": request.custom_id, "line": request.line,
             "endpoint": request.endpoint, "model": request.model}
-    return Job(id=new_job_id(), tenant_id=batch.tenant_id, queue=batch.queue, status=QUEUED,
-               prompt=request.prompt, messages=request.messages, params=request.params, meta=meta,
-               webhook=None, idempotency_key=None, request_hash="batch", ttl_s=None, timeout_s=None,
-               expires_at=None, created_at=now, updated_at=now, attempts=0, preemptions=0, prompt_tokens=0)
+    asked = {"endpoint": request.endpoint, "model": request.model, "prompt": request.prompt,
+             "messages": request.messages, "params": request.params}
+    new = jobs.NewJob(tenant_id=batch.tenant_id, queue=batch.queue, prompt=request.prompt,
+                      messages=request.messages, params=request.params, meta=meta, webhook=None,
+                      idempotency_key=None, request_hash=jobs.request_hash(asked),
+                      prompt_tokens=request.prompt_tokens, ttl_s=None, timeout_s=None, batch_id=batch.id)
+    return jobs.build(new, now)
 
 
 def _failed_line(batch_id: str, parsed: BatchRequest | LineError, seen: CustomIdSet) -> BatchLine:

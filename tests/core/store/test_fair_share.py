@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import threading
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 from sqlalchemy.orm import Session
 
-from core.store import jobs, keys, tenants
+from core.store import batches, jobs, keys, tenants
 from core.store.database import make_db_engine, make_session_factory
 from core.store.fair_share import FairState, ServedOrder, Share, Stream, StreamLoad, claim_fair, plan
 from core.store.tables import Job
@@ -77,14 +78,18 @@ def test_batches_of_one_tenant_take_turns() -> None:
 
 
 def _add(session: Session, tenant: str, n: int, at: datetime, batch_id: str | None = None,
-         queue: str = "documents") -> list[str]:
+         queue: str = "documents", meta: dict[str, Any] | None = None) -> list[str]:
     keys.ensure_tenant(session, tenant, T0)
     session.commit()
-    meta = {"batch_id": batch_id} if batch_id is not None else None
     new = jobs.NewJob(tenant_id=tenant, queue=queue, prompt="p", messages=None, params={"max_tokens": 1},
                       meta=meta, webhook=None, idempotency_key=None, request_hash="h", prompt_tokens=1,
-                      ttl_s=None, timeout_s=None)
+                      ttl_s=None, timeout_s=None, batch_id=batch_id)
     return [jobs.add(session, new, at + timedelta(milliseconds=i)).id for i in range(n)]
+
+
+def _batch(session: Session, tenant: str) -> str:
+    return batches.create(session, tenant_id=tenant, input_url="s3://b/in.jsonl", output_url="s3://b/out/",
+                          queue="documents", now=T0).id
 
 
 def _finish(session: Session, claimed: list[Job]) -> None:
@@ -118,6 +123,26 @@ def test_a_tenants_max_running_holds_and_the_others_take_the_rest(session: Sessi
     claimed = claim_fair(session, "documents", 6, "w1", at_t0, DEFAULTS, FairState())
     assert sorted(j.tenant_id for j in claimed) == ["a", "a", "b", "b", "b", "b"]
     assert claim_fair(session, "documents", 6, "w1", at_t0, TenantLimits(max_running=4), FairState()) == []
+
+
+def test_a_job_whose_metadata_names_a_batch_is_one_of_its_tenants_own_submissions(session: Session) -> None:
+    """Only the batch runner's batch_id column makes a stream: a client's metadata is just metadata."""
+    own = _add(session, "a", 3, T0)
+    claims_a_batch = _add(session, "a", 3, T0 + timedelta(seconds=1), meta={"batch_id": "x"})
+    claimed = claim_fair(session, "documents", 3, "w1", at_t0, DEFAULTS, FairState(view_s=0.0))
+    assert [job.id for job in claimed] == own  # one stream: oldest first, no turn for "batch" x
+    assert all(job.batch_id is None for job in claimed)
+    later = claim_fair(session, "documents", 3, "w1", at_t0, DEFAULTS, FairState(view_s=0.0))
+    assert [job.id for job in later] == claims_a_batch and later[0].meta == {"batch_id": "x"}
+
+
+def test_a_real_batch_of_the_tenant_takes_turns_with_its_own_submissions(session: Session) -> None:
+    own = _add(session, "a", 3, T0)
+    batch_id = _batch(session, "a")
+    lines = _add(session, "a", 3, T0 + timedelta(seconds=1), batch_id=batch_id)
+    claimed = claim_fair(session, "documents", 2, "w1", at_t0, DEFAULTS, FairState(view_s=0.0))
+    assert sorted(job.id for job in claimed) == sorted([own[0], lines[0]])
+    assert {job.batch_id for job in claimed} == {None, batch_id}
 
 
 def test_expired_and_other_queues_jobs_are_not_claimed(session: Session) -> None:

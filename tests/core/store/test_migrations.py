@@ -27,7 +27,7 @@ def test_upgrade_head_matches_the_models(fresh_url: str) -> None:
     head = ScriptDirectory.from_config(alembic_config(fresh_url)).get_current_head()  # one linear history
     with db_engine.connect() as conn:
         current = MigrationContext.configure(conn).get_current_revision()
-        assert current == head == "0009_tenant_cache_namespace"
+        assert current == head == "0010_job_batch_id"
         assert {"tenants", "api_keys", "jobs", "workers"} <= set(inspect(conn).get_table_names())
         assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
         assert conn.execute(text("SELECT id FROM tenants")).scalars().all() == ["default"]
@@ -46,4 +46,34 @@ def test_existing_tenants_keep_their_own_cache_partition_and_the_namespace_downg
     command.downgrade(alembic_config(fresh_url), "0008_metric_counts")
     with db_engine.connect() as conn:
         assert "cache_namespace" not in {c["name"] for c in inspect(conn).get_columns("tenants")}
+    db_engine.dispose()
+
+
+def test_existing_batch_jobs_get_their_batch_from_their_line_and_the_column_downgrades(fresh_url: str) -> None:
+    """Backfilled from batch_lines (the store's record), never from a client's metadata."""
+    upgrade(fresh_url, "0009_tenant_cache_namespace")
+    db_engine = make_db_engine(fresh_url)
+    with db_engine.begin() as conn:
+        conn.execute(text(
+            "INSERT INTO batches (id, tenant_id, input_url, queue, completion_window, status, total, completed,"
+            " failed, cancelled, prompt_tokens, completion_tokens, read_line, read_offset, read_done,"
+            " failure_count, created_at, updated_at) VALUES ('batch_1', 'default', 's3://b/in.jsonl',"
+            " 'documents', '24h', 'in_progress', 1, 0, 0, 0, 0, 0, 2, 10, false, 0, CURRENT_TIMESTAMP,"
+            " CURRENT_TIMESTAMP)"))
+        for job_id, meta in (("job_line", '{"batch_id": "batch_1"}'), ("job_own", '{"batch_id": "batch_1"}'),
+                             ("job_plain", None)):
+            conn.execute(text(
+                "INSERT INTO jobs (id, tenant_id, queue, status, params, metadata, request_hash, created_at,"
+                " updated_at, attempts, preemptions) VALUES (:id, 'default', 'documents', 'queued', '{}',"
+                " :meta, 'h', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP, 0, 0)"), {"id": job_id, "meta": meta})
+        conn.execute(text("INSERT INTO batch_lines (batch_id, line, custom_id, status, job_id) VALUES"
+                          " ('batch_1', 1, 'c1', 'queued', 'job_line')"))
+    upgrade(fresh_url)
+    with db_engine.connect() as conn:
+        rows = conn.execute(text("SELECT id, batch_id FROM jobs ORDER BY id")).all()
+        assert [tuple(row) for row in rows] == [("job_line", "batch_1"), ("job_own", None), ("job_plain", None)]
+    command.downgrade(alembic_config(fresh_url), "0009_tenant_cache_namespace")
+    with db_engine.connect() as conn:
+        assert "batch_id" not in {c["name"] for c in inspect(conn).get_columns("jobs")}
+        assert conn.execute(text("SELECT count(*) FROM jobs")).scalar_one() == 3
     db_engine.dispose()
