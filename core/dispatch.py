@@ -22,6 +22,7 @@ from typing import Protocol
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from core.background import BackgroundLoop
 from core.clock import utcnow
 from core.store import jobs
 
@@ -77,22 +78,21 @@ class DispatchRelay:
         self._sessions = sessions
         self._publish = publish
         self._inbox: stdlib_queue.SimpleQueue[tuple[str, str]] = stdlib_queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="dispatch-relay", daemon=True)
+        self._loop = BackgroundLoop("dispatch-relay", lambda _stop: self._run(),
+                                    wake=lambda: self._inbox.put(_STOP))
         self._start_lock = threading.Lock()
 
     def dispatch(self, job_id: str, queue: str) -> None:
         """After the job's insert committed; never blocks. The relay's thread starts with its first job."""
         self._inbox.put((job_id, queue))
-        if not self._thread.is_alive():
+        if not self._loop.is_alive():
             with self._start_lock:
-                if self._thread.ident is None:
-                    self._thread.start()
+                if not self._loop.started:
+                    self._loop.start()
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Publishes what is already waiting (within timeout_s), then stops."""
-        if self._thread.is_alive():
-            self._inbox.put(_STOP)
-            self._thread.join(timeout_s)
+        self._loop.stop(timeout_s)
 
     def _run(self) -> None:
         stopping = False

@@ -22,6 +22,8 @@ from typing import Protocol
 
 import redis
 
+from core.background import BackgroundLoop
+
 log = logging.getLogger(__name__)
 
 CHANNEL = "conveyor:jobs-finished"  # one channel for every job: one message per group of finished jobs
@@ -131,8 +133,9 @@ class RedisFinishedSink:
         self._client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
         self._outbox: stdlib_queue.SimpleQueue[list[str] | None] = stdlib_queue.SimpleQueue()
         self._failing = False
-        self._thread = threading.Thread(target=self._run, name="finished-publisher", daemon=True)
-        self._thread.start()
+        self._loop = BackgroundLoop("finished-publisher", lambda _stop: self._run(),
+                                    wake=lambda: self._outbox.put(None))
+        self._loop.start()
 
     def finished(self, job_ids: list[str]) -> None:
         if job_ids:
@@ -140,8 +143,7 @@ class RedisFinishedSink:
 
     def close(self) -> None:
         """Publishes what is queued (within a few seconds), then stops."""
-        self._outbox.put(None)
-        self._thread.join(timeout=5)
+        self._loop.stop(timeout_s=5)
         self._client.close()
 
     def _run(self) -> None:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import threading
 import time
 import uuid
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from core.background import BackgroundLoop
 from core.clock import utcnow
 from core.store import workers
 
@@ -28,9 +28,8 @@ class Heartbeat:
         self.worker_id = worker_id
         self._sessions = sessions
         self._queues = queues
-        self._interval_s = interval_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name="worker-heartbeat", daemon=True)
+        self._loop = BackgroundLoop.every("worker-heartbeat", interval_s, self._beat,
+                                          on_error=_log_failed_beat)
         self._last_beat = time.monotonic()  # of the last beat the store took (registration included)
 
     def age_s(self) -> float:
@@ -43,23 +42,21 @@ class Heartbeat:
             workers.register(session, self.worker_id, hostname=socket.gethostname(), pid=os.getpid(),
                              queues=self._queues, now=utcnow())
         self._last_beat = time.monotonic()
-        self._thread.start()
+        self._loop.start()
         log.info("worker %s registered for queues %s", self.worker_id, self._queues)
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
+        self._loop.stop()
         with self._sessions() as session:
             workers.mark_stopped(session, self.worker_id, utcnow())
 
     def _beat(self) -> None:
-        while not self._stop.wait(self._interval_s):
-            try:
-                with self._sessions() as session:
-                    if not workers.heartbeat(session, self.worker_id, utcnow()):
-                        log.error("worker %s is not registered as running in the store", self.worker_id)
-                    else:
-                        self._last_beat = time.monotonic()
-            except Exception:  # the store may be briefly down; the next beat retries
-                log.exception("heartbeat failed")
+        with self._sessions() as session:
+            if not workers.heartbeat(session, self.worker_id, utcnow()):
+                log.error("worker %s is not registered as running in the store", self.worker_id)
+            else:
+                self._last_beat = time.monotonic()
+
+
+def _log_failed_beat(_exc: Exception) -> None:
+    log.exception("heartbeat failed")  # the store may be briefly down; the next beat retries

@@ -24,7 +24,6 @@ once (the second message finds it no longer queued and is dropped).
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from typing import Protocol
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from core.background import BackgroundLoop
 from core.clock import utcnow
 from core.dispatch import publish_and_mark
 from core.finished_jobs import FinishedSink
@@ -86,16 +86,13 @@ class Reconciler:
         self._settings = settings
         self._next_purge = time.monotonic()  # the first round purges; then every purge_interval_s
         self._lost_before: datetime | None = None  # the broker lost its queues; not all republished yet
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="reconciler", daemon=True)
+        self._loop = BackgroundLoop.every("reconciler", self._interval_s, self._round, on_error=self._failed)
 
     def start(self) -> None:
-        self._thread.start()
+        self._loop.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
+        self._loop.stop()
 
     def run_once(self) -> ReconcileReport:
         now = utcnow()
@@ -193,12 +190,12 @@ class Reconciler:
             total += publish_and_mark(self._sessions, self._broker.publish, lost)
         return total
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self._interval_s):
-            try:
-                self.run_once()
-                self._purge_when_due()
-            except Exception as exc:  # store or broker briefly unreachable: one line a round, not a traceback
-                log.warning("reconcile failed (%s: %s); trying again in %s s", type(exc).__name__, exc,
-                            self._interval_s)
-                log.debug("reconcile failure", exc_info=True)
+    def _round(self) -> None:
+        self.run_once()
+        self._purge_when_due()
+
+    def _failed(self, exc: Exception) -> None:
+        """Store or broker briefly unreachable: one line a round, not a traceback."""
+        log.warning("reconcile failed (%s: %s); trying again in %s s", type(exc).__name__, exc,
+                    self._interval_s)
+        log.debug("reconcile failure", exc_info=True)

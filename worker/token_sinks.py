@@ -13,6 +13,7 @@ import logging
 import queue as stdlib_queue
 import threading
 
+from core.background import BackgroundLoop
 from core.token_stream import TokenEvent, channel
 
 log = logging.getLogger(__name__)
@@ -82,8 +83,9 @@ class RedisTokenSink:
         self._outbox: stdlib_queue.SimpleQueue[tuple[str, TokenEvent] | None] = stdlib_queue.SimpleQueue()
         self._lock = threading.Lock()
         self._unheard: set[str] = set()
-        self._thread = threading.Thread(target=self._run, name="token-publisher", daemon=True)
-        self._thread.start()
+        self._loop = BackgroundLoop("token-publisher", lambda _stop: self._run(),
+                                    wake=lambda: self._outbox.put(None))
+        self._loop.start()
 
     def listening(self, job_id: str) -> bool:
         with self._lock:
@@ -93,8 +95,8 @@ class RedisTokenSink:
         self._outbox.put((job_id, event))
 
     def close(self) -> None:
-        self._outbox.put(None)
-        self._thread.join(timeout=5)
+        """Publishes what is queued (within a few seconds), then stops."""
+        self._loop.stop(timeout_s=5)
         self._client.close()
 
     def _run(self) -> None:

@@ -26,6 +26,7 @@ from datetime import datetime, timedelta
 import httpx
 from sqlalchemy.orm import Session, sessionmaker
 
+from core.background import BackgroundLoop
 from core.clock import utcnow
 from core.settings import Settings
 from core.store import webhooks
@@ -55,8 +56,7 @@ class WebhookSender:
         self._pool = ThreadPoolExecutor(max_workers=self._concurrency, thread_name_prefix="webhook-send")
         self._lock = threading.Lock()
         self._busy: dict[str, set[str]] = {}   # receiver -> its URLs seen while a task serves it
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop = BackgroundLoop.every("webhook-sender", POLL_S, self._pass, on_error=_log_failed_pass)
 
     def tick(self, now: datetime | None = None) -> int:
         """Sends every delivery due at `now` (default: the clock, read per attempt) to receivers this sender
@@ -93,7 +93,7 @@ class WebhookSender:
         sent = 0
         try:
             for item in items:
-                if self._stop.is_set():
+                if self._loop.stopping:
                     break   # shutting down: the rest stay due for the next sender
                 sent += self._send_isolated(item, now)
         finally:
@@ -141,23 +141,21 @@ class WebhookSender:
         return webhooks.active_secrets(session, tenant_id, now)
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="webhook-sender", daemon=True)
-        self._thread.start()
+        self._loop.start()
 
     def stop(self) -> None:
         """Stops passing; a send in flight ends within its timeout, deliveries not started stay due."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
+        self._loop.stop()
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._client.close()
 
-    def _run(self) -> None:
-        while not self._stop.wait(POLL_S):
-            try:
-                self._dispatch(None)
-            except Exception:   # the store may be briefly unreachable; the next pass retries
-                log.exception("webhook sender pass failed")
+    def _pass(self) -> None:
+        """A pass of the thread: starts the sends, does not wait for them."""
+        self._dispatch(None)
+
+
+def _log_failed_pass(_exc: Exception) -> None:
+    log.exception("webhook sender pass failed")   # the store may be briefly unreachable; the next pass tries
 
 
 def _by_receiver(due: list[webhooks.Due]) -> dict[str, list[webhooks.Due]]:
