@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-import worker.job_runner
+import worker.outcome_writer
 from core.clock import utcnow
 from core.store import jobs, keys, tenants
 from engine.config import EngineConfig, RequestClassConfig
@@ -313,8 +313,8 @@ class OutageStore:
 def test_an_outcome_waits_out_a_store_outage_of_any_length_and_keeps_the_slot_meanwhile(
     host: EngineHost, sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(worker.job_runner, "STORE_RETRY_FIRST_WAIT_S", 0.01)
-    monkeypatch.setattr(worker.job_runner, "STORE_RETRY_MAX_WAIT_S", 0.05)  # many retries, quickly
+    monkeypatch.setattr(worker.outcome_writer, "STORE_RETRY_FIRST_WAIT_S", 0.01)
+    monkeypatch.setattr(worker.outcome_writer, "STORE_RETRY_MAX_WAIT_S", 0.05)  # many retries, quickly
     store = OutageStore(sessions)
     runner = JobRunner(host, store, "outage-worker", limits={"interactive": 1},  # type: ignore[arg-type]
                        cancel_poll_s=0.05)

@@ -1,0 +1,50 @@
+"""An attempt: one run of a job on this worker, from its claim to its outcome written and acknowledged.
+
+Attempts, not jobs, are the unit here: each is keyed by its request id in the engine (`job#attempt`), so a
+late attempt 1 can never remove, or answer for, an attempt 2 of the same job in this worker. An attempt
+resubmitted once after a transient engine error (worker/transient.py) keeps its identity in the store and
+takes a new request id in the engine (`job#attempt~retry`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from core.store.tables import Job
+from engine.sampling_params import SamplingParams
+
+OnDone = Callable[[], None]  # called once per started attempt, after its outcome is stored (the caller acks)
+
+# Failure codes written to the store.
+INVALID_REQUEST, ENGINE_ERROR, TIMEOUT = "invalid_request", "engine_error", "timeout"
+# Abort reasons with nothing to write (TIMEOUT, an abort reason too, is written as a failure).
+CANCELLED_REASON, SHUTDOWN, SUPERSEDED = "cancelled", "shutdown", "superseded"
+
+
+@dataclass
+class Attempt:
+    job_id: str
+    attempt: int
+    queue: str
+    request_id: str
+    timeout_s: float | None
+    started: float  # time.monotonic() at claim
+    on_done: OnDone
+    logprobs: int | None = None  # top-n alternatives asked for per generated token
+    abort_reason: str | None = None  # "cancelled" | "timeout" | "shutdown" | "superseded" once aborted
+    first_token_seen: bool = False
+    engine_input: tuple[str | list[int], SamplingParams] | None = None  # what was submitted, for a retry
+    retried: bool = False  # a transient engine error (out of memory) already had its one retry
+    cache_salt: str | None = None  # its tenant's prefix-cache partition (core/store/tenants.py cache_salt)
+    # Waiting for its grammar to compile, outside the engine: not counted in its queue's room
+    # (worker/queue_room.py), so a costly schema holds up no other job's start.
+    compiling: bool = False
+
+    @classmethod
+    def of(cls, job: Job, on_done: OnDone, cache_salt: str, started: float) -> Attempt:
+        """The attempt a claim just made of `job` (its attempts counter already raised by the claim)."""
+        params = job.params or {}
+        return cls(job.id, job.attempts, job.queue, f"{job.id}#{job.attempts}", job.timeout_s, started,
+                   on_done, logprobs=params.get("logprobs"), cache_salt=cache_salt,
+                   compiling="structured" in params)
