@@ -24,7 +24,7 @@ from core.store.database import make_db_engine, make_session_factory
 from engine.host import EngineHost
 from worker.celery_app import CONTROL_QUEUE, make_celery_app
 from worker.cold_start import ColdStart
-from worker.consumer import job_consumer_step
+from worker.consumer import JobConsumerStep, JobFeed, worker_options
 from worker.heartbeat import new_worker_id
 from worker.metrics_server import serve_metrics
 from worker.model import describe_engine
@@ -53,15 +53,15 @@ def run_worker(settings: Settings, *, banner: bool = False, cold_start: ColdStar
     stop_metrics = serve_metrics(settings, services.metrics.registry)
     cold_start.engine_ready(services.host)
     cold_start.watch_first_token(services.host)
-    grace_s = settings.worker_shutdown_grace_s
-    app.steps["consumer"].add(job_consumer_step(services.runner, grace_s=grace_s, publish=publisher.publish))
+    feed = JobFeed(services.runner, grace_s=settings.worker_shutdown_grace_s, publish=publisher.publish)
+    app.steps["consumer"].add(JobConsumerStep)
     _replace_root_warning()
     summary = _summary_on_ready(settings, services.host, worker_id)
     try:
         worker = app.Worker(
             hostname=f"{worker_id}@{socket.gethostname()}", pool="solo", concurrency=1,
             queues=[CONTROL_QUEUE], without_mingle=True, without_gossip=True, without_heartbeat=True,
-            loglevel=settings.log_level, quiet=not banner,
+            loglevel=settings.log_level, quiet=not banner, **worker_options(feed),
         )
         worker.start()
     finally:

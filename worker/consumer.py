@@ -19,6 +19,9 @@ claim (every queued job is another's, already running, or of a tenant at its max
 So that a tenant held at its cap is not left without messages, each job that ends here is followed by a
 pull: a claim with no message, when the queue has room and no held message would take it. A job started by
 a pull leaves its own message in the broker, where it later wakes a claim of whatever is next (or nothing).
+
+Celery instantiates its steps itself, with the worker's options as keyword arguments: the worker is built
+with `app.Worker(..., **worker_options(JobFeed(runner, ...)))` and JobConsumerStep reads its feed there.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import queue as stdlib_queue
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from celery import bootsteps
@@ -43,155 +47,202 @@ log = logging.getLogger(__name__)
 
 STORE_ERROR_BACKOFF_S = 1.0
 PULL_MAX = 64  # jobs one pull claims at most
+OPTION = "conveyor_jobs"  # the worker option (app.Worker(**{OPTION: JobFeed(...)})) Celery hands the step
 
 
-def job_consumer_step(runner: JobRunner, *, grace_s: float, publish: Publish) -> type[bootsteps.ConsumerStep]:
-    """A ConsumerStep class bound to this worker's runner, one channel per queue of `runner.limits` (Celery
-    instantiates steps itself)."""
-    limits = runner.limits
+@dataclass(frozen=True)
+class JobFeed:
+    """What the step feeds and how it stops: one channel per queue of `runner.limits`; at worker shutdown,
+    the runner gets grace_s and requeued jobs go out through `publish`."""
 
-    class JobConsumerStep(bootsteps.ConsumerStep):
-        name = "conveyor.jobs"
+    runner: JobRunner
+    grace_s: float
+    publish: Publish
 
-        def __init__(self, parent: Any, **kwargs: Any) -> None:
-            super().__init__(parent, **kwargs)
-            # Messages to ack, and queue names (a job started by a pull ended: pull again).
-            self._acks: stdlib_queue.SimpleQueue[Message | str] = stdlib_queue.SimpleQueue()
-            self._held: dict[str, deque[Message]] = {name: deque() for name in limits}
-            self._hub: Any = None
-            self._channels: set[Any] = set()  # the open channels: only their messages can be acked
 
-        def start(self, c: Any) -> None:
-            self._hub = c.hub
-            for held in self._held.values():  # messages of a previous channel went back with it
-                held.clear()
-            self.consumers = [
-                Consumer(c.connection.channel(), queues=[job_queue(name)], callbacks=[self._on_message],
-                         accept=["json"], prefetch_count=limit)
-                for name, limit in limits.items()
-            ]
-            self._channels = {consumer.channel for consumer in self.consumers}
-            for consumer in self.consumers:
-                consumer.consume()
-            log.info("consuming job queues %s", limits)
+def worker_options(feed: JobFeed) -> dict[str, JobFeed]:
+    """The keyword arguments for app.Worker that hand `feed` to JobConsumerStep (Celery instantiates the
+    step itself, with the worker's options as keyword arguments)."""
+    return {OPTION: feed}
 
-        def stop(self, c: Any) -> None:
-            if c.blueprint.state == CLOSE:  # worker shutdown, not a reconnect
-                for consumer in self.consumers or []:
-                    try:
-                        consumer.cancel()
-                    except Exception:
-                        log.debug("cancel of consumer failed", exc_info=True)
-                runner.shutdown(grace_s, publish, tick=self._flush_acks)
-            self._flush_acks()
-            self._close_channels(cancel=True)
 
-        def shutdown(self, c: Any) -> None:
-            self._close_channels(cancel=False)
+class JobConsumerStep(bootsteps.ConsumerStep):
+    name = "conveyor.jobs"
 
-        def _close_channels(self, cancel: bool) -> None:
-            """Celery's own close passes its connection to kombu's error filter, and after a connection loss
-            that connection is None (AttributeError 'connection_errors'); a dead channel raises anything."""
-            for consumer in self.consumers or []:
-                for action in ([consumer.cancel] if cancel else []) + [consumer.channel.close]:
-                    try:
-                        action()
-                    except Exception as exc:
-                        log.debug("closing a job channel: %s: %s", type(exc).__name__, exc)
-            self._channels = set()
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        feed = kwargs.get(OPTION)
+        if not isinstance(feed, JobFeed):
+            raise ValueError(f"{OPTION}: build the worker with app.Worker(**worker_options(JobFeed(...))), "
+                             f"got {feed!r}")
+        self._runner = feed.runner
+        self._grace_s = feed.grace_s
+        self._publish = feed.publish
+        self._limits = dict(feed.runner.limits)
+        # Messages to ack, and queue names (a job started by a pull ended: pull again).
+        self._acks: stdlib_queue.SimpleQueue[Message | str] = stdlib_queue.SimpleQueue()
+        self._held: dict[str, deque[Message]] = {name: deque() for name in self._limits}
+        self._hub: Any = None
+        self._channels: set[Any] = set()  # the open channels: only their messages can be acked
 
-        def _on_message(self, _body: Any, message: Message) -> None:
-            queue = str(message.delivery_info.get("routing_key", ""))
-            if queue not in self._held:
-                log.error("dropping a message from unexpected queue %r", queue)
-                message.ack()
-                return
-            self._held[queue].append(message)
-            self._start_held(queue)
+    # --- Celery's calls ----------------------------------------------------------------------------------
 
-        def _start_held(self, queue: str) -> None:
-            """Starts held messages while the queue is under its limit, claimed together: at once, normally
-            (the channel's QoS already holds it there); after a reconnect, jobs taken on the old channel
-            still count."""
-            held = self._held[queue]
-            room = runner.room(queue)
-            if held and room:
-                self._start([held.popleft() for _ in range(min(room, len(held)))])
+    def start(self, c: Any) -> None:
+        self._hub = c.hub
+        for held in self._held.values():  # messages of a previous channel went back with it
+            held.clear()
+        self.consumers = [
+            Consumer(c.connection.channel(), queues=[job_queue(name)], callbacks=[self._on_message],
+                     accept=["json"], prefetch_count=limit)
+            for name, limit in self._limits.items()
+        ]
+        self._channels = {consumer.channel for consumer in self.consumers}
+        for consumer in self.consumers:
+            consumer.consume()
+        log.info("consuming job queues %s", self._limits)
 
-        def _start(self, messages: list[Message]) -> None:
-            """Claims as many jobs of the messages' queue as there are messages, in fair order; the messages
-            beyond what started are acked at once (nothing was left to claim for them)."""
-            tokens = []
-            for message in messages:
-                body = message.payload
-                if not isinstance(body, dict) or not isinstance(body.get("job_id"), str):
-                    log.error("dropping malformed job message %r", body)
-                    message.ack()
-                    continue
-                tokens.append(message)
-            if not tokens:
-                return
-            queue = str(tokens[0].delivery_info.get("routing_key", ""))
+    def stop(self, c: Any) -> None:
+        if c.blueprint.state == CLOSE:  # worker shutdown, not a reconnect
+            self._cancel_consumers()
+            self._runner.shutdown(self._grace_s, self._publish, tick=self._flush_acks)
+        self._flush_acks()
+        self._close_channels(cancel=True)
+
+    def shutdown(self, c: Any) -> None:
+        self._close_channels(cancel=False)
+
+    def _cancel_consumers(self) -> None:
+        for consumer in self.consumers or []:
             try:
-                started = runner.run_next(queue, [self._acker(message) for message in tokens])
-            except RunnerStoppedError:
-                for message in tokens:
-                    message.requeue()
-                return
+                consumer.cancel()
             except Exception:
-                log.exception("could not start %d job(s); messages returned to the queue", len(tokens))
-                time.sleep(STORE_ERROR_BACKOFF_S)  # the store is likely down: do not spin on redelivery
-                for message in tokens:
-                    message.requeue()
-                return
-            for message in tokens[started:]:
-                message.ack()
+                log.debug("cancel of consumer failed", exc_info=True)
 
-        def _pull(self, queue: str) -> None:
-            """After a job of `queue` ended here: claim what may now start (a tenant that was at its
-            max_running may start another), without a message."""
-            room = runner.room(queue)
-            if room <= 0 or self._held[queue]:
-                return
+    def _close_channels(self, cancel: bool) -> None:
+        """Celery's own close passes its connection to kombu's error filter, and after a connection loss
+        that connection is None (AttributeError 'connection_errors'); a dead channel raises anything."""
+        for consumer in self.consumers or []:
+            for action in ([consumer.cancel] if cancel else []) + [consumer.channel.close]:
+                try:
+                    action()
+                except Exception as exc:
+                    log.debug("closing a job channel: %s: %s", type(exc).__name__, exc)
+        self._channels = set()
+
+    # --- messages in -------------------------------------------------------------------------------------
+
+    def _on_message(self, _body: Any, message: Message) -> None:
+        queue = _queue_of(message)
+        if queue not in self._held:
+            log.error("dropping a message from unexpected queue %r", queue)
+            message.ack()
+            return
+        self._held[queue].append(message)
+        self._start_held(queue)
+
+    def _start_held(self, queue: str) -> None:
+        """Starts held messages while the queue is under its limit, claimed together: at once, normally
+        (the channel's QoS already holds it there); after a reconnect, jobs taken on the old channel
+        still count."""
+        held = self._held[queue]
+        room = self._runner.room(queue)
+        if held and room:
+            self._start([held.popleft() for _ in range(min(room, len(held)))])
+
+    def _start(self, messages: list[Message]) -> None:
+        """Claims as many jobs of the messages' queue as there are messages, in fair order; the messages
+        beyond what started are acked at once (nothing was left to claim for them)."""
+        tokens = _well_formed(messages)
+        if not tokens:
+            return
+        try:
+            started = self._runner.run_next(_queue_of(tokens[0]), [self._acker(m) for m in tokens])
+        except RunnerStoppedError:
+            _requeue(tokens)
+            return
+        except Exception:
+            log.exception("could not start %d job(s); messages returned to the queue", len(tokens))
+            time.sleep(STORE_ERROR_BACKOFF_S)  # the store is likely down: do not spin on redelivery
+            _requeue(tokens)
+            return
+        for message in tokens[started:]:
+            message.ack()
+
+    def _pull(self, queue: str) -> None:
+        """After a job of `queue` ended here: claim what may now start (a tenant that was at its
+        max_running may start another), without a message."""
+        room = self._runner.room(queue)
+        if room <= 0 or self._held[queue]:
+            return
+        try:
+            self._runner.run_next(queue, [self._puller(queue) for _ in range(min(room, PULL_MAX))])
+        except RunnerStoppedError:
+            return
+        except Exception as exc:  # the store is likely down; the next message or ended job tries again
+            log.warning("pull of %s failed (%s: %s)", queue, type(exc).__name__, exc)
+
+    # --- jobs ended: acks, on the consumer's event loop --------------------------------------------------
+
+    def _puller(self, queue: str) -> Callable[[], None]:
+        return lambda: self._ack_later(queue)
+
+    def _acker(self, message: Message) -> Callable[[], None]:
+        return lambda: self._ack_later(message)
+
+    def _ack_later(self, message: Message | str) -> None:
+        """On the runner's writer thread: queues the ack and wakes the event loop to do it."""
+        self._acks.put(message)
+        if self._hub is not None:
+            self._hub.call_soon(self._flush_acks)
+
+    def _flush_acks(self) -> None:
+        ended = self._ack_queued()
+        for queue in self._held:
+            self._start_held(queue)
+            if queue in ended:
+                self._pull(queue)
+
+    def _ack_queued(self) -> set[str]:
+        """Acks every queued message; returns the queues a job ended in since the last flush."""
+        ended: set[str] = set()
+        while True:
             try:
-                runner.run_next(queue, [self._puller(queue) for _ in range(min(room, PULL_MAX))])
-            except RunnerStoppedError:
-                return
-            except Exception as exc:  # the store is likely down; the next message or ended job tries again
-                log.warning("pull of %s failed (%s: %s)", queue, type(exc).__name__, exc)
+                message = self._acks.get_nowait()
+            except stdlib_queue.Empty:
+                return ended
+            if isinstance(message, str):
+                ended.add(message)
+            else:
+                ended.add(_queue_of(message))
+                self._ack(message)
 
-        def _puller(self, queue: str) -> Callable[[], None]:
-            return lambda: self._ack_later(queue)
+    def _ack(self, message: Message) -> None:
+        if message.channel not in self._channels:
+            log.info("job message of a closed broker channel not acked (its outcome is stored)")
+            return
+        try:
+            message.ack()
+        except Exception as exc:  # the connection dropped since: the outcome is stored anyway
+            log.warning("ack failed (%s: %s)", type(exc).__name__, exc)
 
-        def _acker(self, message: Message) -> Callable[[], None]:
-            return lambda: self._ack_later(message)
 
-        def _ack_later(self, message: Message | str) -> None:
-            self._acks.put(message)
-            if self._hub is not None:
-                self._hub.call_soon(self._flush_acks)
+def _queue_of(message: Message) -> str:
+    return str(message.delivery_info.get("routing_key", ""))
 
-        def _flush_acks(self) -> None:
-            ended: set[str] = set()  # queues a job ended in since the last flush
-            while True:
-                try:
-                    message = self._acks.get_nowait()
-                except stdlib_queue.Empty:
-                    break
-                if isinstance(message, str):
-                    ended.add(message)
-                    continue
-                ended.add(str(message.delivery_info.get("routing_key", "")))
-                if message.channel not in self._channels:
-                    log.info("job message of a closed broker channel not acked (its outcome is stored)")
-                    continue
-                try:
-                    message.ack()
-                except Exception as exc:  # the connection dropped since: the outcome is stored anyway
-                    log.warning("ack failed (%s: %s)", type(exc).__name__, exc)
-            for queue in self._held:
-                self._start_held(queue)
-                if queue in ended:
-                    self._pull(queue)
 
-    return JobConsumerStep
+def _well_formed(messages: list[Message]) -> list[Message]:
+    """The messages that name a job; the others are acked (dropped)."""
+    kept = []
+    for message in messages:
+        body = message.payload
+        if isinstance(body, dict) and isinstance(body.get("job_id"), str):
+            kept.append(message)
+        else:
+            log.error("dropping malformed job message %r", body)
+            message.ack()
+    return kept
+
+
+def _requeue(messages: list[Message]) -> None:
+    for message in messages:
+        message.requeue()

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from celery.bootsteps import RUN
 
-from worker.consumer import job_consumer_step
+from worker.consumer import JobConsumerStep, JobFeed, worker_options
 
 
 class Channel:
@@ -68,9 +68,8 @@ class DeadConsumer:
 
 
 def _step(runner: Runner | None = None) -> Any:
-    step_class = job_consumer_step(runner or Runner(), grace_s=0.0,  # type: ignore[arg-type]
-                                   publish=lambda job_id, queue: None)
-    return step_class(SimpleNamespace(steps=[]))
+    feed = JobFeed(runner or Runner(), grace_s=0.0, publish=lambda job_id, queue: None)  # type: ignore[arg-type]
+    return JobConsumerStep(SimpleNamespace(steps=[]), **worker_options(feed))
 
 
 def test_held_messages_start_together_when_room_opens_and_those_without_a_job_are_acked() -> None:
