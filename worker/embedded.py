@@ -15,10 +15,12 @@ import queue as stdlib_queue
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry
 from sqlalchemy.orm import Session, sessionmaker
 
+from core.background import BackgroundLoop
 from core.finished_jobs import LocalFinishedHub
 from core.settings import Settings
 from core.store import jobs
@@ -54,8 +56,8 @@ class EmbeddedRuntime:
         self._services = WorkerServices(settings, self._sessions, self.publisher, self.worker_id,
                                         tokens=self.token_stream, republish_requeued=False,
                                         finished=self.finished)
-        self._stop = threading.Event()
-        self._feeders: list[threading.Thread] = []
+        self._stop = threading.Event()  # every feeder's
+        self._feeders = [BackgroundLoop(f"feeder-{name}", self._feeder_of(name)) for name in settings.queues]
 
     @property
     def sessions(self) -> sessionmaker[Session]:
@@ -78,17 +80,15 @@ class EmbeddedRuntime:
         self._services.metrics.track_cold_start(self.cold_start)
         self.cold_start.engine_ready(self.host)
         self.cold_start.watch_first_token(self.host)
-        for name in self.settings.queues:
-            thread = threading.Thread(target=self._feed, args=(name,), name=f"feeder-{name}", daemon=True)
-            thread.start()
-            self._feeders.append(thread)
+        for feeder in self._feeders:
+            feeder.start()
 
     def stop(self, grace_s: float | None = None) -> None:
         """Stops taking jobs, finishes in-flight ones within grace_s (default: the worker_shutdown_grace_s
         setting); the rest go back to queued in the store (the next start picks them up)."""
         self._stop.set()
-        for thread in self._feeders:
-            thread.join()
+        for feeder in self._feeders:
+            feeder.join()
         self._services.stop(grace_s)
 
     def _load_backlog(self) -> None:
@@ -100,6 +100,10 @@ class EmbeddedRuntime:
                 self.publisher.publish(job_id, queue)
         if rows:
             log.info("loaded %d queued job(s) from the store", len(rows))
+
+    def _feeder_of(self, queue_name: str) -> Callable[[threading.Event], None]:
+        """A feeder loop for one queue; all stop on the runtime's one stop flag (_feed reads it)."""
+        return lambda _own_stop: self._feed(queue_name)
 
     def _feed(self, queue_name: str) -> None:
         """Whenever this queue has room, claims as many of its jobs as fit, in fair order
