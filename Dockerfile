@@ -56,15 +56,17 @@ FROM base AS worker
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128
 ARG TORCH_SPEC=torch
 
-# Triton compiles a small launcher for each kernel at run time: it needs a C compiler. On a CPU worker the
-# C++ kernels (kernels/csrc: decode attention, fused RMSNorm/RoPE/SwiGLU) are compiled at first start: g++ and
-# ninja (without them it falls back to the slower gather path and eager ops, and logs why). Those caches (torch_extensions/ under XDG_CACHE_HOME), and
-# any other per-user cache, go under /data: the root filesystem may be read-only (the Kubernetes manifests).
+# Triton compiles a small launcher for each kernel at run time: it needs a C compiler. The C++ CPU kernels
+# (kernels/csrc: decode attention, fused RMSNorm/RoPE/SwiGLU) are compiled below, at image build, with g++ and
+# ninja, into a fixed folder of the image (TORCH_EXTENSIONS_DIR, read by torch), so that a pod compiles nothing
+# at start even on an empty volume. Run-time caches (Triton's, and any other per-user cache) go under /data:
+# the root filesystem may be read-only (the Kubernetes manifests).
 RUN apt-get update \
     && apt-get install -y --no-install-recommends gcc g++ libc6-dev ninja-build \
     && rm -rf /var/lib/apt/lists/*
 ENV TRITON_CACHE_DIR=/data/triton \
-    XDG_CACHE_HOME=/data/cache
+    XDG_CACHE_HOME=/data/cache \
+    TORCH_EXTENSIONS_DIR=/opt/conveyor/torch_extensions
 
 # torch first, from its own index, so the layer is cached across code changes. The CUDA wheels bring the
 # matching Triton, so the `kernels` extra adds nothing here.
@@ -72,6 +74,9 @@ ENV TRITON_CACHE_DIR=/data/triton \
 RUN pip install --index-url "${TORCH_INDEX_URL}" "${TORCH_SPEC}"
 COPY --from=source /app /app
 RUN pip install -e '.[engine,structured]'
+# Both instruction sets the kernels take, as the image runs on CPUs other than the builder's (one the builder
+# lacks is built in a child process; 1-2 minutes in all). Without this every pod's first start would compile.
+RUN python -m kernels.prebuild --isa AVX2 --isa AVX512
 USER 10001:10001
 VOLUME ["/data"]
 ENTRYPOINT ["conveyor"]

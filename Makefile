@@ -10,7 +10,7 @@ EDITABLE := PYTHONWARNINGS="ignore:Editable installation" $(PIP) install -q -e
 # CPU machines get this pinned CPU build; GPU users install their own torch into .venv first.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: serve test lint clean gpu-check
+.PHONY: serve test lint clean gpu-check kernels
 
 $(VENV)/.serve: pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -21,7 +21,14 @@ $(VENV)/.serve: pyproject.toml
 	@# the `structured` extra, without the triton it declares (used on CUDA only); its other needs are in
 	@# by now. Keep the pins in step with pyproject.toml.
 	@$(PIP) install -q --no-deps 'xgrammar>=0.2.9,<0.3' 'apache-tvm-ffi>=0.1.11'
+	@$(MAKE) --no-print-directory kernels
 	@touch $@
+
+# The C++ CPU kernels, compiled ahead of time into torch's extensions folder (kernels/prebuild.py), so that no
+# engine start compiles. Once per machine and source change; a failed build is not fatal: the engine then
+# falls back to the gather path and eager ops, and logs why.
+kernels:
+	@$(PY) -m kernels.prebuild || echo "the CPU kernels did not build (above: why); the engine will use the slower gather path and eager ops"
 
 $(VENV)/.test: $(VENV)/.serve
 	@echo "adding the test tools to $(VENV)"

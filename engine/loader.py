@@ -32,8 +32,8 @@ class LoadTimings:
 
     weights_s: float  # config, model skeleton and every weight on the device
     kv_cache_s: float  # sizing (on CUDA: a profiling forward) and allocating the KV cache
-    # Resolving the attention backend: on CPU, building (first start on a machine: 20-40 s) or loading the
-    # C++ CPU kernels (kernels/cpu_extension.py).
+    # Resolving the attention backend: on CPU, loading the C++ CPU kernels (kernels/cpu_extension.py), or
+    # compiling them first (20-40 s) where `python -m kernels.prebuild` did not build them ahead.
     attention_s: float = 0.0
 
 

@@ -34,8 +34,9 @@ extension (`kernels/cpu_extension.py`) builds on this machine, else "torch" (the
 "triton" or "torch" forces one on any device (Triton on CPU tensors needs `TRITON_INTERPRET=1` set before the
 kernel modules are first imported); "cpu" forces the C++ kernels on CPU tensors and is a RuntimeError where
 they cannot be built; anything else is a ValueError. The Triton modules are imported only when first
-dispatched to, so CPU users need not install triton; the C++ extension is built only when first resolved to
-(tens of seconds, once per machine). The cpu backend writes the cache with a C++ row copy.
+dispatched to, so CPU users need not install triton; the C++ extension is loaded only when first resolved to
+(compiled first, tens of seconds, where `python -m kernels.prebuild` did not build it). The cpu backend
+writes the cache with a C++ row copy.
 
 Checks: wrong shapes, dtypes or devices raise ValueError naming the field (metadata only, no device sync).
 The reference also checks the length values (it reads them on the host anyway); the Triton path trusts them,

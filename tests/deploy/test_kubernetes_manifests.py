@@ -337,3 +337,16 @@ def test_worker_image_installs_torch_and_the_engine_extra() -> None:
     lineage = stage_lineage(dockerfile_stages(), "worker")
     assert any("pip install --index-url" in line and "TORCH" in line for line in lineage)
     assert any(re.search(r"pip install (-e )?'\.\[engine[],]", line) for line in lineage)
+
+
+def test_worker_image_builds_the_cpu_kernels_outside_the_data_volume() -> None:
+    # A pod (read-only root filesystem, maybe an empty /data volume) loads what the image build compiled.
+    lines = stage_lineage(dockerfile_stages(), "worker")
+    env = " ".join(line for line in lines if line.startswith(("ENV", "TORCH_EXTENSIONS_DIR")))
+    folder = re.search(r"TORCH_EXTENSIONS_DIR=(\S+)", env)
+    assert folder and not folder.group(1).startswith("/data"), env
+    build = next(i for i, line in enumerate(lines) if "python -m kernels.prebuild" in line)
+    assert "AVX2" in lines[build] and "AVX512" in lines[build]
+    install = max(i for i, line in enumerate(lines) if re.search(r"pip install (-e )?'\.\[engine", line))
+    user = next(i for i, line in enumerate(lines) if line.startswith("USER"))
+    assert install < build < user
