@@ -54,7 +54,7 @@ def _submit(
     idempotency_key: str | None, now: datetime,
 ) -> tuple[Job, bool]:
     limits = RequestLimits.of_queue(body.queue, queue, model_max_len(services))
-    size = request_size(body)
+    size = _request_size(body)
     _check_body(services, body, size, limits)
     check_job_webhook(body.webhook_json(), services.settings)
     request_hash = jobs.request_hash(body.model_dump(mode="json"))
@@ -95,7 +95,7 @@ def _queue(services: Services, name: str) -> QueueSettings:
     return queue
 
 
-def request_size(body: JobCreate) -> RequestSize:
+def _request_size(body: JobCreate) -> RequestSize:
     """The lengths the request rules judge: the prompt or the messages as stored, max_tokens, min_tokens."""
     messages = [m.model_dump() for m in body.messages] if body.messages else None
     return RequestSize(body.prompt, messages, body.max_tokens, body.min_tokens)
