@@ -43,41 +43,48 @@ class SetupError(Exception):
         super().__init__(f"{what}: {reason}; fix: {fix}")
 
 
+INVOCATION_KEY = "conveyor.invocation"
+
+
 @dataclass
-class _Invocation:
-    """The running command's --debug flag and Settings. Module state rather than click's context, whose
-    lookup functions typer no longer re-exports; one process runs one command (CliRunner: one at a time)."""
+class Invocation:
+    """The running command's --debug flag and Settings, kept in its typer Context's `meta` (one dict that
+    every context of one invocation shares): two invocations in one process (CliRunner) never meet."""
 
     debug: bool = False
     settings: Any = None  # the URLs that a connection error is about
-
-
-_current = _Invocation()
 
 
 class ConveyorGroup(TyperGroup):
     """The `conveyor` command group: runs the chosen command, translating set-up errors (module docstring)."""
 
     def invoke(self, ctx: Any) -> Any:  # ctx: typer's click Context, its root options parsed
-        _current.debug, _current.settings = bool(ctx.params.get("debug")), None
+        invocation = Invocation(debug=bool(ctx.params.get("debug")))
+        ctx.meta[INVOCATION_KEY] = invocation
         try:
             return super().invoke(ctx)
         except Exception as exc:
-            line = None if _current.debug else one_line(exc, _current.settings)
+            line = None if invocation.debug else one_line(exc, invocation.settings)
             if line is None:
                 raise
             typer.echo(f"error: {line} (conveyor --debug: the full traceback)", err=True)
             raise typer.Exit(EXIT_SETUP) from None
 
 
-def debug_enabled() -> bool:
+def invocation(ctx: Any) -> Invocation:
+    """The Invocation of the command whose typer Context (or any of its parents') is `ctx`."""
+    found: Invocation = ctx.meta.setdefault(INVOCATION_KEY, Invocation())
+    return found
+
+
+def debug_enabled(ctx: Any) -> bool:
     """Whether the running command was given `conveyor --debug`."""
-    return _current.debug
+    return invocation(ctx).debug
 
 
-def remember_settings(settings: Any) -> None:
+def remember_settings(ctx: Any, settings: Any) -> None:
     """Keeps the command's Settings for ConveyorGroup: the URLs that errors are about."""
-    _current.settings = settings
+    invocation(ctx).settings = settings
 
 
 def one_line(exc: BaseException, settings: Any = None) -> str | None:

@@ -39,13 +39,13 @@ log = logging.getLogger("conveyor")
 
 @app.callback()
 def main(debug: Annotated[bool, typer.Option("--debug", help=DEBUG_HELP)] = False) -> None:
-    """Conveyor: a job queue for asynchronous LLM inference."""  # --debug is read by debug_enabled()
+    """Conveyor: a job queue for asynchronous LLM inference."""  # --debug is read by debug_enabled(ctx)
 
 
 @app.command()
-def serve(host: HostOpt = None, port: PortOpt = None, config: ConfigOpt = None) -> None:
+def serve(ctx: typer.Context, host: HostOpt = None, port: PortOpt = None, config: ConfigOpt = None) -> None:
     """Everything in one process: API, worker and engine on SQLite with an in-process queue."""
-    settings = _server_settings(config, host, port)
+    settings = _server_settings(ctx, config, host, port)
     if not settings.embedded:
         _fail("serve runs embedded: unset broker_url, or run `conveyor api` and `conveyor worker`")
     from core.store.migrate import upgrade
@@ -66,9 +66,9 @@ def serve(host: HostOpt = None, port: PortOpt = None, config: ConfigOpt = None) 
 
 
 @app.command()
-def api(host: HostOpt = None, port: PortOpt = None, config: ConfigOpt = None) -> None:
+def api(ctx: typer.Context, host: HostOpt = None, port: PortOpt = None, config: ConfigOpt = None) -> None:
     """The HTTP API alone, publishing to the Celery broker (run `conveyor migrate` first)."""
-    settings = _server_settings(config, host, port)
+    settings = _server_settings(ctx, config, host, port)
     if settings.embedded:
         _fail("api needs broker_url (CONVEYOR_BROKER_URL=redis://...); `conveyor serve` runs embedded")
     from api.finished_watch import RedisFinishedWatch
@@ -94,10 +94,10 @@ def api(host: HostOpt = None, port: PortOpt = None, config: ConfigOpt = None) ->
 
 
 @app.command()
-def worker(config: ConfigOpt = None) -> None:
+def worker(ctx: typer.Context, config: ConfigOpt = None) -> None:
     """One GPU worker: loads one engine and consumes the interactive and documents queues."""
-    settings = _settings(config)
-    _configure_logging(settings)
+    settings = _settings(ctx, config)
+    _configure_logging(ctx, settings)
     if settings.embedded:
         _fail("worker needs broker_url (CONVEYOR_BROKER_URL=redis://...); `conveyor serve` runs embedded")
     from cli.preflight import check_broker, check_database
@@ -110,28 +110,28 @@ def worker(config: ConfigOpt = None) -> None:
         check_model_folder(settings.model)
     check_database(settings.database_url)  # both before the engine loads: a set-up error fails in seconds
     check_broker(settings.broker_url or "")
-    run_worker(settings, banner=debug_enabled(), cold_start=cold_start)
+    run_worker(settings, banner=debug_enabled(ctx), cold_start=cold_start)
 
 
 @app.command()
-def migrate(config: ConfigOpt = None) -> None:
+def migrate(ctx: typer.Context, config: ConfigOpt = None) -> None:
     """Upgrades the database to the latest schema (alembic upgrade head)."""
     from core.store.migrate import upgrade
 
-    settings = _settings(config)
-    _configure_logging(settings)
+    settings = _settings(ctx, config)
+    _configure_logging(ctx, settings)
     typer.echo(upgrade(settings.database_url).describe())
 
 
 @keys_app.command("create")
-def keys_create(tenant: Annotated[str, typer.Option(help="tenant the key belongs to")],
+def keys_create(ctx: typer.Context, tenant: Annotated[str, typer.Option(help="tenant the key belongs to")],
                 admin: Annotated[bool, typer.Option(help="also sees totals across tenants")] = False,
                 config: ConfigOpt = None) -> None:
     """Creates a key (and the tenant if new). The key is printed once; only its hash is stored."""
     from core.clock import utcnow
     from core.store import keys
 
-    with _session(config) as session:
+    with _session(ctx, config) as session:
         try:
             row, plaintext = keys.create_key(session, tenant, utcnow(), admin=admin)
         except ValueError as exc:
@@ -140,19 +140,19 @@ def keys_create(tenant: Annotated[str, typer.Option(help="tenant the key belongs
 
 
 @keys_app.command("revoke")
-def keys_revoke(key_id: str, config: ConfigOpt = None) -> None:
+def keys_revoke(ctx: typer.Context, key_id: str, config: ConfigOpt = None) -> None:
     """Revokes a key by id; requests with it get 401 from then on."""
     from core.clock import utcnow
     from core.store import keys
 
-    with _session(config) as session:
+    with _session(ctx, config) as session:
         if not keys.revoke_key(session, key_id, utcnow()):
             _fail(f"key {key_id}: no such active key")
     typer.echo(f"revoked {key_id}")
 
 
 @keys_app.command("list")
-def keys_list(config: ConfigOpt = None) -> None:
+def keys_list(ctx: typer.Context, config: ConfigOpt = None) -> None:
     """Lists keys: id, tenant, display prefix, created, revoked."""
     from rich.console import Console
     from rich.table import Table
@@ -160,7 +160,7 @@ def keys_list(config: ConfigOpt = None) -> None:
     from core.store import keys
 
     table = Table("id", "tenant", "prefix", "created", "revoked", "admin")
-    with _session(config) as session:
+    with _session(ctx, config) as session:
         for k in keys.list_keys(session):
             revoked = k.revoked_at.isoformat(timespec="seconds") if k.revoked_at else ""
             created = k.created_at.isoformat(timespec="seconds")
@@ -250,26 +250,26 @@ def bench(ctx: typer.Context) -> None:
     raise typer.Exit(main(list(ctx.args)))
 
 
-def _settings(config: Path | None, **overrides: Any) -> Settings:
+def _settings(ctx: typer.Context, config: Path | None, **overrides: Any) -> Settings:
     try:
         settings = load_settings(config, **overrides)
     except ValueError as exc:
         _fail(str(exc))
-    remember_settings(settings)  # the URLs a connection error is about (cli/errors.py)
+    remember_settings(ctx, settings)  # the URLs a connection error is about (cli/errors.py)
     return settings
 
 
-def _configure_logging(settings: Settings) -> None:
-    configure_logging(settings, debug=debug_enabled())
+def _configure_logging(ctx: typer.Context, settings: Settings) -> None:
+    configure_logging(settings, debug=debug_enabled(ctx))
 
 
-def _server_settings(config: Path | None, host: str | None, port: int | None) -> Settings:
-    settings = _settings(config, host=host, port=port)
+def _server_settings(ctx: typer.Context, config: Path | None, host: str | None, port: int | None) -> Settings:
+    settings = _settings(ctx, config, host=host, port=port)
     try:
         settings.check_bind()
     except ValueError as exc:
         _fail(str(exc))
-    _configure_logging(settings)
+    _configure_logging(ctx, settings)
     return settings
 
 
@@ -318,10 +318,10 @@ def _check_tokenizer_files(settings: Settings) -> None:
           "or start `conveyor worker` once (it builds the demo model), then start the API again")
 
 
-def _session(config: Path | None) -> Any:
+def _session(ctx: typer.Context, config: Path | None) -> Any:
     from core.store.database import make_db_engine, make_session_factory
 
-    return make_session_factory(make_db_engine(_settings(config).database_url))()
+    return make_session_factory(make_db_engine(_settings(ctx, config).database_url))()
 
 
 def _print_call(url: str, api_key: str | None, call: Any) -> dict[str, Any]:

@@ -28,6 +28,7 @@ TenantArg = Annotated[str, typer.Argument(help="tenant id (created if new)")]
 
 @tenants_app.command("set")
 def tenants_set(
+    ctx: typer.Context,
     tenant: TenantArg,
     weight: Annotated[float | None, typer.Option(help="share of a queue's slots against others")] = None,
     max_queued: Annotated[int | None, typer.Option(help="queued jobs per queue (429 beyond)")] = None,
@@ -56,7 +57,7 @@ def tenants_set(
     if not changes:
         _fail("nothing to set: give at least one of --weight, --max-queued, --max-running, "
               "--tokens-per-minute, --retention-days, --cache-namespace or --reset")
-    settings = _settings(config)
+    settings = _settings(ctx, config)
     with _session(settings) as session:
         try:
             row = tenants.set_overrides(session, tenant, changes, utcnow())
@@ -66,11 +67,13 @@ def tenants_set(
 
 
 @tenants_app.command("show")
-def tenants_show(tenant: Annotated[str, typer.Argument(help="tenant id")], config: ConfigOpt = None) -> None:
+def tenants_show(
+    ctx: typer.Context, tenant: Annotated[str, typer.Argument(help="tenant id")], config: ConfigOpt = None
+) -> None:
     """Prints a tenant's own limits (null: the default) and the limits in effect, as JSON."""
     from core.store.tables import Tenant
 
-    settings = _settings(config)
+    settings = _settings(ctx, config)
     with _session(settings) as session:
         row = session.get(Tenant, tenant)
         if row is None:
@@ -79,14 +82,14 @@ def tenants_show(tenant: Annotated[str, typer.Argument(help="tenant id")], confi
 
 
 @tenants_app.command("list")
-def tenants_list(config: ConfigOpt = None) -> None:
+def tenants_list(ctx: typer.Context, config: ConfigOpt = None) -> None:
     """Lists tenants and the limits in effect for each (* marks the tenant's own value)."""
     from rich.console import Console
     from rich.table import Table
 
     from core.store import tenants
 
-    settings = _settings(config)
+    settings = _settings(ctx, config)
     table = Table("tenant", *tenants.LIMIT_FIELDS, "cache_namespace")
     with _session(settings) as session:
         for row in tenants.list_tenants(session):
@@ -115,12 +118,12 @@ def _cell(value: Any, own: bool) -> str:
     return f"{text}*" if own else text
 
 
-def _settings(config: Path | None) -> Settings:
+def _settings(ctx: typer.Context, config: Path | None) -> Settings:
     try:
         settings = load_settings(config)
     except ValueError as exc:
         _fail(str(exc))
-    remember_settings(settings)  # the URLs a connection error is about (cli/errors.py)
+    remember_settings(ctx, settings)  # the URLs a connection error is about (cli/errors.py)
     return settings
 
 

@@ -96,3 +96,12 @@ def test_worker_on_a_database_never_migrated_says_run_migrate(
 def test_other_errors_keep_their_traceback() -> None:
     assert one_line(RuntimeError("a bug")) is None
     assert one_line(KeyError("jobs")) is None
+
+
+def test_an_invocations_debug_flag_stays_with_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    url = f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/conveyor"
+    monkeypatch.setenv("CONVEYOR_DATABASE_URL", url)
+    with_debug = runner.invoke(app, ["--debug", "migrate"])
+    assert with_debug.exit_code != 2 and with_debug.exception is not None  # the traceback, not one line
+    without = runner.invoke(app, ["migrate"])
+    assert without.exit_code == 2 and "Connection refused" in without.stderr
