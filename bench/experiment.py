@@ -37,7 +37,7 @@ from bench.workload import (
 )
 from engine.config import EngineConfig, RequestClassConfig
 from engine.cpu_threads import ThreadChoice
-from engine.loader import resolve_device
+from engine.loader import read_hf_config, resolve_device, resolve_dtype
 
 ENGINE_FIELDS = {f.name for f in dataclasses.fields(EngineConfig)} - {"model", "request_classes"}
 DEFAULT_CONCURRENCY = 32  # the service profile's closed loop when neither it nor a submit rate is given
@@ -264,8 +264,9 @@ def model_max_len(opts: BenchOptions) -> int:
 
 
 def _config(model: str | None) -> dict[str, Any]:
-    path = Path(model or "") / "config.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
+    """The model folder's config.json, read as the engine reads it; {} without one (a hub name, say)."""
+    folder = Path(model or "")
+    return read_hf_config(folder) if (folder / "config.json").is_file() else {}
 
 
 # --- one run -----------------------------------------------------------------------------------------
@@ -460,8 +461,8 @@ class HFPeers:
         self.opts = opts
         self.requests = requests
         self.cfg = opts.engine_config()
-        device, dtype = _device_dtype(self.cfg)
-        self.model = load_hf_model(opts.model, dtype, device)
+        device = resolve_device(self.cfg.device)  # the engine's own rules: the peers run as it does
+        self.model = load_hf_model(opts.model, resolve_dtype(self.cfg.dtype, device), str(device))
         self.prompts = token_ids(requests, AutoTokenizer.from_pretrained(opts.model).encode)
         self.num_blocks = max(kv_blocks, _blocks_for(self.prompts, requests, self.cfg.block_size))
         _hf_warm_up(self.model, self.prompts)
@@ -486,18 +487,6 @@ class HFPeers:
                 progress=advance,
             )
         return {"hf-static": static, "hf-cb": cb}
-
-
-def _device_dtype(cfg: EngineConfig) -> tuple[str, Any]:
-    """The engine's resolution rules: auto = cuda when available; float32 on CPU, bfloat16 on CUDA."""
-    import torch
-
-    device = cfg.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    names = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-    dtype = names.get(cfg.dtype) or (torch.float32 if device == "cpu" else torch.bfloat16)
-    return device, dtype
 
 
 def _blocks_for(prompts: list[list[int]], requests: list[BenchRequest], block_size: int) -> int:

@@ -243,13 +243,9 @@ def build_report(
 
 
 def write_report(report: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
-    import json
+    from bench.report import write_json_and_markdown
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    json_path, md_path = out_dir / "gpu-check.json", out_dir / "gpu-check.md"
-    json_path.write_text(json.dumps(report, indent=2, default=str))
-    md_path.write_text(report_markdown(report))
-    return json_path, md_path
+    return write_json_and_markdown(report, report_markdown(report), out_dir, "gpu-check")
 
 
 def device_inventory() -> dict[str, Any]:

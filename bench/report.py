@@ -192,13 +192,18 @@ def wall_time_ratio(baseline: dict[str, Any], candidate: dict[str, Any]) -> str:
     return f"wall time end to end: baseline {b:.2f} s, candidate {c:.2f} s (candidate / baseline {c / b:.2f})"
 
 
-def write_report(report: dict[str, Any], out_dir: Path, stem: str = "report") -> tuple[Path, Path]:
+def write_json_and_markdown(document: dict[str, Any], markdown: str, out_dir: Path,
+                            stem: str) -> tuple[Path, Path]:
+    """`<stem>.json` (the document) and `<stem>.md` (its Markdown) in `out_dir`, created if missing."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    json_path = out_dir / f"{stem}.json"
-    json_path.write_text(json.dumps(report, indent=2, default=str))
-    md_path = out_dir / f"{stem}.md"
-    md_path.write_text(report_markdown(report))
+    json_path, md_path = out_dir / f"{stem}.json", out_dir / f"{stem}.md"
+    json_path.write_text(json.dumps(document, indent=2, default=str))
+    md_path.write_text(markdown)
     return json_path, md_path
+
+
+def write_report(report: dict[str, Any], out_dir: Path, stem: str = "report") -> tuple[Path, Path]:
+    return write_json_and_markdown(report, report_markdown(report), out_dir, stem)
 
 
 def report_markdown(report: dict[str, Any]) -> str:
@@ -241,12 +246,7 @@ def report_markdown(report: dict[str, Any]) -> str:
 
 
 def write_decision(sheet: dict[str, Any], out_dir: Path, stem: str = "decision") -> tuple[Path, Path]:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    json_path = out_dir / f"{stem}.json"
-    json_path.write_text(json.dumps(sheet, indent=2, default=str))
-    md_path = out_dir / f"{stem}.md"
-    md_path.write_text(decision_markdown(sheet))
-    return json_path, md_path
+    return write_json_and_markdown(sheet, decision_markdown(sheet), out_dir, stem)
 
 
 def decision_markdown(sheet: dict[str, Any]) -> str:
