@@ -49,15 +49,15 @@ def test_existing_tenants_keep_their_own_cache_partition_and_the_namespace_downg
     db_engine.dispose()
 
 
-def test_existing_batch_jobs_get_their_batch_from_their_line_and_the_column_downgrades(fresh_url: str) -> None:
+def test_batch_jobs_get_their_batch_from_their_line_and_the_column_downgrades(fresh_url: str) -> None:
     """Backfilled from batch_lines (the store's record), never from a client's metadata."""
     upgrade(fresh_url, "0009_tenant_cache_namespace")
     db_engine = make_db_engine(fresh_url)
     with db_engine.begin() as conn:
         conn.execute(text(
-            "INSERT INTO batches (id, tenant_id, input_url, queue, completion_window, status, total, completed,"
-            " failed, cancelled, prompt_tokens, completion_tokens, read_line, read_offset, read_done,"
-            " failure_count, created_at, updated_at) VALUES ('batch_1', 'default', 's3://b/in.jsonl',"
+            "INSERT INTO batches (id, tenant_id, input_url, queue, completion_window, status, total,"
+            " completed, failed, cancelled, prompt_tokens, completion_tokens, read_line, read_offset,"
+            " read_done, failure_count, created_at, updated_at) VALUES ('batch_1', 'default', 's3://b/in.jsonl',"
             " 'documents', '24h', 'in_progress', 1, 0, 0, 0, 0, 0, 2, 10, false, 0, CURRENT_TIMESTAMP,"
             " CURRENT_TIMESTAMP)"))
         for job_id, meta in (("job_line", '{"batch_id": "batch_1"}'), ("job_own", '{"batch_id": "batch_1"}'),
@@ -71,7 +71,8 @@ def test_existing_batch_jobs_get_their_batch_from_their_line_and_the_column_down
     upgrade(fresh_url)
     with db_engine.connect() as conn:
         rows = conn.execute(text("SELECT id, batch_id FROM jobs ORDER BY id")).all()
-        assert [tuple(row) for row in rows] == [("job_line", "batch_1"), ("job_own", None), ("job_plain", None)]
+        expected = [("job_line", "batch_1"), ("job_own", None), ("job_plain", None)]
+        assert [tuple(row) for row in rows] == expected
     command.downgrade(alembic_config(fresh_url), "0009_tenant_cache_namespace")
     with db_engine.connect() as conn:
         assert "batch_id" not in {c["name"] for c in inspect(conn).get_columns("jobs")}
