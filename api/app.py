@@ -21,7 +21,7 @@ from api.prompt_tokenizer import PromptTokenizer
 from api.routes import batches, files, health, jobs, openai, queues, scaling, webhooks
 from api.uploads import UploadSizeLimit
 from core.dispatch import DispatchRelay, JobPublisher
-from core.finished_jobs import FinishedSink, FinishedWatch
+from core.finish_notifications import FinishedSink, FinishedWatch
 from core.settings import Settings
 from core.store.database import make_db_engine, make_session_factory
 from core.token_stream import TokenStream

@@ -13,7 +13,7 @@ from api.admission import AdmissionGauge
 from api.metrics import Metrics
 from api.prompt_tokenizer import PromptTokenizer
 from core.dispatch import Dispatcher, JobPublisher
-from core.finished_jobs import FinishedSink, FinishedWatch
+from core.finish_notifications import FinishedSink, FinishedWatch
 from core.settings import Settings
 
 

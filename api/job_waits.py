@@ -17,7 +17,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.deps import Services
 from api.errors import lookup_id, not_found
-from core.finished_jobs import FinishedWaiter
+from core.finish_notifications import FinishedWaiter
 from core.lifecycle import TERMINAL_STATUSES
 from core.store import jobs
 from core.views import JobPublic

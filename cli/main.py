@@ -71,11 +71,11 @@ def api(ctx: typer.Context, host: HostOpt = None, port: PortOpt = None, config: 
     settings = _server_settings(ctx, config, host, port)
     if settings.embedded:
         _fail("api needs broker_url (CONVEYOR_BROKER_URL=redis://...); `conveyor serve` runs embedded")
-    from api.finished_watch import RedisFinishedWatch
+    from api.finish_subscriber import RedisFinishedWatch
     from api.token_subscriptions import RedisTokenStream
     from cli.preflight import check_broker, check_database
     from core.broker import BrokerPublisher
-    from core.finished_jobs import RedisFinishedSink
+    from core.finish_notifications import RedisFinishedSink
 
     _check_tokenizer_files(settings)
     broker = settings.broker_url or ""

@@ -17,7 +17,7 @@ from celery.exceptions import SecurityWarning
 
 import engine.model_runner  # noqa: F401  (imported with the rest: "imports" in the cold-start figures)
 from core.broker import BrokerPublisher
-from core.finished_jobs import RedisFinishedSink
+from core.finish_notifications import RedisFinishedSink
 from core.log_setup import masked_url
 from core.settings import Settings
 from core.store.database import make_db_engine, make_session_factory

@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.background import BackgroundLoop
-from core.finished_jobs import LocalFinishedHub
+from core.finish_notifications import LocalFinishedHub
 from core.settings import Settings
 from core.store import jobs
 from core.store.database import make_db_engine, make_session_factory

@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from core.clock import utcnow
 from core.dispatch import Publish, publish_and_mark
-from core.finished_jobs import FinishedSink
+from core.finish_notifications import FinishedSink
 from core.store import fair_share, jobs, tenants
 from core.store.fair_share import FairState
 from core.store.tables import Job

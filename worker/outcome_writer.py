@@ -25,7 +25,7 @@ from tenacity import Retrying, retry_if_exception_type, wait_exponential
 
 from core.background import BackgroundLoop
 from core.clock import utcnow
-from core.finished_jobs import FinishedSink
+from core.finish_notifications import FinishedSink
 from core.store import jobs
 from engine.outputs import RequestOutput
 from engine.tokenizer import Tokenizer

@@ -35,7 +35,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from core.background import BackgroundLoop
 from core.clock import utcnow
 from core.dispatch import publish_and_mark
-from core.finished_jobs import FinishedSink
+from core.finish_notifications import FinishedSink
 from core.settings import Settings
 from core.store import jobs, retention, workers
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.finished_jobs import FinishedSink
+from core.finish_notifications import FinishedSink
 from core.model_limits import limits_beyond_model
 from core.settings import Settings
 from core.store.tenants import TenantLimits

@@ -40,7 +40,7 @@ from core.lifecycle import (
     VALIDATING,
 )
 from core.store import files, jobs, webhooks
-from core.store.finished import record_finished
+from core.store.final_status_effects import record_finished
 from core.store.paging import page_after_id
 from core.store.tables import Batch, BatchLine, Job
 

@@ -32,7 +32,7 @@ from core.lifecycle import (
     TERMINAL_STATUSES,
 )
 from core.store import webhooks
-from core.store.finished import record_finished
+from core.store.final_status_effects import record_finished
 from core.store.paging import newest_first
 from core.store.tables import Batch, BatchLine, Job
 

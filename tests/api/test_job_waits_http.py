@@ -18,10 +18,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from api import job_waits
 from api.app import create_app
-from api.finished_watch import RedisFinishedWatch
+from api.finish_subscriber import RedisFinishedWatch
 from api.prompt_tokenizer import PromptTokenizer
 from core.clock import utcnow
-from core.finished_jobs import FinishedSink, FinishedWatch, LocalFinishedHub, RedisFinishedSink
+from core.finish_notifications import FinishedSink, FinishedWatch, LocalFinishedHub, RedisFinishedSink
 from core.settings import Settings
 from core.store import jobs
 from tests.support.live_server import serving

@@ -23,7 +23,7 @@ from api.prompt_tokenizer import PromptTokenizer
 from cli.http_client import ClientError, ConveyorClient
 from cli.main import app
 from core.clock import utcnow
-from core.finished_jobs import LocalFinishedHub
+from core.finish_notifications import LocalFinishedHub
 from core.store import jobs
 from core.store.migrate import upgrade
 from tests.support.live_server import free_port, new_api_key, serving, wait_for

@@ -13,7 +13,7 @@ from sqlalchemy import event, select, text, update
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.store import batches, finished, jobs, keys, webhooks, workers
+from core.store import batches, final_status_effects, jobs, keys, webhooks, workers
 from core.store.database import make_db_engine, make_session_factory
 from core.store.tables import DEFAULT_TENANT, BatchLine, Delivery, Job
 
@@ -292,7 +292,7 @@ def test_record_step_runs_follow_on_effects_once_per_status_for_applied_jobs_onl
 
     def spy(s: Session, job_ids: list[str], status: str, now: datetime) -> None:
         calls.append((sorted(job_ids), status))
-        finished.record_finished(s, job_ids, status, now)
+        final_status_effects.record_finished(s, job_ids, status, now)
 
     monkeypatch.setattr(jobs, "record_finished", spy)
     # ok1 reported twice in the step, and stale's dead first attempt reporting late

@@ -1,8 +1,8 @@
 """Celery mode: the API side of the finished-jobs seam, ONE Redis subscriber per API process.
 
-The subscriber listens on core.finished_jobs.CHANNEL and wakes this process's waiters of the ids in each
-message. It starts with the first waiter (on the app's event loop), and after a Redis restart subscribes
-again with backoff; meanwhile waiters read the store at their fallback interval.
+The subscriber listens on core.finish_notifications.CHANNEL and wakes this process's waiters of the ids in
+each message. It starts with the first waiter (on the app's event loop), and after a Redis restart
+subscribes again with backoff; meanwhile waiters read the store at their fallback interval.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import logging
 
 from redis import asyncio as aioredis
 
-from core.finished_jobs import CHANNEL, FinishedWaiter, LocalFinishedHub, decode
+from core.finish_notifications import CHANNEL, FinishedWaiter, LocalFinishedHub, decode
 
 log = logging.getLogger(__name__)
 

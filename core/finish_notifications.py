@@ -7,7 +7,7 @@ the store when woken and at a fallback interval, so a lost notification only del
 
 Implementations: `LocalFinishedHub` (one process: both the sink and the watch, embedded mode);
 `RedisFinishedSink` (PUBLISH on one shared channel, used by the worker and the API's cancel) with the API's
-one subscriber, api/finished_watch.py.
+one subscriber, api/finish_subscriber.py.
 """
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ from collections.abc import Callable
 
 import pytest
 
-from api import finished_watch
-from api.finished_watch import RedisFinishedWatch
-from core.finished_jobs import RedisFinishedSink
+from api import finish_subscriber
+from api.finish_subscriber import RedisFinishedWatch
+from core.finish_notifications import RedisFinishedSink
 from tests.support.live_server import SpareRedis
 
 SUBSCRIBE_S = 10.0
@@ -49,8 +49,8 @@ def test_a_published_group_wakes_its_jobs_waiters_in_another_thread_and_no_other
 async def test_the_watch_subscribes_again_after_a_redis_restart_and_says_so_once(
     spare_redis: SpareRedis, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(finished_watch, "RETRY_MAX_S", 0.5)
-    caplog.set_level(logging.INFO, logger="api.finished_watch")
+    monkeypatch.setattr(finish_subscriber, "RETRY_MAX_S", 0.5)
+    caplog.set_level(logging.INFO, logger="api.finish_subscriber")
     spare_redis.start()
     watch = RedisFinishedWatch(spare_redis.url)
     sink = RedisFinishedSink(spare_redis.url)
