@@ -3,10 +3,14 @@ caller told. Every change wakes whoever waits on them (room in a queue, an idle 
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime
 
+from core.clock import utcnow
 from worker.attempt import Attempt
 
 IDLE_TICK_S = 0.1  # how often wait_idle calls its tick while attempts remain
@@ -17,6 +21,8 @@ class InFlight:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._attempts: dict[str, Attempt] = {}  # by request id
+        self._claims: dict[int, datetime] = {}  # claims on their way from the store: when each began
+        self._claim_ids = itertools.count()
 
     def __len__(self) -> int:
         with self._lock:
@@ -52,6 +58,24 @@ class InFlight:
         """(job id, attempt) of every attempt in flight, its outcome written or not."""
         with self._lock:
             return {(a.job_id, a.attempt) for a in self._attempts.values()}
+
+    @contextmanager
+    def claiming(self) -> Iterator[None]:
+        """Around a claim and the adding of the attempts it got: until they are in flight, the reconciler
+        must not take the jobs claimed since the claim began for claims lost on their way here."""
+        with self._lock:
+            claim = next(self._claim_ids)
+            self._claims[claim] = utcnow()
+        try:
+            yield
+        finally:
+            with self._lock:
+                del self._claims[claim]
+
+    def claims_since(self) -> datetime | None:
+        """When the oldest claim still on its way here began; None when there is none."""
+        with self._lock:
+            return min(self._claims.values(), default=None)
 
     def wait_until(self, predicate: Callable[[list[Attempt]], bool], timeout_s: float) -> bool:
         """Blocks until predicate(the attempts in flight) holds, or timeout_s passes; says which. The

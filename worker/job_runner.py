@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from datetime import datetime
 
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
@@ -100,19 +101,21 @@ class JobRunner:
         Raises RunnerStoppedError once shutdown has begun, and store errors as they come.
         """
         self._check_not_stopping()
-        with self._sessions() as session:
-            claimed = jobs.claim_many(session, [job_id for job_id, _ in requests], self.worker_id, utcnow())
-            salts = tenants.cache_salts(session, [job.tenant_id for job in claimed])
-        unstarted = {job.id: job for job in claimed}
-        to_start, started = [], []
-        for job_id, on_done in requests:
-            job = unstarted.pop(job_id, None)  # a job listed twice starts once
-            if job is None:
-                log.info("job %s not claimable (done, cancelled, expired or running); dropped", job_id)
-            else:
-                to_start.append((job, on_done))
-            started.append(job is not None)
-        self._start_all(to_start, salts)
+        with self._in_flight.claiming():
+            with self._sessions() as session:
+                claimed = jobs.claim_many(session, [job_id for job_id, _ in requests], self.worker_id,
+                                          utcnow())
+                salts = tenants.cache_salts(session, [job.tenant_id for job in claimed])
+            unstarted = {job.id: job for job in claimed}
+            to_start, started = [], []
+            for job_id, on_done in requests:
+                job = unstarted.pop(job_id, None)  # a job listed twice starts once
+                if job is None:
+                    log.info("job %s not claimable (done, cancelled, expired or running); dropped", job_id)
+                else:
+                    to_start.append((job, on_done))
+                started.append(job is not None)
+            self._start_all(to_start, salts)
         return started
 
     def run_next(self, queue: str, on_dones: list[OnDone]) -> int:
@@ -124,11 +127,12 @@ class JobRunner:
         """
         self._check_not_stopping()
         state = self._fair.setdefault(queue, FairState())
-        with self._sessions() as session:
-            claimed = fair_share.claim_fair(session, queue, len(on_dones), self.worker_id, utcnow,
-                                            self._tenant_defaults, state)
-            salts = tenants.cache_salts(session, [job.tenant_id for job in claimed])
-        self._start_all(list(zip(claimed, on_dones, strict=False)), salts)
+        with self._in_flight.claiming():
+            with self._sessions() as session:
+                claimed = fair_share.claim_fair(session, queue, len(on_dones), self.worker_id, utcnow,
+                                                self._tenant_defaults, state)
+                salts = tenants.cache_salts(session, [job.tenant_id for job in claimed])
+            self._start_all(list(zip(claimed, on_dones, strict=False)), salts)
         return len(claimed)
 
     def _check_not_stopping(self) -> None:
@@ -241,6 +245,10 @@ class JobRunner:
     def held_attempts(self) -> set[tuple[str, int]]:
         """(job id, attempt) of every attempt in flight here, its outcome written or not."""
         return self._in_flight.held()
+
+    def claims_since(self) -> datetime | None:
+        """When the oldest claim not yet in flight here began (None: none is on its way)."""
+        return self._in_flight.claims_since()
 
     def wait_idle(self, timeout_s: float, tick: Callable[[], None] | None = None) -> bool:
         """Waits until no job is in flight, calling `tick` (e.g. flush acks) every 0.1 s in this thread."""

@@ -45,6 +45,11 @@ REDISPATCH_FACTOR = 10  # a dispatched job still queued this many grace periods 
 REDISPATCH_BATCH = 1000
 
 HeldAttempts = Callable[[], set[tuple[str, int]]]  # (job id, attempt) this worker's runner holds
+ClaimsSince = Callable[[], datetime | None]  # when the oldest claim on its way to the runner began
+
+
+def _no_claims() -> datetime | None:
+    return None
 
 
 class Broker(Protocol):
@@ -61,6 +66,7 @@ class Local:
 
     worker_id: str
     held: HeldAttempts
+    claims_since: ClaimsSince = _no_claims
 
 
 @dataclass(frozen=True)
@@ -145,8 +151,15 @@ class Reconciler:
     def _requeue_unheld(self, session: Session, now: datetime) -> list[tuple[str, str]]:
         if self._local is None:
             return []
-        held = self._local.held()  # read before the query: a claim that lands after it is young enough
-        unheld = jobs.requeue_unheld(session, self._local.worker_id, held, now - self._grace, now)
+        # The claims on their way first, then what is held: a claim that ends between the two reads is held by
+        # then, and one that begins after them is younger than `now`. A job claimed by a claim on its way is
+        # left alone however long that claim takes (a stalled process, a slow store).
+        on_the_way = self._local.claims_since()
+        held = self._local.held()
+        started_before = now - self._grace
+        if on_the_way is not None:
+            started_before = min(started_before, on_the_way)
+        unheld = jobs.requeue_unheld(session, self._local.worker_id, held, started_before, now)
         if unheld:
             log.warning("requeued %d job(s) claimed by this worker but never started here", len(unheld))
         return unheld

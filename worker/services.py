@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from datetime import datetime
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -50,8 +51,8 @@ class WorkerServices:
         self._republish = republish_requeued
         self._heartbeat = Heartbeat(sessions, worker_id, list(settings.consumed_queues()),
                                     settings.worker_heartbeat_s)
-        self._reconciler = Reconciler(sessions, broker, settings, Local(worker_id, self._held_attempts),
-                                      finished=finished)
+        local = Local(worker_id, self._held_attempts, self._claims_since)
+        self._reconciler = Reconciler(sessions, broker, settings, local, finished=finished)
         self._webhooks = WebhookSender(sessions, settings)
         self.metrics = WorkerMetrics()  # exists before the engine: the embedded API adds its registry early
         self._host: EngineHost | None = None
@@ -70,6 +71,9 @@ class WorkerServices:
 
     def _held_attempts(self) -> set[tuple[str, int]]:
         return self._runner.held_attempts() if self._runner is not None else set()
+
+    def _claims_since(self) -> datetime | None:
+        return self._runner.claims_since() if self._runner is not None else None
 
     def start(self) -> None:
         """Loads the engine (once), then starts every service; job ids may flow in afterwards."""

@@ -470,3 +470,26 @@ def _count_calls(monkeypatch: pytest.MonkeyPatch, name: str) -> list[Any]:
 
     monkeypatch.setattr(jobs, name, counted)
     return calls
+
+
+def test_a_claim_is_on_its_way_until_its_attempt_is_in_flight(
+    runner: JobRunner, sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a claim runs (the store's answer not yet turned into an attempt in flight) the runner says
+    since when, so its reconciler leaves that claim's jobs alone; once the attempt is held, it says none."""
+    job_id = add_job(sessions, "Numbers: 1 2 3", max_tokens=4)
+    seen: list[tuple[object, set[tuple[str, int]]]] = []
+    claim_many = jobs.claim_many
+
+    def watched_claim(*args: Any, **kwargs: Any) -> Any:
+        seen.append((runner.claims_since(), runner.held_attempts()))
+        return claim_many(*args, **kwargs)
+
+    monkeypatch.setattr(jobs, "claim_many", watched_claim)
+    done = Done()
+    assert runner.claims_since() is None
+    assert runner.run(job_id, done)
+    assert runner.claims_since() is None  # the attempt is in flight (or already done)
+    (since, held), = seen
+    assert since is not None and since <= utcnow() and (job_id, 1) not in held
+    done.wait()

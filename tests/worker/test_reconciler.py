@@ -198,3 +198,27 @@ def test_a_claim_this_worker_never_started_is_requeued_by_its_own_reconciler(
     assert get_job(sessions, lost).status == "queued"
     assert get_job(sessions, held).status == "running"  # the runner has it
     assert get_job(sessions, young).status == "running"  # a claim may still be on its way to the runner
+
+
+def test_a_claim_still_on_its_way_to_the_runner_is_left_alone_however_long_it_takes(
+    sessions: sessionmaker[Session], make_settings: Callable[..., Any], pg_url: str
+) -> None:
+    """The runner stalled between the claim's commit and putting the attempt in flight (a busy machine, a
+    slow store) for longer than dispatch_grace_s: the jobs that claim took are not this reconciler's to
+    requeue, while one claimed before that claim began and never held is."""
+    settings = make_settings(database_url=pg_url, dispatch_grace_s=1.0)
+    lost, on_the_way = (add_job(sessions, name) for name in ("lost", "on-the-way"))
+    claim_began = utcnow() - timedelta(seconds=20)
+    for job_id, started_ago_s in ((lost, 30), (on_the_way, 19)):
+        _claimed_by(sessions, job_id, "me", last_seen_ago_s=0)
+        with sessions() as session:
+            session.execute(update(Job).where(Job.id == job_id)
+                            .values(started_at=utcnow() - timedelta(seconds=started_ago_s)))
+            session.commit()
+    broker = RecordingPublisher()
+
+    local = Local("me", held=set, claims_since=lambda: claim_began)
+    report = Reconciler(sessions, broker, settings, local).run_once()
+
+    assert report.requeued == 1 and broker.published == [(lost, "interactive")]
+    assert get_job(sessions, on_the_way).status == "running"
