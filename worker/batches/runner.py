@@ -30,6 +30,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from core.background import BackgroundLoop
 from core.clock import utcnow
 from core.dispatch import Publish, publish_and_mark
 from core.lifecycle import (
@@ -95,17 +96,13 @@ class BatchRunner:
         self._interval_s = min(settings.reconcile_interval_s, IDLE_S) if interval_s is None else interval_s
         self._finalizer = BatchFinalizer(sessions, settings, owner, s3, model_name)
         self._inputs: dict[str, _OpenInput] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="batch-runner", daemon=True)
+        self._loop = BackgroundLoop("batch-runner", self._run_rounds)
 
     def start(self) -> None:
-        self._thread.start()
+        self._loop.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(STOP_WAIT_S)
-        if self._thread.is_alive():  # stuck on S3 or the store: its leases expire and others take over
+        if not self._loop.stop(STOP_WAIT_S):  # stuck on S3 or the store: its leases expire, others take over
             log.warning("batch runner still busy after %.0f s; leaving it behind", STOP_WAIT_S)
             return
         self._close_inputs()
@@ -135,15 +132,16 @@ class BatchRunner:
                 log.exception("batch %s: round failed, and so did recording it", batch_id)
             return False
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
+    def _run_rounds(self, stop: threading.Event) -> None:
+        """Round after round while batches move; a pause of interval_s after a round that moved none."""
+        while not stop.is_set():
             try:
                 moved = self.run_once()
             except Exception:  # store or S3 briefly unreachable: try again next round
                 log.exception("batch runner round failed")
                 moved = False
             if not moved:
-                self._stop.wait(self._interval_s)
+                stop.wait(self._interval_s)
 
     # --- one batch --------------------------------------------------------------------------------
 
