@@ -7,7 +7,6 @@ HTTP through the shared `conveyor api`, injects the fault, and ends with the cen
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 
@@ -81,7 +80,7 @@ def test_redis_killed_and_restarted_empty_lost_jobs_republished_under_traffic(
         f"while new traffic kept it busy: last republished at {last_republish}, {describe(blocker_row)}")
 
     httpx.post(f"{stack.api_url}/v1/jobs/{blocker}/cancel", timeout=10)
-    time.sleep(1.0)
+    wait_until(lambda: stack.store.job(blocker).finished_at is not None, "the blocker to end", 30)
     traffic.stop()
     assert not traffic.unsettled()
     check_exactly_once(stack.store, traffic.accepted(), within_s=SETTLE_S, max_attempts=1, stack=stack,
@@ -98,9 +97,9 @@ def _postgres_outage(stack: Stack, pg_outage: Callable[[float], None], seconds: 
     longs = [traffic.submit(long_job(f"long {i}", 300, queue="documents")).job_id for i in range(3)]
     wait_generating(stack.store, longs)
     traffic.start()
-    time.sleep(1.0)
+    traffic.wait_accepted(10)
     pg_outage(seconds)  # the long jobs finish while it is down: their outcome writes must wait
-    time.sleep(3.0)
+    traffic.wait_accepted(20)  # the API takes jobs again
     traffic.stop()
     assert not traffic.unsettled(), [s.codes for s in traffic.unsettled()]
     return traffic
@@ -128,11 +127,11 @@ def test_api_sigkilled_between_submits_no_accepted_job_lost_or_duplicated(stack:
     stack.start_worker()
     traffic = stack.traffic(rate=10, prefix="apikill",
                       body=lambda i: short_job(f"api {i}: good morning", 8)).start()
-    time.sleep(3.0)
+    traffic.wait_accepted(20)
     stack.api.kill()  # SIGKILL
-    time.sleep(0.5)
+    traffic.wait_lost_answer()
     stack.api.start()
-    time.sleep(3.0)
+    traffic.wait_accepted(20)
     traffic.stop()
 
     assert not traffic.unsettled(), [s.codes for s in traffic.unsettled()]

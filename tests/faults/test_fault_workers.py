@@ -20,6 +20,7 @@ from tests.support.faults import (
     long_job,
     running_on,
     short_job,
+    succeeded_on,
     wait_generating,
     wait_until,
 )
@@ -40,15 +41,16 @@ def test_worker_sigkill_mid_traffic_every_job_ends_once_on_a_new_worker(stack: S
     traffic = _traffic(stack, 10, "sigkill").start()
     longs = [traffic.submit(long_job(f"long {i}", 1000, queue="documents")).job_id for i in range(3)]
     wait_generating(stack.store, longs)
-    time.sleep(1.0)
+    traffic.wait_submitted(10)  # short jobs in flight beside the long ones
 
     first.signal(signal.SIGKILL)
     first.wait_exit(30)
     in_flight = running_on(stack.store, first.worker_id)  # the dead worker's claimed jobs
     assert set(longs) <= in_flight
-    time.sleep(2.0)  # traffic keeps arriving while no worker runs
+    traffic.wait_submitted(20)  # traffic keeps arriving while no worker runs
     second = stack.start_worker()
-    time.sleep(3.0)
+    wait_until(lambda: bool(succeeded_on(stack.store, second.worker_id)), "the new worker to finish a job",
+               60)
     traffic.stop()
 
     assert not traffic.unsettled(), [s.codes for s in traffic.unsettled()]
@@ -85,11 +87,13 @@ def test_worker_paused_past_dead_after_then_resumed_no_job_completes_twice(stack
                                stack.store.job(j).status not in ("queued", "running") for j in in_flight),
                    "the paused worker's jobs to be requeued and taken by the other worker",
                    DEAD_AFTER_S + 60, describe=lambda: _where(stack, in_flight))
-        time.sleep(1.0)
     finally:
         paused.signal(signal.SIGCONT)
-    # The resumed worker still holds the old attempts in its engine: let it finish (or drop) them.
-    time.sleep(3.0)
+    # The resumed worker still holds the old attempts in its engine: it finishes (or drops) them while it
+    # beats again and the traffic goes on.
+    wait_until(lambda: paused.worker_id in {w.id for w in stack.store.workers() if w.stopped_at is None},
+               "the resumed worker to be registered as running", 10)
+    traffic.wait_accepted(10)
     traffic.stop()
 
     outcome = check_exactly_once(stack.store, traffic.accepted(), within_s=SETTLE_S, max_attempts=2,
@@ -149,7 +153,8 @@ def test_worker_sigterm_requeues_or_finishes_its_jobs_once(stack: Stack, grace: 
 def test_two_workers_share_the_load_exactly_once(stack: Stack) -> None:
     workers = stack.start_workers(2)
     traffic = _traffic(stack, 10, "shared", max_tokens=8).start()
-    time.sleep(6.0)
+    wait_until(lambda: all(succeeded_on(stack.store, w.worker_id) for w in workers) and
+               len(traffic.accepted()) >= 50, "both workers to finish jobs, with 50 accepted", 60)
     traffic.stop()
 
     assert not traffic.unsettled()

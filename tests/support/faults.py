@@ -705,6 +705,29 @@ class Traffic:
             thread.join(timeout=15)
         self._http.close()
 
+    # waits on what the traffic has done, instead of fixed sleeps -----------------------------------------
+
+    def wait_submitted(self, n: int, timeout_s: float = 60.0) -> None:
+        """Waits until `n` more submissions were made than when called: the traffic went on for a while."""
+        target = self._count(lambda s: True) + n
+        wait_until(lambda: self._count(lambda s: True) >= target,
+                   f"{n} more submissions of traffic {self.prefix}", timeout_s)
+
+    def wait_accepted(self, n: int, timeout_s: float = 60.0) -> None:
+        """Waits until `n` more submissions were accepted than when called: the service takes jobs."""
+        target = self._count(lambda s: s.job_id is not None) + n
+        wait_until(lambda: self._count(lambda s: s.job_id is not None) >= target,
+                   f"{n} more accepted submissions of traffic {self.prefix}", timeout_s)
+
+    def wait_lost_answer(self, timeout_s: float = 30.0) -> None:
+        """Waits until some submission's answer was lost (a connection error, retried with its key)."""
+        wait_until(lambda: self._count(lambda s: any(isinstance(c, str) for c in s.codes)) > 0,
+                   f"a lost answer in traffic {self.prefix}", timeout_s)
+
+    def _count(self, counted: Callable[[Submission], bool]) -> int:
+        with self._lock:
+            return sum(1 for s in self.submissions if counted(s))
+
     # what happened ---------------------------------------------------------------------------------------
 
     def accepted(self) -> dict[str, str]:
@@ -791,6 +814,11 @@ def wait_generating(store: Store, job_ids: Iterable[str], timeout_s: float = 60.
 
     wait_until(generating, f"jobs {sorted(ids)} to be generating", timeout_s)
     return store.jobs(ids)
+
+
+def succeeded_on(store: Store, worker_id: str | None) -> set[str]:
+    """Ids of the jobs the store says that worker finished successfully."""
+    return {j.id for j in store.jobs().values() if j.status == "succeeded" and j.worker_id == worker_id}
 
 
 def running_on(store: Store, worker_id: str | None) -> set[str]:
