@@ -39,11 +39,11 @@ $(VENV)/.test: $(VENV)/.serve
 serve: $(VENV)/.serve
 	@exec $(VENV)/bin/conveyor serve
 
-# The suite runs on every core (pytest-xdist; the fault suite and the README test each keep one worker, see
-# tests/conftest.py) and ends with its slowest tests. One tier: `make test TESTS=tests/engine`; serially:
-# `make test WORKERS=0`.
+# The suite runs in parallel (pytest-xdist; the fault suite and the README test each keep one worker, see
+# tests/conftest.py) and ends with its slowest tests. Two workers per core: much of the suite waits on the
+# processes and servers it starts. One tier: `make test TESTS=tests/engine`; serially: `make test WORKERS=0`.
 TESTS ?=
-WORKERS ?= auto
+WORKERS ?= $(shell echo $$(( $$(nproc) * 2 )))
 test: $(VENV)/.test
 	bash .ci/services
 	$(PY) -m ruff check .

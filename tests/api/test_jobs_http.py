@@ -33,6 +33,7 @@ def test_submit_run_complete_read_back(
     assert job["metadata"] == {"doc": [1, "a"]} and job["result"] is None and job["error"] is None
     tokenizer = AutoTokenizer.from_pretrained(demo_model_dir)
     assert job["usage"]["prompt_tokens"] == len(tokenizer.encode("Good morning!")) > 3
+    service.wait_dispatched(job["id"])  # the relay publishes from its own thread, then marks the row
     assert service.publisher.published == [(job["id"], "interactive")]
 
     row = jobs.get(session, job["id"])

@@ -16,6 +16,8 @@ from api.prompt_tokenizer import PromptTokenizer
 from core.clock import utcnow
 from core.settings import Settings
 from core.store import jobs, keys
+from core.store.tables import Job
+from tests.support.live_server import wait_for
 
 
 class RecordingPublisher:
@@ -66,6 +68,15 @@ class Service:
     publisher: RecordingPublisher
     http: TestClient  # no credentials
     session_factory: sessionmaker[Session]
+
+    def wait_dispatched(self, job_id: str, timeout_s: float = 10.0) -> None:
+        """Waits until the API's dispatch relay (its own thread) has published the job and marked it so."""
+        def dispatched() -> bool:
+            with self.session_factory() as s:
+                row = s.get(Job, job_id)
+                return row is not None and row.dispatched_at is not None
+
+        wait_for(dispatched, f"the dispatch relay to publish {job_id} and mark it dispatched", timeout_s)
 
     def client(self, tenant: str) -> TestClient:
         """A client whose requests carry a fresh API key of `tenant`."""
