@@ -143,14 +143,6 @@ def _line_verdict(line: BatchLine, refused: str | None) -> str | None:
     return refused if refused is not None and message.startswith(f"{refused}: ") else message
 
 
-def _job(service: Service, job_id: str) -> Job:
-    with service.session_factory() as session:
-        job = session.get(Job, job_id)
-        assert job is not None
-        session.expunge(job)
-        return job
-
-
 @pytest.mark.parametrize("endpoint", [COMPLETIONS, CHAT])
 def test_every_door_gives_a_body_the_same_verdict(service: Service, engine_tokenizer: Tokenizer,
                                                   endpoint: str) -> None:
@@ -164,7 +156,7 @@ def test_every_door_gives_a_body_the_same_verdict(service: Service, engine_token
         assert (name, _line_verdict(line, refused)) == (name, refused), line.error
         if refused is None:
             assert job_id is not None and line.job_id is not None
-            _check_accepted(body, _job(service, job_id), _job(service, line.job_id), batch_id)
+            _check_accepted(body, service.job(job_id), service.job(line.job_id), batch_id)
 
 
 def _check_accepted(body: dict[str, Any], api_job: Job, batch_job: Job, batch_id: str) -> None:
@@ -182,4 +174,4 @@ def test_a_job_whose_metadata_names_a_batch_is_in_no_batch(service: Service) -> 
     r = client.post("/v1/jobs", json={"prompt": "hello", "max_tokens": 4, "metadata": {"batch_id": "x"}})
     assert r.status_code == 202, r.text
     assert client.get(f"/v1/jobs/{r.json()['id']}").json()["metadata"] == {"batch_id": "x"}
-    assert _job(service, r.json()["id"]).batch_id is None
+    assert service.job(r.json()["id"]).batch_id is None

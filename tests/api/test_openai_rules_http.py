@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from core.clock import utcnow
 from core.openai_request import CHAT, COMPLETIONS
 from core.store import jobs
-from core.store.tables import BatchLine, Job
+from core.store.tables import BatchLine
 from engine.tokenizer import Tokenizer
 from tests.support.service import RecordingPublisher, Service, error_of
 from worker.batches.runner import BatchRunner
@@ -142,14 +142,6 @@ def _run_batch(
     return {row.line: row for row in rows}
 
 
-def _job(service: Service, job_id: str) -> Job:
-    with service.session_factory() as session:
-        job = session.get(Job, job_id)
-        assert job is not None
-        session.expunge(job)
-        return job
-
-
 def test_a_body_is_accepted_or_refused_alike_by_the_route_and_in_a_batch(
     make_service: Callable[..., Service],
     session_factory: sessionmaker[Session],
@@ -182,7 +174,7 @@ def test_a_body_is_accepted_or_refused_alike_by_the_route_and_in_a_batch(
 
 def _check_accepted(service: Service, name: str, sync_job_id: str, batch_job_id: str) -> None:
     """Both paths stored the request alike: the penalties in the params, developer as system."""
-    sync_job, batch_job = _job(service, sync_job_id), _job(service, batch_job_id)
+    sync_job, batch_job = service.job(sync_job_id), service.job(batch_job_id)
     if name == "penalties":
         for job in (sync_job, batch_job):
             assert (job.params["presence_penalty"], job.params["frequency_penalty"]) == (0.5, -1.5)
@@ -230,10 +222,10 @@ def test_the_job_api_takes_the_penalties_and_refuses_unknown_roles(service: Serv
     body = {"prompt": "hi", "presence_penalty": 1.5, "frequency_penalty": -0.5}
     accepted = client.post("/v1/jobs", json=body)
     assert accepted.status_code == 202, accepted.text
-    params = _job(service, accepted.json()["id"]).params
+    params = service.job(accepted.json()["id"]).params
     assert (params["presence_penalty"], params["frequency_penalty"]) == (1.5, -0.5)
     plain = client.post("/v1/jobs", json={"prompt": "hi"})
-    assert "presence_penalty" not in _job(service, plain.json()["id"]).params  # unset: params as before
+    assert "presence_penalty" not in service.job(plain.json()["id"]).params  # unset: params as before
     for refused, field in (
         ({"prompt": "hi", "frequency_penalty": 2.5}, "frequency_penalty"),
         (

@@ -26,7 +26,7 @@ import httpx
 import psycopg
 import pytest
 
-from tests.support.faults import FaultPostgres, FaultRedis, find_postgres_bin
+from tests.support.fault_servers import FaultPostgres, FaultRedis, find_postgres_bin
 from tests.support.live_server import free_port
 
 pytestmark = pytest.mark.readme

@@ -18,22 +18,15 @@ from typing import NoReturn
 
 import pytest
 
-from tests.support.faults import (
-    REPO_ROOT,
-    ApiServer,
+from tests.support.fault_servers import (
     FaultPostgres,
     FaultRedis,
-    Servers,
-    Stack,
-    Store,
     SuiteSetupError,
-    WebhookReceiver,
-    conveyor_command,
-    empty_store,
     find_postgres_bin,
     find_redis_server,
-    store_engine,
 )
+from tests.support.fault_stack import REPO_ROOT, ApiServer, Servers, Stack, WebhookReceiver, conveyor_command
+from tests.support.fault_store import Store, empty_store, store_engine
 
 STACK_KEY = pytest.StashKey[Stack]()
 

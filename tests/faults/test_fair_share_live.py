@@ -1,5 +1,6 @@
 """Fair share and quotas on the real stack: `conveyor api` (auth on) and `conveyor worker` processes on the
-suite's own PostgreSQL and Redis (tests.support.faults), two tenants, documents.max_running = 2 on one worker.
+suite's own PostgreSQL and Redis (tests.support.fault_stack), two tenants,
+documents.max_running = 2 on one worker.
 
 - A submits 60 documents, then B submits 4: every one of B's jobs finishes before A's 20th, read from the
   finished timestamps in the store; meanwhile A, at its max_queued, gets 429 with Retry-After while B's
@@ -22,7 +23,8 @@ from sqlalchemy.orm import Session
 from core.clock import utcnow
 from core.store import tenants
 from core.store.tables import Job
-from tests.support.faults import ApiServer, Proc, Servers, Stack, spawn, wait_until
+from tests.support.fault_stack import ApiServer, Proc, Servers, Stack, spawn
+from tests.support.fault_store import wait_until
 from tests.support.live_server import new_api_key
 
 pytestmark = pytest.mark.faults

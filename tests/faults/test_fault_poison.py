@@ -23,15 +23,9 @@ from typing import Any
 
 import pytest
 
-from tests.support.faults import (
-    Stack,
-    check_exactly_once,
-    describe,
-    long_job,
-    short_job,
-    wait_final,
-    wait_generating,
-)
+from tests.support.fault_stack import Stack
+from tests.support.faults import check_exactly_once, describe, wait_final, wait_generating
+from tests.support.traffic import long_job, short_job
 
 pytestmark = pytest.mark.faults
 

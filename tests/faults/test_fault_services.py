@@ -13,17 +13,10 @@ from datetime import datetime, timezone
 import httpx
 import pytest
 
-from tests.support.faults import (
-    LONG_OUTPUT_TOKENS,
-    Stack,
-    Traffic,
-    check_exactly_once,
-    describe,
-    long_job,
-    short_job,
-    wait_generating,
-    wait_until,
-)
+from tests.support.fault_stack import LONG_OUTPUT_TOKENS, Stack
+from tests.support.fault_store import wait_until
+from tests.support.faults import check_exactly_once, describe, wait_generating
+from tests.support.traffic import Traffic, long_job, short_job
 
 pytestmark = pytest.mark.faults
 

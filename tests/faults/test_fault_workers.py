@@ -12,18 +12,10 @@ import time
 
 import pytest
 
-from tests.support.faults import (
-    DEAD_AFTER_S,
-    Stack,
-    Traffic,
-    check_exactly_once,
-    long_job,
-    running_on,
-    short_job,
-    succeeded_on,
-    wait_generating,
-    wait_until,
-)
+from tests.support.fault_stack import DEAD_AFTER_S, Stack
+from tests.support.fault_store import wait_until
+from tests.support.faults import check_exactly_once, running_on, succeeded_on, wait_generating
+from tests.support.traffic import Traffic, long_job, short_job
 
 pytestmark = pytest.mark.faults
 

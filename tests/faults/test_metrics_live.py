@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.faults import Stack
+from tests.support.fault_stack import Stack
 from tests.support.live_server import free_port
 from tests.support.metrics import (
     KV,

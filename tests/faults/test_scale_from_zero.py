@@ -3,7 +3,7 @@ many wait, a worker started then (the autoscaler's move) runs each exactly once,
 while busy (SIGTERM, short grace) hands its jobs back, counted as load until a new worker finishes them.
 
 Real `conveyor api` and `conveyor worker` processes on the suite's own PostgreSQL and Redis
-(tests/support/faults.py).
+(tests/support/fault_stack.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.faults import Stack, Traffic, check_exactly_once, long_job, short_job, wait_generating
+from tests.support.fault_stack import Stack
+from tests.support.faults import check_exactly_once, wait_generating
+from tests.support.traffic import Traffic, long_job, short_job
 
 pytestmark = pytest.mark.faults
 

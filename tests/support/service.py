@@ -69,6 +69,14 @@ class Service:
     http: TestClient  # no credentials
     session_factory: sessionmaker[Session]
 
+    def job(self, job_id: str) -> Job:
+        """The job's row as the store has it now (detached from its session)."""
+        with self.session_factory() as s:
+            row = s.get(Job, job_id)
+            assert row is not None, f"no job {job_id} in the store"
+            s.expunge(row)
+            return row
+
     def wait_dispatched(self, job_id: str, timeout_s: float = 10.0) -> None:
         """Waits until the API's dispatch relay (its own thread) has published the job and marked it so."""
         def dispatched() -> bool:
