@@ -311,6 +311,11 @@ def test_a_batch_through_files_and_batches_answers_like_the_synchronous_route(em
     sampling: dict[str, Any] = {"temperature": 0, "max_tokens": 8, "logprobs": True, "top_logprobs": 2}
     body = {"model": embedded.model, "messages": MESSAGES, "ignore_eos": True, **sampling}
     line = {"custom_id": "haiku", "method": "POST", "url": "/v1/chat/completions", "body": body}
+    # Once first, so that the batch line and the synchronous call below both find the prompt's first block
+    # in the prefix cache (their usage is compared, cached_tokens included), whichever of this module's
+    # tests ran on this server before (under pytest-xdist, maybe none).
+    client.chat.completions.create(model=embedded.model, messages=MESSAGES, **sampling,
+                                   extra_body={"ignore_eos": True})
     uploaded = client.files.create(file=("haiku.jsonl", (json.dumps(line) + "\n").encode()), purpose="batch")
     batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
                                   completion_window="24h")
