@@ -48,7 +48,10 @@ def test_open_loop_submits_at_fixed_intervals_whatever_is_in_flight() -> None:
     fake = FakeService(service_s=0.2)  # ten submissions arrive during each job's service time
     result = run_http(URL, jobs(20, submit_rate=50.0), transport=fake.transport())
     gaps = [b - a for a, b in itertools.pairwise(fake.submits)]
-    assert min(gaps) > 0.01 and 0.015 < sum(gaps) / len(gaps) < 0.03
+    # The arrivals are fixed (test_service_workload_is_one_token_jobs_at_fixed_intervals); here, the rate
+    # they are kept at while jobs are in flight. No minimum gap: on a busy machine a late submission may be
+    # followed closely by the next, on-time one (it failed so, 2.5 ms apart, under the parallel suite).
+    assert 0.015 < sum(gaps) / len(gaps) < 0.03
     assert fake.peak_open >= 8
     figures = service_figures(result)
     assert figures["succeeded"] == 20 and 35 < figures["submit_rate_per_s"] < 60
