@@ -113,8 +113,9 @@ def request_cancel(session: Session, batch_id: str, tenant_id: str, now: datetim
 def cancel_active_jobs(session: Session, batch_id: str, now: datetime) -> list[str]:
     """queued|running -> cancelled for the batch's jobs; counted through record_finished. No commit."""
     active = select(BatchLine.job_id).where(BatchLine.batch_id == batch_id, BatchLine.status == LINE_QUEUED)
+    cancellable = jobs.lock_in_id_order(session, Job.id.in_(active), Job.status.in_((QUEUED, RUNNING)))
     statement = (
-        update(Job).where(Job.id.in_(active), Job.status.in_((QUEUED, RUNNING)))
+        update(Job).where(Job.id.in_(cancellable), Job.status.in_((QUEUED, RUNNING)))
         .values(status=CANCELLED, error_code="cancelled", error_message="the batch was cancelled",
                 finished_at=now, updated_at=now)
         .returning(Job.id).execution_options(synchronize_session=False)

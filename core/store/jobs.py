@@ -210,9 +210,10 @@ def claim_many(session: Session, job_ids: list[str], worker_id: str, now: dateti
     if not job_ids:
         return []
     not_expired = or_(Job.expires_at.is_(None), Job.expires_at > now)
+    claimable = lock_in_id_order(session, Job.id.in_(job_ids), Job.status == QUEUED, not_expired)
     statement = (
         update(Job)
-        .where(Job.id.in_(job_ids), Job.status == QUEUED, not_expired)
+        .where(Job.id.in_(claimable), Job.status == QUEUED)
         .values(**claimed_values(worker_id, now))
         .returning(Job)
         .execution_options(synchronize_session=False, populate_existing=True)
@@ -369,6 +370,16 @@ def attempt_states(session: Session, job_ids: list[str]) -> dict[str, AttemptSta
             for job_id, status, attempts, worker_id in session.execute(query)}
 
 
+def lock_in_id_order(session: Session, *conditions: ColumnElement[bool]) -> list[str]:
+    """Locks the job rows matching `conditions` in id order and returns their ids (PostgreSQL: SELECT ...
+    ORDER BY id FOR UPDATE; SQLite has one writer). Every transaction that changes several job rows and
+    waits for their locks takes them this way first: two that locked in their own scan orders could each
+    hold a row the other waits on, a deadlock PostgreSQL breaks by failing one of them (a batch cancel
+    against a claim did). Sweeps that must not wait use `_unlocked` instead."""
+    query = select(Job.id).where(*conditions).order_by(Job.id).with_for_update()
+    return list(session.execute(query).scalars())
+
+
 def _unlocked(*conditions: ColumnElement[bool]) -> Select[tuple[str]]:
     """Ids of the jobs matching `conditions` that no open transaction is changing (PostgreSQL: FOR UPDATE
     SKIP LOCKED; SQLite has one writer and ignores it). A sweep over many rows must not wait on one row: a
@@ -487,7 +498,8 @@ def dispatched_but_queued(session: Session, queue: str, dispatched_before: datet
 def mark_dispatched(session: Session, job_ids: list[str], now: datetime) -> None:
     if not job_ids:
         return
-    statement = update(Job).where(Job.id.in_(job_ids), Job.status == QUEUED).values(dispatched_at=now)
+    queued = lock_in_id_order(session, Job.id.in_(job_ids), Job.status == QUEUED)
+    statement = update(Job).where(Job.id.in_(queued), Job.status == QUEUED).values(dispatched_at=now)
     session.execute(statement.execution_options(synchronize_session=False))
     session.commit()
 

@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from core.lifecycle import QUEUED
 from core.settings import Settings
+from core.store import jobs
 from core.store.keys import ensure_tenant
 from core.store.tables import Job, Tenant
 
@@ -119,5 +120,6 @@ def _redispatch_queued(session: Session, tenant_id: str) -> None:
     """Marks the tenant's queued jobs undispatched, so a reconciler publishes them again within
     dispatch_grace_s: a raised max_running lets some of them start, and their earlier messages may have been
     consumed (and dropped) while the tenant was at its cap."""
-    statement = update(Job).where(Job.tenant_id == tenant_id, Job.status == QUEUED).values(dispatched_at=None)
+    queued = jobs.lock_in_id_order(session, Job.tenant_id == tenant_id, Job.status == QUEUED)
+    statement = update(Job).where(Job.id.in_(queued), Job.status == QUEUED).values(dispatched_at=None)
     session.execute(statement.execution_options(synchronize_session=False))

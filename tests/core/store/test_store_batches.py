@@ -3,12 +3,14 @@ their batch exactly once (through the job transitions' record_finished hook)."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import delete
-from sqlalchemy.orm import Session
+from sqlalchemy import delete, select, text
+from sqlalchemy.orm import Session, sessionmaker
 
 from core.clock import utcnow
 from core.lifecycle import LINE_FAILED, LINE_QUEUED, QUEUED
@@ -115,3 +117,52 @@ def test_another_tenant_cannot_see_or_cancel(session: Session) -> None:
     assert batches.request_cancel(session, batch.id, "bob", utcnow()) is None
     assert batches.page(session, "bob", limit=10) == []
     assert batches.get(session, batch.id, "alice").status == "validating"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+def test_a_batch_cancel_locks_its_jobs_in_id_order(session: Session,
+                                                   session_factory: sessionmaker[Session]) -> None:
+    """A batch cancel locked its jobs in line order while a claim of some of them locked in id order: each
+    held a row the other waited on, and PostgreSQL failed the cancel with a deadlock. Holding one job's row
+    elsewhere stops the cancel there: the rows it already holds must be exactly those of smaller id."""
+    batch = _batch(session)
+    assert batches.take_lease(session, batch.id, "runner-1", utcnow(), 30.0)
+    chunk = _chunk(session, batch, "runner-1", 1, 20)
+    by_id = sorted(job.id for job in chunk)
+    in_line_order = [job.id for job in chunk]
+    held = next(job_id for job_id in by_id[5:] if in_line_order.index(job_id) != by_id.index(job_id))
+    holder = session_factory()
+    holder.execute(select(Job.id).where(Job.id == held).with_for_update())
+
+    cancelled: list[str] = []
+    canceller = threading.Thread(target=lambda: cancelled.extend(_cancel_jobs(session_factory, batch.id)))
+    canceller.start()
+    try:
+        _wait_until_blocked(session)
+        with session_factory() as peer:
+            free = peer.execute(select(Job.id).where(Job.id.in_(by_id)).with_for_update(skip_locked=True))
+            assert sorted(free.scalars()) == [job_id for job_id in by_id if job_id > held]
+            peer.rollback()
+    finally:
+        holder.rollback()
+        holder.close()
+        canceller.join(timeout=30)
+    assert sorted(cancelled) == by_id
+
+
+def _cancel_jobs(sessions: sessionmaker[Session], batch_id: str) -> list[str]:
+    with sessions() as session:
+        ids = batches.cancel_active_jobs(session, batch_id, utcnow())
+        session.commit()
+        return ids
+
+
+def _wait_until_blocked(session: Session) -> None:
+    """Until another backend of this database waits for a row lock."""
+    waiting = text("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                   "AND wait_event_type = 'Lock'")
+    for _ in range(100):
+        if session.execute(waiting).scalar_one():
+            return
+        time.sleep(0.05)
+    raise AssertionError("the cancel never waited on the held row")
