@@ -437,7 +437,8 @@ def requeue_unheld(
 ) -> list[tuple[str, str]]:
     """running -> queued for this live worker's attempts that it does not hold: claimed, but the claim's
     answer never reached the runner (the connection dropped after the commit). Only attempts started before
-    `started_before`, so a claim still on its way to the runner is left alone."""
+    `started_before`, so a claim still on its way to the runner is left alone. The claim is given back
+    (attempts - 1): the attempt never ran, so it neither shows as a run nor counts toward max_attempts."""
     query = select(Job.id, Job.attempts, Job.queue).where(
         Job.status == RUNNING, Job.worker_id == worker_id, Job.started_at < started_before)
     lost = [(job_id, attempt, queue) for job_id, attempt, queue in session.execute(query)
@@ -445,8 +446,8 @@ def requeue_unheld(
     requeued = []
     for job_id, attempt, queue in lost:
         still_held_here = and_(Job.worker_id == worker_id, Job.attempts == attempt)
-        if _transition(session, job_id, (RUNNING,), still_held_here, status=QUEUED, worker_id=None,
-                       dispatched_at=None, first_token_at=None, updated_at=now):
+        if _transition(session, job_id, (RUNNING,), still_held_here, status=QUEUED, attempts=attempt - 1,
+                       worker_id=None, dispatched_at=None, first_token_at=None, updated_at=now):
             requeued.append((job_id, queue))
     return requeued
 

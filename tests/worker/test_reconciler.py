@@ -195,7 +195,8 @@ def test_a_claim_this_worker_never_started_is_requeued_by_its_own_reconciler(
     report = Reconciler(sessions, broker, settings, Local("me", held=lambda: {(held, 1)})).run_once()
 
     assert report.requeued == 1 and broker.published == [(lost, "interactive")]
-    assert get_job(sessions, lost).status == "queued"
+    requeued = get_job(sessions, lost)
+    assert (requeued.status, requeued.attempts) == ("queued", 0)  # the claim given back: it never ran
     assert get_job(sessions, held).status == "running"  # the runner has it
     assert get_job(sessions, young).status == "running"  # a claim may still be on its way to the runner
 
