@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 import redis
+import torch
 from fastapi.testclient import TestClient
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
@@ -40,6 +41,15 @@ REDIS_SERVER = os.environ.get("CONVEYOR_TEST_REDIS", "redis://127.0.0.1:6379")
 # `--dist loadgroup`): the fault suite's private PostgreSQL, Redis and `conveyor api` processes, and the
 # README test's fresh copy of the repository. Every other test goes to whichever worker is free.
 SERIAL_GROUPS = {"faults": "faults", "docs": "readme"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist, one torch thread per test process and per process it starts. The workers already
+    keep every core busy; a second intra-op thread each only adds waits at torch's barrier for a thread that
+    is not running (tests/engine and tests/kernels: 77 s -> 47 s of wall time and 42 % less CPU, 2 cores)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ["OMP_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the groups into the node ids
