@@ -24,12 +24,11 @@ from core.clock import utcnow
 from core.store import tenants
 from core.store.tables import Job
 from tests.support.fault_stack import ApiServer, Proc, Servers, Stack, spawn
-from tests.support.fault_store import wait_until
+from tests.support.fault_store import SETTLE_S, wait_until
 from tests.support.live_server import new_api_key
 
 pytestmark = pytest.mark.faults
 
-SETTLE_S = 120.0
 ONE_WORKER_TWO_SLOTS = {"QUEUES__DOCUMENTS__MAX_RUNNING": "2"}
 BATCH_LINES = 200
 WINDOW = 64  # batch_window_jobs: the batch's lines queued at once

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from tests.support.fault_stack import Stack
+from tests.support.fault_store import SETTLE_S
 from tests.support.faults import check_exactly_once, describe, wait_final, wait_generating
 from tests.support.traffic import long_job, short_job
 
@@ -74,7 +75,7 @@ def test_one_poison_among_twelve_running_together_only_the_poison_fails(stack: S
     expect = {}
     if poison is not None:
         expect[poison] = {"failed"}
-        rows = wait_final(stack.store, [*good, poison], 90)
+        rows = wait_final(stack.store, [*good, poison], SETTLE_S)
         assert rows[poison].status == "failed", (
             f"the poison (after {refused} were refused) should fail in the engine: {describe(rows[poison])}")
         failed_good = [j for j in good if rows[j].status != "succeeded"]
@@ -88,6 +89,6 @@ def test_one_poison_among_twelve_running_together_only_the_poison_fails(stack: S
 
     # The engine still serves after the poison.
     after = [traffic.submit(short_job(f"after {i}", 8)).job_id for i in range(2)]
-    wait_final(stack.store, after, 60)
+    wait_final(stack.store, after, SETTLE_S)
     check_exactly_once(stack.store, traffic.accepted(), within_s=60, max_attempts=1, stack=stack,
                        expect=expect)

@@ -14,13 +14,12 @@ import httpx
 import pytest
 
 from tests.support.fault_stack import LONG_OUTPUT_TOKENS, Stack
-from tests.support.fault_store import wait_until
+from tests.support.fault_store import SETTLE_S, WAIT_S, wait_until
 from tests.support.faults import check_exactly_once, describe, wait_generating
 from tests.support.traffic import Traffic, long_job, short_job
 
 pytestmark = pytest.mark.faults
 
-SETTLE_S = 90.0  # bound for every job to end once the fault is over: generous, the tests poll
 BACKLOG = 60  # jobs waiting in the broker when it dies
 REPUBLISH_WINDOW_S = 20.0  # how long after the broker restart lost messages may take to be published again
 
@@ -43,7 +42,7 @@ def test_redis_killed_and_restarted_empty_lost_jobs_republished_under_traffic(
     def backlog() -> set[str]:
         return {j.id for j in stack.store.jobs().values() if j.status == "queued" and j.dispatched_at}
 
-    wait_until(lambda: len(backlog()) >= BACKLOG, f"{BACKLOG} jobs to wait in the broker", 60)
+    wait_until(lambda: len(backlog()) >= BACKLOG, f"{BACKLOG} jobs to wait in the broker", WAIT_S)
     lost = backlog()
     restarted_at = datetime.now(timezone.utc)
     redis_restart_empty(down_s=0.5)
@@ -73,7 +72,7 @@ def test_redis_killed_and_restarted_empty_lost_jobs_republished_under_traffic(
         f"while new traffic kept it busy: last republished at {last_republish}, {describe(blocker_row)}")
 
     httpx.post(f"{stack.api_url}/v1/jobs/{blocker}/cancel", timeout=10)
-    wait_until(lambda: stack.store.job(blocker).finished_at is not None, "the blocker to end", 30)
+    wait_until(lambda: stack.store.job(blocker).finished_at is not None, "the blocker to end", WAIT_S)
     traffic.stop()
     assert not traffic.unsettled()
     check_exactly_once(stack.store, traffic.accepted(), within_s=SETTLE_S, max_attempts=1, stack=stack,

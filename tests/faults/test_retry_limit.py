@@ -26,13 +26,13 @@ from core.lifecycle import FAILED, QUEUED, RUNNING
 from core.settings import Settings
 from core.store import jobs
 from core.store.tables import Job
+from tests.support.fault_store import WAIT_S
 from tests.support.service import RecordingPublisher
 from worker.reconciler import Reconciler
 
 pytestmark = pytest.mark.faults
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-WAIT_S = 60.0  # bound on each wait below (a loaded 2-core machine); the test polls, it does not time
 HOLDER = """
 import os, sys, time
 from core.clock import utcnow

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from tests.support.fault_stack import Stack
+from tests.support.fault_store import SETTLE_S
 from tests.support.faults import check_exactly_once, wait_generating
 from tests.support.traffic import Traffic, long_job, short_job
 
@@ -22,7 +23,6 @@ pytestmark = pytest.mark.faults
 
 QUEUES = ("interactive", "documents")
 PER_QUEUE = 20
-SETTLE_S = 90.0  # bound for every job to end: generous, the checks poll
 GRACE = {"WORKER_SHUTDOWN_GRACE_S": "1"}  # a scale-down that cannot wait for long jobs
 LONG_TOKENS = 1200  # still generating when SIGTERM comes, on a quiet machine too
 

@@ -13,6 +13,11 @@ from sqlalchemy.orm import sessionmaker
 from core.store.tables import DEFAULT_TENANT, Base, Delivery, Job, Tenant, Worker
 
 POLL_S = 0.25  # how often the suite reads the database while waiting: frugal on a shared 2-core machine
+# Bounds on the suite's waits, generous on purpose: CI's 2-core machine, shared with the rest of the parallel
+# suite and with its host's other tenants, has run the fault model six times slower than a quiet run does
+# (4 x 2,000 tokens took over 60 s). The tests poll, so a bound costs time only when a test fails.
+WAIT_S = 180.0  # one step of a test: jobs start generating, a worker finishes its first job, traffic goes on
+SETTLE_S = 300.0  # every accepted job to reach its final state once a fault is over
 
 
 def store_engine(url: str) -> Engine:

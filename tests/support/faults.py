@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from core.lifecycle import TERMINAL_STATUSES
 from core.store.tables import Delivery, Job
 from tests.support.fault_stack import Stack
-from tests.support.fault_store import POLL_S, Store, wait_until
+from tests.support.fault_store import POLL_S, WAIT_S, Store, wait_until
 
 
 @dataclass
@@ -57,7 +57,7 @@ def wait_final(store: Store, job_ids: Iterable[str], timeout_s: float, what: str
         time.sleep(POLL_S)
 
 
-def wait_generating(store: Store, job_ids: Iterable[str], timeout_s: float = 60.0) -> dict[str, Job]:
+def wait_generating(store: Store, job_ids: Iterable[str], timeout_s: float = WAIT_S) -> dict[str, Job]:
     """Waits until every job is running with its first token stored; fails at once if one ended instead."""
     ids = set(job_ids)
 

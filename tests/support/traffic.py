@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from tests.support.fault_store import wait_until
+from tests.support.fault_store import WAIT_S, wait_until
 
 RETRY_STATUSES = {429, 500, 502, 503, 504}
 
@@ -143,13 +143,13 @@ class Traffic:
 
     # waits on what the traffic has done, instead of fixed sleeps -----------------------------------------
 
-    def wait_submitted(self, n: int, timeout_s: float = 60.0) -> None:
+    def wait_submitted(self, n: int, timeout_s: float = WAIT_S) -> None:
         """Waits until `n` more submissions were made than when called: the traffic went on for a while."""
         target = self._count(lambda s: True) + n
         wait_until(lambda: self._count(lambda s: True) >= target,
                    f"{n} more submissions of traffic {self.prefix}", timeout_s)
 
-    def wait_accepted(self, n: int, timeout_s: float = 60.0) -> None:
+    def wait_accepted(self, n: int, timeout_s: float = WAIT_S) -> None:
         """Waits until `n` more submissions were accepted than when called: the service takes jobs."""
         target = self._count(lambda s: s.job_id is not None) + n
         wait_until(lambda: self._count(lambda s: s.job_id is not None) >= target,

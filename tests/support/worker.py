@@ -49,7 +49,7 @@ def get_job(sessions: sessionmaker[Session], job_id: str) -> Job:
     return job
 
 
-def wait_finished(sessions: sessionmaker[Session], job_ids: list[str], timeout_s: float = 60.0) -> list[Job]:
+def wait_finished(sessions: sessionmaker[Session], job_ids: list[str], timeout_s: float = 180.0) -> list[Job]:
     def done() -> bool:
         return all(get_job(sessions, i).status not in ("queued", "running") for i in job_ids)
 
@@ -57,7 +57,7 @@ def wait_finished(sessions: sessionmaker[Session], job_ids: list[str], timeout_s
     return [get_job(sessions, i) for i in job_ids]
 
 
-def wait_generating(sessions: sessionmaker[Session], job_id: str, timeout_s: float = 60.0) -> Job:
+def wait_generating(sessions: sessionmaker[Session], job_id: str, timeout_s: float = 180.0) -> Job:
     """Waits until the job is running and has its first token; fails at once if it ended instead."""
 
     def started() -> bool:
@@ -79,10 +79,13 @@ def worker_env(
         "DATA_DIR": str(data_dir),
         "RECONCILE_INTERVAL_S": "0.2", "DISPATCH_GRACE_S": "0.5", "WORKER_HEARTBEAT_S": "0.2",
         "WORKER_DEAD_AFTER_S": "2", "CANCEL_POLL_S": "0.1", "MAX_NUM_SEQS": "16", "NUM_KV_BLOCKS": "1024",
-        **settings,
+        "NUM_THREADS": "1", **settings,
     }
     env.update({f"CONVEYOR_{k.upper()}": v for k, v in values.items()})
     env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    # One thread each, as the fault suite's processes: on a machine the parallel suite keeps busy, an op split
+    # over two threads waits at torch's barrier for whichever one is not running.
+    env["OMP_NUM_THREADS"] = "1"
     return env
 
 
