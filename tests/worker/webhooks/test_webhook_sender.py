@@ -19,7 +19,10 @@ from tests.support.webhook_receiver import Receiver, Reply
 from tests.support.webhook_service import WebhookService
 from worker.webhooks.sender import POLL_S, WebhookSender
 
-STALL_S = 2.0  # how long the stalled receiver takes to answer each request
+# How long the stalled receiver takes to answer each request: far above the scheduling hiccups of a loaded
+# 2-core machine (the other receiver once answered after 2.09 s there, against a 1.5 s bound), so that waiting
+# behind one stall (>= STALL_S) and a late thread (< STALL_S / 2 + a pass) cannot be mistaken for each other.
+STALL_S = 4.0
 
 
 def _deliveries(service: WebhookService, tenant: str, job_id: str) -> list[tuple[Delivery, list[Attempt]]]:
