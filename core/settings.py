@@ -30,14 +30,22 @@ DEMO_MODEL_DIR = "demo-model"  # under data_dir, built by the first worker when 
 class QueueSettings(BaseModel):
     """Limits of one queue; each queue maps onto an engine request class of the same name."""
 
-    max_queued: int = Field(1000, ge=1, description="submissions beyond this many queued jobs get 429")
+    max_queued: int = Field(
+        1000, ge=1,
+        description="submissions beyond this many queued jobs get 429 (approximate: estimated per API "
+        "process, see Admission control)",
+    )
     max_running: int = Field(16, ge=1, description="jobs of this queue inside one worker's engine at once")
-    max_prompt_tokens: int = Field(2048, ge=1, description="longest prompt accepted (model tokenizer)")
-    max_output_tokens: int = Field(512, ge=1, description="largest max_tokens accepted")
+    max_prompt_tokens: int = Field(
+        2048, ge=1,
+        description="longest prompt accepted (model tokenizer); prompts over 32 bytes per token are refused "
+        "untokenized",
+    )
+    max_output_tokens: int = Field(512, ge=1, description="largest `max_tokens` accepted")
     priority: int = Field(0, description="engine class priority; lower is served first")
     deadline_s: float | None = Field(
         None, gt=0, le=MAX_TTL_S, allow_inf_nan=False,
-        description="default ttl: jobs not started within this many seconds expire; None: never",
+        description="default `ttl`: a job not started within it expires",
     )
 
 
@@ -56,144 +64,216 @@ class Settings(BaseSettings):
     )
 
     # Storage and broker
-    data_dir: Path = Path("data")
-    database_url: str = Field("", description="SQLAlchemy URL; empty: sqlite file under data_dir")
-    broker_url: str | None = Field(None, description="Celery broker (redis://...); None: in-process queue")
+    data_dir: Path = Field(Path("data"), description="SQLite file, demo model, uploaded files")
+    database_url: str = Field("", description="SQLAlchemy URL (`postgresql+psycopg://...` in production)")
+    broker_url: str | None = Field(
+        None,
+        description="Celery broker (`redis://...`); unset = embedded in-process queue",
+    )
 
     # HTTP
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=1, le=65535)
-    auth_enabled: bool | None = Field(
-        None, description="None: on unless bound to a loopback address; off is refused on other addresses"
-    )
-    max_body_bytes: int = Field(1 << 20, ge=1024)
-    max_metadata_bytes: int = Field(4096, ge=2)
-    retry_after_s: int = Field(2, ge=1, description="Retry-After sent with 429")
+    host: str = Field("127.0.0.1", description="bind address; a non-loopback one requires auth")
+    port: int = Field(8000, ge=1, le=65535, description="bind port")
+    auth_enabled: bool | None = Field(None, description="off is refused on a non-loopback bind")
+    max_body_bytes: int = Field(1 << 20, ge=1024, description="larger request bodies get 413")
+    max_metadata_bytes: int = Field(4096, ge=2, description="largest `metadata` JSON")
+    retry_after_s: int = Field(2, ge=1, description="`Retry-After` sent with 429")
     metrics_token: SecretStr | None = Field(
         None,
-        description="bearer token /metrics requires when set; None: /metrics is open with auth off and "
-        "closed (401) with auth on, since the metrics are cluster-wide and a tenant's key must not read them",
+        description="secret bearer token for `GET /metrics`; unset = `/metrics` is open with auth off and "
+        "answers 401 with auth on (see below)",
     )
     docs_enabled: bool | None = Field(
-        None, description="serve /docs, /redoc and /openapi.json (unauthenticated); None: only with auth off"
+        None,
+        description="serve `/docs`, `/redoc` and `/openapi.json`, without a key; off = they answer 404",
     )
 
     # Model and engine. Each engine field is the EngineConfig field of the same name, passed on only when
     # set (worker/model.py derives the EngineConfig): None means the engine's own default, documented once in
-    # the README's configuration table. The API reads max_model_len too (prompt + max_tokens must fit).
-    model: str | None = Field(None, description="Hugging Face folder; None: a random-weight demo model")
-    max_num_seqs: int | None = Field(None, ge=1, description="sequences in one engine step")
-    max_num_batched_tokens: int | None = Field(None, ge=1, description="tokens per step, prefill + decode")
-    max_model_len: int | None = Field(None, ge=1, description="longest prompt + output; None: the model's")
-    block_size: int | None = Field(None, ge=1, description="tokens per KV cache block")
-    num_kv_blocks: int | None = Field(None, ge=1)
-    kv_cache_memory_bytes: int | None = Field(None, ge=1)
-    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
-    long_prefill_token_threshold: int | None = Field(
-        None, ge=0, description="largest prefill chunk of one job per step, so others keep moving; 0: no cap"
+    # the settings reference (docs/, rendered from these descriptions). The API reads max_model_len too
+    # (prompt + max_tokens must fit).
+    model: str | None = Field(None, description="local Hugging Face folder; unset = random-weight demo model")
+    max_num_seqs: int | None = Field(None, ge=1, description="sequences in one engine step (the running set)")
+    max_num_batched_tokens: int | None = Field(
+        None, ge=1,
+        description="tokens in one engine step (prefill chunks + decodes)",
     )
-    dtype: str | None = None
-    attention_backend: str | None = None
-    device: str | None = None
+    max_model_len: int | None = Field(None, ge=1, description="longest prompt + output; unset = the model's")
+    block_size: int | None = Field(None, ge=1, description="tokens per KV cache block")
+    num_kv_blocks: int | None = Field(
+        None, ge=1,
+        description="exact KV cache size in blocks (overrides the two below)",
+    )
+    kv_cache_memory_bytes: int | None = Field(None, ge=1, description="KV cache size in bytes")
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0, le=1,
+        description="on CUDA: share of device memory for weights + activations + KV cache",
+    )
+    long_prefill_token_threshold: int | None = Field(
+        None, ge=0,
+        description="largest prefill chunk of one job per step, so a long document cannot take a whole step "
+        "from the prompts behind it; 0 = no cap",
+    )
+    dtype: str | None = Field(
+        None,
+        description="`auto` (float32 on CPU, bfloat16 on CUDA), `float32`, `float16`, `bfloat16`",
+    )
+    attention_backend: str | None = Field(
+        None,
+        description="`auto` (Triton on CUDA; on CPU `cpu` where its C++ kernels build, else `torch`), `cpu`,"
+        " `torch`, `triton`. `cpu`: decode attention read in place, cache writes and the fused "
+        "RMSNorm/RoPE/SwiGLU in C++; `torch`: eager PyTorch. See \"Decode attention read in "
+        "place\" in docs/benchmarks/results.md",
+    )
+    device: str | None = Field(None, description="`auto`, `cpu`, `cuda`, `cuda:N`")
     num_threads: int | None = Field(
-        None, ge=1, description="torch intra-op threads; None: measured at start on CPU (engine.cpu_threads)"
+        None, ge=1,
+        description="torch intra-op threads of the engine process; unset = measured at start on CPU (see "
+        "\"Torch threads on CPU\" in docs/benchmarks/index.md), torch's default on a GPU. On a shared CPU 1"
+        " can be fastest",
     )
     enable_prefix_caching: bool | None = Field(
-        None, description="reuse the KV cache of prompts' shared prefixes; None: the engine's default (on)"
+        None,
+        description="automatic prefix caching: jobs of one tenant (or one cache namespace) whose prompts "
+        "share a prefix (a batch's instructions, a chat's history) compute its KV blocks once; a"
+        " job's `usage.cached_tokens` (OpenAI: `usage.prompt_tokens_details.cached_tokens`) says"
+        " how many prompt tokens it reused. `false` to compare",
     )
     grammar_compile_timeout_s: float | None = Field(
-        None, gt=0, description="a new structured-output constraint that does not compile within this many "
-        "seconds fails its job (invalid_request); None: the engine's default (5 s)"
+        None, gt=0,
+        description="a structured-output constraint not seen before is test-compiled in a child process "
+        "killed after this many seconds; past it the job fails `invalid_request` naming this "
+        "setting (see \"One tenant's schema cannot stall the others\")",
     )
     grammar_compile_memory_bytes: int | None = Field(
-        None, ge=2**20, description="memory one constraint's compile may take; None: the engine's default "
-        "(2 GiB)"
+        None, ge=2**20,
+        description="memory that test compile may allocate (2 GiB); past it, likewise",
     )
     grammar_cache_bytes: int | None = Field(
-        None, ge=0, description="memory the compiled grammars kept for reuse may hold; None: the engine's "
-        "default (512 MiB)"
+        None, ge=0,
+        description="memory the compiled grammars kept for reuse may hold (512 MiB), least recently used "
+        "evicted first",
     )
 
     # Queues
-    queues: dict[str, QueueSettings] = Field(default_factory=default_queues)
+    queues: dict[str, QueueSettings] = Field(
+        default_factory=default_queues, description="the queues and their limits, by name")
     worker_queues: Annotated[list[str] | None, NoDecode] = Field(
-        None, description="queues a `conveyor worker` consumes (comma-separated: `documents` for a pool of "
-        "its own); None: every queue. The embedded service always runs every queue",
+        None,
+        description="the queues a `conveyor worker` consumes, comma-separated (`documents`: a pool of its "
+        "own, scaled on its own queue); the embedded service always runs every queue",
     )
 
     # Tenants: fair share and quotas (defaults; `conveyor tenants set` overrides them per tenant)
     tenant_weight: float = Field(
         1.0, gt=0, le=1e6, allow_inf_nan=False,
-        description="a tenant's share of a queue's slots against the other tenants with work in it",
+        description="a tenant's share of a queue's slots against the other tenants with work in it (see "
+        "[Fair share and quotas](../guides/fair-share.md); `conveyor tenants set T --weight` "
+        "overrides it per tenant)",
     )
     tenant_max_queued: int | None = Field(
-        None, ge=1, description="queued jobs one tenant may have in one queue (429 beyond); None: only the "
-        "queue's max_queued",
+        None, ge=1,
+        description="queued jobs one tenant may have in one queue; beyond it 429 `tenant_queue_full` with "
+        "`Retry-After`; unset = only the queue's `max_queued`",
     )
     tenant_max_running: int | None = Field(
-        None, ge=1, description="running jobs one tenant may have in one queue, across all workers, batch "
-        "lines included; None: no cap beyond fair share",
+        None, ge=1,
+        description="running jobs one tenant may have in one queue across every worker, batch lines "
+        "included; unset = no cap beyond fair share",
     )
     tenant_tokens_per_minute: int | None = Field(
-        None, ge=1, description="prompt + output tokens of the jobs one tenant submitted in the last minute "
-        "(429 beyond); None: no limit",
+        None, ge=1,
+        description="prompt + output tokens of the jobs one tenant submitted in the last minute; beyond it "
+        "429 `tokens_per_minute_exceeded` with `Retry-After`; unset = no limit",
     )
 
     # Reliability
-    reconcile_interval_s: float = Field(2.0, gt=0)
-    dispatch_grace_s: float = Field(5.0, gt=0, description="re-publish undispatched jobs older than this")
-    worker_heartbeat_s: float = Field(2.0, gt=0)
-    worker_dead_after_s: float = Field(15.0, gt=0)
-    worker_shutdown_grace_s: float = Field(
-        30.0, gt=0, description="at shutdown, in-flight jobs get this long to finish before they are requeued"
+    reconcile_interval_s: float = Field(2.0, gt=0, description="reconciler period")
+    dispatch_grace_s: float = Field(5.0, gt=0, description="re-publish jobs still undispatched after this")
+    worker_heartbeat_s: float = Field(2.0, gt=0, description="worker heartbeat period")
+    worker_dead_after_s: float = Field(
+        15.0, gt=0,
+        description="a worker silent this long is dead; its jobs are requeued",
     )
-    cancel_poll_s: float = Field(0.5, gt=0, description="worker poll period for cancels")
+    worker_shutdown_grace_s: float = Field(
+        30.0, gt=0,
+        description="at shutdown (SIGTERM, or the embedded service stopping), in-flight jobs get this long "
+        "to finish; the rest are requeued",
+    )
+    cancel_poll_s: float = Field(0.5, gt=0, description="how often a worker looks for cancelled jobs")
     max_attempts: int = Field(
-        3, ge=1, description="runs a job gets when its worker keeps dying; then it fails with `worker_lost`"
+        3, ge=1,
+        description="runs a job gets when its worker keeps dying; then it fails with `worker_lost`",
     )
     worker_prune_after_s: float = Field(
-        86400.0, gt=0, description="rows of workers stopped or silent this long are deleted from `workers`"
+        86400.0, gt=0,
+        description="rows of workers stopped or silent this long (and holding no job) are deleted from the "
+        "`workers` table",
     )
     retention_days: int | None = Field(
-        None, ge=1, description="finished jobs, ended batches, files and webhook deliveries older than this "
-        "are purged; a tenant's own retention_days overrides it; None: kept forever",
+        None, ge=1,
+        description="finished jobs, ended batches, files and webhook deliveries older than this are purged "
+        "(blobs too); a tenant's own `retention_days` wins; unset = kept forever",
     )
-    purge_interval_s: float = Field(300.0, gt=0, description="how often each reconciler runs the purge")
-    purge_chunk_rows: int = Field(500, ge=1, description="rows the purge deletes per transaction")
+    purge_interval_s: float = Field(
+        300.0, gt=0,
+        description="how often each reconciler runs the retention purge and prunes `workers`",
+    )
+    purge_chunk_rows: int = Field(
+        500, ge=1,
+        description="rows the purge (and `DELETE /v1/batches/{id}`, lines) deletes per transaction",
+    )
     worker_metrics_port: int | None = Field(
-        None, ge=1, le=65535, description="a `conveyor worker` serves its engine's Prometheus metrics on "
-        "this port, bound to `host`; None: not served (embedded: always on the server's own /metrics)",
+        None, ge=1, le=65535,
+        description="a `conveyor worker` serves its engine's Prometheus metrics on this port, bound to "
+        "`CONVEYOR_HOST` (see [Metrics](../operations/metrics.md)); unset = not served. "
+        "`conveyor serve` always shows them on its own `/metrics`",
     )
 
     # Webhooks
     webhook_allowlist: list[str] = Field(
         default_factory=list,
-        description="hosts (optionally host:port) or IPs/CIDRs exempt from the SSRF guard; also permits http",
+        description="JSON list of hosts (`host` or `host:port`) or IPs/CIDRs exempt from the SSRF guard "
+        "(also permits http)",
     )
-    webhook_rotation_window_s: float = Field(86400.0, gt=0, description="old secret stays valid this long")
-    webhook_timeout_s: float = Field(15.0, gt=0)
+    webhook_rotation_window_s: float = Field(
+        86400.0, gt=0,
+        description="how long the old secret stays valid after a rotation",
+    )
+    webhook_timeout_s: float = Field(15.0, gt=0, description="per-attempt timeout")
     webhook_concurrency: int = Field(
-        8, ge=1, description="receivers one worker sends to at once, each one delivery at a time"
+        8, ge=1,
+        description="receivers one worker sends to at once; each receiver gets one request at a time, in "
+        "order",
     )
 
     # S3 batches and uploaded files (credentials come from the standard AWS chain, never from here)
     s3_endpoint_url: str | None = Field(None, description="S3-compatible endpoint (MinIO, R2, ...)")
-    s3_region: str | None = None
-    files_url: str | None = Field(None, description="s3://bucket/prefix/ for uploads; None: data_dir/files")
-    files_max_bytes: int = Field(512 << 20, ge=1024, description="largest upload (POST /v1/files)")
-    batch_part_bytes: int = Field(8 << 20, ge=5 << 20, description="multipart upload part size")
-    batch_max_line_bytes: int = Field(4 << 20, ge=1024)
+    s3_region: str | None = Field(None, description="S3 region; credentials come from the AWS chain only")
+    files_url: str | None = Field(
+        None,
+        description="`s3://bucket/prefix/` for uploaded files; unset = `data_dir/files`",
+    )
+    files_max_bytes: int = Field(512 << 20, ge=1024, description="largest upload to `POST /v1/files`")
+    batch_part_bytes: int = Field(
+        8 << 20, ge=5 << 20,
+        description="multipart upload part size of batch outputs",
+    )
+    batch_max_line_bytes: int = Field(4 << 20, ge=1024, description="longest accepted batch input line")
     batch_window_jobs: int = Field(64, ge=1, description="jobs of one batch queued or running at once")
     batch_s3_allowlist: list[str] = Field(
         default_factory=list,
-        description="buckets (`bucket`) or prefixes (`bucket/prefix`) batch inputs and outputs may name; "
-        "empty: any location the workers' credentials reach (unsafe with several tenants)",
+        description="JSON list of `bucket` or `bucket/prefix` entries batch `input`/`output` URLs must fall "
+        "under (422 otherwise); empty = any location the workers' credentials reach, unsafe with"
+        " several tenants",
     )
 
-    log_level: str = "INFO"
+    log_level: str = Field("INFO", description="logging level of every Conveyor process")
     access_log: bool = Field(
-        False, description="one log line per HTTP request; off by default: /metrics counts requests by route "
-        "and status, and at hundreds of requests per second the lines cost the API real CPU",
+        False,
+        description="one log line per HTTP request (uvicorn's access log); off by default: `/metrics` counts"
+        " requests by route and status, and at hundreds of requests a second the lines cost the "
+        "API CPU",
     )
 
     @classmethod
