@@ -10,7 +10,7 @@ EDITABLE := PYTHONWARNINGS="ignore:Editable installation" $(PIP) install -q -e
 # CPU machines get this pinned CPU build; GPU users install their own torch into .venv first.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: serve test lint clean gpu-check kernels
+.PHONY: serve test lint clean gpu-check kernels docs
 
 $(VENV)/.serve: pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
@@ -50,7 +50,7 @@ test: $(VENV)/.test
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q -ra -n $(WORKERS) --dist loadgroup --durations=15 $(TESTS)
 
-# The GPU check (README "GPU check"; bench/gpu_check.py): kernels, engine against transformers, service, in
+# The GPU check (docs/benchmarks/gpu-check.md; bench/gpu_check.py): kernels, engine against transformers, service, in
 # under 10 minutes on a CUDA machine. Install your CUDA torch into .venv before the first run (e.g.
 # `python3 -m venv .venv && .venv/bin/pip install torch --index-url https://download.pytorch.org/whl/cu128`):
 # the setup installs TORCH_PIN only when no torch imports, and the extras added here (Triton, which CUDA torch
@@ -63,9 +63,18 @@ $(VENV)/.gpu-check: $(VENV)/.serve
 gpu-check: $(VENV)/.gpu-check
 	$(PY) -m bench.gpu_check $(ARGS)
 
+# The documentation site (mkdocs.yml, docs/): built into site/ with --strict, so a broken link, a missing
+# snippet or a page left out of the navigation fails. The reference pages are rendered from the code.
+$(VENV)/.docs: $(VENV)/.serve
+	@$(EDITABLE) '.[docs]'
+	@touch $@
+
+docs: $(VENV)/.docs
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 lint: $(VENV)/.test
 	$(PY) -m ruff check .
 	$(VENV)/bin/lint-imports
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache site
