@@ -5,7 +5,8 @@ The estimate of a queue's queued jobs (and of one tenant's queued jobs in it) is
 jobs this process admitted since. It is re-counted when it is older than REFRESH_S, and whenever it says
 the queue is full, so a queue that drained is never refused on a stale number. What it can miss are other
 API processes' admissions since the last count: with R replicas each admitting at most A jobs per
-REFRESH_S, a queue overshoots `max_queued` by at most about (R - 1) x A (README, "Admission control").
+REFRESH_S, a queue overshoots `max_queued` by at most about (R - 1) x A (docs/getting-started/
+postgres-redis.md, "Admission control").
 Jobs leaving the queue are not subtracted between counts, so the estimate errs towards "full", and a full
 verdict is always re-counted.
 

@@ -133,7 +133,8 @@ def model_max_len(services: Services) -> int | None:
 
 
 def _admit(session: Session, services: Services, name: str, queue: QueueSettings) -> None:
-    # NOTE: a soft cap, estimated per process (api/admission.py; README, "Admission control").
+    # NOTE: a soft cap, estimated per process (api/admission.py; "Admission control" in
+    # docs/getting-started/postgres-redis.md).
     if not services.admission.has_room(session, name, queue.max_queued):
         retry_after = str(services.settings.retry_after_s)
         message = f"queue: the {name} queue is full ({queue.max_queued} queued); retry after {retry_after} s"

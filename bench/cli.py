@@ -1,5 +1,5 @@
 """`conveyor bench` / `python -m bench`: argument parsing onto BenchOptions, then the bench or an
-experiment. See the README's Benchmarking section for examples."""
+experiment. See docs/benchmarks/index.md for examples."""
 
 from __future__ import annotations
 

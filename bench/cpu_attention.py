@@ -1,6 +1,6 @@
 """Decode attention on CPU: the cpu backend's C++ kernel against the torch backend's gather + SDPA.
 
-    python -m bench.cpu_attention                     # the README's shapes, one thread
+    python -m bench.cpu_attention                     # the shapes of docs/benchmarks/results.md, one thread
     python -m bench.cpu_attention --threads 2 --seqs 64 --context 100:1000
 
 One step of S decode sequences (contexts drawn uniformly from --context, seed fixed) over --layers separate

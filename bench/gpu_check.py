@@ -45,7 +45,7 @@ MIN_STAGE_S = 5.0  # a stage that would get less than this of the total budget i
 STOP_GRACE_S = 10.0  # after SIGTERM, before SIGKILL: time for a stage to stop the server it started
 CPU_TORCH = (
     "bench.gpu_check: nvidia-smi is here but torch {version} sees no CUDA device: install a CUDA build of "
-    "torch into .venv (README, GPU check), or check the driver; --cpu runs the CPU rehearsal."
+    "torch into .venv (docs/benchmarks/gpu-check.md), or check the driver; --cpu runs the CPU rehearsal."
 )
 NO_CUDA = (
     "bench.gpu_check: no CUDA device, so nothing is measured. `--cpu` (make gpu-check ARGS=--cpu) rehearses "

@@ -1,5 +1,6 @@
-"""The GPU check's Markdown: one table per stage in the README's Performance formats, the stages' outcomes,
-and the device inventory. Reads only the JSON-able report that bench/gpu_check.py writes beside it."""
+"""The GPU check's Markdown: one table per stage in the formats of docs/benchmarks/results.md, the stages'
+outcomes, and the device inventory. Reads only the JSON-able report that bench/gpu_check.py writes beside
+it."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 from bench.report import fmt
 
-# The README's rows, in its order.
+# The rows of docs/benchmarks/results.md, in its order.
 SYSTEM_LABELS = {
     "engine": "Conveyor engine",
     "hf-cb": "transformers continuous batching (`hf-cb`)",

@@ -46,10 +46,11 @@ class Plan:
 
 
 def gpu_plan(out_dir: Path, model_cache: Path, service_model: str = "preset") -> Plan:
-    """bf16 on CUDA; a mixed burst of 128 requests (longer outputs than the README's CPU workload), sized to
-    take tens of seconds per system on an H100/H200. The KV cache is fixed at 8192 blocks (4.3 GB for this
-    model, enough for 64 sequences at 2048 tokens): left at 90% of the device, the engine's cache would leave
-    no room for the transformers peers, which run while the engine is still loaded."""
+    """bf16 on CUDA; a mixed burst of 128 requests (longer outputs than the CPU workload of
+    docs/benchmarks/results.md), sized to take tens of seconds per system on an H100/H200. The KV cache is
+    fixed at 8192 blocks (4.3 GB for this model, enough for 64 sequences at 2048 tokens): left at 90% of the
+    device, the engine's cache would leave no room for the transformers peers, which run while the engine
+    is still loaded."""
     engine_args = (
         *("--profile", "mixed", "-n", "128", "--seed", "0"),
         *("--short-prompt", "32:128", "--short-output", "64:128"),

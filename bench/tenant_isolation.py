@@ -6,8 +6,8 @@ to minutes to compile) is in the worker. The report is each round's wall time an
 
     python -m bench.tenant_isolation --url http://127.0.0.1:8000 --victim-key cvk_... --hostile-key cvk_...
 
-Needs two API keys of different tenants (`conveyor keys create --tenant ...`). The README's "One tenant's
-schema cannot stall the others" quotes it.
+Needs two API keys of different tenants (`conveyor keys create --tenant ...`). "One tenant's schema cannot
+stall the others" in docs/guides/structured-outputs.md quotes it.
 """
 
 from __future__ import annotations

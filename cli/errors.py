@@ -121,7 +121,8 @@ def broker_line(url: str, reason: str) -> str:
 
 
 def database_fix(url: str, reason: str) -> str:
-    """The likely fix, from the driver's message (the README's steps when a role or database is missing)."""
+    """The likely fix, from the driver's message (the steps of docs/getting-started/postgres-redis.md when a
+    role or database is missing)."""
     parts = urlsplit(url)
     user, db = parts.username or "conveyor", parts.path.lstrip("/") or "conveyor"
     host = f"-h {parts.hostname} " if parts.hostname else ""

@@ -2,8 +2,8 @@
 
 Every query is parsed (brackets balanced, strings closed) and every metric name in it must be one the code
 exports, derived from the registries themselves: a worker's WorkerMetrics and an API's Metrics, collected
-once. Renaming a metric without its dashboards fails here. The README's metric table must list exactly what
-the registries export. When `promtool` is installed it checks the rules file too.
+once. Renaming a metric without its dashboards fails here. The metric table of docs/operations/metrics.md
+must list exactly what the registries export. When `promtool` is installed it checks the rules file too.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
-"""The README's first-hour steps run as written on a fresh copy of the repository, so the README cannot drift
-from the code: the Quickstart's `make serve` (a new .venv, then the embedded service), the curl session, the
-engine example, Ctrl-C, and "Running with PostgreSQL and Redis" on a PostgreSQL cluster and a redis-server of
-the test's own, from createuser to a finished job. `make test`, the Quickstart's other command, is what CI
-runs (`.ci/run`).
+"""The first-hour steps of the README and of the pages that promise to run are run as written on a fresh copy
+of the repository, so the documentation cannot drift from the code: the README's Quickstart (`make serve`: a
+new .venv, then the embedded service), its curl session, the engine example (docs/guides/engine.md), Ctrl-C,
+and docs/getting-started/postgres-redis.md on a PostgreSQL cluster and a redis-server of the test's own, from
+createuser to a finished job. The other pages' blocks need a GPU, a cluster or S3, and are not run here.
+`make test`, the Quickstart's other command, is what CI runs (`.ci/run`).
 
 The blocks run exactly as the README prints them, except for ports: the test's servers listen on free ports
 (the machine's own PostgreSQL, Redis and port 8000 may be busy), so `:8000`, `:5432` and `:6379` are replaced
@@ -26,6 +27,7 @@ import httpx
 import psycopg
 import pytest
 
+from tests.support.doc_pages import ENGINE_PAGE, POSTGRES_REDIS_PAGE
 from tests.support.fault_servers import FaultPostgres, FaultRedis, find_postgres_bin
 from tests.support.live_server import free_port
 
@@ -39,18 +41,22 @@ MACHINE_PIP_NOISE = re.compile(r"^WARNING: Location 'file://\S+' is ignored: it 
 ALARMS = re.compile(r"Traceback|Warning|WARNING|deprecat|\*\*\*|Terminated|Interrupt|Error", re.IGNORECASE)
 
 
-def readme_blocks(section: str) -> list[tuple[str, str]]:
-    """(language, code) of every fenced block under the `## {section}` heading, up to the next `## `."""
-    text = (REPO_ROOT / "README.md").read_text()
-    start = text.index(f"\n## {section}\n")
-    end = text.find("\n## ", start + 1)
-    body = text[start:end if end != -1 else len(text)]
+README = "README.md"
+
+
+def doc_blocks(path: str, section: str | None = None) -> list[tuple[str, str]]:
+    """(language, code) of every fenced block of a Markdown file, or of its `## {section}` part only."""
+    body = (REPO_ROOT / path).read_text()
+    if section is not None:
+        start = body.index(f"\n## {section}\n")
+        end = body.find("\n## ", start + 1)
+        body = body[start:end if end != -1 else len(body)]
     return re.findall(r"^```(\w+)\n(.*?)^```$", body, flags=re.MULTILINE | re.DOTALL)
 
 
-def only_block(section: str, language: str) -> str:
-    blocks = [code for lang, code in readme_blocks(section) if lang == language]
-    assert len(blocks) == 1, f"README section {section!r}: expected one {language} block, found {len(blocks)}"
+def only_block(path: str, section: str | None, language: str) -> str:
+    blocks = [code for lang, code in doc_blocks(path, section) if lang == language]
+    assert len(blocks) == 1, f"{path} {section or ''}: expected one {language} block, found {len(blocks)}"
     return blocks[0]
 
 
@@ -142,7 +148,7 @@ def fresh_copy() -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def served(fresh_copy: Path) -> Iterator[Served]:
-    assert commands(only_block("Quickstart", "bash")) == ["make serve", "make test"]
+    assert commands(only_block(README, "Quickstart", "bash")) == ["make serve", "make test"]
     port = free_port()
     log = fresh_copy / "make-serve.log"
     with log.open("w") as sink:
@@ -170,7 +176,7 @@ def _wait_ready(served: Served) -> None:
 
 
 def test_ci_runs_the_quickstart_test_command() -> None:
-    assert commands(only_block("Quickstart", "bash"))[1] == "make test"
+    assert commands(only_block(README, "Quickstart", "bash"))[1] == "make test"
     assert re.search(r"^make test$", (REPO_ROOT / ".ci/run").read_text(), flags=re.MULTILINE)
 
 
@@ -185,7 +191,7 @@ def test_make_serve_sets_up_without_triton_and_starts_quietly(served: Served) ->
 
 
 def test_curl_session_runs_as_written(served: Served) -> None:
-    block = with_ports(only_block("A curl session", "bash"), {8000: served.port})
+    block = with_ports(only_block(README, "A curl session", "bash"), {8000: served.port})
     done = run_bash(block, served.root, clean_env(), timeout_s=120)
     assert done.returncode == 0, f"the curl session failed ({done.returncode}):\n{done.stdout}"
     out = done.stdout
@@ -197,8 +203,8 @@ def test_curl_session_runs_as_written(served: Served) -> None:
 
 def test_engine_example_runs_as_written(served: Served) -> None:
     assert (served.root / "data/demo-model/config.json").is_file(), "make serve should build data/demo-model"
-    done = subprocess.run([str(served.root / ".venv/bin/python"), "-c", only_block("The engine on its own",
-                                                                                  "python")],
+    example = only_block(ENGINE_PAGE, None, "python")
+    done = subprocess.run([str(served.root / ".venv/bin/python"), "-c", example],
                           cwd=served.root, env=clean_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert re.search(r"(length|stop)", done.stdout), done.stdout
@@ -219,10 +225,10 @@ def test_postgres_and_redis_steps_run_as_written(served: Served) -> None:
     redis = FaultRedis(Path(tempfile.mkdtemp(prefix="conveyor-readme-redis-")))
     try:
         pg.init()
-        _drop_conveyor_database(pg.port)  # the README creates the role and the database itself
+        _drop_conveyor_database(pg.port)  # the page creates the role and the database itself
         redis.start()
         api_port = free_port()
-        block = with_ports(only_block("Running with PostgreSQL and Redis", "bash"),
+        block = with_ports(only_block(POSTGRES_REDIS_PAGE, None, "bash"),
                            {5432: pg.port, 6379: redis.port, 8000: api_port})
         env = clean_env(PGPORT=str(pg.port), CONVEYOR_PORT=str(api_port),
                         CONVEYOR_URL=f"http://127.0.0.1:{api_port}")

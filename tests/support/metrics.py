@@ -1,4 +1,4 @@
-"""Shared by the metrics tests: the README's metric table (the documentation the scrapes are checked against),
+"""Shared by the metrics tests: the metric table of docs/operations/metrics.md (scrapes are checked on it),
 one scenario that drives jobs through both queues with a cancel and preemptions, and the checks that the
 figures add up. `Client` is anything with httpx's get/post (a TestClient or an httpx.Client)."""
 
@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from prometheus_client.parser import text_string_to_metric_families
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+METRICS_PAGE = Path(__file__).resolve().parents[2] / "docs/operations/metrics.md"
 FINAL = ("succeeded", "failed", "cancelled", "expired")
 WAIT_S = 180.0  # a hang guard, not a speed assertion
 # Tiny KV cache: 8 blocks x 16 tokens. Two documents jobs of ~110 tokens each need 14 blocks together, so
@@ -38,14 +38,14 @@ class Documented:
 
 
 def documented_metrics() -> list[Documented]:
-    """Rows of the README's metric tables: | `name` | type | `label`, ... | where | meaning |."""
+    """Rows of the metric tables: | `name` | type | `label`, ... | where | meaning |."""
     rows = []
-    for line in README.read_text().splitlines():
+    for line in METRICS_PAGE.read_text().splitlines():
         match = re.match(r"\|\s*`(conveyor[:_][a-z0-9_:]+)`\s*\|\s*(\w+)\s*\|([^|]*)\|\s*(\w+)\s*\|", line)
         if match:
             name, kind, labels, where = match.groups()
             rows.append(Documented(name, kind, frozenset(re.findall(r"`(\w+)`", labels)), where))
-    assert len(rows) > 20, "README: the Metrics section's table is missing"
+    assert len(rows) > 20, f"{METRICS_PAGE}: the metric table is missing"
     return rows
 
 

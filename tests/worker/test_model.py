@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -67,18 +66,6 @@ def test_every_engine_knob_is_a_setting_of_the_same_name_that_defaults_to_the_en
     for name in fields:
         if name != "num_threads":  # measured on CPU when unset: see the tests below
             assert getattr(derived, name) == getattr(engine_defaults, name), name
-
-
-def test_the_readme_configuration_table_shows_the_engine_defaults() -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    defaults = EngineConfig(model="m")
-    for name in engine_fields():
-        row = re.search(rf"^\| `CONVEYOR_{name.upper()}` \| ([^|]+) \|", readme, re.MULTILINE)
-        assert row is not None, f"README has no row for CONVEYOR_{name.upper()}"
-        shown = row.group(1).strip()
-        value = getattr(defaults, name)
-        expected = f"`{value}`" if value is not None else None
-        assert shown == expected if expected else shown in ("unset", "the model's"), (name, shown, value)
 
 
 def test_on_cpu_an_unset_thread_count_is_measured_once_with_the_model_hidden_size(

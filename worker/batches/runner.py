@@ -311,8 +311,8 @@ class BatchRunner:
 
 def _new_job(batch: Batch, request: BatchRequest, now: datetime) -> Job:
     """The queued job of one valid line, built by the store's own constructor: its batch_id column names the
-    batch (fair share's stream), its metadata the line it answers (shown under /v1/jobs, as the README
-    says), and its prompt_tokens are the tokens the line was judged by."""
+    batch (fair share's stream), its metadata the line it answers (shown under /v1/jobs, as
+    docs/guides/batches.md says), and its prompt_tokens are the tokens the line was judged by."""
     assert not isinstance(request.prompt, list)
     meta = {"batch_id": batch.id, "custom_id": request.custom_id, "line": request.line,
             "endpoint": request.endpoint, "model": request.model}
