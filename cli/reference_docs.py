@@ -1,6 +1,7 @@
 """The documentation's reference pages, rendered from the code: every setting (`Settings` and the per-queue
 `QueueSettings`, with their descriptions and defaults; for the engine's fields, the engine's own default),
-every HTTP route (from the app's OpenAPI document) and every CLI command (its `--help`). The site's build
+every HTTP route (from the app's OpenAPI document), every metric (from the worker's and the API's
+registries) and every CLI command (its `--help`). The site's build
 hook (docs/_hooks/reference_pages.py) adds them to the site each time it is built, so they cannot drift from
 the code; tests/cli/test_reference_docs.py checks that none is missing.
 """
@@ -10,9 +11,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import typer
 from pydantic import SecretStr
@@ -21,14 +23,22 @@ from pydantic_core import PydanticUndefined
 from typer.testing import CliRunner
 
 from api.app import create_app
+from api.metrics import Metrics
 from api.prompt_tokenizer import PromptTokenizer
 from core.settings import QueueSettings, Settings, default_queues
+from core.store.database import make_db_engine, make_session_factory
+from core.store.migrate import upgrade
 from engine.config import EngineConfig
+from engine.host import EngineHost
+from engine.stats import EngineTotals, StepStats, stats_dict
+from worker.cold_start import ColdStart
+from worker.engine_metrics import WorkerMetrics
 from worker.model import engine_fields
 
 ENV_PREFIX = "CONVEYOR_"
 SETTINGS_PAGE = "reference/settings.md"
 HTTP_PAGE = "reference/http-api.md"
+METRICS_PAGE = "reference/metrics.md"
 OPENAPI_FILE = "reference/openapi.json"
 CLI_PAGE = "reference/cli.md"
 HTTP_METHODS = ("get", "post", "put", "patch", "delete")
@@ -39,7 +49,8 @@ def pages(app: typer.Typer) -> dict[str, str]:
     """Path under docs/ -> content: every reference page, and the OpenAPI document the HTTP page links."""
     document = openapi_document()
     return {SETTINGS_PAGE: settings_page(), HTTP_PAGE: http_page(document),
-            OPENAPI_FILE: json.dumps(document, indent=2), CLI_PAGE: cli_page(app)}
+            OPENAPI_FILE: json.dumps(document, indent=2), METRICS_PAGE: metrics_page(exported_metrics()),
+            CLI_PAGE: cli_page(app)}
 
 
 # --- settings ----------------------------------------------------------------------------------------------
@@ -76,7 +87,7 @@ def settings_page() -> str:
 
 def _row(variable: str, field: FieldInfo, default: str) -> str:
     kind = _type_name(field.annotation)
-    meaning = (field.description or "").replace("|", "\\|")
+    meaning = _cell(field.description or "")
     return f"| `{variable}` | {kind} | {default} | {meaning} |"
 
 
@@ -184,8 +195,72 @@ def http_page(document: dict[str, Any]) -> str:
 
 def _summary(operation: dict[str, Any]) -> str:
     text = operation.get("description") or operation.get("summary") or ""
-    first = text.strip().split("\n\n")[0]
-    return " ".join(first.split()).replace("|", "\\|")
+    return _cell(text.strip().split("\n\n")[0])
+
+
+def _cell(text: str) -> str:
+    """Text for one cell of a Markdown table: one line, pipes escaped."""
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+# --- metrics -----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ExportedMetric:
+    name: str  # the family name (a counter's without `_total`)
+    type: str  # counter | gauge | histogram
+    help: str
+    where: str  # "worker" (a worker's /metrics, the embedded server's too) or "api"
+
+
+class _IdleEngine:
+    """What WorkerMetrics reads of an EngineHost, for an idle engine: every family it exports appears."""
+
+    def on_request_finished(self, listener: Callable[..., None]) -> None:
+        pass
+
+    def on_step_end(self, listener: Callable[[], None]) -> None:
+        pass
+
+    def stats(self) -> dict[str, object]:
+        queues = {name: 0 for name in default_queues()}
+        return stats_dict(running=queues, waiting=queues, kv_blocks_used=0, kv_blocks_total=1, block_size=16,
+                          preemptions_total=0, last_step=StepStats(), totals=EngineTotals(),
+                          prefix_cache_blocks=0)
+
+
+def exported_metrics() -> list[ExportedMetric]:
+    """Every family a worker and an API export, collected once from their registries (the API's on an empty,
+    migrated SQLite store)."""
+    worker = WorkerMetrics()
+    worker.attach(cast(EngineHost, _IdleEngine()), heartbeat_age_s=lambda: 0.0)
+    worker.track_cold_start(ColdStart())
+    found = [ExportedMetric(f.name, f.type, f.documentation, "worker") for f in worker.registry.collect()]
+    with tempfile.TemporaryDirectory() as data_dir:
+        url = f"sqlite:///{Path(data_dir) / 'conveyor.db'}"
+        upgrade(url)
+        db = make_db_engine(url)
+        try:
+            api = Metrics(Settings(data_dir=Path(data_dir), database_url=url), make_session_factory(db))
+            found += [ExportedMetric(f.name, f.type, f.documentation, "api") for f in api.registry.collect()]
+        finally:
+            db.dispose()
+    return found
+
+
+def metrics_page(metrics: list[ExportedMetric]) -> str:
+    lines = ["# Metrics", "",
+             "Every Prometheus metric a worker and the API export, collected from their registries when this"
+             " site was built. `worker`: a `conveyor worker` serves them on `CONVEYOR_WORKER_METRICS_PORT`,"
+             " `conveyor serve` on its own `/metrics`; `api`: every API process's `/metrics`. Labels, how to"
+             " aggregate them, the dashboard and the alerts:"
+             " [Metrics, dashboards and alerts](../operations/metrics.md).", "",
+             "| name | type | from | help |", "|---|---|---|---|"]
+    for metric in sorted(metrics, key=lambda m: (m.where, m.name)):
+        name = metric.name + ("_total" if metric.type == "counter" else "")
+        lines.append(f"| `{name}` | {metric.type} | {metric.where} | {_cell(metric.help)} |")
+    return "\n".join(lines) + "\n"
 
 
 # --- CLI ---------------------------------------------------------------------------------------------------

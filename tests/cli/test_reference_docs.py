@@ -14,7 +14,9 @@ from cli.reference_docs import (
     cli_page,
     command_paths,
     engine_defaults,
+    exported_metrics,
     http_page,
+    metrics_page,
     openapi_document,
     pages,
     routes,
@@ -85,3 +87,14 @@ def test_pages_are_the_ones_the_navigation_names() -> None:
     for path in pages(app):
         if path.endswith(".md"):
             assert path in nav, f"{path} is rendered but not in mkdocs.yml's navigation"
+
+
+def test_every_exported_metric_is_listed_with_its_type_and_help() -> None:
+    metrics = exported_metrics()
+    page = metrics_page(metrics)
+    assert {m.where for m in metrics} == {"worker", "api"}
+    assert {"conveyor_jobs_submitted", "conveyor:num_requests_running"} <= {m.name for m in metrics}
+    for metric in metrics:
+        name = metric.name + ("_total" if metric.type == "counter" else "")
+        assert f"| `{name}` | {metric.type} | {metric.where} |" in page, f"{name} is not listed"
+        assert metric.help, f"{name} has no help text"

@@ -2,8 +2,9 @@
 
 Every query is parsed (brackets balanced, strings closed) and every metric name in it must be one the code
 exports, derived from the registries themselves: a worker's WorkerMetrics and an API's Metrics, collected
-once. Renaming a metric without its dashboards fails here. The metric table of docs/operations/metrics.md
-must list exactly what the registries export. When `promtool` is installed it checks the rules file too.
+once (cli/reference_docs.py, which renders the metrics reference). Renaming a metric without its dashboards
+fails here. The metric table of docs/operations/metrics.md must list exactly what the registries export.
+When `promtool` is installed it checks the rules file too.
 """
 
 from __future__ import annotations
@@ -12,22 +13,14 @@ import json
 import re
 import shutil
 import subprocess
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pytest
 import yaml
 
-from api.metrics import Metrics
-from core.settings import Settings
-from core.store.database import make_db_engine, make_session_factory
-from core.store.migrate import upgrade
-from engine.host import EngineHost
-from engine.stats import EngineTotals, StepStats, stats_dict
+from cli.reference_docs import exported_metrics
 from tests.support.metrics import documented_metrics, family_name
-from worker.cold_start import ColdStart
-from worker.engine_metrics import WorkerMetrics
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "deploy" / "grafana" / "conveyor.json"
@@ -66,42 +59,10 @@ KEYWORDS = {
 PAIRS = {")": "(", "]": "[", "}": "{"}
 
 
-class FakeHost:
-    """What WorkerMetrics.attach uses of an EngineHost, with an idle engine's stats."""
-
-    def on_request_finished(self, listener: Callable[..., None]) -> None:
-        pass
-
-    def on_step_end(self, listener: Callable[[], None]) -> None:
-        pass
-
-    def stats(self) -> dict[str, object]:
-        return stats_dict(
-            running={"interactive": 0},
-            waiting={"interactive": 0},
-            kv_blocks_used=0,
-            kv_blocks_total=8,
-            block_size=16,
-            preemptions_total=0,
-            last_step=StepStats(),
-            totals=EngineTotals(),
-        )
-
-
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """Family name -> type, of everything a worker and an API export."""
-    worker = WorkerMetrics()
-    worker.attach(cast(EngineHost, FakeHost()), heartbeat_age_s=lambda: 0.0)
-    worker.track_cold_start(ColdStart())
-    data = tmp_path_factory.mktemp("dashboards")
-    url = f"sqlite:///{data / 'conveyor.db'}"
-    upgrade(url)
-    db = make_db_engine(url)
-    api = Metrics(Settings(data_dir=data, database_url=url), make_session_factory(db))
-    families = {f.name: f.type for registry in (worker.registry, api.registry) for f in registry.collect()}
-    db.dispose()
-    return families
+def exported() -> dict[str, str]:
+    """Family name -> type, of everything a worker and an API export (the registries, collected once)."""
+    return {metric.name: metric.type for metric in exported_metrics()}
 
 
 def exported_series(exported: dict[str, str]) -> set[str]:
