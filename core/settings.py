@@ -65,7 +65,10 @@ class Settings(BaseSettings):
 
     # Storage and broker
     data_dir: Path = Field(Path("data"), description="SQLite file, demo model, uploaded files")
-    database_url: str = Field("", description="SQLAlchemy URL (`postgresql+psycopg://...` in production)")
+    database_url: str = Field(
+        "", description="SQLAlchemy URL (`postgresql+psycopg://...` in production); empty = SQLite under "
+        "data_dir",
+    )
     broker_url: str | None = Field(
         None,
         description="Celery broker (`redis://...`); unset = embedded in-process queue",
@@ -74,7 +77,10 @@ class Settings(BaseSettings):
     # HTTP
     host: str = Field("127.0.0.1", description="bind address; a non-loopback one requires auth")
     port: int = Field(8000, ge=1, le=65535, description="bind port")
-    auth_enabled: bool | None = Field(None, description="off is refused on a non-loopback bind")
+    auth_enabled: bool | None = Field(
+        None, description="API keys required; unset = on unless bound to a loopback address. Off is refused "
+        "on a non-loopback bind",
+    )
     max_body_bytes: int = Field(1 << 20, ge=1024, description="larger request bodies get 413")
     max_metadata_bytes: int = Field(4096, ge=2, description="largest `metadata` JSON")
     retry_after_s: int = Field(2, ge=1, description="`Retry-After` sent with 429")
@@ -85,7 +91,8 @@ class Settings(BaseSettings):
     )
     docs_enabled: bool | None = Field(
         None,
-        description="serve `/docs`, `/redoc` and `/openapi.json`, without a key; off = they answer 404",
+        description="serve `/docs`, `/redoc` and `/openapi.json`, without a key; off = they answer 404; "
+        "unset = on unless auth is on",
     )
 
     # Model and engine. Each engine field is the EngineConfig field of the same name, passed on only when
@@ -161,7 +168,7 @@ class Settings(BaseSettings):
     worker_queues: Annotated[list[str] | None, NoDecode] = Field(
         None,
         description="the queues a `conveyor worker` consumes, comma-separated (`documents`: a pool of its "
-        "own, scaled on its own queue); the embedded service always runs every queue",
+        "own, scaled on its own queue); unset = every queue. The embedded service always runs every queue",
     )
 
     # Tenants: fair share and quotas (defaults; `conveyor tenants set` overrides them per tenant)
