@@ -1,8 +1,9 @@
 """The first-hour steps of the README and of the pages that promise to run are run as written on a fresh copy
 of the repository, so the documentation cannot drift from the code: the README's Quickstart (`make serve`: a
-new .venv, then the embedded service), its curl session, the engine example (docs/guides/engine.md), Ctrl-C,
-and docs/getting-started/postgres-redis.md on a PostgreSQL cluster and a redis-server of the test's own, from
-createuser to a finished job. The other pages' blocks need a GPU, a cluster or S3, and are not run here.
+new .venv, then the embedded service), its curl session and its `make docs`, the engine example
+(docs/guides/engine.md), Ctrl-C, and docs/getting-started/postgres-redis.md on a PostgreSQL cluster and a
+redis-server of the test's own, from createuser to a finished job. The other pages say why their blocks are
+not run (tests/docs/test_site.py).
 `make test`, the Quickstart's other command, is what CI runs (`.ci/run`).
 
 The blocks run exactly as the README prints them, except for ports: the test's servers listen on free ports
@@ -208,6 +209,15 @@ def test_engine_example_runs_as_written(served: Served) -> None:
                           cwd=served.root, env=clean_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert re.search(r"(length|stop)", done.stdout), done.stdout
+
+
+def test_make_docs_builds_the_site_as_written(served: Served) -> None:
+    block = only_block(README, "Documentation site", "bash")
+    assert commands(block) == ["make docs"]
+    done = run_bash(block, served.root, clean_env(), timeout_s=300)
+    assert done.returncode == 0, f"make docs failed ({done.returncode}):\n{done.stdout[-4000:]}"
+    for page in ("index.html", "reference/settings/index.html", "reference/metrics/index.html"):
+        assert (served.root / "site" / page).is_file(), f"no {page}:\n{done.stdout[-2000:]}"
 
 
 def test_ctrl_c_stops_make_serve_cleanly(served: Served) -> None:
