@@ -1,4 +1,4 @@
-"""MkDocs hook: adds the reference pages rendered from the code (cli/reference_docs.py) to every build."""
+"""MkDocs hook: adds the reference pages rendered from the code (cli/reference/) to every build."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 from mkdocs.structure.files import File, Files
 
 from cli.main import app
-from cli.reference_docs import pages
+from cli.reference import pages
 
 
 def on_files(files: Files, config: Any) -> Files:

@@ -2,9 +2,9 @@
 
 Every query is parsed (brackets balanced, strings closed) and every metric name in it must be one the code
 exports, derived from the registries themselves: a worker's WorkerMetrics and an API's Metrics, collected
-once (cli/reference_docs.py, which renders the metrics reference). Renaming a metric without its dashboards
-fails here. The metric table of docs/operations/metrics.md must list exactly what the registries export.
-When `promtool` is installed it checks the rules file too.
+once (cli/reference/metrics_page.py, which renders the metrics reference). Renaming a metric without its
+dashboards fails here. The metric table of docs/operations/metrics.md must list exactly what the registries
+export. When `promtool` is installed it checks the rules file too.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from cli.reference_docs import exported_metrics
+from cli.reference.metrics_page import exported_metrics
 from tests.support.metrics import documented_metrics, family_name
 
 REPO = Path(__file__).resolve().parents[2]

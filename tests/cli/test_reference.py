@@ -1,4 +1,4 @@
-"""The reference pages rendered from the code (cli/reference_docs.py) name every setting, route and command,
+"""The reference pages rendered from the code (cli/reference/) name every setting, route and command,
 with the defaults the code has: a setting, route or command left out, or a setting without a description,
 fails here."""
 
@@ -10,18 +10,11 @@ from pathlib import Path
 import pytest
 
 from cli.main import app
-from cli.reference_docs import (
-    cli_page,
-    command_paths,
-    engine_defaults,
-    exported_metrics,
-    http_page,
-    metrics_page,
-    openapi_document,
-    pages,
-    routes,
-    settings_page,
-)
+from cli.reference import pages
+from cli.reference.cli_page import cli_page, command_paths
+from cli.reference.http_page import http_page, openapi_document, routes
+from cli.reference.metrics_page import exported_metrics, metrics_page
+from cli.reference.settings_page import engine_defaults, settings_page
 from core.settings import QueueSettings, Settings
 from worker.model import engine_fields
 
