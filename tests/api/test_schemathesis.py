@@ -8,11 +8,8 @@ fields, undeclared methods) and MAX_EXAMPLES fuzzed cases, positive and negative
 
 from __future__ import annotations
 
-import copy
-import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,12 +23,12 @@ from starlette.types import Receive, Scope, Send
 from api.app import create_app
 from api.prompt_tokenizer import PromptTokenizer
 from api.routes.scaling import SCALING_PATH
+from cli.reference.http_page import openapi_document
 from core.clock import utcnow
 from core.settings import Settings
 from core.store import jobs, keys
 from core.store.database import make_db_engine, make_session_factory
 from core.store.migrate import upgrade
-from tests.support.service import RecordingPublisher
 
 SEED = 20261130
 MAX_EXAMPLES = 25
@@ -73,24 +70,15 @@ class InstantWorker:
         return True
 
 
-class _UnusedTokenizer(PromptTokenizer):
-    """Building the OpenAPI document never counts tokens, so no model is loaded for it."""
-
-    def __init__(self) -> None:
-        pass
-
-
 def served_schema() -> dict[str, Any]:
-    """The document /openapi.json would serve (that route is off with auth on). It depends on the routes and
-    models only, so an app built on placeholders yields it at import time, when schemathesis' pytest
-    integration needs it; test_the_fuzzed_schema_is_the_apps checks it against the app under test.
+    """The document /openapi.json would serve (that route is off with auth on), as the documentation's HTTP
+    reference renders it: it depends on the routes and models only, so an app built on placeholders yields it
+    at import time, when schemathesis' pytest integration needs it; test_the_fuzzed_schema_is_the_apps checks
+    it against the app under test.
 
     (schemathesis.pytest.from_fixture, which would load it from a fixture, fails on pytest 9.2: it writes
     the removed `Node._nodeid`.)"""
-    settings = Settings(auth_enabled=True, metrics_token=METRICS_TOKEN, database_url="sqlite://",
-                        data_dir=Path(tempfile.gettempdir()))
-    app = create_app(settings, publisher=RecordingPublisher(), tokenizer=_UnusedTokenizer())
-    return copy.deepcopy(app.openapi())
+    return openapi_document()
 
 
 class AppUnderTest:
