@@ -50,8 +50,8 @@ test: $(VENV)/.test
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q -ra -n $(WORKERS) --dist loadgroup --durations=15 $(TESTS)
 
-# The GPU check (docs/benchmarks/gpu-check.md; bench/gpu_check.py): kernels, engine against transformers, service, in
-# under 10 minutes on a CUDA machine. Install your CUDA torch into .venv before the first run (e.g.
+# The GPU check (docs/benchmarks/gpu-check.md; bench/gpu_check.py): kernels, engine against transformers,
+# service, in under 10 minutes on a CUDA machine. Install your CUDA torch into .venv before the first run (e.g.
 # `python3 -m venv .venv && .venv/bin/pip install torch --index-url https://download.pytorch.org/whl/cu128`):
 # the setup installs TORCH_PIN only when no torch imports, and the extras added here (Triton, which CUDA torch
 # already brings, and matplotlib) never replace it. `make gpu-check ARGS=--cpu`: the CPU rehearsal.
