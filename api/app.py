@@ -18,7 +18,7 @@ from api.metrics import Metrics
 from api.middleware import AllowedMethods, BodySizeLimit, MetricsAuth, ResponseCounter, UnhandledErrors
 from api.openapi_doc import install_truthful_openapi
 from api.prompt_tokenizer import PromptTokenizer
-from api.routes import batches, files, health, jobs, openai, queues, scaling, webhooks
+from api.routes import batches, files, health, jobs, openai, queues, scaling, vllm, webhooks
 from api.uploads import UploadSizeLimit
 from core.dispatch import DispatchRelay, JobPublisher
 from core.finish_notifications import FinishedSink, FinishedWatch
@@ -97,7 +97,7 @@ def create_app(
     install_truthful_openapi(app)
     app.state.token_stream = token_stream  # running jobs' text for streamed completions; None: store polls
     for router in (jobs.router, queues.router, health.router, webhooks.router, openai.router, files.router,
-                   batches.router, scaling.router):
+                   batches.router, scaling.router, vllm.router):
         app.include_router(router)
     # add_middleware wraps: the last one added runs first.
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)

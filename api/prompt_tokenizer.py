@@ -28,15 +28,42 @@ class PromptTokenizer:
         """The model's chat template source (None without one); read for the roles it names."""
         return self._tok.chat_template
 
+    @property
+    def vocab_size(self) -> int:
+        return len(self._tok)
+
     def count_prompt(self, prompt: str) -> int:
-        with self._lock:
-            return len(self._tok.encode(prompt, add_special_tokens=True))
+        return len(self.encode_prompt(prompt))
 
     def count_messages(self, messages: list[dict[str, str]]) -> int:
         """Raises ValueError when the model has no chat template."""
+        return len(self.encode_messages(messages))
+
+    def encode_prompt(self, prompt: str, add_special_tokens: bool = True) -> list[int]:
+        with self._lock:
+            return list(self._tok.encode(prompt, add_special_tokens=add_special_tokens))
+
+    def encode_messages(self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True,
+                        continue_final_message: bool = False, add_special_tokens: bool = False,
+                        template_kwargs: dict[str, Any] | None = None) -> list[int]:
+        """The chat template's rendering, tokenized. The template already holds any BOS, so by default no
+        special tokens are added again. Raises ValueError when the model has no chat template, or when the
+        template refuses the messages."""
         with self._lock:
             if not self._tok.chat_template:
                 raise ValueError("messages: the model has no chat template; send `prompt` instead")
-            text = self._tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-            # The template already holds any BOS, so no special tokens are added again.
-            return len(self._tok.encode(text, add_special_tokens=False))
+            try:
+                text = self._tok.apply_chat_template(
+                    messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                    continue_final_message=continue_final_message, **(template_kwargs or {}))
+            except Exception as exc:  # jinja2's TemplateError and the template's own raise_exception
+                raise ValueError(f"messages: the chat template refused them: {exc}") from exc
+            return list(self._tok.encode(text, add_special_tokens=add_special_tokens))
+
+    def token_strings(self, token_ids: list[int]) -> list[str]:
+        with self._lock:
+            return list(self._tok.convert_ids_to_tokens(token_ids))
+
+    def decode(self, token_ids: list[int]) -> str:
+        with self._lock:
+            return str(self._tok.decode(token_ids))

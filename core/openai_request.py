@@ -247,21 +247,25 @@ class ChatCompletionCreate(OpenAISampling):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
     def chat_messages(self, roles: ChatRoles) -> list[dict[str, str]]:
-        """{"role", "content"} for the chat template: text parts joined, `developer` as `system` when the
-        template has no developer role; a tool message without a tool role in the template is refused."""
-        plain = []
-        for index, message in enumerate(self.messages):
-            role = message.role
-            if role == "tool" and not roles.tool:
-                raise Refusal(
-                    "unsupported",
-                    f"messages[{index}].role",
-                    "the model's chat template has no tool role, so tool messages cannot be rendered",
-                )
-            if role == "developer" and not roles.developer:
-                role = "system"
-            plain.append({"role": role, "content": message.text()})
-        return plain
+        return plain_messages(self.messages, roles)
+
+
+def plain_messages(messages: list[ChatMessageIn], roles: ChatRoles) -> list[dict[str, str]]:
+    """{"role", "content"} for the chat template: text parts joined, `developer` as `system` when the
+    template has no developer role; a tool message without a tool role in the template is refused."""
+    plain = []
+    for index, message in enumerate(messages):
+        role = message.role
+        if role == "tool" and not roles.tool:
+            raise Refusal(
+                "unsupported",
+                f"messages[{index}].role",
+                "the model's chat template has no tool role, so tool messages cannot be rendered",
+            )
+        if role == "developer" and not roles.developer:
+            role = "system"
+        plain.append({"role": role, "content": message.text()})
+    return plain
 
 
 class CompletionCreate(OpenAISampling):

@@ -86,7 +86,7 @@ def list_models(services: ServicesDep, _tenant: WaitingTenant) -> ModelList:
 
 @router.get("/models/{model_id:path}", response_model=ModelCard, responses=openai_error_responses(401, 404))
 def get_model(model_id: str, services: ServicesDep, _tenant: WaitingTenant) -> ModelCard:
-    _check_model(services.settings, model_id, param=None)
+    check_model(services.settings, model_id, param=None)
     return _model_card(services.settings)
 
 
@@ -96,7 +96,7 @@ def _model_card(settings: Settings) -> ModelCard:
     return ModelCard(id=settings.served_model_id(), created=created)
 
 
-def _check_model(settings: Settings, model: str, param: str | None = "model") -> None:
+def check_model(settings: Settings, model: str, param: str | None = "model") -> None:
     if model not in (settings.served_model_id(), settings.model):
         raise OpenAIError(404, f"The model `{model}` does not exist; this server serves "
                           f"`{settings.served_model_id()}`", code="model_not_found", param=param)

@@ -1,0 +1,112 @@
+"""vLLM's server routes, where they have a meaning here, for clients written for vLLM's OpenAI-compatible
+server: /health (can a worker take work now?), /version, /tokenize and /detokenize with the served model's
+tokenizer and chat template. Errors come in OpenAI's shape, as vLLM sends them.
+
+/health differs from /readyz on purpose: /readyz says this API can take jobs (a probe must not take the API
+out of its Service while workers scale from zero), /health says jobs would run now, which is what a
+benchmarking client checks before it starts.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from api.auth import WaitingTenant
+from api.deps import Services, ServicesDep
+from api.openai_errors import OpenAIError, OpenAIRoute, from_refusal
+from api.routes.openai import check_model
+from api.schemas.errors import openai_error_responses
+from api.schemas.vllm import (
+    Detokenize,
+    DetokenizeResponse,
+    TokenizeChat,
+    TokenizeCompletion,
+    TokenizeResponse,
+    Version,
+)
+from api.submit import model_max_len
+from core.clock import utcnow
+from core.openai_request import ChatRoles, Refusal, plain_messages
+from core.store import workers
+
+router = APIRouter(tags=["vllm"], route_class=OpenAIRoute)
+PACKAGE = "conveyor"
+# apply_chat_template's own parameters: chat_template_kwargs may not set them behind the request's back.
+RESERVED_TEMPLATE_KWARGS = frozenset({
+    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors",
+    "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
+})
+
+
+@router.get("/health", responses={200: {"description": "a worker can take work now"},
+                                  503: {"description": "no live worker (jobs would wait queued)"}})
+def health(services: ServicesDep) -> JSONResponse:
+    with services.session_factory() as session:
+        consumers = workers.live_workers_per_queue(
+            session, now=utcnow(), dead_after_s=services.settings.worker_dead_after_s)
+    if not consumers:
+        return JSONResponse({"status": "unavailable", "detail": "no live worker: jobs would wait queued"},
+                            status_code=503)
+    return JSONResponse({"status": "ok"})
+
+
+@router.get("/version", response_model=Version)
+def version() -> Version:
+    return Version(version=importlib.metadata.version(PACKAGE))
+
+
+@router.post("/tokenize", response_model=TokenizeResponse, responses=openai_error_responses(400, 401, 404))
+async def tokenize(body: TokenizeCompletion | TokenizeChat, services: ServicesDep,
+                   _tenant: WaitingTenant) -> TokenizeResponse:
+    """The token ids of a prompt, or of chat messages rendered with the model's chat template (vLLM's
+    request and response)."""
+    if body.model is not None:
+        check_model(services.settings, body.model)
+    ids = await run_in_threadpool(_token_ids, services, body)
+    strings = None
+    if body.return_token_strs:
+        strings = await run_in_threadpool(services.tokenizer.token_strings, ids)
+    return TokenizeResponse(count=len(ids), max_model_len=model_max_len(services), tokens=ids,
+                            token_strs=strings)
+
+
+@router.post("/detokenize", response_model=DetokenizeResponse,
+             responses=openai_error_responses(400, 401, 404))
+async def detokenize(body: Detokenize, services: ServicesDep, _tenant: WaitingTenant) -> DetokenizeResponse:
+    """The text of token ids (vLLM's request and response)."""
+    if body.model is not None:
+        check_model(services.settings, body.model)
+    vocab = services.tokenizer.vocab_size
+    for index, token in enumerate(body.tokens):
+        if not 0 <= token < vocab:
+            message = f"tokens[{index}]: {token} is not a token id of the model (0..{vocab - 1})"
+            raise OpenAIError(400, message, code="invalid_request", param=f"tokens[{index}]")
+    return DetokenizeResponse(prompt=await run_in_threadpool(services.tokenizer.decode, body.tokens))
+
+
+def _token_ids(services: Services, body: TokenizeCompletion | TokenizeChat) -> list[int]:
+    if isinstance(body, TokenizeCompletion):
+        return services.tokenizer.encode_prompt(body.prompt, body.add_special_tokens)
+    if body.add_generation_prompt and body.continue_final_message:
+        raise OpenAIError(400, "continue_final_message: cannot be set with add_generation_prompt",
+                          code="invalid_request", param="continue_final_message")
+    reserved = sorted(RESERVED_TEMPLATE_KWARGS & set(body.chat_template_kwargs or {}))
+    if reserved:
+        raise OpenAIError(400, f"chat_template_kwargs: {reserved[0]} is set by the request itself",
+                          code="invalid_request", param="chat_template_kwargs")
+    try:
+        messages = plain_messages(body.messages, ChatRoles.of_template(services.tokenizer.chat_template))
+        return services.tokenizer.encode_messages(
+            messages, add_generation_prompt=body.add_generation_prompt,
+            continue_final_message=body.continue_final_message, add_special_tokens=body.add_special_tokens,
+            template_kwargs=body.chat_template_kwargs)
+    except Refusal as refusal:
+        raise from_refusal(refusal) from None
+    except ValueError as exc:
+        raise OpenAIError(400, str(exc), code="invalid_request", param="messages") from None
+
