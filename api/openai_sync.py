@@ -86,6 +86,15 @@ class _SubscribeThenDispatch:
 class FollowedJob:
     job_id: str
     subscription: Subscription | None
+    prompt_tokens: int = 0  # as counted at submit: what the job's usage will say
+
+
+@dataclass(frozen=True)
+class Generated:
+    """A running attempt's text so far, and how many tokens it is (0 when the worker does not say)."""
+
+    text: str
+    tokens: int
 
 
 async def start(
@@ -97,27 +106,27 @@ async def start(
         publisher = _SubscribeThenDispatch(services.dispatcher, stream, asyncio.get_running_loop())
     submitting = replace(services, dispatcher=publisher) if publisher is not None else services
 
-    def insert() -> str:
+    def insert() -> tuple[str, int]:
         with services.session_factory() as session:
             job, _ = submit(session, submitting, tenant, body, None, utcnow())
-            return job.id
+            return job.id, job.prompt_tokens or 0
 
     try:
-        job_id = await run_in_threadpool(insert)
+        job_id, prompt_tokens = await run_in_threadpool(insert)
     except BaseException:
         if publisher is not None and publisher.subscription is not None:
             await publisher.subscription.close()
         raise
-    return FollowedJob(job_id, publisher.subscription if publisher is not None else None)
+    return FollowedJob(job_id, publisher.subscription if publisher is not None else None, prompt_tokens)
 
 
 async def follow(
     services: Services, job: FollowedJob, disconnected: Disconnected
-) -> AsyncIterator[str | JobOutcome]:
+) -> AsyncIterator[Generated | JobOutcome]:
     """Yields the current attempt's text so far each time it grows, then the final JobOutcome.
 
     Raises ClientGoneError when the client disconnects (the caller cancels the job)."""
-    attempt, text = 0, ""
+    attempt, text, tokens = 0, "", 0
     poll_s = STORE_POLL_S if job.subscription is not None else STORE_POLL_NO_STREAM_S
     next_read = time.monotonic() + poll_s
     while True:
@@ -132,9 +141,9 @@ async def follow(
             continue
         if event is not None and not event.end:
             if event.attempt != attempt:  # a redelivered job generates again from its first token
-                attempt, text = event.attempt, ""
-            text += event.text
-            yield text
+                attempt, text, tokens = event.attempt, "", 0
+            text, tokens = text + event.text, max(tokens, event.tokens)
+            yield Generated(text, tokens)
             continue
         if event is None and time.monotonic() < next_read:
             continue

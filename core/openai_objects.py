@@ -84,8 +84,9 @@ class ChunkHeader:
 
 
 def chunk(header: ChunkHeader, text: str | None, finish_reason: str | None = None,
-          *, role: bool = False) -> dict[str, Any]:
-    """One streamed chunk with one choice: a text delta, a role opener or the closing finish_reason."""
+          *, role: bool = False, usage_so_far: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One streamed chunk with one choice: a text delta, a role opener or the closing finish_reason; with
+    `usage_so_far` (vLLM's `stream_options.continuous_usage_stats`) the usage up to this chunk too."""
     if header.chat:
         delta: dict[str, Any] = {"role": "assistant"} if role else {}
         if text is not None:
@@ -94,7 +95,16 @@ def chunk(header: ChunkHeader, text: str | None, finish_reason: str | None = Non
     else:
         choice = {"index": 0, "text": text or ""}
     choice.update(logprobs=None, finish_reason=finish_reason)
-    return _chunk_body(header, [choice])
+    body = _chunk_body(header, [choice])
+    if usage_so_far is not None:
+        body["usage"] = usage_so_far
+    return body
+
+
+def running_usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    """The usage of a completion still being generated: its prompt and the tokens generated so far."""
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
 
 
 def usage_chunk(header: ChunkHeader, result: GenerationResult) -> dict[str, Any]:

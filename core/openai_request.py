@@ -98,6 +98,8 @@ class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     include_usage: StrictFlag | None = None
+    continuous_usage_stats: StrictFlag | None = Field(
+        None, description="vLLM's: with include_usage, every chunk carries the usage so far")
 
 
 class TextPart(BaseModel):
@@ -157,6 +159,11 @@ class OpenAISampling(BaseModel):
 
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    def continuous_usage(self) -> bool:
+        """Usage in every chunk: vLLM sends it when both include_usage and continuous_usage_stats are set."""
+        options = self.stream_options
+        return self.include_usage() and bool(options and options.continuous_usage_stats)
 
     def refusal(self) -> Refusal | None:
         """A sent value Conveyor cannot honour (or that contradicts another), else None."""

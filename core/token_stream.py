@@ -22,14 +22,17 @@ class TokenEvent:
     attempt: int  # the job's attempt: a redelivered job streams again from its first token
     text: str = ""  # new text since the previous event of this attempt
     end: bool = False  # the job left the worker (its outcome, if any, is in the store)
+    tokens: int = 0  # tokens this attempt has generated so far (usage in every streamed chunk)
 
     def encode(self) -> str:
-        return json.dumps({"a": self.attempt, "t": self.text, "e": self.end}, separators=(",", ":"))
+        return json.dumps({"a": self.attempt, "t": self.text, "e": self.end, "n": self.tokens},
+                          separators=(",", ":"))
 
     @classmethod
     def decode(cls, raw: str | bytes) -> TokenEvent:
-        data = json.loads(raw)
-        return cls(attempt=int(data["a"]), text=str(data["t"]), end=bool(data["e"]))
+        data = json.loads(raw)  # "n" is absent from the events of a worker older than the API
+        return cls(attempt=int(data["a"]), text=str(data["t"]), end=bool(data["e"]),
+                   tokens=int(data.get("n", 0)))
 
 
 def channel(job_id: str) -> str:

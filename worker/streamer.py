@@ -48,7 +48,7 @@ class JobStreamer:
         # characters to cover that and reconciles with the stored text.
         delta = out.text[progress.sent_chars:]
         if delta and (due or out.finished):
-            self._sink.publish(job_id, TokenEvent(attempt, delta))
+            self._sink.publish(job_id, TokenEvent(attempt, delta, tokens=len(out.token_ids)))
             progress.sent_chars, progress.unsent_tokens, progress.last_sent = len(out.text), 0, now
 
     def end(self, job_id: str, attempt: int) -> None:

@@ -12,6 +12,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from api.schemas.errors import openai_error_responses
 from api.schemas.jobs import JobCreate
 from api.schemas.openai import ChatCompletionCreate, CompletionCreate, ModelCard, ModelList, OpenAIRequest
 from api.submit import model_max_len
-from core.openai_objects import ChunkHeader, GenerationResult, chunk, usage_chunk
+from core.openai_objects import ChunkHeader, GenerationResult, chunk, running_usage, usage_chunk
 from core.openai_objects import chat_completion as chat_body
 from core.openai_objects import text_completion as text_body
 from core.openai_request import Refusal, Served, check_request
@@ -153,7 +154,8 @@ async def _complete(
     header = ChunkHeader(prefix + job.job_id, services.settings.served_model_id(), int(time.time()), chat)
     headers = {"X-Conveyor-Job-Id": job.job_id}
     if body.stream:
-        events = _events(request, services, tenant, job, header, job_body, body.include_usage())
+        usage = StreamUsage(body.include_usage(), body.continuous_usage())
+        events = _events(request, services, tenant, job, header, job_body, usage)
         return StreamingResponse(events, media_type="text/event-stream",
                                  headers={**headers, "Cache-Control": "no-cache"})
     outcome = await _wait(request, services, tenant, job)
@@ -179,23 +181,25 @@ async def _wait(request: Request, services: Services, tenant: str, job: Followed
 
 async def _events(
     request: Request, services: Services, tenant: str, job: FollowedJob, header: ChunkHeader,
-    job_body: JobCreate, include_usage: bool,
+    job_body: JobCreate, usage: StreamUsage,
 ) -> AsyncIterator[str]:
     """Server-sent events: deltas as the job generates, then the finish (and usage) chunk and [DONE]."""
     stops = [job_body.stop] if isinstance(job_body.stop, str) else job_body.stop or []
     # The engine cuts a matched stop string off the text: hold back what could be the start of one.
     hold = max((len(s) for s in stops), default=1) - 1
     sent, outcome = "", None
+    so_far = usage.so_far(job.prompt_tokens, 0)
     try:
         if header.chat:
-            yield _data(chunk(header, "", role=True))
+            yield _data(chunk(header, "", role=True, usage_so_far=so_far))
         async for item in openai_sync.follow(services, job, request.is_disconnected):
             if isinstance(item, JobOutcome):
                 outcome = item
                 continue
-            ready = item[: len(item) - hold]
+            ready = item.text[: len(item.text) - hold]
             if len(ready) > len(sent) and ready.startswith(sent):
-                yield _data(chunk(header, ready[len(sent):]))
+                so_far = usage.so_far(job.prompt_tokens, item.tokens)
+                yield _data(chunk(header, ready[len(sent):], usage_so_far=so_far))
                 sent = ready
     except ClientGoneError:
         return
@@ -206,11 +210,23 @@ async def _events(
         return
     finally:
         await openai_sync.finish(services, job, tenant, cancel=outcome is None)
-    for event in _closing_events(outcome, header, sent, include_usage):
+    for event in _closing_events(outcome, header, sent, usage):
         yield event
 
 
-def _closing_events(outcome: JobOutcome | None, header: ChunkHeader, sent: str, include_usage: bool,
+@dataclass(frozen=True)
+class StreamUsage:
+    """What a stream says of usage: a last chunk with it (include_usage), and it in every chunk as well
+    (vLLM's continuous_usage_stats)."""
+
+    at_end: bool
+    in_every_chunk: bool
+
+    def so_far(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any] | None:
+        return running_usage(prompt_tokens, completion_tokens) if self.in_every_chunk else None
+
+
+def _closing_events(outcome: JobOutcome | None, header: ChunkHeader, sent: str, stream_usage: StreamUsage,
                     ) -> list[str]:
     assert outcome is not None, "follow() ends with the outcome"
     try:
@@ -220,9 +236,12 @@ def _closing_events(outcome: JobOutcome | None, header: ChunkHeader, sent: str, 
                               code="stream_diverged")
     except OpenAIError as exc:
         return [_data(exc.body()), DONE]
-    events = [_data(chunk(header, result.text[len(sent):]))] if len(result.text) > len(sent) else []
-    events.append(_data(chunk(header, None if header.chat else "", result.finish_reason)))
-    if include_usage:
+    so_far = stream_usage.so_far(result.prompt_tokens, result.completion_tokens)
+    rest = result.text[len(sent):]
+    events = [_data(chunk(header, rest, usage_so_far=so_far))] if rest else []
+    closing = chunk(header, None if header.chat else "", result.finish_reason, usage_so_far=so_far)
+    events.append(_data(closing))
+    if stream_usage.at_end:
         events.append(_data(usage_chunk(header, result)))
     return [*events, DONE]
 

@@ -381,3 +381,50 @@ def test_a_broken_token_stream_falls_back_to_the_store(
     assert breaking.failures == 1
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == want.choices[0].message.content
     assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def _sse_chunks(response: httpx.Response) -> list[dict[str, Any]]:
+    """A streamed completion's chunks, as a vLLM benchmarking client reads them (`data: ` lines, [DONE])."""
+    chunks, done = [], False
+    for line in response.iter_lines():
+        if not line.startswith("data: "):
+            continue
+        if line == "data: [DONE]":
+            done = True
+            continue
+        chunks.append(json.loads(line.removeprefix("data: ")))
+    assert done, "the stream must end with [DONE]"
+    return chunks
+
+
+def test_a_vllm_benchmark_client_loop_runs_unmodified(embedded: Server) -> None:
+    """What a benchmarking client written for vLLM does: check /health, read the model from /v1/models, then
+    stream chat and completions with usage in every chunk, and send some without streaming."""
+    headers = {"Authorization": f"Bearer {embedded.key}"}
+    with httpx.Client(base_url=embedded.url, headers=headers, timeout=WAIT_S) as http:
+        wait_for(lambda: http.get("/health").status_code == 200, "the server to report a live worker")
+        model = http.get("/v1/models").json()["data"][0]["id"]
+        options = {"include_usage": True, "continuous_usage_stats": True}
+        requests = [("/v1/chat/completions", {"messages": MESSAGES}), ("/v1/completions", {"prompt": "Once"})]
+        for path, prompt in requests:
+            body = {"model": model, **prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+            streamed = {**body, "stream": True, "stream_options": options}
+            with http.stream("POST", path, json=streamed) as response:
+                assert response.status_code == 200, response.read()
+                chunks = _sse_chunks(response)
+            usages = [chunk["usage"] for chunk in chunks]
+            assert all(u is not None for u in usages), "continuous_usage_stats: usage in every chunk"
+            generated = [u["completion_tokens"] for u in usages]
+            assert generated == sorted(generated) and generated[-1] == 12, generated
+            assert len(set(generated)) >= 3, f"the count should grow while the job streams: {generated}"
+            prompt_tokens = {u["prompt_tokens"] for u in usages}
+            assert len(prompt_tokens) == 1 and prompt_tokens.pop() > 0
+            assert all(u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"] for u in usages)
+            whole = http.post(path, json=body)
+            assert whole.status_code == 200 and whole.json()["usage"]["completion_tokens"] == 12
+        # include_usage alone keeps OpenAI's shape: one usage chunk at the end, none before it.
+        plain = {"model": model, "messages": MESSAGES, "max_tokens": 4, "stream": True,
+                 "stream_options": {"include_usage": True}}
+        with http.stream("POST", "/v1/chat/completions", json=plain) as response:
+            chunks = _sse_chunks(response)
+        assert [c.get("usage") is not None for c in chunks] == [False] * (len(chunks) - 1) + [True]

@@ -42,6 +42,8 @@ def test_deltas_every_few_tokens_join_to_the_text_then_one_end_marker() -> None:
     # The first token goes at once (nothing sent yet), then one event per STREAM_EVERY_TOKENS, and the rest
     # when the job finishes.
     assert deltas == ["a", "bcde", "fghi", "j"] and STREAM_EVERY_TOKENS == 4
+    # Each delta says how many tokens the attempt has generated so far (usage in every streamed chunk).
+    assert [e.tokens for _, e in sink.events if not e.end] == [1, 5, 9, 10]
     assert sink.events[-1] == ("job_1", TokenEvent(2, end=True))
     assert {e.attempt for _, e in sink.events} == {2}
 
@@ -89,8 +91,8 @@ def test_redis_sink_to_the_api_subscription_and_unheard_jobs(redis_url: str) -> 
 
     async def scenario() -> list[TokenEvent | None]:
         subscription = await stream.subscribe("job_1")
-        sink.publish("job_1", TokenEvent(1, "hel"))
-        sink.publish("job_1", TokenEvent(1, "lo"))
+        sink.publish("job_1", TokenEvent(1, "hel", tokens=2))
+        sink.publish("job_1", TokenEvent(1, "lo", tokens=3))
         sink.publish("job_1", TokenEvent(1, end=True))
         got = [await subscription.get(30) for _ in range(3)]
         await subscription.close()
@@ -98,7 +100,8 @@ def test_redis_sink_to_the_api_subscription_and_unheard_jobs(redis_url: str) -> 
         return got
 
     try:
-        assert asyncio.run(scenario()) == [TokenEvent(1, "hel"), TokenEvent(1, "lo"), TokenEvent(1, end=True)]
+        assert asyncio.run(scenario()) == [TokenEvent(1, "hel", tokens=2), TokenEvent(1, "lo", tokens=3),
+                                           TokenEvent(1, end=True)]
         sink.publish("job_2", TokenEvent(1, "nobody listens"))
         sink.publish("job_3", TokenEvent(1, "nobody listens"))
         sink.publish("job_3", TokenEvent(1, end=True))
