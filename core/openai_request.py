@@ -44,6 +44,8 @@ CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 COMPLETIONS_MAX_LOGPROBS = 5  # OpenAI's limit for /v1/completions
 STRUCTURED_FIELDS = ("response_format", "regex", "choice")
+# vLLM's names for the same constraints: its structured_outputs object and the older guided_* fields.
+VLLM_STRUCTURED_FIELDS = ("structured_outputs", "guided_json", "guided_regex", "guided_choice")
 STREAMED_LOGPROBS = "logprobs are not supported with stream=true; send the request without streaming"
 FiniteFloat = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 # What a refusal is; each path turns it into its own answer (api/routes/openai.py: 400 or 404; a batch: a
@@ -102,6 +104,33 @@ class StreamOptions(BaseModel):
         None, description="vLLM's: with include_usage, every chunk carries the usage so far")
 
 
+Regex = Annotated[str, Field(min_length=1)]
+Choices = Annotated[list[NonEmptyText], Field(min_length=1, max_length=MAX_CHOICES)]
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's `structured_outputs`: one constraint of its kinds that the engine runs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    json_: dict[str, Any] | None = Field(None, alias="json", description="a JSON Schema")
+    json_object: StrictFlag | None = None
+    regex: Regex | None = None
+    choice: Choices | None = None
+    grammar: str | None = Field(None, description="refused: only JSON Schema, JSON, regex and choice run")
+
+    def as_structured(self) -> dict[str, Any]:
+        """The engine's structured form. ValueError: why this object cannot be one."""
+        if self.grammar is not None:
+            raise ValueError("grammar is not supported; use json, json_object, regex or choice")
+        given = {"json_schema": self.json_, "json_object": self.json_object or None, "regex": self.regex,
+                 "choice": self.choice}
+        kinds = [kind for kind, value in given.items() if value is not None]
+        if len(kinds) != 1:
+            raise ValueError(f"set exactly one of json, json_object, regex, choice (got {len(kinds)})")
+        return {kinds[0]: given[kinds[0]]}
+
+
 class TextPart(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -152,10 +181,13 @@ class OpenAISampling(BaseModel):
     response_format: dict[str, Any] | None = Field(
         None, description='{"type": "json_schema", "json_schema": {"name", "schema"}}, json_object or text'
     )
-    regex: Annotated[str, Field(min_length=1)] | None = Field(None, description="output matches this regex")
-    choice: Annotated[list[NonEmptyText], Field(min_length=1, max_length=MAX_CHOICES)] | None = Field(
-        None, description="output is exactly one of these strings"
-    )
+    regex: Regex | None = Field(None, description="output matches this regex")
+    choice: Choices | None = Field(None, description="output is exactly one of these strings")
+    structured_outputs: StructuredOutputs | None = Field(
+        None, description="vLLM's form of the same constraints: one of json, json_object, regex, choice")
+    guided_json: dict[str, Any] | None = Field(None, description="vLLM's older name: a JSON Schema")
+    guided_regex: Regex | None = Field(None, description="vLLM's older name for regex")
+    guided_choice: Choices | None = Field(None, description="vLLM's older name for choice")
 
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
@@ -178,13 +210,11 @@ class OpenAISampling(BaseModel):
         return self._structured_refusal()
 
     def _structured_refusal(self) -> Refusal | None:
-        sent = [name for name in STRUCTURED_FIELDS if getattr(self, name) is not None]
+        names = (*STRUCTURED_FIELDS, *VLLM_STRUCTURED_FIELDS)
+        sent = [name for name in names if getattr(self, name) is not None]
         if len(sent) > 1:
-            return Refusal(
-                "invalid",
-                sent[1],
-                f"send at most one of {', '.join(STRUCTURED_FIELDS)}; {sent[0]} is set too",
-            )
+            message = f"send at most one of {', '.join(names)}; {sent[0]} is set too"
+            return Refusal("invalid", sent[1], message)
         try:
             structured = self.structured()
         except ValueError as exc:
@@ -197,9 +227,13 @@ class OpenAISampling(BaseModel):
         response_format cannot be one."""
         if self.response_format is not None:
             return structured_from_response_format(self.response_format)
-        if self.regex is not None:
-            return {"regex": self.regex}
-        return {"choice": self.choice} if self.choice is not None else None
+        if self.regex is not None or self.guided_regex is not None:
+            return {"regex": self.regex or self.guided_regex}
+        if self.choice is not None or self.guided_choice is not None:
+            return {"choice": self.choice or self.guided_choice}
+        if self.guided_json is not None:
+            return {"json_schema": self.guided_json}
+        return self.structured_outputs.as_structured() if self.structured_outputs is not None else None
 
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
@@ -220,9 +254,25 @@ class OpenAISampling(BaseModel):
             "frequency_penalty",
             "ignore_eos",
             "stop_token_ids",
-            *STRUCTURED_FIELDS,
         )
-        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+        params = {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+        return {**params, **self._structured_job_fields()}
+
+    def _structured_job_fields(self) -> dict[str, Any]:
+        """The structured-output constraint under the job's field names, vLLM's forms translated (refusal()
+        has judged them before any job is built)."""
+        sent = {name: getattr(self, name) for name in STRUCTURED_FIELDS if getattr(self, name) is not None}
+        if sent or all(getattr(self, name) is None for name in VLLM_STRUCTURED_FIELDS):
+            return sent
+        structured = self.structured()
+        assert structured is not None, "a vLLM structured field was sent"
+        kind, value = next(iter(structured.items()))
+        if kind == "json_schema":
+            schema = {"name": "output", "schema": value}
+            return {"response_format": {"type": "json_schema", "json_schema": schema}}
+        if kind == "json_object":
+            return {"response_format": {"type": "json_object"}}
+        return {kind: value}
 
 
 class ChatCompletionCreate(OpenAISampling):
