@@ -178,6 +178,8 @@ class OpenAISampling(BaseModel):
     repetition_penalty: RepetitionPenalty | None = None
     ignore_eos: StrictFlag | None = None
     stop_token_ids: StopTokenIds | None = None
+    skip_special_tokens: StrictFlag | None = None
+    include_stop_str_in_output: StrictFlag | None = None
     response_format: dict[str, Any] | None = Field(
         None, description='{"type": "json_schema", "json_schema": {"name", "schema"}}, json_object or text'
     )
@@ -254,6 +256,8 @@ class OpenAISampling(BaseModel):
             "frequency_penalty",
             "ignore_eos",
             "stop_token_ids",
+            "skip_special_tokens",
+            "include_stop_str_in_output",
         )
         params = {name: getattr(self, name) for name in names if getattr(self, name) is not None}
         return {**params, **self._structured_job_fields()}

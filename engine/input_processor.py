@@ -61,7 +61,7 @@ class InputProcessor:
             generator=self.sampler.make_generator(params.seed) if params.seed is not None else None,
             prompt=prompt if isinstance(prompt, str) else None,
             cache_salt=cache_salt,
-            detokenizer=IncrementalDetokenizer(self.tokenizer),
+            detokenizer=IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens),
             logprobs=[] if params.logprobs is not None else None,
         )
 

@@ -49,6 +49,8 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # over output tokens only, times each token's count, as in OpenAI
     logprobs: int | None = None  # top-n logprobs per generated token (plus the sampled token's)
     structured: StructuredOutput | None = None  # grammar-constrained output (JSON Schema, regex, choice)
+    skip_special_tokens: bool = True  # leave special tokens (EOS, chat markers) out of the text, as vLLM
+    include_stop_str_in_output: bool = False  # keep a matched stop string at the end of the text
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -104,7 +106,8 @@ class SamplingParams:
         ids = self.stop_token_ids
         _check(isinstance(ids, list) and all(_int_in(t, 0, MAX_INT32) for t in ids), "stop_token_ids", ids,
                f"a list of token ids in [0, {MAX_INT32}]")
-        _check(isinstance(self.ignore_eos, bool), "ignore_eos", self.ignore_eos, "a bool")
+        for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
+            _check(isinstance(getattr(self, name), bool), name, getattr(self, name), "a bool")
         _check(self.structured is None or isinstance(self.structured, StructuredOutput), "structured",
                self.structured, "None or a StructuredOutput")
         if self.structured is not None:

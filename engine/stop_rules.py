@@ -29,14 +29,16 @@ def stop_reason(seq: Sequence, token: int, delta: str, eos_token_ids: frozenset[
 
 
 def _truncate_at_stop_string(seq: Sequence, delta_len: int) -> bool:
-    """Looks for a stop string ending in the newest text; cuts the text before it. True if found."""
+    """Looks for a stop string ending in the newest text; cuts the text before it (after it, with
+    include_stop_str_in_output). True if found."""
     stops = seq.params.stop_strings
     if not stops:
         return False
     # Only a match that overlaps the new text can be new.
     start = max(0, len(seq.text) - delta_len - max(len(s) for s in stops) + 1)
-    hits = [i for i in (seq.text.find(s, start) for s in stops) if i >= 0]
+    hits = [(i, len(s)) for i, s in ((seq.text.find(s, start), s) for s in stops) if i >= 0]
     if not hits:
         return False
-    seq.text = seq.text[: min(hits)]
+    at, length = min(hits)  # the earliest match; of two starting there, the shorter, as before
+    seq.text = seq.text[: at + length if seq.params.include_stop_str_in_output else at]
     return True

@@ -67,16 +67,18 @@ class IncrementalDetokenizer:
     keeps multi-token characters and SentencePiece spaces right without decoding the whole output each step.
     """
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True) -> None:
         self._tokenizer = tokenizer
+        self._skip_special_tokens = skip_special_tokens
         self._prefix_offset = 0
         self._read_offset = 0
         self.text = ""
 
     def step(self, output_ids: list[int]) -> str:
         """Appends and returns the text newly readable from output_ids (may be "" mid-character)."""
-        prefix_text = self._tokenizer.decode(output_ids[self._prefix_offset : self._read_offset])
-        full_text = self._tokenizer.decode(output_ids[self._prefix_offset :])
+        skip = self._skip_special_tokens
+        prefix_text = self._tokenizer.decode(output_ids[self._prefix_offset : self._read_offset], skip)
+        full_text = self._tokenizer.decode(output_ids[self._prefix_offset :], skip)
         if len(full_text) <= len(prefix_text) or full_text.endswith("\ufffd"):
             return ""
         delta = full_text[len(prefix_text) :]

@@ -44,9 +44,11 @@ from core.webhooks.ssrf import url_problem
 SAMPLING_FIELDS = (
     "max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
     "ignore_eos", "repetition_penalty", "presence_penalty", "frequency_penalty", "logprobs",
+    "skip_special_tokens", "include_stop_str_in_output",
 )
-# Stored only when set: a job without them keeps the params shape it always had.
-ZERO_DEFAULT_FIELDS = ("presence_penalty", "frequency_penalty")
+# Stored only when they differ from their defaults: a job without them keeps the params shape it always had.
+STORED_WHEN_SET = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "skip_special_tokens": True,
+                   "include_stop_str_in_output": False}
 
 
 def exactly_one_of(first: str, second: str) -> dict[str, Any]:
@@ -140,6 +142,9 @@ class JobCreate(BaseModel):
     stop: Stop | None = None
     stop_token_ids: StopTokenIds = Field(default_factory=list)
     ignore_eos: StrictFlag = False
+    skip_special_tokens: StrictFlag = Field(True, description="leave special tokens out of the text (vLLM's)")
+    include_stop_str_in_output: StrictFlag = Field(
+        False, description="keep a matched stop string at the end of the text (vLLM's)")
     repetition_penalty: RepetitionPenalty = 1.0
     presence_penalty: OpenAIPenalty = Field(0.0, description="as OpenAI: minus this for a generated token")
     frequency_penalty: OpenAIPenalty = Field(
@@ -196,8 +201,8 @@ class JobCreate(BaseModel):
 
     def sampling_params(self) -> dict[str, Any]:
         params = self.model_dump(include=set(SAMPLING_FIELDS), mode="json")
-        for name in ZERO_DEFAULT_FIELDS:
-            if not params[name]:
+        for name, default in STORED_WHEN_SET.items():
+            if params[name] == default:
                 del params[name]
         if isinstance(params["stop"], str):
             params["stop"] = [params["stop"]]

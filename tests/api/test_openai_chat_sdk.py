@@ -428,3 +428,22 @@ def test_a_vllm_benchmark_client_loop_runs_unmodified(embedded: Server) -> None:
         with http.stream("POST", "/v1/chat/completions", json=plain) as response:
             chunks = _sse_chunks(response)
         assert [c.get("usage") is not None for c in chunks] == [False] * (len(chunks) - 1) + [True]
+
+
+def test_vllm_text_options_reach_the_engine(embedded: Server) -> None:
+    """include_stop_str_in_output keeps the matched stop string; skip_special_tokens is stored for the
+    engine only when it differs from the default."""
+    client = embedded.client()
+    full = client.completions.create(model=embedded.model, prompt="The queue", **GREEDY).choices[0].text
+    stop = full[4:7]
+    assert len(stop) == 3 and full.find(stop) >= 1
+    body = {**GREEDY, "stop": [stop]}
+    cut = client.completions.create(model=embedded.model, prompt="The queue", **body)
+    extra = {**GREEDY["extra_body"], "include_stop_str_in_output": True, "skip_special_tokens": False}
+    kept = client.completions.create(model=embedded.model, prompt="The queue",
+                                     **{**body, "extra_body": extra})
+    assert cut.choices[0].text == full[: full.find(stop)]
+    assert kept.choices[0].text == full[: full.find(stop) + len(stop)]
+    params = embedded.job(job_id_of(kept.id)).params
+    assert params["include_stop_str_in_output"] is True and params["skip_special_tokens"] is False
+    assert "skip_special_tokens" not in embedded.job(job_id_of(cut.id)).params

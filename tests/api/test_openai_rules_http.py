@@ -59,6 +59,10 @@ CASES: list[tuple[str, str, dict[str, Any], str | None]] = [
      "structured_outputs"),
     ("vllm-and-openai", CHAT, {"messages": [USER], "regex": "a+", "guided_choice": ["a"]}, "guided_choice"),
     ("vllm-bad-schema", CHAT, {"messages": [USER], "guided_json": {"type": "nope"}}, "guided_json"),
+    ("vllm-text", CHAT,
+     {"messages": [USER], "skip_special_tokens": False, "include_stop_str_in_output": True}, None),
+    ("vllm-text-not-bool", COMPLETIONS, {"prompt": "hi", "include_stop_str_in_output": "yes"},
+     "include_stop_str_in_output"),
     ("continuous-usage", CHAT, {"messages": [USER], "stream_options": {"continuous_usage_stats": True}},
      "stream_options"),
     (

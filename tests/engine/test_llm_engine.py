@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from engine import LLM, EngineConfig, LLMEngine, RequestOutput, SamplingParams
+from engine import LLM, EngineConfig, LLMEngine, RequestOutput, SamplingParams, input_processor
+from engine.tokenizer import Tokenizer
 from tests.support.engine import drain
 
 
@@ -74,6 +75,29 @@ def test_stop_string_truncates_the_text(engine: LLMEngine) -> None:
     assert cut.finish_reason == "stop"
     assert cut.text == full.text[: full.text.find(stop)]
     assert cut.token_ids == full.token_ids[: len(cut.token_ids)] and len(cut.token_ids) < 24
+
+
+def test_include_stop_str_in_output_keeps_the_matched_stop_string(engine: LLMEngine) -> None:
+    full = run(engine, {"full": ("The queue holds jobs", greedy(24))})["full"]
+    stop = full.text[6:9]
+    kept = run(engine, {"kept": ("The queue holds jobs",
+                                 greedy(24, stop=[stop], include_stop_str_in_output=True))})["kept"]
+    assert kept.finish_reason == "stop"
+    assert kept.text == full.text[: full.text.find(stop) + len(stop)]
+
+
+def test_skip_special_tokens_reaches_the_request_detokenizer(engine: LLMEngine,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[bool] = []
+
+    class Recording(input_processor.IncrementalDetokenizer):
+        def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True) -> None:
+            made.append(skip_special_tokens)
+            super().__init__(tokenizer, skip_special_tokens)
+
+    monkeypatch.setattr(input_processor, "IncrementalDetokenizer", Recording)
+    run(engine, {"kept": ([9, 10], greedy(2, skip_special_tokens=False)), "skipped": ([9, 10], greedy(2))})
+    assert sorted(made) == [False, True]
 
 
 def test_stop_token_ids_and_min_tokens(engine: LLMEngine) -> None:

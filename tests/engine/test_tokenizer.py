@@ -28,6 +28,16 @@ def test_incremental_detokenizer_matches_a_full_decode(tokenizer: Tokenizer) -> 
     assert all("\ufffd" not in d for d in deltas)
 
 
+def test_incremental_text_keeps_special_tokens_only_when_asked(tokenizer: Tokenizer) -> None:
+    ids = [*tokenizer.encode("queues", add_special_tokens=False), 2]  # 2: EOS, a special token
+    skipped, shown = IncrementalDetokenizer(tokenizer), IncrementalDetokenizer(tokenizer, False)
+    for i in range(len(ids)):
+        skipped.step(ids[: i + 1])
+        shown.step(ids[: i + 1])
+    assert skipped.text == "queues"
+    assert shown.text == tokenizer.decode(ids, skip_special_tokens=False) != skipped.text
+
+
 def test_chat_template_comes_from_the_model_folder(tokenizer: Tokenizer) -> None:
     ids = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])
     assert ids[0] == 1 and ids.count(1) == 1  # the template's BOS, not a second one from encode
