@@ -97,8 +97,9 @@ def _model_card(settings: Settings) -> ModelCard:
     return ModelCard(id=settings.served_model_id(), created=created)
 
 
-def check_model(settings: Settings, model: str, param: str | None = "model") -> None:
-    if model not in (settings.served_model_id(), settings.model):
+def check_model(settings: Settings, model: str | None, param: str | None = "model") -> None:
+    """404 for a model this server does not serve; an absent one means the served model."""
+    if model is not None and model not in (settings.served_model_id(), settings.model):
         raise OpenAIError(404, f"The model `{model}` does not exist; this server serves "
                           f"`{settings.served_model_id()}`", code="model_not_found", param=param)
 

@@ -65,8 +65,7 @@ async def tokenize(body: TokenizeCompletion | TokenizeChat, services: ServicesDe
                    _tenant: WaitingTenant) -> TokenizeResponse:
     """The token ids of a prompt, or of chat messages rendered with the model's chat template (vLLM's
     request and response)."""
-    if body.model is not None:
-        check_model(services.settings, body.model)
+    check_model(services.settings, body.model)
     ids = await run_in_threadpool(_token_ids, services, body)
     strings = None
     if body.return_token_strs:
@@ -79,8 +78,7 @@ async def tokenize(body: TokenizeCompletion | TokenizeChat, services: ServicesDe
              responses=openai_error_responses(400, 401, 404))
 async def detokenize(body: Detokenize, services: ServicesDep, _tenant: WaitingTenant) -> DetokenizeResponse:
     """The text of token ids (vLLM's request and response)."""
-    if body.model is not None:
-        check_model(services.settings, body.model)
+    check_model(services.settings, body.model)
     vocab = services.tokenizer.vocab_size
     for index, token in enumerate(body.tokens):
         if not 0 <= token < vocab:

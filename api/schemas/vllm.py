@@ -56,7 +56,7 @@ class Detokenize(BaseModel):
 
 
 class DetokenizeResponse(BaseModel):
-    prompt: StoredText
+    prompt: str
 
 
 class Version(BaseModel):

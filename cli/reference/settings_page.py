@@ -31,11 +31,11 @@ def settings_page() -> str:
         "| variable | type | default | meaning |",
         "|---|---|---|---|",
     ]
-    engine_names = set(engine_fields())
+    engine_names, defaults = set(engine_fields()), engine_defaults()
     for name, field in Settings.model_fields.items():
         if name == "queues":
             continue
-        default = _engine_default(name) if name in engine_names else _default(field)
+        default = _engine_default(defaults.get(name)) if name in engine_names else _default(field)
         lines.append(_row(ENV_PREFIX + name.upper(), field, default))
     lines += ["", "## Queues", "",
               "Each queue is a table of its own: `CONVEYOR_QUEUES__<QUEUE>__<FIELD>` in the environment,"
@@ -69,8 +69,7 @@ def _default(field: FieldInfo) -> str:
     return "unset" if value is None else f"`{_plain(value)}`"
 
 
-def _engine_default(name: str) -> str:
-    value = engine_defaults().get(name)
+def _engine_default(value: Any) -> str:
     return "the engine's (unset)" if value is None else f"`{_plain(value)}` (the engine's)"
 
 

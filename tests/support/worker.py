@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from core.clock import utcnow
 from core.store import jobs
 from core.store.tables import Job
+from tests.support.fault_store import WAIT_S
 from tests.support.live_server import wait_for
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -49,7 +50,8 @@ def get_job(sessions: sessionmaker[Session], job_id: str) -> Job:
     return job
 
 
-def wait_finished(sessions: sessionmaker[Session], job_ids: list[str], timeout_s: float = 180.0) -> list[Job]:
+def wait_finished(sessions: sessionmaker[Session], job_ids: list[str], timeout_s: float = WAIT_S,
+                  ) -> list[Job]:
     def done() -> bool:
         return all(get_job(sessions, i).status not in ("queued", "running") for i in job_ids)
 
@@ -57,7 +59,7 @@ def wait_finished(sessions: sessionmaker[Session], job_ids: list[str], timeout_s
     return [get_job(sessions, i) for i in job_ids]
 
 
-def wait_generating(sessions: sessionmaker[Session], job_id: str, timeout_s: float = 180.0) -> Job:
+def wait_generating(sessions: sessionmaker[Session], job_id: str, timeout_s: float = WAIT_S) -> Job:
     """Waits until the job is running and has its first token; fails at once if it ended instead."""
 
     def started() -> bool:
