@@ -20,10 +20,22 @@ TOKENIZER_HEADROOM = 8
 MIN_VOCAB_SIZE = 256 + len(SPECIAL_TOKENS) + TOKENIZER_HEADROOM  # bytes, special tokens, headroom
 MAX_TOKENIZER_VOCAB = 2048  # the corpus is small: more merges would only repeat rare words
 
+# Hermes-style tools: offered in a system turn, called as <tool_call>{"name", "arguments"}</tool_call>, answered
+# in a tool turn. Without tools or tool turns it renders as a plain role-tagged conversation.
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
+    "{% if tools %}<|system|>\nTo call a function, answer "
+    '<tool_call>{"name": <function name>, "arguments": <arguments object>}</tool_call>. Functions:\n'
+    "{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}{{ eos_token }}\n{% endif %}"
     "{% for message in messages %}"
-    "<|{{ message['role'] }}|>\n{{ message['content'] }}{{ eos_token }}\n"
+    "{% if message['role'] == 'tool' %}"
+    "<|tool|>\n<tool_response>{{ message['content'] }}</tool_response>{{ eos_token }}\n"
+    "{% else %}"
+    "<|{{ message['role'] }}|>\n{% if message['content'] %}{{ message['content'] }}{% endif %}"
+    "{% for call in message['tool_calls'] or [] %}<tool_call>"
+    "{{ {'name': call['function']['name'], 'arguments': call['function']['arguments']} | tojson }}"
+    "</tool_call>{% endfor %}{{ eos_token }}\n"
+    "{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 from pathlib import Path
+from typing import Any
 
 from transformers import AutoTokenizer
 
@@ -40,9 +41,10 @@ class Tokenizer:
             return self._tok.decode(token_ids, skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(
-        self, messages: list[dict[str, str]], add_generation_prompt: bool = True
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **template_kwargs: Any
     ) -> list[int]:
         """Renders with the model's own chat template; the template already holds any BOS.
+        `template_kwargs` go to the template as well (tools, continue_final_message, its own variables).
 
         Template failures (bad roles, a template's raise_exception) become ValueError naming `messages`.
         """
@@ -51,7 +53,7 @@ class Tokenizer:
                 raise ValueError("messages: the model folder has no chat template")
             try:
                 text = self._tok.apply_chat_template(
-                    messages, tokenize=False, add_generation_prompt=add_generation_prompt
+                    messages, tokenize=False, add_generation_prompt=add_generation_prompt, **template_kwargs
                 )
             except Exception as exc:
                 raise ValueError(f"messages: the chat template rejected them: {exc}") from exc
