@@ -20,8 +20,8 @@ TOKENIZER_HEADROOM = 8
 MIN_VOCAB_SIZE = 256 + len(SPECIAL_TOKENS) + TOKENIZER_HEADROOM  # bytes, special tokens, headroom
 MAX_TOKENIZER_VOCAB = 2048  # the corpus is small: more merges would only repeat rare words
 
-# Hermes-style tools: offered in a system turn, called as <tool_call>{"name", "arguments"}</tool_call>, answered
-# in a tool turn. Without tools or tool turns it renders as a plain role-tagged conversation.
+# Hermes-style tools: offered in a system turn, called as <tool_call>{"name", "arguments"}</tool_call>,
+# answered in a tool turn. Without tools or tool turns it renders as a plain role-tagged conversation.
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
     "{% if tools %}<|system|>\nTo call a function, answer "

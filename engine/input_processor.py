@@ -63,14 +63,15 @@ class InputProcessor:
             cache_salt=cache_salt,
             detokenizer=IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens),
             logprobs=[] if params.logprobs is not None else None,
+            prompt_logprobs=[None] if params.prompt_logprobs is not None else None,
         )
 
     def _check_vocab_bounds(self, params: SamplingParams) -> None:
-        """What SamplingParams cannot check without the model: the sampler's top-n needs n <= vocab size."""
-        if params.logprobs is not None and params.logprobs > self.vocab_size:
-            raise ValueError(
-                f"logprobs must be at most the vocabulary size ({self.vocab_size}), got {params.logprobs}"
-            )
+        """What SamplingParams cannot check without the model: a top-n needs n <= vocab size."""
+        for name in ("logprobs", "prompt_logprobs"):
+            n = getattr(params, name)
+            if n is not None and n > self.vocab_size:
+                raise ValueError(f"{name} must be at most the vocabulary size ({self.vocab_size}), got {n}")
 
     def _prompt_token_ids(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):

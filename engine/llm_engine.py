@@ -20,11 +20,18 @@ from engine.input_processor import InputProcessor
 from engine.outputs import RequestOutput, request_output
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
-from engine.scheduled_chunk import ScheduledChunk
+from engine.scheduled_chunk import RunnerOutput, ScheduledChunk
 from engine.scheduler import Scheduler, SchedulerOutput
 from engine.sequence import Sequence
 from engine.stats import EngineTotals, StepStats, stats_dict
-from engine.step_isolation import Failures, StepError, advance_grammars, forward_isolated, sample_isolated
+from engine.step_isolation import (
+    Failures,
+    PromptLogprobs,
+    StepError,
+    advance_grammars,
+    forward_isolated,
+    sample_isolated,
+)
 from engine.stop_rules import stop_reason
 from engine.structured_output_manager import StructuredOutputManager
 from engine.tokenizer import Tokenizer
@@ -47,7 +54,9 @@ class Runner(Protocol):
     device: torch.device
     last_forward_seconds: float
 
-    def execute(self, chunks: list[ScheduledChunk]) -> torch.Tensor: ...  # [num sampling chunks, V] fp32
+    # The logits [num sampling chunks, V] fp32 and the prompt logprobs of the chunks that ask for them; a
+    # double may return the logits alone (it computes no prompt logprobs).
+    def execute(self, chunks: list[ScheduledChunk]) -> RunnerOutput | torch.Tensor: ...
 
 
 class LLMEngine:
@@ -145,10 +154,11 @@ class LLMEngine:
         return outputs
 
     def _run(self, sched: SchedulerOutput) -> list[RequestOutput]:
-        logits, seqs, failures = forward_isolated(
-            self.runner.execute, sched, self.vocab_size, self.runner.device
+        logits, seqs, prompt_logprobs, failures = forward_isolated(
+            self._execute, sched, self.vocab_size, self.runner.device
         )
         self._cache_computed_blocks(sched, failures)
+        _add_prompt_logprobs(prompt_logprobs)
         sampled, seqs, sampling_failures = sample_isolated(
             lambda part_logits, part: self.sampler(part_logits, part, self.eos_token_ids), logits, seqs
         )
@@ -160,8 +170,30 @@ class LLMEngine:
                 continue
             self._append_token(seq, token, logprobs, now)
             outputs.append(request_output(seq, num_new_tokens=1))
+        outputs += self._finish_scored_prompts(sched, failures)
         if failures or sampling_failures:
             outputs += self._fail(failures | sampling_failures)
+        return outputs
+
+    def _execute(self, chunks: list[ScheduledChunk]) -> RunnerOutput:
+        """The runner's output; raises (so the chunks are retried, and a request failing alone is aborted)
+        when a chunk's prompt logprobs are missing: its sequence's would have a gap."""
+        out = self.runner.execute(chunks)
+        if not isinstance(out, RunnerOutput):  # a test double that returns the logits alone
+            out = RunnerOutput(out, [None] * len(chunks))
+        if any(c.prompt_targets and lp is None for c, lp in zip(chunks, out.prompt_logprobs, strict=True)):
+            raise RuntimeError("the model runner returned no prompt logprobs for a chunk that asked for them")
+        return out
+
+    def _finish_scored_prompts(self, sched: SchedulerOutput, failures: Failures) -> list[RequestOutput]:
+        """Finishes ("length") the requests with max_tokens=0 whose prompt this step completed: they only
+        wanted its logprobs. Called after _cache_computed_blocks, as finishing frees their blocks."""
+        outputs = []
+        for seq in sched.seqs:
+            if seq.params.max_tokens == 0 and seq not in failures and seq.num_uncomputed_tokens == 0:
+                self.scheduler.finish(seq, "length")
+                self.totals.finished_requests += 1
+                outputs.append(request_output(seq, num_new_tokens=0))
         return outputs
 
     def _cache_computed_blocks(self, sched: SchedulerOutput, failures: Failures) -> None:
@@ -235,3 +267,11 @@ class LLMEngine:
             totals=self.totals,
             prefix_cache_blocks=cache.num_cached_blocks if cache is not None else None,
         )
+
+
+def _add_prompt_logprobs(prompt_logprobs: PromptLogprobs) -> None:
+    """Appends each chunk's prompt logprobs to its sequence (the chunks follow on from what it has)."""
+    for seq, chunk_logprobs in prompt_logprobs.items():
+        assert seq.prompt_logprobs is not None
+        seq.prompt_logprobs.extend(chunk_logprobs.entries())
+        assert len(seq.prompt_logprobs) <= seq.num_prompt_tokens, seq.request_id

@@ -2,7 +2,8 @@
 
 A step is a list of ScheduledChunk (prefill chunks and decode tokens of different sequences). The runner
 concatenates their tokens into one batch of T tokens, derives positions and cache slots with tensor ops,
-runs the model once, and computes logits only at the last token of each chunk that samples.
+runs the model once, and computes logits only at the last token of each chunk that samples, and at the
+positions of the chunks that score their prompt (engine.prompt_logprobs).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from engine.attention import KVCache, with_attention_plan
 from engine.config import EngineConfig
 from engine.kv_cache import KVCacheLayout, allocate_kv_cache, cuda_kv_budget_bytes, plan_num_blocks
 from engine.loader import LoadTimings, check_tokenizer_files, load_model, resolve_device, resolve_dtype
-from engine.scheduled_chunk import ScheduledChunk
+from engine.prompt_logprobs import score_prompt_chunks
+from engine.scheduled_chunk import RunnerOutput, ScheduledChunk
 from kernels import AttentionMetadata
 
 logger = logging.getLogger("engine")
@@ -65,24 +67,29 @@ class ModelRunner:
                     self.dtype, self.attention_backend, self.max_model_len)
 
     @torch.inference_mode()
-    def execute(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
-        """float32 logits [number of chunks with sample=True, vocab_size], in chunk order."""
+    def execute(self, chunks: list[ScheduledChunk]) -> RunnerOutput:
+        """float32 logits [number of chunks with sample=True, vocab_size], in chunk order, and the prompt
+        logprobs of the chunks that ask for them (computed in slices of at most max_num_seqs rows of logits,
+        the most memory profiling planned for)."""
         if not chunks:
-            return torch.empty(0, self.vocab_size, device=self.device)
+            return RunnerOutput(torch.empty(0, self.vocab_size, device=self.device), [])
         self._check_chunks(chunks)
         step = prepare_step(chunks, self.block_size, self.device)
         start = time.perf_counter()
-        logits = self._forward(step, self.kv_caches)
+        hidden, logits = self._forward(step, self.kv_caches)
+        prompt_logprobs = score_prompt_chunks(self.model.compute_logits, hidden, chunks,
+                                              self.config.max_num_seqs)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.last_forward_seconds = time.perf_counter() - start
-        return logits
+        return RunnerOutput(logits, prompt_logprobs)
 
-    def _forward(self, step: StepInputs, kv_caches: list[KVCache]) -> torch.Tensor:  # [N, V] fp32
+    def _forward(self, step: StepInputs, kv_caches: list[KVCache]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The hidden states [T, H] and the logits at the sampled rows [N, V] fp32."""
         meta = with_attention_plan(step.meta, kv_caches[0][0], self.model.settings.num_heads,
                                    self.attention_backend)
         hidden = self.model(step.input_ids, step.positions, meta, kv_caches)  # [T, H]
-        return self.model.compute_logits(hidden[step.sample_indices])
+        return hidden, self.model.compute_logits(hidden[step.sample_indices])
 
     def _check_chunks(self, chunks: list[ScheduledChunk]) -> None:
         # The scheduler guarantees these; a violation would read or write outside the cache (silently, in a
@@ -90,6 +97,7 @@ class ModelRunner:
         for c in chunks:
             assert c.token_ids and c.seq_len <= self.max_model_len, (len(c.token_ids), c.seq_len)
             assert c.seq_len <= len(c.block_table) * self.block_size, "block table too short for the chunk"
+            assert len(c.prompt_targets) <= len(c.token_ids), "more prompt targets than positions"
         assert max(max(c.block_table) for c in chunks) < self.num_kv_blocks, "block id out of range"
 
     # --- KV cache sizing on CUDA ------------------------------------------------------------------------

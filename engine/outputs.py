@@ -32,6 +32,10 @@ class RequestOutput:
     metrics: RequestMetrics
     # Per generated token: {token id: logprob} with the top-n tokens and the sampled one.
     logprobs: list[dict[int, float]] | None = None
+    # SamplingParams.prompt_logprobs: per prompt token, None for the first (nothing precedes it), then
+    # {token id: logprob} with the top-k tokens and the prompt token itself. None until the whole prompt is
+    # prefilled (and without prompt_logprobs); complete, the engine never changes it, so outputs share it.
+    prompt_logprobs: list[dict[int, float] | None] | None = None
     num_new_tokens: int = 0  # tokens added by the step that produced this output
     prompt: str | None = None
     # Prompt tokens whose K/V came from the prefix cache when the request was first scheduled (vLLM's name);
@@ -53,6 +57,7 @@ def request_output(seq: Sequence, num_new_tokens: int) -> RequestOutput:
         finish_reason=seq.finish_reason,
         metrics=RequestMetrics(**vars(seq.metrics)),
         logprobs=list(seq.logprobs) if seq.logprobs is not None else None,
+        prompt_logprobs=seq.prompt_logprobs if not seq.needs_prompt_logprobs else None,
         num_new_tokens=num_new_tokens,
         prompt=seq.prompt,
         num_cached_tokens=seq.num_cached_tokens or 0,

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from engine.structured_output import StructuredOutput
 
-MAX_INT32 = 2**31 - 1  # max_tokens, min_tokens, logprobs and stop_token_ids
+MAX_INT32 = 2**31 - 1  # max_tokens, min_tokens, logprobs, prompt_logprobs and stop_token_ids
 MAX_TOP_K = MAX_INT32  # larger than the vocabulary means "keep all": the sampler clamps it to V
 # torch.Generator.manual_seed takes -2**63 .. 2**64-1 and reduces it mod 2**64. The signed int64 range
 # keeps every accepted seed a distinct stream (-1 is 2**64-1, outside it) and fits an int64 column.
@@ -48,6 +48,9 @@ class SamplingParams:
     presence_penalty: float = 0.0  # over output tokens only, as in OpenAI
     frequency_penalty: float = 0.0  # over output tokens only, times each token's count, as in OpenAI
     logprobs: int | None = None  # top-n logprobs per generated token (plus the sampled token's)
+    # Top-k logprobs at every prompt position after the first (plus the prompt token's own), from the raw
+    # model distribution given the tokens before it. Set, it also allows max_tokens=0: score the prompt only.
+    prompt_logprobs: int | None = None
     structured: StructuredOutput | None = None  # grammar-constrained output (JSON Schema, regex, choice)
     skip_special_tokens: bool = True  # leave special tokens (EOS, chat markers) out of the text, as vLLM
     include_stop_str_in_output: bool = False  # keep a matched stop string at the end of the text
@@ -75,8 +78,9 @@ class SamplingParams:
         self._validate_outputs()
 
     def _validate_lengths(self) -> None:
-        _check(_int_in(self.max_tokens, 1, MAX_INT32), "max_tokens", self.max_tokens,
-               f"an int in [1, {MAX_INT32}]")
+        low = 0 if self.prompt_logprobs is not None else 1  # max_tokens=0 only scores the prompt
+        _check(_int_in(self.max_tokens, low, MAX_INT32), "max_tokens", self.max_tokens,
+               f"an int in [{low}, {MAX_INT32}]")
         _check(_int_in(self.min_tokens, 0, self.max_tokens), "min_tokens", self.min_tokens,
                f"an int in [0, max_tokens ({self.max_tokens})]")
 
@@ -99,8 +103,10 @@ class SamplingParams:
     def _validate_outputs(self) -> None:
         _check(self.seed is None or _int_in(self.seed, MIN_SEED, MAX_SEED), "seed", self.seed,
                f"None or an int in [{MIN_SEED}, {MAX_SEED}]")
-        _check(self.logprobs is None or _int_in(self.logprobs, 0, MAX_INT32), "logprobs", self.logprobs,
-               f"None or an int in [0, {MAX_INT32}]")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            _check(value is None or _int_in(value, 0, MAX_INT32), name, value,
+                   f"None or an int in [0, {MAX_INT32}]")
         _check(isinstance(self.stop, list) and all(isinstance(s, str) and s for s in self.stop), "stop",
                self.stop, "a non-empty string or a list of them")
         ids = self.stop_token_ids

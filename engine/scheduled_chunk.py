@@ -1,8 +1,11 @@
-"""What the scheduler hands the model runner for one step (the contract between the two halves)."""
+"""What the scheduler hands the model runner for one step, and what the runner hands back (the contract
+between the two halves)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import torch
 
 
 @dataclass(frozen=True)
@@ -13,8 +16,35 @@ class ScheduledChunk:
     start_pos: int  # position of token_ids[0] (= tokens already in the KV cache)
     block_table: list[int]  # physical KV blocks of the sequence, covering start_pos + len(token_ids)
     sample: bool  # True when the chunk ends at the sequence's last known token: logits are needed
+    # Prompt logprobs (SamplingParams.prompt_logprobs): the top-k to return, and the prompt tokens that the
+    # chunk's first len(prompt_targets) positions predict (prompt tokens start_pos + 1 onwards). None: none.
+    prompt_logprobs: int | None = None
+    prompt_targets: list[int] = field(default_factory=list)
 
     @property
     def seq_len(self) -> int:
         """Tokens in the cache once this step has run."""
         return self.start_pos + len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class ChunkPromptLogprobs:
+    """One chunk's prompt logprobs, on the CPU: row i scores prompt token start_pos + i + 1 given those
+    before it, under the raw model distribution (float32 log-softmax)."""
+
+    token_ids: torch.Tensor  # [n] int64: the prompt tokens scored (the chunk's prompt_targets)
+    token_logprobs: torch.Tensor  # [n] fp32: their logprobs
+    top_ids: torch.Tensor  # [n, k] int64: the k most likely tokens at each position, most likely first
+    top_logprobs: torch.Tensor  # [n, k] fp32: their logprobs
+
+    def entries(self) -> list[dict[int, float]]:
+        """Per scored token: {token id: logprob} with the top-k tokens and the prompt token itself."""
+        rows = zip(self.top_ids.tolist(), self.top_logprobs.tolist(), self.token_ids.tolist(),
+                   self.token_logprobs.tolist(), strict=True)
+        return [dict(zip(ids, values, strict=True)) | {token: lp} for ids, values, token, lp in rows]
+
+
+@dataclass(frozen=True)
+class RunnerOutput:
+    logits: torch.Tensor  # [number of chunks with sample=True, V] fp32, in chunk order
+    prompt_logprobs: list[ChunkPromptLogprobs | None]  # one per chunk: None where it asked for none

@@ -8,7 +8,9 @@ the token budget, `max_num_seqs` and each class's `max_running` allow.
 Prefix caching: a request admitted from the waiting queue first takes the longest chain of cached full
 blocks that starts its tokens (engine.prefix_cache); those tokens count as computed and spend none of the
 step's budget. A preempted request frees its blocks into the cache and gets back, when readmitted, whatever is
-still there. Blocks computed by a step are registered by LLMEngine once the step has succeeded.
+still there. Blocks computed by a step are registered by LLMEngine once the step has succeeded. A request
+that still collects prompt logprobs takes no hits (every prompt position must be computed to be scored), but
+its computed blocks are registered for others all the same.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.outputs import FinishReason
 from engine.prefix_cache import block_hashes
+from engine.prompt_logprobs import chunk_prompt_targets, reset_prompt_logprobs
 from engine.scheduled_chunk import ScheduledChunk
 from engine.sequence import Sequence, SequenceStatus
 
@@ -149,9 +152,10 @@ class Scheduler:
             seq = self._next_admissible()
             if seq is None:
                 return
-            cached = bm.cached_prefix(seq)
+            uses_cache = not seq.needs_prompt_logprobs
+            cached = bm.cached_prefix(seq) if uses_cache else []
             # NOTE: strict priority: lower requests do not jump a head that waits or does not fit.
-            if bm.next_block_hash(seq, len(cached)) in out.completed_block_hashes:
+            if uses_cache and bm.next_block_hash(seq, len(cached)) in out.completed_block_hashes:
                 return  # this step computes its next block for another request: reuse it next step instead
             num_cached_tokens = len(cached) * bm.block_size
             n = self._chunk_size(seq, budget, num_cached_tokens)
@@ -160,16 +164,18 @@ class Scheduler:
             self.waiting[seq.request_class].popleft()
             bm.allocate(seq, n, cached)
             seq.num_computed_tokens = num_cached_tokens
-            self._count_lookup(out, seq, num_cached_tokens)
+            self._count_lookup(out, seq, num_cached_tokens, uses_cache)
             self._admit(seq)
             self._add_chunk(out, seq, n)
             budget -= n
 
-    def _count_lookup(self, out: SchedulerOutput, seq: Sequence, num_cached_tokens: int) -> None:
+    def _count_lookup(self, out: SchedulerOutput, seq: Sequence, num_cached_tokens: int, looked_up: bool
+                      ) -> None:
         if self.block_manager.prefix_cache is None:
             return
-        out.num_lookup_tokens += seq.num_tokens
-        out.num_cached_tokens += num_cached_tokens
+        if looked_up:
+            out.num_lookup_tokens += seq.num_tokens
+            out.num_cached_tokens += num_cached_tokens
         if seq.num_cached_tokens is None:
             seq.num_cached_tokens = num_cached_tokens
 
@@ -193,11 +199,14 @@ class Scheduler:
     def _add_chunk(self, out: SchedulerOutput, seq: Sequence, n: int) -> None:
         start = seq.num_computed_tokens
         end = start + n
+        targets = chunk_prompt_targets(seq, start, end)
         chunk = ScheduledChunk(
             token_ids=seq.token_slice(start, end),
             start_pos=start,
             block_table=list(seq.block_table),
-            sample=end == seq.num_tokens,
+            sample=end == seq.num_tokens and seq.params.max_tokens > 0,  # 0: the prompt is only scored
+            prompt_logprobs=seq.params.prompt_logprobs if targets else None,
+            prompt_targets=targets,
         )
         is_decode = n == 1 and seq.num_output_tokens > 0 and end == seq.num_tokens
         if is_decode:
@@ -229,6 +238,7 @@ class Scheduler:
         self._remove_running(seq)
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0
+        reset_prompt_logprobs(seq)
         seq.status = SequenceStatus.WAITING
         self.waiting[seq.request_class].appendleft(seq)
         seq.metrics.num_preemptions += 1

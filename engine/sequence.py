@@ -58,6 +58,9 @@ class Sequence:
     detokenizer: IncrementalDetokenizer | None = None
     text: str = ""  # generated text, cut before a matched stop string
     logprobs: list[dict[int, float]] | None = None
+    # With SamplingParams.prompt_logprobs: one entry per prompt token computed so far, starting [None] (the
+    # first token has nothing before it); complete at num_prompt_tokens entries. None: not asked for.
+    prompt_logprobs: list[dict[int, float] | None] | None = None
     # Grammar state of a constrained request: it has accepted every output token. Recompute preemption keeps
     # output_token_ids (only the KV is recomputed, no token is sampled again), so the state stays valid
     # across preemptions. Dropped (released) when the request finishes.
@@ -82,6 +85,11 @@ class Sequence:
     @property
     def max_total_tokens(self) -> int:
         return self.num_prompt_tokens + self.params.max_tokens
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Asked for prompt logprobs and not all are in: its prompt must be computed, not read from cache."""
+        return self.prompt_logprobs is not None and len(self.prompt_logprobs) < self.num_prompt_tokens
 
     @property
     def is_finished(self) -> bool:

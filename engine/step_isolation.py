@@ -13,14 +13,15 @@ from typing import TypeVar
 import torch
 
 from engine.sampler import SamplerOutput
-from engine.scheduled_chunk import ScheduledChunk
+from engine.scheduled_chunk import ChunkPromptLogprobs, RunnerOutput, ScheduledChunk
 from engine.scheduler import SchedulerOutput
 from engine.sequence import Sequence
 
 T = TypeVar("T")
 X = TypeVar("X")
 Failures = dict[Sequence, Exception]  # requests that failed alone, with what they raised
-Execute = Callable[[list[ScheduledChunk]], torch.Tensor]  # chunks -> logits [num sampling chunks, V] fp32
+PromptLogprobs = dict[Sequence, ChunkPromptLogprobs]  # the prompt logprobs each sequence's chunk computed
+Execute = Callable[[list[ScheduledChunk]], RunnerOutput]  # chunks -> their logits and prompt logprobs
 Sample = Callable[[torch.Tensor, list[Sequence]], SamplerOutput]  # (logits [B, V], B seqs) -> B tokens
 
 
@@ -38,12 +39,13 @@ class StepError(RuntimeError):
 
 def forward_isolated(
     execute: Execute, sched: SchedulerOutput, vocab_size: int, device: torch.device
-) -> tuple[torch.Tensor, list[Sequence], Failures]:
-    """Logits [len(seqs), V] of the sampling sequences that survive, those sequences, and the failures."""
-    logits = attempt(execute, sched.chunks)
-    if isinstance(logits, Exception):
-        return _isolate_forward(execute, sched, logits, torch.empty(0, vocab_size, device=device))
-    return logits, sched.sampling_seqs(), {}
+) -> tuple[torch.Tensor, list[Sequence], PromptLogprobs, Failures]:
+    """Logits [len(seqs), V] of the sampling sequences that survive, those sequences, the prompt logprobs of
+    the chunks that survive, and the failures."""
+    out = attempt(execute, sched.chunks)
+    if isinstance(out, Exception):
+        return _isolate_forward(execute, sched, out, torch.empty(0, vocab_size, device=device))
+    return out.logits, sched.sampling_seqs(), _by_sequence(sched.seqs, out.prompt_logprobs), {}
 
 
 def sample_isolated(
@@ -58,7 +60,7 @@ def sample_isolated(
 
 def _isolate_forward(
     execute: Execute, sched: SchedulerOutput, exc: Exception, no_logits: torch.Tensor
-) -> tuple[torch.Tensor, list[Sequence], Failures]:
+) -> tuple[torch.Tensor, list[Sequence], PromptLogprobs, Failures]:
     """Re-runs the failed forward in halves, down to single chunks, keeping every part that succeeds.
 
     Re-running a chunk is idempotent: schedule() already allocated its slots and advanced
@@ -72,9 +74,17 @@ def _isolate_forward(
     )
     kept = [seqs[i] for idx, _ in parts for i in idx if chunks[i].sample]
     # Each part's rows are its sampling chunks in order, and parts come in chunk order.
-    rows = [logits for _, logits in parts]
+    rows = [out.logits for _, out in parts]
     logits = torch.cat(rows) if rows else no_logits  # [0, V]
-    return logits, kept, {seqs[i]: e for i, e in failed.items()}
+    prompt_logprobs: PromptLogprobs = {}
+    for idx, out in parts:
+        prompt_logprobs |= _by_sequence([seqs[i] for i in idx], out.prompt_logprobs)
+    return logits, kept, prompt_logprobs, {seqs[i]: e for i, e in failed.items()}
+
+
+def _by_sequence(seqs: list[Sequence], per_chunk: list[ChunkPromptLogprobs | None]) -> PromptLogprobs:
+    """seqs[i] owns the chunk whose prompt logprobs are per_chunk[i]; those with none are left out."""
+    return {seq: lp for seq, lp in zip(seqs, per_chunk, strict=True) if lp is not None}
 
 
 def _isolate_sampling(

@@ -76,7 +76,7 @@ def run_in_chunks(runner: ModelRunner, ids: list[int], sizes: list[int], blocks:
     for i, size in enumerate(sizes):
         last = i == len(sizes) - 1
         chunk = ScheduledChunk(ids[start:start + size], start, blocks, sample=last)
-        logits = runner.execute([chunk])
+        logits = runner.execute([chunk]).logits
         assert logits.shape == (1 if last else 0, runner.vocab_size)
         start += size
     return logits[0]
@@ -85,7 +85,7 @@ def run_in_chunks(runner: ModelRunner, ids: list[int], sizes: list[int], blocks:
 def test_whole_prompt_in_one_chunk(model_dir, backend):
     runner = make_runner(model_dir, backend)
     ids = prompt(45, seed=1)
-    logits = runner.execute([ScheduledChunk(ids, 0, [7, 3, 11], sample=True)])
+    logits = runner.execute([ScheduledChunk(ids, 0, [7, 3, 11], sample=True)]).logits
     assert logits.dtype == torch.float32
     assert logits.shape == (1, runner.vocab_size)
     torch.testing.assert_close(logits[0], hf_last_logits(model_dir, ids), atol=TOL, rtol=0)
@@ -104,13 +104,14 @@ def test_two_sequences_mixing_prefill_chunks_and_decode(model_dir, backend):
     blocks_a = shuffled_blocks(2, seed=6)
     blocks_b = shuffled_blocks(3, seed=7, exclude=blocks_a)
     # Step 1: all of a (samples) + the first chunk of b (does not sample).
-    step1 = runner.execute([ScheduledChunk(a, 0, blocks_a, True), ScheduledChunk(b[:25], 0, blocks_b, False)])
+    step1 = runner.execute([ScheduledChunk(a, 0, blocks_a, True),
+                            ScheduledChunk(b[:25], 0, blocks_b, False)]).logits
     assert step1.shape == (1, runner.vocab_size)
     torch.testing.assert_close(step1[0], hf_last_logits(model_dir, a), atol=TOL, rtol=0)
     # Step 2: the rest of b (samples), listed first, + one decode token of a.
     a_next = int(step1[0].argmax())
     step2 = runner.execute([ScheduledChunk(b[25:], 25, blocks_b, True),
-                            ScheduledChunk([a_next], 21, blocks_a, True)])
+                            ScheduledChunk([a_next], 21, blocks_a, True)]).logits
     assert step2.shape == (2, runner.vocab_size)
     torch.testing.assert_close(step2[0], hf_last_logits(model_dir, b), atol=TOL, rtol=0)
     torch.testing.assert_close(step2[1], hf_last_logits(model_dir, [*a, a_next]), atol=TOL, rtol=0)
@@ -126,6 +127,6 @@ def test_triton_backend_under_the_interpreter(tiny_model_dir, case):
     blocks_a, blocks_b = [5, 2], [9]
     runner.execute([ScheduledChunk(a[:12], 0, blocks_a, False)])
     logits = runner.execute([ScheduledChunk(a[12:], 12, blocks_a, True),
-                             ScheduledChunk(b, 0, blocks_b, True)])
+                             ScheduledChunk(b, 0, blocks_b, True)]).logits
     torch.testing.assert_close(logits[0], hf_last_logits(path, a), atol=TOL, rtol=0)
     torch.testing.assert_close(logits[1], hf_last_logits(path, b), atol=TOL, rtol=0)

@@ -80,11 +80,11 @@ def test_prepare_step_flattens_chunks_into_tensors():
 def test_execute_returns_logits_only_for_sampling_chunks_in_order(runner):
     a, b, c = [5, 6, 7, 8], [9, 10], [30, 31, 32]
     # Alone, each in its own blocks...
-    alone_a = runner.execute([ScheduledChunk(a, 0, [0], True)])[0]
-    alone_c = runner.execute([ScheduledChunk(c, 0, [1], True)])[0]
+    alone_a = runner.execute([ScheduledChunk(a, 0, [0], True)]).logits[0]
+    alone_c = runner.execute([ScheduledChunk(c, 0, [1], True)]).logits[0]
     # ...then together with a chunk that does not sample in between.
     logits = runner.execute([ScheduledChunk(a, 0, [2], True), ScheduledChunk(b, 0, [3], False),
-                             ScheduledChunk(c, 0, [4], True)])
+                             ScheduledChunk(c, 0, [4], True)]).logits
     assert logits.shape == (2, runner.vocab_size) and logits.dtype == torch.float32
     torch.testing.assert_close(logits[0], alone_a, atol=1e-5, rtol=0)
     torch.testing.assert_close(logits[1], alone_c, atol=1e-5, rtol=0)
@@ -93,8 +93,8 @@ def test_execute_returns_logits_only_for_sampling_chunks_in_order(runner):
 
 
 def test_execute_with_nothing_sampling_or_nothing_scheduled(runner):
-    assert runner.execute([ScheduledChunk([1, 2], 0, [0], False)]).shape == (0, runner.vocab_size)
-    assert runner.execute([]).shape == (0, runner.vocab_size)
+    assert runner.execute([ScheduledChunk([1, 2], 0, [0], False)]).logits.shape == (0, runner.vocab_size)
+    assert runner.execute([]).logits.shape == (0, runner.vocab_size)
 
 
 def test_new_keys_and_values_land_in_their_slots_only(runner):
@@ -124,8 +124,8 @@ def test_bfloat16_runs_end_to_end_close_to_float32(llama_dir, runner):
     assert all(k.dtype == torch.bfloat16 for k, _ in bf16.kv_caches)
     ids = [7, 99, 45, 3, 250, 17, 18, 400, 12, 5]
     chunks = [ScheduledChunk(ids[:6], 0, [1], False), ScheduledChunk(ids[6:], 6, [1], True)]
-    ref = [runner.execute([c]) for c in chunks][-1][0]
-    low = [bf16.execute([c]) for c in chunks][-1][0]
+    ref = [runner.execute([c]).logits for c in chunks][-1][0]
+    low = [bf16.execute([c]).logits for c in chunks][-1][0]
     assert low.dtype == torch.float32
     assert (low - ref).abs().max() < 0.1 * ref.abs().max()  # bf16 keeps ~3 significant digits
     assert int(low.argmax()) == int(ref.argmax())

@@ -83,6 +83,7 @@ def test_the_operators_top_k_is_rejected_naming_top_k() -> None:
         ("repetition_penalty", MAX_REPETITION_PENALTY * 2),
         ("seed", MAX_SEED + 1), ("seed", MIN_SEED - 1), ("seed", 2**64), ("seed", True), ("seed", 1.0),
         ("logprobs", MAX_INT32 + 1), ("logprobs", True), ("logprobs", 2.0),
+        ("prompt_logprobs", MAX_INT32 + 1), ("prompt_logprobs", -1), ("prompt_logprobs", False),
         ("stop_token_ids", [MAX_INT32 + 1]), ("stop_token_ids", [True]), ("stop_token_ids", [2.0]),
         ("stop_token_ids", (1, 2)),
         ("stop", "eos"), ("stop", [None]),
@@ -106,6 +107,7 @@ def test_every_field_is_bounded_and_typed(field: str, value: object) -> None:
         {"temperature": MAX_TEMPERATURE},
         {"repetition_penalty": MIN_REPETITION_PENALTY}, {"repetition_penalty": MAX_REPETITION_PENALTY},
         {"max_tokens": MAX_INT32, "min_tokens": MAX_INT32}, {"logprobs": 0}, {"logprobs": MAX_INT32},
+        {"prompt_logprobs": 0, "max_tokens": 0}, {"prompt_logprobs": MAX_INT32},
         {"stop_token_ids": [0, MAX_INT32]}, {"top_p": 1}, {"min_p": 0},
     ],
 )
