@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from api.admission import AdmissionGauge
 from api.metrics import Metrics
 from api.prompt_tokenizer import PromptTokenizer
+from core.chat_options import ToolParser, tool_parser_for
 from core.dispatch import Dispatcher, JobPublisher
 from core.finish_notifications import FinishedSink, FinishedWatch
 from core.settings import Settings
@@ -30,6 +31,11 @@ class Services:
     dispatcher: Dispatcher  # the DispatchRelay: publishes committed jobs, in groups, off the request path
     finished: FinishedSink | None = None  # told when the API itself commits a final status (cancel)
     finished_watch: FinishedWatch | None = None  # wakes long polls and event streams; None: they poll
+
+    @property
+    def tool_parser(self) -> ToolParser:
+        """The parser the served model's tool calls are read with (the setting, or its template's)."""
+        return tool_parser_for(self.settings.tool_call_parser, self.tokenizer.chat_template)
 
 
 def get_services(request: Request) -> Services:

@@ -58,12 +58,16 @@ class JobOutcome:
     error_message: str | None
     logprobs: list[dict[str, Any]] | None = None  # as the job stores them
     cached_tokens: int = 0  # prompt tokens from the engine's prefix cache
+    chat: dict[str, Any] | None = None  # how its answer is read (core/chat_options.py)
+    choices: list[dict[str, Any]] | None = None  # every choice of a job with n > 1
+    prompt: str | None = None  # a completion's prompt (echo shows it)
+    prompt_logprobs: list[dict[str, Any]] | None = None  # as the job stores them
 
     @classmethod
     def of(cls, job: Job) -> JobOutcome:
         return cls(job.id, job.status, job.result_text, job.finish_reason, job.prompt_tokens or 0,
                    job.completion_tokens or 0, job.error_code, job.error_message, job.logprobs,
-                   job.cached_tokens or 0)
+                   job.cached_tokens or 0, job.chat, job.choices, job.prompt, job.prompt_logprobs)
 
 
 class _SubscribeThenDispatch:

@@ -6,7 +6,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from core.chat_options import ChatOptions
 from core.model_limits import model_context_length
+from core.tools import template_messages
 
 
 class PromptTokenizer:
@@ -35,15 +37,20 @@ class PromptTokenizer:
     def count_prompt(self, prompt: str) -> int:
         return len(self.encode_prompt(prompt))
 
-    def count_messages(self, messages: list[dict[str, str]]) -> int:
-        """Raises ValueError when the model has no chat template."""
-        return len(self.encode_messages(messages))
+    def count_messages(self, messages: list[dict[str, Any]], options: ChatOptions | None = None) -> int:
+        """The tokens the worker's rendering will be (core/chat_options.py: tools and template options).
+        Raises ValueError when the model has no chat template, or when the template refuses them."""
+        options = options or ChatOptions()
+        kwargs = options.template_kwargs()
+        return len(self.encode_messages(
+            template_messages(messages), add_generation_prompt=kwargs.pop("add_generation_prompt"),
+            continue_final_message=kwargs.pop("continue_final_message"), template_kwargs=kwargs))
 
     def encode_prompt(self, prompt: str, add_special_tokens: bool = True) -> list[int]:
         with self._lock:
             return list(self._tok.encode(prompt, add_special_tokens=add_special_tokens))
 
-    def encode_messages(self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True,
+    def encode_messages(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
                         continue_final_message: bool = False, add_special_tokens: bool = False,
                         template_kwargs: dict[str, Any] | None = None) -> list[int]:
         """The chat template's rendering, tokenized. The template already holds any BOS, so by default no

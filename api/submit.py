@@ -13,6 +13,7 @@ from api.deps import Services
 from api.errors import ApiError
 from api.schemas.jobs import JobCreate
 from api.webhook_targets import check_job_webhook
+from core.chat_options import ChatOptions, job_params
 from core.field_errors import FieldProblem
 from core.model_limits import served_max_model_len
 from core.request_limits import (
@@ -54,7 +55,8 @@ def _submit(
     idempotency_key: str | None, now: datetime,
 ) -> tuple[Job, bool]:
     limits = RequestLimits.of_queue(body.queue, queue, model_max_len(services))
-    size = _request_size(body)
+    options = body.chat_options(services.tool_parser)
+    size = _request_size(body, options)
     _check_body(services, body, size, limits)
     check_job_webhook(body.webhook_json(), services.settings)
     request_hash = jobs.request_hash(body.model_dump(mode="json"))
@@ -67,14 +69,16 @@ def _submit(
     quota = tenants.effective_limits(session, tenant_id, TenantLimits.defaults(services.settings))
     _refuse(admission.queued_refusal(session, services.admission, quota, tenant_id, body.queue,
                                      services.settings.retry_after_s))
-    prompt_tokens = _count_prompt_tokens(services, size)
+    prompt_tokens = _count_prompt_tokens(services, size, options)
     _raise(tokens_problem(size, prompt_tokens, limits))
-    _refuse(admission.tokens_refusal(session, quota, tenant_id, prompt_tokens + body.max_tokens, now))
+    wanted = prompt_tokens + body.n * body.max_tokens  # each choice may write max_tokens
+    _refuse(admission.tokens_refusal(session, quota, tenant_id, wanted, now))
     new = jobs.NewJob(
         tenant_id=tenant_id, queue=body.queue, prompt=body.prompt, messages=size.messages,
-        params=body.sampling_params(), meta=body.metadata, webhook=body.webhook_json(),
+        params=job_params(body.sampling_params(), options), meta=body.metadata, webhook=body.webhook_json(),
         idempotency_key=idempotency_key, request_hash=request_hash, prompt_tokens=prompt_tokens,
         ttl_s=body.ttl if body.ttl is not None else queue.deadline_s, timeout_s=body.timeout,
+        chat=options.to_json() if body.messages is not None else None,
     )
     try:
         return jobs.add(session, new, now), True
@@ -95,10 +99,11 @@ def _queue(services: Services, name: str) -> QueueSettings:
     return queue
 
 
-def _request_size(body: JobCreate) -> RequestSize:
-    """The lengths the request rules judge: the prompt or the messages as stored, max_tokens, min_tokens."""
-    messages = [m.model_dump() for m in body.messages] if body.messages else None
-    return RequestSize(body.prompt, messages, body.max_tokens, body.min_tokens)
+def _request_size(body: JobCreate, options: ChatOptions) -> RequestSize:
+    """The lengths the request rules judge: the prompt or the messages as stored (with the tools and
+    template variables the template adds), max_tokens, min_tokens."""
+    return RequestSize(body.prompt, body.stored_messages(), body.max_tokens, body.min_tokens,
+                       options.template_bytes())
 
 
 def _check_body(services: Services, body: JobCreate, size: RequestSize, limits: RequestLimits) -> None:
@@ -116,10 +121,10 @@ def _replay(earlier: Job, request_hash: str) -> Job:
     return earlier
 
 
-def _count_prompt_tokens(services: Services, size: RequestSize) -> int:
+def _count_prompt_tokens(services: Services, size: RequestSize, options: ChatOptions) -> int:
     try:
         if size.messages is not None:
-            return services.tokenizer.count_messages(size.messages)
+            return services.tokenizer.count_messages(size.messages, options)
         assert size.prompt is not None
         return services.tokenizer.count_prompt(size.prompt)
     except ValueError as exc:

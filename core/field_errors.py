@@ -5,6 +5,7 @@ the same over HTTP and in a batch's error file."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 from core.request_rules import SURROGATE, text_problem
 
 LOCATIONS = ("body", "query", "path", "header", "cookie")
+_LEADING_FIELD = re.compile(r"^([A-Za-z_][\w]*(?:\[\d+\]|\.[A-Za-z_]\w*)*): ")
 UNION_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "url", "none"})
 
 
@@ -34,8 +36,11 @@ def validation_message(errors: Sequence[Any]) -> tuple[str | None, str]:
     field = field_name(error.get("loc", ()))
     if not field and error.get("type") == "string_unicode":  # pydantic names no field for such a key
         return None, f"a field name {SURROGATE}"
-    message = f"{field}: {error.get('msg', 'invalid value')}" if field else str(error.get("msg"))
-    return field or None, message
+    if not field:  # a whole-body rule (a model validator) names its field first: "max_tokens: ..."
+        message = str(error.get("msg"))
+        named = _LEADING_FIELD.match(message)
+        return (named.group(1) if named else None), message
+    return field, f"{field}: {error.get('msg', 'invalid value')}"
 
 
 def _most_specific(errors: Sequence[Any]) -> dict[str, Any]:

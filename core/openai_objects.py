@@ -5,11 +5,33 @@ and their streamed chunks. Pure builders shared by the HTTP chat/completions rou
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any
 
+from core.chat_options import ChatOptions
+from core.tool_calls import choice_seed, read_output
+
 FINISH_REASONS = ("stop", "length")
+TOOL_CALLS = "tool_calls"  # the finish_reason of an answer that calls tools
+
+
+@dataclass(frozen=True)
+class PromptView:
+    """What an answer shows of its prompt: completions' `echo` (the prompt before each choice's text, and
+    with logprobs its tokens' logprobs with echo_top_n alternatives) and vLLM's `prompt_logprobs`."""
+
+    echo: bool = False
+    echo_top_n: int | None = None
+    vllm_top_n: int | None = None
+
+    def to_json(self) -> dict[str, Any] | None:
+        shown = {name: value for name, value in vars(self).items() if value not in (None, False)}
+        return shown or None
+
+    @classmethod
+    def from_json(cls, stored: dict[str, Any] | None) -> PromptView:
+        return cls(**(stored or {}))
 
 
 @dataclass(frozen=True)
@@ -23,6 +45,27 @@ class GenerationResult:
     # As a job stores them, per generated token {token_id, text, logprob, top_logprobs}; None = not asked
     logprobs: list[dict[str, Any]] | None = None
     cached_tokens: int = 0  # prompt tokens served from the engine's prefix cache
+    chat: ChatOptions = field(default_factory=ChatOptions)  # how a chat answer is read (its tool calls)
+    job_id: str = ""  # names its tool calls (core/tool_calls.py)
+    # A job with n > 1: every choice as it stores them {index, text, finish_reason, logprobs, ...}; the
+    # fields above are choice 0's (completion_tokens: all of them).
+    choices: list[dict[str, Any]] | None = None
+    prompt: str = ""  # the prompt's text (shown with echo)
+    prompt_logprobs: list[dict[str, Any]] | None = None  # as the job stores them, when it asked
+    shown: PromptView = field(default_factory=PromptView)
+
+    def each_choice(self) -> list[Choice]:
+        if not self.choices:
+            return [Choice(0, self.text, self.finish_reason, self.logprobs)]
+        return [Choice(c["index"], c["text"], c["finish_reason"], c.get("logprobs")) for c in self.choices]
+
+
+@dataclass(frozen=True)
+class Choice:
+    index: int
+    text: str
+    finish_reason: str
+    logprobs: list[dict[str, Any]] | None
 
 
 def new_id(prefix: str) -> str:
@@ -38,20 +81,64 @@ def usage(result: GenerationResult) -> dict[str, Any]:
 
 
 def chat_completion(result: GenerationResult, completion_id: str) -> dict[str, Any]:
-    """A `chat.completion` object with one choice."""
-    logprobs = _chat_logprobs(result.logprobs) if result.logprobs is not None else None
-    choice = {"index": 0, "message": {"role": "assistant", "content": result.text},
-              "logprobs": logprobs, "finish_reason": _finish_reason(result)}
-    return {"id": completion_id, "object": "chat.completion", "created": result.created,
-            "model": result.model, "choices": [choice], "usage": usage(result)}
+    """A `chat.completion` object: one choice, or the job's n."""
+    choices = [_chat_choice(result, choice) for choice in result.each_choice()]
+    body = {"id": completion_id, "object": "chat.completion", "created": result.created,
+            "model": result.model, "choices": choices, "usage": usage(result)}
+    if result.shown.vllm_top_n is not None:  # vLLM puts a chat's prompt logprobs beside its choices
+        body["prompt_logprobs"] = _vllm_prompt_logprobs(result.prompt_logprobs or [], result.shown.vllm_top_n)
+    return body
+
+
+def _chat_choice(result: GenerationResult, choice: Choice) -> dict[str, Any]:
+    logprobs = _chat_logprobs(choice.logprobs) if choice.logprobs is not None else None
+    read = read_output(choice.text, result.chat, choice_seed(result.job_id, choice.index))
+    message: dict[str, Any] = {"role": "assistant", "content": read.content}
+    if read.tool_calls:
+        message["tool_calls"] = [call.as_openai() for call in read.tool_calls]
+    return {"index": choice.index, "message": message, "logprobs": logprobs,
+            "finish_reason": finish_reason(choice.finish_reason, called_tools=bool(read.tool_calls))}
 
 
 def text_completion(result: GenerationResult, completion_id: str) -> dict[str, Any]:
-    """A `text_completion` object with one choice."""
-    logprobs = _completion_logprobs(result.logprobs) if result.logprobs is not None else None
-    choice = {"index": 0, "text": result.text, "logprobs": logprobs, "finish_reason": _finish_reason(result)}
+    """A `text_completion` object: one choice, or the job's n."""
+    choices = [_text_choice(result, choice) for choice in result.each_choice()]
     return {"id": completion_id, "object": "text_completion", "created": result.created,
-            "model": result.model, "choices": [choice], "usage": usage(result)}
+            "model": result.model, "choices": choices, "usage": usage(result)}
+
+
+def _text_choice(result: GenerationResult, choice: Choice) -> dict[str, Any]:
+    """With echo the prompt comes first, in the text and (with logprobs) in the logprobs."""
+    shown = result.shown
+    text, tokens = choice.text, choice.logprobs
+    if shown.echo:
+        text = result.prompt + text
+    if shown.echo_top_n is not None and tokens is not None:
+        prompt_tokens = [{**entry, "top_logprobs": entry["top_logprobs"][: shown.echo_top_n]}
+                         for entry in result.prompt_logprobs or []]
+        tokens = prompt_tokens + tokens
+    body = {"index": choice.index, "text": text,
+            "logprobs": _completion_logprobs(tokens) if tokens is not None else None,
+            "finish_reason": finish_reason(choice.finish_reason)}
+    if shown.vllm_top_n is not None:
+        body["prompt_logprobs"] = _vllm_prompt_logprobs(result.prompt_logprobs or [], shown.vllm_top_n)
+    return body
+
+
+def _vllm_prompt_logprobs(entries: list[dict[str, Any]], top_n: int) -> list[dict[str, Any] | None]:
+    """vLLM's shape: per prompt token None (the first) or {token id: {logprob, rank, decoded_token}} for the
+    token and its top_n alternatives; rank is known for the alternatives (1 = most likely), else null."""
+    shaped: list[dict[str, Any] | None] = []
+    for entry in entries:
+        if entry["logprob"] is None:
+            shaped.append(None)
+            continue
+        alternatives = entry["top_logprobs"][:top_n]
+        ranks = {alt["token_id"]: rank for rank, alt in enumerate(alternatives, start=1)}
+        tokens = {str(alt["token_id"]): alt for alt in [entry, *alternatives]}
+        shaped.append({token_id: {"logprob": alt["logprob"], "rank": ranks.get(alt["token_id"]),
+                                  "decoded_token": alt["text"]} for token_id, alt in tokens.items()})
+    return shaped
 
 
 def _chat_logprobs(tokens: list[dict[str, Any]]) -> dict[str, Any]:
@@ -65,11 +152,13 @@ def _chat_logprobs(tokens: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _completion_logprobs(tokens: list[dict[str, Any]]) -> dict[str, Any]:
     """Completions' shape: parallel lists of token texts, their logprobs, {text: logprob} alternatives and
-    each token's character offset in the generated text."""
+    each token's character offset in the text (an echoed prompt's first token: null logprob and
+    alternatives)."""
     texts = [t["text"] for t in tokens]
     offsets = [0, *accumulate(len(text) for text in texts)][: len(texts)]
-    return {"tokens": texts, "token_logprobs": [t["logprob"] for t in tokens],
-            "top_logprobs": [{alt["text"]: alt["logprob"] for alt in t["top_logprobs"]} for t in tokens],
+    top = [None if t["logprob"] is None else {alt["text"]: alt["logprob"] for alt in t["top_logprobs"]}
+           for t in tokens]
+    return {"tokens": texts, "token_logprobs": [t["logprob"] for t in tokens], "top_logprobs": top,
             "text_offset": offsets}
 
 
@@ -83,7 +172,7 @@ class ChunkHeader:
     chat: bool  # chat.completion.chunk, else text_completion
 
 
-def chunk(header: ChunkHeader, text: str | None, finish_reason: str | None = None,
+def chunk(header: ChunkHeader, text: str | None, finish: str | None = None,
           *, role: bool = False, usage_so_far: dict[str, Any] | None = None) -> dict[str, Any]:
     """One streamed chunk with one choice: a text delta, a role opener or the closing finish_reason; with
     `usage_so_far` (vLLM's `stream_options.continuous_usage_stats`) the usage up to this chunk too."""
@@ -91,11 +180,20 @@ def chunk(header: ChunkHeader, text: str | None, finish_reason: str | None = Non
         delta: dict[str, Any] = {"role": "assistant"} if role else {}
         if text is not None:
             delta["content"] = text
-        choice: dict[str, Any] = {"index": 0, "delta": delta}
-    else:
-        choice = {"index": 0, "text": text or ""}
-    choice.update(logprobs=None, finish_reason=finish_reason)
-    body = _chunk_body(header, [choice])
+        return delta_chunk(header, delta, finish, usage_so_far=usage_so_far)
+    choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+    return _with_usage(_chunk_body(header, [choice]), usage_so_far)
+
+
+def delta_chunk(header: ChunkHeader, delta: dict[str, Any], finish: str | None = None,
+                *, usage_so_far: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A chat chunk with one choice whose delta is given (content, or tool_calls as core/tool_stream.py
+    makes them)."""
+    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    return _with_usage(_chunk_body(header, [choice]), usage_so_far)
+
+
+def _with_usage(body: dict[str, Any], usage_so_far: dict[str, Any] | None) -> dict[str, Any]:
     if usage_so_far is not None:
         body["usage"] = usage_so_far
     return body
@@ -118,10 +216,11 @@ def _chunk_body(header: ChunkHeader, choices: list[dict[str, Any]]) -> dict[str,
             "choices": choices}
 
 
-def _finish_reason(result: GenerationResult) -> str:
-    if result.finish_reason not in FINISH_REASONS:
-        raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, got {result.finish_reason!r}")
-    return result.finish_reason
+def finish_reason(engine_reason: str, *, called_tools: bool = False) -> str:
+    """OpenAI's finish_reason for the engine's: `tool_calls` for an answer that ended by calling tools."""
+    if engine_reason not in FINISH_REASONS:
+        raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, got {engine_reason!r}")
+    return TOOL_CALLS if called_tools and engine_reason == "stop" else engine_reason
 
 
 def batch_result_line(custom_id: str, body: dict[str, Any], *, line_id: str, request_id: str,

@@ -17,9 +17,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
+from core.chat_options import ChatOptions, ToolParser, chat_options, tool_parser_for
 from core.field_errors import validation_message
+from core.openai_objects import PromptView
 from core.request_fields import (
     ChatRole,
+    ChoiceCount,
     Count,
     Logprobs,
     MinP,
@@ -27,18 +30,20 @@ from core.request_fields import (
     NonEmptyText,
     OpenAIPenalty,
     OpenAITemperature,
+    OutputTokens,
     RepetitionPenalty,
     Seed,
     Stop,
     StopTokenIds,
     StoredText,
     StrictFlag,
-    TokenCount,
     TopK,
     TopP,
 )
+from core.request_rules import output_problem
 from core.settings import Settings
 from core.structured_rules import MAX_CHOICES, structured_from_response_format, structured_problem
+from core.tools import ToolCallIn, ToolChoice, Tools, history_problem
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -46,6 +51,9 @@ COMPLETIONS_MAX_LOGPROBS = 5  # OpenAI's limit for /v1/completions
 STRUCTURED_FIELDS = ("response_format", "regex", "choice")
 # vLLM's names for the same constraints: its structured_outputs object and the older guided_* fields.
 VLLM_STRUCTURED_FIELDS = ("structured_outputs", "guided_json", "guided_regex", "guided_choice")
+# Chat fields a job takes under the same names (api/schemas/jobs.py), kept out of the sampling params.
+CHAT_FIELDS = ("tools", "tool_choice", "parallel_tool_calls", "add_generation_prompt",
+               "continue_final_message", "chat_template_kwargs")
 STREAMED_LOGPROBS = "logprobs are not supported with stream=true; send the request without streaming"
 FiniteFloat = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 # What a refusal is; each path turns it into its own answer (api/routes/openai.py: 400 or 404; a batch: a
@@ -85,15 +93,17 @@ def _names_role(template: str, role: str) -> bool:
 @dataclass(frozen=True)
 class Served:
     """What this deployment serves: the names `model` may take (none: any, for parsers used without a
-    deployment), and its chat template's roles."""
+    deployment), its chat template's roles, and the parser its tool calls are read with."""
 
     models: tuple[str, ...] = ()
     roles: ChatRoles = ChatRoles()
+    tool_parser: ToolParser = "hermes"
 
     @classmethod
     def of(cls, settings: Settings, chat_template: object) -> Served:
         names = (settings.served_model_id(), *([settings.model] if settings.model else []))
-        return cls(models=names, roles=ChatRoles.of_template(chat_template))
+        return cls(models=names, roles=ChatRoles.of_template(chat_template),
+                   tool_parser=tool_parser_for(settings.tool_call_parser, chat_template))
 
 
 class StreamOptions(BaseModel):
@@ -145,12 +155,15 @@ class ChatMessageIn(BaseModel):
         description="`developer` is sent as `system` when the chat template has no developer role; `tool` "
         "only when the chat template has a tool role"
     )
-    content: StoredText | list[TextPart]
+    content: StoredText | list[TextPart] | None = Field(description="null only beside tool_calls")
     name: StoredText | None = Field(None, description="accepted and ignored")
-    tool_call_id: StoredText | None = Field(None, description="accepted and ignored")
+    tool_calls: list[ToolCallIn] | None = Field(None, description="calls an assistant message made")
+    tool_call_id: StoredText | None = Field(None, description="the call a tool message answers")
 
-    def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+    def text(self) -> str | None:
+        if self.content is None or isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content)
 
 
 class OpenAISampling(BaseModel):
@@ -159,10 +172,11 @@ class OpenAISampling(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: NonEmptyText | None = Field(None, description="the served model (GET /v1/models); optional")
-    max_tokens: TokenCount | None = None
+    max_tokens: OutputTokens | None = Field(None, description="0 only to score the prompt (echo with "
+                                            "logprobs on completions, or prompt_logprobs)")
     temperature: OpenAITemperature | None = None
     top_p: TopP | None = None
-    n: Count | None = Field(None, description="only 1")
+    n: ChoiceCount | None = Field(None, description="choices from the one prompt (not with stream)")
     stop: Stop | None = None
     seed: Seed | None = None
     stream: StrictFlag | None = False
@@ -178,6 +192,8 @@ class OpenAISampling(BaseModel):
     repetition_penalty: RepetitionPenalty | None = None
     ignore_eos: StrictFlag | None = None
     stop_token_ids: StopTokenIds | None = None
+    prompt_logprobs: Logprobs | None = Field(
+        None, description="vLLM's: each prompt token's logprob and this many alternatives (not with stream)")
     skip_special_tokens: StrictFlag | None = None
     include_stop_str_in_output: StrictFlag | None = None
     response_format: dict[str, Any] | None = Field(
@@ -201,15 +217,27 @@ class OpenAISampling(BaseModel):
 
     def refusal(self) -> Refusal | None:
         """A sent value Conveyor cannot honour (or that contradicts another), else None."""
-        if self.n not in (None, 1):
-            return Refusal(
-                "unsupported", "n", "only n=1 is supported; send separate requests for more choices"
-            )
+        if self.n not in (None, 1) and self.stream:
+            return Refusal("unsupported", "n", "n > 1 is not supported with stream=true; send the request "
+                           "without streaming")
         if self.logit_bias:
             return Refusal("unsupported", "logit_bias", "logit_bias is not supported")
         if self.stream_options is not None and not self.stream:
             return Refusal("invalid", "stream_options", "stream_options is only allowed with stream=true")
+        if self.prompt_logprobs is not None and self.stream:
+            return Refusal("unsupported", "prompt_logprobs", STREAMED_LOGPROBS)
+        problem = output_problem(self.requested_max_tokens(), self.n, self.scored_prompt())
+        if problem is not None:
+            return Refusal("invalid", *problem)
         return self._structured_refusal()
+
+    def scored_prompt(self) -> int | None:
+        """The alternatives per prompt token the job computes (its prompt_logprobs), or None."""
+        return self.prompt_logprobs
+
+    def prompt_view(self) -> PromptView:
+        """What the answer shows of the prompt."""
+        return PromptView(vllm_top_n=self.prompt_logprobs)
 
     def _structured_refusal(self) -> Refusal | None:
         names = (*STRUCTURED_FIELDS, *VLLM_STRUCTURED_FIELDS)
@@ -244,6 +272,7 @@ class OpenAISampling(BaseModel):
         """The sent sampling fields under the job's (engine's) names, structured-output fields as sent;
         unsent ones keep the job defaults. max_tokens is left to the caller (each path has its default)."""
         names = (
+            "n",
             "temperature",
             "top_p",
             "stop",
@@ -260,6 +289,10 @@ class OpenAISampling(BaseModel):
             "include_stop_str_in_output",
         )
         params = {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+        if params.get("n") == 1:
+            del params["n"]  # one choice: the job's default, not stored
+        if self.scored_prompt() is not None:
+            params["prompt_logprobs"] = self.scored_prompt()
         return {**params, **self._structured_job_fields()}
 
     def _structured_job_fields(self) -> dict[str, Any]:
@@ -281,9 +314,21 @@ class OpenAISampling(BaseModel):
 
 class ChatCompletionCreate(OpenAISampling):
     messages: list[ChatMessageIn] = Field(min_length=1)
-    max_completion_tokens: TokenCount | None = None
+    max_completion_tokens: OutputTokens | None = None
     logprobs: StrictBool | None = None
     top_logprobs: Logprobs | None = None
+    tools: Tools | None = Field(None, description="functions the model may call, rendered by its template")
+    tool_choice: ToolChoice | None = Field(
+        None, description="none, auto (the default with tools), required, or a named function; required "
+        "and a named function constrain the output to a call whose arguments follow the schema")
+    parallel_tool_calls: StrictFlag | None = Field(None, description="false: at most one call")
+    add_generation_prompt: StrictFlag | None = Field(
+        None, description="vLLM's: end the prompt with the assistant turn's opening (default true, or false "
+        "with continue_final_message)")
+    continue_final_message: StrictFlag | None = Field(
+        None, description="vLLM's: leave the last message open, and continue it")
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description="vLLM's: extra variables for the chat template (e.g. enable_thinking)")
 
     def refusal(self) -> Refusal | None:
         if self.top_logprobs is not None and not self.logprobs:
@@ -295,26 +340,51 @@ class ChatCompletionCreate(OpenAISampling):
             return Refusal(
                 "invalid", "max_completion_tokens", "max_tokens and max_completion_tokens disagree"
             )
-        return super().refusal()
+        return self._chat_refusal() or super().refusal()
+
+    def _chat_refusal(self) -> Refusal | None:
+        try:
+            options = self.chat_options("hermes")  # the parser changes nothing judged here
+        except ValueError as exc:
+            param, _, reason = str(exc).partition(": ")
+            return Refusal("invalid", param, reason)
+        structured = [name for name in (*STRUCTURED_FIELDS, *VLLM_STRUCTURED_FIELDS) if getattr(self, name)]
+        if options.constrained and structured:
+            return Refusal("invalid", structured[0], "cannot be set with tool_choice required or a named "
+                           "function, which constrain the output to the call")
+        return None
+
+    def chat_options(self, parser: ToolParser) -> ChatOptions:
+        """How the messages are rendered and the answer read. ValueError "<field>: <reason>"."""
+        return chat_options(
+            tools=self.tools, tool_choice=self.tool_choice, parallel_tool_calls=self.parallel_tool_calls,
+            add_generation_prompt=self.add_generation_prompt,
+            continue_final_message=self.continue_final_message,
+            chat_template_kwargs=self.chat_template_kwargs, parser=parser)
 
     def job_params(self) -> dict[str, Any]:
-        """`logprobs: true` + `top_logprobs: n` is the engine's `logprobs: n` (0 alternatives by default)."""
+        """`logprobs: true` + `top_logprobs: n` is the engine's `logprobs: n` (0 alternatives by default);
+        tools and template options as sent (a job takes them under the same names)."""
         params = super().job_params()
         if self.logprobs:
             params["logprobs"] = self.top_logprobs or 0
+        for name in CHAT_FIELDS:
+            if getattr(self, name) is not None:
+                params[name] = getattr(self, name)
         return params
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
-    def chat_messages(self, roles: ChatRoles) -> list[dict[str, str]]:
+    def chat_messages(self, roles: ChatRoles) -> list[dict[str, Any]]:
         return plain_messages(self.messages, roles)
 
 
-def plain_messages(messages: list[ChatMessageIn], roles: ChatRoles) -> list[dict[str, str]]:
-    """{"role", "content"} for the chat template: text parts joined, `developer` as `system` when the
-    template has no developer role; a tool message without a tool role in the template is refused."""
-    plain = []
+def plain_messages(messages: list[ChatMessageIn], roles: ChatRoles) -> list[dict[str, Any]]:
+    """{"role", "content"} (plus tool_calls and tool_call_id when sent) for the chat template: text parts
+    joined, `developer` as `system` when the template has no developer role; a tool message without a tool
+    role in the template is refused, and so is a history the template could not be given."""
+    plain: list[dict[str, Any]] = []
     for index, message in enumerate(messages):
         role = message.role
         if role == "tool" and not roles.tool:
@@ -325,7 +395,12 @@ def plain_messages(messages: list[ChatMessageIn], roles: ChatRoles) -> list[dict
             )
         if role == "developer" and not roles.developer:
             role = "system"
-        plain.append({"role": role, "content": message.text()})
+        plain.append({"role": role, "content": message.text(),
+                      **message.model_dump(mode="json", include={"tool_calls", "tool_call_id"},
+                                           exclude_none=True)})
+    problem = history_problem(plain)
+    if problem is not None:
+        raise Refusal("invalid", *problem)
     return plain
 
 
@@ -337,7 +412,8 @@ class CompletionCreate(OpenAISampling):
         | list[list[StrictInt]]
     )
     logprobs: Annotated[int, Field(strict=True, ge=0, le=COMPLETIONS_MAX_LOGPROBS)] | None = None
-    echo: StrictFlag | None = None
+    echo: StrictFlag | None = Field(None, description="the prompt before each choice's text (and, with "
+                                    "logprobs, its tokens' logprobs, the first null)")
     suffix: StoredText | None = None
     best_of: Count | None = None
 
@@ -348,7 +424,6 @@ class CompletionCreate(OpenAISampling):
             return Refusal("unsupported", "prompt", "token-id prompts are not supported; send text")
         checks = (
             ("logprobs", self.logprobs is not None and bool(self.stream), STREAMED_LOGPROBS),
-            ("echo", bool(self.echo), "echo is not supported"),
             ("suffix", bool(self.suffix), "suffix is not supported"),
             ("best_of", self.best_of not in (None, 1), "only best_of=1 is supported"),
         )
@@ -362,6 +437,18 @@ class CompletionCreate(OpenAISampling):
         if self.logprobs is not None:
             params["logprobs"] = self.logprobs
         return params
+
+    def scored_prompt(self) -> int | None:
+        """vLLM's prompt_logprobs or echo's logprobs, the more alternatives; echo with max_tokens 0 scores
+        the prompt too (the engine needs something to compute), showing none of it."""
+        asked = [k for k in (self.prompt_logprobs, self.logprobs if self.echo else None) if k is not None]
+        if not asked and self.echo and self.max_tokens == 0:
+            asked = [0]
+        return max(asked) if asked else None
+
+    def prompt_view(self) -> PromptView:
+        echoed = self.logprobs if self.echo else None
+        return PromptView(echo=bool(self.echo), echo_top_n=echoed, vllm_top_n=self.prompt_logprobs)
 
     def prompt_text(self) -> str:
         prompt = self.prompt if isinstance(self.prompt, str) else self.prompt[0]

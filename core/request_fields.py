@@ -19,6 +19,7 @@ from pydantic_core import CoreSchema, PydanticCustomError, core_schema
 
 from core.request_rules import (
     MAX_LOGPROBS,
+    MAX_N,
     MAX_STOP_STRINGS,
     MAX_STOP_TOKEN_IDS,
     json_problem,
@@ -88,12 +89,16 @@ StoredJsonObject = Annotated[dict[str, Any], AfterValidator(_storable_json)]
 # Numbers and booleans are strict: JSON's 5 is an integer, but "5", true and 5.0 are refused rather than
 # coerced (a float field takes 5 as 5.0), so a client's mistake is told, not guessed at.
 TokenCount = Annotated[int, Field(strict=True, ge=1, le=MAX_INT32)]
+# max_tokens may be 0 for a request that only scores its prompt (prompt_logprobs, or echo with logprobs).
+OutputTokens = Annotated[int, Field(strict=True, ge=0, le=MAX_INT32,
+                                    description="0 only to score the prompt (prompt_logprobs)")]
 MinTokens = Annotated[int, Field(strict=True, ge=0, le=MAX_INT32)]
 TokenId = Annotated[int, Field(strict=True, ge=0, le=MAX_INT32)]
 TopK = Annotated[int, Field(strict=True, ge=-1, le=MAX_TOP_K, description="0 or -1 = off")]
 Seed = Annotated[int, Field(strict=True, ge=MIN_SEED, le=MAX_SEED)]
 Logprobs = Annotated[int, Field(strict=True, ge=0, le=MAX_LOGPROBS)]  # alternatives per token
-Count = Annotated[int, Field(strict=True, ge=1, le=MAX_INT32)]  # OpenAI's n and best_of (only 1 is served)
+Count = Annotated[int, Field(strict=True, ge=1, le=MAX_INT32)]  # OpenAI's best_of (only 1 is served)
+ChoiceCount = Annotated[int, Field(strict=True, ge=1, le=MAX_N, description="choices from the one prompt")]
 StrictFlag = Annotated[bool, Field(strict=True)]
 _GREEDY_OR_WARM = Field(json_schema_extra={"anyOf": [{"const": 0}, {"minimum": MIN_TEMPERATURE}]},
                         description="0 = greedy")

@@ -51,9 +51,11 @@ class RequestSize:
     chat template only adds to) and an output."""
 
     prompt: str | None
-    messages: list[dict[str, str]] | None
+    messages: list[dict[str, Any]] | None
     max_tokens: int | None  # None: not sent (a batch line then runs the engine's default)
     min_tokens: int = 0
+    template_bytes: int = 0  # what the chat template adds beside the messages: tools, its variables
+
 
     @property
     def prompt_field(self) -> str:
@@ -61,7 +63,14 @@ class RequestSize:
 
     @property
     def prompt_bytes(self) -> int:
-        return utf8_length(self.prompt or "") + sum(utf8_length(m["content"]) for m in self.messages or [])
+        messages = sum(_message_bytes(m) for m in self.messages or [])
+        return utf8_length(self.prompt or "") + messages + self.template_bytes
+
+
+def _message_bytes(message: dict[str, Any]) -> int:
+    calls = message.get("tool_calls") or []
+    arguments = sum(utf8_length(c["function"]["name"] + c["function"]["arguments"]) for c in calls)
+    return utf8_length(message.get("content") or "") + arguments
 
 
 def size_problem(size: RequestSize, limits: RequestLimits) -> FieldProblem | None:

@@ -17,6 +17,8 @@ from collections.abc import Iterator
 MAX_STOP_STRINGS = 16
 MAX_STOP_TOKEN_IDS = 64
 MAX_LOGPROBS = 20  # alternatives per generated token
+# Choices per job (`n`): each is a sequence of its own in the engine, beside the queue's running jobs.
+MAX_N = 16
 MAX_JSON_DEPTH = 32  # nesting of stored JSON (metadata); deeper JSON would exhaust Python's recursion
 # Digits of an integer literal read from a batch line before it is converted: no field takes more than 19
 # (int64), so a longer one is refused unread (Python's own limit, 4,300 digits, raises mid-parse).
@@ -108,3 +110,16 @@ def _scalar_problem(item: object) -> str | None:
 def utf8_length(text: str) -> int:
     """Bytes of `text` as UTF-8; text that cannot be encoded (lone surrogates) counts 3 bytes per unit."""
     return len(text.encode("utf-8", errors="surrogatepass"))
+
+
+def output_problem(max_tokens: int | None, n: int | None, prompt_logprobs: int | None,
+                   ) -> tuple[str, str] | None:
+    """(field, reason) for an output that cannot be asked for: max_tokens 0 scores the prompt only, so it
+    needs prompt_logprobs and leaves nothing to choose between."""
+    if max_tokens != 0:
+        return None
+    if prompt_logprobs is None:
+        return "max_tokens", "0 only scores the prompt: it needs prompt_logprobs (or echo with logprobs)"
+    if n not in (None, 1):
+        return "n", "max_tokens 0 generates nothing to choose between: send n=1"
+    return None

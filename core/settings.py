@@ -10,7 +10,7 @@ import ipaddress
 import os
 import socket
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
@@ -100,6 +100,10 @@ class Settings(BaseSettings):
     # the settings reference (docs/, rendered from these descriptions). The API reads max_model_len too
     # (prompt + max_tokens must fit).
     model: str | None = Field(None, description="local Hugging Face folder; unset = random-weight demo model")
+    tool_call_parser: Literal["auto", "hermes", "llama3_json", "mistral"] = Field(
+        "auto", description="how tool calls are read from the model's text (tool_choice auto): hermes "
+        "(Hermes, Qwen: <tool_call>), llama3_json, mistral ([TOOL_CALLS]); auto: from the chat template's "
+        "markers, hermes when it has none")
     max_num_seqs: int | None = Field(None, ge=1, description="sequences in one engine step (the running set)")
     max_num_batched_tokens: int | None = Field(
         None, ge=1,

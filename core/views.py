@@ -11,8 +11,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from core.chat_options import ChatOptions
 from core.lifecycle import BATCH_CANCELLED, BATCH_EXPIRED, BATCH_FAILED, COMPLETED
 from core.store.tables import Batch, Job
+from core.tool_calls import choice_seed, read_output
 
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled", "expired"]
 
@@ -27,12 +29,67 @@ class GeneratedTokenLogprob(TokenLogprob):
     top_logprobs: list[TokenLogprob] = Field(description="the `logprobs` most likely tokens, best first")
 
 
-class JobResult(BaseModel):
-    text: str
+class PromptTokenLogprob(TokenLogprob):
+    logprob: float | None = Field(description="null for the first prompt token: nothing precedes it")  # type: ignore[assignment]
+    top_logprobs: list[TokenLogprob] = Field(description="the `prompt_logprobs` most likely tokens there")
+
+
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str = Field(description="a JSON object's text")
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class JobChoice(BaseModel):
+    index: int
+    text: str = Field(description="the generated text, as the model wrote it (tool calls included)")
     finish_reason: str | None
     logprobs: list[GeneratedTokenLogprob] | None = Field(
         None, description="per generated token, when the job asked for `logprobs`; else null"
     )
+    tool_calls: list[ToolCallOut] | None = Field(
+        None, description="the calls read from the text when the job offered tools (tool_choice not none) "
+        "and the text holds well-formed calls; else null")
+
+    @classmethod
+    def of(cls, job: Job, index: int, text: str, finish_reason: str | None,
+           logprobs: list[dict[str, Any]] | None) -> JobChoice:
+        read = read_output(text, ChatOptions.from_json(job.chat), choice_seed(job.id, index))
+        return cls(index=index, text=text, finish_reason=finish_reason,
+                   logprobs=[GeneratedTokenLogprob.model_validate(e) for e in logprobs] if logprobs else None,
+                   tool_calls=[ToolCallOut.model_validate(c.as_openai()) for c in read.tool_calls] or None)
+
+
+class JobResult(BaseModel):
+    """The first choice's text, finish_reason, logprobs and tool calls; with n > 1, every choice too."""
+
+    text: str = Field(description="the generated text, as the model wrote it (tool calls included)")
+    finish_reason: str | None
+    logprobs: list[GeneratedTokenLogprob] | None = Field(
+        None, description="per generated token, when the job asked for `logprobs`; else null"
+    )
+    tool_calls: list[ToolCallOut] | None = Field(
+        None, description="the calls read from the text when the job offered tools (tool_choice not none) "
+        "and the text holds well-formed calls; else null")
+    choices: list[JobChoice] | None = Field(None, description="every choice, when the job asked for n > 1")
+    prompt_logprobs: list[PromptTokenLogprob] | None = Field(
+        None, description="per prompt token, when the job asked for `prompt_logprobs`; else null")
+
+    @classmethod
+    def of(cls, job: Job) -> JobResult:
+        assert job.result_text is not None
+        first = JobChoice.of(job, 0, job.result_text, job.finish_reason, job.logprobs)
+        choices = None
+        if job.choices:
+            choices = [JobChoice.of(job, c["index"], c["text"], c["finish_reason"], c.get("logprobs"))
+                       for c in job.choices]
+        prompt = [PromptTokenLogprob.model_validate(e) for e in job.prompt_logprobs or []] or None
+        return cls(**first.model_dump(exclude={"index"}), choices=choices, prompt_logprobs=prompt)
 
 
 class JobUsage(BaseModel):
@@ -69,12 +126,7 @@ class JobPublic(BaseModel):
 
     @classmethod
     def from_row(cls, job: Job) -> JobPublic:
-        result = None
-        if job.result_text is not None:
-            logprobs = None
-            if job.logprobs is not None:
-                logprobs = [GeneratedTokenLogprob.model_validate(entry) for entry in job.logprobs]
-            result = JobResult(text=job.result_text, finish_reason=job.finish_reason, logprobs=logprobs)
+        result = JobResult.of(job) if job.result_text is not None else None
         error = JobError(code=job.error_code, message=job.error_message) if job.error_code else None
         return cls(
             id=job.id, status=job.status, queue=job.queue, result=result,  # type: ignore[arg-type]

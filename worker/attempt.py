@@ -9,12 +9,17 @@ takes a new request id in the engine (`job#attempt~retry`).
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 from core.store.tables import Job
+from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
+from worker.choices import choice_request_ids
 
 OnDone = Callable[[], None]  # called once per started attempt, after its outcome is stored (the caller acks)
+# What the engine gives back for an attempt: its output, or each choice's when the job asked for n > 1.
+EngineFuture = Future[RequestOutput] | Future[list[RequestOutput]]
 
 # Failure codes written to the store.
 INVALID_REQUEST, ENGINE_ERROR, TIMEOUT = "invalid_request", "engine_error", "timeout"
@@ -40,6 +45,12 @@ class Attempt:
     # Waiting for its grammar to compile, outside the engine: not counted in its queue's room
     # (worker/queue_room.py), so a costly schema holds up no other job's start.
     compiling: bool = False
+    n: int = 1  # choices from the one prompt (worker/choices.py)
+    prompt_logprobs: int | None = None  # top-n alternatives asked for per prompt token
+
+    def request_ids(self) -> list[str]:
+        """Its requests in the engine: one per choice."""
+        return choice_request_ids(self.request_id, self.n)
 
     @classmethod
     def of(cls, job: Job, on_done: OnDone, cache_salt: str, started: float) -> Attempt:
@@ -47,4 +58,5 @@ class Attempt:
         params = job.params or {}
         return cls(job.id, job.attempts, job.queue, f"{job.id}#{job.attempts}", job.timeout_s, started,
                    on_done, logprobs=params.get("logprobs"), cache_salt=cache_salt,
-                   compiling="structured" in params)
+                   compiling="structured" in params, n=params.get("n", 1),
+                   prompt_logprobs=params.get("prompt_logprobs"))

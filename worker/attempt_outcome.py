@@ -4,15 +4,15 @@ the store already knows about: cancelled, handed back at shutdown, superseded)."
 from __future__ import annotations
 
 import logging
-from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import Any
 
 from core.store import jobs
 from engine.outputs import RequestOutput
 from engine.tokenizer import Tokenizer
-from worker.attempt import ENGINE_ERROR, INVALID_REQUEST, TIMEOUT, Attempt
-from worker.logprobs import job_logprobs
+from worker.attempt import ENGINE_ERROR, INVALID_REQUEST, TIMEOUT, Attempt, EngineFuture
+from worker.logprobs import job_logprobs, job_prompt_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +22,7 @@ class Ended:
     """An attempt left the engine (or never entered it): its outcome to write, then the attempt to release."""
 
     attempt: Attempt
-    future: Future[RequestOutput] | None = None  # resolved; None: `failure` says what happened
+    future: EngineFuture | None = None  # resolved; None: `failure` says what happened
     failure: tuple[str, str] | None = None  # (code, message) of an attempt the engine refused
 
 
@@ -33,29 +33,48 @@ def outcome(ended: Ended, tokenizer: Tokenizer) -> jobs.Outcome | None:
         assert ended.failure is not None
         return failure(attempt, *ended.failure)
     try:
-        out = ended.future.result()
+        result = ended.future.result()
     except ValueError as exc:  # the engine refused it after submit: a grammar that cannot be compiled
         return failure(attempt, INVALID_REQUEST, str(exc))
     except Exception as exc:
         return failure(attempt, ENGINE_ERROR, describe(exc))
-    if out.finish_reason == "abort":
-        return _abort_outcome(attempt, out)
-    return _completion(attempt, out, tokenizer)
+    outputs = result if isinstance(result, list) else [result]
+    aborted = next((out for out in outputs if out.finish_reason == "abort"), None)
+    if aborted is not None:
+        return _abort_outcome(attempt, aborted)
+    return _completion(attempt, outputs, tokenizer)
 
 
-def _completion(attempt: Attempt, out: RequestOutput, tokenizer: Tokenizer) -> jobs.Outcome:
+def _completion(attempt: Attempt, outputs: list[RequestOutput], tokenizer: Tokenizer) -> jobs.Outcome:
+    """Choice 0 is the job's result; with several, every choice is kept too, and usage counts them all."""
+    first = outputs[0]
     try:
-        logprobs = job_logprobs(out.token_ids, out.logprobs, attempt.logprobs, tokenizer)
+        choices = [_choice(index, out, attempt, tokenizer) for index, out in enumerate(outputs)]
+        prompt_logprobs = job_prompt_logprobs(first.prompt_token_ids, first.prompt_logprobs,
+                                              attempt.prompt_logprobs, tokenizer)
     except Exception as exc:
         log.exception("job %s: could not build its logprobs", attempt.job_id)
         return failure(attempt, ENGINE_ERROR, f"could not store the result: {type(exc).__name__}")
     return jobs.Completion(
-        attempt.job_id, attempt.attempt, result_text=storable(out.text),
-        finish_reason=str(out.finish_reason), prompt_tokens=len(out.prompt_token_ids),
-        completion_tokens=len(out.token_ids), preemptions=out.metrics.num_preemptions,
-        first_token_at=to_datetime(out.metrics.first_token_time), logprobs=logprobs,
-        cached_tokens=out.num_cached_tokens,
+        attempt.job_id, attempt.attempt, result_text=choices[0]["text"],
+        finish_reason=str(first.finish_reason), prompt_tokens=len(first.prompt_token_ids),
+        completion_tokens=sum(len(out.token_ids) for out in outputs),
+        preemptions=sum(out.metrics.num_preemptions for out in outputs),
+        first_token_at=to_datetime(min(_first_token_times(outputs), default=None)),
+        logprobs=choices[0]["logprobs"], cached_tokens=first.num_cached_tokens,
+        choices=choices if len(choices) > 1 else None, prompt_logprobs=prompt_logprobs,
     )
+
+
+def _choice(index: int, out: RequestOutput, attempt: Attempt, tokenizer: Tokenizer) -> dict[str, Any]:
+    """One choice as a job stores it (core/views.py JobChoice)."""
+    logprobs = job_logprobs(out.token_ids, out.logprobs, attempt.logprobs, tokenizer)
+    return {"index": index, "text": storable(out.text), "finish_reason": str(out.finish_reason),
+            "completion_tokens": len(out.token_ids), "logprobs": logprobs}
+
+
+def _first_token_times(outputs: list[RequestOutput]) -> list[float]:
+    return [out.metrics.first_token_time for out in outputs if out.metrics.first_token_time is not None]
 
 
 def _abort_outcome(attempt: Attempt, out: RequestOutput) -> jobs.Outcome | None:

@@ -59,7 +59,8 @@ class AttemptWatcher:
     def abort(self, attempt: Attempt, reason: str) -> None:
         """Aborts the attempt in the engine; its outcome (by `reason`) comes back through its future."""
         attempt.abort_reason = reason
-        if self._host.cancel(attempt.request_id):
+        cancelled = [self._host.cancel(request_id) for request_id in attempt.request_ids()]
+        if any(cancelled):
             log.info("job %s: aborting in the engine (%s)", attempt.job_id, reason)
 
     def _is_current(self, attempt: Attempt, state: jobs.AttemptState | None) -> bool:

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from datetime import datetime
+from functools import partial
 
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
@@ -38,9 +39,11 @@ from core.token_stream import TokenSink
 from engine.host import EngineHost
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
-from worker.attempt import ENGINE_ERROR, INVALID_REQUEST, SHUTDOWN, Attempt, OnDone
+from worker.attempt import ENGINE_ERROR, INVALID_REQUEST, SHUTDOWN, Attempt, EngineFuture, OnDone
 from worker.attempt_outcome import describe, to_datetime
 from worker.attempt_watcher import AttemptWatcher
+from worker.chat_prompt import chat_prompt_ids
+from worker.choices import ChoiceGroup, choice_params
 from worker.in_flight import InFlight
 from worker.outcome_writer import OutcomeWriter
 from worker.queue_room import QueueRoom
@@ -164,25 +167,39 @@ class JobRunner:
             return
         future.add_done_callback(lambda f: self._ended(attempt, f))
 
-    def _to_engine(self, attempt: Attempt) -> Future[RequestOutput]:
+    def _to_engine(self, attempt: Attempt) -> EngineFuture:
+        if attempt.n == 1:
+            return self._to_engine_choice(attempt, 0, lambda out: self._on_update(attempt, 0, out))
+        group = ChoiceGroup(attempt.n, partial(self._to_engine_choice, attempt),
+                            held=lambda: attempt.abort_reason is None,
+                            cancel_all=lambda: self._cancel_choices(attempt))
+        group.start(lambda index, out: self._on_update(attempt, index, out))
+        return group.future
+
+    def _to_engine_choice(self, attempt: Attempt, index: int, on_update: Callable[[RequestOutput], None],
+                          ) -> Future[RequestOutput]:
         assert attempt.engine_input is not None
-        return self.host.submit(attempt.request_id, *attempt.engine_input, attempt.queue,
-                                on_update=lambda out: self._on_update(attempt, out),
-                                cache_salt=attempt.cache_salt,
+        prompt, params = attempt.engine_input
+        return self.host.submit(attempt.request_ids()[index], prompt, choice_params(params, index),
+                                attempt.queue, on_update=on_update, cache_salt=attempt.cache_salt,
                                 on_admitted=lambda: self._in_flight.admitted(attempt))
+
+    def _cancel_choices(self, attempt: Attempt) -> None:
+        for request_id in attempt.request_ids():
+            self.host.cancel(request_id)
 
     def _engine_input(self, job: Job) -> tuple[str | list[int], SamplingParams]:
         params = sampling_params_from_json(job.params or {})
         if job.messages is not None:
-            return self.host.tokenizer.apply_chat_template(job.messages), params
+            return chat_prompt_ids(self.host.tokenizer, job.messages, job.chat), params
         if job.prompt is None:
             raise ValueError("prompt: the job has neither a prompt nor messages")
         return job.prompt, params
 
     # --- engine thread -----------------------------------------------------------------------------------
 
-    def _on_update(self, attempt: Attempt, out: RequestOutput) -> None:
-        if self._streamer is not None:
+    def _on_update(self, attempt: Attempt, index: int, out: RequestOutput) -> None:
+        if self._streamer is not None and index == 0:  # a job's streamed text is its first choice's
             self._streamer.update(attempt.job_id, attempt.attempt, out)
         if attempt.first_token_seen or out.metrics.first_token_time is None:
             return
@@ -191,11 +208,11 @@ class JobRunner:
         assert at is not None
         self._writer.first_token(attempt, at)
 
-    def _ended(self, attempt: Attempt, future: Future[RequestOutput]) -> None:
+    def _ended(self, attempt: Attempt, future: EngineFuture) -> None:
         if not self._retried_once(attempt, future):
             self._writer.ended(attempt, future)
 
-    def _retried_once(self, attempt: Attempt, future: Future[RequestOutput]) -> bool:
+    def _retried_once(self, attempt: Attempt, future: EngineFuture) -> bool:
         """Submits the attempt again, once, after a transient engine error (worker/transient.py), under a new
         request id (the failed one's abort output is still being delivered in this step); the store sees
         one attempt. False when it is not retried: the failure is then written as usual."""

@@ -25,6 +25,21 @@ def job_logprobs(
     return out
 
 
+def job_prompt_logprobs(
+    token_ids: list[int], logprobs: list[dict[int, float] | None] | None, top_n: int | None,
+    tokenizer: Tokenizer,
+) -> list[dict[str, Any]] | None:
+    """Per prompt token, as job_logprobs gives generated ones; the first token's logprob is None (nothing
+    precedes it) and it has no alternatives. None when the job did not ask for prompt logprobs."""
+    if logprobs is None or top_n is None:
+        return None
+    assert len(logprobs) == len(token_ids), "the engine keeps one entry per prompt token, the first None"
+    scored = job_logprobs(token_ids[1:], [entry or {} for entry in logprobs[1:]], top_n, tokenizer) or []
+    first = {"token_id": token_ids[0], "text": _token_texts(token_ids[:1], [], tokenizer)[token_ids[0]],
+             "logprob": None, "top_logprobs": []}
+    return [first, *scored]
+
+
 def _entry(token: int, logprob: float, texts: dict[int, str]) -> dict[str, Any]:
     return {"token_id": token, "text": texts[token], "logprob": logprob}
 

@@ -14,7 +14,6 @@ import logging
 import queue as stdlib_queue
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -27,9 +26,8 @@ from core.background import BackgroundLoop
 from core.clock import utcnow
 from core.finish_notifications import FinishedSink
 from core.store import jobs
-from engine.outputs import RequestOutput
 from engine.tokenizer import Tokenizer
-from worker.attempt import ENGINE_ERROR, Attempt
+from worker.attempt import ENGINE_ERROR, Attempt, EngineFuture
 from worker.attempt_outcome import Ended, describe, outcome
 
 log = logging.getLogger(__name__)
@@ -83,7 +81,7 @@ class OutcomeWriter:
     def first_token(self, attempt: Attempt, at: datetime) -> None:
         self._from_step(_FirstToken(attempt, at))
 
-    def ended(self, attempt: Attempt, future: Future[RequestOutput]) -> None:
+    def ended(self, attempt: Attempt, future: EngineFuture) -> None:
         self._from_step(Ended(attempt, future))
 
     def step_ended(self) -> None:

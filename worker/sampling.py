@@ -11,6 +11,7 @@ from engine.structured_output import StructuredOutput
 def sampling_params_from_json(params: dict[str, Any]) -> SamplingParams:
     """ValueError naming the field for anything the engine would refuse (unknown names included)."""
     fields = dict(params)
+    fields.pop("n", None)  # the job's choices: each is a request of its own (worker/choices.py)
     structured = fields.pop("structured", None)
     try:
         if structured is not None:

@@ -30,13 +30,24 @@ from api.schemas.errors import openai_error_responses
 from api.schemas.jobs import JobCreate
 from api.schemas.openai import ChatCompletionCreate, CompletionCreate, ModelCard, ModelList, OpenAIRequest
 from api.submit import model_max_len
-from core.openai_objects import ChunkHeader, GenerationResult, chunk, running_usage, usage_chunk
+from core.chat_options import ChatOptions
+from core.openai_objects import (
+    ChunkHeader,
+    GenerationResult,
+    PromptView,
+    chunk,
+    delta_chunk,
+    finish_reason,
+    running_usage,
+    usage_chunk,
+)
 from core.openai_objects import chat_completion as chat_body
 from core.openai_objects import text_completion as text_body
 from core.openai_request import Refusal, Served, check_request
 from core.request_limits import RequestLimits, RequestSize, prompt_bytes_problem
 from core.settings import Settings
 from core.token_stream import TokenStream
+from core.tool_stream import ContentStream, StreamDivergedError, ToolCallStream, answer_stream
 
 router = APIRouter(prefix="/v1", tags=["openai"], route_class=OpenAIRoute)
 COMPLETION_RESPONSES = {
@@ -65,7 +76,8 @@ async def create_chat_completion(
         raise from_refusal(refusal) from None
     max_tokens = body.requested_max_tokens()
     if max_tokens is None:
-        max_tokens = await run_in_threadpool(_default_chat_max_tokens, services, messages)
+        options = body.chat_options(services.tool_parser)
+        max_tokens = await run_in_threadpool(_default_chat_max_tokens, services, messages, options)
     job = _job_create(services.settings, body, max_tokens, messages=messages)
     return await _complete(request, services, tenant, body, job, chat=True)
 
@@ -104,16 +116,17 @@ def check_model(settings: Settings, model: str | None, param: str | None = "mode
                           f"`{settings.served_model_id()}`", code="model_not_found", param=param)
 
 
-def _default_chat_max_tokens(services: Services, messages: list[dict[str, str]]) -> int:
+def _default_chat_max_tokens(services: Services, messages: list[dict[str, Any]], options: ChatOptions) -> int:
     """OpenAI's chat default is "as many as fit": the queue's cap, within the served max_model_len."""
     queue = services.settings.queue(QUEUE)
     assert queue is not None, "the interactive queue is always configured"
     max_model_len = model_max_len(services)
     limits = RequestLimits.of_queue(QUEUE, queue, max_model_len)
-    if max_model_len is None or prompt_bytes_problem(RequestSize(None, messages, None), limits) is not None:
+    size = RequestSize(None, messages, None, template_bytes=options.template_bytes())
+    if max_model_len is None or prompt_bytes_problem(size, limits) is not None:
         return queue.max_output_tokens  # too long to count: submit() refuses it without tokenizing
     try:
-        prompt_tokens = services.tokenizer.count_messages(messages)
+        prompt_tokens = services.tokenizer.count_messages(messages, options)
     except ValueError:  # no chat template: submit() refuses the request with the reason
         return queue.max_output_tokens
     return max(1, min(queue.max_output_tokens, max_model_len - prompt_tokens))
@@ -134,7 +147,7 @@ def _check_request(served: Served, body: OpenAIRequest) -> None:
 
 def _job_create(
     settings: Settings, body: OpenAIRequest, max_tokens: int | None, *, prompt: str | None = None,
-    messages: list[dict[str, str]] | None = None,
+    messages: list[dict[str, Any]] | None = None,
 ) -> JobCreate:
     if max_tokens is None:
         max_tokens = COMPLETION_DEFAULT_MAX_TOKENS
@@ -156,13 +169,14 @@ async def _complete(
     headers = {"X-Conveyor-Job-Id": job.job_id}
     if body.stream:
         usage = StreamUsage(body.include_usage(), body.continuous_usage())
-        events = _events(request, services, tenant, job, header, job_body, usage)
+        echoed = job_body.prompt if body.prompt_view().echo else None
+        events = _events(request, services, tenant, job, header, job_body, usage, echoed)
         return StreamingResponse(events, media_type="text/event-stream",
                                  headers={**headers, "Cache-Control": "no-cache"})
     outcome = await _wait(request, services, tenant, job)
     if outcome is None:
         return Response(status_code=499)  # nobody is listening; logged by the server only
-    result = _result(outcome, header)
+    result = _result(outcome, header, body.prompt_view())
     completion = (chat_body if chat else text_body)(result, header.completion_id)
     return JSONResponse(completion, headers=headers)
 
@@ -182,26 +196,28 @@ async def _wait(request: Request, services: Services, tenant: str, job: Followed
 
 async def _events(
     request: Request, services: Services, tenant: str, job: FollowedJob, header: ChunkHeader,
-    job_body: JobCreate, usage: StreamUsage,
+    job_body: JobCreate, usage: StreamUsage, echoed: str | None = None,
 ) -> AsyncIterator[str]:
-    """Server-sent events: deltas as the job generates, then the finish (and usage) chunk and [DONE]."""
+    """Server-sent events: (the echoed prompt,) deltas as the job generates, then the finish (and usage)
+    chunk and [DONE]."""
     stops = [job_body.stop] if isinstance(job_body.stop, str) else job_body.stop or []
     # The engine cuts a matched stop string off the text: hold back what could be the start of one.
     hold = max((len(s) for s in stops), default=1) - 1
-    sent, outcome = "", None
+    answer = answer_stream(job_body.chat_options(services.tool_parser), job.job_id)
+    outcome = None
     so_far = usage.so_far(job.prompt_tokens, 0)
     try:
         if header.chat:
             yield _data(chunk(header, "", role=True, usage_so_far=so_far))
+        if echoed:
+            yield _data(chunk(header, echoed, usage_so_far=so_far))
         async for item in openai_sync.follow(services, job, request.is_disconnected):
             if isinstance(item, JobOutcome):
                 outcome = item
                 continue
-            ready = item.text[: len(item.text) - hold]
-            if len(ready) > len(sent) and ready.startswith(sent):
-                so_far = usage.so_far(job.prompt_tokens, item.tokens)
-                yield _data(chunk(header, ready[len(sent):], usage_so_far=so_far))
-                sent = ready
+            so_far = usage.so_far(job.prompt_tokens, item.tokens)
+            for delta in answer.update(item.text[: len(item.text) - hold]):
+                yield _data(_delta_chunk(header, delta, None, so_far))
     except ClientGoneError:
         return
     except Exception:  # the response has started: end the stream properly (the job is cancelled below)
@@ -211,7 +227,7 @@ async def _events(
         return
     finally:
         await openai_sync.finish(services, job, tenant, cancel=outcome is None)
-    for event in _closing_events(outcome, header, sent, usage):
+    for event in _closing_events(outcome, header, answer, usage):
         yield event
 
 
@@ -227,34 +243,44 @@ class StreamUsage:
         return running_usage(prompt_tokens, completion_tokens) if self.in_every_chunk else None
 
 
-def _closing_events(outcome: JobOutcome | None, header: ChunkHeader, sent: str, stream_usage: StreamUsage,
-                    ) -> list[str]:
+def _closing_events(outcome: JobOutcome | None, header: ChunkHeader, answer: ContentStream | ToolCallStream,
+                    stream_usage: StreamUsage) -> list[str]:
     assert outcome is not None, "follow() ends with the outcome"
     try:
         result = _result(outcome, header)
-        if not result.text.startswith(sent):
-            raise OpenAIError(500, "the job was restarted and generated a different text",
-                              code="stream_diverged")
+        deltas, called_tools = answer.close(result.text)
+    except StreamDivergedError as exc:
+        return [_data(OpenAIError(500, str(exc), code="stream_diverged").body()), DONE]
     except OpenAIError as exc:
         return [_data(exc.body()), DONE]
     so_far = stream_usage.so_far(result.prompt_tokens, result.completion_tokens)
-    rest = result.text[len(sent):]
-    events = [_data(chunk(header, rest, usage_so_far=so_far))] if rest else []
-    closing = chunk(header, None if header.chat else "", result.finish_reason, usage_so_far=so_far)
+    events = [_data(_delta_chunk(header, delta, None, so_far)) for delta in deltas]
+    finish = finish_reason(result.finish_reason, called_tools=called_tools)
+    closing = chunk(header, None if header.chat else "", finish, usage_so_far=so_far)
     events.append(_data(closing))
     if stream_usage.at_end:
         events.append(_data(usage_chunk(header, result)))
     return [*events, DONE]
 
 
-def _result(outcome: JobOutcome, header: ChunkHeader) -> GenerationResult:
+def _delta_chunk(header: ChunkHeader, delta: dict[str, Any], finish: str | None,
+                 so_far: dict[str, Any] | None) -> dict[str, Any]:
+    """A chat delta as a chat chunk; a completion's only delta is text."""
+    if header.chat:
+        return delta_chunk(header, delta, finish, usage_so_far=so_far)
+    return chunk(header, delta["content"], finish, usage_so_far=so_far)
+
+
+def _result(outcome: JobOutcome, header: ChunkHeader, shown: PromptView | None = None) -> GenerationResult:
     """The succeeded job's result; any other end becomes the matching OpenAI error."""
     if outcome.status != "succeeded":
         raise _outcome_error(outcome)
     return GenerationResult(text=outcome.text or "", finish_reason=outcome.finish_reason or "stop",
                             prompt_tokens=outcome.prompt_tokens, completion_tokens=outcome.completion_tokens,
                             model=header.model, created=header.created, logprobs=outcome.logprobs,
-                            cached_tokens=outcome.cached_tokens)
+                            cached_tokens=outcome.cached_tokens, chat=ChatOptions.from_json(outcome.chat),
+                            job_id=outcome.job_id, choices=outcome.choices, prompt=outcome.prompt or "",
+                            prompt_logprobs=outcome.prompt_logprobs, shown=shown or PromptView())
 
 
 def _outcome_error(outcome: JobOutcome) -> OpenAIError:

@@ -29,18 +29,14 @@ from api.schemas.vllm import (
     Version,
 )
 from api.submit import model_max_len
+from core.chat_options import chat_options
 from core.clock import utcnow
 from core.openai_request import ChatRoles, Refusal, plain_messages
 from core.store import workers
+from core.tools import template_messages
 
 router = APIRouter(tags=["vllm"], route_class=OpenAIRoute)
 PACKAGE = "conveyor"
-# apply_chat_template's own parameters: chat_template_kwargs may not set them behind the request's back.
-RESERVED_TEMPLATE_KWARGS = frozenset({
-    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
-    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors",
-    "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
-})
 
 
 @router.get("/health", responses={200: {"description": "a worker can take work now"},
@@ -90,21 +86,23 @@ async def detokenize(body: Detokenize, services: ServicesDep, _tenant: WaitingTe
 def _token_ids(services: Services, body: TokenizeCompletion | TokenizeChat) -> list[int]:
     if isinstance(body, TokenizeCompletion):
         return services.tokenizer.encode_prompt(body.prompt, body.add_special_tokens)
-    if body.add_generation_prompt and body.continue_final_message:
-        raise OpenAIError(400, "continue_final_message: cannot be set with add_generation_prompt",
-                          code="invalid_request", param="continue_final_message")
-    reserved = sorted(RESERVED_TEMPLATE_KWARGS & set(body.chat_template_kwargs or {}))
-    if reserved:
-        raise OpenAIError(400, f"chat_template_kwargs: {reserved[0]} is set by the request itself",
-                          code="invalid_request", param="chat_template_kwargs")
+    try:
+        options = chat_options(
+            tools=body.tools, tool_choice=None, parallel_tool_calls=None,
+            add_generation_prompt=body.add_generation_prompt,
+            continue_final_message=body.continue_final_message,
+            chat_template_kwargs=body.chat_template_kwargs, parser=services.tool_parser)
+    except ValueError as exc:
+        param, _, reason = str(exc).partition(": ")
+        raise from_refusal(Refusal("invalid", param, reason)) from None
     try:
         messages = plain_messages(body.messages, ChatRoles.of_template(services.tokenizer.chat_template))
+        kwargs = options.template_kwargs()
         return services.tokenizer.encode_messages(
-            messages, add_generation_prompt=body.add_generation_prompt,
-            continue_final_message=body.continue_final_message, add_special_tokens=body.add_special_tokens,
-            template_kwargs=body.chat_template_kwargs)
+            template_messages(messages), add_generation_prompt=kwargs.pop("add_generation_prompt"),
+            continue_final_message=kwargs.pop("continue_final_message"),
+            add_special_tokens=body.add_special_tokens, template_kwargs=kwargs)
     except Refusal as refusal:
         raise from_refusal(refusal) from None
     except ValueError as exc:
         raise OpenAIError(400, str(exc), code="invalid_request", param="messages") from None
-

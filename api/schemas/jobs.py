@@ -19,11 +19,13 @@ from pydantic_core import PydanticCustomError
 from api.schemas.fields import (
     STORABLE,
     ChatRole,
+    ChoiceCount,
     Logprobs,
     MinP,
     MinTokens,
     NonEmptyText,
     OpenAIPenalty,
+    OutputTokens,
     RepetitionPenalty,
     Seed,
     Stop,
@@ -31,24 +33,26 @@ from api.schemas.fields import (
     StoredJsonObject,
     StrictFlag,
     Temperature,
-    TokenCount,
     TopK,
     TopP,
 )
-from core.request_rules import MAX_TIMEOUT_S, MAX_TTL_S, json_problem
+from core.chat_options import ChatOptions, ToolParser, chat_options
+from core.openai_request import CHAT_FIELDS
+from core.request_rules import MAX_TIMEOUT_S, MAX_TTL_S, json_problem, output_problem
 from core.structured_rules import MAX_CHOICES, structured_from_response_format, structured_problem
+from core.tools import ToolCallIn, ToolChoice, Tools, history_problem
 from core.views import JobPublic
 from core.webhooks.events import validate_filter
 from core.webhooks.ssrf import url_problem
 
 SAMPLING_FIELDS = (
-    "max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
-    "ignore_eos", "repetition_penalty", "presence_penalty", "frequency_penalty", "logprobs",
-    "skip_special_tokens", "include_stop_str_in_output",
+    "n", "max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
+    "stop_token_ids", "ignore_eos", "repetition_penalty", "presence_penalty", "frequency_penalty", "logprobs",
+    "prompt_logprobs", "skip_special_tokens", "include_stop_str_in_output",
 )
 # Stored only when they differ from their defaults: a job without them keeps the params shape it always had.
-STORED_WHEN_SET = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "skip_special_tokens": True,
-                   "include_stop_str_in_output": False}
+STORED_WHEN_SET = {"n": 1, "prompt_logprobs": None, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+                   "skip_special_tokens": True, "include_stop_str_in_output": False}
 
 
 def exactly_one_of(first: str, second: str) -> dict[str, Any]:
@@ -62,7 +66,14 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     role: ChatRole = Field(examples=["user"], description="passed to the chat template as given")
-    content: Annotated[str, STORABLE]
+    content: Annotated[str, STORABLE] | None = Field(description="null only beside tool_calls")
+    tool_calls: list[ToolCallIn] | None = Field(None, description="calls an assistant message made")
+    tool_call_id: Annotated[str, STORABLE] | None = Field(None, description="the call a tool message answers")
+
+    def stored(self) -> dict[str, Any]:
+        """As the job stores it: role and content, and the tool fields only when sent."""
+        extra = self.model_dump(mode="json", include={"tool_calls", "tool_call_id"}, exclude_none=True)
+        return {"role": self.role, "content": self.content, **extra}
 
 
 def _url_as_sent(value: object) -> object:
@@ -132,7 +143,9 @@ class JobCreate(BaseModel):
         None, min_length=1, description="chat messages, rendered with the model's chat template"
     )
     queue: str = Field("interactive", description="interactive or documents")
-    max_tokens: TokenCount = 16
+    n: ChoiceCount = Field(1, description="choices from the one prompt (result.choices); the prompt is "
+                           "computed once, and each choice may write up to max_tokens")
+    max_tokens: OutputTokens = 16
     min_tokens: MinTokens = 0
     temperature: Temperature = 1.0
     top_p: TopP = 1.0
@@ -152,6 +165,9 @@ class JobCreate(BaseModel):
     logprobs: Logprobs | None = Field(
         None, description="return this many alternatives per generated token (result.logprobs)",
     )
+    prompt_logprobs: Logprobs | None = Field(
+        None, description="return each prompt token's logprob and this many alternatives "
+        "(result.prompt_logprobs, the first null); the prompt is then computed, not taken from the cache")
     metadata: StoredJsonObject | None = Field(None, description="small JSON object returned as given")
     ttl: float | None = Field(None, strict=True, gt=0, le=MAX_TTL_S, allow_inf_nan=False,
                               description="seconds; the job expires if not started in time")
@@ -167,6 +183,57 @@ class JobCreate(BaseModel):
     choice: Annotated[list[NonEmptyText], Field(min_length=1, max_length=MAX_CHOICES)] | None = Field(
         None, description="output is exactly one of these strings",
     )
+
+    # Chat only: how the messages are rendered and the answer read (core/chat_options.py).
+    tools: Tools | None = Field(None, description="functions the model may call, rendered by its template")
+    tool_choice: ToolChoice | None = Field(
+        None, description="none, auto (the default with tools), required, or a named function; required and "
+        "a named function constrain the output to a call whose arguments follow the schema")
+    parallel_tool_calls: StrictFlag | None = Field(None, description="false: at most one call")
+    add_generation_prompt: StrictFlag | None = Field(
+        None, description="end the prompt with the assistant turn's opening (default true, or false with "
+        "continue_final_message)")
+    continue_final_message: StrictFlag | None = Field(
+        None, description="leave the last message open, and continue it")
+    chat_template_kwargs: StoredJsonObject | None = Field(
+        None, description="extra variables for the chat template (e.g. enable_thinking)")
+
+    @model_validator(mode="after")
+    def _output_fields(self) -> JobCreate:
+        problem = output_problem(self.max_tokens, self.n, self.prompt_logprobs)
+        if problem is not None:
+            raise PydanticCustomError("invalid_output", "{field}: {reason}",
+                                      {"field": problem[0], "reason": problem[1]})
+        return self
+
+    @model_validator(mode="after")
+    def _chat_fields(self) -> JobCreate:
+        sent = [name for name in CHAT_FIELDS if getattr(self, name) is not None]
+        if sent and self.messages is None:
+            raise PydanticCustomError("chat_only", f"{sent[0]}: only with messages")
+        problem = history_problem(self.stored_messages() or [])
+        try:
+            self.chat_options("hermes")  # the parser changes nothing judged here
+        except ValueError as exc:
+            problem = problem or tuple(str(exc).split(": ", 1))  # type: ignore[assignment]
+        if problem is None and self.structured() is not None and self.chat_options("hermes").constrained:
+            problem = ("tool_choice", "required or a named function constrains the output to the call: "
+                       "send no response_format, regex or choice with it")
+        if problem is not None:
+            raise PydanticCustomError("invalid_chat", "{field}: {reason}",
+                                      {"field": problem[0], "reason": problem[1]})
+        return self
+
+    def stored_messages(self) -> list[dict[str, Any]] | None:
+        return [message.stored() for message in self.messages] if self.messages is not None else None
+
+    def chat_options(self, parser: ToolParser) -> ChatOptions:
+        """How the messages are rendered and the answer read. ValueError "<field>: <reason>"."""
+        return chat_options(
+            tools=self.tools, tool_choice=self.tool_choice, parallel_tool_calls=self.parallel_tool_calls,
+            add_generation_prompt=self.add_generation_prompt,
+            continue_final_message=self.continue_final_message,
+            chat_template_kwargs=self.chat_template_kwargs, parser=parser)
 
     @field_validator("response_format")
     @classmethod

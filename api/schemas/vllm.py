@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from core.openai_request import ChatMessageIn
 from core.request_fields import NonEmptyText, StoredText
+from core.tools import Tools
 
 MAX_TOKENIZE_IDS = 1_000_000  # a detokenize body is bounded by max_body_bytes too; this names the limit
 
@@ -31,9 +32,12 @@ class TokenizeChat(BaseModel):
 
     model: NonEmptyText | None = Field(None, description="the served model (GET /v1/models); optional")
     messages: list[ChatMessageIn] = Field(min_length=1)
-    add_generation_prompt: StrictBool = Field(True, description="end with the assistant turn's opening")
-    continue_final_message: StrictBool = Field(
-        False, description="leave the last message open, to be continued (not with add_generation_prompt)")
+    tools: Tools | None = Field(None, description="functions offered, rendered by the chat template")
+    add_generation_prompt: StrictBool | None = Field(
+        None, description="end with the assistant turn's opening (default true, or false with "
+        "continue_final_message)")
+    continue_final_message: StrictBool | None = Field(
+        None, description="leave the last message open, to be continued (not with add_generation_prompt)")
     add_special_tokens: StrictBool = Field(
         False, description="add special tokens on top of the template's (which already holds any BOS)")
     chat_template_kwargs: dict[str, Any] | None = Field(

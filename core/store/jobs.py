@@ -55,6 +55,7 @@ class NewJob:
     ttl_s: float | None
     timeout_s: float | None
     batch_id: str | None = None  # the batch whose line this job answers; set by the batch runner only
+    chat: dict[str, Any] | None = None  # core/chat_options.py's stored form
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ def _queued_row(new: NewJob, now: datetime) -> dict[str, Any]:
         messages=new.messages, params=new.params, meta=new.meta, webhook=new.webhook,
         idempotency_key=new.idempotency_key, request_hash=new.request_hash, ttl_s=new.ttl_s,
         timeout_s=new.timeout_s, expires_at=expires_at, created_at=now, updated_at=now, attempts=0,
-        preemptions=0, prompt_tokens=new.prompt_tokens, batch_id=new.batch_id,
+        preemptions=0, prompt_tokens=new.prompt_tokens, batch_id=new.batch_id, chat=new.chat,
     )
 
 
@@ -253,6 +254,8 @@ class Completion:
     first_token_at: datetime | None
     logprobs: list[dict[str, Any]] | None = None
     cached_tokens: int = 0  # prompt tokens the engine found in its prefix cache
+    choices: list[dict[str, Any]] | None = None  # every choice of a job that asked for n > 1
+    prompt_logprobs: list[dict[str, Any]] | None = None  # per prompt token, when the job asked for them
 
 
 @dataclass(frozen=True)
@@ -297,6 +300,8 @@ def _outcome_values(outcome: Outcome, now: datetime) -> tuple[str, dict[str, Any
         prompt_tokens=outcome.prompt_tokens, completion_tokens=outcome.completion_tokens,
         cached_tokens=outcome.cached_tokens,
         logprobs=outcome.logprobs if outcome.logprobs is not None else null(),  # SQL NULL, not JSON null
+        choices=outcome.choices if outcome.choices is not None else null(),
+        prompt_logprobs=outcome.prompt_logprobs if outcome.prompt_logprobs is not None else null(),
         first_token_at=func.coalesce(Job.first_token_at, outcome.first_token_at), **common,
     )
 

@@ -101,6 +101,8 @@ class Job(Base):
     prompt: Mapped[str | None] = mapped_column(Text, nullable=True)
     messages: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
     params: Mapped[dict[str, Any]] = mapped_column(JSON)  # SamplingParams keyword arguments
+    # How the messages are rendered and the answer read (core/chat_options.py); NULL: the defaults.
+    chat: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     # `metadata` is reserved on declarative classes, hence the attribute name.
     meta: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON, nullable=True)
     webhook: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
@@ -122,6 +124,12 @@ class Job(Base):
     cached_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)  # from the prefix cache
     # Per generated token when the job asked for logprobs: {token_id, text, logprob, top_logprobs: [...]}.
     logprobs: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
+    # A job that asked for n > 1: every choice {index, text, finish_reason, completion_tokens, logprobs};
+    # result_text, finish_reason and logprobs are choice 0's, completion_tokens their sum.
+    choices: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
+    # When the job asked for prompt_logprobs: per prompt token {token_id, text, logprob, top_logprobs}, the
+    # first one's logprob null (nothing precedes it).
+    prompt_logprobs: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
     error_code: Mapped[str | None] = mapped_column(String(64), nullable=True)
     error_message: Mapped[str | None] = mapped_column(Text, nullable=True)
     worker_id: Mapped[str | None] = mapped_column(String(128), nullable=True)

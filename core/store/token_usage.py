@@ -1,7 +1,7 @@
 """Tokens per minute, counted from the store so the limit holds across API processes.
 
 A job counts in the minute after it was submitted (its created_at), for:
-- queued or running: its prompt tokens + its max_tokens (a reservation: what it may still use);
+- queued or running: its prompt tokens + n x its max_tokens (a reservation: what its n choices may use);
 - final, having started: its prompt tokens + the tokens it generated (the reservation corrected);
 - final without ever starting (cancelled or expired while queued): nothing.
 Batch lines count too (their prompt tokens are known once they ran). The sum is one range read of the
@@ -48,7 +48,8 @@ class WindowUse:
 
 def counted_tokens() -> object:
     """The tokens one job counts for (the module docstring's rule), as a SQL expression."""
-    reserved = func.coalesce(cast(Job.params["max_tokens"].as_integer(), Integer), DEFAULT_MAX_TOKENS)
+    max_tokens = func.coalesce(cast(Job.params["max_tokens"].as_integer(), Integer), DEFAULT_MAX_TOKENS)
+    reserved = max_tokens * func.coalesce(cast(Job.params["n"].as_integer(), Integer), 1)
     used = func.coalesce(Job.completion_tokens, 0)
     return case(
         (Job.status.in_((QUEUED, RUNNING)), func.coalesce(Job.prompt_tokens, 0) + reserved),

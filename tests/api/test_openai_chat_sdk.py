@@ -244,7 +244,7 @@ def test_sdk_error_classes(workerless: Server) -> None:
         client.chat.completions.create(model=workerless.model, messages=MESSAGES, temperature=3)
     assert bad_field.value.param == "temperature" and bad_field.value.type == "invalid_request_error"
     with pytest.raises(openai.BadRequestError) as two:
-        client.completions.create(model=workerless.model, prompt="Hi", n=2)
+        client.completions.create(model=workerless.model, prompt="Hi", n=17)
     assert two.value.param == "n"
     with pytest.raises(openai.NotFoundError) as unknown:
         client.chat.completions.create(model="gpt-4o", messages=MESSAGES)

@@ -27,6 +27,12 @@ from tests.support.service import RecordingPublisher, Service, error_of
 from worker.batches.runner import BatchRunner
 
 USER = {"role": "user", "content": "hi"}
+TOOL = {"type": "function", "function": {"name": "add", "description": "a + b", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+    "required": ["a", "b"]}}}
+NAMED = {"type": "function", "function": {"name": "add"}}
+CALLED = {"role": "assistant", "content": None, "tool_calls": [
+    {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 2}'}}]}
 # (case, endpoint, body without model, the field both paths must refuse; None: both accept)
 CASES: list[tuple[str, str, dict[str, Any], str | None]] = [
     ("chat", CHAT, {"messages": [USER], "max_tokens": 2}, None),
@@ -36,17 +42,45 @@ CASES: list[tuple[str, str, dict[str, Any], str | None]] = [
     ("presence-range", CHAT, {"messages": [USER], "presence_penalty": 2.5}, "presence_penalty"),
     ("frequency-type", COMPLETIONS, {"prompt": "hi", "frequency_penalty": "high"}, "frequency_penalty"),
     ("n-1", CHAT, {"messages": [USER], "n": 1}, None),
-    ("n-2", CHAT, {"messages": [USER], "n": 2}, "n"),
-    ("text-n-2", COMPLETIONS, {"prompt": "hi", "n": 2}, "n"),
+    ("n-2", CHAT, {"messages": [USER], "n": 2}, None),
+    ("text-n-2", COMPLETIONS, {"prompt": "hi", "n": 2}, None),
+    ("n-too-many", CHAT, {"messages": [USER], "n": 17}, "n"),
+    ("n-streamed", CHAT, {"messages": [USER], "n": 2, "stream": True}, "n"),
     ("unknown-model", CHAT, {"messages": [USER], "model": "gpt-4o"}, "model"),
     ("text-unknown-model", COMPLETIONS, {"prompt": "hi", "model": "gpt-4o"}, "model"),
     ("unknown-role", CHAT, {"messages": [USER, {"role": "robot", "content": "x"}]}, "messages[1].role"),
-    (
-        "tool-role",
-        CHAT,
-        {"messages": [USER, {"role": "tool", "content": "4", "tool_call_id": "c"}]},
-        "messages[1].role",
-    ),
+    ("tool-role", CHAT, {"messages": [USER, {"role": "tool", "content": "4", "tool_call_id": "c"}]}, None),
+    ("tools-auto", CHAT, {"messages": [USER], "tools": [TOOL]}, None),
+    ("tools-required", CHAT, {"messages": [USER], "tools": [TOOL], "tool_choice": "required",
+                              "parallel_tool_calls": False}, None),
+    ("tools-named", CHAT, {"messages": [USER], "tools": [TOOL], "tool_choice": NAMED}, None),
+    ("tool-choice-alone", CHAT, {"messages": [USER], "tool_choice": "required"}, "tool_choice"),
+    ("tool-choice-unknown", CHAT, {"messages": [USER], "tools": [TOOL], "tool_choice": {
+        "type": "function", "function": {"name": "other"}}}, "tool_choice"),
+    ("tools-twice", CHAT, {"messages": [USER], "tools": [TOOL, TOOL]}, "tools[1].function.name"),
+    ("tool-bad-schema", CHAT, {"messages": [USER], "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "nope"}}}]}, "tools[0].function.parameters"),
+    ("tool-bad-name", CHAT, {"messages": [USER], "tools": [{"type": "function", "function": {
+        "name": "no spaces"}}]}, "tools[0].function.name"),
+    ("required-and-format", CHAT, {"messages": [USER], "tools": [TOOL], "tool_choice": "required",
+                                   "response_format": {"type": "json_object"}}, "response_format"),
+    ("auto-and-format", CHAT, {"messages": [USER], "tools": [TOOL],
+                               "response_format": {"type": "json_object"}}, None),
+    ("tool-call-history", CHAT, {"messages": [USER, CALLED, {"role": "tool", "content": "4",
+                                                             "tool_call_id": "call_1"}]}, None),
+    ("tool-call-bad-arguments", CHAT, {"messages": [USER, {**CALLED, "tool_calls": [
+        {**CALLED["tool_calls"][0], "function": {"name": "add", "arguments": "[1]"}}]}]},
+     "messages[1].tool_calls[0].function.arguments"),
+    ("tool-call-from-user", CHAT, {"messages": [{**CALLED, "role": "user"}]}, "messages[0].tool_calls"),
+    ("no-content", CHAT, {"messages": [{"role": "user", "content": None}]}, "messages[0].content"),
+    ("continue-final", CHAT, {"messages": [USER, {"role": "assistant", "content": "Sure,"}],
+                              "continue_final_message": True}, None),
+    ("continue-and-generation", CHAT, {"messages": [USER], "continue_final_message": True,
+                                       "add_generation_prompt": True}, "continue_final_message"),
+    ("template-kwargs", CHAT, {"messages": [USER], "chat_template_kwargs": {"enable_thinking": False}}, None),
+    ("template-kwargs-reserved", CHAT, {"messages": [USER], "chat_template_kwargs": {"tools": []}},
+     "chat_template_kwargs"),
+    ("text-tools", COMPLETIONS, {"prompt": "hi", "tools": [TOOL]}, "tools"),
     ("developer-role", CHAT, {"messages": [{"role": "developer", "content": "be brief"}, USER]}, None),
     ("unknown-field", CHAT, {"messages": [USER], "frobnicate": 1}, "frobnicate"),
     ("logit-bias", CHAT, {"messages": [USER], "logit_bias": {"5": 1}}, "logit_bias"),

@@ -64,7 +64,10 @@ def test_bad_requests_are_400s_naming_the_field(alice: TestClient, prompt_tokeni
     cases = [
         ("/detokenize", {"tokens": [1, vocab]}, "tokens[1]"),
         ("/detokenize", {"tokens": [-1]}, "tokens[0]"),
-        ("/tokenize", {"messages": MESSAGES, "continue_final_message": True}, "continue_final_message"),
+        ("/tokenize", {"messages": MESSAGES, "continue_final_message": True, "add_generation_prompt": True},
+         "continue_final_message"),
+        ("/tokenize", {"messages": MESSAGES, "tools": [{"type": "function", "function": {"name": "f"}}] * 2},
+         "tools[1].function.name"),
         ("/tokenize", {"messages": MESSAGES, "chat_template_kwargs": {"tokenize": True}},
          "chat_template_kwargs"),
         ("/tokenize", {"prompt": "hi", "messages": MESSAGES}, None),

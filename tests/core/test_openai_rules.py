@@ -59,7 +59,8 @@ def test_tool_messages_need_a_template_with_a_tool_role() -> None:
     assert "tool role" in refusal.message
     body = parse_body(CHAT, {"messages": [USER, tool]})
     assert isinstance(body, ChatCompletionCreate)
-    assert body.chat_messages(ChatRoles(tool=True))[1] == {"role": "tool", "content": "42"}
+    rendered = {"role": "tool", "content": "42", "tool_call_id": "call_1"}
+    assert body.chat_messages(ChatRoles(tool=True))[1] == rendered
 
 
 @pytest.mark.parametrize(
@@ -67,8 +68,8 @@ def test_tool_messages_need_a_template_with_a_tool_role() -> None:
     [
         (CHAT, {"messages": [{"role": "robot", "content": "x"}]}, "invalid", "messages[0].role"),
         (CHAT, {"model": "gpt-4o", "messages": [USER]}, "model_not_found", "model"),
-        (CHAT, {"messages": [USER], "n": 2}, "unsupported", "n"),
-        (COMPLETIONS, {"prompt": "x", "n": 3}, "unsupported", "n"),
+        (CHAT, {"messages": [USER], "n": 2, "stream": True}, "unsupported", "n"),
+        (COMPLETIONS, {"prompt": "x", "n": 17}, "invalid", "n"),
         (CHAT, {"messages": [USER], "presence_penalty": 2.5}, "invalid", "presence_penalty"),
         (COMPLETIONS, {"prompt": "x", "frequency_penalty": -3}, "invalid", "frequency_penalty"),
         (COMPLETIONS, {"prompt": [1, 2]}, "unsupported", "prompt"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -493,3 +494,50 @@ def test_a_claim_is_on_its_way_until_its_attempt_is_in_flight(
     (since, held), = seen
     assert since is not None and since <= utcnow() and (job_id, 1) not in held
     done.wait()
+
+
+def _totals(host: EngineHost) -> Any:
+    return host.stats()["totals"]
+
+
+def test_a_job_with_n_choices_computes_its_prompt_once_and_stores_every_choice(
+    runner: JobRunner, host: EngineHost, sessions: sessionmaker[Session]
+) -> None:
+    # Several KV blocks, never seen before (no earlier test cached them).
+    prompt = uuid.uuid4().hex + " ".join(f"choice {i}: one prompt, many answers" for i in range(24))
+    job_id = add_job(sessions, prompt, max_tokens=6, temperature=1.0, seed=7, n=3, ignore_eos=True)
+    before = _totals(host)
+    done = Done()
+    assert runner.run(job_id, done)
+    done.wait()
+    job = get_job(sessions, job_id)
+    assert job.status == "succeeded" and job.choices is not None and job.prompt_tokens is not None
+    assert [c["index"] for c in job.choices] == [0, 1, 2]
+    assert job.result_text == job.choices[0]["text"] and job.finish_reason == job.choices[0]["finish_reason"]
+    assert job.completion_tokens == sum(c["completion_tokens"] for c in job.choices) == 18
+    assert len({c["text"] for c in job.choices}) > 1, "each choice samples with its own seed"
+    computed = _totals(host)["prefill_tokens"] - before["prefill_tokens"]
+    # Choice 0 computes the prompt; the others find its full blocks cached and compute the last partial one.
+    assert job.prompt_tokens <= computed < job.prompt_tokens + 2 * 16, computed
+
+
+def test_n_choices_with_a_seed_repeat_and_a_cancel_aborts_them_all(
+    runner: JobRunner, host: EngineHost, sessions: sessionmaker[Session]
+) -> None:
+    texts = []
+    for _ in range(2):
+        job_id = add_job(sessions, "The river is calm", max_tokens=5, temperature=1.0, seed=3, n=2)
+        done = Done()
+        assert runner.run(job_id, done)
+        done.wait()
+        texts.append([c["text"] for c in get_job(sessions, job_id).choices or []])
+    assert texts[0] == texts[1] and len(texts[0]) == 2
+    job_id = add_job(sessions, "The river is calm", max_tokens=LONG_JOB_TOKENS, ignore_eos=True, n=3)
+    done = Done()
+    assert runner.run(job_id, done)
+    wait_generating(sessions, job_id)
+    with sessions() as session:
+        jobs.cancel(session, job_id, "default", utcnow())
+    done.wait()
+    assert get_job(sessions, job_id).status == "cancelled"
+    wait_for(lambda: _kv_free(host), "every choice aborted and its KV blocks freed", timeout_s=30)

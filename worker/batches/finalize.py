@@ -27,6 +27,7 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 from sqlalchemy.orm import Session, sessionmaker
 
+from core.chat_options import ChatOptions
 from core.clock import utcnow
 from core.lifecycle import (
     BATCH_CANCELLED,
@@ -39,6 +40,7 @@ from core.lifecycle import (
 )
 from core.openai_objects import (
     GenerationResult,
+    PromptView,
     batch_error_line,
     batch_result_line,
     chat_completion,
@@ -224,7 +226,10 @@ class BatchFinalizer:
                                   completion_tokens=job.completion_tokens or 0,
                                   model=meta.get("model") or self._model_name,
                                   created=int(finished.timestamp()), logprobs=job.logprobs,
-                                  cached_tokens=job.cached_tokens or 0)
+                                  cached_tokens=job.cached_tokens or 0, chat=ChatOptions.from_json(job.chat),
+                                  job_id=job.id, choices=job.choices, prompt=job.prompt or "",
+                                  prompt_logprobs=job.prompt_logprobs,
+                                  shown=PromptView.from_json(meta.get("shown")))
         if meta.get("endpoint", CHAT) == CHAT:
             body = chat_completion(result, new_id("chatcmpl-"))
         else:

@@ -22,9 +22,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from core.chat_options import ChatOptions
+from core.chat_options import job_params as chat_job_params
 from core.field_errors import FieldProblem
 from core.openai_request import (
     CHAT,
+    CHAT_FIELDS,
     COMPLETIONS,
     STRUCTURED_FIELDS,
     ChatCompletionCreate,
@@ -53,17 +56,20 @@ class BatchRequest:
     line: int
     custom_id: str
     endpoint: str  # CHAT or COMPLETIONS
-    messages: list[dict[str, str]] | None
+    messages: list[dict[str, Any]] | None
     prompt: str | list[int] | None  # text (token ids are refused, as on the synchronous route)
     params: dict[str, Any]  # engine.SamplingParams keyword arguments, only those the line set
     model: str | None
     prompt_tokens: int = 0  # as the queue's tokenizer counts them (0 when the parser was given none)
+    chat: dict[str, Any] | None = None  # how the messages are rendered and the answer read (stored form)
+    shown: dict[str, Any] | None = None  # what its answer shows of the prompt (PromptView's stored form)
 
     def size(self) -> RequestSize:
         """The lengths the request rules judge."""
         prompt = self.prompt if isinstance(self.prompt, str) else None  # token ids: counted exactly anyway
+        template_bytes = ChatOptions.from_json(self.chat).template_bytes()
         return RequestSize(prompt, self.messages, self.params.get("max_tokens"),
-                           self.params.get("min_tokens", 0))
+                           self.params.get("min_tokens", 0), template_bytes)
 
 
 @dataclass(frozen=True)
@@ -224,18 +230,21 @@ def _validated(number: int, custom_id: str, endpoint: str, body: dict[str, Any],
     check_request(request, served)
     if request.stream:
         raise Refusal("invalid", "stream", "must be false in a batch")
+    options = ChatOptions()
     if isinstance(request, ChatCompletionCreate):
         messages, prompt = request.chat_messages(served.roles), None
+        options = request.chat_options(served.tool_parser)  # judged by check_request
     else:
         messages, prompt = None, request.prompt_text()
     return BatchRequest(line=number, custom_id=custom_id, endpoint=endpoint, messages=messages, prompt=prompt,
-                        params=_job_params(request), model=request.model)
+                        params=chat_job_params(_job_params(request), options), model=request.model,
+                        chat=options.to_json(), shown=request.prompt_view().to_json())
 
 
 def _job_params(request: OpenAIRequest) -> dict[str, Any]:
     """The job's stored params (structured output in its stored form), as the line set them."""
     params = request.job_params()
-    for name in STRUCTURED_FIELDS:
+    for name in (*STRUCTURED_FIELDS, *CHAT_FIELDS):
         params.pop(name, None)
     structured = request.structured()  # checked by check_request
     if structured is not None:

@@ -4,14 +4,16 @@ tokenizer's two methods (engine.tokenizer.Tokenizer)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from worker.batches.lines import BatchRequest
+from worker.chat_prompt import chat_prompt_ids
 
 
 class ChatTokenizer(Protocol):
     def encode(self, text: str) -> list[int]: ...
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]: ...
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            **template_kwargs: Any) -> list[int]: ...
 
 
 def prompt_token_counter(tokenizer: ChatTokenizer) -> Callable[[BatchRequest], int]:
@@ -20,7 +22,7 @@ def prompt_token_counter(tokenizer: ChatTokenizer) -> Callable[[BatchRequest], i
 
     def count(request: BatchRequest) -> int:
         if request.messages is not None:
-            return len(tokenizer.apply_chat_template(request.messages))
+            return len(chat_prompt_ids(tokenizer, request.messages, request.chat))
         if isinstance(request.prompt, list):
             return len(request.prompt)
         assert request.prompt is not None, "a parsed request has messages or a prompt"

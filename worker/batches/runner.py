@@ -316,12 +316,16 @@ def _new_job(batch: Batch, request: BatchRequest, now: datetime) -> Job:
     assert not isinstance(request.prompt, list)
     meta = {"batch_id": batch.id, "custom_id": request.custom_id, "line": request.line,
             "endpoint": request.endpoint, "model": request.model}
+    if request.shown:  # what the answer shows of the prompt (echo, prompt_logprobs)
+        meta["shown"] = request.shown
     asked = {"endpoint": request.endpoint, "model": request.model, "prompt": request.prompt,
-             "messages": request.messages, "params": request.params}
+             "messages": request.messages, "params": request.params,
+             **({"chat": request.chat} if request.chat else {})}
     new = jobs.NewJob(tenant_id=batch.tenant_id, queue=batch.queue, prompt=request.prompt,
                       messages=request.messages, params=request.params, meta=meta, webhook=None,
                       idempotency_key=None, request_hash=jobs.request_hash(asked),
-                      prompt_tokens=request.prompt_tokens, ttl_s=None, timeout_s=None, batch_id=batch.id)
+                      prompt_tokens=request.prompt_tokens, ttl_s=None, timeout_s=None, batch_id=batch.id,
+                      chat=request.chat)
     return jobs.build(new, now)
 
 

@@ -49,7 +49,7 @@ def test_counter_value_error_is_a_bad_line() -> None:
         def encode(self, text: str) -> list[int]:
             return [1]
 
-        def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
+        def apply_chat_template(self, messages: list[dict[str, str]], **template_kwargs: object) -> list[int]:
             raise ValueError("messages: the chat template rejected them: roles must alternate")
 
     limits = LineLimits(max_prompt_tokens=10, count_tokens=prompt_token_counter(Rejecting()))

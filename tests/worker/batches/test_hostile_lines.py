@@ -96,7 +96,7 @@ class _Tokenizer:
             raise RuntimeError("tokenizer failure")
         return [1] * len(text.split())
 
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
+    def apply_chat_template(self, messages: list[dict[str, str]], **template_kwargs: object) -> list[int]:
         if any("explode" in m["content"] for m in messages):
             raise KeyError("a template variable")
         return [1] * sum(len(m["content"].split()) for m in messages)
