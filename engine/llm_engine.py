@@ -56,7 +56,7 @@ class Runner(Protocol):
 
     # The logits [num sampling chunks, V] fp32 and the prompt logprobs of the chunks that ask for them; a
     # double may return the logits alone (it computes no prompt logprobs).
-    def execute(self, chunks: list[ScheduledChunk]) -> RunnerOutput | torch.Tensor: ...
+    def execute(self, chunks: list[ScheduledChunk]) -> RunnerOutput: ...
 
 
 class LLMEngine:
@@ -179,8 +179,6 @@ class LLMEngine:
         """The runner's output; raises (so the chunks are retried, and a request failing alone is aborted)
         when a chunk's prompt logprobs are missing: its sequence's would have a gap."""
         out = self.runner.execute(chunks)
-        if not isinstance(out, RunnerOutput):  # a test double that returns the logits alone
-            out = RunnerOutput(out, [None] * len(chunks))
         if any(c.prompt_targets and lp is None for c, lp in zip(chunks, out.prompt_logprobs, strict=True)):
             raise RuntimeError("the model runner returned no prompt logprobs for a chunk that asked for them")
         return out

@@ -198,8 +198,8 @@ def test_prompt_logprobs_beyond_the_vocabulary_are_refused(llama_dir: Path) -> N
 class ScoringRunner(FakeRunner):
     """A FakeRunner that also returns prompt logprobs: 0 for every target and for token 0."""
 
-    def execute(self, chunks: list[ScheduledChunk]) -> RunnerOutput:  # type: ignore[override]
-        return RunnerOutput(super().execute(chunks), [_zero_logprobs(c) for c in chunks])
+    def execute(self, chunks: list[ScheduledChunk]) -> RunnerOutput:
+        return RunnerOutput(super().execute(chunks).logits, [_zero_logprobs(c) for c in chunks])
 
 
 def _zero_logprobs(chunk: ScheduledChunk) -> ChunkPromptLogprobs | None:

@@ -6,12 +6,11 @@ import random
 from pathlib import Path
 
 import pytest
-import torch
 
 from engine.config import EngineConfig, RequestClassConfig
 from engine.llm_engine import LLMEngine
 from engine.sampling_params import SamplingParams
-from engine.scheduled_chunk import ScheduledChunk
+from engine.scheduled_chunk import RunnerOutput, ScheduledChunk
 from engine.tokenizer import Tokenizer
 from tests.support.fake_runner import FakeRunner, reference
 
@@ -232,11 +231,11 @@ def assert_block_accounting(engine: LLMEngine, total: int) -> None:
 class EosRunner(FakeRunner):
     """Always prefers EOS (id 2); the next best token is 7."""
 
-    def execute(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
-        rows = super().execute(chunks)
-        rows[:] = 0.0
-        rows[:, 2], rows[:, 7] = 10.0, 5.0
-        return rows
+    def execute(self, chunks: list[ScheduledChunk]) -> RunnerOutput:
+        out = super().execute(chunks)
+        out.logits[:] = 0.0
+        out.logits[:, 2], out.logits[:, 7] = 10.0, 5.0
+        return out
 
 
 def test_eos_stops_after_min_tokens_unless_ignored(tokenizer) -> None:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine import EngineConfig, LLMEngine, RequestOutput, SamplingParams
-from engine.scheduled_chunk import ScheduledChunk
+from engine.scheduled_chunk import RunnerOutput, ScheduledChunk
 from engine.tokenizer import Tokenizer
 from tests.support.engine import drain
 from tests.support.fake_runner import FailingRunner, FakeRunner, reference
@@ -29,11 +29,12 @@ def tokenizer(llama_dir: Path) -> Tokenizer:
 class SpreadRunner(PoisonRunner):
     """Logits with a real spread, so seeded sampling depends on the noise; still a function of the history."""
 
-    def execute(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
-        peaks = super().execute(chunks)  # [N, V]: 20 at next_token(history), 0 elsewhere
+    def execute(self, chunks: list[ScheduledChunk]) -> RunnerOutput:
+        out = super().execute(chunks)
+        peaks = out.logits  # [N, V]: 20 at next_token(history), 0 elsewhere
         noise = [torch.randn(VOCAB, generator=torch.Generator().manual_seed(int(peak)))
                  for peak in peaks.argmax(-1)]
-        return peaks / 10 + 2 * torch.stack(noise) if noise else peaks
+        return RunnerOutput(peaks / 10 + 2 * torch.stack(noise) if noise else peaks, out.prompt_logprobs)
 
 
 def make_engine(tokenizer: Tokenizer, runner: FakeRunner) -> LLMEngine:

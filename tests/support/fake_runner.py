@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.scheduled_chunk import ScheduledChunk
+from engine.scheduled_chunk import RunnerOutput, ScheduledChunk
 
 
 def next_token(history: list[int], vocab_size: int) -> int:
@@ -41,7 +41,8 @@ class FakeRunner:
         self.cache = torch.full((num_kv_blocks, block_size), -1, dtype=torch.long)
         self.steps: list[list[ScheduledChunk]] = []
 
-    def execute(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
+    def execute(self, chunks: list[ScheduledChunk]) -> RunnerOutput:
+        """Logits only: a fake scores no prompt (prompt_logprobs: None per chunk)."""
         self.steps.append(chunks)
         rows = []
         for chunk in chunks:
@@ -53,7 +54,8 @@ class FakeRunner:
                 row = torch.zeros(self.vocab_size)
                 row[next_token(history, self.vocab_size)] = 20.0
                 rows.append(row)
-        return torch.stack(rows) if rows else torch.zeros(0, self.vocab_size)
+        logits = torch.stack(rows) if rows else torch.zeros(0, self.vocab_size)
+        return RunnerOutput(logits, [None] * len(chunks))
 
     def _check_table(self, chunk: ScheduledChunk) -> None:
         needed = -(-chunk.seq_len // self.block_size)
@@ -76,7 +78,7 @@ class FailingRunner(FakeRunner):
         self.fail_on = fail_on
         self.calls = 0
 
-    def execute(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
+    def execute(self, chunks: list[ScheduledChunk]) -> RunnerOutput:
         self.calls += 1
         if self.calls - 1 in self.fail_on:
             raise RuntimeError("injected runner failure")

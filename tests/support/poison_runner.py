@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import torch
-
-from engine.scheduled_chunk import ScheduledChunk
+from engine.scheduled_chunk import RunnerOutput, ScheduledChunk
 from tests.support.fake_runner import FakeRunner
 
 
@@ -21,7 +19,7 @@ class PoisonRunner(FakeRunner):
         self.broken = False
         self.calls = 0
 
-    def execute(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
+    def execute(self, chunks: list[ScheduledChunk]) -> RunnerOutput:
         self.calls += 1
         if self.broken or any(self._poisoned(c) for c in chunks):
             for chunk in chunks:
