@@ -95,10 +95,12 @@ class FollowedJob:
 
 @dataclass(frozen=True)
 class Generated:
-    """A running attempt's text so far, and how many tokens it is (0 when the worker does not say)."""
+    """A running attempt's text so far of one choice, and how many tokens all its choices are so far (0 when
+    the worker does not say)."""
 
     text: str
     tokens: int
+    index: int = 0
 
 
 async def start(
@@ -127,10 +129,10 @@ async def start(
 async def follow(
     services: Services, job: FollowedJob, disconnected: Disconnected
 ) -> AsyncIterator[Generated | JobOutcome]:
-    """Yields the current attempt's text so far each time it grows, then the final JobOutcome.
+    """Yields the current attempt's text so far of a choice each time it grows, then the final JobOutcome.
 
     Raises ClientGoneError when the client disconnects (the caller cancels the job)."""
-    attempt, text, tokens = 0, "", 0
+    attempt, texts, tokens = 0, dict[int, str](), dict[int, int]()
     poll_s = STORE_POLL_S if job.subscription is not None else STORE_POLL_NO_STREAM_S
     next_read = time.monotonic() + poll_s
     while True:
@@ -145,9 +147,10 @@ async def follow(
             continue
         if event is not None and not event.end:
             if event.attempt != attempt:  # a redelivered job generates again from its first token
-                attempt, text, tokens = event.attempt, "", 0
-            text, tokens = text + event.text, max(tokens, event.tokens)
-            yield Generated(text, tokens)
+                attempt, texts, tokens = event.attempt, {}, {}
+            texts[event.index] = texts.get(event.index, "") + event.text
+            tokens[event.index] = max(tokens.get(event.index, 0), event.tokens)
+            yield Generated(texts[event.index], sum(tokens.values()), event.index)
             continue
         if event is None and time.monotonic() < next_read:
             continue

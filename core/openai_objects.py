@@ -172,24 +172,24 @@ class ChunkHeader:
     chat: bool  # chat.completion.chunk, else text_completion
 
 
-def chunk(header: ChunkHeader, text: str | None, finish: str | None = None,
-          *, role: bool = False, usage_so_far: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One streamed chunk with one choice: a text delta, a role opener or the closing finish_reason; with
+def chunk(header: ChunkHeader, text: str | None, finish: str | None = None, *, role: bool = False,
+          usage_so_far: dict[str, Any] | None = None, index: int = 0) -> dict[str, Any]:
+    """One streamed chunk of choice `index`: a text delta, a role opener or the closing finish_reason; with
     `usage_so_far` (vLLM's `stream_options.continuous_usage_stats`) the usage up to this chunk too."""
     if header.chat:
         delta: dict[str, Any] = {"role": "assistant"} if role else {}
         if text is not None:
             delta["content"] = text
-        return delta_chunk(header, delta, finish, usage_so_far=usage_so_far)
-    choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        return delta_chunk(header, delta, finish, usage_so_far=usage_so_far, index=index)
+    choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish}
     return _with_usage(_chunk_body(header, [choice]), usage_so_far)
 
 
 def delta_chunk(header: ChunkHeader, delta: dict[str, Any], finish: str | None = None,
-                *, usage_so_far: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A chat chunk with one choice whose delta is given (content, or tool_calls as core/tool_stream.py
+                *, usage_so_far: dict[str, Any] | None = None, index: int = 0) -> dict[str, Any]:
+    """A chat chunk of choice `index` whose delta is given (content, or tool_calls as core/tool_stream.py
     makes them)."""
-    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
     return _with_usage(_chunk_body(header, [choice]), usage_so_far)
 
 

@@ -35,6 +35,7 @@ from core.request_fields import (
     Seed,
     Stop,
     StopTokenIds,
+    StoredJsonObject,
     StoredText,
     StrictFlag,
     TopK,
@@ -176,7 +177,7 @@ class OpenAISampling(BaseModel):
                                             "logprobs on completions, or prompt_logprobs)")
     temperature: OpenAITemperature | None = None
     top_p: TopP | None = None
-    n: ChoiceCount | None = Field(None, description="choices from the one prompt (not with stream)")
+    n: ChoiceCount | None = Field(None, description="choices from the one prompt")
     stop: Stop | None = None
     seed: Seed | None = None
     stream: StrictFlag | None = False
@@ -217,9 +218,6 @@ class OpenAISampling(BaseModel):
 
     def refusal(self) -> Refusal | None:
         """A sent value Conveyor cannot honour (or that contradicts another), else None."""
-        if self.n not in (None, 1) and self.stream:
-            return Refusal("unsupported", "n", "n > 1 is not supported with stream=true; send the request "
-                           "without streaming")
         if self.logit_bias:
             return Refusal("unsupported", "logit_bias", "logit_bias is not supported")
         if self.stream_options is not None and not self.stream:
@@ -312,11 +310,10 @@ class OpenAISampling(BaseModel):
         return {kind: value}
 
 
-class ChatCompletionCreate(OpenAISampling):
-    messages: list[ChatMessageIn] = Field(min_length=1)
-    max_completion_tokens: OutputTokens | None = None
-    logprobs: StrictBool | None = None
-    top_logprobs: Logprobs | None = None
+class ChatFields(BaseModel):
+    """How a chat's messages are rendered and its answer read: OpenAI's tool fields and vLLM's template
+    options, the same on /v1/chat/completions, batch lines and chat jobs (core/chat_options.py)."""
+
     tools: Tools | None = Field(None, description="functions the model may call, rendered by its template")
     tool_choice: ToolChoice | None = Field(
         None, description="none, auto (the default with tools), required, or a named function; required "
@@ -327,8 +324,23 @@ class ChatCompletionCreate(OpenAISampling):
         "with continue_final_message)")
     continue_final_message: StrictFlag | None = Field(
         None, description="vLLM's: leave the last message open, and continue it")
-    chat_template_kwargs: dict[str, Any] | None = Field(
+    chat_template_kwargs: StoredJsonObject | None = Field(
         None, description="vLLM's: extra variables for the chat template (e.g. enable_thinking)")
+
+    def chat_options(self, parser: ToolParser) -> ChatOptions:
+        """How the messages are rendered and the answer read. ValueError "<field>: <reason>"."""
+        return chat_options(
+            tools=self.tools, tool_choice=self.tool_choice, parallel_tool_calls=self.parallel_tool_calls,
+            add_generation_prompt=self.add_generation_prompt,
+            continue_final_message=self.continue_final_message,
+            chat_template_kwargs=self.chat_template_kwargs, parser=parser)
+
+
+class ChatCompletionCreate(OpenAISampling, ChatFields):
+    messages: list[ChatMessageIn] = Field(min_length=1)
+    max_completion_tokens: OutputTokens | None = None
+    logprobs: StrictBool | None = None
+    top_logprobs: Logprobs | None = None
 
     def refusal(self) -> Refusal | None:
         if self.top_logprobs is not None and not self.logprobs:
@@ -353,14 +365,6 @@ class ChatCompletionCreate(OpenAISampling):
             return Refusal("invalid", structured[0], "cannot be set with tool_choice required or a named "
                            "function, which constrain the output to the call")
         return None
-
-    def chat_options(self, parser: ToolParser) -> ChatOptions:
-        """How the messages are rendered and the answer read. ValueError "<field>: <reason>"."""
-        return chat_options(
-            tools=self.tools, tool_choice=self.tool_choice, parallel_tool_calls=self.parallel_tool_calls,
-            add_generation_prompt=self.add_generation_prompt,
-            continue_final_message=self.continue_final_message,
-            chat_template_kwargs=self.chat_template_kwargs, parser=parser)
 
     def job_params(self) -> dict[str, Any]:
         """`logprobs: true` + `top_logprobs: n` is the engine's `logprobs: n` (0 alternatives by default);

@@ -22,17 +22,18 @@ class TokenEvent:
     attempt: int  # the job's attempt: a redelivered job streams again from its first token
     text: str = ""  # new text since the previous event of this attempt
     end: bool = False  # the job left the worker (its outcome, if any, is in the store)
-    tokens: int = 0  # tokens this attempt has generated so far (usage in every streamed chunk)
+    tokens: int = 0  # tokens this choice has generated so far (usage in every streamed chunk)
+    index: int = 0  # the choice (a job with n > 1 streams each)
 
     def encode(self) -> str:
-        return json.dumps({"a": self.attempt, "t": self.text, "e": self.end, "n": self.tokens},
-                          separators=(",", ":"))
+        fields = {"a": self.attempt, "t": self.text, "e": self.end, "n": self.tokens, "i": self.index}
+        return json.dumps(fields, separators=(",", ":"))
 
     @classmethod
     def decode(cls, raw: str | bytes) -> TokenEvent:
-        data = json.loads(raw)  # "n" is absent from the events of a worker older than the API
+        data = json.loads(raw)  # "n" and "i" are absent from the events of a worker older than the API
         return cls(attempt=int(data["a"]), text=str(data["t"]), end=bool(data["e"]),
-                   tokens=int(data.get("n", 0)))
+                   tokens=int(data.get("n", 0)), index=int(data.get("i", 0)))
 
 
 def channel(job_id: str) -> str:

@@ -45,8 +45,7 @@ class ToolCallOut(BaseModel):
     function: FunctionCall
 
 
-class JobChoice(BaseModel):
-    index: int
+class ChoiceFields(BaseModel):
     text: str = Field(description="the generated text, as the model wrote it (tool calls included)")
     finish_reason: str | None
     logprobs: list[GeneratedTokenLogprob] | None = Field(
@@ -55,27 +54,23 @@ class JobChoice(BaseModel):
     tool_calls: list[ToolCallOut] | None = Field(
         None, description="the calls read from the text when the job offered tools (tool_choice not none) "
         "and the text holds well-formed calls; else null")
+
+
+class JobChoice(ChoiceFields):
+    index: int
 
     @classmethod
     def of(cls, job: Job, index: int, text: str, finish_reason: str | None,
            logprobs: list[dict[str, Any]] | None) -> JobChoice:
         read = read_output(text, ChatOptions.from_json(job.chat), choice_seed(job.id, index))
-        return cls(index=index, text=text, finish_reason=finish_reason,
-                   logprobs=[GeneratedTokenLogprob.model_validate(e) for e in logprobs] if logprobs else None,
-                   tool_calls=[ToolCallOut.model_validate(c.as_openai()) for c in read.tool_calls] or None)
+        tokens = [GeneratedTokenLogprob.model_validate(e) for e in logprobs] if logprobs is not None else None
+        calls = [ToolCallOut.model_validate(call.as_openai()) for call in read.tool_calls] or None
+        return cls(index=index, text=text, finish_reason=finish_reason, logprobs=tokens, tool_calls=calls)
 
 
-class JobResult(BaseModel):
+class JobResult(ChoiceFields):
     """The first choice's text, finish_reason, logprobs and tool calls; with n > 1, every choice too."""
 
-    text: str = Field(description="the generated text, as the model wrote it (tool calls included)")
-    finish_reason: str | None
-    logprobs: list[GeneratedTokenLogprob] | None = Field(
-        None, description="per generated token, when the job asked for `logprobs`; else null"
-    )
-    tool_calls: list[ToolCallOut] | None = Field(
-        None, description="the calls read from the text when the job offered tools (tool_choice not none) "
-        "and the text holds well-formed calls; else null")
     choices: list[JobChoice] | None = Field(None, description="every choice, when the job asked for n > 1")
     prompt_logprobs: list[PromptTokenLogprob] | None = Field(
         None, description="per prompt token, when the job asked for `prompt_logprobs`; else null")
@@ -88,7 +83,9 @@ class JobResult(BaseModel):
         if job.choices:
             choices = [JobChoice.of(job, c["index"], c["text"], c["finish_reason"], c.get("logprobs"))
                        for c in job.choices]
-        prompt = [PromptTokenLogprob.model_validate(e) for e in job.prompt_logprobs or []] or None
+        prompt = None
+        if job.prompt_logprobs is not None:
+            prompt = [PromptTokenLogprob.model_validate(entry) for entry in job.prompt_logprobs]
         return cls(**first.model_dump(exclude={"index"}), choices=choices, prompt_logprobs=prompt)
 
 

@@ -199,8 +199,8 @@ class JobRunner:
     # --- engine thread -----------------------------------------------------------------------------------
 
     def _on_update(self, attempt: Attempt, index: int, out: RequestOutput) -> None:
-        if self._streamer is not None and index == 0:  # a job's streamed text is its first choice's
-            self._streamer.update(attempt.job_id, attempt.attempt, out)
+        if self._streamer is not None:
+            self._streamer.update(attempt.job_id, attempt.attempt, out, index)
         if attempt.first_token_seen or out.metrics.first_token_time is None:
             return
         attempt.first_token_seen = True

@@ -28,19 +28,19 @@ class _Progress:
 
 
 class JobStreamer:
-    """Per-job delta bookkeeping between the engine thread (update) and the finisher thread (end)."""
+    """Per-choice delta bookkeeping between the engine thread (update) and the finisher thread (end)."""
 
     def __init__(self, sink: TokenSink, clock: Callable[[], float] = time.monotonic) -> None:
         self._sink = sink
         self._clock = clock
         self._lock = threading.Lock()
-        self._progress: dict[str, _Progress] = {}
+        self._progress: dict[tuple[str, int], _Progress] = {}  # (job id, choice index)
 
-    def update(self, job_id: str, attempt: int, out: RequestOutput) -> None:
+    def update(self, job_id: str, attempt: int, out: RequestOutput, index: int = 0) -> None:
         if not self._sink.listening(job_id):
             return
         with self._lock:
-            progress = self._progress.setdefault(job_id, _Progress(attempt))
+            progress = self._progress.setdefault((job_id, index), _Progress(attempt))
         progress.unsent_tokens += max(out.num_new_tokens, 1)
         now = self._clock()
         due = progress.unsent_tokens >= STREAM_EVERY_TOKENS or now - progress.last_sent >= STREAM_EVERY_S
@@ -48,11 +48,12 @@ class JobStreamer:
         # characters to cover that and reconciles with the stored text.
         delta = out.text[progress.sent_chars:]
         if delta and (due or out.finished):
-            self._sink.publish(job_id, TokenEvent(attempt, delta, tokens=len(out.token_ids)))
+            self._sink.publish(job_id, TokenEvent(attempt, delta, tokens=len(out.token_ids), index=index))
             progress.sent_chars, progress.unsent_tokens, progress.last_sent = len(out.text), 0, now
 
     def end(self, job_id: str, attempt: int) -> None:
         """After the job's outcome is stored (or it was handed back): listeners read the store now."""
         with self._lock:
-            self._progress.pop(job_id, None)
+            for key in [key for key in self._progress if key[0] == job_id]:
+                del self._progress[key]
         self._sink.publish(job_id, TokenEvent(attempt, end=True))

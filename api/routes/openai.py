@@ -47,6 +47,7 @@ from core.openai_request import Refusal, Served, check_request
 from core.request_limits import RequestLimits, RequestSize, prompt_bytes_problem
 from core.settings import Settings
 from core.token_stream import TokenStream
+from core.tool_calls import choice_seed
 from core.tool_stream import ContentStream, StreamDivergedError, ToolCallStream, answer_stream
 
 router = APIRouter(prefix="/v1", tags=["openai"], route_class=OpenAIRoute)
@@ -203,21 +204,24 @@ async def _events(
     stops = [job_body.stop] if isinstance(job_body.stop, str) else job_body.stop or []
     # The engine cuts a matched stop string off the text: hold back what could be the start of one.
     hold = max((len(s) for s in stops), default=1) - 1
-    answer = answer_stream(job_body.chat_options(services.tool_parser), job.job_id)
+    options = job_body.chat_options(services.tool_parser)
+    answers = [answer_stream(options, choice_seed(job.job_id, index)) for index in range(job_body.n)]
     outcome = None
     so_far = usage.so_far(job.prompt_tokens, 0)
     try:
-        if header.chat:
-            yield _data(chunk(header, "", role=True, usage_so_far=so_far))
-        if echoed:
-            yield _data(chunk(header, echoed, usage_so_far=so_far))
+        for index in range(job_body.n):
+            if header.chat:
+                yield _data(chunk(header, "", role=True, usage_so_far=so_far, index=index))
+            if echoed:
+                yield _data(chunk(header, echoed, usage_so_far=so_far, index=index))
         async for item in openai_sync.follow(services, job, request.is_disconnected):
             if isinstance(item, JobOutcome):
                 outcome = item
                 continue
             so_far = usage.so_far(job.prompt_tokens, item.tokens)
-            for delta in answer.update(item.text[: len(item.text) - hold]):
-                yield _data(_delta_chunk(header, delta, None, so_far))
+            answer = answers[item.index] if item.index < len(answers) else None
+            for delta in answer.update(item.text[: len(item.text) - hold]) if answer is not None else []:
+                yield _data(_delta_chunk(header, delta, None, so_far, item.index))
     except ClientGoneError:
         return
     except Exception:  # the response has started: end the stream properly (the job is cancelled below)
@@ -227,7 +231,7 @@ async def _events(
         return
     finally:
         await openai_sync.finish(services, job, tenant, cancel=outcome is None)
-    for event in _closing_events(outcome, header, answer, usage):
+    for event in _closing_events(outcome, header, answers, usage):
         yield event
 
 
@@ -243,32 +247,35 @@ class StreamUsage:
         return running_usage(prompt_tokens, completion_tokens) if self.in_every_chunk else None
 
 
-def _closing_events(outcome: JobOutcome | None, header: ChunkHeader, answer: ContentStream | ToolCallStream,
-                    stream_usage: StreamUsage) -> list[str]:
+def _closing_events(outcome: JobOutcome | None, header: ChunkHeader,
+                    answers: list[ContentStream | ToolCallStream], stream_usage: StreamUsage) -> list[str]:
+    """Per choice, what its stream still lacks and its finish chunk; then the usage chunk and [DONE]."""
     assert outcome is not None, "follow() ends with the outcome"
     try:
         result = _result(outcome, header)
-        deltas, called_tools = answer.close(result.text)
+        closed = [(choice, *answers[choice.index].close(choice.text)) for choice in result.each_choice()]
     except StreamDivergedError as exc:
         return [_data(OpenAIError(500, str(exc), code="stream_diverged").body()), DONE]
     except OpenAIError as exc:
         return [_data(exc.body()), DONE]
     so_far = stream_usage.so_far(result.prompt_tokens, result.completion_tokens)
-    events = [_data(_delta_chunk(header, delta, None, so_far)) for delta in deltas]
-    finish = finish_reason(result.finish_reason, called_tools=called_tools)
-    closing = chunk(header, None if header.chat else "", finish, usage_so_far=so_far)
-    events.append(_data(closing))
+    events = []
+    for choice, deltas, called_tools in closed:
+        events += [_data(_delta_chunk(header, delta, None, so_far, choice.index)) for delta in deltas]
+        finish = finish_reason(choice.finish_reason, called_tools=called_tools)
+        events.append(_data(chunk(header, None if header.chat else "", finish, usage_so_far=so_far,
+                                  index=choice.index)))
     if stream_usage.at_end:
         events.append(_data(usage_chunk(header, result)))
     return [*events, DONE]
 
 
 def _delta_chunk(header: ChunkHeader, delta: dict[str, Any], finish: str | None,
-                 so_far: dict[str, Any] | None) -> dict[str, Any]:
+                 so_far: dict[str, Any] | None, index: int = 0) -> dict[str, Any]:
     """A chat delta as a chat chunk; a completion's only delta is text."""
     if header.chat:
-        return delta_chunk(header, delta, finish, usage_so_far=so_far)
-    return chunk(header, delta["content"], finish, usage_so_far=so_far)
+        return delta_chunk(header, delta, finish, usage_so_far=so_far, index=index)
+    return chunk(header, delta["content"], finish, usage_so_far=so_far, index=index)
 
 
 def _result(outcome: JobOutcome, header: ChunkHeader, shown: PromptView | None = None) -> GenerationResult:

@@ -36,11 +36,10 @@ from api.schemas.fields import (
     TopK,
     TopP,
 )
-from core.chat_options import ChatOptions, ToolParser, chat_options
-from core.openai_request import CHAT_FIELDS
+from core.openai_request import CHAT_FIELDS, ChatFields
 from core.request_rules import MAX_TIMEOUT_S, MAX_TTL_S, json_problem, output_problem
 from core.structured_rules import MAX_CHOICES, structured_from_response_format, structured_problem
-from core.tools import ToolCallIn, ToolChoice, Tools, history_problem
+from core.tools import ToolCallIn, history_problem
 from core.views import JobPublic
 from core.webhooks.events import validate_filter
 from core.webhooks.ssrf import url_problem
@@ -133,8 +132,9 @@ def webhook_json(webhook: AnyHttpUrl | WebhookSpec | None) -> dict[str, Any] | N
     return {"url": str(webhook)}
 
 
-class JobCreate(BaseModel):
-    """A generation job: exactly one of `prompt` or `messages`, sampling parameters named as in the engine."""
+class JobCreate(ChatFields):
+    """A generation job: exactly one of `prompt` or `messages`, sampling parameters named as in the engine;
+    chat jobs also take the tool and template fields (ChatFields)."""
 
     model_config = ConfigDict(extra="forbid", json_schema_extra=exactly_one_of("prompt", "messages"))
 
@@ -184,20 +184,6 @@ class JobCreate(BaseModel):
         None, description="output is exactly one of these strings",
     )
 
-    # Chat only: how the messages are rendered and the answer read (core/chat_options.py).
-    tools: Tools | None = Field(None, description="functions the model may call, rendered by its template")
-    tool_choice: ToolChoice | None = Field(
-        None, description="none, auto (the default with tools), required, or a named function; required and "
-        "a named function constrain the output to a call whose arguments follow the schema")
-    parallel_tool_calls: StrictFlag | None = Field(None, description="false: at most one call")
-    add_generation_prompt: StrictFlag | None = Field(
-        None, description="end the prompt with the assistant turn's opening (default true, or false with "
-        "continue_final_message)")
-    continue_final_message: StrictFlag | None = Field(
-        None, description="leave the last message open, and continue it")
-    chat_template_kwargs: StoredJsonObject | None = Field(
-        None, description="extra variables for the chat template (e.g. enable_thinking)")
-
     @model_validator(mode="after")
     def _output_fields(self) -> JobCreate:
         problem = output_problem(self.max_tokens, self.n, self.prompt_logprobs)
@@ -208,32 +194,33 @@ class JobCreate(BaseModel):
 
     @model_validator(mode="after")
     def _chat_fields(self) -> JobCreate:
-        sent = [name for name in CHAT_FIELDS if getattr(self, name) is not None]
-        if sent and self.messages is None:
-            raise PydanticCustomError("chat_only", f"{sent[0]}: only with messages")
-        problem = history_problem(self.stored_messages() or [])
-        try:
-            self.chat_options("hermes")  # the parser changes nothing judged here
-        except ValueError as exc:
-            problem = problem or tuple(str(exc).split(": ", 1))  # type: ignore[assignment]
-        if problem is None and self.structured() is not None and self.chat_options("hermes").constrained:
-            problem = ("tool_choice", "required or a named function constrains the output to the call: "
-                       "send no response_format, regex or choice with it")
+        problem = self._chat_problem()
         if problem is not None:
             raise PydanticCustomError("invalid_chat", "{field}: {reason}",
                                       {"field": problem[0], "reason": problem[1]})
         return self
 
+    def _chat_problem(self) -> tuple[str, str] | None:
+        """(field, reason) for chat fields without messages, a history the template cannot be given, tool
+        or template fields that cannot run, or a constrained tool call beside a structured output."""
+        sent = [name for name in CHAT_FIELDS if getattr(self, name) is not None]
+        if sent and self.messages is None:
+            return sent[0], "only with messages"
+        problem = history_problem(self.stored_messages() or [])
+        if problem is not None:
+            return problem
+        try:
+            options = self.chat_options("hermes")  # the parser changes nothing judged here
+        except ValueError as exc:
+            field, _, reason = str(exc).partition(": ")
+            return field, reason
+        if options.constrained and self.structured() is not None:
+            return "tool_choice", ("required or a named function constrains the output to the call: send no "
+                                   "response_format, regex or choice with it")
+        return None
+
     def stored_messages(self) -> list[dict[str, Any]] | None:
         return [message.stored() for message in self.messages] if self.messages is not None else None
-
-    def chat_options(self, parser: ToolParser) -> ChatOptions:
-        """How the messages are rendered and the answer read. ValueError "<field>: <reason>"."""
-        return chat_options(
-            tools=self.tools, tool_choice=self.tool_choice, parallel_tool_calls=self.parallel_tool_calls,
-            add_generation_prompt=self.add_generation_prompt,
-            continue_final_message=self.continue_final_message,
-            chat_template_kwargs=self.chat_template_kwargs, parser=parser)
 
     @field_validator("response_format")
     @classmethod

@@ -3,7 +3,6 @@ and a batch line: n choices from one prompt, usage counting every choice's token
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import httpx
@@ -16,7 +15,7 @@ from test_openai_chat_sdk import (  # noqa: F401 (embedded: the module-scoped fi
     job_id_of,
 )
 
-from tests.support.live_server import wait_for
+from tests.support.openai_batches import run_batch
 
 SAMPLED: dict[str, Any] = {"temperature": 1.0, "seed": 11, "max_tokens": 8,
                            "extra_body": {"ignore_eos": True}}
@@ -40,12 +39,37 @@ def test_chat_and_completions_return_n_choices(embedded: Server) -> None:  # noq
     assert [c.text for c in again.choices] == [c.text for c in text.choices]  # seeded: the same choices
 
 
-def test_n_is_bounded_and_not_streamed(embedded: Server) -> None:  # noqa: F811
+def test_n_is_bounded(embedded: Server) -> None:  # noqa: F811
+    with pytest.raises(openai.BadRequestError) as caught:
+        embedded.client().chat.completions.create(model=embedded.model, messages=MESSAGES, n=17, max_tokens=2)
+    assert caught.value.body["param"] == "n", caught.value.body  # type: ignore[index]
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_n_choices_stream_by_index_as_they_answer_whole(embedded: Server, chat: bool) -> None:  # noqa: F811
     client = embedded.client()
-    for extra, param in (({"n": 17}, "n"), ({"n": 2, "stream": True}, "n")):
-        with pytest.raises(openai.BadRequestError) as caught:
-            client.chat.completions.create(model=embedded.model, messages=MESSAGES, **{**SAMPLED, **extra})
-        assert caught.value.body["param"] == param, caught.value.body  # type: ignore[index]
+    if chat:
+        def create(**extra: Any) -> Any:
+            return client.chat.completions.create(model=embedded.model, messages=MESSAGES, n=3, **SAMPLED,
+                                                  **extra)
+    else:
+        def create(**extra: Any) -> Any:
+            return client.completions.create(model=embedded.model, prompt="The queue holds", n=3, **SAMPLED,
+                                             **extra)
+    whole = create()
+    texts = {0: "", 1: "", 2: ""}
+    finishes = {}
+    usage = None
+    for part in create(stream=True, stream_options={"include_usage": True}):
+        usage = part.usage or usage
+        for choice in part.choices:
+            piece = choice.delta.content if chat else choice.text
+            texts[choice.index] += piece or ""
+            finishes[choice.index] = choice.finish_reason or finishes.get(choice.index)
+    expected = [c.message.content if chat else c.text for c in whole.choices]
+    assert [texts[i] for i in range(3)] == expected  # seeded: the same three choices
+    assert finishes == {0: "length", 1: "length", 2: "length"}
+    assert usage is not None and usage.completion_tokens == 3 * 8
 
 
 def test_jobs_api_and_a_batch_line_keep_every_choice(embedded: Server) -> None:  # noqa: F811
@@ -65,18 +89,10 @@ def test_jobs_api_and_a_batch_line_keep_every_choice(embedded: Server) -> None: 
     lines = [{"custom_id": "two", "method": "POST", "url": "/v1/chat/completions", "body": body},
              {"custom_id": "many", "method": "POST", "url": "/v1/chat/completions",
               "body": {**body, "n": 99}}]
-    data = "".join(json.dumps(line) + "\n" for line in lines).encode()
-    uploaded = client.files.create(file=("n.jsonl", data), purpose="batch")
-    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
-                                  completion_window="24h")
-    wait_for(lambda: client.batches.retrieve(batch.id).status in ("completed", "failed"), f"batch {batch.id}")
-    done = client.batches.retrieve(batch.id)
-    assert done.status == "completed" and done.output_file_id and done.error_file_id, done
-    [line] = [json.loads(r) for r in client.files.content(done.output_file_id).text.splitlines()
-              if json.loads(r)["custom_id"] == "two"]
-    answer = line["response"]["body"]
+    answers = run_batch(client, lines, "/v1/chat/completions")
+    answer = answers.outputs["two"]
     sdk_body = {name: value for name, value in body.items() if name != "ignore_eos"}
     routed = client.chat.completions.create(**sdk_body, extra_body={"ignore_eos": True})
     assert [c["message"]["content"] for c in answer["choices"]] == [c.message.content for c in routed.choices]
     assert answer["usage"]["completion_tokens"] == 8
-    assert "many" in client.files.content(done.error_file_id).text
+    assert "many" in answers.errors

@@ -45,7 +45,6 @@ CASES: list[tuple[str, str, dict[str, Any], str | None]] = [
     ("n-2", CHAT, {"messages": [USER], "n": 2}, None),
     ("text-n-2", COMPLETIONS, {"prompt": "hi", "n": 2}, None),
     ("n-too-many", CHAT, {"messages": [USER], "n": 17}, "n"),
-    ("n-streamed", CHAT, {"messages": [USER], "n": 2, "stream": True}, "n"),
     ("unknown-model", CHAT, {"messages": [USER], "model": "gpt-4o"}, "model"),
     ("text-unknown-model", COMPLETIONS, {"prompt": "hi", "model": "gpt-4o"}, "model"),
     ("unknown-role", CHAT, {"messages": [USER, {"role": "robot", "content": "x"}]}, "messages[1].role"),

@@ -4,7 +4,6 @@ and a batch line; the logprobs checked against transformers running the same mod
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,7 @@ import torch
 from test_openai_chat_sdk import MESSAGES, Server, embedded  # noqa: F401 (the module-scoped fixture)
 
 from api.prompt_tokenizer import PromptTokenizer
-from tests.support.live_server import wait_for
+from tests.support.openai_batches import run_batch
 
 PROMPT = "The queue holds jobs until a worker is free."
 
@@ -119,18 +118,10 @@ def test_jobs_api_and_a_batch_line_score_the_prompt_alike(embedded: Server,  # n
     lines = [{"custom_id": "score", "method": "POST", "url": "/v1/completions", "body": body},
              {"custom_id": "bad", "method": "POST", "url": "/v1/completions",
               "body": {**body, "echo": False}}]
-    data = "".join(json.dumps(line) + "\n" for line in lines).encode()
-    uploaded = client.files.create(file=("e.jsonl", data), purpose="batch")
-    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/completions",
-                                  completion_window="24h")
-    wait_for(lambda: client.batches.retrieve(batch.id).status in ("completed", "failed"), f"batch {batch.id}")
-    done = client.batches.retrieve(batch.id)
-    assert done.status == "completed" and done.output_file_id and done.error_file_id, done
-    [line] = [json.loads(r) for r in client.files.content(done.output_file_id).text.splitlines()
-              if json.loads(r)["custom_id"] == "score"]
+    answers = run_batch(client, lines, "/v1/completions")
     routed = client.completions.create(**body).choices[0]
-    answered = line["response"]["body"]["choices"][0]
+    answered = answers.outputs["score"]["choices"][0]
     assert answered["text"] == routed.text == PROMPT
     assert answered["logprobs"]["token_logprobs"] == pytest.approx(
         (routed.logprobs.token_logprobs if routed.logprobs else None), abs=1e-6)  # first None both
-    assert "bad" in client.files.content(done.error_file_id).text
+    assert "bad" in answers.errors

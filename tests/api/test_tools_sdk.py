@@ -18,7 +18,7 @@ from test_openai_chat_sdk import MESSAGES, Server, embedded  # noqa: F401 (the m
 from api.prompt_tokenizer import PromptTokenizer
 from core.chat_options import ChatOptions
 from core.tools import template_messages
-from tests.support.live_server import wait_for
+from tests.support.openai_batches import run_batch
 
 ADD: dict[str, Any] = {"type": "function", "function": {
     "name": "add", "description": "Adds two numbers.",
@@ -161,19 +161,10 @@ def test_a_batch_line_with_tools_answers_like_the_route(embedded: Server, tool_c
     bad = {**body, "tool_choice": {"type": "function", "function": {"name": "nope"}}}
     lines = [{"custom_id": "good", "method": "POST", "url": "/v1/chat/completions", "body": body},
              {"custom_id": "bad", "method": "POST", "url": "/v1/chat/completions", "body": bad}]
-    data = "".join(json.dumps(line) + "\n" for line in lines).encode()
-    uploaded = client.files.create(file=("t.jsonl", data), purpose="batch")
-    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
-                                  completion_window="24h")
-    wait_for(lambda: client.batches.retrieve(batch.id).status in ("completed", "failed"), f"batch {batch.id}")
-    done = client.batches.retrieve(batch.id)
-    assert done.status == "completed" and done.output_file_id and done.error_file_id, done
-    [line] = [json.loads(r) for r in client.files.content(done.output_file_id).text.splitlines()
-              if json.loads(r)["custom_id"] == "good"]
-    choice = line["response"]["body"]["choices"][0]
+    answers = run_batch(client, lines, "/v1/chat/completions")
+    choice = answers.outputs["good"]["choices"][0]
     routed = client.chat.completions.create(**body).choices[0]
     assert choice["finish_reason"] == routed.finish_reason == "tool_calls"
     [call] = choice["message"]["tool_calls"]
     assert call["function"] == routed.message.tool_calls[0].function.model_dump()  # greedy: the same call
-    errors = client.files.content(done.error_file_id).text
-    assert "bad" in errors and "tool_choice" in errors
+    assert "bad" in answers.errors and "tool_choice" in answers.errors

@@ -68,7 +68,7 @@ def test_tool_messages_need_a_template_with_a_tool_role() -> None:
     [
         (CHAT, {"messages": [{"role": "robot", "content": "x"}]}, "invalid", "messages[0].role"),
         (CHAT, {"model": "gpt-4o", "messages": [USER]}, "model_not_found", "model"),
-        (CHAT, {"messages": [USER], "n": 2, "stream": True}, "unsupported", "n"),
+        (CHAT, {"messages": [USER], "n": 0}, "invalid", "n"),
         (COMPLETIONS, {"prompt": "x", "n": 17}, "invalid", "n"),
         (CHAT, {"messages": [USER], "presence_penalty": 2.5}, "invalid", "presence_penalty"),
         (COMPLETIONS, {"prompt": "x", "frequency_penalty": -3}, "invalid", "frequency_penalty"),
