@@ -43,7 +43,7 @@ from worker.attempt import ENGINE_ERROR, INVALID_REQUEST, SHUTDOWN, Attempt, Eng
 from worker.attempt_outcome import describe, to_datetime
 from worker.attempt_watcher import AttemptWatcher
 from worker.chat_prompt import chat_prompt_ids
-from worker.choices import ChoiceGroup, choice_params
+from worker.choices import choice_params, gather_choices
 from worker.in_flight import InFlight
 from worker.outcome_writer import OutcomeWriter
 from worker.queue_room import QueueRoom
@@ -169,19 +169,16 @@ class JobRunner:
 
     def _to_engine(self, attempt: Attempt) -> EngineFuture:
         if attempt.n == 1:
-            return self._to_engine_choice(attempt, 0, lambda out: self._on_update(attempt, 0, out))
-        group = ChoiceGroup(attempt.n, partial(self._to_engine_choice, attempt),
-                            held=lambda: attempt.abort_reason is None,
-                            cancel_all=lambda: self._cancel_choices(attempt))
-        group.start(lambda index, out: self._on_update(attempt, index, out))
-        return group.future
+            return self._to_engine_choice(attempt, 0)
+        return gather_choices(attempt.n, partial(self._to_engine_choice, attempt),
+                              cancel_all=lambda: self._cancel_choices(attempt))
 
-    def _to_engine_choice(self, attempt: Attempt, index: int, on_update: Callable[[RequestOutput], None],
-                          ) -> Future[RequestOutput]:
+    def _to_engine_choice(self, attempt: Attempt, index: int) -> Future[RequestOutput]:
         assert attempt.engine_input is not None
         prompt, params = attempt.engine_input
         return self.host.submit(attempt.request_ids()[index], prompt, choice_params(params, index),
-                                attempt.queue, on_update=on_update, cache_salt=attempt.cache_salt,
+                                attempt.queue, on_update=lambda out: self._on_update(attempt, index, out),
+                                cache_salt=attempt.cache_salt,
                                 on_admitted=lambda: self._in_flight.admitted(attempt))
 
     def _cancel_choices(self, attempt: Attempt) -> None:
