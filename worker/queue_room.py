@@ -1,6 +1,8 @@
 """Each queue's room in this worker: how many more of its jobs may start, against its max_running.
 
-The Celery consumer and the embedded feeders take a job only when its queue has room here.
+The Celery consumer and the embedded feeders take a job only when its queue has room here. A job with n
+choices takes n places (each is a sequence in the engine); one that needs more places than are free still
+starts when any is, so no job waits forever for a room it can never have.
 
 NOTE: attempts waiting for their grammar do not count against the limit: a tenant's costly schemas hold up
 no one's start (any cap on them, once reached, would). What bounds them is the claim: fair share hands a
@@ -27,7 +29,7 @@ class QueueRoom:
         return self._room(queue, self._in_flight.snapshot())
 
     def has_room(self, queue: str) -> bool:
-        """Whether a job of `queue` may start now: fewer than its max_running are in flight here."""
+        """Whether a job of `queue` may start now: fewer than its max_running places are taken here."""
         return self.room(queue) > 0
 
     def wait_for_room(self, queue: str, timeout_s: float) -> bool:
@@ -38,5 +40,5 @@ class QueueRoom:
         limit = self.limits.get(queue)
         if limit is None:
             return sys.maxsize
-        in_engine = sum(1 for a in attempts if a.queue == queue and not a.compiling)
+        in_engine = sum(a.n for a in attempts if a.queue == queue and not a.compiling)
         return max(0, limit - in_engine)

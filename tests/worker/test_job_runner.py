@@ -293,6 +293,16 @@ def test_the_per_queue_hold_admits_at_most_max_running_jobs_of_a_queue(
         done.wait()
         waiter.join(60)
         assert not waiter.is_alive() and runner.has_room("documents")  # the slot came back with the job
+
+        choices = add_job(sessions, "Keys and values", "interactive", max_tokens=LONG_JOB_TOKENS,
+                          ignore_eos=True, n=2)
+        done = Done()
+        assert runner.run(choices, done)
+        wait_generating(sessions, choices)
+        assert not runner.has_room("interactive")  # its two choices take both places
+        with sessions() as session:
+            jobs.cancel(session, choices, "default", utcnow())
+        done.wait()
     finally:
         runner.shutdown(grace_s=0.0, publish=None)
         wait_for(lambda: _kv_free(host), "the engine to free every KV block", timeout_s=30)
