@@ -22,7 +22,7 @@ from engine.grammar_queue import GrammarQueue
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence
+from engine.sequence import Sequence, Urgency
 from engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -85,13 +85,15 @@ class EngineHost:
         *,
         cache_salt: str | None = None,
         on_admitted: OnAdmitted | None = None,
+        urgency: Urgency | None = None,
     ) -> Future[RequestOutput]:
         """Raises ValueError here, in the caller, for invalid input; the future resolves when it finishes.
         `request_class` None: the engine's default class (its first configured one). `on_admitted` is
         called once the request is handed to the engine: before submit returns, or on the compile thread
-        once its grammar compiled (not if the compile fails: the future fails instead)."""
+        once its grammar compiled (not if the compile fails: the future fails instead). `urgency`: its
+        priority and deadline within its class."""
         seq = self.engine.make_sequence(request_id, prompt, params, request_class, cache_salt=cache_salt,
-                                        attach_grammar=False)
+                                        urgency=urgency, attach_grammar=False)
         ready = self.engine.attach_grammar(seq, compile=False)  # a cache hit, or a refusal, right here
         future: Future[RequestOutput] = Future()
         future.set_running_or_notify_cancel()  # cancel through cancel(), which also frees the KV blocks

@@ -14,7 +14,7 @@ from engine.config import EngineConfig
 from engine.outputs import RequestMetrics
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence
+from engine.sequence import Sequence, Urgency
 from engine.structured_output_manager import check_structured_supported
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -36,9 +36,11 @@ class InputProcessor:
 
     def make_sequence(
         self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
-        request_class: str | None = None, *, cache_salt: str | None = None,
+        request_class: str | None = None, *, cache_salt: str | None = None, urgency: Urgency | None = None,
     ) -> Sequence:
         """The request's Sequence, without its grammar state (StructuredOutputManager.attach gives it)."""
+        urgency = urgency if urgency is not None else Urgency()
+        urgency.validate()
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
         if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
@@ -61,6 +63,7 @@ class InputProcessor:
             generator=self.sampler.make_generator(params.seed) if params.seed is not None else None,
             prompt=prompt if isinstance(prompt, str) else None,
             cache_salt=cache_salt,
+            urgency=urgency,
             detokenizer=IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens),
             logprobs=[] if params.logprobs is not None else None,
             prompt_logprobs=[None] if params.prompt_logprobs is not None else None,

@@ -22,7 +22,7 @@ from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
 from engine.scheduled_chunk import RunnerOutput, ScheduledChunk
 from engine.scheduler import Scheduler, SchedulerOutput
-from engine.sequence import Sequence
+from engine.sequence import Sequence, Urgency
 from engine.stats import EngineTotals, StepStats, stats_dict
 from engine.step_isolation import (
     Failures,
@@ -92,14 +92,17 @@ class LLMEngine:
 
     def add_request(
         self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
-        request_class: str | None = None, *, cache_salt: str | None = None,
+        request_class: str | None = None, *, cache_salt: str | None = None, urgency: Urgency | None = None,
     ) -> None:
-        """Validates everything first (ValueError naming the field), so a bad request disturbs nothing."""
-        self.enqueue(self.make_sequence(request_id, prompt, params, request_class, cache_salt=cache_salt))
+        """Validates everything first (ValueError naming the field), so a bad request disturbs nothing.
+        `urgency`: its priority and deadline within its class (default: neither)."""
+        self.enqueue(self.make_sequence(request_id, prompt, params, request_class, cache_salt=cache_salt,
+                                        urgency=urgency))
 
     def make_sequence(
         self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
         request_class: str | None = None, *, cache_salt: str | None = None, attach_grammar: bool = True,
+        urgency: Urgency | None = None,
     ) -> Sequence:
         """Validates a request and builds its Sequence without touching engine state (thread-safe).
 
@@ -107,7 +110,8 @@ class LLMEngine:
         has none yet, and the caller must `attach_grammar` before it enqueues it (EngineHost compiles on a
         thread of its own).
         """
-        seq = self.inputs.make_sequence(request_id, prompt, params, request_class, cache_salt=cache_salt)
+        seq = self.inputs.make_sequence(request_id, prompt, params, request_class, cache_salt=cache_salt,
+                                        urgency=urgency)
         if attach_grammar:
             self.attach_grammar(seq, compile=True)
         return seq

@@ -2,8 +2,11 @@
 
 Unified token budget: a request is just prompt + output tokens, of which `num_computed_tokens` are in the
 KV cache; prefill chunks and decode tokens are both "the next tokens to compute". Each step serves the
-running requests first (priority, arrival), then admits waiting ones by (class priority, arrival) while
-the token budget, `max_num_seqs` and each class's `max_running` allow.
+running requests first, then admits waiting ones while the token budget, `max_num_seqs` and each class's
+`max_running` allow, both in one order: class priority, then each request's urgency (its priority, then its
+deadline while that is ahead: engine/sequence.py Urgency), then arrival. The running set is sorted by it
+at every step (a deadline passing moves a request back to its arrival's place), and the last of it is the
+one preempted when blocks run out.
 
 Prefix caching: a request admitted from the waiting queue first takes the longest chain of cached full
 blocks that starts its tokens (engine.prefix_cache); those tokens count as computed and spend none of the
@@ -15,9 +18,8 @@ its computed blocks are registered for others all the same.
 
 from __future__ import annotations
 
-import bisect
 import time
-from collections import Counter, deque
+from collections import Counter
 from dataclasses import dataclass, field
 
 from engine.block_manager import BlockManager
@@ -27,6 +29,7 @@ from engine.prefix_cache import block_hashes
 from engine.prompt_logprobs import chunk_prompt_targets, reset_prompt_logprobs
 from engine.scheduled_chunk import ScheduledChunk
 from engine.sequence import Sequence, SequenceStatus
+from engine.waiting_queue import WaitingQueue
 
 
 @dataclass
@@ -59,8 +62,8 @@ class Scheduler:
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.long_prefill_token_threshold = config.long_prefill_token_threshold
         self.classes = {c.name: c for c in config.request_classes}
-        self.waiting: dict[str, deque[Sequence]] = {name: deque() for name in self.classes}
-        self.running: list[Sequence] = []  # sorted by priority_key: the last one is preempted first
+        self.waiting: dict[str, WaitingQueue] = {name: WaitingQueue() for name in self.classes}
+        self.running: list[Sequence] = []  # sorted by order_key at each step: the last is preempted first
         self.num_preemptions = 0
         self._running_per_class: Counter[str] = Counter()
         self._unfinished: dict[str, Sequence] = {}
@@ -73,7 +76,7 @@ class Scheduler:
         assert seq.max_total_tokens <= self.max_model_len
         self._unfinished[seq.request_id] = seq
         seq.status = SequenceStatus.WAITING
-        self.waiting[seq.request_class].append(seq)
+        self.waiting[seq.request_class].push(seq, time.time())
 
     def get(self, request_id: str) -> Sequence | None:
         return self._unfinished.get(request_id)
@@ -112,10 +115,12 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
+        now = time.time()
+        self.running.sort(key=lambda s: s.order_key(now))
         budget = self._schedule_running(out, self.max_num_batched_tokens)
         # NOTE: after a preemption memory is short; admitting new work would only evict it again.
         if not out.preempted:
-            self._schedule_waiting(out, budget)
+            self._schedule_waiting(out, budget, now)
         return out
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
@@ -146,10 +151,10 @@ class Scheduler:
         self.block_manager.append_slots(seq, n)
         return True
 
-    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int, now: float) -> None:
         bm = self.block_manager
         while budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self._next_admissible()
+            seq = self._next_admissible(now)
             if seq is None:
                 return
             uses_cache = not seq.needs_prompt_logprobs
@@ -161,7 +166,7 @@ class Scheduler:
             n = self._chunk_size(seq, budget, num_cached_tokens)
             if not bm.can_allocate(n, cached):
                 return
-            self.waiting[seq.request_class].popleft()
+            self.waiting[seq.request_class].remove(seq)
             bm.allocate(seq, n, cached)
             seq.num_computed_tokens = num_cached_tokens
             self._count_lookup(out, seq, num_cached_tokens, uses_cache)
@@ -179,13 +184,13 @@ class Scheduler:
         if seq.num_cached_tokens is None:
             seq.num_cached_tokens = num_cached_tokens
 
-    def _next_admissible(self) -> Sequence | None:
-        """The head of the best class queue whose class is under its max_running."""
+    def _next_admissible(self, now: float) -> Sequence | None:
+        """The first waiting request, in order, of a class under its max_running."""
         heads = [
-            queue[0] for name, queue in self.waiting.items()
+            queue.first(now) for name, queue in self.waiting.items()
             if queue and self._running_per_class[name] < self.classes[name].max_running
         ]
-        return min(heads, key=lambda s: s.priority_key, default=None)
+        return min((s for s in heads if s is not None), key=lambda s: s.order_key(now), default=None)
 
     def _chunk_size(self, seq: Sequence, budget: int, num_computed_tokens: int | None = None) -> int:
         """Tokens of seq to compute this step, after num_computed_tokens (default: its own count)."""
@@ -240,12 +245,12 @@ class Scheduler:
         seq.num_computed_tokens = 0
         reset_prompt_logprobs(seq)
         seq.status = SequenceStatus.WAITING
-        self.waiting[seq.request_class].appendleft(seq)
+        self.waiting[seq.request_class].push(seq, time.time())  # its arrival order keeps its place
         seq.metrics.num_preemptions += 1
         self.num_preemptions += 1
 
     def _add_running(self, seq: Sequence) -> None:
-        bisect.insort(self.running, seq, key=lambda s: s.priority_key)
+        self.running.append(seq)  # admitted in order, after every running request of this step
         self._running_per_class[seq.request_class] += 1
 
     def _remove_running(self, seq: Sequence) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -23,6 +24,34 @@ class SequenceStatus(enum.Enum):
     FINISHED = "finished"
 
 
+MAX_PRIORITY = 2**31 - 1  # a request's priority fits a signed 32-bit integer, as the service stores it
+
+
+@dataclass(frozen=True)
+class Urgency:
+    """How urgent a request is within its class: `priority` first (lower first, vLLM's meaning), then its
+    `deadline` (time.time() seconds), earliest first while it is still ahead. A request without a deadline,
+    or whose deadline has passed, orders by arrival after those racing theirs: a late request keeps its
+    place, it does not jump everything."""
+
+    priority: int = 0
+    deadline: float | None = None
+
+    def validate(self) -> None:
+        if isinstance(self.priority, bool) or not isinstance(self.priority, int) or not (
+                -MAX_PRIORITY <= self.priority <= MAX_PRIORITY):
+            raise ValueError(
+                f"priority must be an int in [{-MAX_PRIORITY}, {MAX_PRIORITY}], got {self.priority!r}")
+        deadline = self.deadline
+        if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, int | float)
+                                     or not math.isfinite(deadline)):
+            raise ValueError(f"deadline must be a finite number of seconds or None, got {deadline!r}")
+
+    def deadline_key(self, now: float) -> float:
+        """The deadline while it is ahead, else infinity (ordered by arrival among the rest)."""
+        return self.deadline if self.deadline is not None and self.deadline > now else math.inf
+
+
 @dataclass(eq=False)
 class Sequence:
     """Prefill and decode are the same thing here: tokens not yet in the KV cache get computed.
@@ -38,6 +67,7 @@ class Sequence:
     priority: int  # of its class; lower = served first
     arrival_order: int  # engine-wide counter; kept across preemptions
     metrics: RequestMetrics
+    urgency: Urgency = field(default_factory=Urgency)  # within its class
     generator: torch.Generator | None = None  # only for seeded requests
     prompt: str | None = None
     # Seeds the prefix cache's hash chain (engine.prefix_cache.salt_root): requests with different salts
@@ -95,10 +125,10 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
 
-    @property
-    def priority_key(self) -> tuple[int, int]:
-        """Sort key: smaller is served first and preempted last."""
-        return (self.priority, self.arrival_order)
+    def order_key(self, now: float) -> tuple[int, int, float, int]:
+        """Sort key at time `now`: smaller is served first and preempted last (class priority, then its
+        urgency, then arrival)."""
+        return (self.priority, self.urgency.priority, self.urgency.deadline_key(now), self.arrival_order)
 
     def token_slice(self, start: int, end: int) -> list[int]:
         """Tokens [start, end) of prompt + output, without concatenating the whole history."""
