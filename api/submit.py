@@ -78,7 +78,8 @@ def _submit(
         params=job_params(body.sampling_params(), options), meta=body.metadata, webhook=body.webhook_json(),
         idempotency_key=idempotency_key, request_hash=request_hash, prompt_tokens=prompt_tokens,
         ttl_s=body.ttl if body.ttl is not None else queue.deadline_s, timeout_s=body.timeout,
-        chat=options.to_json() if body.messages is not None else None,
+        chat=options.to_json() if body.messages is not None else None, priority=body.priority,
+        deadline_s=body.deadline_s if body.deadline_s is not None else queue.default_deadline_s,
     )
     try:
         return jobs.add(session, new, now), True

@@ -24,6 +24,7 @@ from core.request_fields import (
     ChatRole,
     ChoiceCount,
     Count,
+    DeadlineSeconds,
     Logprobs,
     MinP,
     MinTokens,
@@ -31,6 +32,7 @@ from core.request_fields import (
     OpenAIPenalty,
     OpenAITemperature,
     OutputTokens,
+    Priority,
     RepetitionPenalty,
     Seed,
     Stop,
@@ -52,6 +54,8 @@ COMPLETIONS_MAX_LOGPROBS = 5  # OpenAI's limit for /v1/completions
 STRUCTURED_FIELDS = ("response_format", "regex", "choice")
 # vLLM's names for the same constraints: its structured_outputs object and the older guided_* fields.
 VLLM_STRUCTURED_FIELDS = ("structured_outputs", "guided_json", "guided_regex", "guided_choice")
+# Fields a job takes under the same names that say where it stands in its queue, not how it samples.
+QUEUE_FIELDS = ("priority", "deadline_s")
 # Chat fields a job takes under the same names (api/schemas/jobs.py), kept out of the sampling params.
 CHAT_FIELDS = ("tools", "tool_choice", "parallel_tool_calls", "add_generation_prompt",
                "continue_final_message", "chat_template_kwargs")
@@ -186,6 +190,8 @@ class OpenAISampling(BaseModel):
     frequency_penalty: OpenAIPenalty | None = None
     logit_bias: dict[str, FiniteFloat] | None = Field(None, description="only empty")
     user: StoredText | None = Field(None, description="accepted and ignored")
+    priority: Priority | None = Field(None, description="vLLM's: lower is served first (default 0)")
+    deadline_s: DeadlineSeconds | None = None
     # Engine extras (the SDK's extra_body)
     top_k: TopK | None = None
     min_p: MinP | None = None
@@ -270,6 +276,7 @@ class OpenAISampling(BaseModel):
         """The sent sampling fields under the job's (engine's) names, structured-output fields as sent;
         unsent ones keep the job defaults. max_tokens is left to the caller (each path has its default)."""
         names = (
+            *QUEUE_FIELDS,
             "n",
             "temperature",
             "top_p",

@@ -20,8 +20,10 @@ from pydantic_core import CoreSchema, PydanticCustomError, core_schema
 from core.request_rules import (
     MAX_LOGPROBS,
     MAX_N,
+    MAX_PRIORITY,
     MAX_STOP_STRINGS,
     MAX_STOP_TOKEN_IDS,
+    MAX_TTL_S,
     json_problem,
     text_problem,
 )
@@ -98,6 +100,12 @@ TopK = Annotated[int, Field(strict=True, ge=-1, le=MAX_TOP_K, description="0 or 
 Seed = Annotated[int, Field(strict=True, ge=MIN_SEED, le=MAX_SEED)]
 Logprobs = Annotated[int, Field(strict=True, ge=0, le=MAX_LOGPROBS)]  # alternatives per token
 Count = Annotated[int, Field(strict=True, ge=1, le=MAX_INT32)]  # OpenAI's best_of (only 1 is served)
+Priority = Annotated[int, Field(strict=True, ge=-MAX_PRIORITY, le=MAX_PRIORITY,
+                                description="lower is served first (vLLM's meaning); default 0")]
+DeadlineSeconds = Annotated[float, Field(
+    strict=True, gt=0, le=MAX_TTL_S, allow_inf_nan=False,
+    description="seconds after submission by which the result is wanted: a soft target the schedulers order "
+    "by (a late job still runs)")]
 ChoiceCount = Annotated[int, Field(strict=True, ge=1, le=MAX_N, description="choices from the one prompt")]
 StrictFlag = Annotated[bool, Field(strict=True)]
 _GREEDY_OR_WARM = Field(json_schema_extra={"anyOf": [{"const": 0}, {"minimum": MIN_TEMPERATURE}]},

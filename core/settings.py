@@ -47,6 +47,11 @@ class QueueSettings(BaseModel):
         None, gt=0, le=MAX_TTL_S, allow_inf_nan=False,
         description="default `ttl`: a job not started within it expires",
     )
+    default_deadline_s: float | None = Field(
+        None, gt=0, le=MAX_TTL_S, allow_inf_nan=False,
+        description="`deadline_s` of a job that sets none (a soft target the schedulers order by); unset: "
+        "such jobs have no deadline",
+    )
 
 
 def default_queues() -> dict[str, QueueSettings]:

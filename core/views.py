@@ -114,6 +114,8 @@ class JobPublic(BaseModel):
     first_token_at: datetime | None
     finished_at: datetime | None
     expires_at: datetime | None
+    priority: int = Field(description="lower is served first")
+    deadline_at: datetime | None = Field(description="when the result is wanted (a soft target); null: none")
     queue_time_s: float | None = Field(description="started_at - created_at")
     time_to_first_token_s: float | None = Field(description="first_token_at - created_at")
     end_to_end_s: float | None = Field(description="finished_at - created_at")
@@ -131,6 +133,7 @@ class JobPublic(BaseModel):
                            cached_tokens=job.cached_tokens),
             error=error, created_at=job.created_at, started_at=job.started_at,
             first_token_at=job.first_token_at, finished_at=job.finished_at, expires_at=job.expires_at,
+            priority=job.priority, deadline_at=job.deadline_at,
             queue_time_s=_seconds(job.created_at, job.started_at),
             time_to_first_token_s=_seconds(job.created_at, job.first_token_at),
             end_to_end_s=_seconds(job.created_at, job.finished_at),

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from core.store.tables import Job
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
+from engine.sequence import Urgency
 from worker.choices import choice_request_ids
 
 OnDone = Callable[[], None]  # called once per started attempt, after its outcome is stored (the caller acks)
@@ -47,6 +48,7 @@ class Attempt:
     compiling: bool = False
     n: int = 1  # choices from the one prompt (worker/choices.py)
     prompt_logprobs: int | None = None  # top-n alternatives asked for per prompt token
+    urgency: Urgency = field(default_factory=Urgency)  # its priority and deadline, for the engine's order
 
     def request_ids(self) -> list[str]:
         """Its requests in the engine: one per choice."""
@@ -59,4 +61,10 @@ class Attempt:
         return cls(job.id, job.attempts, job.queue, f"{job.id}#{job.attempts}", job.timeout_s, started,
                    on_done, logprobs=params.get("logprobs"), cache_salt=cache_salt,
                    compiling="structured" in params, n=params.get("n", 1),
-                   prompt_logprobs=params.get("prompt_logprobs"))
+                   prompt_logprobs=params.get("prompt_logprobs"), urgency=urgency_of(job))
+
+
+def urgency_of(job: Job) -> Urgency:
+    """The job's priority and deadline as the engine orders by them (a wall-clock deadline, time.time())."""
+    deadline = job.deadline_at.timestamp() if job.deadline_at is not None else None
+    return Urgency(priority=job.priority or 0, deadline=deadline)

@@ -178,7 +178,7 @@ class JobRunner:
         prompt, params = attempt.engine_input
         return self.host.submit(attempt.request_ids()[index], prompt, choice_params(params, index),
                                 attempt.queue, on_update=lambda out: self._on_update(attempt, index, out),
-                                cache_salt=attempt.cache_salt,
+                                cache_salt=attempt.cache_salt, urgency=attempt.urgency,
                                 on_admitted=lambda: self._in_flight.admitted(attempt))
 
     def _cancel_choices(self, attempt: Attempt) -> None:

@@ -20,12 +20,14 @@ from api.schemas.fields import (
     STORABLE,
     ChatRole,
     ChoiceCount,
+    DeadlineSeconds,
     Logprobs,
     MinP,
     MinTokens,
     NonEmptyText,
     OpenAIPenalty,
     OutputTokens,
+    Priority,
     RepetitionPenalty,
     Seed,
     Stop,
@@ -169,6 +171,10 @@ class JobCreate(ChatFields):
         None, description="return each prompt token's logprob and this many alternatives "
         "(result.prompt_logprobs, the first null); the prompt is then computed, not taken from the cache")
     metadata: StoredJsonObject | None = Field(None, description="small JSON object returned as given")
+    priority: Priority = 0
+    deadline_s: DeadlineSeconds | None = Field(
+        None, description="seconds after submission by which the result is wanted (default: the queue's "
+        "default_deadline_s): a soft target the schedulers order by; a late job still runs")
     ttl: float | None = Field(None, strict=True, gt=0, le=MAX_TTL_S, allow_inf_nan=False,
                               description="seconds; the job expires if not started in time")
     timeout: float | None = Field(None, strict=True, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False,

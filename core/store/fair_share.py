@@ -13,8 +13,9 @@ claims the next jobs of Q in fair order, whichever they are (`claim_fair`):
      those with queued work under their max_running; ties go to the tenant this worker served least recently
      (so a single free slot goes round-robin), then to the oldest work. Within the tenant, the same rule
      over its streams (fewest running, least recently served, oldest).
-  4. Per planned stream, its oldest queued jobs are taken `FOR UPDATE SKIP LOCKED` and claimed by one
-     conditional UPDATE (`status = 'queued'`) that returns them: a job is still claimed exactly once.
+  4. Per planned stream, its most urgent queued jobs (priority, then a deadline still ahead, then arrival:
+     `urgency_order`) are taken `FOR UPDATE SKIP LOCKED` and claimed by one conditional UPDATE
+     (`status = 'queued'`) that returns them: a job is still claimed exactly once.
 A tenant that arrives while another holds every slot gets the next slots that free up (within one job's
 time, plus up to QUEUED_VIEW_S before a worker's reused view sees it), until its running jobs per weight
 catch up.
@@ -29,8 +30,9 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import ColumnElement, func, or_, select, text, update
+from sqlalchemy import ColumnElement, case, func, null, or_, select, text, update
 from sqlalchemy.orm import Session
 
 from core.lifecycle import QUEUED, RUNNING
@@ -272,14 +274,23 @@ def _share(weight: float | None, max_running: int | None, defaults: TenantLimits
                  max_running if max_running is not None else defaults.max_running)
 
 
+def urgency_order(now: datetime) -> list[ColumnElement[Any]]:
+    """A stream's jobs, most urgent first: priority (lower first), then a deadline still ahead (earliest
+    first), then arrival; a job whose deadline has passed keeps its arrival's place among those without one
+    (engine/sequence.py Urgency orders the engine's admission the same way)."""
+    deadline_ahead = case((Job.deadline_at > now, Job.deadline_at), else_=null())
+    return [Job.priority, deadline_ahead.asc().nulls_last(), Job.created_at, Job.id]
+
+
 def _claim_oldest(session: Session, queue: str, stream: Stream, n: int, worker_id: str, now: datetime,
                   ) -> list[Job]:
+    """The stream's n most urgent claimable jobs (urgency_order), claimed."""
     of_stream = Job.batch_id.is_(None) if stream.batch_id is None else Job.batch_id == stream.batch_id
     oldest = (
         select(Job.id)
         .where(Job.queue == queue, Job.status == QUEUED, Job.tenant_id == stream.tenant_id, of_stream,
                _not_expired(now))
-        .order_by(Job.created_at, Job.id)
+        .order_by(*urgency_order(now))
         .limit(n)
         .with_for_update(skip_locked=True)  # a row another transaction is changing (a cancel) is skipped
     )

@@ -56,6 +56,8 @@ class NewJob:
     timeout_s: float | None
     batch_id: str | None = None  # the batch whose line this job answers; set by the batch runner only
     chat: dict[str, Any] | None = None  # core/chat_options.py's stored form
+    priority: int = 0  # lower first
+    deadline_s: float | None = None  # soft target, seconds after submission
 
 
 @dataclass(frozen=True)
@@ -91,12 +93,14 @@ def add(session: Session, new: NewJob, now: datetime) -> Job:
 
 def _queued_row(new: NewJob, now: datetime) -> dict[str, Any]:
     expires_at = now + timedelta(seconds=new.ttl_s) if new.ttl_s is not None else None
+    deadline_at = now + timedelta(seconds=new.deadline_s) if new.deadline_s is not None else None
     return dict(
         id=new_job_id(), tenant_id=new.tenant_id, queue=new.queue, status=QUEUED, prompt=new.prompt,
         messages=new.messages, params=new.params, meta=new.meta, webhook=new.webhook,
         idempotency_key=new.idempotency_key, request_hash=new.request_hash, ttl_s=new.ttl_s,
         timeout_s=new.timeout_s, expires_at=expires_at, created_at=now, updated_at=now, attempts=0,
         preemptions=0, prompt_tokens=new.prompt_tokens, batch_id=new.batch_id, chat=new.chat,
+        priority=new.priority, deadline_at=deadline_at,
     )
 
 

@@ -109,6 +109,10 @@ class Job(Base):
     idempotency_key: Mapped[str | None] = mapped_column(String(255), nullable=True)
     request_hash: Mapped[str] = mapped_column(String(64))
     ttl_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # Urgency within the queue (fleet claims, engine admission and preemption): priority, lower first, then
+    # deadline_at (a soft target: created_at + deadline_s) while it is ahead, then arrival.
+    priority: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    deadline_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     timeout_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())

@@ -51,6 +51,10 @@ JOB_REFUSALS = [
     (f'"max_tokens": {BIG}', "max_tokens"),
     (f'"min_tokens": {BIG}', "min_tokens"),
     (f'"logprobs": {BIG}', "logprobs"),
+    (f'"priority": {2**31}', "priority"),
+    ('"priority": 1.5', "priority"),
+    ('"deadline_s": 0', "deadline_s"),
+    ('"deadline_s": Infinity', "deadline_s"),
     ('"temperature": Infinity', "temperature"),
     ('"temperature": NaN', "temperature"),
     ('"temperature": 1e-9', "temperature"),  # neither greedy nor a temperature the sampler survives
@@ -120,6 +124,7 @@ def test_values_at_the_bounds_are_accepted_and_read_back(alice: TestClient) -> N
     body = {"prompt": "x", "top_k": 2**31 - 1, "seed": 2**63 - 1, "stop_token_ids": [2**31 - 1] * 64,
             "temperature": 0, "repetition_penalty": fields.MAX_REPETITION_PENALTY,
             "ttl": request_rules.MAX_TTL_S, "timeout": request_rules.MAX_TIMEOUT_S,
+            "priority": -(2**31 - 1), "deadline_s": request_rules.MAX_TTL_S,
             "metadata": {"emoji": "\U0001f680", "n": 1.5, "deep": [[[]]]},
             "webhook": {"url": "https://example.com/h", "note": "fine"}}
     r = alice.post("/v1/jobs", json=body)
@@ -133,8 +138,10 @@ def test_values_at_the_bounds_are_accepted_and_read_back(alice: TestClient) -> N
 def test_api_bounds_are_the_engines() -> None:
     """The API cannot import the engine (import-linter); its copies of the bounds must agree."""
     from engine import sampling_params as engine
+    from engine import sequence
 
     assert (fields.MAX_INT32, fields.MAX_TOP_K) == (engine.MAX_INT32, engine.MAX_TOP_K)
+    assert request_rules.MAX_PRIORITY == sequence.MAX_PRIORITY
     assert (fields.MIN_SEED, fields.MAX_SEED) == (engine.MIN_SEED, engine.MAX_SEED)
     assert (fields.MIN_TEMPERATURE, fields.MAX_TEMPERATURE) == (
         engine.MIN_TEMPERATURE, engine.MAX_TEMPERATURE)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -280,3 +280,12 @@ def test_idempotency_race_returns_the_winner(
     conflict = alice.post("/v1/jobs", json={"prompt": "other"}, headers={"Idempotency-Key": "race"})
     assert conflict.status_code == 409
     assert len(service.publisher.published) == 1
+
+
+def test_priority_and_deadline_are_stored_and_shown(alice: TestClient, session: Session) -> None:
+    job = alice.post("/v1/jobs", json={"prompt": "hi", "priority": -2, "deadline_s": 30}).json()
+    assert job["priority"] == -2
+    deadline = datetime.fromisoformat(job["deadline_at"]) - datetime.fromisoformat(job["created_at"])
+    assert deadline == timedelta(seconds=30)
+    plain = alice.post("/v1/jobs", json={"prompt": "hi"}).json()
+    assert (plain["priority"], plain["deadline_at"]) == (0, None)  # the queue sets no default_deadline_s

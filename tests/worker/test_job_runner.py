@@ -551,3 +551,23 @@ def test_n_choices_with_a_seed_repeat_and_a_cancel_aborts_them_all(
     done.wait()
     assert get_job(sessions, job_id).status == "cancelled"
     wait_for(lambda: _kv_free(host), "every choice aborted and its KV blocks freed", timeout_s=30)
+
+
+def test_a_jobs_priority_and_deadline_reach_the_engine(
+    runner: JobRunner, host: EngineHost, sessions: sessionmaker[Session]
+) -> None:
+    new = jobs.NewJob(tenant_id="default", queue="interactive", prompt="The river is calm", messages=None,
+                      params={"max_tokens": LONG_JOB_TOKENS, "ignore_eos": True, "temperature": 0.0},
+                      meta=None, webhook=None, idempotency_key=None, request_hash="t", prompt_tokens=0,
+                      ttl_s=None, timeout_s=None, priority=-7, deadline_s=30.0)
+    with sessions() as session:
+        job = jobs.add(session, new, utcnow())
+    done = Done()
+    assert runner.run(job.id, done)
+    wait_generating(sessions, job.id)
+    seq = host.engine.scheduler.get(f"{job.id}#1")
+    assert seq is not None and job.deadline_at is not None
+    assert (seq.urgency.priority, seq.urgency.deadline) == (-7, job.deadline_at.timestamp())
+    with sessions() as session:
+        jobs.cancel(session, job.id, "default", utcnow())
+    done.wait()

@@ -29,6 +29,7 @@ from core.openai_request import (
     CHAT,
     CHAT_FIELDS,
     COMPLETIONS,
+    QUEUE_FIELDS,
     STRUCTURED_FIELDS,
     ChatCompletionCreate,
     OpenAIRequest,
@@ -63,6 +64,8 @@ class BatchRequest:
     prompt_tokens: int = 0  # as the queue's tokenizer counts them (0 when the parser was given none)
     chat: dict[str, Any] | None = None  # how the messages are rendered and the answer read (stored form)
     shown: dict[str, Any] | None = None  # what its answer shows of the prompt (PromptView's stored form)
+    priority: int = 0  # lower first
+    deadline_s: float | None = None  # None: the batch's completion window is its deadline
 
     def size(self) -> RequestSize:
         """The lengths the request rules judge."""
@@ -238,13 +241,14 @@ def _validated(number: int, custom_id: str, endpoint: str, body: dict[str, Any],
         messages, prompt = None, request.prompt_text()
     return BatchRequest(line=number, custom_id=custom_id, endpoint=endpoint, messages=messages, prompt=prompt,
                         params=chat_job_params(_job_params(request), options), model=request.model,
-                        chat=options.to_json(), shown=request.prompt_view().to_json())
+                        chat=options.to_json(), shown=request.prompt_view().to_json(),
+                        priority=request.priority or 0, deadline_s=request.deadline_s)
 
 
 def _job_params(request: OpenAIRequest) -> dict[str, Any]:
     """The job's stored params (structured output in its stored form), as the line set them."""
     params = request.job_params()
-    for name in (*STRUCTURED_FIELDS, *CHAT_FIELDS):
+    for name in (*STRUCTURED_FIELDS, *CHAT_FIELDS, *QUEUE_FIELDS):
         params.pop(name, None)
     structured = request.structured()  # checked by check_request
     if structured is not None:

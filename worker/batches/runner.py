@@ -325,8 +325,16 @@ def _new_job(batch: Batch, request: BatchRequest, now: datetime) -> Job:
                       messages=request.messages, params=request.params, meta=meta, webhook=None,
                       idempotency_key=None, request_hash=jobs.request_hash(asked),
                       prompt_tokens=request.prompt_tokens, ttl_s=None, timeout_s=None, batch_id=batch.id,
-                      chat=request.chat)
+                      chat=request.chat, priority=request.priority,
+                      deadline_s=request.deadline_s or _window_left_s(batch, now))
     return jobs.build(new, now)
+
+
+def _window_left_s(batch: Batch, now: datetime) -> float | None:
+    """A line's default deadline: what is left of its batch's completion window (at least a second)."""
+    if batch.expires_at is None:
+        return None
+    return max((batch.expires_at - now).total_seconds(), 1.0)
 
 
 def _failed_line(batch_id: str, parsed: BatchRequest | LineError, seen: CustomIdSet) -> BatchLine:

@@ -196,3 +196,29 @@ def test_a_reused_view_of_the_queue_never_leaves_claimable_jobs_behind(session: 
     claimed = claim_fair(session, "documents", 1, "w1", at_t0, DEFAULTS, one)
 
     assert {j.id for j in claimed} == b_jobs  # the view came up short: the queue was read again
+
+
+def _add_urgent(session: Session, at: datetime, *, priority: int = 0, deadline_s: float | None = None) -> str:
+    keys.ensure_tenant(session, "a", T0)
+    session.commit()
+    new = jobs.NewJob(tenant_id="a", queue="documents", prompt="p", messages=None, params={"max_tokens": 1},
+                      meta=None, webhook=None, idempotency_key=None, request_hash="h", prompt_tokens=1,
+                      ttl_s=None, timeout_s=None, priority=priority, deadline_s=deadline_s)
+    return jobs.add(session, new, at).id
+
+
+def test_a_stream_is_claimed_by_priority_then_a_deadline_ahead_then_arrival(session: Session) -> None:
+    plain = _add_urgent(session, T0)
+    missed = _add_urgent(session, T0 + timedelta(seconds=1), deadline_s=2.0)  # passed by the claim at T0+10
+    later = _add_urgent(session, T0 + timedelta(seconds=2), deadline_s=3600.0)
+    soon = _add_urgent(session, T0 + timedelta(seconds=3), deadline_s=60.0)
+    urgent = _add_urgent(session, T0 + timedelta(seconds=4), priority=-1)
+    background = _add_urgent(session, T0 + timedelta(seconds=5), priority=5, deadline_s=20.0)
+    ten_s_later = T0 + timedelta(seconds=10)
+    order = []
+    for _ in range(6):
+        [job] = claim_fair(session, "documents", 1, "w1", lambda: ten_s_later, DEFAULTS,
+                           FairState(view_s=0.0))
+        order.append(job.id)
+        _finish(session, [job])
+    assert order == [urgent, soon, later, plain, missed, background]

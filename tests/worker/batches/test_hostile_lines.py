@@ -7,13 +7,14 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from sqlalchemy import select
 
 from core.request_rules import MAX_INT_DIGITS
-from core.store.tables import BatchLine, Job
+from core.store.tables import Batch, BatchLine, Job
 from tests.support.hostile_schemas import nested_items, nested_objects
 from tests.support.service import Service
 from worker.batches.lines import BatchRequest, CustomIdSet, LineError, LineLimits, parse_line
@@ -137,3 +138,25 @@ def test_hostile_lines_fail_alone_and_the_rest_of_the_batch_is_queued(
     want = [None, *(code for _, code, _ in HOSTILE), "invalid_line", "invalid_line", None]
     assert codes == dict(enumerate(want, start=1))
     assert queued == ["good-1", "good-2"]
+
+
+def test_a_lines_priority_and_deadline_and_the_window_as_its_default_deadline(
+    make_service: Callable[..., Service],
+) -> None:
+    service = make_service()
+    client = service.client("alice")
+    lines = [line("urgent", {"prompt": "hello", "max_tokens": 2, "priority": -1, "deadline_s": 30}),
+             line("plain", {"prompt": "hello", "max_tokens": 2})]
+    r = client.post("/v1/batches", json={"input_file_id": _upload(client, b"\n".join(lines) + b"\n")})
+    assert r.status_code == 200, r.text
+    runner = BatchRunner(service.session_factory, service.settings, lambda job_id, queue: None, "runner-1",
+                         tokenizer=_Tokenizer(), s3=None, model_name="demo-model")
+    runner.run_once()
+    with service.session_factory() as session:
+        batch = session.get(Batch, r.json()["id"])
+        queued = {job.meta["custom_id"]: job for job in session.scalars(select(Job)) if job.meta}
+        assert batch is not None and batch.expires_at is not None
+        urgent, plain = queued["urgent"], queued["plain"]
+        assert urgent.priority == -1 and urgent.deadline_at == urgent.created_at + timedelta(seconds=30)
+        assert plain.priority == 0 and plain.deadline_at is not None
+        assert abs((plain.deadline_at - batch.expires_at).total_seconds()) < 1  # what is left of the window
