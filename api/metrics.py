@@ -109,12 +109,12 @@ class StoreCollector(Collector):
     def _deadline_gauge(self, names: list[str]) -> Metric:
         """Each queue's default ttl, so an alert can compare the oldest queued job's age with it."""
         deadline = GaugeMetricFamily("conveyor_queue_deadline_seconds",
-                                     "The queue's default ttl (deadline_s): queued jobs expire past it",
+                                     "The queue's default ttl (default_ttl_s): queued jobs expire past it",
                                      labels=["queue"])
         for name in names:
             queue = self._settings.queue(name)
-            if queue is not None and queue.deadline_s is not None:
-                deadline.add_metric([name], queue.deadline_s)
+            if queue is not None and queue.default_ttl_s is not None:
+                deadline.add_metric([name], queue.default_ttl_s)
         return deadline
 
 

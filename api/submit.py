@@ -77,7 +77,7 @@ def _submit(
         tenant_id=tenant_id, queue=body.queue, prompt=body.prompt, messages=size.messages,
         params=job_params(body.sampling_params(), options), meta=body.metadata, webhook=body.webhook_json(),
         idempotency_key=idempotency_key, request_hash=request_hash, prompt_tokens=prompt_tokens,
-        ttl_s=body.ttl if body.ttl is not None else queue.deadline_s, timeout_s=body.timeout,
+        ttl_s=body.ttl if body.ttl is not None else queue.default_ttl_s, timeout_s=body.timeout,
         chat=options.to_json() if body.messages is not None else None, priority=body.priority,
         deadline_s=body.deadline_s if body.deadline_s is not None else queue.default_deadline_s,
     )

@@ -31,7 +31,7 @@ MAX_INT_DIGITS = 100
 # a full tokenization. Real text averages 2 to 6 bytes per token; only a prompt made mostly of very long
 # repeated runs (e.g. kilobytes of spaces) could fit the token limit and still be refused by this bound.
 PROMPT_BYTES_PER_TOKEN = 32
-MAX_TTL_S = 365 * 86400.0  # a year of waiting for a worker (ttl, a queue's deadline_s): far from year 9999
+MAX_TTL_S = 365 * 86400.0  # a year of waiting for a worker (ttl, a queue's default_ttl_s): far from year 9999
 MAX_TIMEOUT_S = 30 * 86400.0  # 30 days of running
 
 NUL = "must not contain NUL (\\u0000) characters"

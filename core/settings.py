@@ -7,6 +7,7 @@ Nested values use `__`: CONVEYOR_QUEUES__DOCUMENTS__MAX_RUNNING=1.
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 import socket
 from pathlib import Path
@@ -23,12 +24,19 @@ from pydantic_settings import (
 
 from core.request_rules import MAX_TTL_S
 
+log = logging.getLogger(__name__)
+
 CONFIG_FILE_ENV = "CONVEYOR_CONFIG_FILE"
 DEMO_MODEL_DIR = "demo-model"  # under data_dir, built by the first worker when no model is set
 
 
 class QueueSettings(BaseModel):
     """Limits of one queue; each queue maps onto an engine request class of the same name."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _former_names(cls, data: Any) -> Any:
+        return renamed_queue_fields(data) if isinstance(data, dict) else data
 
     max_queued: int = Field(
         1000, ge=1,
@@ -43,9 +51,10 @@ class QueueSettings(BaseModel):
     )
     max_output_tokens: int = Field(512, ge=1, description="largest `max_tokens` accepted")
     priority: int = Field(0, description="engine class priority; lower is served first")
-    deadline_s: float | None = Field(
+    default_ttl_s: float | None = Field(
         None, gt=0, le=MAX_TTL_S, allow_inf_nan=False,
-        description="default `ttl`: a job not started within it expires",
+        description="`ttl` of a job that sets none: a job not started within it expires (formerly "
+        "`deadline_s`, still read, with a warning)",
     )
     default_deadline_s: float | None = Field(
         None, gt=0, le=MAX_TTL_S, allow_inf_nan=False,
@@ -54,12 +63,26 @@ class QueueSettings(BaseModel):
     )
 
 
+def renamed_queue_fields(given: dict[str, Any]) -> dict[str, Any]:
+    """A queue's fields under their current names: `deadline_s` meant the default ttl, and is read as
+    `default_ttl_s`, with a warning."""
+    if "deadline_s" not in given:
+        return given
+    given = dict(given)
+    value = given.pop("deadline_s")
+    if given.get("default_ttl_s") is not None:
+        raise ValueError("deadline_s: the former name of default_ttl_s; set only default_ttl_s")
+    log.warning("queue setting deadline_s is now named default_ttl_s (a job's default ttl); deadline_s is "
+                "read as default_ttl_s, rename it")
+    return {**given, "default_ttl_s": value}
+
+
 def default_queues() -> dict[str, QueueSettings]:
     return {
         "interactive": QueueSettings(max_queued=1000, max_running=16, max_prompt_tokens=2048,
-                                     max_output_tokens=512, priority=0, deadline_s=600.0),
+                                     max_output_tokens=512, priority=0, default_ttl_s=600.0),
         "documents": QueueSettings(max_queued=10000, max_running=4, max_prompt_tokens=32768,
-                                   max_output_tokens=4096, priority=1, deadline_s=86400.0),
+                                   max_output_tokens=4096, priority=1, default_ttl_s=86400.0),
     }
 
 
@@ -339,7 +362,10 @@ class Settings(BaseSettings):
             return value
         merged: dict[str, Any] = {name: q.model_dump() for name, q in default_queues().items()}
         for name, q in value.items():
-            given = q.model_dump(exclude_unset=True) if isinstance(q, QueueSettings) else dict(q)
+            if isinstance(q, QueueSettings):
+                given = q.model_dump(exclude_unset=True)
+            else:
+                given = renamed_queue_fields(dict(q))
             merged[name] = {**merged.get(name, {}), **given}
         return merged
 

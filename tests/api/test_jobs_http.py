@@ -134,7 +134,7 @@ def test_ttl_expiry(alice: TestClient, session: Session) -> None:
 
 
 def test_queue_deadline_is_the_default_ttl(make_service, session: Session) -> None:  # type: ignore[no-untyped-def]
-    svc = make_service(queues={"documents": {"deadline_s": 7}})
+    svc = make_service(queues={"documents": {"default_ttl_s": 7}})
     client = svc.client("alice")
     job = client.post("/v1/jobs", json={"prompt": "x", "queue": "documents"}).json()
     row = jobs.get(session, job["id"])

@@ -56,10 +56,21 @@ def test_invalid_values_name_the_field() -> None:
         Settings(batch_s3_allowlist=["s3:///prefix"])
 
 
-@pytest.mark.parametrize("deadline", [1e12, float("inf")])
-def test_a_queue_deadline_beyond_a_year_or_infinite_is_refused(deadline: float) -> None:
+@pytest.mark.parametrize("name", ["default_ttl_s", "default_deadline_s"])
+@pytest.mark.parametrize("seconds", [1e12, float("inf")])
+def test_a_queue_time_beyond_a_year_or_infinite_is_refused(name: str, seconds: float) -> None:
+    with pytest.raises(ValueError, match=name):
+        Settings(queues={"interactive": {name: seconds}})
+
+
+def test_the_former_name_of_the_default_ttl_is_read_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING"):
+        settings = Settings(queues={"interactive": {"deadline_s": 30}})
+    queue = settings.queue("interactive")
+    assert queue is not None and queue.default_ttl_s == 30 and queue.default_deadline_s is None
+    assert "default_ttl_s" in caplog.text
     with pytest.raises(ValueError, match="deadline_s"):
-        Settings(queues={"interactive": {"deadline_s": deadline}})
+        Settings(queues={"interactive": {"deadline_s": 30, "default_ttl_s": 60}})
 
 
 def test_worker_queues_from_the_environment_choose_what_a_worker_consumes(
