@@ -30,6 +30,8 @@ def add_job(
     timeout_s: float | None = None,
     ttl_s: float | None = None,
     tenant_id: str = "default",
+    priority: int = 0,
+    deadline_s: float | None = None,
     **params: Any,
 ) -> str:
     """Inserts a queued job as the API would (without publishing it) and returns its id."""
@@ -37,7 +39,7 @@ def add_job(
     new = jobs.NewJob(
         tenant_id=tenant_id, queue=queue, prompt=None if messages else prompt, messages=messages,
         params=params, meta=None, webhook=None, idempotency_key=None, request_hash="test", prompt_tokens=0,
-        ttl_s=ttl_s, timeout_s=timeout_s,
+        ttl_s=ttl_s, timeout_s=timeout_s, priority=priority, deadline_s=deadline_s,
     )
     with sessions() as session:
         return jobs.add(session, new, utcnow()).id
