@@ -135,6 +135,7 @@ HISTOGRAM_HELP = {
     outcome_counts.QUEUE_TIME: "Job created to started (or to final, if it never started), per final status",
     outcome_counts.TTFT: "Job created to its first token, per final status (jobs that had one)",
     outcome_counts.E2E: "Job created to final, per final status",
+    outcome_counts.LATENESS: "How far past its deadline a job ended, per final status (jobs that missed it)",
 }
 
 
@@ -155,6 +156,10 @@ def outcome_families(rows: list[MetricCount]) -> Iterator[Metric]:
     deliveries = outcome_counts.series_of(rows, outcome_counts.WEBHOOK_DELIVERIES)
     yield _counter_family("conveyor_job_failures", "Failed and expired jobs by error code", ["queue", "code"],
                           [((r.queue, r.label), r.count) for r in failures])
+    deadlines = outcome_counts.series_of(rows, outcome_counts.JOB_DEADLINES)
+    yield _counter_family("conveyor_job_deadlines", "Jobs with a deadline by outcome: on_time (succeeded by "
+                          "it), late (succeeded after it), missed (ended otherwise)", ["queue", "outcome"],
+                          [((r.queue, r.label), r.count) for r in deadlines])
     yield _counter_family("conveyor_batch_lines", "Batch lines whose job finished, by outcome",
                           ["queue", "outcome"], [((r.queue, r.label), r.count) for r in lines])
     yield _counter_family("conveyor_webhook_deliveries", "Webhook delivery attempts by outcome", ["outcome"],

@@ -9,6 +9,10 @@ Rows are upserted in a fixed key order, so concurrent finishes wait on each othe
 Series (`metric` column; histograms keep one non-cumulative row per bucket, `label` its upper bound):
 - job_queue_time_seconds, job_time_to_first_token_seconds, job_e2e_seconds: per queue and final status;
 - job_failures: per queue and error code (failed and expired jobs);
+- job_deadlines: per queue and deadline outcome, for jobs that had a deadline: on_time (succeeded by it),
+  late (succeeded after it), missed (ended otherwise: failed, expired or cancelled);
+- job_lateness_seconds: per queue and final status, how far past its deadline a job ended (late and missed
+  jobs whose deadline had passed);
 - batch_lines: per queue and line outcome (lines whose job finished);
 - webhook_deliveries: per attempt outcome (delivered, retry, failed, disabled).
 """
@@ -25,13 +29,16 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from core.lifecycle import EXPIRED, FAILED, LINE_OUTCOME
+from core.lifecycle import EXPIRED, FAILED, LINE_OUTCOME, SUCCEEDED
 from core.metric_buckets import LATENCY_BUCKETS_S
 from core.store.tables import BatchLine, Job, MetricCount
 
 QUEUE_TIME, TTFT, E2E = "job_queue_time_seconds", "job_time_to_first_token_seconds", "job_e2e_seconds"
-HISTOGRAMS = (QUEUE_TIME, TTFT, E2E)
+LATENESS = "job_lateness_seconds"
+HISTOGRAMS = (QUEUE_TIME, TTFT, E2E, LATENESS)
 JOB_FAILURES, BATCH_LINES, WEBHOOK_DELIVERIES = "job_failures", "batch_lines", "webhook_deliveries"
+JOB_DEADLINES = "job_deadlines"
+ON_TIME, LATE, MISSED = "on_time", "late", "missed"
 INF_LABEL = "+Inf"
 
 Key = tuple[str, str, str, str]  # (metric, queue, status, label)
@@ -54,12 +61,15 @@ def record_finished_jobs(session: Session, job_ids: list[str], status: str) -> N
     """Counts jobs that just reached `status` (inside their transition's transaction, after its UPDATE)."""
     rows = session.execute(
         select(
-            Job.queue, Job.created_at, Job.started_at, Job.first_token_at, Job.finished_at, Job.error_code
+            Job.queue, Job.created_at, Job.started_at, Job.first_token_at, Job.finished_at, Job.error_code,
+            Job.deadline_at,
         ).where(Job.id.in_(job_ids))
     ).all()
     increments: dict[Key, Increment] = {}
-    for queue, created, started, first_token, finished, code in rows:
+    for queue, created, started, first_token, finished, code, deadline in rows:
         end = finished or created
+        if deadline is not None:
+            _count_deadline(increments, queue, status, end, deadline)
         _observe(increments, (QUEUE_TIME, queue, status), _seconds(created, started or end))
         _observe(increments, (E2E, queue, status), _seconds(created, end))
         if first_token is not None:
@@ -68,6 +78,20 @@ def record_finished_jobs(session: Session, job_ids: list[str], status: str) -> N
             _count(increments, (JOB_FAILURES, queue, "", code or "unknown"), 1)
     _count_batch_lines(session, job_ids, status, increments)
     _upsert(session, increments)
+
+
+def deadline_outcome(status: str, end: datetime, deadline: datetime) -> str:
+    """on_time, late or missed: whether a job with a deadline delivered by it."""
+    if status != SUCCEEDED:
+        return MISSED
+    return ON_TIME if end <= deadline else LATE
+
+
+def _count_deadline(increments: dict[Key, Increment], queue: str, status: str, end: datetime,
+                    deadline: datetime) -> None:
+    _count(increments, (JOB_DEADLINES, queue, "", deadline_outcome(status, end, deadline)), 1)
+    if end > deadline:
+        _observe(increments, (LATENESS, queue, status), _seconds(deadline, end))
 
 
 def record_webhook_attempt(session: Session, outcome: str) -> None:

@@ -19,8 +19,9 @@ WAIT_S = 180.0  # a hang guard, not a speed assertion
 # Tiny KV cache: 8 blocks x 16 tokens. Two documents jobs of ~110 tokens each need 14 blocks together, so
 # the engine must preempt while both run; each one alone fits (the engine refuses jobs that never could).
 KV = dict(num_kv_blocks=8, block_size=16, max_model_len=128, max_num_seqs=8, max_num_batched_tokens=256)
-SHORT = {"max_tokens": 4, "temperature": 0, "ignore_eos": True}
-LONG = {"max_tokens": 100, "temperature": 0, "ignore_eos": True}
+# Every job has a deadline far enough for a slow machine: the cancelled one is `missed`, the others `on_time`.
+SHORT = {"max_tokens": 4, "temperature": 0, "ignore_eos": True, "deadline_s": 3600}
+LONG = {"max_tokens": 100, "temperature": 0, "ignore_eos": True, "deadline_s": 3600}
 
 
 class Client(Protocol):
@@ -172,6 +173,11 @@ def check_api_counts(families: Families, scenario: Scenario) -> None:
                 queue,
             )
         assert 0 < value(families, "conveyor_job_time_to_first_token_seconds_count", queue=queue) <= finished
+        deadlines = {o: value(families, "conveyor_job_deadlines_total", queue=queue, outcome=o)
+                     for o in ("on_time", "late", "missed")}
+        delivered = scenario.count(queue, "succeeded")
+        expected = {"on_time": delivered, "late": 0, "missed": finished - delivered}
+        assert deadlines == expected, (queue, deadlines)
 
 
 def engine_settled(families: Families, scenario: Scenario) -> bool:

@@ -6,10 +6,23 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
+import pytest
 from sqlalchemy.orm import Session
 
 from core.store import batches, jobs, outcome_counts
-from core.store.outcome_counts import BATCH_LINES, E2E, JOB_FAILURES, QUEUE_TIME, TTFT, WEBHOOK_DELIVERIES
+from core.store.outcome_counts import (
+    BATCH_LINES,
+    E2E,
+    JOB_DEADLINES,
+    JOB_FAILURES,
+    LATE,
+    LATENESS,
+    MISSED,
+    ON_TIME,
+    QUEUE_TIME,
+    TTFT,
+    WEBHOOK_DELIVERIES,
+)
 from core.store.tables import DEFAULT_TENANT, BatchLine
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
@@ -19,7 +32,8 @@ def at(seconds: float) -> datetime:
     return T0 + timedelta(seconds=seconds)
 
 
-def add_job(session: Session, queue: str = "interactive", ttl_s: float | None = None) -> str:
+def add_job(session: Session, queue: str = "interactive", ttl_s: float | None = None,
+            deadline_s: float | None = None) -> str:
     new = jobs.NewJob(
         tenant_id=DEFAULT_TENANT,
         queue=queue,
@@ -33,6 +47,7 @@ def add_job(session: Session, queue: str = "interactive", ttl_s: float | None = 
         prompt_tokens=2,
         ttl_s=ttl_s,
         timeout_s=None,
+        deadline_s=deadline_s,
     )
     return jobs.add(session, new, T0).id
 
@@ -108,3 +123,23 @@ def test_batch_lines_and_webhook_attempts_by_outcome(session: Session) -> None:
     assert found[(BATCH_LINES, "documents", "", "cancelled")] == (1, 0.0)
     assert found[(WEBHOOK_DELIVERIES, "", "", "retry")] == (2, 0.0)
     assert found[(WEBHOOK_DELIVERIES, "", "", "delivered")] == (1, 0.0)
+
+
+def test_jobs_with_a_deadline_count_on_time_late_or_missed_and_how_late(session: Session) -> None:
+    done = dict(result_text="x", finish_reason="stop", prompt_tokens=2, completion_tokens=1, preemptions=0,
+                first_token_at=None)
+    on_time, late, missed = (add_job(session, deadline_s=1.0) for _ in range(3))
+    add_job(session)  # no deadline: counted in no deadline series
+    for job_id in (on_time, late):
+        assert jobs.claim(session, job_id, "w1", at(0.1)) is not None
+    assert jobs.complete(session, on_time, 1, now=at(1.0), **done)  # at its deadline: on time
+    assert jobs.complete(session, late, 1, now=at(1.3), **done)
+    # Cancelled before its deadline: it delivered nothing, so it missed it.
+    assert jobs.cancel(session, missed, DEFAULT_TENANT, at(0.5)) is not None
+    found = {key: value for key, value in counts(session).items() if key[0] in (JOB_DEADLINES, LATENESS)}
+    assert found == {
+        (JOB_DEADLINES, "interactive", "", ON_TIME): (1, 0.0),
+        (JOB_DEADLINES, "interactive", "", LATE): (1, 0.0),
+        (JOB_DEADLINES, "interactive", "", MISSED): (1, 0.0),
+        (LATENESS, "interactive", "succeeded", "0.5"): (1, pytest.approx(0.3)),
+    }
