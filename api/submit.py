@@ -25,6 +25,7 @@ from core.request_limits import (
     tokenizer_problem,
     tokens_problem,
 )
+from core.service_tiers import takes_default_deadline, tier_priority
 from core.settings import QueueSettings
 from core.store import jobs, tenants
 from core.store.tables import Job
@@ -78,8 +79,8 @@ def _submit(
         params=job_params(body.sampling_params(), options), meta=body.metadata, webhook=body.webhook_json(),
         idempotency_key=idempotency_key, request_hash=request_hash, prompt_tokens=prompt_tokens,
         ttl_s=body.ttl if body.ttl is not None else queue.default_ttl_s, timeout_s=body.timeout,
-        chat=options.to_json() if body.messages is not None else None, priority=body.priority,
-        deadline_s=body.deadline_s if body.deadline_s is not None else queue.default_deadline_s,
+        chat=options.to_json() if body.messages is not None else None,
+        priority=tier_priority(body.service_tier, body.priority) or 0, deadline_s=_deadline_s(body, queue),
     )
     try:
         return jobs.add(session, new, now), True
@@ -89,6 +90,13 @@ def _submit(
         earlier = jobs.by_idempotency_key(session, tenant_id, idempotency_key)
         assert earlier is not None, "an IntegrityError on insert can only be the idempotency key"
         return _replay(earlier, request_hash), False
+
+
+def _deadline_s(body: JobCreate, queue: QueueSettings) -> float | None:
+    """The job's own deadline, else its queue's default (which flex work does not take)."""
+    if body.deadline_s is not None or not takes_default_deadline(body.service_tier):
+        return body.deadline_s
+    return queue.default_deadline_s
 
 
 def _queue(services: Services, name: str) -> QueueSettings:

@@ -53,6 +53,7 @@ class GenerationResult:
     prompt: str = ""  # the prompt's text (shown with echo)
     prompt_logprobs: list[dict[str, Any]] | None = None  # as the job stores them, when it asked
     shown: PromptView = field(default_factory=PromptView)
+    service_tier: str | None = None  # echoed when the request named one
 
     def each_choice(self) -> list[Choice]:
         if not self.choices:
@@ -84,7 +85,7 @@ def chat_completion(result: GenerationResult, completion_id: str) -> dict[str, A
     """A `chat.completion` object: one choice, or the job's n."""
     choices = [_chat_choice(result, choice) for choice in result.each_choice()]
     body = {"id": completion_id, "object": "chat.completion", "created": result.created,
-            "model": result.model, "choices": choices, "usage": usage(result)}
+            "model": result.model, "choices": choices, "usage": usage(result), **_tier(result.service_tier)}
     if result.shown.vllm_top_n is not None:  # vLLM puts a chat's prompt logprobs beside its choices
         body["prompt_logprobs"] = _vllm_prompt_logprobs(result.prompt_logprobs or [], result.shown.vllm_top_n)
     return body
@@ -104,7 +105,11 @@ def text_completion(result: GenerationResult, completion_id: str) -> dict[str, A
     """A `text_completion` object: one choice, or the job's n."""
     choices = [_text_choice(result, choice) for choice in result.each_choice()]
     return {"id": completion_id, "object": "text_completion", "created": result.created,
-            "model": result.model, "choices": choices, "usage": usage(result)}
+            "model": result.model, "choices": choices, "usage": usage(result), **_tier(result.service_tier)}
+
+
+def _tier(service_tier: str | None) -> dict[str, str]:
+    return {"service_tier": service_tier} if service_tier is not None else {}
 
 
 def _text_choice(result: GenerationResult, choice: Choice) -> dict[str, Any]:
@@ -170,6 +175,7 @@ class ChunkHeader:
     model: str
     created: int
     chat: bool  # chat.completion.chunk, else text_completion
+    service_tier: str | None = None  # echoed when the request named one
 
 
 def chunk(header: ChunkHeader, text: str | None, finish: str | None = None, *, role: bool = False,
@@ -213,7 +219,7 @@ def usage_chunk(header: ChunkHeader, result: GenerationResult) -> dict[str, Any]
 def _chunk_body(header: ChunkHeader, choices: list[dict[str, Any]]) -> dict[str, Any]:
     kind = "chat.completion.chunk" if header.chat else "text_completion"
     return {"id": header.completion_id, "object": kind, "created": header.created, "model": header.model,
-            "choices": choices}
+            "choices": choices, **_tier(header.service_tier)}
 
 
 def finish_reason(engine_reason: str, *, called_tools: bool = False) -> str:

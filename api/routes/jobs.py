@@ -13,7 +13,7 @@ from api.deps import ServicesDep, SessionDep
 from api.errors import ApiError, can_be_stored_id, lookup_id, not_found
 from api.job_waits import EVENTS_MAX_S, KEEPALIVE_S, MAX_WAIT_S
 from api.schemas.deleted import Deleted
-from api.schemas.errors import error_responses
+from api.schemas.errors import error_responses, sse_schema
 from api.schemas.jobs import JobCreate, JobList
 from api.submit import submit
 from core.clock import utcnow
@@ -25,7 +25,7 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 REPLAYED = {200: {"model": JobPublic, "description": "an Idempotency-Key replay: the job it created"}}
 EVENTS = {200: {"description": "server-sent events: `event: job`, `data:` the job as `GET /v1/jobs/{id}` "
                                "returns it",
-                "content": {"text/event-stream": {"schema": {"type": "string"}}}}}
+                "content": {"text/event-stream": {"schema": sse_schema("the job, as JSON")}}}}
 EVENTS_DESCRIPTION = (
     "Server-sent events (`event: job`): the job at once, then each time its status changes; the stream ends "
     f"after the final status, or after {EVENTS_MAX_S / 60:g} minutes with the current state (reconnect to "

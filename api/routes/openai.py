@@ -26,7 +26,7 @@ from api.auth import WaitingTenant
 from api.deps import Services, ServicesDep
 from api.openai_errors import OpenAIError, OpenAIRoute, from_refusal, from_validation_error
 from api.openai_sync import ClientGoneError, FollowedJob, JobOutcome
-from api.schemas.errors import openai_error_responses
+from api.schemas.errors import openai_error_responses, sse_schema
 from api.schemas.jobs import JobCreate
 from api.schemas.openai import ChatCompletionCreate, CompletionCreate, ModelCard, ModelList, OpenAIRequest
 from api.submit import model_max_len
@@ -54,7 +54,7 @@ router = APIRouter(prefix="/v1", tags=["openai"], route_class=OpenAIRoute)
 COMPLETION_RESPONSES = {
     200: {"description": "the completion object, or server-sent events with `stream: true`",
           "content": {"application/json": {"schema": {"type": "object"}},
-                      "text/event-stream": {"schema": {"type": "string"}}}},
+                      "text/event-stream": {"schema": sse_schema("a chunk as JSON, or [DONE]")}}},
     **openai_error_responses(400, 401, 404, 409, 413, 429, 504),
 }
 QUEUE = "interactive"
@@ -166,7 +166,8 @@ async def _complete(
     stream: TokenStream | None = getattr(request.app.state, "token_stream", None)
     job = await openai_sync.start(services, stream, tenant, job_body)
     prefix = "chatcmpl-" if chat else "cmpl-"
-    header = ChunkHeader(prefix + job.job_id, services.settings.served_model_id(), int(time.time()), chat)
+    header = ChunkHeader(prefix + job.job_id, services.settings.served_model_id(), int(time.time()), chat,
+                         body.service_tier)
     headers = {"X-Conveyor-Job-Id": job.job_id}
     if body.stream:
         usage = StreamUsage(body.include_usage(), body.continuous_usage())
@@ -287,7 +288,8 @@ def _result(outcome: JobOutcome, header: ChunkHeader, shown: PromptView | None =
                             model=header.model, created=header.created, logprobs=outcome.logprobs,
                             cached_tokens=outcome.cached_tokens, chat=ChatOptions.from_json(outcome.chat),
                             job_id=outcome.job_id, choices=outcome.choices, prompt=outcome.prompt or "",
-                            prompt_logprobs=outcome.prompt_logprobs, shown=shown or PromptView())
+                            prompt_logprobs=outcome.prompt_logprobs, shown=shown or PromptView(),
+                            service_tier=header.service_tier)
 
 
 def _outcome_error(outcome: JobOutcome) -> OpenAIError:

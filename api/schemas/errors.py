@@ -78,3 +78,10 @@ def _declared(status: int, model: type[BaseModel], descriptions: dict[int, str])
     if status == 429:
         declared["headers"] = RETRY_AFTER
     return declared
+
+
+def sse_schema(data: str) -> dict[str, Any]:
+    """A text/event-stream response's schema: each event, as clients (and schema checkers) parse it, with
+    its `data` described."""
+    return {"type": "object", "required": ["data"],
+            "properties": {"event": {"type": "string"}, "data": {"type": "string", "description": data}}}

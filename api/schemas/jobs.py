@@ -40,6 +40,7 @@ from api.schemas.fields import (
 )
 from core.openai_request import CHAT_FIELDS, ChatFields
 from core.request_rules import MAX_TIMEOUT_S, MAX_TTL_S, json_problem, output_problem
+from core.service_tiers import ServiceTier
 from core.structured_rules import MAX_CHOICES, structured_from_response_format, structured_problem
 from core.tools import ToolCallIn, history_problem
 from core.views import JobPublic
@@ -171,7 +172,11 @@ class JobCreate(ChatFields):
         None, description="return each prompt token's logprob and this many alternatives "
         "(result.prompt_logprobs, the first null); the prompt is then computed, not taken from the cache")
     metadata: StoredJsonObject | None = Field(None, description="small JSON object returned as given")
-    priority: Priority = 0
+    priority: Priority | None = Field(None, description="lower is served first; default 0, or the "
+                                      "service_tier's")
+    service_tier: ServiceTier | None = Field(
+        None, description="OpenAI's: priority (ahead of the default tier: priority -1), flex (spare "
+        "capacity: priority 1 and no default deadline), auto or default")
     deadline_s: DeadlineSeconds | None = Field(
         None, description="seconds after submission by which the result is wanted (default: the queue's "
         "default_deadline_s): a soft target the schedulers order by; a late job still runs")

@@ -48,6 +48,8 @@ CASES: list[tuple[str, str, dict[str, Any], str | None]] = [
     ("priority", CHAT, {"messages": [USER], "priority": -3, "deadline_s": 30}, None),
     ("priority-float", COMPLETIONS, {"prompt": "hi", "priority": 0.5}, "priority"),
     ("deadline-zero", CHAT, {"messages": [USER], "deadline_s": 0}, "deadline_s"),
+    ("service-tier", COMPLETIONS, {"prompt": "hi", "service_tier": "flex"}, None),
+    ("service-tier-unknown", CHAT, {"messages": [USER], "service_tier": "scale"}, "service_tier"),
     ("unknown-model", CHAT, {"messages": [USER], "model": "gpt-4o"}, "model"),
     ("text-unknown-model", COMPLETIONS, {"prompt": "hi", "model": "gpt-4o"}, "model"),
     ("unknown-role", CHAT, {"messages": [USER, {"role": "robot", "content": "x"}]}, "messages[1].role"),

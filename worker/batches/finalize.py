@@ -229,7 +229,8 @@ class BatchFinalizer:
                                   cached_tokens=job.cached_tokens or 0, chat=ChatOptions.from_json(job.chat),
                                   job_id=job.id, choices=job.choices, prompt=job.prompt or "",
                                   prompt_logprobs=job.prompt_logprobs,
-                                  shown=PromptView.from_json(meta.get("shown")))
+                                  shown=PromptView.from_json(meta.get("shown")),
+                                  service_tier=meta.get("service_tier"))
         if meta.get("endpoint", CHAT) == CHAT:
             body = chat_completion(result, new_id("chatcmpl-"))
         else:

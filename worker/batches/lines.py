@@ -40,6 +40,7 @@ from core.openai_request import (
 )
 from core.request_limits import RequestLimits, RequestSize, size_problem, tokenizer_problem, tokens_problem
 from core.request_rules import MAX_INT_DIGITS, text_problem
+from core.service_tiers import tier_priority
 from worker.batches.reader import OversizeLine, RawLine
 from worker.sampling import sampling_params_from_json
 
@@ -66,6 +67,7 @@ class BatchRequest:
     shown: dict[str, Any] | None = None  # what its answer shows of the prompt (PromptView's stored form)
     priority: int = 0  # lower first
     deadline_s: float | None = None  # None: the batch's completion window is its deadline
+    service_tier: str | None = None  # echoed in its answer; flex takes no default deadline
 
     def size(self) -> RequestSize:
         """The lengths the request rules judge."""
@@ -242,7 +244,8 @@ def _validated(number: int, custom_id: str, endpoint: str, body: dict[str, Any],
     return BatchRequest(line=number, custom_id=custom_id, endpoint=endpoint, messages=messages, prompt=prompt,
                         params=chat_job_params(_job_params(request), options), model=request.model,
                         chat=options.to_json(), shown=request.prompt_view().to_json(),
-                        priority=request.priority or 0, deadline_s=request.deadline_s)
+                        priority=tier_priority(request.service_tier, request.priority) or 0,
+                        deadline_s=request.deadline_s, service_tier=request.service_tier)
 
 
 def _job_params(request: OpenAIRequest) -> dict[str, Any]:

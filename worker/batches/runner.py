@@ -45,6 +45,7 @@ from core.lifecycle import (
 from core.model_limits import model_context_length, served_max_model_len
 from core.openai_request import Served
 from core.s3 import make_s3_client
+from core.service_tiers import takes_default_deadline
 from core.settings import Settings
 from core.store import batches, jobs
 from core.store.tables import Batch, BatchLine, Job
@@ -318,6 +319,8 @@ def _new_job(batch: Batch, request: BatchRequest, now: datetime) -> Job:
             "endpoint": request.endpoint, "model": request.model}
     if request.shown:  # what the answer shows of the prompt (echo, prompt_logprobs)
         meta["shown"] = request.shown
+    if request.service_tier:  # echoed in the answer
+        meta["service_tier"] = request.service_tier
     asked = {"endpoint": request.endpoint, "model": request.model, "prompt": request.prompt,
              "messages": request.messages, "params": request.params,
              **({"chat": request.chat} if request.chat else {})}
@@ -326,8 +329,15 @@ def _new_job(batch: Batch, request: BatchRequest, now: datetime) -> Job:
                       idempotency_key=None, request_hash=jobs.request_hash(asked),
                       prompt_tokens=request.prompt_tokens, ttl_s=None, timeout_s=None, batch_id=batch.id,
                       chat=request.chat, priority=request.priority,
-                      deadline_s=request.deadline_s or _window_left_s(batch, now))
+                      deadline_s=_line_deadline_s(request, batch, now))
     return jobs.build(new, now)
+
+
+def _line_deadline_s(request: BatchRequest, batch: Batch, now: datetime) -> float | None:
+    """The line's own deadline, else what is left of its batch's window (flex lines take none)."""
+    if request.deadline_s is not None or not takes_default_deadline(request.service_tier):  # type: ignore[arg-type]
+        return request.deadline_s
+    return _window_left_s(batch, now)
 
 
 def _window_left_s(batch: Batch, now: datetime) -> float | None:
