@@ -135,6 +135,7 @@ def test_dashboard_covers_what_the_issue_asks() -> None:
     text = " ".join(dashboard_queries())
     for needed in (
         "conveyor_job_outcomes_total",
+        "conveyor_job_deadlines_total",
         "conveyor_job_e2e_seconds_bucket",
         "conveyor_queue_depth",
         "conveyor_queue_oldest_age_seconds",
@@ -150,6 +151,7 @@ def test_alert_expressions_name_only_exported_metrics(exported: dict[str, str]) 
     assert {r["alert"] for r in rules} == {
         "ConveyorQueuedJobPastDeadline",
         "ConveyorBacklogWithoutWorkers",
+        "ConveyorOnTimeRatioLow",
         "ConveyorPreemptionRateHigh",
         "ConveyorWebhookFailureRateHigh",
         "ConveyorWorkerHeartbeatLost",
