@@ -91,9 +91,10 @@ def _content_before_calls(text: str, options: ChatOptions) -> str | None:
 
 
 def _json(text: str) -> Any:
+    """The JSON value of a model's text, or None (a model may write anything, nested arbitrarily deep)."""
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
 
 
@@ -126,7 +127,7 @@ def _llama3(text: str) -> list[tuple[str, str]] | None:
     while at < len(rest):
         try:
             item, at = decoder.raw_decode(rest, at)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
         items.append(item)
         at = len(rest) - len(rest[at:].lstrip().removeprefix(";").lstrip())

@@ -140,7 +140,7 @@ def history_problem(messages: list[dict[str, Any]]) -> tuple[str, str] | None:
         for number, call in enumerate(calls):
             try:
                 arguments = json.loads(call["function"]["arguments"])
-            except ValueError:
+            except (ValueError, RecursionError):  # nested deeper than Python's parser goes
                 arguments = None
             if not isinstance(arguments, dict):
                 return (f"messages[{index}].tool_calls[{number}].function.arguments",

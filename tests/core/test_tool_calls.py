@@ -12,7 +12,7 @@ import pytest
 from core.chat_options import ChatOptions, chat_options, tool_parser_for
 from core.tool_calls import call_id, read_output
 from core.tool_stream import StreamDivergedError, ToolCallStream, answer_stream
-from core.tools import NamedToolChoice, Tool, constrained_schema
+from core.tools import NamedToolChoice, Tool, constrained_schema, history_problem
 
 ADD = {"type": "function", "function": {"name": "add", "parameters": {
     "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}
@@ -64,6 +64,8 @@ def test_each_parser_reads_its_format(parser: str, text: str, content: str | Non
         ("hermes", '<tool_call>{"name": "add", "arguments": [1]}</tool_call>'),  # arguments not an object
         ("llama3_json", '{"name": "add", "parameters": {"a": 1}} and then some words'),
         ("mistral", "[TOOL_CALLS] not json"),
+        ("hermes", "<tool_call>" + "[" * 100_000),  # deeper than Python's JSON parser goes
+        ("llama3_json", "[" * 100_000),
     ],
 )
 def test_text_that_holds_no_well_formed_call_is_all_content(parser: str, text: str) -> None:
@@ -179,3 +181,10 @@ def test_a_text_without_calls_streams_as_content_and_a_diverged_one_is_told() ->
     stream.update("abc")
     with pytest.raises(StreamDivergedError):
         stream.close("xyz")
+
+
+def test_a_history_call_whose_arguments_are_no_object_is_refused_naming_it() -> None:
+    for arguments in ("[1]", "{", "[" * 100_000):
+        call = {"id": "c", "type": "function", "function": {"name": "add", "arguments": arguments}}
+        problem = history_problem([{"role": "assistant", "content": None, "tool_calls": [call]}])
+        assert problem == ("messages[0].tool_calls[0].function.arguments", "must be a JSON object's text")
