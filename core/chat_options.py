@@ -49,7 +49,9 @@ class ChatOptions:
 
     @classmethod
     def from_json(cls, stored: dict[str, Any] | None) -> ChatOptions:
-        return cls(**(stored or {}))
+        """The stored form read back; keys this version does not know (a newer writer's) are left out."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{name: value for name, value in (stored or {}).items() if name in known})
 
     def to_json(self) -> dict[str, Any] | None:
         """Only what differs from the defaults; None when nothing does."""

@@ -31,7 +31,9 @@ class PromptView:
 
     @classmethod
     def from_json(cls, stored: dict[str, Any] | None) -> PromptView:
-        return cls(**(stored or {}))
+        """The stored form read back; keys this version does not know are left out."""
+        known = set(vars(cls()))
+        return cls(**{name: value for name, value in (stored or {}).items() if name in known})
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@ the queue's limits and live workers; an admin key (or auth off) sees the totals 
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Annotated
 
 from fastapi import APIRouter, Depends
@@ -11,7 +12,7 @@ from fastapi.security import HTTPAuthorizationCredentials
 from api.auth import CurrentTenant, bearer_scheme
 from api.deps import Services, ServicesDep, SessionDep
 from api.schemas.errors import error_responses
-from api.schemas.queues import QueueList, QueuePublic, TenantQueueLimits
+from api.schemas.queues import DeadlineCounts, QueueList, QueuePublic, TenantQueueLimits
 from api.submit import model_max_len
 from core.clock import utcnow
 from core.model_limits import clamp_queue_limits
@@ -20,6 +21,7 @@ from core.store import jobs, keys, tenants, token_usage, workers
 from core.store.tenants import TenantLimits
 
 router = APIRouter(prefix="/v1/queues", tags=["queues"])
+GOODPUT_WINDOW = timedelta(hours=1)
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)]
 
 
@@ -34,13 +36,15 @@ def list_queues(session: SessionDep, services: ServicesDep, tenant: CurrentTenan
                                                dead_after_s=services.settings.worker_dead_after_s)
     own = tenants.effective_limits(session, tenant, TenantLimits.defaults(services.settings))
     own_limits = TenantQueueLimits(weight=own.weight, max_queued=own.max_queued, max_running=own.max_running)
+    deadlines = jobs.deadline_counts(session, now - GOODPUT_WINDOW, None if admin else tenant)
     data = []
     for name, limits in services.settings.queues.items():
         c = counts.get(name, jobs.QueueCounts(0, 0, None))
         age = round((now - c.oldest_queued_at).total_seconds(), 3) if c.oldest_queued_at else None
         data.append(QueuePublic(name=name, queued=c.queued, running=c.running, oldest_queued_age_s=age,
                                 workers=consumers.get(name, 0), limits=queue_limits(services, limits),
-                                tenant_limits=own_limits))
+                                tenant_limits=own_limits,
+                                deadlines_last_hour=DeadlineCounts(**deadlines.get(name, {}))))
     return QueueList(data=data, scope="all" if admin else "tenant", tenant=tenant,
                      tokens_per_minute=own.tokens_per_minute,
                      tokens_used_last_minute=token_usage.tokens_used(session, tenant, now))

@@ -18,6 +18,14 @@ class TenantQueueLimits(BaseModel):
     max_running: int | None = Field(description="its running jobs in this queue, across every worker")
 
 
+class DeadlineCounts(BaseModel):
+    """Jobs with a deadline that ended in the last hour: succeeded by it, succeeded after it, or not."""
+
+    on_time: int = 0
+    late: int = 0
+    missed: int = 0
+
+
 class QueuePublic(BaseModel):
     name: str
     queued: int = Field(description="queued jobs: the caller's own (every tenant's with an admin key)")
@@ -26,6 +34,9 @@ class QueuePublic(BaseModel):
     workers: int = Field(description="live workers consuming this queue (0: jobs wait until one starts)")
     limits: QueueSettings = Field(description="the queue's own limits, the same for every tenant")
     tenant_limits: TenantQueueLimits
+    deadlines_last_hour: DeadlineCounts = Field(
+        description="goodput: the same jobs' (the caller's, or every tenant's) with a deadline that ended in "
+        "the last hour, by outcome")
 
 
 class QueueList(BaseModel):

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, Select, and_, delete, func, insert, null, or_, select, update
+from sqlalchemy import ColumnElement, Select, and_, case, delete, func, insert, null, or_, select, update
 from sqlalchemy.orm import Session
 
 from core.lifecycle import (
@@ -162,6 +162,25 @@ def queue_counts(session: Session, tenant_id: str | None = None) -> dict[str, Qu
         out[queue] = QueueCounts(queued=queued, running=by_status.get(RUNNING, (0, None))[0],
                                  oldest_queued_at=oldest)
     return out
+
+
+def deadline_counts(session: Session, since: datetime, tenant_id: str | None = None,
+                    ) -> dict[str, dict[str, int]]:
+    """Per queue, the jobs with a deadline that ended since `since`, by outcome (on_time, late, missed: the
+    metrics' rule, core/store/outcome_counts.py); with `tenant_id`, that tenant's only."""
+    outcome = case((and_(Job.status == SUCCEEDED, Job.finished_at <= Job.deadline_at), "on_time"),
+                   (Job.status == SUCCEEDED, "late"), else_="missed")
+    query = (
+        select(Job.queue, outcome, func.count())
+        .where(Job.deadline_at.is_not(None), Job.finished_at >= since, Job.status.in_(TERMINAL_STATUSES))
+        .group_by(Job.queue, outcome)
+    )
+    if tenant_id is not None:
+        query = query.where(Job.tenant_id == tenant_id)
+    counts: dict[str, dict[str, int]] = {}
+    for queue, kind, n in session.execute(query):
+        counts.setdefault(queue, {})[kind] = n
+    return counts
 
 
 @dataclass(frozen=True)

@@ -248,6 +248,7 @@ def test_queues_report_depth_running_limits_age_and_live_workers(
         "limits": {**service.settings.queues["documents"].model_dump(), "max_prompt_tokens": 1023,
                    "max_output_tokens": 1023},
         "tenant_limits": {"weight": 1.0, "max_queued": None, "max_running": None},
+        "deadlines_last_hour": {"on_time": 0, "late": 0, "missed": 0},
     }
 
 
@@ -289,3 +290,21 @@ def test_priority_and_deadline_are_stored_and_shown(alice: TestClient, session: 
     assert deadline == timedelta(seconds=30)
     plain = alice.post("/v1/jobs", json={"prompt": "hi"}).json()
     assert (plain["priority"], plain["deadline_at"]) == (0, None)  # the queue sets no default_deadline_s
+
+
+def test_queues_show_the_callers_deadline_outcomes_of_the_last_hour(
+    service: Service, alice: TestClient, session: Session
+) -> None:
+    bob = service.client("bob")
+    ids = [alice.post("/v1/jobs", json={"prompt": "hi", "deadline_s": 2}).json()["id"] for _ in range(3)]
+    bob.post("/v1/jobs", json={"prompt": "hi", "deadline_s": 2})  # another tenant's: not counted for alice
+    alice.post("/v1/jobs", json={"prompt": "hi"})  # no deadline: not counted
+    start = utcnow()
+    done = dict(result_text="x", finish_reason="stop", prompt_tokens=1, completion_tokens=1, preemptions=0,
+                first_token_at=None)
+    for job_id, finished in zip(ids[:2], (start, start + timedelta(seconds=60)), strict=True):
+        assert jobs.claim(session, job_id, "w1", start) is not None
+        assert jobs.complete(session, job_id, 1, now=finished, **done)
+    assert alice.post(f"/v1/jobs/{ids[2]}/cancel").status_code == 200
+    queues = {q["name"]: q for q in alice.get("/v1/queues").json()["data"]}
+    assert queues["interactive"]["deadlines_last_hour"] == {"on_time": 1, "late": 1, "missed": 1}
