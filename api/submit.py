@@ -3,6 +3,7 @@ admission, idempotency, insert; the dispatch relay publishes it (reconciler sche
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 
 from sqlalchemy.exc import IntegrityError
@@ -27,7 +28,7 @@ from core.request_limits import (
 )
 from core.service_tiers import takes_default_deadline, tier_priority
 from core.settings import QueueSettings
-from core.store import jobs, tenants
+from core.store import finish_times, jobs, tenants
 from core.store.tables import Job
 from core.store.tenants import TenantLimits
 
@@ -74,13 +75,16 @@ def _submit(
     _raise(tokens_problem(size, prompt_tokens, limits))
     wanted = prompt_tokens + body.n * body.max_tokens  # each choice may write max_tokens
     _refuse(admission.tokens_refusal(session, quota, tenant_id, wanted, now))
+    deadline_s = _deadline_s(body, queue)
+    predicted = _predicted_finish(session, body, deadline_s, now)
     new = jobs.NewJob(
         tenant_id=tenant_id, queue=body.queue, prompt=body.prompt, messages=size.messages,
         params=job_params(body.sampling_params(), options), meta=body.metadata, webhook=body.webhook_json(),
         idempotency_key=idempotency_key, request_hash=request_hash, prompt_tokens=prompt_tokens,
         ttl_s=body.ttl if body.ttl is not None else queue.default_ttl_s, timeout_s=body.timeout,
         chat=options.to_json() if body.messages is not None else None,
-        priority=tier_priority(body.service_tier, body.priority) or 0, deadline_s=_deadline_s(body, queue),
+        priority=tier_priority(body.service_tier, body.priority) or 0, deadline_s=deadline_s,
+        predicted_finish_at=predicted,
     )
     try:
         return jobs.add(session, new, now), True
@@ -90,6 +94,25 @@ def _submit(
         earlier = jobs.by_idempotency_key(session, tenant_id, idempotency_key)
         assert earlier is not None, "an IntegrityError on insert can only be the idempotency key"
         return _replay(earlier, request_hash), False
+
+
+def _predicted_finish(session: Session, body: JobCreate, deadline_s: float | None, now: datetime,
+                      ) -> datetime | None:
+    """A job with a deadline: when it would finish (None: no prediction). With on_deadline_miss reject, a
+    prediction past the deadline is a 429 deadline_unattainable, to retry once the backlog shrank."""
+    if deadline_s is None:
+        return None
+    rate = finish_times.queue_rate(session, body.queue, now)
+    if rate is None:
+        return None
+    predicted = rate.finish_at(now, body.n * body.max_tokens)
+    late_s = (predicted - now).total_seconds() - deadline_s
+    if body.on_deadline_miss == "reject" and late_s > 0:
+        message = (f"deadline_s: the job would finish in about {deadline_s + late_s:.0f} s, past its "
+                   f"deadline of {deadline_s:g} s (its queue's recent rate and the work ahead of it)")
+        headers = {"Retry-After": str(math.ceil(late_s))}
+        raise ApiError(429, "deadline_unattainable", message, "deadline_s", headers)
+    return predicted
 
 
 def _deadline_s(body: JobCreate, queue: QueueSettings) -> float | None:

@@ -116,6 +116,9 @@ class JobPublic(BaseModel):
     expires_at: datetime | None
     priority: int = Field(description="lower is served first")
     deadline_at: datetime | None = Field(description="when the result is wanted (a soft target); null: none")
+    predicted_finish_at: datetime | None = Field(
+        description="when submit predicted it would finish, from its queue's recent rate and the work ahead "
+        "(an upper bound); null: no prediction (no deadline, or nothing finished lately)")
     queue_time_s: float | None = Field(description="started_at - created_at")
     time_to_first_token_s: float | None = Field(description="first_token_at - created_at")
     end_to_end_s: float | None = Field(description="finished_at - created_at")
@@ -133,7 +136,7 @@ class JobPublic(BaseModel):
                            cached_tokens=job.cached_tokens),
             error=error, created_at=job.created_at, started_at=job.started_at,
             first_token_at=job.first_token_at, finished_at=job.finished_at, expires_at=job.expires_at,
-            priority=job.priority, deadline_at=job.deadline_at,
+            priority=job.priority, deadline_at=job.deadline_at, predicted_finish_at=job.predicted_finish_at,
             queue_time_s=_seconds(job.created_at, job.started_at),
             time_to_first_token_s=_seconds(job.created_at, job.first_token_at),
             end_to_end_s=_seconds(job.created_at, job.finished_at),

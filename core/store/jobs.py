@@ -58,6 +58,7 @@ class NewJob:
     chat: dict[str, Any] | None = None  # core/chat_options.py's stored form
     priority: int = 0  # lower first
     deadline_s: float | None = None  # soft target, seconds after submission
+    predicted_finish_at: datetime | None = None  # submit's prediction, when it made one
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,7 @@ def _queued_row(new: NewJob, now: datetime) -> dict[str, Any]:
         idempotency_key=new.idempotency_key, request_hash=new.request_hash, ttl_s=new.ttl_s,
         timeout_s=new.timeout_s, expires_at=expires_at, created_at=now, updated_at=now, attempts=0,
         preemptions=0, prompt_tokens=new.prompt_tokens, batch_id=new.batch_id, chat=new.chat,
-        priority=new.priority, deadline_at=deadline_at,
+        priority=new.priority, deadline_at=deadline_at, predicted_finish_at=new.predicted_finish_at,
     )
 
 

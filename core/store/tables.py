@@ -113,6 +113,8 @@ class Job(Base):
     # deadline_at (a soft target: created_at + deadline_s) while it is ahead, then arrival.
     priority: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     deadline_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # When submit predicted it would finish (core/store/finish_times.py); NULL: no prediction.
+    predicted_finish_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     timeout_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())

@@ -308,3 +308,22 @@ def test_queues_show_the_callers_deadline_outcomes_of_the_last_hour(
     assert alice.post(f"/v1/jobs/{ids[2]}/cancel").status_code == 200
     queues = {q["name"]: q for q in alice.get("/v1/queues").json()["data"]}
     assert queues["interactive"]["deadlines_last_hour"] == {"on_time": 1, "late": 1, "missed": 1}
+
+
+def test_a_job_that_cannot_make_its_deadline_is_refused_when_it_asks(alice: TestClient, session: Session,
+                                                                     ) -> None:
+    earlier = alice.post("/v1/jobs", json={"prompt": "hi", "max_tokens": 30}).json()["id"]
+    assert jobs.claim(session, earlier, "w1", utcnow()) is not None
+    assert jobs.complete(session, earlier, 1, result_text="x", finish_reason="length", prompt_tokens=1,
+                         completion_tokens=30, preemptions=0, first_token_at=None, now=utcnow())
+    # The queue delivered 30 tokens in the last 5 minutes (0.1 token/s): 100 more take about 1000 s.
+    body = {"prompt": "hi", "max_tokens": 100, "deadline_s": 60}
+    refused = alice.post("/v1/jobs", json={**body, "on_deadline_miss": "reject"})
+    assert refused.status_code == 429, refused.text
+    assert error_of(refused)["code"] == "deadline_unattainable" and error_of(refused)["field"] == "deadline_s"
+    assert 900 <= int(refused.headers["Retry-After"]) <= 1000
+    accepted = alice.post("/v1/jobs", json=body).json()
+    predicted = datetime.fromisoformat(accepted["predicted_finish_at"])
+    assert predicted > datetime.fromisoformat(accepted["deadline_at"])  # taken, and said to be late
+    without = alice.post("/v1/jobs", json={"prompt": "hi"}).json()
+    assert without["predicted_finish_at"] is None  # no deadline: no prediction
