@@ -171,6 +171,10 @@ class Settings(BaseSettings):
         "\"Torch threads on CPU\" in docs/benchmarks/index.md), torch's default on a GPU. On a shared CPU 1"
         " can be fastest",
     )
+    scheduling: Literal["urgency", "arrival"] | None = Field(
+        None, description="how a queue's jobs are ordered, by fleet claims (within a tenant's stream) and by "
+        "the engine: urgency (priority, then a deadline still ahead, then arrival) or arrival (priority and "
+        "deadline ignored: to compare)")
     enable_prefix_caching: bool | None = Field(
         None,
         description="automatic prefix caching: jobs of one tenant (or one cache namespace) whose prompts "

@@ -8,6 +8,9 @@ ATTENTION_BACKENDS = ("auto", "torch", "triton", "cpu")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 
 
+SCHEDULING = ("urgency", "arrival")
+
+
 @dataclass(frozen=True)
 class RequestClassConfig:
     """One request class (the service maps its queues onto these)."""
@@ -44,6 +47,9 @@ class EngineConfig:
     # Automatic prefix caching: full KV blocks are found again by the hash of the prefix they end, so requests
     # that share a prefix (a batch's instructions, a chat's history) compute it once. Off: to compare.
     enable_prefix_caching: bool = True
+    # How requests of one class are ordered: urgency (their priority, then a deadline still ahead, then
+    # arrival: engine/sequence.py Urgency) or arrival (urgency ignored). Arrival: to compare.
+    scheduling: str = "urgency"
     request_classes: list[RequestClassConfig] = field(default_factory=list)
     seed: int = 0
     # torch intra-op threads, set once when the runner is built (process-wide); None: leave torch's setting.
@@ -89,6 +95,8 @@ class EngineConfig:
             self.gpu_memory_utilization,
             "in (0, 1]",
         )
+        _require(self.scheduling in SCHEDULING, "scheduling", self.scheduling,
+                 f"one of {', '.join(SCHEDULING)}")
         if self.num_kv_blocks is not None:
             _require(self.num_kv_blocks >= 1, "num_kv_blocks", self.num_kv_blocks, ">= 1")
         if self.kv_cache_memory_bytes is not None:

@@ -41,6 +41,8 @@ class InputProcessor:
         """The request's Sequence, without its grammar state (StructuredOutputManager.attach gives it)."""
         urgency = urgency if urgency is not None else Urgency()
         urgency.validate()
+        if self.config.scheduling == "arrival":
+            urgency = Urgency()  # ordered by class priority and arrival only
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
         if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):

@@ -133,7 +133,8 @@ class JobRunner:
         with self._in_flight.claiming():
             with self._sessions() as session:
                 claimed = fair_share.claim_fair(session, queue, len(on_dones), self.worker_id, utcnow,
-                                                self._tenant_defaults, state)
+                                                self._tenant_defaults, state,
+                                                by_arrival=self.host.config.scheduling == "arrival")
                 salts = tenants.cache_salts(session, [job.tenant_id for job in claimed])
             self._start_all(list(zip(claimed, on_dones, strict=False)), salts)
         return len(claimed)

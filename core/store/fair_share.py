@@ -184,12 +184,13 @@ def _stream_order(stream: Stream, load: StreamLoad, last_served: int) -> tuple[i
 
 
 def claim_fair(session: Session, queue: str, count: int, worker_id: str, clock: Callable[[], datetime],
-               defaults: TenantLimits, state: FairState) -> list[Job]:
+               defaults: TenantLimits, state: FairState, *, by_arrival: bool = False) -> list[Job]:
     """Claims up to `count` queued jobs of `queue` in fair order (module docstring) and commits: queued ->
     running, attempts + 1, started_at = now, as `jobs.claim_many`. Returns the claimed rows.
 
     `now` is read from `clock` once the queue's claim lock is held: a wait for the lock must not age the
-    claim, since the reconciler requeues a claim older than dispatch_grace_s that its worker does not hold."""
+    claim, since the reconciler requeues a claim older than dispatch_grace_s that its worker does not hold.
+    `by_arrival`: a stream's jobs oldest first, their priority and deadline ignored (scheduling=arrival)."""
     if count <= 0:
         return []
     _lock_queue(session, queue)
@@ -202,7 +203,7 @@ def claim_fair(session: Session, queue: str, count: int, worker_id: str, clock: 
             view, fresh = state.keep_view(*_queued_loads(session, queue, now, defaults)), True
         picks = _plan(view, running, running_shares, count - len(claimed), state)
         for stream, n in Counter(picks).items():
-            got = _claim_oldest(session, queue, stream, n, worker_id, now)
+            got = _claim_oldest(session, queue, stream, n, worker_id, now, by_arrival)
             _took(view, stream, len(got), state, short=len(got) < n)
             running[stream] = running.get(stream, 0) + len(got)
             claimed += got
@@ -283,14 +284,14 @@ def urgency_order(now: datetime) -> list[ColumnElement[Any]]:
 
 
 def _claim_oldest(session: Session, queue: str, stream: Stream, n: int, worker_id: str, now: datetime,
-                  ) -> list[Job]:
-    """The stream's n most urgent claimable jobs (urgency_order), claimed."""
+                  by_arrival: bool) -> list[Job]:
+    """The stream's n most urgent claimable jobs (urgency_order; oldest, by_arrival), claimed."""
     of_stream = Job.batch_id.is_(None) if stream.batch_id is None else Job.batch_id == stream.batch_id
     oldest = (
         select(Job.id)
         .where(Job.queue == queue, Job.status == QUEUED, Job.tenant_id == stream.tenant_id, of_stream,
                _not_expired(now))
-        .order_by(*urgency_order(now))
+        .order_by(*([Job.created_at, Job.id] if by_arrival else urgency_order(now)))
         .limit(n)
         .with_for_update(skip_locked=True)  # a row another transaction is changing (a cancel) is skipped
     )

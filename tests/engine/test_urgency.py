@@ -20,8 +20,9 @@ def tokenizer(llama_dir: Path) -> Tokenizer:
     return Tokenizer(llama_dir)
 
 
-def run_in_order(tokenizer: Tokenizer, requests: dict[str, Urgency]) -> list[str]:
-    engine = make_engine(tokenizer, max_num_seqs=1)
+def run_in_order(tokenizer: Tokenizer, requests: dict[str, Urgency], scheduling: str = "urgency",
+                 ) -> list[str]:
+    engine = make_engine(tokenizer, max_num_seqs=1, scheduling=scheduling)
     finished: list[str] = []
     for salt, (request_id, urgency) in enumerate(requests.items()):
         engine.add_request(request_id, prompt(8, salt), greedy(2), urgency=urgency)
@@ -39,6 +40,12 @@ def test_admission_takes_priority_then_a_deadline_ahead_then_arrival(tokenizer: 
     })
     # A passed deadline orders by arrival among the requests without one: it jumps nothing.
     assert order == ["urgent", "soon", "later", "plain", "missed", "background"]
+
+
+def test_scheduling_by_arrival_ignores_urgency(tokenizer: Tokenizer) -> None:
+    requests = {"plain": Urgency(), "soon": Urgency(deadline=time.time() + 60),
+                "urgent": Urgency(priority=-5)}
+    assert run_in_order(tokenizer, requests, scheduling="arrival") == ["plain", "soon", "urgent"]
 
 
 def test_the_preemption_victim_is_the_least_urgent_running_request(tokenizer: Tokenizer) -> None:

@@ -167,22 +167,40 @@ def test_stop_gives_in_flight_jobs_the_configured_shutdown_grace(
     assert get_job(lite_sessions, interrupted).status == "queued"  # handed back once the grace ran out
 
 
+def _backlog_then_urgent(runtime: EmbeddedRuntime, sessions: sessionmaker[Session],
+                         ) -> tuple[list[str], str, str]:
+    """Eight documents due in an hour, then one due in two minutes, then one with priority -1."""
+    backlog = [_submit(runtime, sessions, f"Document {i}: the river is calm", "documents", max_tokens=150,
+                       ignore_eos=True, deadline_s=3600.0) for i in range(8)]
+    due = _submit(runtime, sessions, "Due soon", "documents", max_tokens=8, deadline_s=120.0)
+    first = _submit(runtime, sessions, "Urgent", "documents", max_tokens=8, priority=-1)
+    return backlog, due, first
+
+
+def _start_order(sessions: sessionmaker[Session], job_ids: list[str]) -> list[str]:
+    done = wait_finished(sessions, job_ids)
+    assert all(j.status == "succeeded" for j in done)
+    return [j.id for j in sorted(done, key=lambda j: j.started_at)]  # type: ignore[arg-type, return-value]
+
+
 def test_in_a_backlog_a_priority_job_starts_first_then_the_one_due_soonest(
     embedded_settings: Settings, lite_sessions: sessionmaker[Session], runtimes: list[EmbeddedRuntime]
 ) -> None:
     runtime = _start(embedded_settings, lite_sessions, runtimes)  # documents: one at a time
-    backlog = [_submit(runtime, lite_sessions, f"Document {i}: the river is calm", "documents",
-                       max_tokens=150, ignore_eos=True, deadline_s=3600.0) for i in range(8)]
-    due = _submit(runtime, lite_sessions, "Due soon", "documents", max_tokens=8, deadline_s=120.0)
-    first = _submit(runtime, lite_sessions, "Urgent", "documents", max_tokens=8, priority=-1)
-
-    done = wait_finished(lite_sessions, [*backlog, due, first])
-
-    assert all(j.status == "succeeded" for j in done)
-    order = [j.id for j in sorted(done, key=lambda j: j.started_at)]  # type: ignore[arg-type, return-value]
+    backlog, due, first = _backlog_then_urgent(runtime, lite_sessions)
+    order = _start_order(lite_sessions, [*backlog, due, first])
     # Whatever of the backlog had started before they arrived, then the priority job, then the deadline.
     assert order.index(first) <= 2 and order.index(due) == order.index(first) + 1, order
     assert order[order.index(due) + 1:] == [j for j in backlog if j in order[order.index(due) + 1:]]
-    due_row = done[-2]
+    due_row = get_job(lite_sessions, due)
     assert due_row.finished_at is not None and due_row.deadline_at is not None
     assert due_row.finished_at <= due_row.deadline_at, "it finished within its deadline"
+
+
+def test_scheduling_by_arrival_takes_the_backlog_in_order(
+    embedded_settings: Settings, lite_sessions: sessionmaker[Session], runtimes: list[EmbeddedRuntime]
+) -> None:
+    settings = embedded_settings.model_copy(update={"scheduling": "arrival"})
+    runtime = _start(settings, lite_sessions, runtimes)
+    backlog, due, first = _backlog_then_urgent(runtime, lite_sessions)
+    assert _start_order(lite_sessions, [*backlog, due, first]) == [*backlog, due, first]

@@ -222,3 +222,11 @@ def test_a_stream_is_claimed_by_priority_then_a_deadline_ahead_then_arrival(sess
         order.append(job.id)
         _finish(session, [job])
     assert order == [urgent, soon, later, plain, missed, background]
+
+
+def test_claims_by_arrival_ignore_priority_and_deadline(session: Session) -> None:
+    plain = _add_urgent(session, T0)
+    urgent = _add_urgent(session, T0 + timedelta(seconds=1), priority=-1, deadline_s=5.0)
+    claimed = claim_fair(session, "documents", 1, "w1", at_t0, DEFAULTS, FairState(view_s=0.0),
+                         by_arrival=True)
+    assert [job.id for job in claimed] == [plain] and urgent != plain
