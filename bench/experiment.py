@@ -215,7 +215,7 @@ def build_workload(opts: BenchOptions) -> tuple[list[BenchRequest], str]:
         f"profile {s.profile}, seed {s.seed}, arrivals {arrivals}, "
         f"{s.short_group} prompt/output {s.short_prompt}/{s.short_output}, "
         f"{s.long_group} prompt/output {s.long_prompt or 'context/4..context'}/{s.long_output}"
-        + (f", {s.long_group} share {s.documents_share}" if s.profile == "mixed" else "")
+        + (f", {s.long_group} share {s.documents_share}" if s.profile in ("mixed", "deadlines") else "")
         + (f", cancel share {s.cancel_share}" if s.cancel_share else "")
     )
     return generate(s, vocab, model_max_len(opts)), desc
@@ -305,6 +305,7 @@ def run_target(opts: BenchOptions, requests: list[BenchRequest], console: Consol
             timeout_s=opts.timeout_s,
             progress=advance,
             constrained=frozenset(constrained_ids(requests, opts.structured_share)),
+            deadlines_s=opts.deadlines_s(),
         )
     return result, engine
 

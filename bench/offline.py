@@ -18,6 +18,7 @@ from bench.workload import BenchRequest
 from engine.llm_engine import LLMEngine, StepError
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
+from engine.sequence import Urgency
 from engine.structured_output import StructuredOutput
 
 ProgressFn = Callable[[int], None]  # called with the number of requests that just ended
@@ -41,9 +42,12 @@ def run_engine(
     timeout_s: float | None = None,
     progress: ProgressFn | None = None,
     constrained: frozenset[str] = frozenset(),
+    deadlines_s: dict[str, float] | None = None,
 ) -> RunResult:
-    """`constrained`: ids of the requests whose output is constrained to the bench's JSON Schema."""
-    run = _OfflineRun(engine, requests, respect_eos, progress, constrained)
+    """`constrained`: ids of the requests whose output is constrained to the bench's JSON Schema;
+    `deadlines_s`: per group, the deadline each request carries into the engine (its arrival + it), which
+    the engine orders by unless its scheduling is `arrival`."""
+    run = _OfflineRun(engine, requests, respect_eos, progress, constrained, deadlines_s or {})
     return run.execute(timeout_s)
 
 
@@ -55,8 +59,10 @@ class _OfflineRun:
         respect_eos: bool,
         progress: ProgressFn | None,
         constrained: frozenset[str],
+        deadlines_s: dict[str, float],
     ) -> None:
         self.constrained = constrained
+        self.deadlines_s = deadlines_s
         self.schema = StructuredOutput(json_schema=BENCH_SCHEMA) if constrained else None
         self.engine = engine
         self.pending = sorted(requests, key=lambda r: r.arrival_s)
@@ -115,11 +121,16 @@ class _OfflineRun:
                     prompt,
                     bench_params(req, self.respect_eos, self._structured(req)),
                     req.group,
+                    urgency=self._urgency(req, record.arrival_time),
                 )
             except ValueError as exc:
                 record.error = f"rejected: {exc}"
                 record.finished_time = time.time()
                 self.progress(1)
+
+    def _urgency(self, req: BenchRequest, arrival_time: float) -> Urgency | None:
+        deadline_s = self.deadlines_s.get(req.group)
+        return Urgency(deadline=arrival_time + deadline_s) if deadline_s is not None else None
 
     def _structured(self, req: BenchRequest) -> StructuredOutput | None:
         return self.schema if req.request_id in self.constrained else None

@@ -31,7 +31,7 @@ from pathlib import Path
 from bench.metrics import ALL
 from bench.prompt_text import word_prompt
 
-PROFILES = ("short", "long", "mixed", "shared-prefix", "service")
+PROFILES = ("short", "long", "mixed", "deadlines", "shared-prefix", "service")
 
 
 @dataclass(frozen=True)
@@ -183,7 +183,11 @@ class WorkloadSpec:
     def groups(self) -> list[Group]:
         """The groups this profile sends requests to, with the short and long groups' defaults."""
         short, long = replace(SHORT, name=self.short_group), replace(LONG, name=self.long_group)
-        by_profile = {"short": [short], "long": [long], "mixed": [short, long], "shared-prefix": [short],
+        # deadlines: the two groups share one priority, so only their deadlines tell the scheduler apart (as
+        # two kinds of job in one queue would be).
+        same = [replace(short, priority=0), replace(long, priority=0)]
+        by_profile = {"short": [short], "long": [long], "mixed": [short, long], "deadlines": same,
+                      "shared-prefix": [short],
                       "service": [short]}
         return by_profile[self.profile]
 

@@ -145,3 +145,27 @@ def test_http_target_sends_each_request_to_its_groups_queue() -> None:
         "r-batch": ("batch", "completed"),
         "r-chat": ("interactive", "completed"),
     }
+
+
+def test_the_deadlines_profile_sets_its_groups_apart_by_deadline_only() -> None:
+    groups = WorkloadSpec(profile="deadlines").groups()
+    assert [(g.name, g.priority) for g in groups] == [(SHORT.name, 0), (LONG.name, 0)]
+    assert all(g.deadline_s is not None for g in groups)
+
+
+@pytest.mark.parametrize(("scheduling", "first"), [("urgency", "chat"), ("arrival", "doc")])
+def test_offline_requests_carry_their_groups_deadline_into_the_engine(
+    llama_dir: Path, scheduling: str, first: str
+) -> None:
+    from bench.offline import run_engine
+    from engine.config import EngineConfig, RequestClassConfig
+    from engine.llm_engine import LLMEngine
+
+    classes = [RequestClassConfig(name, max_running=1) for name in ("documents", "interactive")]
+    engine = LLMEngine(EngineConfig(model=str(llama_dir), max_num_seqs=1, request_classes=classes,
+                                    scheduling=scheduling))
+    requests = [BenchRequest("doc", "documents", 0.0, 8, prompt_token_ids=[5, 6, 7]),
+                BenchRequest("chat", "interactive", 0.0, 8, prompt_token_ids=[8, 9, 10])]
+    result = run_engine(engine, requests, deadlines_s={"interactive": 0.5, "documents": 600.0})
+    finished = sorted(result.records, key=lambda r: r.finished_time or 0.0)
+    assert finished[0].request_id == first
