@@ -168,3 +168,25 @@ def test_sigterm_finishes_the_running_job_and_marks_the_worker_stopped(
     assert job.status == "succeeded" and job.completion_tokens == 400 and job.attempts == 1
     with sessions() as session:
         assert workers.live_workers(session, now=utcnow(), dead_after_s=60) == []
+
+
+def test_in_a_backlog_a_priority_job_starts_first_then_the_one_due_soonest(
+    pg_url: str, redis_url: str, sessions: sessionmaker[Session], worker_model_dir: Path,
+    worker_procs: WorkerProcesses, tmp_path: Path,
+) -> None:
+    """On PostgreSQL and Redis, as embedded (tests/worker/test_embedded.py): the fleet's claims take a
+    queue's jobs by priority, then by a deadline still ahead."""
+    publisher = BrokerPublisher(Settings(database_url=pg_url, broker_url=redis_url))
+    worker_procs.start(worker_env(pg_url, redis_url, worker_model_dir, tmp_path,
+                                  QUEUES__DOCUMENTS__MAX_RUNNING="1"))
+    backlog = [_submit(sessions, publisher, f"Document {i}: the river is calm", "documents", max_tokens=150,
+                       ignore_eos=True, deadline_s=3600.0) for i in range(8)]
+    due = _submit(sessions, publisher, "Due soon", "documents", max_tokens=8, deadline_s=300.0)
+    first = _submit(sessions, publisher, "Urgent", "documents", max_tokens=8, priority=-1)
+    done = wait_finished(sessions, [*backlog, due, first])
+    assert all(j.status == "succeeded" for j in done)
+    order = [j.id for j in sorted(done, key=lambda j: j.started_at)]  # type: ignore[arg-type, return-value]
+    assert order.index(first) <= 2 and order.index(due) == order.index(first) + 1, order
+    due_row = get_job(sessions, due)
+    assert due_row.finished_at is not None and due_row.deadline_at is not None
+    assert due_row.finished_at <= due_row.deadline_at
