@@ -40,11 +40,16 @@ class PromptTokenizer:
     def count_messages(self, messages: list[dict[str, Any]], options: ChatOptions | None = None) -> int:
         """The tokens the worker's rendering will be (core/chat_options.py: tools and template options).
         Raises ValueError when the model has no chat template, or when the template refuses them."""
-        options = options or ChatOptions()
+        return len(self.encode_chat(messages, options or ChatOptions()))
+
+    def encode_chat(self, messages: list[dict[str, Any]], options: ChatOptions,
+                    add_special_tokens: bool = False) -> list[int]:
+        """The messages rendered as a job's are (its tools and template options), tokenized."""
         kwargs = options.template_kwargs()
-        return len(self.encode_messages(
+        return self.encode_messages(
             template_messages(messages), add_generation_prompt=kwargs.pop("add_generation_prompt"),
-            continue_final_message=kwargs.pop("continue_final_message"), template_kwargs=kwargs))
+            continue_final_message=kwargs.pop("continue_final_message"),
+            add_special_tokens=add_special_tokens, template_kwargs=kwargs)
 
     def encode_prompt(self, prompt: str, add_special_tokens: bool = True) -> list[int]:
         with self._lock:

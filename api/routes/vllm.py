@@ -33,7 +33,6 @@ from core.chat_options import chat_options
 from core.clock import utcnow
 from core.openai_request import ChatRoles, Refusal, plain_messages
 from core.store import workers
-from core.tools import template_messages
 
 router = APIRouter(tags=["vllm"], route_class=OpenAIRoute)
 PACKAGE = "conveyor"
@@ -97,11 +96,7 @@ def _token_ids(services: Services, body: TokenizeCompletion | TokenizeChat) -> l
         raise from_refusal(Refusal("invalid", param, reason)) from None
     try:
         messages = plain_messages(body.messages, ChatRoles.of_template(services.tokenizer.chat_template))
-        kwargs = options.template_kwargs()
-        return services.tokenizer.encode_messages(
-            template_messages(messages), add_generation_prompt=kwargs.pop("add_generation_prompt"),
-            continue_final_message=kwargs.pop("continue_final_message"),
-            add_special_tokens=body.add_special_tokens, template_kwargs=kwargs)
+        return services.tokenizer.encode_chat(messages, options, body.add_special_tokens)
     except Refusal as refusal:
         raise from_refusal(refusal) from None
     except ValueError as exc:
