@@ -18,6 +18,7 @@ from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.input_processor import InputProcessor
 from engine.outputs import RequestOutput, request_output
+from engine.pace import PaceMeter
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
 from engine.scheduled_chunk import RunnerOutput, ScheduledChunk
@@ -87,6 +88,7 @@ class LLMEngine:
         self.last_step = StepStats()
         self.last_failures: list[StepError] = []  # requests the last step failed, until the next step
         self.totals = EngineTotals()
+        self.pace_meter = PaceMeter()  # seconds per step and per prompt token: requests' slack
 
     # --- requests ------------------------------------------------------------------------------------
 
@@ -124,6 +126,7 @@ class LLMEngine:
         if self.scheduler.get(seq.request_id) is not None:
             raise ValueError(f"request_id {seq.request_id!r} is already running or waiting")
         seq.arrival_order = next(self._arrivals)
+        seq.pace = self.pace_meter.pace
         self.scheduler.add(seq)
 
     def abort_request(self, request_id: str) -> bool:
@@ -155,6 +158,7 @@ class LLMEngine:
             forward_seconds = self.runner.last_forward_seconds
         self.last_step = StepStats.of_step(sched, time.perf_counter() - start, forward_seconds, evictions)
         self.totals.add_step(self.last_step)
+        self.pace_meter.observe(self.last_step)
         return outputs
 
     def _run(self, sched: SchedulerOutput) -> list[RequestOutput]:
@@ -258,7 +262,7 @@ class LLMEngine:
     def stats(self) -> dict[str, object]:
         names = list(self.scheduler.classes)
         cache = self.block_manager.prefix_cache
-        return stats_dict(
+        snapshot = stats_dict(
             running={n: self.scheduler.num_running(n) for n in names},
             waiting={n: self.scheduler.num_waiting(n) for n in names},
             kv_blocks_used=self.block_manager.num_used_blocks,
@@ -269,6 +273,7 @@ class LLMEngine:
             totals=self.totals,
             prefix_cache_blocks=cache.num_cached_blocks if cache is not None else None,
         )
+        return {**snapshot, "pace": self.pace_meter.pace.to_json()}
 
 
 def _add_prompt_logprobs(prompt_logprobs: PromptLogprobs) -> None:

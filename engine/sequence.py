@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.outputs import FinishReason, RequestMetrics
+from engine.pace import Pace
 from engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -29,10 +30,10 @@ MAX_PRIORITY = 2**31 - 1  # a request's priority fits a signed 32-bit integer, a
 
 @dataclass(frozen=True)
 class Urgency:
-    """How urgent a request is within its class: `priority` first (lower first, vLLM's meaning), then its
-    `deadline` (time.time() seconds), earliest first while it is still ahead. A request without a deadline,
-    or whose deadline has passed, orders by arrival after those racing theirs: a late request keeps its
-    place, it does not jump everything."""
+    """How urgent a request is within its class: `priority` first (lower first, vLLM's meaning), then, while
+    its `deadline` (time.time() seconds) is ahead, its slack: the deadline minus the time it still needs
+    (engine/pace.py), least first. A request without a deadline, or whose deadline has passed, orders by
+    arrival after those racing theirs: a late request keeps its place, it does not jump everything."""
 
     priority: int = 0
     deadline: float | None = None
@@ -47,9 +48,12 @@ class Urgency:
                                      or not math.isfinite(deadline)):
             raise ValueError(f"deadline must be a finite number of seconds or None, got {deadline!r}")
 
-    def deadline_key(self, now: float) -> float:
-        """The deadline while it is ahead, else infinity (ordered by arrival among the rest)."""
-        return self.deadline if self.deadline is not None and self.deadline > now else math.inf
+    def slack_key(self, now: float, needed_s: float) -> float:
+        """The latest start that meets the deadline (deadline - needed_s) while the deadline is ahead, else
+        infinity (ordered by arrival among the rest)."""
+        if self.deadline is None or self.deadline <= now:
+            return math.inf
+        return self.deadline - needed_s
 
 
 @dataclass(eq=False)
@@ -68,6 +72,9 @@ class Sequence:
     arrival_order: int  # engine-wide counter; kept across preemptions
     metrics: RequestMetrics
     urgency: Urgency = field(default_factory=Urgency)  # within its class
+    # The engine's pace when the request was enqueued (again when preempted): its slack is judged by it, so
+    # its order key only grows while it waits (engine/waiting_queue.py re-keys lazily).
+    pace: Pace = field(default_factory=Pace)
     generator: torch.Generator | None = None  # only for seeded requests
     prompt: str | None = None
     # Seeds the prefix cache's hash chain (engine.prefix_cache.salt_root): requests with different salts
@@ -128,7 +135,15 @@ class Sequence:
     def order_key(self, now: float) -> tuple[int, int, float, int]:
         """Sort key at time `now`: smaller is served first and preempted last (class priority, then its
         urgency, then arrival)."""
-        return (self.priority, self.urgency.priority, self.urgency.deadline_key(now), self.arrival_order)
+        return (self.priority, self.urgency.priority, self.urgency.slack_key(now, self.needed_s),
+                self.arrival_order)
+
+    @property
+    def needed_s(self) -> float:
+        """Time it still needs at its pace: the prompt left to compute and up to max_tokens more output (an
+        upper bound: it may stop sooner). Never grows as it runs, so its order key never shrinks."""
+        prompt_left = max(self.num_prompt_tokens - self.num_computed_tokens, 0)
+        return self.pace.remaining_s(prompt_left, self.params.max_tokens - self.num_output_tokens)
 
     def token_slice(self, start: int, end: int) -> list[int]:
         """Tokens [start, end) of prompt + output, without concatenating the whole history."""

@@ -1,6 +1,6 @@
-"""A request's urgency within its class (engine/sequence.py Urgency): priority first, then a deadline that is
-still ahead, then arrival, for admission and for the preemption victim; the waiting queue's lazy re-keying
-when a deadline passes."""
+"""A request's urgency within its class (engine/sequence.py Urgency): priority first, then the slack of a
+deadline that is still ahead (engine/pace.py), then arrival, for admission and for the preemption victim; the
+waiting queue's lazy re-keying when a deadline passes."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from engine.pace import Pace, PaceMeter
 from engine.sequence import MAX_PRIORITY, Urgency
+from engine.stats import StepStats
 from engine.tokenizer import Tokenizer
 from engine.waiting_queue import WaitingQueue
 from tests.engine.test_scheduler import drain, greedy, make_engine, prompt
@@ -40,6 +42,44 @@ def test_admission_takes_priority_then_a_deadline_ahead_then_arrival(tokenizer: 
     })
     # A passed deadline orders by arrival among the requests without one: it jumps nothing.
     assert order == ["urgent", "soon", "later", "plain", "missed", "background"]
+
+
+def test_admission_takes_the_least_slack_not_the_earliest_deadline(tokenizer: Tokenizer) -> None:
+    engine = make_engine(tokenizer, max_num_seqs=1)
+    engine.pace_meter.observe(StepStats(decode_tokens=1, step_seconds=1.0))  # one second per step
+    now = time.time()
+    # "long" is due later but needs 40 steps: it must start within 100 s; "short" may wait 300 s.
+    engine.add_request("short", prompt(8), greedy(2), urgency=Urgency(deadline=now + 302))
+    engine.add_request("long", prompt(8, 1), greedy(40), urgency=Urgency(deadline=now + 140))
+    engine.add_request("plain", prompt(8, 2), greedy(2))
+    finished = []
+    while engine.has_unfinished_requests():
+        finished += [out.request_id for out in engine.step() if out.finished]
+    assert finished == ["long", "short", "plain"]
+
+
+def test_a_running_request_gains_slack_as_it_writes(tokenizer: Tokenizer) -> None:
+    engine = make_engine(tokenizer)
+    engine.pace_meter.observe(StepStats(decode_tokens=1, step_seconds=0.5))
+    engine.add_request("r", prompt(8), greedy(10), urgency=Urgency(deadline=time.time() + 60))
+    seq = engine.scheduler.get("r")
+    assert seq is not None and seq.pace == Pace(step_s=0.5, prefill_token_s=0.0)
+    before = seq.order_key(time.time())
+    engine.step()
+    engine.step()
+    assert seq.needed_s == 0.5 * 8  # 2 of its 10 tokens written
+    assert seq.order_key(time.time()) > before
+
+
+def test_the_pace_meter_averages_busy_steps_only() -> None:
+    meter = PaceMeter()
+    assert meter.pace == Pace()
+    meter.observe(StepStats(decode_tokens=4, step_seconds=0.02))
+    meter.observe(StepStats(step_seconds=5.0))  # computed nothing: ignored
+    assert meter.pace.step_s == pytest.approx(0.02) and meter.pace.prefill_token_s == 0.0
+    meter.observe(StepStats(prefill_tokens=90, decode_tokens=10, step_seconds=0.1))
+    assert meter.pace.prefill_token_s == pytest.approx(0.001)
+    assert 0.02 < meter.pace.step_s < 0.1
 
 
 def test_scheduling_by_arrival_ignores_urgency(tokenizer: Tokenizer) -> None:
