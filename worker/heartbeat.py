@@ -7,6 +7,7 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Callable
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -21,13 +22,19 @@ def new_worker_id(kind: str = "worker") -> str:
     return f"{kind}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
+Pace = dict[str, float]  # engine/pace.py Pace.to_json()
+
+
 class Heartbeat:
     def __init__(
-        self, sessions: sessionmaker[Session], worker_id: str, queues: list[str], interval_s: float
+        self, sessions: sessionmaker[Session], worker_id: str, queues: list[str], interval_s: float,
+        pace: Callable[[], Pace | None] = lambda: None,
     ) -> None:
+        """`pace`: the engine's current pace (None before it measured one), published with every beat."""
         self.worker_id = worker_id
         self._sessions = sessions
         self._queues = queues
+        self._pace = pace
         self._loop = BackgroundLoop.every("worker-heartbeat", interval_s, self._beat,
                                           on_error=_log_failed_beat)
         self._last_beat = time.monotonic()  # of the last beat the store took (registration included)
@@ -52,7 +59,7 @@ class Heartbeat:
 
     def _beat(self) -> None:
         with self._sessions() as session:
-            if not workers.heartbeat(session, self.worker_id, utcnow()):
+            if not workers.heartbeat(session, self.worker_id, utcnow(), self._pace()):
                 log.error("worker %s is not registered as running in the store", self.worker_id)
             else:
                 self._last_beat = time.monotonic()

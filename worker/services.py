@@ -50,7 +50,7 @@ class WorkerServices:
         self._finished = finished
         self._republish = republish_requeued
         self._heartbeat = Heartbeat(sessions, worker_id, list(settings.consumed_queues()),
-                                    settings.worker_heartbeat_s)
+                                    settings.worker_heartbeat_s, self._engine_pace)
         local = Local(worker_id, self._held_attempts, self._claims_since)
         self._reconciler = Reconciler(sessions, broker, settings, local, finished=finished)
         self._webhooks = WebhookSender(sessions, settings)
@@ -68,6 +68,13 @@ class WorkerServices:
     def runner(self) -> JobRunner:
         assert self._runner is not None, "WorkerServices.start() has not run"
         return self._runner
+
+    def _engine_pace(self) -> dict[str, float] | None:
+        """The engine's pace once it measured one (engine/pace.py); None before."""
+        if self._host is None:
+            return None
+        pace = self._host.stats().get("pace")
+        return pace if isinstance(pace, dict) and pace.get("step_s") else None
 
     def _held_attempts(self) -> set[tuple[str, int]]:
         return self._runner.held_attempts() if self._runner is not None else set()

@@ -1,16 +1,22 @@
-"""When a new job of a queue would finish, predicted from the store: the output tokens the queue's workers
-delivered over the last RATE_WINDOW (its rate at the current load), and the output still ahead of the new
-job (every queued and running job of the queue may write up to n x max_tokens: an upper bound, so the
-prediction errs late, and a job asking to be refused when it cannot make its deadline is refused early
-rather than accepted and missed).
+"""How long a new job of a queue will run and when it would finish, from what the fleet measured.
 
-Prefill is not counted apart: at the rates a queue runs, its prompts are a small part of a step's work,
-and a workload with long prompts shows it as a lower output rate. No rate (nothing finished in the window,
-or the queue idle): no prediction.
+- Its run time, from the pace its queue's live workers publish with their heartbeats (engine/pace.py via
+  core/store/workers.py; the median worker's): its prompt at seconds per prompt token, then up to max_tokens
+  output tokens at seconds per step (a request writes one token per step; its n choices run side by side).
+  Its latest start, `start_by`, is its deadline minus that: fleet claims order by it, so a long job due in a
+  minute goes before a short one due in 50 seconds.
+- Its wait, from the output tokens the queue delivered over the last RATE_WINDOW (its rate at the current
+  load) and the output still ahead of the new job (every queued and running job of the queue may write up to
+  n x max_tokens: an upper bound, so the prediction errs late, and a job asking to be refused when it cannot
+  make its deadline is refused early rather than accepted and missed).
+
+No rate (nothing finished in the window, or the queue idle): no finish prediction. No pace (no live worker
+measured one yet): no run time, and the latest start is the deadline itself.
 """
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -18,6 +24,7 @@ from sqlalchemy import Integer, cast, func, select
 from sqlalchemy.orm import Session
 
 from core.lifecycle import QUEUED, RUNNING, SUCCEEDED
+from core.store import workers
 from core.store.tables import Job
 from core.store.token_usage import DEFAULT_MAX_TOKENS
 
@@ -29,9 +36,31 @@ class QueueRate:
     tokens_per_s: float  # output tokens the queue delivered per second over the window
     tokens_ahead: int  # upper bound of the output its queued and running jobs may still write
 
+    def wait_s(self) -> float:
+        """Seconds until everything ahead of a new job is written."""
+        return self.tokens_ahead / self.tokens_per_s
+
     def finish_at(self, now: datetime, own_tokens: int) -> datetime:
-        """When a job writing up to `own_tokens` would finish, behind everything ahead of it."""
+        """When a job writing up to `own_tokens` would finish, behind everything ahead of it, at the queue's
+        rate (without a pace to time the job itself)."""
         return now + timedelta(seconds=(self.tokens_ahead + own_tokens) / self.tokens_per_s)
+
+
+@dataclass(frozen=True)
+class Pace:
+    """A queue's workers' engine pace: the median of what its live workers published."""
+
+    step_s: float  # seconds per engine step: one output token of each running request
+    prefill_token_s: float  # seconds per prompt token computed
+
+    def run_s(self, prompt_tokens: int, max_tokens: int) -> float:
+        return prompt_tokens * self.prefill_token_s + max_tokens * self.step_s
+
+
+@dataclass(frozen=True)
+class Forecast:
+    start_by: datetime | None  # latest start meeting the deadline; None: no deadline
+    finish_at: datetime | None  # None: no prediction
 
 
 def queue_rate(session: Session, queue: str, now: datetime) -> QueueRate | None:
@@ -49,3 +78,41 @@ def queue_rate(session: Session, queue: str, now: datetime) -> QueueRate | None:
         .where(Job.queue == queue, Job.status.in_((QUEUED, RUNNING)))
     ).scalar_one()
     return QueueRate(int(delivered) / RATE_WINDOW.total_seconds(), int(ahead))
+
+
+def queue_pace(session: Session, queue: str, now: datetime, dead_after_s: float) -> Pace | None:
+    """The median pace of the queue's live workers, or None when none published one."""
+    published = [pace for pace in workers.paces(session, queue, now=now, dead_after_s=dead_after_s)
+                 if _is_pace(pace)]
+    if not published:
+        return None
+    return Pace(statistics.median(p["step_s"] for p in published),
+                statistics.median(p["prefill_token_s"] for p in published))
+
+
+def forecast(session: Session, queue: str, now: datetime, *, deadline_s: float | None, prompt_tokens: int,
+             max_tokens: int, choices: int, dead_after_s: float) -> Forecast:
+    """A new job's latest start (with a deadline) and predicted finish."""
+    pace = queue_pace(session, queue, now, dead_after_s)
+    run_s = pace.run_s(prompt_tokens, max_tokens) if pace is not None else None
+    start_by = None
+    if deadline_s is not None:
+        start_by = latest_start(now, deadline_s, pace, prompt_tokens, max_tokens)
+    rate = queue_rate(session, queue, now)
+    if rate is None:
+        return Forecast(start_by, None)
+    if run_s is None:
+        return Forecast(start_by, rate.finish_at(now, choices * max_tokens))
+    return Forecast(start_by, now + timedelta(seconds=rate.wait_s() + run_s))
+
+
+def latest_start(now: datetime, deadline_s: float, pace: Pace | None, prompt_tokens: int, max_tokens: int,
+                 ) -> datetime:
+    """The deadline less the job's run time at `pace` (without a pace, the deadline itself)."""
+    run_s = pace.run_s(prompt_tokens, max_tokens) if pace is not None else 0.0
+    return now + timedelta(seconds=deadline_s - run_s)
+
+
+def _is_pace(rates: dict[str, float]) -> bool:
+    return all(isinstance(rates.get(name), int | float) and rates[name] >= 0
+               for name in ("step_s", "prefill_token_s"))

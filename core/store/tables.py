@@ -72,6 +72,9 @@ class Tenant(Base):
     # The prefix cache's partition its jobs use (core/store/tenants.py cache_salt); NULL: its own, shared
     # with no other tenant. Tenants given the same name see each other's cached prefixes.
     cache_namespace: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # The priorities its jobs may ask for (lower is more urgent); NULL: unbounded on that side.
+    min_priority: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    max_priority: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
 class ApiKey(Base):
@@ -113,8 +116,12 @@ class Job(Base):
     # deadline_at (a soft target: created_at + deadline_s) while it is ahead, then arrival.
     priority: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     deadline_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # The latest start that still meets deadline_at (deadline_at minus its predicted run time): claims order
+    # by it while the deadline is ahead, so a long job due soon goes before a short one due a little sooner.
+    start_by: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     # When submit predicted it would finish (core/store/finish_times.py); NULL: no prediction.
     predicted_finish_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    service_tier: Mapped[str | None] = mapped_column(String(16), nullable=True)  # as asked; NULL: none
     timeout_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
@@ -157,6 +164,8 @@ class Worker(Base):
     started_at: Mapped[datetime] = mapped_column(UTCDateTime())
     last_seen_at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
     stopped_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # Its engine's pace (engine/pace.py Pace.to_json()), published with its heartbeat; NULL: not yet.
+    rates: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
 
 class Batch(Base):

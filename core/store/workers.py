@@ -1,7 +1,9 @@
 """Worker registry: each worker process registers, beats, and marks itself stopped.
 
 The reconciler uses it to find the running jobs of dead workers (to requeue them); /v1/queues, /v1/scaling
-and the metrics use it to say how many live workers consume each queue.
+and the metrics use it to say how many live workers consume each queue. A beat also carries the worker's
+engine pace (engine/pace.py: seconds per step and per prompt token), from which submit predicts how long a
+job will run (core/store/finish_times.py).
 """
 
 from __future__ import annotations
@@ -25,11 +27,12 @@ def register(
     session.commit()
 
 
-def heartbeat(session: Session, worker_id: str, now: datetime) -> bool:
-    """False when the worker is unknown or already marked stopped."""
-    statement = (
-        update(Worker).where(Worker.id == worker_id, Worker.stopped_at.is_(None)).values(last_seen_at=now)
-    )
+def heartbeat(session: Session, worker_id: str, now: datetime, pace: dict[str, float] | None = None) -> bool:
+    """False when the worker is unknown or already marked stopped. `pace`: its engine's, when measured."""
+    values: dict[str, object] = {"last_seen_at": now}
+    if pace is not None:
+        values["rates"] = pace
+    statement = update(Worker).where(Worker.id == worker_id, Worker.stopped_at.is_(None)).values(**values)
     result = session.execute(statement.execution_options(synchronize_session=False))
     session.commit()
     applied: bool = result.rowcount == 1  # type: ignore[attr-defined]
@@ -58,6 +61,14 @@ def live_workers_per_queue(session: Session, *, now: datetime, dead_after_s: flo
     for queues in session.execute(query).scalars():
         counts.update(set(queues))  # a worker listing a queue twice is still one consumer
     return dict(counts)
+
+
+def paces(session: Session, queue: str, *, now: datetime, dead_after_s: float) -> list[dict[str, float]]:
+    """The paces published by the live workers consuming `queue` (those that measured one)."""
+    cutoff = now - timedelta(seconds=dead_after_s)
+    query = select(Worker.queues, Worker.rates).where(
+        Worker.stopped_at.is_(None), Worker.last_seen_at >= cutoff, Worker.rates.is_not(None))
+    return [rates for queues, rates in session.execute(query) if queue in queues and rates]
 
 
 def dead_workers_with_jobs(session: Session, *, now: datetime, dead_after_s: float) -> list[str]:

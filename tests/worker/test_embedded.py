@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from core.clock import utcnow
 from core.dispatch import publish_and_mark
 from core.settings import Settings
-from core.store import jobs
+from core.store import finish_times, jobs
 from core.store.database import make_db_engine, make_session_factory
 from core.store.migrate import upgrade
 from engine.llm import LLM
@@ -195,6 +195,15 @@ def test_in_a_backlog_a_priority_job_starts_first_then_the_one_due_soonest(
     due_row = get_job(lite_sessions, due)
     assert due_row.finished_at is not None and due_row.deadline_at is not None
     assert due_row.finished_at <= due_row.deadline_at, "it finished within its deadline"
+    # With its heartbeat, the worker publishes the pace it measured: submit predicts run times from it.
+    wait_for(lambda: _published_pace(lite_sessions) is not None, "the worker's pace", timeout_s=10)
+    pace = _published_pace(lite_sessions)
+    assert pace is not None and pace.step_s > 0 and pace.prefill_token_s > 0
+
+
+def _published_pace(sessions: sessionmaker[Session]) -> finish_times.Pace | None:
+    with sessions() as session:
+        return finish_times.queue_pace(session, "documents", utcnow(), dead_after_s=60)
 
 
 def test_scheduling_by_arrival_takes_the_backlog_in_order(
