@@ -26,7 +26,7 @@ from core.request_limits import (
     tokenizer_problem,
     tokens_problem,
 )
-from core.service_tiers import takes_default_deadline, tier_priority
+from core.service_tiers import takes_default_deadline
 from core.settings import QueueSettings
 from core.store import finish_times, jobs, tenants
 from core.store.tables import Job
@@ -76,15 +76,15 @@ def _submit(
     wanted = prompt_tokens + body.n * body.max_tokens  # each choice may write max_tokens
     _refuse(admission.tokens_refusal(session, quota, tenant_id, wanted, now))
     deadline_s = _deadline_s(body, queue)
-    predicted = _predicted_finish(session, body, deadline_s, now)
+    forecast = _forecast(session, services, body, deadline_s, prompt_tokens, now)
     new = jobs.NewJob(
         tenant_id=tenant_id, queue=body.queue, prompt=body.prompt, messages=size.messages,
         params=job_params(body.sampling_params(), options), meta=body.metadata, webhook=body.webhook_json(),
         idempotency_key=idempotency_key, request_hash=request_hash, prompt_tokens=prompt_tokens,
         ttl_s=body.ttl if body.ttl is not None else queue.default_ttl_s, timeout_s=body.timeout,
         chat=options.to_json() if body.messages is not None else None,
-        priority=tier_priority(body.service_tier, body.priority) or 0, deadline_s=deadline_s,
-        predicted_finish_at=predicted,
+        priority=_priority(body, quota), deadline_s=deadline_s, predicted_finish_at=forecast.finish_at,
+        start_by=forecast.start_by, service_tier=body.service_tier,
     )
     try:
         return jobs.add(session, new, now), True
@@ -96,23 +96,37 @@ def _submit(
         return _replay(earlier, request_hash), False
 
 
-def _predicted_finish(session: Session, body: JobCreate, deadline_s: float | None, now: datetime,
-                      ) -> datetime | None:
-    """A job with a deadline: when it would finish (None: no prediction). With on_deadline_miss reject, a
-    prediction past the deadline is a 429 deadline_unattainable, to retry once the backlog shrank."""
+def _priority(body: JobCreate, quota: TenantLimits) -> int:
+    """The job's priority within its tenant's range; asking outside it is a 403 naming the field."""
+    try:
+        return quota.priorities.job_priority(body.service_tier, body.priority)
+    except ValueError as exc:
+        field = "priority" if body.priority is not None else "service_tier"
+        raise ApiError(403, "priority_not_permitted", str(exc), field) from None
+
+
+def _forecast(session: Session, services: Services, body: JobCreate, deadline_s: float | None,
+              prompt_tokens: int, now: datetime) -> finish_times.Forecast:
+    """A job with a deadline: its latest start and when it would finish (finish_times.forecast). With
+    on_deadline_miss reject, a prediction past the deadline is a 429 deadline_unattainable, to retry once the
+    backlog shrank."""
     if deadline_s is None:
-        return None
-    rate = finish_times.queue_rate(session, body.queue, now)
-    if rate is None:
-        return None
-    predicted = rate.finish_at(now, body.n * body.max_tokens)
-    late_s = (predicted - now).total_seconds() - deadline_s
+        return finish_times.Forecast(None, None)
+    forecast = finish_times.forecast(
+        session, body.queue, now, deadline_s=deadline_s, prompt_tokens=prompt_tokens,
+        max_tokens=body.max_tokens, choices=body.n, dead_after_s=services.settings.worker_dead_after_s)
+    if forecast.finish_at is not None:
+        _refuse_late(body, deadline_s, (forecast.finish_at - now).total_seconds())
+    return forecast
+
+
+def _refuse_late(body: JobCreate, deadline_s: float, predicted_s: float) -> None:
+    late_s = predicted_s - deadline_s
     if body.on_deadline_miss == "reject" and late_s > 0:
         message = (f"deadline_s: the job would finish in about {deadline_s + late_s:.0f} s, past its "
                    f"deadline of {deadline_s:g} s (its queue's recent rate and the work ahead of it)")
         headers = {"Retry-After": str(math.ceil(late_s))}
         raise ApiError(429, "deadline_unattainable", message, "deadline_s", headers)
-    return predicted
 
 
 def _deadline_s(body: JobCreate, queue: QueueSettings) -> float | None:

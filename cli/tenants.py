@@ -1,7 +1,8 @@
 """`conveyor tenants set|show|list`: each tenant's limits, straight in the store (like `conveyor keys`).
 
 A tenant's value of a limit overrides the setting of the same name (`tenant_weight`, `tenant_max_queued`,
-`tenant_max_running`, `tenant_tokens_per_minute`, `retention_days`); `--reset NAME` gives the setting back.
+`tenant_max_running`, `tenant_tokens_per_minute`, `retention_days`, `tenant_min_priority`,
+`tenant_max_priority`); `--reset NAME` gives the setting back.
 `--cache-namespace NAME` puts the tenant's jobs in a prefix-cache partition shared with the other tenants
 given NAME (by default a tenant's is its own); `--reset cache_namespace` makes it its own again.
 The API and the workers read the store on every submit and claim, so a change applies at once.
@@ -37,6 +38,10 @@ def tenants_set(
     retention_days: Annotated[int | None, typer.Option(help="finished data is purged after this")] = None,
     cache_namespace: Annotated[str | None, typer.Option(
         help="share cached prompt prefixes with the tenants given the same name (default: its own)")] = None,
+    min_priority: Annotated[int | None, typer.Option(
+        help="the most urgent priority its jobs may ask for (lower first; the priority tier is -1)")] = None,
+    max_priority: Annotated[int | None, typer.Option(
+        help="the least urgent priority its jobs may ask for")] = None,
     reset: Annotated[list[str] | None, typer.Option(
         help="a limit to give back to the setting's default (repeatable), e.g. --reset max_running")] = None,
     config: ConfigOpt = None,
@@ -47,7 +52,7 @@ def tenants_set(
 
     given = dict(weight=weight, max_queued=max_queued, max_running=max_running,
                  tokens_per_minute=tokens_per_minute, retention_days=retention_days,
-                 cache_namespace=cache_namespace)
+                 cache_namespace=cache_namespace, min_priority=min_priority, max_priority=max_priority)
     changes: dict[str, Any] = {name: value for name, value in given.items() if value is not None}
     for name in reset or []:
         field = name.replace("-", "_")
@@ -56,7 +61,8 @@ def tenants_set(
         changes[field] = None
     if not changes:
         _fail("nothing to set: give at least one of --weight, --max-queued, --max-running, "
-              "--tokens-per-minute, --retention-days, --cache-namespace or --reset")
+              "--tokens-per-minute, --retention-days, --cache-namespace, --min-priority, --max-priority "
+              "or --reset")
     settings = _settings(ctx, config)
     with _session(settings) as session:
         try:

@@ -229,6 +229,16 @@ class Settings(BaseSettings):
         description="prompt + output tokens of the jobs one tenant submitted in the last minute; beyond it "
         "429 `tokens_per_minute_exceeded` with `Retry-After`; unset = no limit",
     )
+    tenant_min_priority: int | None = Field(
+        None, ge=-(2**31 - 1), le=2**31 - 1,
+        description="the most urgent `priority` a tenant's job may ask for (lower is served first; the "
+        "`priority` service tier is -1); below it 403 `priority_not_permitted`; unset = any",
+    )
+    tenant_max_priority: int | None = Field(
+        None, ge=-(2**31 - 1), le=2**31 - 1,
+        description="the least urgent `priority` a tenant's job may ask for; a job asking none gets 0 "
+        "brought within the range; unset = any",
+    )
 
     # Reliability
     reconcile_interval_s: float = Field(2.0, gt=0, description="reconciler period")
@@ -383,6 +393,9 @@ class Settings(BaseSettings):
             self.docs_enabled = not self.auth_enabled
         if not self.queues:
             raise ValueError("queues: at least one queue is required")
+        low, high = self.tenant_min_priority, self.tenant_max_priority
+        if low is not None and high is not None and low > high:
+            raise ValueError(f"tenant_min_priority: {low} is above tenant_max_priority {high}")
         unknown = sorted(set(self.worker_queues or []) - set(self.queues))
         if unknown:
             raise ValueError(f"worker_queues: unknown queue(s) {unknown}; known: {sorted(self.queues)}")

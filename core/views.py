@@ -115,10 +115,16 @@ class JobPublic(BaseModel):
     finished_at: datetime | None
     expires_at: datetime | None
     priority: int = Field(description="lower is served first")
+    service_tier: str | None = Field(description="the OpenAI service tier it asked for; null: none")
     deadline_at: datetime | None = Field(description="when the result is wanted (a soft target); null: none")
+    start_by: datetime | None = Field(
+        description="the latest start that meets deadline_at at its workers' measured pace (its deadline "
+        "less its predicted run time): the fleet starts the job with the least slack first; null: no "
+        "deadline")
     predicted_finish_at: datetime | None = Field(
-        description="when submit predicted it would finish, from its queue's recent rate and the work ahead "
-        "(an upper bound); null: no prediction (no deadline, or nothing finished lately)")
+        description="when submit predicted it would finish, from its queue's recent rate, the work ahead "
+        "(an upper bound) and its own run time; null: no prediction (no deadline, or nothing finished "
+        "lately)")
     queue_time_s: float | None = Field(description="started_at - created_at")
     time_to_first_token_s: float | None = Field(description="first_token_at - created_at")
     end_to_end_s: float | None = Field(description="finished_at - created_at")
@@ -136,7 +142,8 @@ class JobPublic(BaseModel):
                            cached_tokens=job.cached_tokens),
             error=error, created_at=job.created_at, started_at=job.started_at,
             first_token_at=job.first_token_at, finished_at=job.finished_at, expires_at=job.expires_at,
-            priority=job.priority, deadline_at=job.deadline_at, predicted_finish_at=job.predicted_finish_at,
+            priority=job.priority, service_tier=job.service_tier, deadline_at=job.deadline_at,
+            start_by=job.start_by, predicted_finish_at=job.predicted_finish_at,
             queue_time_s=_seconds(job.created_at, job.started_at),
             time_to_first_token_s=_seconds(job.created_at, job.first_token_at),
             end_to_end_s=_seconds(job.created_at, job.finished_at),

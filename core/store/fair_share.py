@@ -13,9 +13,9 @@ claims the next jobs of Q in fair order, whichever they are (`claim_fair`):
      those with queued work under their max_running; ties go to the tenant this worker served least recently
      (so a single free slot goes round-robin), then to the oldest work. Within the tenant, the same rule
      over its streams (fewest running, least recently served, oldest).
-  4. Per planned stream, its most urgent queued jobs (priority, then a deadline still ahead, then arrival:
-     `urgency_order`) are taken `FOR UPDATE SKIP LOCKED` and claimed by one conditional UPDATE
-     (`status = 'queued'`) that returns them: a job is still claimed exactly once.
+  4. Per planned stream, its most urgent queued jobs (priority, then the least slack to a deadline still
+     ahead, then arrival: `urgency_order`) are taken `FOR UPDATE SKIP LOCKED` and claimed by one
+     conditional UPDATE (`status = 'queued'`) that returns them: a job is still claimed exactly once.
 A tenant that arrives while another holds every slot gets the next slots that free up (within one job's
 time, plus up to QUEUED_VIEW_S before a worker's reused view sees it), until its running jobs per weight
 catch up.
@@ -276,11 +276,13 @@ def _share(weight: float | None, max_running: int | None, defaults: TenantLimits
 
 
 def urgency_order(now: datetime) -> list[ColumnElement[Any]]:
-    """A stream's jobs, most urgent first: priority (lower first), then a deadline still ahead (earliest
-    first), then arrival; a job whose deadline has passed keeps its arrival's place among those without one
+    """A stream's jobs, most urgent first: priority (lower first), then, while its deadline is ahead, its
+    latest start (the deadline minus its predicted run time, least slack first: core/store/finish_times.py),
+    then arrival; a job whose deadline has passed keeps its arrival's place among those without one
     (engine/sequence.py Urgency orders the engine's admission the same way)."""
-    deadline_ahead = case((Job.deadline_at > now, Job.deadline_at), else_=null())
-    return [Job.priority, deadline_ahead.asc().nulls_last(), Job.created_at, Job.id]
+    latest_start = func.coalesce(Job.start_by, Job.deadline_at)  # rows from before start_by: the deadline
+    slack_ahead = case((Job.deadline_at > now, latest_start), else_=null())
+    return [Job.priority, slack_ahead.asc().nulls_last(), Job.created_at, Job.id]
 
 
 def _claim_oldest(session: Session, queue: str, stream: Stream, n: int, worker_id: str, now: datetime,

@@ -59,6 +59,8 @@ class NewJob:
     priority: int = 0  # lower first
     deadline_s: float | None = None  # soft target, seconds after submission
     predicted_finish_at: datetime | None = None  # submit's prediction, when it made one
+    start_by: datetime | None = None  # latest start meeting the deadline (finish_times.forecast)
+    service_tier: str | None = None  # the OpenAI service tier asked for
 
 
 @dataclass(frozen=True)
@@ -102,6 +104,7 @@ def _queued_row(new: NewJob, now: datetime) -> dict[str, Any]:
         timeout_s=new.timeout_s, expires_at=expires_at, created_at=now, updated_at=now, attempts=0,
         preemptions=0, prompt_tokens=new.prompt_tokens, batch_id=new.batch_id, chat=new.chat,
         priority=new.priority, deadline_at=deadline_at, predicted_finish_at=new.predicted_finish_at,
+        start_by=new.start_by if new.start_by is not None else deadline_at, service_tier=new.service_tier,
     )
 
 

@@ -19,12 +19,15 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from core.lifecycle import QUEUED
+from core.service_tiers import MAX_PRIORITY, PriorityRange
 from core.settings import Settings
 from core.store import jobs
 from core.store.keys import ensure_tenant
 from core.store.tables import Job, Tenant
 
-LIMIT_FIELDS = ("weight", "max_queued", "max_running", "tokens_per_minute", "retention_days")
+LIMIT_FIELDS = ("weight", "max_queued", "max_running", "tokens_per_minute", "retention_days", "min_priority",
+                "max_priority")
+PRIORITY_FIELDS = ("min_priority", "max_priority")
 OVERRIDE_FIELDS = (*LIMIT_FIELDS, "cache_namespace")  # what `set_overrides` sets; NULL: the default
 
 
@@ -37,13 +40,20 @@ class TenantLimits:
     max_running: int | None = None  # its running jobs in one queue, across the fleet
     tokens_per_minute: int | None = None  # prompt + output tokens of the jobs it submitted in the last minute
     retention_days: int | None = None  # its finished data is purged after this long
+    min_priority: int | None = None  # the most urgent priority its jobs may ask for (lower is first)
+    max_priority: int | None = None  # the least urgent
 
     @classmethod
     def defaults(cls, settings: Settings) -> TenantLimits:
         return cls(weight=settings.tenant_weight, max_queued=settings.tenant_max_queued,
                    max_running=settings.tenant_max_running,
                    tokens_per_minute=settings.tenant_tokens_per_minute,
-                   retention_days=settings.retention_days)
+                   retention_days=settings.retention_days, min_priority=settings.tenant_min_priority,
+                   max_priority=settings.tenant_max_priority)
+
+    @property
+    def priorities(self) -> PriorityRange:
+        return PriorityRange(self.min_priority, self.max_priority)
 
     def with_overrides(self, tenant: Tenant | None) -> TenantLimits:
         """These defaults with the tenant's non-NULL columns in their place."""
@@ -89,6 +99,10 @@ def set_overrides(session: Session, tenant_id: str, changes: dict[str, Any], now
     tenant = ensure_tenant(session, tenant_id, now)
     for name, value in changes.items():
         setattr(tenant, name, value)
+    if tenant.min_priority is not None and tenant.max_priority is not None and (
+            tenant.min_priority > tenant.max_priority):
+        session.rollback()
+        raise ValueError(f"min_priority: {tenant.min_priority} is above max_priority {tenant.max_priority}")
     _redispatch_queued(session, tenant_id)
     session.commit()
     return tenant
@@ -106,6 +120,11 @@ def _check_override(name: str, value: Any) -> None:
     if name == "cache_namespace":
         if not isinstance(value, str) or not 1 <= len(value) <= 64 or value != value.strip():
             raise ValueError(f"cache_namespace: must be 1 to 64 characters, no surrounding spaces, "
+                             f"got {value!r}")
+        return
+    if name in PRIORITY_FIELDS:
+        if isinstance(value, bool) or not isinstance(value, int) or abs(value) > MAX_PRIORITY:
+            raise ValueError(f"{name}: must be an integer of at most {MAX_PRIORITY} either side of 0, "
                              f"got {value!r}")
         return
     if name == "weight":

@@ -285,11 +285,24 @@ def test_idempotency_race_returns_the_winner(
 
 def test_priority_and_deadline_are_stored_and_shown(alice: TestClient, session: Session) -> None:
     job = alice.post("/v1/jobs", json={"prompt": "hi", "priority": -2, "deadline_s": 30}).json()
-    assert job["priority"] == -2
+    assert job["priority"] == -2 and job["service_tier"] is None
     deadline = datetime.fromisoformat(job["deadline_at"]) - datetime.fromisoformat(job["created_at"])
     assert deadline == timedelta(seconds=30)
+    assert job["start_by"] == job["deadline_at"]  # no worker has published its pace: no run time known
     plain = alice.post("/v1/jobs", json={"prompt": "hi"}).json()
-    assert (plain["priority"], plain["deadline_at"]) == (0, None)  # the queue sets no default_deadline_s
+    assert (plain["priority"], plain["deadline_at"], plain["start_by"]) == (0, None, None)
+    flex = alice.post("/v1/jobs", json={"prompt": "hi", "service_tier": "flex"}).json()
+    assert (flex["priority"], flex["service_tier"]) == (1, "flex")
+
+
+def test_a_job_starts_by_its_deadline_less_its_run_time_at_the_workers_pace(
+    alice: TestClient, session: Session,
+) -> None:
+    workers.register(session, "w1", hostname="h", pid=1, queues=["interactive"], now=utcnow())
+    workers.heartbeat(session, "w1", utcnow(), {"step_s": 0.25, "prefill_token_s": 0.0})
+    job = alice.post("/v1/jobs", json={"prompt": "hi", "max_tokens": 40, "deadline_s": 30}).json()
+    slack = datetime.fromisoformat(job["start_by"]) - datetime.fromisoformat(job["created_at"])
+    assert slack == timedelta(seconds=30 - 40 * 0.25)
 
 
 def test_queues_show_the_callers_deadline_outcomes_of_the_last_hour(

@@ -25,7 +25,8 @@ def test_set_show_reset_and_list(service: Service, monkeypatch: pytest.MonkeyPat
     assert done.exit_code == 0, done.output
     shown = json.loads(done.output)
     assert shown["overrides"] == {"weight": 2.5, "max_queued": 1, "max_running": None,
-                                  "tokens_per_minute": 5000, "retention_days": None, "cache_namespace": None}
+                                  "tokens_per_minute": 5000, "retention_days": None, "min_priority": None,
+                                  "max_priority": None, "cache_namespace": None}
     assert shown["effective"]["cache_salt"] == "tenant:alice"
     assert shown["effective"]["max_running"] == 4  # the setting, as no override is set
     assert alice.post("/v1/jobs", json={"prompt": "x"}).status_code == 202
@@ -57,6 +58,31 @@ def test_cache_namespace_is_set_shown_listed_and_reset(
     assert json.loads(reset.output)["effective"]["cache_salt"] == "tenant:alice"
     blank = runner.invoke(app, ["tenants", "set", "alice", "--cache-namespace", " acme"])
     assert blank.exit_code == 2 and "cache_namespace" in blank.output
+
+
+def test_a_priority_range_holds_the_tenants_jobs(service: Service, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CONVEYOR_DATABASE_URL", service.settings.database_url)
+    alice = service.client("alice")
+    done = runner.invoke(app, ["tenants", "set", "alice", "--min-priority", "2", "--max-priority", "9"])
+    assert done.exit_code == 0, done.output
+    effective = json.loads(done.output)["effective"]
+    assert (effective["min_priority"], effective["max_priority"]) == (2, 9)
+
+    refused = alice.post("/v1/jobs", json={"prompt": "x", "priority": 1})
+    assert refused.status_code == 403, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "priority_not_permitted" and error["field"] == "priority"
+    assert "[2, 9]" in error["message"]
+    tier = alice.post("/v1/jobs", json={"prompt": "x", "service_tier": "priority"})
+    assert tier.status_code == 403 and tier.json()["error"]["field"] == "service_tier"
+    assert alice.post("/v1/jobs", json={"prompt": "x", "priority": 9}).json()["priority"] == 9
+    assert alice.post("/v1/jobs", json={"prompt": "x"}).json()["priority"] == 2  # 0 brought into the range
+    assert alice.post("/v1/jobs", json={"prompt": "x", "service_tier": "flex"}).status_code == 403
+
+    upside_down = runner.invoke(app, ["tenants", "set", "alice", "--max-priority", "1"])
+    assert upside_down.exit_code == 2 and "min_priority" in upside_down.output
+    shown = json.loads(runner.invoke(app, ["tenants", "show", "alice"]).output)
+    assert shown["overrides"]["max_priority"] == 9
 
 
 def test_bad_values_and_unknown_tenants_are_refused(

@@ -40,7 +40,7 @@ from core.openai_request import (
 )
 from core.request_limits import RequestLimits, RequestSize, size_problem, tokenizer_problem, tokens_problem
 from core.request_rules import MAX_INT_DIGITS, text_problem
-from core.service_tiers import tier_priority
+from core.service_tiers import PriorityRange
 from worker.batches.reader import OversizeLine, RawLine
 from worker.sampling import sampling_params_from_json
 
@@ -125,6 +125,7 @@ class LineLimits:
     served: Served = field(default_factory=Served)
     max_model_len: int | None = None  # prompt + max_tokens must fit it, as at the synchronous routes
     queue: str | None = None  # the batch's queue, named in nothing but the limits' own messages
+    priorities: PriorityRange = field(default_factory=PriorityRange)  # the batch's tenant may ask for
 
     def request_limits(self) -> RequestLimits:
         return RequestLimits(self.queue, self.max_prompt_tokens, self.max_output_tokens, self.max_model_len)
@@ -208,7 +209,7 @@ def _request(number: int, custom_id: str, line: dict[str, Any], limits: LineLimi
         raise LineRejected("invalid_body", "body must be a JSON object")
     endpoint = _endpoint(line.get("url"), body, limits.endpoint)
     try:
-        return _validated(number, custom_id, endpoint, body, limits.served)
+        return _validated(number, custom_id, endpoint, body, limits.served, limits.priorities)
     except Refusal as refusal:
         raise LineRejected(_line_code(refusal), refusal.message) from None
 
@@ -229,7 +230,7 @@ def _endpoint(url: object, body: dict[str, Any], batch_endpoint: str | None) -> 
 
 
 def _validated(number: int, custom_id: str, endpoint: str, body: dict[str, Any], served: Served,
-               ) -> BatchRequest:
+               priorities: PriorityRange) -> BatchRequest:
     """The synchronous route's rules (core/openai_request.py), then what only a batch adds."""
     request = parse_body(endpoint, body)
     check_request(request, served)
@@ -241,10 +242,13 @@ def _validated(number: int, custom_id: str, endpoint: str, body: dict[str, Any],
         options = request.chat_options(served.tool_parser)  # judged by check_request
     else:
         messages, prompt = None, request.prompt_text()
+    try:
+        priority = priorities.job_priority(request.service_tier, request.priority)
+    except ValueError as exc:
+        raise LineRejected("priority_not_permitted", str(exc)) from None
     return BatchRequest(line=number, custom_id=custom_id, endpoint=endpoint, messages=messages, prompt=prompt,
                         params=chat_job_params(_job_params(request), options), model=request.model,
-                        chat=options.to_json(), shown=request.prompt_view().to_json(),
-                        priority=tier_priority(request.service_tier, request.priority) or 0,
+                        chat=options.to_json(), shown=request.prompt_view().to_json(), priority=priority,
                         deadline_s=request.deadline_s, service_tier=request.service_tier)
 
 

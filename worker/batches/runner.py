@@ -45,10 +45,12 @@ from core.lifecycle import (
 from core.model_limits import model_context_length, served_max_model_len
 from core.openai_request import Served
 from core.s3 import make_s3_client
-from core.service_tiers import takes_default_deadline
+from core.service_tiers import PriorityRange, takes_default_deadline
 from core.settings import Settings
-from core.store import batches, jobs
+from core.store import batches, finish_times, jobs, tenants
 from core.store.tables import Batch, BatchLine, Job
+from core.store.tenants import TenantLimits
+from core.store.token_usage import DEFAULT_MAX_TOKENS
 from worker.batches.finalize import BatchFinalizer, OutputWriteError, describe_error
 from worker.batches.lines import BatchRequest, CustomIdSet, LineError, LineLimits, parse_line
 from worker.batches.prompt_length import ChatTokenizer, prompt_token_counter
@@ -251,6 +253,8 @@ class BatchRunner:
                      ) -> tuple[list[BatchLine], list[Job], bool]:
         """Up to `room` valid lines (and the invalid ones among them), at most chunk_lines in all."""
         limits = self._limits(batch)
+        with self._sessions() as session:
+            pace = finish_times.queue_pace(session, batch.queue, now, self._settings.worker_dead_after_s)
         lines: list[BatchLine] = []
         new_jobs: list[Job] = []
         while len(new_jobs) < room and len(lines) < self._chunk_lines:
@@ -260,7 +264,7 @@ class BatchRunner:
                 return lines, new_jobs, True
             parsed = parse_line(number, raw, source.seen, limits)
             if isinstance(parsed, BatchRequest) and not isinstance(parsed.prompt, list):
-                job = _new_job(batch, parsed, now)
+                job = _new_job(batch, parsed, now, pace)
                 new_jobs.append(job)
                 lines.append(BatchLine(batch_id=batch.id, line=number, custom_id=parsed.custom_id,
                                        status=LINE_QUEUED, job_id=job.id))
@@ -277,7 +281,12 @@ class BatchRunner:
         return LineLimits(endpoint=batch.endpoint, max_prompt_tokens=queue.max_prompt_tokens,
                           count_tokens=counter, max_output_tokens=queue.max_output_tokens,
                           served=Served.of(self._settings, template), max_model_len=self._max_model_len(),
-                          queue=batch.queue)
+                          queue=batch.queue, priorities=self._priorities(batch.tenant_id))
+
+    def _priorities(self, tenant_id: str) -> PriorityRange:
+        with self._sessions() as session:
+            limits = tenants.effective_limits(session, tenant_id, TenantLimits.defaults(self._settings))
+        return limits.priorities
 
     def _max_model_len(self) -> int | None:
         """What the engine serves (the configured max_model_len within the model's), read from the model's
@@ -310,10 +319,11 @@ class BatchRunner:
             self._drop_input(batch_id)
 
 
-def _new_job(batch: Batch, request: BatchRequest, now: datetime) -> Job:
+def _new_job(batch: Batch, request: BatchRequest, now: datetime, pace: finish_times.Pace | None) -> Job:
     """The queued job of one valid line, built by the store's own constructor: its batch_id column names the
     batch (fair share's stream), its metadata the line it answers (shown under /v1/jobs, as
-    docs/guides/batches.md says), and its prompt_tokens are the tokens the line was judged by."""
+    docs/guides/batches.md says), its prompt_tokens are the tokens the line was judged by, and its latest
+    start is its deadline less its run time at the queue's pace (core/store/finish_times.py)."""
     assert not isinstance(request.prompt, list)
     meta = {"batch_id": batch.id, "custom_id": request.custom_id, "line": request.line,
             "endpoint": request.endpoint, "model": request.model}
@@ -324,13 +334,22 @@ def _new_job(batch: Batch, request: BatchRequest, now: datetime) -> Job:
     asked = {"endpoint": request.endpoint, "model": request.model, "prompt": request.prompt,
              "messages": request.messages, "params": request.params,
              **({"chat": request.chat} if request.chat else {})}
+    deadline_s = _line_deadline_s(request, batch, now)
     new = jobs.NewJob(tenant_id=batch.tenant_id, queue=batch.queue, prompt=request.prompt,
                       messages=request.messages, params=request.params, meta=meta, webhook=None,
                       idempotency_key=None, request_hash=jobs.request_hash(asked),
                       prompt_tokens=request.prompt_tokens, ttl_s=None, timeout_s=None, batch_id=batch.id,
-                      chat=request.chat, priority=request.priority,
-                      deadline_s=_line_deadline_s(request, batch, now))
+                      chat=request.chat, priority=request.priority, deadline_s=deadline_s,
+                      start_by=_start_by(request, deadline_s, now, pace), service_tier=request.service_tier)
     return jobs.build(new, now)
+
+
+def _start_by(request: BatchRequest, deadline_s: float | None, now: datetime, pace: finish_times.Pace | None,
+              ) -> datetime | None:
+    if deadline_s is None:
+        return None
+    max_tokens = int(request.params.get("max_tokens", DEFAULT_MAX_TOKENS))
+    return finish_times.latest_start(now, deadline_s, pace, request.prompt_tokens, max_tokens)
 
 
 def _line_deadline_s(request: BatchRequest, batch: Batch, now: datetime) -> float | None:

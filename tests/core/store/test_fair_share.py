@@ -198,13 +198,27 @@ def test_a_reused_view_of_the_queue_never_leaves_claimable_jobs_behind(session: 
     assert {j.id for j in claimed} == b_jobs  # the view came up short: the queue was read again
 
 
-def _add_urgent(session: Session, at: datetime, *, priority: int = 0, deadline_s: float | None = None) -> str:
+def _add_urgent(session: Session, at: datetime, *, priority: int = 0, deadline_s: float | None = None,
+                start_by: datetime | None = None) -> str:
     keys.ensure_tenant(session, "a", T0)
     session.commit()
     new = jobs.NewJob(tenant_id="a", queue="documents", prompt="p", messages=None, params={"max_tokens": 1},
                       meta=None, webhook=None, idempotency_key=None, request_hash="h", prompt_tokens=1,
-                      ttl_s=None, timeout_s=None, priority=priority, deadline_s=deadline_s)
+                      ttl_s=None, timeout_s=None, priority=priority, deadline_s=deadline_s, start_by=start_by)
     return jobs.add(session, new, at).id
+
+
+def test_the_job_with_the_least_slack_goes_first_not_the_earliest_deadline(session: Session) -> None:
+    # Due at T0+60 but runs 5 s: may start until T0+55. Due later, at T0+90, but runs 80 s: until T0+10.
+    short = _add_urgent(session, T0, deadline_s=60.0, start_by=T0 + timedelta(seconds=55))
+    long = _add_urgent(session, T0 + timedelta(seconds=1), deadline_s=89.0,
+                       start_by=T0 + timedelta(seconds=10))
+    order = []
+    for _ in range(2):
+        [job] = claim_fair(session, "documents", 1, "w1", at_t0, DEFAULTS, FairState(view_s=0.0))
+        order.append(job.id)
+        _finish(session, [job])
+    assert order == [long, short]
 
 
 def test_a_stream_is_claimed_by_priority_then_a_deadline_ahead_then_arrival(session: Session) -> None:

@@ -13,7 +13,9 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
+from core.clock import utcnow
 from core.request_rules import MAX_INT_DIGITS
+from core.store import tenants, workers
 from core.store.tables import Batch, BatchLine, Job
 from tests.support.hostile_schemas import nested_items, nested_objects
 from tests.support.service import Service
@@ -160,3 +162,28 @@ def test_a_lines_priority_and_deadline_and_the_window_as_its_default_deadline(
         assert urgent.priority == -1 and urgent.deadline_at == urgent.created_at + timedelta(seconds=30)
         assert plain.priority == 0 and plain.deadline_at is not None
         assert abs((plain.deadline_at - batch.expires_at).total_seconds()) < 1  # what is left of the window
+
+
+def test_a_line_outside_its_tenants_priorities_fails_alone_and_lines_start_by_their_slack(
+    make_service: Callable[..., Service],
+) -> None:
+    service = make_service()
+    client = service.client("alice")
+    with service.session_factory() as session:
+        tenants.set_overrides(session, "alice", {"min_priority": -1}, utcnow())
+        workers.register(session, "w1", hostname="h", pid=1, queues=["documents"], now=utcnow())
+        workers.heartbeat(session, "w1", utcnow(), {"step_s": 0.5, "prefill_token_s": 0.0})
+    lines = [line("too-urgent", {"prompt": "hello", "max_tokens": 2, "priority": -5}),
+             line("priority", {"prompt": "hello", "max_tokens": 20, "service_tier": "priority",
+                               "deadline_s": 60})]
+    r = client.post("/v1/batches", json={"input_file_id": _upload(client, b"\n".join(lines) + b"\n")})
+    assert r.status_code == 200, r.text
+    BatchRunner(service.session_factory, service.settings, lambda job_id, queue: None, "runner-1",
+                tokenizer=_Tokenizer(), s3=None, model_name="demo-model").run_once()
+    with service.session_factory() as session:
+        refused = session.scalars(select(BatchLine).where(BatchLine.line == 1)).one()
+        [job] = [job for job in session.scalars(select(Job)) if job.meta]
+    assert refused.error is not None and refused.error["code"] == "priority_not_permitted"
+    assert "priority: -5 is outside" in refused.error["message"] and "[-1, inf]" in refused.error["message"]
+    assert (job.priority, job.service_tier) == (-1, "priority")
+    assert job.deadline_at is not None and job.start_by == job.deadline_at - timedelta(seconds=20 * 0.5)
