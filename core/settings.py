@@ -173,8 +173,8 @@ class Settings(BaseSettings):
     )
     scheduling: Literal["urgency", "arrival"] | None = Field(
         None, description="how a queue's jobs are ordered, by fleet claims (within a tenant's stream) and by "
-        "the engine: urgency (priority, then a deadline still ahead, then arrival) or arrival (priority and "
-        "deadline ignored: to compare)")
+        "the engine: urgency (priority, then the slack to a deadline still ahead, then arrival) or arrival "
+        "(priority and deadline ignored: to compare)")
     enable_prefix_caching: bool | None = Field(
         None,
         description="automatic prefix caching: jobs of one tenant (or one cache namespace) whose prompts "

@@ -47,8 +47,8 @@ class EngineConfig:
     # Automatic prefix caching: full KV blocks are found again by the hash of the prefix they end, so requests
     # that share a prefix (a batch's instructions, a chat's history) compute it once. Off: to compare.
     enable_prefix_caching: bool = True
-    # How requests of one class are ordered: urgency (their priority, then a deadline still ahead, then
-    # arrival: engine/sequence.py Urgency) or arrival (urgency ignored). Arrival: to compare.
+    # How requests of one class are ordered: urgency (their priority, then the slack to a deadline still
+    # ahead, then arrival: engine/sequence.py Urgency) or arrival (urgency ignored). Arrival: to compare.
     scheduling: str = "urgency"
     request_classes: list[RequestClassConfig] = field(default_factory=list)
     seed: int = 0
