@@ -72,8 +72,8 @@ class Sequence:
     arrival_order: int  # engine-wide counter; kept across preemptions
     metrics: RequestMetrics
     urgency: Urgency = field(default_factory=Urgency)  # within its class
-    # The engine's pace when the request was enqueued (again when preempted): its slack is judged by it, so
-    # its order key only grows while it waits (engine/waiting_queue.py re-keys lazily).
+    # The engine's pace when the request was enqueued: its slack is judged by it, so its order key only grows
+    # while it waits (engine/waiting_queue.py re-keys lazily).
     pace: Pace = field(default_factory=Pace)
     generator: torch.Generator | None = None  # only for seeded requests
     prompt: str | None = None
