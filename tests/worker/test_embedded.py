@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from core.clock import utcnow
 from core.dispatch import publish_and_mark
+from core.service_tiers import TIER_PRIORITY
 from core.settings import Settings
 from core.store import finish_times, jobs
 from core.store.database import make_db_engine, make_session_factory
@@ -204,6 +205,19 @@ def test_in_a_backlog_a_priority_job_starts_first_then_the_one_due_soonest(
 def _published_pace(sessions: sessionmaker[Session]) -> finish_times.Pace | None:
     with sessions() as session:
         return finish_times.queue_pace(session, "documents", utcnow(), dead_after_s=60)
+
+
+def test_flex_work_yields_to_every_other_job_of_its_queue(
+    embedded_settings: Settings, lite_sessions: sessionmaker[Session], runtimes: list[EmbeddedRuntime]
+) -> None:
+    runtime = _start(embedded_settings, lite_sessions, runtimes)  # documents: one at a time
+    running = _submit(runtime, lite_sessions, "Document 0: the river is calm", "documents", max_tokens=150,
+                      ignore_eos=True)
+    wait_generating(lite_sessions, running)
+    flex = _submit(runtime, lite_sessions, "Spare capacity", "documents", max_tokens=4,
+                   priority=TIER_PRIORITY["flex"])
+    others = [_submit(runtime, lite_sessions, f"Document {i}", "documents", max_tokens=4) for i in (1, 2, 3)]
+    assert _start_order(lite_sessions, [running, flex, *others]) == [running, *others, flex]
 
 
 def test_scheduling_by_arrival_takes_the_backlog_in_order(
