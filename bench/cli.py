@@ -123,7 +123,17 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="GROUP=RPS",
         help="Poisson arrivals for a group of the profile (requests/s); without it the group arrives all at "
-        "once (a trace gives its own arrival times)",
+        "once (a trace gives its own arrival times); with --load, the group's weight in the arrivals",
+    )
+    wl.add_argument(
+        "--load",
+        type=float,
+        default=None,
+        metavar="X",
+        help="offer X times the capacity (X > 0, e.g. 1.5 or 0.5): first measure the engine's completed "
+        "requests/s on this workload submitted at once, with the first run's settings, then give each group "
+        "Poisson arrivals at its share of X times that; --rate values are then weights, one > 0 for every "
+        "group (default: the profile's mix); in-process profiles only",
     )
     wl.add_argument(
         "--short-group",
@@ -306,6 +316,7 @@ def options(args: argparse.Namespace) -> BenchOptions:
         timeout_s=args.timeout,
         respect_eos=args.respect_eos,
         structured_share=args.structured_share,
+        load=args.load,
     )
 
 

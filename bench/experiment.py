@@ -17,6 +17,7 @@ from bench import plots
 from bench.console import progress_bar, refusal_lines, service_table, summary_table
 from bench.decision import Condition, decide, default_conditions, default_hypothesis
 from bench.inventory import inventory
+from bench.load import LoadPlan, burst, check_load, mix_weights, scaled_rates
 from bench.metrics import count_check, full_batch_decode_steps, summarize
 from bench.prompt_text import token_decoder
 from bench.records import RunResult
@@ -69,6 +70,10 @@ class BenchOptions:
     repeat: int = 1  # rounds per system (interleaved); the best round is reported
     structured_share: float = 0.0  # share of requests constrained to the bench's JSON Schema (engine only)
     thread_choice: ThreadChoice | None = None  # how the CPU thread count was measured (bench/cli.py)
+    # --load: arrivals at this multiple of the measured capacity; the spec's rates are weights until
+    # apply_load measures the capacity, records it in load_plan and puts the derived rates in their place.
+    load: float | None = None
+    load_plan: LoadPlan | None = None
     # The workload's groups (the trace's, else the profile's): the engine's request classes, the queues
     # jobs are sent to over HTTP, and the only names the per-group settings above may use.
     groups: list[Group] = field(init=False, default_factory=list)
@@ -95,6 +100,8 @@ class BenchOptions:
         check_known_groups(self.max_running, self.groups, "max_running (--max-running)")
         check_known_groups(self.priority, self.groups, "priority (--priority)")
         self._check_service_load()
+        if self.load_plan is None:  # afterwards the spec holds the derived rates, not weights
+            check_load(self.load, self.spec, self.target, self.trace)
 
     def _check_service_load(self) -> None:
         """The service profile runs over HTTP, as a closed loop (`concurrency`) or an open one (the spec's
@@ -210,13 +217,14 @@ def build_workload(opts: BenchOptions) -> tuple[list[BenchRequest], str]:
     if not vocab:
         raise ValueError("model: synthesised prompts need --model (its tokenizer supplies the token ids)")
     s = opts.spec
-    arrivals = ", ".join(f"{g} Poisson {r}/s" for g, r in s.rates.items() if r > 0) or "all at t=0"
+    arrivals = ", ".join(f"{g} Poisson {r:.4g}/s" for g, r in s.rates.items() if r > 0) or "all at t=0"
     desc = (
         f"profile {s.profile}, seed {s.seed}, arrivals {arrivals}, "
         f"{s.short_group} prompt/output {s.short_prompt}/{s.short_output}, "
         f"{s.long_group} prompt/output {s.long_prompt or 'context/4..context'}/{s.long_output}"
         + (f", {s.long_group} share {s.documents_share}" if s.profile in ("mixed", "deadlines") else "")
         + (f", cancel share {s.cancel_share}" if s.cancel_share else "")
+        + (f"; {opts.load_plan.describe()}" if opts.load_plan else "")
     )
     return generate(s, vocab, model_max_len(opts)), desc
 
@@ -227,12 +235,13 @@ def _shared_prefix_workload(opts: BenchOptions) -> tuple[list[BenchRequest], str
         raise ValueError("model: synthesised prompts need --model (its tokenizer supplies the token ids)")
     s = opts.spec
     rate = s.rates.get(s.short_group, 0.0)
-    arrivals = f"Poisson {rate}/s" if rate > 0 else "all at t=0"
+    arrivals = f"Poisson {rate:.4g}/s" if rate > 0 else "all at t=0"
     desc = (
         f"profile shared-prefix, seed {s.seed}, arrivals {arrivals}, "
         f"{s.short_group}: one shared prefix of {s.prefix_tokens} tokens + a unique suffix of "
         f"{s.suffix_tokens}, {s.output_tokens} output tokens each"
         + (f", cancel share {s.cancel_share}" if s.cancel_share else "")
+        + (f"; {opts.load_plan.describe()}" if opts.load_plan else "")
     )
     return generate(s, vocab, model_max_len(opts)), desc
 
@@ -267,6 +276,40 @@ def _config(model: str | None) -> dict[str, Any]:
     """The model folder's config.json, read as the engine reads it; {} without one (a hub name, say)."""
     folder = Path(model or "")
     return read_hf_config(folder) if (folder / "config.json").is_file() else {}
+
+
+# --- --load: the capacity, then the rates ------------------------------------------------------------
+
+
+def apply_load(opts: BenchOptions, console: Console) -> LoadPlan | None:
+    """With --load: measures the capacity on the workload's own requests, submitted at once to an engine
+    with opts' settings, and sets each group's rate to its share of load x capacity (bench/load.py)."""
+    if opts.load is None or opts.load_plan is not None:
+        return opts.load_plan
+    weights = mix_weights(opts.spec)
+    opts.spec.rates = {g: w for g, w in weights.items() if w > 0}  # 1 request/s in all
+    unit, _ = build_workload(opts)
+    console.print(f"load {opts.load:g}x: measuring the capacity, {len(unit)} requests submitted at once")
+    result, engine = run_target(opts, burst(unit), console)
+    del engine
+    completed = sum(r.status == "completed" for r in result.records)
+    if not completed:
+        raise ValueError("load (--load): the calibration run completed no request; no capacity to scale")
+    capacity = completed / result.duration_s
+    rates = scaled_rates(capacity, opts.load, weights)
+    opts.spec.rates = {g: r for g, r in rates.items() if r > 0}
+    opts.load_plan = LoadPlan(
+        load=opts.load,
+        capacity_rps=capacity,
+        weights=weights,
+        rates=rates,
+        calibration_requests=len(unit),
+        calibration_completed=completed,
+        calibration_s=result.duration_s,
+        arrival_span_s=max(r.arrival_s for r in unit) / sum(rates.values()),
+    )
+    console.print(opts.load_plan.describe(), markup=False)
+    return opts.load_plan
 
 
 # --- one run -----------------------------------------------------------------------------------------
@@ -361,6 +404,7 @@ def bench(opts: BenchOptions, console: Console) -> dict[str, Any]:
     """Runs the target (and each peer) `opts.repeat` times, interleaved round by round, and reports each
     system's best round (highest output tokens/s): on a shared machine the least disturbed run is the
     closest to what the system can do. Every round's throughput is kept in the report."""
+    apply_load(opts, console)
     requests, description = build_workload(opts)
     opts.out_dir.mkdir(parents=True, exist_ok=True)
     trace_sha = save_trace(requests, opts.out_dir / "trace.jsonl")
@@ -433,6 +477,7 @@ def workload_record(
         "num_requests": len(requests),
         "all_at_once": all_at_once(requests),
         "trace_sha256": trace_sha,
+        "load": opts.load_plan.record() if opts.load_plan else None,
     }
 
 
@@ -525,7 +570,10 @@ def experiment(
     if opts.target != "engine":
         raise ValueError("compare/sweep: one-parameter experiments run with the in-process engine target")
     conditions = [Condition.parse(c) for c in (approve or default_conditions(bool(opts.deadlines_s())))]
-    candidates = [with_param(opts, param, v) for v in values]  # all values validated before any run
+    for v in values:  # every value validated before any run, the calibration included
+        with_param(opts, param, v)
+    apply_load(opts, console)
+    candidates = [with_param(opts, param, v) for v in values]  # each with the baseline's rates
     requests, description = build_workload(opts)
     opts.out_dir.mkdir(parents=True, exist_ok=True)
     trace_sha = save_trace(requests, opts.out_dir / "trace.jsonl")
