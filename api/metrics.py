@@ -156,14 +156,23 @@ def outcome_families(rows: list[MetricCount]) -> Iterator[Metric]:
     deliveries = outcome_counts.series_of(rows, outcome_counts.WEBHOOK_DELIVERIES)
     yield _counter_family("conveyor_job_failures", "Failed and expired jobs by error code", ["queue", "code"],
                           [((r.queue, r.label), r.count) for r in failures])
-    deadlines = outcome_counts.series_of(rows, outcome_counts.JOB_DEADLINES)
-    yield _counter_family("conveyor_job_deadlines", "Jobs with a deadline by outcome: on_time (succeeded by "
-                          "it), late (succeeded after it), missed (ended otherwise)", ["queue", "outcome"],
-                          [((r.queue, r.label), r.count) for r in deadlines])
+    yield _counter_family("conveyor_job_deadlines", "Jobs with a deadline by service tier and outcome: "
+                          "on_time (succeeded by it), late (succeeded after it), missed (ended otherwise)",
+                          ["queue", "tier", "outcome"], _deadline_values(rows))
     yield _counter_family("conveyor_batch_lines", "Batch lines whose job finished, by outcome",
                           ["queue", "outcome"], [((r.queue, r.label), r.count) for r in lines])
     yield _counter_family("conveyor_webhook_deliveries", "Webhook delivery attempts by outcome", ["outcome"],
                           [((r.label,), r.count) for r in deliveries])
+
+
+def _deadline_values(rows: list[MetricCount]) -> list[tuple[tuple[str, ...], int]]:
+    """(queue, tier, outcome) -> jobs. Rows from before tiers were counted read as the default tier, and are
+    added to its row: each label set is one series."""
+    values: dict[tuple[str, ...], int] = {}
+    for row in outcome_counts.series_of(rows, outcome_counts.JOB_DEADLINES):
+        key = (row.queue, outcome_counts.row_tier(row.status), row.label)
+        values[key] = values.get(key, 0) + row.count
+    return list(values.items())
 
 
 def _counter_family(name: str, doc: str, labels: list[str],

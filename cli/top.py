@@ -3,7 +3,9 @@
 Reads the API's /metrics (queues, job outcomes and latencies: the store's cluster-wide figures) and each
 worker's metrics endpoint (`--worker URL`, repeatable; embedded, the API's /metrics has the engine's too).
 Rates (jobs/s, tokens/s, preemptions/s) are the change since the previous frame; latency percentiles are
-over every job the histograms hold.
+over every job the histograms hold. Goodput: "on time" is the share of the jobs with a deadline that ended
+between the two frames (on the first frame, of all those counted) that succeeded by it, "on time/s" how many
+did per second (conveyor_job_deadlines_total, every tier together).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 FINAL = ("succeeded", "failed", "cancelled", "expired")
+DEADLINES = "conveyor_job_deadlines_total"
 Samples = list[tuple[str, dict[str, str], float]]  # (sample name, labels, value)
 
 
@@ -119,6 +122,26 @@ def per_s(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}/s"
 
 
+def on_time_ratio(now: Frame, before: Frame | None, queue: str) -> float | None:
+    """The share of the queue's jobs with a deadline that ended since the previous frame (on the first frame:
+    of every one counted) that succeeded by it; None when none ended."""
+    def on_time(frame: Frame) -> float:
+        return frame.api.value(DEADLINES, queue=queue, outcome="on_time")
+
+    def ended(frame: Frame) -> float:
+        return frame.api.value(DEADLINES, queue=queue)
+
+    if before is None:
+        on, all_ = on_time(now), ended(now)
+    else:
+        on, all_ = rate(now, before, on_time) or 0.0, rate(now, before, ended) or 0.0
+    return on / all_ if all_ > 0 else None
+
+
+def percent(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:.0f}%"
+
+
 def queue_table(now: Frame, before: Frame | None) -> Table:
     api = now.api
     table = Table(title="Queues (API, cluster-wide)", title_justify="left")
@@ -130,6 +153,8 @@ def queue_table(now: Frame, before: Frame | None) -> Table:
         "deadline",
         "workers",
         "done/s",
+        "on time",
+        "on time/s",
         "succeeded",
         "failed",
         "cancelled",
@@ -142,6 +167,7 @@ def queue_table(now: Frame, before: Frame | None) -> Table:
     for queue in api.label_values("conveyor_queue_depth", "queue"):
         deadline = api.value("conveyor_queue_deadline_seconds", queue=queue)
         done = rate(now, before, lambda f, q=queue: f.api.value("conveyor_job_outcomes_total", queue=q))
+        on_time = rate(now, before, lambda f, q=queue: f.api.value(DEADLINES, queue=q, outcome="on_time"))
         outcomes = [f"{api.value('conveyor_job_outcomes_total', queue=queue, status=s):.0f}" for s in FINAL]
         table.add_row(
             queue,
@@ -151,6 +177,8 @@ def queue_table(now: Frame, before: Frame | None) -> Table:
             seconds(deadline) if deadline else "-",
             f"{api.value('conveyor_queue_workers', queue=queue):.0f}",
             per_s(done),
+            percent(on_time_ratio(now, before, queue)),
+            per_s(on_time),
             *outcomes,
             seconds(quantile(api, "conveyor_job_queue_time_seconds", 0.95, queue=queue)),
             seconds(quantile(api, "conveyor_job_time_to_first_token_seconds", 0.95, queue=queue)),

@@ -5,7 +5,10 @@ queue, first preempted, with no default deadline); `auto` and `default` change n
 
 A tenant may be held to a range of priorities (`conveyor tenants set T --min-priority 0`): a priority asked
 for outside it, by the field or by the tier, is refused; a job that asks for none gets the default, 0,
-brought inside the range."""
+brought inside the range.
+
+Goodput (jobs with a deadline counted on time, late or missed) is reported per tier: `goodput_tier` names
+the three that behave differently; no tier, `auto` and `default` are all the default tier."""
 
 from __future__ import annotations
 
@@ -14,8 +17,8 @@ from typing import Literal
 
 ServiceTier = Literal["auto", "default", "flex", "priority"]
 DEFAULT_PRIORITY = 0
-MAX_PRIORITY = 2**31 - 1  # a priority fits a signed 32-bit integer (the jobs table's column), either sign
 TIER_PRIORITY: dict[str, int] = {"priority": -1, "flex": 1}  # lower is served first; the default tier is 0
+GOODPUT_TIERS = ("default", "flex", "priority")  # the `tier` label of goodput (conveyor_job_deadlines_total)
 
 
 def tier_priority(tier: ServiceTier | None, priority: int | None) -> int | None:
@@ -55,3 +58,9 @@ class PriorityRange:
 def takes_default_deadline(tier: ServiceTier | None) -> bool:
     """Whether the queue's default_deadline_s applies: not to flex work, which waits for spare capacity."""
     return tier != "flex"
+
+
+def goodput_tier(service_tier: str | None) -> str:
+    """The tier a job's goodput counts under: `flex`, `priority`, else `default` (no tier, `auto`, `default`,
+    and anything unknown, so a label never takes a value outside GOODPUT_TIERS)."""
+    return service_tier if service_tier in GOODPUT_TIERS else "default"

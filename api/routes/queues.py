@@ -1,21 +1,26 @@
-"""/v1/queues, per caller: its own queued and running jobs, oldest queued age and quota use per queue, with
-the queue's limits and live workers; an admin key (or auth off) sees the totals across tenants."""
+"""/v1/queues, per caller: its own queued and running jobs, oldest queued age, goodput (jobs with a deadline
+that ended in the last hour: on time, late, missed; in all and per service tier) and quota use per queue, with
+the queue's limits and live workers; an admin key (or auth off) sees the totals across tenants, or, with
+`?tenant=T`, the listing as tenant T sees it."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import timedelta
 from typing import Annotated
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Query
 from fastapi.security import HTTPAuthorizationCredentials
 
 from api.auth import CurrentTenant, bearer_scheme
 from api.deps import Services, ServicesDep, SessionDep
+from api.errors import ApiError
 from api.schemas.errors import error_responses
 from api.schemas.queues import DeadlineCounts, QueueList, QueuePublic, TenantQueueLimits
 from api.submit import model_max_len
 from core.clock import utcnow
 from core.model_limits import clamp_queue_limits
+from core.request_rules import text_problem
 from core.settings import QueueSettings
 from core.store import jobs, keys, tenants, token_usage, workers
 from core.store.tenants import TenantLimits
@@ -25,29 +30,59 @@ GOODPUT_WINDOW = timedelta(hours=1)
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)]
 
 
-@router.get("", response_model=QueueList, responses=error_responses(401))
-def list_queues(session: SessionDep, services: ServicesDep, tenant: CurrentTenant,
-                credentials: Credentials) -> QueueList:
+TenantQuery = Annotated[str | None, Query(
+    alias="tenant", max_length=64,
+    description="an admin key (or auth off) only: the listing for this tenant, as it would see it (its "
+    "counts, goodput, limits and token use); another key may name only its own tenant (403 otherwise)")]
+
+
+@router.get("", response_model=QueueList, responses=error_responses(401, 403, 422))
+def list_queues(session: SessionDep, services: ServicesDep, caller: CurrentTenant,
+                credentials: Credentials, tenant_: TenantQuery = None) -> QueueList:
     admin = not services.settings.auth_enabled or (
         credentials is not None and keys.is_admin_key(session, credentials.credentials))
-    counts = jobs.queue_counts(session, None if admin else tenant)
+    tenant = listed_tenant(caller, admin, tenant_)
+    counted = None if admin and tenant_ is None else tenant  # None: every tenant's jobs
+    counts = jobs.queue_counts(session, counted)
     now = utcnow()
     consumers = workers.live_workers_per_queue(session, now=now,
                                                dead_after_s=services.settings.worker_dead_after_s)
     own = tenants.effective_limits(session, tenant, TenantLimits.defaults(services.settings))
     own_limits = TenantQueueLimits(weight=own.weight, max_queued=own.max_queued, max_running=own.max_running)
-    deadlines = jobs.deadline_counts(session, now - GOODPUT_WINDOW, None if admin else tenant)
+    deadlines = jobs.deadline_counts(session, now - GOODPUT_WINDOW, counted)
     data = []
     for name, limits in services.settings.queues.items():
         c = counts.get(name, jobs.QueueCounts(0, 0, None))
         age = round((now - c.oldest_queued_at).total_seconds(), 3) if c.oldest_queued_at else None
+        by_tier = {tier: DeadlineCounts(**n) for tier, n in sorted(deadlines.get(name, {}).items())}
         data.append(QueuePublic(name=name, queued=c.queued, running=c.running, oldest_queued_age_s=age,
                                 workers=consumers.get(name, 0), limits=queue_limits(services, limits),
-                                tenant_limits=own_limits,
-                                deadlines_last_hour=DeadlineCounts(**deadlines.get(name, {}))))
-    return QueueList(data=data, scope="all" if admin else "tenant", tenant=tenant,
+                                tenant_limits=own_limits, deadlines_last_hour=total(by_tier.values()),
+                                deadlines_last_hour_by_tier=by_tier))
+    return QueueList(data=data, scope="all" if counted is None else "tenant", tenant=tenant,
                      tokens_per_minute=own.tokens_per_minute,
                      tokens_used_last_minute=token_usage.tokens_used(session, tenant, now))
+
+
+def listed_tenant(caller: str, admin: bool, asked: str | None) -> str:
+    """The tenant the listing is for: `asked` (?tenant=), which only an admin may set to another tenant."""
+    if asked is None or asked == caller:
+        return caller
+    problem = text_problem(asked)
+    if problem is not None:
+        raise ApiError(422, "invalid_request", f"tenant: {problem}", "tenant")
+    if not admin:
+        raise ApiError(403, "tenant_not_permitted",
+                       "tenant: only an admin key may list another tenant's queues; omit it or name your own",
+                       "tenant")
+    return asked
+
+
+def total(counts: Iterable[DeadlineCounts]) -> DeadlineCounts:
+    """The outcomes of every tier together."""
+    found = list(counts)
+    return DeadlineCounts(on_time=sum(c.on_time for c in found), late=sum(c.late for c in found),
+                          missed=sum(c.missed for c in found))
 
 
 def queue_limits(services: Services, limits: QueueSettings) -> QueueSettings:

@@ -16,6 +16,7 @@ Responses = dict[int | str, dict[str, Any]]
 
 DESCRIPTIONS = {
     401: "no valid API key (Authorization: Bearer)",
+    403: "the key may not ask for this; `error.field` names what it asked for",
     404: "no such object for this tenant",
     409: "conflicts with the object's state",
     413: "request body too large",
@@ -27,6 +28,7 @@ DESCRIPTIONS = {
 OPENAI_DESCRIPTIONS = {
     400: "a parameter is invalid or unsupported; `error.param` names it",
     401: "no valid API key (Authorization: Bearer)",
+    403: "a priority or service tier outside what the tenant may ask for",
     404: "unknown model",
     409: "the job was cancelled",
     413: "request body too large (Conveyor's error shape: answered before the route)",

@@ -10,7 +10,7 @@ from core.settings import QueueSettings
 
 
 class TenantQueueLimits(BaseModel):
-    """The caller's own limits in one queue: the settings' defaults or its overrides (`conveyor tenants
+    """The tenant's own limits in one queue: the settings' defaults or its overrides (`conveyor tenants
     set`); null: no limit of that kind beyond the queue's."""
 
     weight: float = Field(description="its share of the queue's slots against other tenants with work in it")
@@ -28,25 +28,30 @@ class DeadlineCounts(BaseModel):
 
 class QueuePublic(BaseModel):
     name: str
-    queued: int = Field(description="queued jobs: the caller's own (every tenant's with an admin key)")
-    running: int = Field(description="running jobs: the caller's own (every tenant's with an admin key)")
+    queued: int = Field(description="queued jobs: the tenant's (every tenant's with an admin key)")
+    running: int = Field(description="running jobs: the tenant's (every tenant's with an admin key)")
     oldest_queued_age_s: float | None = Field(description="age of the oldest of those queued jobs")
     workers: int = Field(description="live workers consuming this queue (0: jobs wait until one starts)")
     limits: QueueSettings = Field(description="the queue's own limits, the same for every tenant")
     tenant_limits: TenantQueueLimits
     deadlines_last_hour: DeadlineCounts = Field(
-        description="goodput: the same jobs' (the caller's, or every tenant's) with a deadline that ended in "
+        description="goodput: the same jobs' (the tenant's, or every tenant's) with a deadline that ended in "
         "the last hour, by outcome")
+    deadlines_last_hour_by_tier: dict[str, DeadlineCounts] = Field(
+        description="deadlines_last_hour per service tier (default: none, auto or default; flex; priority), "
+        "only the tiers that had such jobs")
 
 
 class QueueList(BaseModel):
     data: list[QueuePublic]
     scope: Literal["tenant", "all"] = Field(
-        description="tenant: the counts are the caller's jobs; all: every tenant's (admin key, or auth off)"
+        description="tenant: the counts are `tenant`'s jobs; all: every tenant's (admin key, or auth off, "
+        "without `?tenant=`)"
     )
-    tenant: str = Field(description="the caller's tenant")
-    tokens_per_minute: int | None = Field(description="the caller's limit on prompt + output tokens a minute")
+    tenant: str = Field(description="the tenant the listing is for: the caller's, or the one an admin key "
+                        "(or auth off) named with `?tenant=`; its limits and token use are shown")
+    tokens_per_minute: int | None = Field(description="the tenant's limit on prompt + output tokens a minute")
     tokens_used_last_minute: int = Field(
-        description="prompt + max_tokens of the caller's jobs submitted in the last minute that have not "
+        description="prompt + max_tokens of the tenant's jobs submitted in the last minute that have not "
         "finished, prompt + generated tokens of those that have"
     )

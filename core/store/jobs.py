@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, Select, and_, case, delete, func, insert, null, or_, select, update
+from sqlalchemy import ColumnElement, Select, and_, delete, func, insert, null, or_, select, update
 from sqlalchemy.orm import Session
 
 from core.lifecycle import (
@@ -31,7 +31,8 @@ from core.lifecycle import (
     SUCCEEDED,
     TERMINAL_STATUSES,
 )
-from core.store import webhooks
+from core.service_tiers import goodput_tier
+from core.store import outcome_counts, webhooks
 from core.store.final_status_effects import record_finished
 from core.store.paging import newest_first
 from core.store.tables import Batch, BatchLine, Job
@@ -168,22 +169,25 @@ def queue_counts(session: Session, tenant_id: str | None = None) -> dict[str, Qu
     return out
 
 
-def deadline_counts(session: Session, since: datetime, tenant_id: str | None = None,
-                    ) -> dict[str, dict[str, int]]:
-    """Per queue, the jobs with a deadline that ended since `since`, by outcome (on_time, late, missed: the
-    metrics' rule, core/store/outcome_counts.py); with `tenant_id`, that tenant's only."""
-    outcome = case((and_(Job.status == SUCCEEDED, Job.finished_at <= Job.deadline_at), "on_time"),
-                   (Job.status == SUCCEEDED, "late"), else_="missed")
+DeadlineCounts = dict[str, dict[str, dict[str, int]]]  # queue -> goodput tier -> outcome -> jobs
+
+
+def deadline_counts(session: Session, since: datetime, tenant_id: str | None = None) -> DeadlineCounts:
+    """Per queue and goodput tier (core/service_tiers.py goodput_tier), the jobs with a deadline that ended
+    since `since`, by outcome (on_time, late, missed: the metrics' rule, outcome_counts.deadline_outcome);
+    with `tenant_id`, that tenant's only. Only tiers with such jobs appear."""
+    outcome = outcome_counts.deadline_outcome_sql()
     query = (
-        select(Job.queue, outcome, func.count())
+        select(Job.queue, Job.service_tier, outcome, func.count())
         .where(Job.deadline_at.is_not(None), Job.finished_at >= since, Job.status.in_(TERMINAL_STATUSES))
-        .group_by(Job.queue, outcome)
+        .group_by(Job.queue, Job.service_tier, outcome)
     )
     if tenant_id is not None:
         query = query.where(Job.tenant_id == tenant_id)
-    counts: dict[str, dict[str, int]] = {}
-    for queue, kind, n in session.execute(query):
-        counts.setdefault(queue, {})[kind] = n
+    counts: DeadlineCounts = {}
+    for queue, tier, kind, n in session.execute(query):
+        by_outcome = counts.setdefault(queue, {}).setdefault(goodput_tier(tier), {})
+        by_outcome[kind] = by_outcome.get(kind, 0) + int(n)  # auto, default and none are one tier
     return counts
 
 

@@ -9,8 +9,10 @@ Rows are upserted in a fixed key order, so concurrent finishes wait on each othe
 Series (`metric` column; histograms keep one non-cumulative row per bucket, `label` its upper bound):
 - job_queue_time_seconds, job_time_to_first_token_seconds, job_e2e_seconds: per queue and final status;
 - job_failures: per queue and error code (failed and expired jobs);
-- job_deadlines: per queue and deadline outcome, for jobs that had a deadline: on_time (succeeded by it),
-  late (succeeded after it), missed (ended otherwise: failed, expired or cancelled);
+- job_deadlines: per queue, tier and deadline outcome, for jobs that had a deadline: on_time (succeeded by
+  it), late (succeeded after it), missed (ended otherwise: failed, expired or cancelled). The `status`
+  column holds the job's goodput tier (core/service_tiers.py goodput_tier); rows written before tiers were
+  counted have "", read as the default tier (`row_tier`);
 - job_lateness_seconds: per queue and final status, how far past its deadline a job ended (late and missed
   jobs whose deadline had passed);
 - batch_lines: per queue and line outcome (lines whose job finished);
@@ -24,13 +26,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import func, select
+from sqlalchemy import ColumnElement, and_, case, func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from core.lifecycle import EXPIRED, FAILED, LINE_OUTCOME, SUCCEEDED
 from core.metric_buckets import LATENCY_BUCKETS_S
+from core.service_tiers import goodput_tier
 from core.store.tables import BatchLine, Job, MetricCount
 
 QUEUE_TIME, TTFT, E2E = "job_queue_time_seconds", "job_time_to_first_token_seconds", "job_e2e_seconds"
@@ -62,14 +65,14 @@ def record_finished_jobs(session: Session, job_ids: list[str], status: str) -> N
     rows = session.execute(
         select(
             Job.queue, Job.created_at, Job.started_at, Job.first_token_at, Job.finished_at, Job.error_code,
-            Job.deadline_at,
+            Job.deadline_at, Job.service_tier,
         ).where(Job.id.in_(job_ids))
     ).all()
     increments: dict[Key, Increment] = {}
-    for queue, created, started, first_token, finished, code, deadline in rows:
+    for queue, created, started, first_token, finished, code, deadline, tier in rows:
         end = finished or created
         if deadline is not None:
-            _count_deadline(increments, queue, status, end, deadline)
+            _count_deadline(increments, queue, goodput_tier(tier), status, end, deadline)
         _observe(increments, (QUEUE_TIME, queue, status), _seconds(created, started or end))
         _observe(increments, (E2E, queue, status), _seconds(created, end))
         if first_token is not None:
@@ -87,9 +90,22 @@ def deadline_outcome(status: str, end: datetime, deadline: datetime) -> str:
     return ON_TIME if end <= deadline else LATE
 
 
-def _count_deadline(increments: dict[Key, Increment], queue: str, status: str, end: datetime,
+def deadline_outcome_sql() -> ColumnElement[str]:
+    """`deadline_outcome` as a SQL expression over a finished job's row (for counts read from the jobs
+    table): the same rule, in one place."""
+    return case((and_(Job.status == SUCCEEDED, Job.finished_at <= Job.deadline_at), ON_TIME),
+                (Job.status == SUCCEEDED, LATE), else_=MISSED)
+
+
+def row_tier(status_column: str) -> str:
+    """The goodput tier of a job_deadlines row (its `status` column): "" (written before tiers were counted)
+    is the default tier."""
+    return goodput_tier(status_column or None)
+
+
+def _count_deadline(increments: dict[Key, Increment], queue: str, tier: str, status: str, end: datetime,
                     deadline: datetime) -> None:
-    _count(increments, (JOB_DEADLINES, queue, "", deadline_outcome(status, end, deadline)), 1)
+    _count(increments, (JOB_DEADLINES, queue, tier, deadline_outcome(status, end, deadline)), 1)
     if end > deadline:
         _observe(increments, (LATENESS, queue, status), _seconds(deadline, end))
 

@@ -19,7 +19,8 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from core.lifecycle import QUEUED
-from core.service_tiers import MAX_PRIORITY, PriorityRange
+from core.request_fields import MAX_PRIORITY
+from core.service_tiers import PriorityRange
 from core.settings import Settings
 from core.store import jobs
 from core.store.keys import ensure_tenant

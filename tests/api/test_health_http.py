@@ -17,6 +17,8 @@ from core.clock import utcnow
 from core.settings import Settings
 from core.store import jobs, workers
 from core.store.database import make_db_engine, make_session_factory
+from core.store.outcome_counts import JOB_DEADLINES
+from core.store.tables import MetricCount
 from tests.support.service import RecordingPublisher, Service
 
 METRICS_TOKEN = "metrics-token-for-these-tests"
@@ -123,6 +125,33 @@ def test_metrics_count_submissions_rejections_queues_and_outcomes(service: Servi
         (("method", "POST"), ("route", "/v1/jobs"), ("status", "202")),
     )
     assert m[accepted] == 3
+
+
+def test_metrics_count_deadline_outcomes_per_tier_with_older_rows_as_the_default_tier(
+    service: Service, session: Session
+) -> None:
+    alice = service.client("alice")
+    done = dict(result_text="t", finish_reason="stop", prompt_tokens=1, completion_tokens=1, preemptions=0,
+                first_token_at=None)
+    for tier in ("priority", "default", None):
+        body = {"prompt": "x", "deadline_s": 600, **({"service_tier": tier} if tier else {})}
+        job_id = alice.post("/v1/jobs", json=body).json()["id"]
+        assert jobs.claim(session, job_id, "w1", utcnow()) is not None
+        assert jobs.complete(session, job_id, 1, now=utcnow(), **done)
+    flex_job = {"prompt": "x", "deadline_s": 600, "service_tier": "flex"}
+    flex = alice.post("/v1/jobs", json=flex_job).json()["id"]
+    assert alice.post(f"/v1/jobs/{flex}/cancel").status_code == 200
+    # Counted by an older release, before tiers were: status "", read as the default tier.
+    session.add(MetricCount(metric=JOB_DEADLINES, queue="interactive", status="", label="on_time", count=5,
+                            total=0.0))
+    session.commit()
+
+    m = samples(service)
+    deadlines = {dict(labels)["tier"] + " " + dict(labels)["outcome"]: n
+                 for (name, labels), n in m.items() if name == "conveyor_job_deadlines_total"}
+    assert deadlines == {"default on_time": 7, "priority on_time": 1, "flex missed": 1}  # one series each
+    assert all(dict(labels)["queue"] == "interactive"
+               for name, labels in m if name == "conveyor_job_deadlines_total")
 
 
 def test_each_app_has_its_own_registry(make_service: Callable[..., Service]) -> None:

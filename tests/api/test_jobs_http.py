@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -11,7 +12,7 @@ from sqlalchemy.orm import Session
 from transformers import AutoTokenizer
 
 from core.clock import utcnow
-from core.store import jobs, workers
+from core.store import jobs, keys, workers
 from tests.support.service import RecordingPublisher, Service, error_of
 
 
@@ -249,6 +250,7 @@ def test_queues_report_depth_running_limits_age_and_live_workers(
                    "max_output_tokens": 1023},
         "tenant_limits": {"weight": 1.0, "max_queued": None, "max_running": None},
         "deadlines_last_hour": {"on_time": 0, "late": 0, "missed": 0},
+        "deadlines_last_hour_by_tier": {},
     }
 
 
@@ -321,6 +323,82 @@ def test_queues_show_the_callers_deadline_outcomes_of_the_last_hour(
     assert alice.post(f"/v1/jobs/{ids[2]}/cancel").status_code == 200
     queues = {q["name"]: q for q in alice.get("/v1/queues").json()["data"]}
     assert queues["interactive"]["deadlines_last_hour"] == {"on_time": 1, "late": 1, "missed": 1}
+    assert queues["interactive"]["deadlines_last_hour_by_tier"] == {"default": {"on_time": 1, "late": 1,
+                                                                                "missed": 1}}
+
+
+def test_queues_show_goodput_per_tier_and_an_admin_may_list_one_tenant(
+    service: Service, alice: TestClient, session: Session
+) -> None:
+    bob = service.client("bob")
+    with service.session_factory() as s:
+        _, admin_key = keys.create_key(s, "ops", utcnow(), admin=True)
+    admin = service.client_with_key(admin_key)
+
+    def submit(client: TestClient, **body: Any) -> str:
+        response = client.post("/v1/jobs", json={"prompt": "hi", **body})
+        assert response.status_code == 202, response.text
+        job_id: str = response.json()["id"]
+        return job_id
+
+    start = utcnow()
+    done = dict(result_text="x", finish_reason="stop", prompt_tokens=1, completion_tokens=1, preemptions=0,
+                first_token_at=None)
+    finishing = [  # (job, seconds after start it succeeds)
+        (submit(alice, deadline_s=60, service_tier="priority"), 0),
+        (submit(alice, deadline_s=2, service_tier="priority"), 60),  # late
+        (submit(alice, deadline_s=60, service_tier="auto"), 0),  # auto: the default tier
+        (submit(alice, deadline_s=60), 0),
+        (submit(bob, deadline_s=60, service_tier="priority"), 0),
+    ]
+    for job_id, after_s in finishing:
+        assert jobs.claim(session, job_id, "w1", start) is not None
+        assert jobs.complete(session, job_id, 1, now=start + timedelta(seconds=after_s), **done)
+    missed = submit(alice, deadline_s=60, service_tier="flex")
+    assert alice.post(f"/v1/jobs/{missed}/cancel").status_code == 200
+    submit(bob, queue="documents")  # queued: counted for bob, and for every tenant
+
+    def listing(client: TestClient, **params: str) -> dict[str, Any]:
+        response = client.get("/v1/queues", params=params)
+        assert response.status_code == 200, response.text
+        body: dict[str, Any] = response.json()
+        return body
+
+    def goodput(body: dict[str, Any]) -> dict[str, Any]:
+        queue = next(q for q in body["data"] if q["name"] == "interactive")
+        return {"all": queue["deadlines_last_hour"], **queue["deadlines_last_hour_by_tier"]}
+
+    def queued(body: dict[str, Any]) -> dict[str, int]:
+        return {q["name"]: q["queued"] for q in body["data"]}
+
+    mine = listing(alice)
+    assert goodput(mine) == {
+        "all": {"on_time": 3, "late": 1, "missed": 1},
+        "default": {"on_time": 2, "late": 0, "missed": 0},
+        "flex": {"on_time": 0, "late": 0, "missed": 1},
+        "priority": {"on_time": 1, "late": 1, "missed": 0},
+    }
+    assert listing(alice, tenant="alice") == mine  # naming its own tenant changes nothing
+    every = listing(admin)
+    assert (every["scope"], every["tenant"]) == ("all", "ops")
+    assert queued(every) == {"interactive": 0, "documents": 1}
+    assert goodput(every)["priority"] == {"on_time": 2, "late": 1, "missed": 0}
+    assert goodput(every)["all"] == {"on_time": 4, "late": 1, "missed": 1}
+
+    bobs = listing(admin, tenant="bob")  # the listing as bob sees it
+    assert (bobs["scope"], bobs["tenant"]) == ("tenant", "bob")
+    assert queued(bobs) == {"interactive": 0, "documents": 1} and queued(mine)["documents"] == 0
+    assert goodput(bobs) == {"all": {"on_time": 1, "late": 0, "missed": 0},
+                             "priority": {"on_time": 1, "late": 0, "missed": 0}}
+    assert listing(admin, tenant="alice")["data"] == mine["data"]
+    assert goodput(listing(admin, tenant="nobody")) == {"all": {"on_time": 0, "late": 0, "missed": 0}}
+
+    refused = alice.get("/v1/queues", params={"tenant": "bob"})
+    assert refused.status_code == 403, refused.text
+    assert error_of(refused)["code"] == "tenant_not_permitted" and error_of(refused)["field"] == "tenant"
+    for bad in ("a\x00b", "t" * 65):
+        invalid = admin.get("/v1/queues", params={"tenant": bad})
+        assert invalid.status_code == 422 and error_of(invalid)["field"] == "tenant", invalid.text
 
 
 def test_a_job_that_cannot_make_its_deadline_is_refused_when_it_asks(alice: TestClient, session: Session,

@@ -1,5 +1,6 @@
 """`conveyor top`: percentiles from histogram buckets, rates between frames, the tables it draws from the
-API's and a worker's metrics, and an endpoint it cannot read shown as such."""
+API's and a worker's metrics (goodput per queue: the on-time share and on-time jobs per second), and an
+endpoint it cannot read shown as such."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from cli.main import app
-from cli.top import Frame, Source, quantile, rate, read, render, run_top
+from cli.top import Frame, Source, on_time_ratio, quantile, rate, read, render, run_top
 from tests.support.live_server import free_port, serving
 
 API_TEXT = """\
@@ -52,6 +53,44 @@ def test_rates_are_the_change_between_frames() -> None:
     now = Frame(12.0, source("api", [("c_total", {}, 16.0)]), [])
     assert rate(now, before, lambda f: f.api.value("c_total")) == 3.0
     assert rate(now, None, lambda f: f.api.value("c_total")) is None
+
+
+def goodput_frame(at: float, on_time_default: float, on_time_priority: float, late: float,
+                  missed: float) -> Frame:
+    """The API's deadline counters of the interactive queue, in two tiers, at `at`."""
+    def deadlines(tier: str, outcome: str, n: float) -> tuple[str, dict[str, str], float]:
+        return ("conveyor_job_deadlines_total", {"queue": "interactive", "tier": tier, "outcome": outcome}, n)
+
+    samples = [
+        ("conveyor_queue_depth", {"queue": "interactive"}, 0.0),
+        deadlines("default", "on_time", on_time_default),
+        deadlines("priority", "on_time", on_time_priority),
+        deadlines("default", "late", late),
+        deadlines("flex", "missed", missed),
+    ]
+    return Frame(at, source("api", samples), [])
+
+
+def queue_row(now: Frame, before: Frame | None) -> str:
+    console = Console(record=True, width=250)
+    console.print(render(now, before))
+    return next(line for line in console.export_text().splitlines() if "interactive" in line)
+
+
+def test_goodput_is_the_on_time_share_and_rate_between_frames_every_tier_together() -> None:
+    before = goodput_frame(10.0, on_time_default=8, on_time_priority=1, late=0, missed=1)
+    now = goodput_frame(12.0, on_time_default=11, on_time_priority=2, late=1, missed=1)
+    # Between the frames: 4 on time (3 default, 1 priority) of 5 that ended (1 late), over 2 s.
+    assert on_time_ratio(now, before, "interactive") == 0.8
+    row = queue_row(now, before)
+    assert "80%" in row and "2.0/s" in row, row
+    # The first frame: the share of every job counted so far (9 of 10), and no rate yet.
+    assert on_time_ratio(before, None, "interactive") == 0.9
+    first = queue_row(before, None)
+    assert "90%" in first and "/s" not in first, first
+    # No job with a deadline ended between the frames: no share.
+    assert on_time_ratio(goodput_frame(14.0, 11, 2, 1, 1), now, "interactive") is None
+    assert on_time_ratio(Frame(1.0, source("api", []), []), None, "interactive") is None
 
 
 def test_a_frame_read_from_the_api_and_a_worker() -> None:

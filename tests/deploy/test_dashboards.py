@@ -146,6 +146,29 @@ def test_dashboard_covers_what_the_issue_asks() -> None:
         assert needed in text, needed
 
 
+def test_goodput_is_read_per_tier_before_tiers_are_added() -> None:
+    """conveyor_job_deadlines_total has a series per queue, tier and outcome; every query takes max() over API
+    replicas keeping `tier` (max by (queue) alone would pick one tier instead of adding them), and the
+    dashboard shows goodput per tier too."""
+    assert set(_labels_of("conveyor_job_deadlines_total")) == {"queue", "tier", "outcome"}
+    alert = next(r for r in alert_rules() if r["alert"] == "ConveyorOnTimeRatioLow")
+    queries = [*dashboard_queries(), alert["expr"]]
+    goodput = [q for q in queries if "conveyor_job_deadlines_total" in q]
+    assert len(goodput) >= 4
+    for query in goodput:
+        grouped = re.findall(r"max by \(([^()]*)\) \(rate\(conveyor_job_deadlines_total", query)
+        assert grouped and all("tier" in labels.replace(" ", "").split(",") for labels in grouped), query
+    dashboard: dict[str, Any] = json.loads(DASHBOARD.read_text())
+    per_tier = [t for p in dashboard["panels"] for t in p.get("targets", [])
+                if "conveyor_job_deadlines_total" in t["expr"] and "{{tier}}" in t["legendFormat"]]
+    assert any("/" in t["expr"] for t in per_tier), "no on-time share per tier"
+    assert any("/" not in t["expr"] and 'outcome="on_time"' in t["expr"] for t in per_tier), "no on time/s"
+
+
+def _labels_of(name: str) -> frozenset[str]:
+    return next(doc.labels for doc in documented_metrics() if doc.name == name)
+
+
 def test_alert_expressions_name_only_exported_metrics(exported: dict[str, str]) -> None:
     rules = alert_rules()
     assert {r["alert"] for r in rules} == {

@@ -13,6 +13,8 @@ from typing import Any, Protocol
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from core.service_tiers import goodput_tier
+
 METRICS_PAGE = Path(__file__).resolve().parents[2] / "docs/operations/metrics.md"
 FINAL = ("succeeded", "failed", "cancelled", "expired")
 WAIT_S = 180.0  # a hang guard, not a speed assertion
@@ -20,7 +22,9 @@ WAIT_S = 180.0  # a hang guard, not a speed assertion
 # the engine must preempt while both run; each one alone fits (the engine refuses jobs that never could).
 KV = dict(num_kv_blocks=8, block_size=16, max_model_len=128, max_num_seqs=8, max_num_batched_tokens=256)
 # Every job has a deadline far enough for a slow machine: the cancelled one is `missed`, the others `on_time`.
+# One chat job asks for the priority tier: goodput is counted per tier, the others in the default one.
 SHORT = {"max_tokens": 4, "temperature": 0, "ignore_eos": True, "deadline_s": 3600}
+PRIORITY = {**SHORT, "service_tier": "priority"}
 LONG = {"max_tokens": 100, "temperature": 0, "ignore_eos": True, "deadline_s": 3600}
 
 
@@ -104,6 +108,7 @@ class Scenario:
     statuses: dict[str, dict[str, str]]  # queue -> job id -> final status
     started: dict[str, int]
     attempts: dict[str, int]
+    tiers: dict[str, str]  # job id -> goodput tier
 
     def engine_runs(self, queue: str, observed: float) -> bool:
         """Could the engine have seen `observed` of this queue's requests end? Each started job at least
@@ -113,8 +118,12 @@ class Scenario:
     def finished(self, queue: str) -> int:
         return len(self.statuses[queue])
 
-    def count(self, queue: str, status: str) -> int:
-        return sum(1 for s in self.statuses[queue].values() if s == status)
+    def count(self, queue: str, status: str, tier: str | None = None) -> int:
+        return sum(1 for job, s in self.statuses[queue].items()
+                   if s == status and tier in (None, self.tiers[job]))
+
+    def in_tier(self, queue: str, tier: str) -> int:
+        return sum(1 for job in self.statuses[queue] if self.tiers[job] == tier)
 
 
 def run_scenario(client: Client) -> Scenario:
@@ -122,7 +131,7 @@ def run_scenario(client: Client) -> Scenario:
     documents job cancelled while it runs; returns when every one is final."""
     ids: dict[str, list[str]] = {"interactive": [], "documents": []}
     for i in range(2):
-        ids["interactive"].append(_submit(client, "interactive", f"chat {i}", SHORT))
+        ids["interactive"].append(_submit(client, "interactive", f"chat {i}", PRIORITY if i == 0 else SHORT))
     for i in range(2):
         ids["documents"].append(_submit(client, "documents", f"document {i}", LONG))
     doomed = _submit(client, "documents", "document to cancel", LONG)
@@ -135,7 +144,8 @@ def run_scenario(client: Client) -> Scenario:
     started = {q: sum(1 for job in js if job["started_at"] is not None) for q, js in jobs.items()}
     attempts = {q: sum(job["attempts"] for job in js) for q, js in jobs.items()}
     assert statuses["documents"][doomed] == "cancelled", "the job to cancel finished first"
-    return Scenario(statuses, started, attempts)
+    tiers = {job["id"]: goodput_tier(job["service_tier"]) for js in jobs.values() for job in js}
+    return Scenario(statuses, started, attempts, tiers)
 
 
 def _submit(client: Client, queue: str, prompt: str, params: dict[str, Any]) -> str:
@@ -173,11 +183,13 @@ def check_api_counts(families: Families, scenario: Scenario) -> None:
                 queue,
             )
         assert 0 < value(families, "conveyor_job_time_to_first_token_seconds_count", queue=queue) <= finished
-        deadlines = {o: value(families, "conveyor_job_deadlines_total", queue=queue, outcome=o)
-                     for o in ("on_time", "late", "missed")}
-        delivered = scenario.count(queue, "succeeded")
-        expected = {"on_time": delivered, "late": 0, "missed": finished - delivered}
-        assert deadlines == expected, (queue, deadlines)
+        for tier in ("default", "priority", "flex"):
+            deadlines = {o: value(families, "conveyor_job_deadlines_total", queue=queue, tier=tier, outcome=o)
+                         for o in ("on_time", "late", "missed")}
+            delivered = scenario.count(queue, "succeeded", tier)
+            expected = {"on_time": delivered, "late": 0, "missed": scenario.in_tier(queue, tier) - delivered}
+            assert deadlines == expected, (queue, tier, deadlines)
+        assert value(families, "conveyor_job_deadlines_total", queue=queue) == finished
 
 
 def engine_settled(families: Families, scenario: Scenario) -> bool:

@@ -1,6 +1,7 @@
 """The outcome counters behind the API's job metrics: counted once per job in its final transition (a
 transition that loses a race counts nothing), histograms bucketed by the shared bounds, failures by code,
-batch lines by outcome and webhook attempts by outcome; on SQLite and PostgreSQL."""
+batch lines by outcome and webhook attempts by outcome, jobs with a deadline by goodput tier and outcome (the
+same counts as /v1/queues reads from the jobs table); on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from sqlalchemy.orm import Session
 
+from core.service_tiers import goodput_tier
 from core.store import batches, jobs, outcome_counts
 from core.store.outcome_counts import (
     BATCH_LINES,
@@ -33,7 +35,7 @@ def at(seconds: float) -> datetime:
 
 
 def add_job(session: Session, queue: str = "interactive", ttl_s: float | None = None,
-            deadline_s: float | None = None) -> str:
+            deadline_s: float | None = None, service_tier: str | None = None) -> str:
     new = jobs.NewJob(
         tenant_id=DEFAULT_TENANT,
         queue=queue,
@@ -48,6 +50,7 @@ def add_job(session: Session, queue: str = "interactive", ttl_s: float | None = 
         ttl_s=ttl_s,
         timeout_s=None,
         deadline_s=deadline_s,
+        service_tier=service_tier,
     )
     return jobs.add(session, new, T0).id
 
@@ -138,8 +141,49 @@ def test_jobs_with_a_deadline_count_on_time_late_or_missed_and_how_late(session:
     assert jobs.cancel(session, missed, DEFAULT_TENANT, at(0.5)) is not None
     found = {key: value for key, value in counts(session).items() if key[0] in (JOB_DEADLINES, LATENESS)}
     assert found == {
-        (JOB_DEADLINES, "interactive", "", ON_TIME): (1, 0.0),
-        (JOB_DEADLINES, "interactive", "", LATE): (1, 0.0),
-        (JOB_DEADLINES, "interactive", "", MISSED): (1, 0.0),
+        (JOB_DEADLINES, "interactive", "default", ON_TIME): (1, 0.0),
+        (JOB_DEADLINES, "interactive", "default", LATE): (1, 0.0),
+        (JOB_DEADLINES, "interactive", "default", MISSED): (1, 0.0),
         (LATENESS, "interactive", "succeeded", "0.5"): (1, pytest.approx(0.3)),
     }
+
+
+def test_deadline_outcomes_count_per_goodput_tier_alike_in_the_metrics_and_the_jobs_table(
+    session: Session,
+) -> None:
+    """The tier is kept in the row's `status` column: none, auto and default are one tier, `default`; the
+    last hour's counts read from the jobs table (/v1/queues) give the same figures per queue and tier."""
+    done = dict(result_text="x", finish_reason="stop", prompt_tokens=2, completion_tokens=1, preemptions=0,
+                first_token_at=None)
+    priority_on_time = add_job(session, deadline_s=1.0, service_tier="priority")
+    flex_late = add_job(session, "documents", deadline_s=1.0, service_tier="flex")
+    auto_missed = add_job(session, deadline_s=1.0, service_tier="auto")
+    default_on_time = add_job(session, deadline_s=1.0, service_tier="default")
+    untiered_on_time = add_job(session, deadline_s=1.0)
+    add_job(session, service_tier="priority")  # no deadline: in no deadline series
+    for job_id, end in ((priority_on_time, 0.5), (flex_late, 4.0), (default_on_time, 1.0),
+                        (untiered_on_time, 0.9)):
+        assert jobs.claim(session, job_id, "w1", at(0.1)) is not None
+        assert jobs.complete(session, job_id, 1, now=at(end), **done)
+    assert jobs.cancel(session, auto_missed, DEFAULT_TENANT, at(0.2)) is not None
+    found = {key: n for key, (n, _) in counts(session).items() if key[0] == JOB_DEADLINES}
+    assert found == {
+        (JOB_DEADLINES, "interactive", "priority", ON_TIME): 1,
+        (JOB_DEADLINES, "documents", "flex", LATE): 1,
+        (JOB_DEADLINES, "interactive", "default", MISSED): 1,
+        (JOB_DEADLINES, "interactive", "default", ON_TIME): 2,
+    }
+    from_jobs = jobs.deadline_counts(session, since=T0)
+    assert from_jobs == {
+        "interactive": {"priority": {ON_TIME: 1}, "default": {MISSED: 1, ON_TIME: 2}},
+        "documents": {"flex": {LATE: 1}},
+    }
+    assert jobs.deadline_counts(session, since=at(5.0)) == {}  # ended before the window
+    assert jobs.deadline_counts(session, since=T0, tenant_id="someone-else") == {}
+
+
+def test_goodput_tiers_and_rows_from_before_tiers_count_as_the_default_tier() -> None:
+    tiers = [goodput_tier(t) for t in (None, "auto", "default", "flex", "priority")]
+    assert tiers == ["default", "default", "default", "flex", "priority"]
+    rows = [outcome_counts.row_tier(status) for status in ("", "default", "flex", "priority")]
+    assert rows == ["default", "default", "flex", "priority"]
