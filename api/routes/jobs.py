@@ -51,7 +51,7 @@ def _json_errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
 
 
 @router.post("", status_code=202, response_model=JobPublic,
-             responses={**REPLAYED, **error_responses(401, 409, 413, 422, 429)})
+             responses={**REPLAYED, **error_responses(401, 403, 409, 413, 422, 429)})
 def create_job(
     body: JobCreate,
     response: Response,

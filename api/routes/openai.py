@@ -55,7 +55,7 @@ COMPLETION_RESPONSES = {
     200: {"description": "the completion object, or server-sent events with `stream: true`",
           "content": {"application/json": {"schema": {"type": "object"}},
                       "text/event-stream": {"schema": sse_schema("a chunk as JSON, or [DONE]")}}},
-    **openai_error_responses(400, 401, 404, 409, 413, 429, 504),
+    **openai_error_responses(400, 401, 403, 404, 409, 413, 429, 504),
 }
 QUEUE = "interactive"
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat: as many as fit

@@ -78,6 +78,9 @@ def test_a_priority_range_holds_the_tenants_jobs(service: Service, monkeypatch: 
     assert alice.post("/v1/jobs", json={"prompt": "x", "priority": 9}).json()["priority"] == 9
     assert alice.post("/v1/jobs", json={"prompt": "x"}).json()["priority"] == 2  # 0 brought into the range
     assert alice.post("/v1/jobs", json={"prompt": "x", "service_tier": "flex"}).status_code == 403
+    model = service.settings.served_model_id()
+    openai = alice.post("/v1/completions", json={"model": model, "prompt": "x", "service_tier": "priority"})
+    assert openai.status_code == 403 and openai.json()["error"]["param"] == "service_tier", openai.text
 
     upside_down = runner.invoke(app, ["tenants", "set", "alice", "--max-priority", "1"])
     assert upside_down.exit_code == 2 and "min_priority" in upside_down.output
