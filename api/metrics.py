@@ -103,19 +103,19 @@ class StoreCollector(Collector):
             running.add_metric([name], c.running)
             age = (now - c.oldest_queued_at).total_seconds() if c.oldest_queued_at else 0.0
             oldest.add_metric([name], age)
-        yield from (depth, running, oldest, self._deadline_gauge(names))
+        yield from (depth, running, oldest, self._ttl_gauge(names))
         yield from _scaling_gauges(names, counts, consumers)
 
-    def _deadline_gauge(self, names: list[str]) -> Metric:
+    def _ttl_gauge(self, names: list[str]) -> Metric:
         """Each queue's default ttl, so an alert can compare the oldest queued job's age with it."""
-        deadline = GaugeMetricFamily("conveyor_queue_deadline_seconds",
-                                     "The queue's default ttl (default_ttl_s): queued jobs expire past it",
-                                     labels=["queue"])
+        ttl = GaugeMetricFamily("conveyor_queue_default_ttl_seconds",
+                                "The queue's default ttl (default_ttl_s): queued jobs expire past it",
+                                labels=["queue"])
         for name in names:
             queue = self._settings.queue(name)
             if queue is not None and queue.default_ttl_s is not None:
-                deadline.add_metric([name], queue.default_ttl_s)
-        return deadline
+                ttl.add_metric([name], queue.default_ttl_s)
+        return ttl
 
 
 def _scaling_gauges(names: list[str], counts: dict[str, jobs.QueueCounts],

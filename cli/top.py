@@ -150,7 +150,7 @@ def queue_table(now: Frame, before: Frame | None) -> Table:
         "queued",
         "running",
         "oldest",
-        "deadline",
+        "ttl",
         "workers",
         "done/s",
         "on time",
@@ -165,7 +165,7 @@ def queue_table(now: Frame, before: Frame | None) -> Table:
     ):
         table.add_column(column, justify="left" if column == "queue" else "right", no_wrap=column == "queue")
     for queue in api.label_values("conveyor_queue_depth", "queue"):
-        deadline = api.value("conveyor_queue_deadline_seconds", queue=queue)
+        ttl = api.value("conveyor_queue_default_ttl_seconds", queue=queue)
         done = rate(now, before, lambda f, q=queue: f.api.value("conveyor_job_outcomes_total", queue=q))
         on_time = rate(now, before, lambda f, q=queue: f.api.value(DEADLINES, queue=q, outcome="on_time"))
         outcomes = [f"{api.value('conveyor_job_outcomes_total', queue=queue, status=s):.0f}" for s in FINAL]
@@ -174,7 +174,7 @@ def queue_table(now: Frame, before: Frame | None) -> Table:
             f"{api.value('conveyor_queue_depth', queue=queue):.0f}",
             f"{api.value('conveyor_queue_running', queue=queue):.0f}",
             seconds(api.value("conveyor_queue_oldest_age_seconds", queue=queue)),
-            seconds(deadline) if deadline else "-",
+            seconds(ttl) if ttl else "-",
             f"{api.value('conveyor_queue_workers', queue=queue):.0f}",
             per_s(done),
             percent(on_time_ratio(now, before, queue)),

@@ -19,7 +19,7 @@ API_TEXT = """\
 conveyor_queue_depth{queue="interactive"} 3
 conveyor_queue_running{queue="interactive"} 2
 conveyor_queue_workers{queue="interactive"} 1
-conveyor_queue_deadline_seconds{queue="interactive"} 600
+conveyor_queue_default_ttl_seconds{queue="interactive"} 600
 conveyor_job_outcomes_total{queue="interactive",status="succeeded"} 40
 conveyor_job_outcomes_total{queue="interactive",status="cancelled"} 2
 """

@@ -172,7 +172,7 @@ def _labels_of(name: str) -> frozenset[str]:
 def test_alert_expressions_name_only_exported_metrics(exported: dict[str, str]) -> None:
     rules = alert_rules()
     assert {r["alert"] for r in rules} == {
-        "ConveyorQueuedJobPastDeadline",
+        "ConveyorQueuedJobPastTtl",
         "ConveyorBacklogWithoutWorkers",
         "ConveyorOnTimeRatioLow",
         "ConveyorPreemptionRateHigh",
