@@ -250,6 +250,40 @@ def bench(ctx: typer.Context) -> None:
     raise typer.Exit(main(list(ctx.args)))
 
 
+@app.command("bench-store")
+def bench_store(
+    scale: Annotated[str, typer.Option(help="columns, comma-separated QUEUED:HISTORY (1k = 1000, 1M = "
+                                       "1000000): queued jobs in one queue : finished jobs kept")] = (
+        "1k:0,100k:0,100k:1M"),
+    queued: Annotated[int | None, typer.Option(help="one column instead: this many queued (default 100000)")
+                      ] = None,
+    history: Annotated[int | None, typer.Option(help="one column instead: this many finished (default "
+                                                "1000000)")] = None,
+    tenants: Annotated[int, typer.Option(min=1, help="tenants the jobs are spread over")] = 10,
+    repeat: Annotated[int, typer.Option(min=1, help="timed runs per operation, after one untimed")] = 20,
+    queue: Annotated[str, typer.Option(help="the queue of the backlog")] = "interactive",
+    database_url: Annotated[str | None, typer.Option(
+        help="a throwaway PostgreSQL database to empty and fill (default: a new one on --server)")] = None,
+    server: Annotated[str | None, typer.Option(
+        envvar="CONVEYOR_BENCH_POSTGRES",
+        help="PostgreSQL server URL to create the database on (default postgres@127.0.0.1)")] = None,
+    keep: Annotated[bool, typer.Option(help="keep the database it created (prints its URL)")] = False,
+    explain: Annotated[bool, typer.Option(help="also say which operations' plans scan jobs sequentially")
+                       ] = False,
+    out: Annotated[Path | None, typer.Option(help="also write the figures as JSON")] = None,
+) -> None:
+    """Times every per-job and per-round store operation on PostgreSQL with a backlog and a history of
+    given sizes (filled with bulk SQL): median / p90 ms per scale."""
+    from cli.store_bench import options_args, run_store_bench
+
+    try:
+        args = options_args(scale, queued, history, tenants=tenants, repeat=repeat, queue=queue,
+                            database_url=database_url, server=server, keep=keep, explain=explain, out=out)
+        run_store_bench(args)
+    except ValueError as exc:
+        _fail(str(exc))
+
+
 def _settings(ctx: typer.Context, config: Path | None, **overrides: Any) -> Settings:
     try:
         settings = load_settings(config, **overrides)
