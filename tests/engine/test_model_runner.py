@@ -86,8 +86,10 @@ def test_execute_returns_logits_only_for_sampling_chunks_in_order(runner):
     logits = runner.execute([ScheduledChunk(a, 0, [2], True), ScheduledChunk(b, 0, [3], False),
                              ScheduledChunk(c, 0, [4], True)]).logits
     assert logits.shape == (2, runner.vocab_size) and logits.dtype == torch.float32
-    torch.testing.assert_close(logits[0], alone_a, atol=1e-5, rtol=0)
-    torch.testing.assert_close(logits[1], alone_c, atol=1e-5, rtol=0)
+    # A batch of 9 rows sums in other vector lanes than one of 4: the AVX2 build of the CPU kernels differs by
+    # up to ~1.1e-5 here (the AVX-512 build by less).
+    torch.testing.assert_close(logits[0], alone_a, atol=2e-5, rtol=0)
+    torch.testing.assert_close(logits[1], alone_c, atol=2e-5, rtol=0)
     assert not torch.allclose(logits[0], logits[1])
     assert runner.last_forward_seconds > 0
 

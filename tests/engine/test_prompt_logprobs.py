@@ -18,10 +18,11 @@ from engine.tokenizer import Tokenizer
 from tests.support.engine import drain
 from tests.support.fake_runner import FakeRunner
 
-TOL = 1e-4
+TOL = 2.5e-4  # the AVX2 build of the CPU kernels: up to 1.9e-4 (at -1.11) after a step retried per request
 # Relative, for the deep tail: the CPU backend's fused ops (RMSNorm, RoPE, SwiGLU) differ from eager by up
-# to ~1.1e-5 of the value there (1.7e-4 at a logprob of -16.6); the torch backend stays within 3e-5.
-REL = 2e-5
+# to ~1.1e-5 of the value there with the AVX-512 build (1.7e-4 at a logprob of -16.6), ~3.1e-5 with the AVX2
+# build (4.3e-4 at -13.9, an AMD EPYC without AVX-512); the torch backend stays within 3e-5.
+REL = 4e-5
 
 
 @pytest.fixture(scope="module")

@@ -91,7 +91,8 @@ def test_a_worker_of_one_pool_takes_and_registers_only_its_queues(
     registered: list[list[str]] = []
 
     class Heartbeat:
-        def __init__(self, sessions: Any, worker_id: str, queues: list[str], interval_s: float) -> None:
+        def __init__(self, sessions: Any, worker_id: str, queues: list[str], interval_s: float,
+                     pace: Any = None) -> None:
             registered.append(queues)
 
         def start(self) -> None: ...
