@@ -16,6 +16,7 @@ import torch
 from rich.console import Console
 
 from bench import plots
+from bench.affinity import parse_cpus
 from bench.experiment import DEFAULT_CONCURRENCY, ENGINE_FIELDS, BenchOptions, bench, experiment, parse_value
 from bench.workload import LONG, PROFILES, SHORT, Range, WorkloadSpec
 from engine.cpu_threads import choose_cpu_threads, hidden_size_of, runs_on_cpu
@@ -87,6 +88,32 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="long poll: GET /v1/jobs/{id}?wait=SECONDS answers as soon as the job ends (HTTP target; the "
         "service takes up to 60; 0: plain polls every --poll)",
+    )
+    target.add_argument(
+        "--server-pid",
+        action="append",
+        default=[],
+        metavar="ROLE=PID",
+        help="HTTP target: a server process to measure (its CPU per job, its descendants included) and pin, "
+        "e.g. api=123 and worker=456 on PostgreSQL and Redis, or server=789 for `conveyor serve`; repeatable",
+    )
+    target.add_argument(
+        "--server-cpus",
+        type=parse_cpus,
+        default=None,
+        metavar="CPUS",
+        help="HTTP target: the CPUs the --server-pid processes are pinned to, e.g. 0 or 0-3 (default: the "
+        "first half of the CPUs the bench may use)",
+    )
+    target.add_argument(
+        "--client-cpus",
+        type=parse_cpus,
+        default=None,
+        metavar="CPUS",
+        help="HTTP target: the CPUs the bench itself is pinned to (default: those the server does not get)",
+    )
+    target.add_argument(
+        "--no-pin", action="store_true", help="HTTP target: pin neither the bench nor the server"
     )
 
     wl = p.add_argument_group("workload")
@@ -317,7 +344,22 @@ def options(args: argparse.Namespace) -> BenchOptions:
         respect_eos=args.respect_eos,
         structured_share=args.structured_share,
         load=args.load,
+        server_pids=server_pids(args.server_pid),
+        server_cpus=args.server_cpus,
+        client_cpus=args.client_cpus,
+        pin=not args.no_pin,
     )
+
+
+def server_pids(items: list[str]) -> dict[str, int]:
+    """`ROLE=PID` items (a bare PID is the role `server`) -> role -> pid."""
+    out: dict[str, int] = {}
+    for item in items:
+        role, _, pid = item.rpartition("=") if "=" in item else ("server", "=", item)
+        if not role or not pid.isdigit() or role in out:
+            raise ValueError(f"--server-pid: expected ROLE=PID (a role once), got {item!r}")
+        out[role] = int(pid)
+    return out
 
 
 def resolve_model(model: str | None, cache: Path) -> str | None:

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from bench.report import SERVICE_COLUMNS, fmt, service_cells
+from bench.report import SERVICE_COLUMNS, fmt, pinning_text, service_cells
 
 
 @contextmanager
@@ -95,3 +95,21 @@ def refusal_lines(runs: dict[str, dict[str, Any]]) -> list[str]:
         for k in run.get("service", {}).get("refusals", [])
     ]
 
+
+
+def server_lines(runs: dict[str, dict[str, Any]]) -> list[str]:
+    """Per HTTP run: where the server and the bench ran, and the server's CPU per role (or why unknown)."""
+    lines = []
+    for name, run in runs.items():
+        service = run.get("service")
+        if not service:
+            continue
+        cpu = service.get("server_cpu") or {}
+        lines.append(f"{name}: CPU pinning: {pinning_text(service.get('pinning'))}")
+        lines += [f"{name}: {cpu['unknown']}"] if cpu.get("unknown") else []
+        for role, r in (cpu.get("roles") or {}).items():
+            lines.append(
+                f"{name}: server CPU, {role}: {fmt(r['cpu_s'])} s, {fmt(r['cpu_ms_per_job'])} ms per job, "
+                f"{fmt(r['cores_used'])} cores used, {fmt(r['jobs_per_s_per_core'])} jobs/s per core"
+            )
+    return lines

@@ -14,7 +14,8 @@ from rich.console import Console
 
 import kernels
 from bench import plots
-from bench.console import progress_bar, refusal_lines, service_table, summary_table
+from bench.affinity import CpuSplit, pinned, split_cpus, usable_cpus
+from bench.console import progress_bar, refusal_lines, server_lines, service_table, summary_table
 from bench.decision import Condition, decide, default_conditions, default_hypothesis
 from bench.inventory import inventory
 from bench.load import LoadPlan, burst, check_load, mix_weights, scaled_rates
@@ -23,6 +24,7 @@ from bench.prompt_text import token_decoder
 from bench.records import RunResult
 from bench.report import run_line, wall_time_ratio, write_decision, write_report
 from bench.roofline import ModelShape, efficiency, matmul_bound
+from bench.server_cpu import CpuWindow
 from bench.service import service_figures
 from bench.structured import STRUCTURED_SHARE, check_share, constrained_ids, structured_figures
 from bench.workload import (
@@ -74,6 +76,12 @@ class BenchOptions:
     # apply_load measures the capacity, records it in load_plan and puts the derived rates in their place.
     load: float | None = None
     load_plan: LoadPlan | None = None
+    # HTTP target: the server's processes to measure (role -> pid, bench/server_cpu.py), and the CPUs the
+    # server and the bench are pinned to (bench/affinity.py; None: the default split); pin=False: no pinning.
+    server_pids: dict[str, int] = field(default_factory=dict)
+    server_cpus: tuple[int, ...] | None = None
+    client_cpus: tuple[int, ...] | None = None
+    pin: bool = True
     # The workload's groups (the trace's, else the profile's): the engine's request classes, the queues
     # jobs are sent to over HTTP, and the only names the per-group settings above may use.
     groups: list[Group] = field(init=False, default_factory=list)
@@ -100,6 +108,7 @@ class BenchOptions:
         check_known_groups(self.max_running, self.groups, "max_running (--max-running)")
         check_known_groups(self.priority, self.groups, "priority (--priority)")
         self._check_service_load()
+        self._check_server_side()
         if self.load_plan is None:  # afterwards the spec holds the derived rates, not weights
             check_load(self.load, self.spec, self.target, self.trace)
 
@@ -119,6 +128,24 @@ class BenchOptions:
             self.concurrency = DEFAULT_CONCURRENCY
         if self.wait_s < 0 or self.poll_s <= 0:
             raise ValueError(f"--wait must be >= 0 and --poll > 0, got {self.wait_s} and {self.poll_s}")
+
+    def _check_server_side(self) -> None:
+        cpus = self.server_cpus is not None or self.client_cpus is not None
+        if (self.server_pids or cpus) and self.target != "http":
+            raise ValueError("--server-pid, --server-cpus, --client-cpus: only with --target http")
+        if cpus and not self.pin:
+            raise ValueError("--no-pin with --server-cpus/--client-cpus: pin or not, not both")
+        self.cpu_split()  # a bad CPU list fails now, before any run
+
+    def cpu_split(self) -> tuple[CpuSplit | None, str]:
+        """The server's and the bench's CPUs over HTTP, or None and why nothing is pinned."""
+        if self.target != "http":
+            return None, "in-process run"
+        if not self.pin:
+            return None, "not pinned (--no-pin)"
+        available = usable_cpus()
+        split = split_cpus(available, self.server_cpus, self.client_cpus)
+        return split, f"not pinned: the bench may use {len(available)} CPU(s), {list(available)}"
 
     def deadlines_s(self) -> dict[str, float]:
         """Each group's deadline (given, else the group's own); groups without one are left out."""
@@ -155,6 +182,9 @@ class BenchOptions:
                                                                   resolve_device(config.device))
         else:
             params.update(url=self.url, poll_s=self.poll_s, wait_s=self.wait_s, concurrency=self.concurrency)
+            split, reason = self.cpu_split()
+            params["cpu_pinning"] = split.record() if split else {"pinned": False, "reason": reason}
+            params["server_pids"] = dict(self.server_pids)
         return params
 
 
@@ -318,23 +348,7 @@ def apply_load(opts: BenchOptions, console: Console) -> LoadPlan | None:
 def run_target(opts: BenchOptions, requests: list[BenchRequest], console: Console) -> tuple[RunResult, Any]:
     """Runs the workload on the configured target; returns the result and the engine (None over HTTP)."""
     if opts.target == "http":
-        from bench.http_target import run_http
-
-        decode = token_decoder(opts.model) if opts.model else None
-        with progress_bar(console, f"http {opts.url}", len(requests), opts.progress, refresh_hz=2) as advance:
-            result = run_http(
-                opts.url,
-                requests,
-                api_key=opts.api_key,
-                decode=decode,
-                respect_eos=opts.respect_eos,
-                poll_s=opts.poll_s,
-                wait_s=opts.wait_s,
-                concurrency=opts.concurrency,
-                timeout_s=opts.timeout_s or 3600.0,
-                progress=advance,
-            )
-        return result, None
+        return run_http_target(opts, requests, console), None
     from bench.offline import run_engine, warm_up
     from engine.llm_engine import LLMEngine
 
@@ -351,6 +365,34 @@ def run_target(opts: BenchOptions, requests: list[BenchRequest], console: Consol
             deadlines_s=opts.deadlines_s(),
         )
     return result, engine
+
+
+def run_http_target(opts: BenchOptions, requests: list[BenchRequest], console: Console) -> RunResult:
+    """The workload over HTTP, the bench and the server's processes pinned apart (bench/affinity.py), and
+    the server's CPU time measured around the run (bench/server_cpu.py)."""
+    from bench.http_target import run_http
+
+    decode = token_decoder(opts.model) if opts.model else None
+    split, reason = opts.cpu_split()
+    with (
+        pinned(split, opts.server_pids, reason) as pinning,
+        progress_bar(console, f"http {opts.url}", len(requests), opts.progress, refresh_hz=2) as advance,
+    ):
+        window = CpuWindow(opts.server_pids).start()
+        result = run_http(
+            opts.url,
+            requests,
+            api_key=opts.api_key,
+            decode=decode,
+            respect_eos=opts.respect_eos,
+            poll_s=opts.poll_s,
+            wait_s=opts.wait_s,
+            concurrency=opts.concurrency,
+            timeout_s=opts.timeout_s or 3600.0,
+            progress=advance,
+        )
+        result.server = {**window.stop(), "pinning": pinning}
+    return result
 
 
 def run_summary(opts: BenchOptions, result: RunResult, bound: Any = None) -> dict[str, Any]:
@@ -453,7 +495,7 @@ def bench(opts: BenchOptions, console: Console) -> dict[str, Any]:
         console.print(run_line(name, run), markup=False)
     if any("service" in run for run in runs.values()):
         console.print(service_table(f"service: {description}", runs))
-        for line in refusal_lines(runs):
+        for line in [*refusal_lines(runs), *server_lines(runs)]:
             console.print(line, markup=False)
     for key, value in report["ratios"].items():
         console.print(f"throughput ratio {key}: [bold]{value:.2f}x[/bold]")

@@ -86,6 +86,8 @@ class RunResult:
     preemptions_total: int = 0
     notes: list[str] = field(default_factory=list)
     client_cpu_s: float | None = None  # HTTP: the bench's own CPU time (user + system) during the run
+    # HTTP: the server's processes during the run: CPU per role (bench/server_cpu.py) and the pinning.
+    server: dict[str, Any] | None = None
     # In-process engine: prefix cache tokens looked up / found and blocks evicted during the run (None: off).
     prefix_cache: dict[str, Any] | None = None
 

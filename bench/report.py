@@ -68,6 +68,8 @@ SERVICE_COLUMNS = (
     "queue p99 ms",
     "wall s",
     "bench CPU s",
+    "server CPU ms/job",
+    "jobs/s per server core",
 )
 
 
@@ -85,7 +87,50 @@ def service_cells(s: dict[str, Any]) -> list[str]:
         _ms(s["queue_time_s"]["p99"]),
         fmt(s["wall_s"]),
         fmt(s.get("client_cpu_s")),
+        fmt(server_whole(s).get("cpu_ms_per_job")),
+        fmt(server_whole(s).get("jobs_per_s_per_core")),
     ]
+
+
+def server_whole(s: dict[str, Any]) -> dict[str, Any]:
+    """The server's CPU figures as a whole: the `total` of several roles, else the one role ({} if none)."""
+    roles = (s.get("server_cpu") or {}).get("roles") or {}
+    if "total" in roles:
+        return dict(roles["total"])
+    return dict(next(iter(roles.values()))) if len(roles) == 1 else {}
+
+
+def server_cpu_markdown(s: dict[str, Any]) -> list[str]:
+    """The server's CPU per role (bench/server_cpu.py), and where the server and the bench ran."""
+    cpu = s.get("server_cpu") or {}
+    lines = [f"- CPU pinning: {pinning_text(s.get('pinning'))}"]
+    if cpu.get("unknown"):
+        lines.append(f"- {cpu['unknown']}")
+    if not cpu.get("roles"):
+        return lines
+    lines += [
+        "",
+        f"Server CPU (user + system, process trees, over the run's {fmt(cpu['window_s'])} s):",
+        "",
+        "| process | pid | CPU s | cores used | CPU ms per job | jobs/s per core |",
+        "|---|---|---|---|---|---|",
+    ]
+    for role, r in cpu["roles"].items():
+        cells = [r["cpu_s"], r["cores_used"], r["cpu_ms_per_job"], r["jobs_per_s_per_core"]]
+        lines.append(f"| {role} | {r['pid'] or ''} | " + " | ".join(fmt(c) for c in cells) + " |")
+    return lines
+
+
+def pinning_text(pinning: dict[str, Any] | None) -> str:
+    if not pinning:
+        return "n/a"
+    if not pinning.get("pinned"):
+        return str(pinning.get("reason"))
+    pids = ", ".join(f"{role} {pid}" for role, pid in pinning.get("server_pids", {}).items())
+    text = f"server on CPUs {pinning['server_cpus']}" + (f" ({pids})" if pids else "")
+    text += f", bench on CPUs {pinning['client_cpus']}"
+    notes = [pinning.get("server_note"), *pinning.get("errors", [])]
+    return text + "".join(f"; {n}" for n in notes if n)
 
 
 def _ms(seconds: float | None) -> str:
@@ -101,7 +146,7 @@ def service_markdown(figures: dict[str, Any]) -> str:
     ]
     for k in figures["refusals"]:
         lines.append(f"- refused {k['count']}x: HTTP {k['status']} `{k['code']}`: {k['message']}")
-    return "\n".join(lines)
+    return "\n".join([*lines, *server_cpu_markdown(figures)])
 
 
 def efficiency_markdown(eff: dict[str, Any]) -> str:

@@ -13,6 +13,10 @@
   the answer does not blur it; queue time likewise `started_at - created_at`.
 - bench CPU: the bench's own CPU time during the run, in seconds and per submitted job: on a machine it
   shares with the server, this much was taken from the server.
+- server CPU (bench/server_cpu.py): per server process tree given with --server-pid (API and worker apart,
+  or the embedded service), CPU seconds in the run's window, ms per succeeded job, cores used and succeeded
+  jobs/s per core used; `unknown` says why when not measured. `pinning`: the CPUs of the server and of the
+  bench (bench/affinity.py), or why nothing was pinned.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any
 
 from bench.metrics import percentiles
 from bench.records import RequestRecord, RunResult
+from bench.server_cpu import server_figures
 
 EXAMPLE_IDS = 5  # request ids named per kind of refusal
 
@@ -54,6 +59,8 @@ def service_figures(result: RunResult) -> dict[str, Any]:
             Counter(r.error_code or "unknown" for r in records if r.status == "failed" and not r.refused)
         ),
         "refusals": refusals(records),
+        "server_cpu": server_figures(result.server, len(done)),
+        "pinning": (result.server or {}).get("pinning"),
     }
 
 

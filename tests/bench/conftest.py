@@ -30,7 +30,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def service(llama_dir: Path, tmp_path: Path) -> Iterator[str]:
+def service(service_process: tuple[str, int]) -> str:
+    return service_process[0]
+
+
+@pytest.fixture
+def service_process(llama_dir: Path, tmp_path: Path) -> Iterator[tuple[str, int]]:
+    """(base URL, pid) of `conveyor serve` on the tiny model."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")}
     env.update(CONVEYOR_DATA_DIR=str(tmp_path / "data"), CONVEYOR_MODEL=str(llama_dir))
@@ -45,7 +51,7 @@ def service(llama_dir: Path, tmp_path: Path) -> Iterator[str]:
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_healthy(url, proc, tmp_path / "serve.log")
-        yield url
+        yield url, proc.pid
     finally:
         proc.terminate()
         proc.wait(timeout=30)

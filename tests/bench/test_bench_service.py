@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -158,12 +159,17 @@ def test_service_options_are_checked(tmp_path: Path) -> None:
     assert main([*service, "--concurrency", "0"]) == 2
 
 
-def test_service_profile_against_the_embedded_service(service: str, tmp_path: Path) -> None:
-    """The engineer's command lines, without --model: closed loop, then open loop."""
+def test_service_profile_against_the_embedded_service(
+    service_process: tuple[str, int], tmp_path: Path
+) -> None:
+    """The engineer's command lines, without --model: closed loop (measuring the server's CPU), then open
+    loop (the server's processes not given: its CPU unknown)."""
+    service, pid = service_process
     closed, opened = tmp_path / "closed", tmp_path / "open"
     common = ["--target", "http", "--url", service, "--profile", "service", "--timeout", "120"]
     common.append("--no-progress")
-    assert main([*common, "--concurrency", "4", "-n", "12", "--out", str(closed)]) == 0
+    measured = ["--server-pid", f"server={pid}"]
+    assert main([*common, *measured, "--concurrency", "4", "-n", "12", "--out", str(closed)]) == 0
     assert main([*common, "--submit-rate", "20", "-n", "10", "--out", str(opened)]) == 0
     for out, n in ((closed, 12), (opened, 10)):
         report = json.loads((out / "report.json").read_text())
@@ -175,3 +181,26 @@ def test_service_profile_against_the_embedded_service(service: str, tmp_path: Pa
         assert "Service figures" in (out / "report.md").read_text()
     params = json.loads((closed / "report.json").read_text())["inventory"]["parameters"]
     assert (params["concurrency"], params["wait_s"]) == (4, 30.0)
+    _check_server_cpu(closed, pid, params)
+    unknown = json.loads((opened / "report.json").read_text())["runs"]["http"]["service"]["server_cpu"]
+    assert unknown["roles"] == {} and "server CPU unknown" in unknown["unknown"]
+    assert "server CPU unknown" in (opened / "report.md").read_text()
+
+
+def _check_server_cpu(out: Path, pid: int, params: dict[str, Any]) -> None:
+    """The server's CPU per succeeded job, and where the server and the bench ran, in both reports."""
+    service = json.loads((out / "report.json").read_text())["runs"]["http"]["service"]
+    server = service["server_cpu"]["roles"]["server"]
+    assert server["pid"] == pid and server["cpu_ms_per_job"] > 0 and server["jobs_per_s_per_core"] > 0
+    assert params["server_pids"] == {"server": pid}
+    # The inventory's plan is what the run did.
+    assert all(service["pinning"][k] == v for k, v in params["cpu_pinning"].items())
+    markdown = (out / "report.md").read_text()
+    assert "| server | " in markdown and "CPU ms per job" in markdown
+    if len(os.sched_getaffinity(0)) >= 2:
+        split = params["cpu_pinning"]
+        assert split["pinned"] and not set(split["server_cpus"]) & set(split["client_cpus"])
+        assert service["pinning"]["errors"] == []
+        assert f"CPU pinning: server on CPUs {split['server_cpus']} (server {pid})" in markdown
+    else:
+        assert "CPU pinning: not pinned" in markdown
