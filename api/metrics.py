@@ -19,7 +19,6 @@ from prometheus_client.registry import Collector
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.clock import utcnow
-from core.lifecycle import TERMINAL_STATUSES
 from core.metric_buckets import LATENCY_BUCKETS_S
 from core.settings import Settings
 from core.store import jobs, outcome_counts, workers
@@ -63,7 +62,6 @@ class StoreCollector(Collector):
         try:
             with self._session_factory() as session:
                 counts = jobs.queue_counts(session)
-                totals = jobs.status_totals(session)
                 outcomes = outcome_counts.all_counts(session)
                 consumers = workers.live_workers_per_queue(
                     session, now=utcnow(), dead_after_s=self._settings.worker_dead_after_s)
@@ -71,23 +69,8 @@ class StoreCollector(Collector):
             log.warning("metrics: store unavailable: %s", exc)
             return
         yield from self._queue_gauges(counts, consumers)
-        yield from self._finished_counters(totals)
+        yield from _finished_counters(outcome_counts.series_of(outcomes, outcome_counts.JOBS_FINISHED))
         yield from outcome_families(outcomes)
-
-    def _finished_counters(self, totals: list[tuple[str, str, int, int]]) -> Iterator[Metric]:
-        finished = CounterMetricFamily("conveyor_jobs_finished", "Jobs in a final status",
-                                       labels=["queue", "status"])
-        preempted = CounterMetricFamily("conveyor_job_preemptions", "Engine preemptions of jobs",
-                                        labels=["queue"])
-        preemptions_by_queue: dict[str, int] = {}
-        for queue, status, n, preemptions in totals:
-            if status in TERMINAL_STATUSES:
-                finished.add_metric([queue, status], n)
-            preemptions_by_queue[queue] = preemptions_by_queue.get(queue, 0) + preemptions
-        for queue, total in preemptions_by_queue.items():
-            preempted.add_metric([queue], total)
-        yield finished
-        yield preempted
 
     def _queue_gauges(self, counts: dict[str, jobs.QueueCounts],
                       consumers: dict[str, int]) -> Iterator[Metric]:
@@ -163,6 +146,23 @@ def outcome_families(rows: list[MetricCount]) -> Iterator[Metric]:
                           ["queue", "outcome"], [((r.queue, r.label), r.count) for r in lines])
     yield _counter_family("conveyor_webhook_deliveries", "Webhook delivery attempts by outcome", ["outcome"],
                           [((r.label,), r.count) for r in deliveries])
+
+
+def _finished_counters(rows: list[MetricCount]) -> Iterator[Metric]:
+    """Jobs per final status and their preemptions, as counted when each became final (never a count of the
+    jobs table, which grows with the history kept)."""
+    finished = CounterMetricFamily("conveyor_jobs_finished", "Jobs that reached a final status",
+                                   labels=["queue", "status"])
+    preempted = CounterMetricFamily("conveyor_job_preemptions",
+                                    "Engine preemptions of jobs, counted when the job ends", labels=["queue"])
+    preemptions: dict[str, float] = {}
+    for row in rows:
+        finished.add_metric([row.queue, row.status], row.count)
+        preemptions[row.queue] = preemptions.get(row.queue, 0.0) + row.total
+    for queue, total in sorted(preemptions.items()):
+        preempted.add_metric([queue], total)
+    yield finished
+    yield preempted
 
 
 def _deadline_values(rows: list[MetricCount]) -> list[tuple[tuple[str, ...], int]]:

@@ -25,7 +25,7 @@ from core.clock import utcnow
 from core.dispatch import publish_and_mark
 from core.lifecycle import QUEUED, RUNNING
 from core.settings import Settings
-from core.store import finish_times, jobs, tenants, token_usage, workers
+from core.store import finish_times, jobs, outcome_counts, tenants, token_usage, workers
 from core.store.fair_share import FairState, claim_fair
 from core.store.tables import Job
 from core.store.tenants import TenantLimits
@@ -166,7 +166,8 @@ def _is_tenant_select(statement: Statement) -> bool:
 
 def _is_backlog_read(statement: Statement) -> bool:
     values = statement.params.values() if isinstance(statement.params, dict) else statement.params or ()
-    return "GROUP BY" in statement.sql.upper() and QUEUED in list(values)
+    sql = statement.sql.upper()
+    return "GROUP BY" in sql and (QUEUED in list(values) or f"STATUS = '{QUEUED.upper()}'" in sql)
 
 
 def _tenant_select(bench: Bench) -> Statement:
@@ -349,9 +350,9 @@ def _queue_loads(bench: Bench, _prepared: Any) -> object:
         return jobs.queue_loads(session)
 
 
-def _status_totals(bench: Bench, _prepared: Any) -> object:
+def _outcome_counts(bench: Bench, _prepared: Any) -> object:
     with bench.sessions() as session:
-        return jobs.status_totals(session)
+        return outcome_counts.all_counts(session)
 
 
 def _scrape(bench: Bench, _prepared: Any) -> object:
@@ -387,6 +388,6 @@ OPERATIONS = (
     Operation("/v1/queues counts (queue_counts, one tenant)", API_READ, _queue_counts_tenant),
     Operation("/v1/queues goodput (deadline_counts, 1 h)", API_READ, _deadline_counts),
     Operation("/v1/scaling (queue_loads)", API_READ, _queue_loads),
-    Operation("/metrics status totals (status_totals)", API_READ, _status_totals),
+    Operation("/metrics finished counts (all_counts)", API_READ, _outcome_counts),
     Operation("/metrics scrape (StoreCollector.collect)", API_READ, _scrape),
 )

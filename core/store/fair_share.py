@@ -36,7 +36,7 @@ from sqlalchemy import ColumnElement, case, func, null, or_, select, text, updat
 from sqlalchemy.orm import Session
 
 from core.lifecycle import QUEUED, RUNNING
-from core.store.jobs import claimed_values
+from core.store.jobs import claimed_values, status_is
 from core.store.tables import Job, Tenant
 from core.store.tenants import TenantLimits
 
@@ -259,7 +259,7 @@ def _queued_loads(session: Session, queue: str, now: datetime, defaults: TenantL
         select(Job.tenant_id, Job.batch_id, func.count(), func.min(Job.created_at), Tenant.weight,
                Tenant.max_running)
         .join(Tenant, Tenant.id == Job.tenant_id)
-        .where(Job.queue == queue, Job.status == QUEUED, _not_expired(now))
+        .where(Job.queue == queue, status_is(QUEUED), _not_expired(now))
         .group_by(Job.tenant_id, Job.batch_id, Tenant.weight, Tenant.max_running)
     )
     loads: dict[Stream, StreamLoad] = {}
@@ -291,7 +291,7 @@ def _claim_oldest(session: Session, queue: str, stream: Stream, n: int, worker_i
     of_stream = Job.batch_id.is_(None) if stream.batch_id is None else Job.batch_id == stream.batch_id
     oldest = (
         select(Job.id)
-        .where(Job.queue == queue, Job.status == QUEUED, Job.tenant_id == stream.tenant_id, of_stream,
+        .where(Job.queue == queue, status_is(QUEUED), Job.tenant_id == stream.tenant_id, of_stream,
                _not_expired(now))
         .order_by(*([Job.created_at, Job.id] if by_arrival else urgency_order(now)))
         .limit(n)

@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 
 from core.lifecycle import QUEUED, RUNNING, SUCCEEDED
 from core.store import workers
+from core.store.jobs import status_is
 from core.store.tables import Job
 from core.store.token_usage import DEFAULT_MAX_TOKENS
 
@@ -67,7 +68,7 @@ def queue_rate(session: Session, queue: str, now: datetime) -> QueueRate | None:
     """The queue's measured rate and the work ahead, or None when nothing finished in the window."""
     delivered = session.execute(
         select(func.coalesce(func.sum(Job.completion_tokens), 0))
-        .where(Job.queue == queue, Job.status == SUCCEEDED, Job.finished_at > now - RATE_WINDOW)
+        .where(Job.queue == queue, status_is(SUCCEEDED), Job.finished_at > now - RATE_WINDOW)
     ).scalar_one()
     if not delivered:
         return None

@@ -17,7 +17,19 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, Select, and_, delete, func, insert, null, or_, select, update
+from sqlalchemy import (
+    ColumnElement,
+    Select,
+    and_,
+    delete,
+    func,
+    insert,
+    literal_column,
+    null,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.orm import Session
 
 from core.lifecycle import (
@@ -140,9 +152,17 @@ def page(
     return list(session.execute(newest_first(query, Job, limit=limit, before=before)).scalars())
 
 
+def status_is(status: str) -> ColumnElement[bool]:
+    """`status = '<status>'` with the status written into the SQL, not bound: PostgreSQL may plan a bound
+    parameter generically, and a generic plan cannot use the partial indexes (tables.PARTIAL_INDEXES), whose
+    predicates name the status."""
+    assert status in (QUEUED, RUNNING, *TERMINAL_STATUSES), status
+    return Job.status == literal_column(f"'{status}'")
+
+
 def count_queued(session: Session, queue: str, tenant_id: str | None = None) -> int:
     """The queue's queued jobs; with `tenant_id`, that tenant's only."""
-    query = select(func.count()).select_from(Job).where(Job.queue == queue, Job.status == QUEUED)
+    query = select(func.count()).select_from(Job).where(Job.queue == queue, status_is(QUEUED))
     if tenant_id is not None:
         query = query.where(Job.tenant_id == tenant_id)
     return int(session.execute(query).scalar_one())
@@ -150,17 +170,15 @@ def count_queued(session: Session, queue: str, tenant_id: str | None = None) -> 
 
 def queue_counts(session: Session, tenant_id: str | None = None) -> dict[str, QueueCounts]:
     """Queued and running jobs per queue, and when the oldest queued job was created; with `tenant_id`,
-    that tenant's jobs only."""
-    query = (
-        select(Job.queue, Job.status, func.count(), func.min(Job.created_at))
-        .where(Job.status.in_((QUEUED, RUNNING)))
-        .group_by(Job.queue, Job.status)
-    )
-    if tenant_id is not None:
-        query = query.where(Job.tenant_id == tenant_id)
+    that tenant's jobs only. Two grouped reads, one per status, so each reads only its own rows (the queued
+    ones through ix_jobs_queued)."""
     rows: dict[str, dict[str, Any]] = {}
-    for queue, status, count, oldest in session.execute(query):
-        rows.setdefault(queue, {})[status] = (count, oldest)
+    for status in (QUEUED, RUNNING):
+        query = select(Job.queue, func.count(), func.min(Job.created_at)).where(status_is(status))
+        if tenant_id is not None:
+            query = query.where(Job.tenant_id == tenant_id)
+        for queue, count, oldest in session.execute(query.group_by(Job.queue)):
+            rows.setdefault(queue, {})[status] = (count, oldest)
     out = {}
     for queue, by_status in rows.items():
         queued, oldest = by_status.get(QUEUED, (0, None))
@@ -215,14 +233,6 @@ def queue_loads(session: Session) -> dict[str, QueueLoad]:
         by_queue.setdefault(queue, {})[status] = int(count)
     return {queue: QueueLoad(queued=c.get(QUEUED, 0), running=c.get(RUNNING, 0))
             for queue, c in by_queue.items()}
-
-
-def status_totals(session: Session) -> list[tuple[str, str, int, int]]:
-    """(queue, status, jobs, preemptions) over all jobs: the source of the finished-jobs metrics."""
-    query = select(Job.queue, Job.status, func.count(), func.coalesce(func.sum(Job.preemptions), 0)).group_by(
-        Job.queue, Job.status
-    )
-    return [(q, s, int(n), int(p)) for q, s, n, p in session.execute(query)]
 
 
 # --- transitions -------------------------------------------------------------------------------------
@@ -491,7 +501,7 @@ def requeue_unheld(
 def expire_overdue(session: Session, now: datetime, job_ids: list[str] | None = None) -> list[str]:
     """queued jobs past expires_at -> expired (only those of `job_ids` when given); commits and returns
     their ids."""
-    overdue = [Job.status == QUEUED, Job.expires_at.is_not(None), Job.expires_at <= now]
+    overdue = [status_is(QUEUED), Job.expires_at.is_not(None), Job.expires_at <= now]
     if job_ids is not None:
         overdue.append(Job.id.in_(job_ids))
     statement = update(Job).where(Job.id.in_(_unlocked(*overdue)), *overdue)
@@ -507,7 +517,7 @@ def undispatched(session: Session, older_than: datetime) -> list[tuple[str, str]
     """(id, queue) of queued jobs never handed to the broker, created before `older_than`."""
     query = (
         select(Job.id, Job.queue)
-        .where(Job.status == QUEUED, Job.dispatched_at.is_(None), Job.created_at < older_than)
+        .where(status_is(QUEUED), Job.dispatched_at.is_(None), Job.created_at < older_than)
         .order_by(Job.created_at)
     )
     return [(job_id, queue) for job_id, queue in session.execute(query)]
@@ -525,7 +535,8 @@ def dispatched_but_queued(session: Session, queue: str, dispatched_before: datet
     first: candidates for a lost broker message."""
     query = (
         select(Job.id, Job.queue)
-        .where(Job.status == QUEUED, Job.queue == queue, Job.dispatched_at < dispatched_before)
+        .where(status_is(QUEUED), Job.queue == queue, Job.dispatched_at.is_not(None),
+               Job.dispatched_at < dispatched_before)
         .order_by(Job.created_at)
         .limit(limit)
     )

@@ -8,6 +8,8 @@ Rows are upserted in a fixed key order, so concurrent finishes wait on each othe
 
 Series (`metric` column; histograms keep one non-cumulative row per bucket, `label` its upper bound):
 - job_queue_time_seconds, job_time_to_first_token_seconds, job_e2e_seconds: per queue and final status;
+- jobs_finished: per queue and final status, jobs that reached it (`total`: their engine preemptions), so
+  /metrics never counts the jobs table (migration 0014 counted the jobs already final);
 - job_failures: per queue and error code (failed and expired jobs);
 - job_deadlines: per queue, tier and deadline outcome, for jobs that had a deadline: on_time (succeeded by
   it), late (succeeded after it), missed (ended otherwise: failed, expired or cancelled). The `status`
@@ -41,6 +43,7 @@ LATENESS = "job_lateness_seconds"
 HISTOGRAMS = (QUEUE_TIME, TTFT, E2E, LATENESS)
 JOB_FAILURES, BATCH_LINES, WEBHOOK_DELIVERIES = "job_failures", "batch_lines", "webhook_deliveries"
 JOB_DEADLINES = "job_deadlines"
+JOBS_FINISHED = "jobs_finished"
 ON_TIME, LATE, MISSED = "on_time", "late", "missed"
 INF_LABEL = "+Inf"
 
@@ -65,12 +68,15 @@ def record_finished_jobs(session: Session, job_ids: list[str], status: str) -> N
     rows = session.execute(
         select(
             Job.queue, Job.created_at, Job.started_at, Job.first_token_at, Job.finished_at, Job.error_code,
-            Job.deadline_at, Job.service_tier,
+            Job.deadline_at, Job.service_tier, Job.preemptions,
         ).where(Job.id.in_(job_ids))
     ).all()
     increments: dict[Key, Increment] = {}
-    for queue, created, started, first_token, finished, code, deadline, tier in rows:
+    for queue, created, started, first_token, finished, code, deadline, tier, preemptions in rows:
         end = finished or created
+        finished_jobs = increments.setdefault((JOBS_FINISHED, queue, status, ""), Increment())
+        finished_jobs.count += 1
+        finished_jobs.total += preemptions or 0
         if deadline is not None:
             _count_deadline(increments, queue, goodput_tier(tier), status, end, deadline)
         _observe(increments, (QUEUE_TIME, queue, status), _seconds(created, started or end))

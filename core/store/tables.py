@@ -25,7 +25,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
-from sqlalchemy.sql import false
+from sqlalchemy.sql import false, text
 from sqlalchemy.types import TypeDecorator
 
 DEFAULT_TENANT = "default"  # created by the first migration; the tenant of every request when auth is off
@@ -89,12 +89,28 @@ class ApiKey(Base):
     is_admin: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())  # sees all tenants
 
 
+# Partial indexes over the rows the per-job and per-round queries read (migration 0014): their cost follows
+# the backlog, not the history. A query uses one only when its WHERE implies the index's: see
+# core/store/jobs.py status_is, which writes the status into the SQL for that reason.
+PARTIAL_INDEXES: dict[str, tuple[list[str], str]] = {
+    "ix_jobs_queued": (["queue", "tenant_id", "batch_id", "created_at", "id"], "status = 'queued'"),
+    "ix_jobs_queued_expiry": (["expires_at"], "status = 'queued' AND expires_at IS NOT NULL"),
+    "ix_jobs_undispatched": (["created_at"], "status = 'queued' AND dispatched_at IS NULL"),
+    "ix_jobs_dispatched_queued": (["queue", "dispatched_at"],
+                                  "status = 'queued' AND dispatched_at IS NOT NULL"),
+    "ix_jobs_succeeded_finished": (["queue", "finished_at"], "status = 'succeeded'"),
+    "ix_jobs_deadline_finished": (["finished_at"], "deadline_at IS NOT NULL"),
+}
+
+
 class Job(Base):
     __tablename__ = "jobs"
     __table_args__ = (
         UniqueConstraint("tenant_id", "idempotency_key", name="uq_jobs_tenant_idempotency_key"),
         Index("ix_jobs_tenant_created", "tenant_id", "created_at", "id"),
         Index("ix_jobs_status_queue", "status", "queue"),
+        *(Index(name, *columns, postgresql_where=text(where), sqlite_where=text(where))
+          for name, (columns, where) in PARTIAL_INDEXES.items()),
     )
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True)

@@ -86,6 +86,7 @@ def test_a_job_is_counted_once_when_it_finishes(session: Session) -> None:
         (QUEUE_TIME, "interactive", "succeeded", "0.5"): (1, 0.3),
         (TTFT, "interactive", "succeeded", "0.5"): (1, 0.4),
         (E2E, "interactive", "succeeded", "2.5"): (1, 2.0),
+        (outcome_counts.JOBS_FINISHED, "interactive", "succeeded", ""): (1, 0.0),  # 0 preemptions
     }
 
 
