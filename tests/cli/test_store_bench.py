@@ -48,6 +48,11 @@ def test_it_times_and_explains_every_operation_and_drops_its_database(
         assert "200:1000" in operation["seq_scans"], operation["name"]  # --explain: every operation's plans
     counted = next(o for o in report["operations"] if o["name"].startswith("count_queued"))
     assert any(entry["reads"] for entry in counted["seq_scans"]["200:1000"]), "--explain names how jobs is read"
+    # With a history five times the backlog, no per-job or per-round path reads the jobs table sequentially
+    # (before migration 0014: the /metrics totals, the goodput counts and the forecast's rate did).
+    seq_scanned = {o["name"]: [e["scans"] for e in o["seq_scans"]["200:1000"] if e["scans"]]
+                   for o in report["operations"]}
+    assert not {name: scans for name, scans in seq_scanned.items() if scans}
     created = re.search(r"/(conveyor_bench_[0-9a-f]+)", done.output)
     assert created is not None, done.output
     assert not _database_exists(fresh_postgres_url, created.group(1)), "the bench's database was left behind"
