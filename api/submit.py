@@ -26,7 +26,7 @@ from core.request_limits import (
     tokenizer_problem,
     tokens_problem,
 )
-from core.service_tiers import takes_default_deadline
+from core.service_tiers import PriorityNotPermitted, takes_default_deadline
 from core.settings import QueueSettings
 from core.store import finish_times, jobs, tenants
 from core.store.tables import Job
@@ -100,9 +100,8 @@ def _priority(body: JobCreate, quota: TenantLimits) -> int:
     """The job's priority within its tenant's range; asking outside it is a 403 naming the field."""
     try:
         return quota.priorities.job_priority(body.service_tier, body.priority)
-    except ValueError as exc:
-        field = "priority" if body.priority is not None else "service_tier"
-        raise ApiError(403, "priority_not_permitted", str(exc), field) from None
+    except PriorityNotPermitted as exc:
+        raise ApiError(403, "priority_not_permitted", str(exc), exc.field) from None
 
 
 def _forecast(session: Session, services: Services, body: JobCreate, deadline_s: float | None,

@@ -26,6 +26,15 @@ def tier_priority(tier: ServiceTier | None, priority: int | None) -> int | None:
     return priority if priority is not None else TIER_PRIORITY.get(tier or "default")
 
 
+class PriorityNotPermitted(ValueError):
+    """A priority outside the tenant's range; `field` names what asked for it (priority or service_tier)."""
+
+    def __init__(self, tier: str | None, priority: int | None, asked: int, allowed: PriorityRange) -> None:
+        self.field = "priority" if priority is not None else "service_tier"
+        what = f"priority: {asked}" if priority is not None else f"service_tier: {tier!r} (priority {asked})"
+        super().__init__(f"{what} is outside the priorities this tenant may ask for, {allowed}")
+
+
 @dataclass(frozen=True)
 class PriorityRange:
     """The priorities a tenant may ask for, both ends included; None: unbounded on that side."""
@@ -40,9 +49,7 @@ class PriorityRange:
         if asked is None:
             return self._clamp(DEFAULT_PRIORITY)
         if self._clamp(asked) != asked:
-            what = (f"priority: {asked}" if priority is not None
-                    else f"service_tier: {tier!r} (priority {asked})")
-            raise ValueError(f"{what} is outside the priorities this tenant may ask for, {self}")
+            raise PriorityNotPermitted(tier, priority, asked, self)
         return asked
 
     def _clamp(self, priority: int) -> int:

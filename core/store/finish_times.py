@@ -96,9 +96,7 @@ def forecast(session: Session, queue: str, now: datetime, *, deadline_s: float |
     """A new job's latest start (with a deadline) and predicted finish."""
     pace = queue_pace(session, queue, now, dead_after_s)
     run_s = pace.run_s(prompt_tokens, max_tokens) if pace is not None else None
-    start_by = None
-    if deadline_s is not None:
-        start_by = latest_start(now, deadline_s, pace, prompt_tokens, max_tokens)
+    start_by = latest_start(now, deadline_s, run_s) if deadline_s is not None else None
     rate = queue_rate(session, queue, now)
     if rate is None:
         return Forecast(start_by, None)
@@ -107,11 +105,9 @@ def forecast(session: Session, queue: str, now: datetime, *, deadline_s: float |
     return Forecast(start_by, now + timedelta(seconds=rate.wait_s() + run_s))
 
 
-def latest_start(now: datetime, deadline_s: float, pace: Pace | None, prompt_tokens: int, max_tokens: int,
-                 ) -> datetime:
-    """The deadline less the job's run time at `pace` (without a pace, the deadline itself)."""
-    run_s = pace.run_s(prompt_tokens, max_tokens) if pace is not None else 0.0
-    return now + timedelta(seconds=deadline_s - run_s)
+def latest_start(now: datetime, deadline_s: float, run_s: float | None) -> datetime:
+    """The deadline less the job's run time (unknown: the deadline itself)."""
+    return now + timedelta(seconds=deadline_s - (run_s or 0.0))
 
 
 def _is_pace(rates: dict[str, float]) -> bool:

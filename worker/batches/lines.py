@@ -40,7 +40,7 @@ from core.openai_request import (
 )
 from core.request_limits import RequestLimits, RequestSize, size_problem, tokenizer_problem, tokens_problem
 from core.request_rules import MAX_INT_DIGITS, text_problem
-from core.service_tiers import PriorityRange
+from core.service_tiers import PriorityNotPermitted, PriorityRange
 from worker.batches.reader import OversizeLine, RawLine
 from worker.sampling import sampling_params_from_json
 
@@ -244,7 +244,7 @@ def _validated(number: int, custom_id: str, endpoint: str, body: dict[str, Any],
         messages, prompt = None, request.prompt_text()
     try:
         priority = priorities.job_priority(request.service_tier, request.priority)
-    except ValueError as exc:
+    except PriorityNotPermitted as exc:
         raise LineRejected("priority_not_permitted", str(exc)) from None
     return BatchRequest(line=number, custom_id=custom_id, endpoint=endpoint, messages=messages, prompt=prompt,
                         params=chat_job_params(_job_params(request), options), model=request.model,

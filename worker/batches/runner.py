@@ -349,7 +349,8 @@ def _start_by(request: BatchRequest, deadline_s: float | None, now: datetime, pa
     if deadline_s is None:
         return None
     max_tokens = int(request.params.get("max_tokens", DEFAULT_MAX_TOKENS))
-    return finish_times.latest_start(now, deadline_s, pace, request.prompt_tokens, max_tokens)
+    run_s = pace.run_s(request.prompt_tokens, max_tokens) if pace is not None else None
+    return finish_times.latest_start(now, deadline_s, run_s)
 
 
 def _line_deadline_s(request: BatchRequest, batch: Batch, now: datetime) -> float | None:
