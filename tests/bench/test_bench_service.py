@@ -84,7 +84,9 @@ def test_a_service_that_ignores_wait_is_polled_at_the_poll_interval() -> None:
     for gets in fake.gets.values():
         times = [t for t, _ in gets]
         assert 4 <= len(times) <= 9  # ~0.3 s / 0.05 s: polled, not hammered
-        assert min(b - a for a, b in itertools.pairwise(times)) >= 0.045
+        # The client spaces its looks from when it asked; the fake stamps when a look arrived, which a busy
+        # machine delays by a varying amount (it saw 42 ms under the parallel suite). Hammering would be ~0.
+        assert min(b - a for a, b in itertools.pairwise(times)) >= 0.025
 
 
 def test_a_look_on_a_closed_connection_is_sent_again_once() -> None:
