@@ -37,10 +37,18 @@ POSTGRES_SERVER = os.environ.get("CONVEYOR_TEST_POSTGRES", "postgresql+psycopg:/
 REDIS_SERVER = os.environ.get("CONVEYOR_TEST_REDIS", "redis://127.0.0.1:6379")
 
 
-# Suites whose tests share one costly session or module fixture run on one pytest-xdist worker each (with
-# `--dist loadgroup`): the fault suite's private PostgreSQL, Redis and `conveyor api` processes, and the
-# README test's fresh copy of the repository. Every other test goes to whichever worker is free.
+# Suites whose tests share one costly session or module fixture run on one pytest-xdist worker per group
+# (with `--dist loadgroup`): the fault suite's private PostgreSQL, Redis and `conveyor api` processes (two
+# groups, each with its own servers, so that its ten minutes of outages and restarts are not one worker's
+# queue: the suite is the longest path through a parallel run), and the README test's fresh copy of the
+# repository. Every other test goes to whichever worker is free.
 SERIAL_GROUPS = {"faults": "faults", "docs": "readme"}
+FAULT_GROUP_OF_FILE = {  # the rest of tests/faults: "faults"
+    "test_fault_services.py": "faults-services",
+    "test_fair_share_live.py": "faults-services",
+    "test_scale_from_zero.py": "faults-services",
+    "test_fair_share_embedded.py": "faults-services",
+}
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -58,7 +66,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         folder = item.path.relative_to(tests_dir).parts[0]
         if folder in SERIAL_GROUPS:
-            item.add_marker(pytest.mark.xdist_group(SERIAL_GROUPS[folder]))
+            group = SERIAL_GROUPS[folder]
+            if folder == "faults":
+                group = FAULT_GROUP_OF_FILE.get(item.path.name, group)
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(autouse=True)
