@@ -5,17 +5,19 @@ claims the next jobs of Q in fair order, whichever they are (`claim_fair`):
   1. PostgreSQL: the queue's claim lock (`pg_advisory_xact_lock`, held to the commit), so two workers never
      both see a tenant under its max_running and both start one more. SQLite (embedded) has one process,
      and its claims of one queue come from one feeder thread.
-  2. Grouped reads of the queue's running jobs (every claim) and queued jobs (reused by a worker for up to
-     QUEUED_VIEW_S: it scans the whole backlog; see FairState) per stream, with each tenant's weight and
-     max_running. A stream is one tenant's own submissions, or one of its batches (the job's batch_id
-     column, which only the batch runner sets: a client's metadata never makes a stream).
+  2. Reads of the queue's running jobs (every claim) and queued jobs (reused by a worker for up to
+     QUEUED_VIEW_S; see FairState) per stream, with each tenant's weight and max_running. The queued read
+     counts each stream only up to a cap and finds it by a skip scan of an index
+     (core/store/queued_streams.py), so its cost follows the number of streams, not the backlog. A stream
+     is one tenant's own submissions, or one of its batches (the job's batch_id column, which only the
+     batch runner sets: a client's metadata never makes a stream).
   3. The plan (`plan`, pure): job by job, the tenant with the fewest running jobs per unit of weight among
      those with queued work under their max_running; ties go to the tenant this worker served least recently
      (so a single free slot goes round-robin), then to the oldest work. Within the tenant, the same rule
      over its streams (fewest running, least recently served, oldest).
   4. Per planned stream, its most urgent queued jobs (priority, then the least slack to a deadline still
-     ahead, then arrival: `urgency_order`) are taken `FOR UPDATE SKIP LOCKED` and claimed by one
-     conditional UPDATE (`status = 'queued'`) that returns them: a job is still claimed exactly once.
+     ahead, then arrival: `queued_streams.urgency_order`) are taken `FOR UPDATE SKIP LOCKED` and claimed by
+     one conditional UPDATE (`status = 'queued'`) that returns them: a job is still claimed exactly once.
 A tenant that arrives while another holds every slot gets the next slots that free up (within one job's
 time, plus up to QUEUED_VIEW_S before a worker's reused view sees it), until its running jobs per weight
 catch up.
@@ -30,13 +32,13 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
-from sqlalchemy import ColumnElement, case, func, null, or_, select, text, update
+from sqlalchemy import func, select, text, update
 from sqlalchemy.orm import Session
 
 from core.lifecycle import QUEUED, RUNNING
-from core.store.jobs import claimed_values, status_is
+from core.store import queued_streams
+from core.store.jobs import claimed_values
 from core.store.tables import Job, Tenant
 from core.store.tenants import TenantLimits
 
@@ -44,6 +46,7 @@ CLAIM_LOCK_SPACE = 0x636F6E76  # the first key of the claim locks ("conv"); the 
 MAX_SERVED_ENTRIES = 4096  # tenants and streams a worker remembers serving (the oldest are forgotten)
 CLAIM_IDLE_TIMEOUT_MS = 5000  # a claim transaction idle this long (its worker frozen) is ended by Postgres
 QUEUED_VIEW_S = 0.5  # how long a worker reuses its read of a queue's queued jobs (FairState)
+STREAM_COUNT_CAP = 64  # a stream's queued jobs are counted up to this (or the claim's size, if larger)
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,7 @@ class StreamLoad:
     queued: int = 0
     running: int = 0
     oldest_queued_at: datetime | None = None
+    counted_to_cap: bool = False  # `queued` is a lower bound: the stream holds at least that many
 
 
 @dataclass(frozen=True)
@@ -101,8 +105,8 @@ class _QueuedView:
 
 class FairState:
     """One worker's memory of one queue between its claims: whom it served last, and the queue's queued
-    streams as last read. That read scans every queued job of the queue, so it is reused for QUEUED_VIEW_S
-    (minus this worker's own claims); running jobs are read fresh at every claim, so max_running and the
+    streams as last read. That read is reused for QUEUED_VIEW_S (minus this worker's own claims; a stream
+    counted to the cap stays at the cap); running jobs are read fresh at every claim, so max_running and the
     running share are exact. A claim whose plan comes up short of what it was asked for, or that finds
     fewer rows than planned, reads the queued jobs again: a reused view never leaves a job unclaimed, it
     may only hold back a newly arrived tenant's first turn by up to QUEUED_VIEW_S."""
@@ -200,10 +204,10 @@ def claim_fair(session: Session, queue: str, count: int, worker_id: str, clock: 
     view, fresh = state.cached_view(), False
     while True:
         if view is None:
-            view, fresh = state.keep_view(*_queued_loads(session, queue, now, defaults)), True
+            view, fresh = state.keep_view(*_queued_loads(session, queue, now, defaults, count)), True
         picks = _plan(view, running, running_shares, count - len(claimed), state)
         for stream, n in Counter(picks).items():
-            got = _claim_oldest(session, queue, stream, n, worker_id, now, by_arrival)
+            got = _claim_most_urgent(session, queue, stream, n, worker_id, now, by_arrival)
             _took(view, stream, len(got), state, short=len(got) < n)
             running[stream] = running.get(stream, 0) + len(got)
             claimed += got
@@ -230,7 +234,7 @@ def _took(view: _QueuedView, stream: Stream, n: int, state: FairState, *, short:
     load = view.loads.get(stream)
     if short or load is None:
         state.forget_view()
-    else:
+    elif not load.counted_to_cap:
         load.queued -= n
 
 
@@ -251,22 +255,17 @@ def _running_loads(session: Session, queue: str, defaults: TenantLimits,
     return running, shares
 
 
-def _queued_loads(session: Session, queue: str, now: datetime, defaults: TenantLimits,
+def _queued_loads(session: Session, queue: str, now: datetime, defaults: TenantLimits, count: int,
                   ) -> tuple[dict[Stream, StreamLoad], dict[str, Share]]:
-    """Queued jobs of `queue` (not past their ttl) per stream, with the oldest's creation, and each such
-    tenant's share: one scan of the queue's queued jobs."""
-    query = (
-        select(Job.tenant_id, Job.batch_id, func.count(), func.min(Job.created_at), Tenant.weight,
-               Tenant.max_running)
-        .join(Tenant, Tenant.id == Job.tenant_id)
-        .where(Job.queue == queue, status_is(QUEUED), _not_expired(now))
-        .group_by(Job.tenant_id, Job.batch_id, Tenant.weight, Tenant.max_running)
-    )
-    loads: dict[Stream, StreamLoad] = {}
-    shares: dict[str, Share] = {}
-    for tenant_id, batch_id, count, oldest, weight, max_running in session.execute(query):
-        loads[Stream(tenant_id, batch_id)] = StreamLoad(int(count), 0, oldest)
-        shares[tenant_id] = _share(weight, max_running, defaults)
+    """Claimable jobs of `queue` per stream (counted up to the cap) with the oldest's creation, and each
+    such tenant's share."""
+    cap = max(count, STREAM_COUNT_CAP)
+    loads = {Stream(s.tenant_id, s.batch_id): StreamLoad(s.queued, 0, s.oldest_queued_at, s.queued >= cap)
+             for s in queued_streams.stream_loads(session, queue, now, cap)}
+    tenant_ids = sorted({stream.tenant_id for stream in loads})
+    rows = session.execute(select(Tenant.id, Tenant.weight, Tenant.max_running).where(
+        Tenant.id.in_(tenant_ids))) if tenant_ids else []
+    shares = {tenant_id: _share(weight, max_running, defaults) for tenant_id, weight, max_running in rows}
     return loads, shares
 
 
@@ -275,34 +274,16 @@ def _share(weight: float | None, max_running: int | None, defaults: TenantLimits
                  max_running if max_running is not None else defaults.max_running)
 
 
-def urgency_order(now: datetime) -> list[ColumnElement[Any]]:
-    """A stream's jobs, most urgent first: priority (lower first), then, while its deadline is ahead, its
-    latest start (the deadline minus its predicted run time, least slack first: core/store/finish_times.py),
-    then arrival; a job whose deadline has passed keeps its arrival's place among those without one
-    (engine/sequence.py Urgency orders the engine's admission the same way)."""
-    latest_start = func.coalesce(Job.start_by, Job.deadline_at)  # rows from before start_by: the deadline
-    slack_ahead = case((Job.deadline_at > now, latest_start), else_=null())
-    return [Job.priority, slack_ahead.asc().nulls_last(), Job.created_at, Job.id]
-
-
-def _claim_oldest(session: Session, queue: str, stream: Stream, n: int, worker_id: str, now: datetime,
-                  by_arrival: bool) -> list[Job]:
-    """The stream's n most urgent claimable jobs (urgency_order; oldest, by_arrival), claimed."""
-    of_stream = Job.batch_id.is_(None) if stream.batch_id is None else Job.batch_id == stream.batch_id
-    oldest = (
-        select(Job.id)
-        .where(Job.queue == queue, status_is(QUEUED), Job.tenant_id == stream.tenant_id, of_stream,
-               _not_expired(now))
-        .order_by(*([Job.created_at, Job.id] if by_arrival else urgency_order(now)))
-        .limit(n)
-        .with_for_update(skip_locked=True)  # a row another transaction is changing (a cancel) is skipped
-    )
+def _claim_most_urgent(session: Session, queue: str, stream: Stream, n: int, worker_id: str, now: datetime,
+                       by_arrival: bool) -> list[Job]:
+    """The stream's n most urgent claimable jobs (queued_streams.most_urgent), claimed."""
+    ids = queued_streams.most_urgent(session, queue, stream.tenant_id, stream.batch_id, n, now,
+                                     by_arrival=by_arrival)
+    if not ids:
+        return []
     # NOTE: two statements, not `UPDATE ... WHERE id IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)`:
     # PostgreSQL may run such a subquery again per row, each time skipping the rows just locked, and so
     # update more than n.
-    ids = list(session.execute(oldest).scalars())
-    if not ids:
-        return []
     statement = (
         update(Job)
         .where(Job.id.in_(ids), Job.status == QUEUED)
@@ -311,10 +292,6 @@ def _claim_oldest(session: Session, queue: str, stream: Stream, n: int, worker_i
         .execution_options(synchronize_session=False, populate_existing=True)
     )
     return sorted(session.execute(statement).scalars(), key=lambda job: (job.created_at, job.id))
-
-
-def _not_expired(now: datetime) -> ColumnElement[bool]:
-    return or_(Job.expires_at.is_(None), Job.expires_at > now)
 
 
 def _lock_queue(session: Session, queue: str) -> None:

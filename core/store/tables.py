@@ -94,9 +94,14 @@ class ApiKey(Base):
 # core/store/jobs.py status_is, which writes the status into the SQL for that reason.
 PARTIAL_INDEXES: dict[str, tuple[list[str], str]] = {
     "ix_jobs_queued": (["queue", "tenant_id", "batch_id", "created_at", "id"], "status = 'queued'"),
+    # A stream's claim in urgency order (core/store/queued_streams.py most_urgent; migration 0015).
+    "ix_jobs_queued_urgency": (["queue", "tenant_id", "batch_id", "priority", "created_at", "id"],
+                               "status = 'queued'"),
+    "ix_jobs_queued_slack": (["queue", "tenant_id", "batch_id", "priority", "start_by", "created_at", "id"],
+                             "status = 'queued' AND deadline_at IS NOT NULL"),
     "ix_jobs_queued_expiry": (["expires_at"], "status = 'queued' AND expires_at IS NOT NULL"),
     "ix_jobs_undispatched": (["created_at"], "status = 'queued' AND dispatched_at IS NULL"),
-    "ix_jobs_dispatched_queued": (["queue", "dispatched_at"],
+    "ix_jobs_dispatched_queued": (["queue", "dispatched_at", "created_at", "id"],
                                   "status = 'queued' AND dispatched_at IS NOT NULL"),
     "ix_jobs_succeeded_finished": (["queue", "finished_at"], "status = 'succeeded'"),
     "ix_jobs_deadline_finished": (["finished_at"], "deadline_at IS NOT NULL"),

@@ -1,0 +1,126 @@
+"""Reads of a queue's backlog whose cost follows the number of streams and the jobs asked for, not the
+backlog's size (issue 32): what a fair claim reads under its queue's lock.
+
+- `stream_loads`: each stream's queued jobs (counted up to a cap) and its oldest, found by a skip scan of
+  ix_jobs_queued: one index probe per tenant and per batch, then a bounded count per stream.
+- `most_urgent`: a stream's next jobs in urgency order (`urgency_order`), merged from two index-ordered reads
+  (ix_jobs_queued_urgency for jobs without a deadline ahead, ix_jobs_queued_slack for those with one), each
+  of at most n rows and locked `FOR UPDATE SKIP LOCKED`, instead of sorting the stream's whole backlog.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import ColumnElement, Select, case, func, literal, null, or_, select, union_all
+from sqlalchemy.orm import Session
+
+from core.lifecycle import QUEUED
+from core.store.jobs import status_is
+from core.store.tables import Job
+
+
+@dataclass(frozen=True)
+class QueuedStream:
+    tenant_id: str
+    batch_id: str | None  # None: the tenant's own submissions
+    queued: int  # at most the cap asked for
+    oldest_queued_at: datetime
+
+
+def urgency_order(now: datetime) -> list[ColumnElement[Any]]:
+    """A stream's jobs, most urgent first: priority (lower first), then, while its deadline is ahead, its
+    latest start (the deadline minus its predicted run time, least slack first: core/store/finish_times.py;
+    set whenever the deadline is: jobs.add, migration 0015), then arrival; a job whose deadline has passed
+    keeps its arrival's place among those without one (engine/sequence.py Urgency orders the engine's
+    admission the same way)."""
+    slack_ahead = case((Job.deadline_at > now, Job.start_by), else_=null())
+    return [Job.priority, slack_ahead.asc().nulls_last(), Job.created_at, Job.id]
+
+
+def stream_loads(session: Session, queue: str, now: datetime, cap: int) -> list[QueuedStream]:
+    """The streams of `queue` with claimable jobs (queued, not past their ttl): each one's count, up to
+    `cap`, and its oldest job's creation. Expired jobs the reconciler has not swept yet are skipped."""
+    queued = (Job.queue == queue, status_is(QUEUED))
+    tenants = _distinct_tenants(queued)
+    batches = _distinct_batches(queued, tenants)
+    # Two branches, so that each correlated read matches its stream by one indexable condition.
+    own = (tenants, tenants.c.tenant_id, null(), Job.batch_id.is_(None), tenants.c.tenant_id.is_not(None))
+    batch = (batches, batches.c.tenant_id, batches.c.batch_id, Job.batch_id == batches.c.batch_id,
+             batches.c.batch_id.is_not(None))
+    query = union_all(*(_stream_load(*stream, queued, now, cap) for stream in (own, batch)))
+    return [QueuedStream(tenant_id, batch_id, int(count), oldest)
+            for tenant_id, batch_id, count, oldest in session.execute(query) if count]
+
+
+def _stream_load(source: Any, tenant: ColumnElement[Any], batch: ColumnElement[Any],
+                 of_batch: ColumnElement[bool], listed: ColumnElement[bool],
+                 queued: tuple[ColumnElement[bool], ...], now: datetime, cap: int) -> Select[Any]:
+    """Per stream (tenant, batch) listed in `source` (a CTE), its claimable jobs counted up to `cap`, and
+    its oldest."""
+    claimable = (*queued, Job.tenant_id == tenant, of_batch, _not_expired(now))
+    first = select(Job.created_at).where(*claimable).order_by(Job.created_at, Job.id).limit(1)
+    # Correlated to the listed stream by hand: a subquery in FROM is not correlated by default.
+    capped = select(literal(1)).where(*claimable).limit(cap).correlate(source).subquery()
+    count = select(func.count()).select_from(capped).scalar_subquery()
+    return select(tenant.label("tenant_id"), batch.label("batch_id"), count.label("queued"),
+                  first.scalar_subquery().label("oldest")).where(listed)
+
+
+def _distinct_tenants(queued: tuple[ColumnElement[bool], ...]) -> Any:
+    """The tenants with queued jobs in the queue, one index probe each (a recursive skip scan); the last
+    row is NULL."""
+    def after(previous: ColumnElement[Any] | None) -> Any:
+        later = () if previous is None else (Job.tenant_id > previous,)
+        return select(Job.tenant_id).where(*queued, *later).order_by(Job.tenant_id).limit(1).scalar_subquery()
+
+    tenants = select(after(None).label("tenant_id")).cte("queued_tenants", recursive=True)
+    return tenants.union_all(select(after(tenants.c.tenant_id)).where(tenants.c.tenant_id.is_not(None)))
+
+
+def _distinct_batches(queued: tuple[ColumnElement[bool], ...], tenants: Any) -> Any:
+    """Each tenant's batches with queued jobs in the queue, one index probe each; a NULL row ends each
+    tenant's list."""
+    def after(tenant: ColumnElement[Any], previous: ColumnElement[Any] | None) -> Any:
+        later = (Job.batch_id.is_not(None),) if previous is None else (Job.batch_id > previous,)
+        return (select(Job.batch_id).where(*queued, Job.tenant_id == tenant, *later)
+                .order_by(Job.batch_id).limit(1).scalar_subquery())
+
+    first = select(tenants.c.tenant_id, after(tenants.c.tenant_id, None).label("batch_id")).where(
+        tenants.c.tenant_id.is_not(None))
+    batches = first.cte("queued_batches", recursive=True)
+    return batches.union_all(select(batches.c.tenant_id, after(batches.c.tenant_id, batches.c.batch_id))
+                             .where(batches.c.batch_id.is_not(None)))
+
+
+def most_urgent(session: Session, queue: str, tenant_id: str, batch_id: str | None, n: int, now: datetime,
+                *, by_arrival: bool = False) -> list[str]:
+    """The ids of the stream's n most urgent claimable jobs (`urgency_order`; oldest first, `by_arrival`),
+    locked `FOR UPDATE SKIP LOCKED` (a row another transaction is changing, a cancel, is passed over). Up to
+    2n rows are locked until the caller's transaction ends; the caller claims the first n."""
+    of_stream = Job.batch_id.is_(None) if batch_id is None else Job.batch_id == batch_id
+    claimable = (Job.queue == queue, status_is(QUEUED), Job.tenant_id == tenant_id, of_stream,
+                 _not_expired(now))
+    if by_arrival:
+        return list(session.execute(_locked(select(Job.id).where(*claimable)
+                                            .order_by(Job.created_at, Job.id), n)).scalars())
+    # Two reads that each follow an index's order: jobs whose deadline is ahead by their latest start, the
+    # others (no deadline, or one passed) by arrival; within a priority, the first come first.
+    ahead = select(Job.id, Job.priority, Job.start_by, Job.created_at).where(*claimable,
+                                                                             Job.deadline_at > now)
+    rest = select(Job.id, Job.priority, null(), Job.created_at).where(
+        *claimable, or_(Job.deadline_at.is_(None), Job.deadline_at <= now))
+    rows = [*session.execute(_locked(ahead.order_by(Job.priority, Job.start_by, Job.created_at, Job.id), n)),
+            *session.execute(_locked(rest.order_by(Job.priority, Job.created_at, Job.id), n))]
+    rows.sort(key=lambda row: (row[1], row[2] is None, row[2] or now, row[3], row[0]))
+    return [row[0] for row in rows[:n]]
+
+
+def _locked(query: Select[Any], n: int) -> Select[Any]:
+    return query.limit(n).with_for_update(skip_locked=True)
+
+
+def _not_expired(now: datetime) -> ColumnElement[bool]:
+    return or_(Job.expires_at.is_(None), Job.expires_at > now)
