@@ -66,7 +66,7 @@ class AdmissionGauge:
             if fresh and estimate is not None and estimate.queued < max_queued:
                 return True
         counted_at = self._clock()
-        queued = jobs.count_queued(session, queue, tenant_id)
+        queued = jobs.count_queued(session, queue, tenant_id, up_to=max_queued)
         with self._lock:
             self._estimates[key] = _Estimate(queued, counted_at)
         return queued < max_queued

@@ -194,9 +194,11 @@ class Reconciler:
     def _redispatch_in_empty_queues(self, dispatched_before: datetime) -> int:
         total = 0
         for queue in self._queues:
+            if self._broker.depth(queue) > 0:  # the broker's count first: one round trip, no store read
+                continue
             with self._sessions() as session:
                 lost = jobs.dispatched_but_queued(session, queue, dispatched_before, REDISPATCH_BATCH)
-            if not lost or self._broker.depth(queue) > 0:
+            if not lost:
                 continue
             log.warning("queue %s is empty in the broker but %d job(s) of it are queued: publishing again",
                         queue, len(lost))

@@ -160,12 +160,17 @@ def status_is(status: str) -> ColumnElement[bool]:
     return Job.status == literal_column(f"'{status}'")
 
 
-def count_queued(session: Session, queue: str, tenant_id: str | None = None) -> int:
-    """The queue's queued jobs; with `tenant_id`, that tenant's only."""
-    query = select(func.count()).select_from(Job).where(Job.queue == queue, status_is(QUEUED))
+def count_queued(session: Session, queue: str, tenant_id: str | None = None, *, up_to: int | None = None,
+                 ) -> int:
+    """The queue's queued jobs; with `tenant_id`, that tenant's only. With `up_to`, counted only up to it
+    (an admission check asks whether a limit is reached: its cost is bounded by the limit, not the
+    backlog)."""
+    rows = select(literal_column("1")).where(Job.queue == queue, status_is(QUEUED))
     if tenant_id is not None:
-        query = query.where(Job.tenant_id == tenant_id)
-    return int(session.execute(query).scalar_one())
+        rows = rows.where(Job.tenant_id == tenant_id)
+    if up_to is not None:
+        rows = rows.limit(up_to)
+    return int(session.execute(select(func.count()).select_from(rows.subquery())).scalar_one())
 
 
 def queue_counts(session: Session, tenant_id: str | None = None) -> dict[str, QueueCounts]:
@@ -531,13 +536,14 @@ def queued(session: Session) -> list[tuple[str, str]]:
 
 def dispatched_but_queued(session: Session, queue: str, dispatched_before: datetime, limit: int,
                           ) -> list[tuple[str, str]]:
-    """(id, queue) of the queue's jobs still queued though dispatched before `dispatched_before`, oldest
-    first: candidates for a lost broker message."""
+    """(id, queue) of the queue's jobs still queued though dispatched before `dispatched_before`, the
+    earliest dispatched first, then the oldest (ix_jobs_dispatched_queued's order: the read stops at
+    `limit`): candidates for a lost broker message."""
     query = (
         select(Job.id, Job.queue)
         .where(status_is(QUEUED), Job.queue == queue, Job.dispatched_at.is_not(None),
                Job.dispatched_at < dispatched_before)
-        .order_by(Job.created_at)
+        .order_by(Job.dispatched_at, Job.created_at, Job.id)
         .limit(limit)
     )
     return [(job_id, name) for job_id, name in session.execute(query)]

@@ -6,8 +6,8 @@ they look at, not the finished history kept for retention (issue 32; `conveyor b
 - ix_jobs_queued_expiry (expires_at) WHERE status = 'queued' AND expires_at IS NOT NULL: the reconciler's
   expiry sweep.
 - ix_jobs_undispatched (created_at) WHERE status = 'queued' AND dispatched_at IS NULL: its re-publish sweep.
-- ix_jobs_dispatched_queued (queue, dispatched_at) WHERE status = 'queued' AND dispatched_at IS NOT NULL: its
-  lost-message sweep.
+- ix_jobs_dispatched_queued (queue, dispatched_at, created_at, id) WHERE status = 'queued' AND dispatched_at
+  IS NOT NULL: its lost-message sweep, earliest dispatched first.
 - ix_jobs_succeeded_finished (queue, finished_at) WHERE status = 'succeeded': a queue's delivered tokens of
   the last minutes (finish_times.queue_rate, every submit with a deadline).
 - ix_jobs_deadline_finished (finished_at) WHERE deadline_at IS NOT NULL: goodput of the last hour.
@@ -38,7 +38,7 @@ INDEXES: dict[str, tuple[list[str], str]] = {
     "ix_jobs_queued": (["queue", "tenant_id", "batch_id", "created_at", "id"], "status = 'queued'"),
     "ix_jobs_queued_expiry": (["expires_at"], "status = 'queued' AND expires_at IS NOT NULL"),
     "ix_jobs_undispatched": (["created_at"], "status = 'queued' AND dispatched_at IS NULL"),
-    "ix_jobs_dispatched_queued": (["queue", "dispatched_at"],
+    "ix_jobs_dispatched_queued": (["queue", "dispatched_at", "created_at", "id"],
                                   "status = 'queued' AND dispatched_at IS NOT NULL"),
     "ix_jobs_succeeded_finished": (["queue", "finished_at"], "status = 'succeeded'"),
     "ix_jobs_deadline_finished": (["finished_at"], "deadline_at IS NOT NULL"),
