@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -16,6 +16,7 @@ from core.chat_options import ToolParser, tool_parser_for
 from core.dispatch import Dispatcher, JobPublisher
 from core.finish_notifications import FinishedSink, FinishedWatch
 from core.settings import Settings
+from core.store.finish_times import QueueRates
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,7 @@ class Services:
     dispatcher: Dispatcher  # the DispatchRelay: publishes committed jobs, in groups, off the request path
     finished: FinishedSink | None = None  # told when the API itself commits a final status (cancel)
     finished_watch: FinishedWatch | None = None  # wakes long polls and event streams; None: they poll
+    queue_rates: QueueRates = field(default_factory=QueueRates)  # deadline forecasts without a sum per submit
 
     @property
     def tool_parser(self) -> ToolParser:

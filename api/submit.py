@@ -48,6 +48,7 @@ def submit(
     if created:
         services.metrics.jobs_submitted.labels(job.queue).inc()
         services.admission.admitted(job.queue, tenant_id)
+        services.queue_rates.admitted(job.queue, body.n * body.max_tokens)
         services.dispatcher.dispatch(job.id, job.queue)
     return job, created
 
@@ -113,7 +114,8 @@ def _forecast(session: Session, services: Services, body: JobCreate, deadline_s:
         return finish_times.Forecast(None, None)
     forecast = finish_times.forecast(
         session, body.queue, now, deadline_s=deadline_s, prompt_tokens=prompt_tokens,
-        max_tokens=body.max_tokens, choices=body.n, dead_after_s=services.settings.worker_dead_after_s)
+        max_tokens=body.max_tokens, choices=body.n, dead_after_s=services.settings.worker_dead_after_s,
+        rates=services.queue_rates)
     if forecast.finish_at is not None:
         _refuse_late(body, deadline_s, (forecast.finish_at - now).total_seconds())
     return forecast

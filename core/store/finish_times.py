@@ -12,12 +12,19 @@
 
 No rate (nothing finished in the window, or the queue idle): no finish prediction. No pace (no live worker
 measured one yet): no run time, and the latest start is the deadline itself.
+
+The work ahead is a sum over the queue's whole backlog, so a process reuses its read of a queue's rate for
+up to RATE_REFRESH_S (`QueueRates`), adding the jobs it admitted meanwhile: a burst of submits with
+deadlines reads the backlog once a second, not once per job.
 """
 
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from sqlalchemy import Integer, cast, func, select
@@ -30,6 +37,7 @@ from core.store.tables import Job
 from core.store.token_usage import DEFAULT_MAX_TOKENS
 
 RATE_WINDOW = timedelta(minutes=5)
+RATE_REFRESH_S = 1.0  # how long a process reuses its read of a queue's rate and work ahead (QueueRates)
 
 
 @dataclass(frozen=True)
@@ -81,6 +89,37 @@ def queue_rate(session: Session, queue: str, now: datetime) -> QueueRate | None:
     return QueueRate(int(delivered) / RATE_WINDOW.total_seconds(), int(ahead))
 
 
+class QueueRates:
+    """One process's last read of each queue's rate (`queue_rate`), reused for `refresh_s`, plus the output
+    of the jobs this process admitted since. Thread-safe."""
+
+    def __init__(self, refresh_s: float = RATE_REFRESH_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._refresh_s = refresh_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._read: dict[str, tuple[QueueRate | None, float]] = {}
+
+    def rate(self, session: Session, queue: str, now: datetime) -> QueueRate | None:
+        with self._lock:
+            cached = self._read.get(queue)
+        if cached is not None and self._clock() - cached[1] < self._refresh_s:
+            return cached[0]
+        read_at = self._clock()
+        rate = queue_rate(session, queue, now)
+        with self._lock:
+            self._read[queue] = (rate, read_at)
+        return rate
+
+    def admitted(self, queue: str, output_tokens: int) -> None:
+        """A job of `queue` that may write `output_tokens` was committed by this process."""
+        with self._lock:
+            cached = self._read.get(queue)
+            if cached is not None and cached[0] is not None:
+                rate, read_at = cached
+                self._read[queue] = (replace(rate, tokens_ahead=rate.tokens_ahead + output_tokens), read_at)
+
+
 def queue_pace(session: Session, queue: str, now: datetime, dead_after_s: float) -> Pace | None:
     """The median pace of the queue's live workers, or None when none published one."""
     published = [pace for pace in workers.paces(session, queue, now=now, dead_after_s=dead_after_s)
@@ -92,12 +131,13 @@ def queue_pace(session: Session, queue: str, now: datetime, dead_after_s: float)
 
 
 def forecast(session: Session, queue: str, now: datetime, *, deadline_s: float | None, prompt_tokens: int,
-             max_tokens: int, choices: int, dead_after_s: float) -> Forecast:
-    """A new job's latest start (with a deadline) and predicted finish."""
+             max_tokens: int, choices: int, dead_after_s: float, rates: QueueRates | None = None) -> Forecast:
+    """A new job's latest start (with a deadline) and predicted finish; `rates`: the process's reused
+    reads of the queue's rate (none: read now)."""
     pace = queue_pace(session, queue, now, dead_after_s)
     run_s = pace.run_s(prompt_tokens, max_tokens) if pace is not None else None
     start_by = latest_start(now, deadline_s, run_s) if deadline_s is not None else None
-    rate = queue_rate(session, queue, now)
+    rate = rates.rate(session, queue, now) if rates is not None else queue_rate(session, queue, now)
     if rate is None:
         return Forecast(start_by, None)
     if run_s is None:

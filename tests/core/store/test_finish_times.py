@@ -84,3 +84,19 @@ def test_the_forecast_starts_by_the_deadline_less_the_run_and_finishes_after_the
     assert rated.finish_at == now + timedelta(seconds=30 + 15)
     no_deadline = finish_times.forecast(session, "interactive", now, **{**kwargs, "deadline_s": None})
     assert no_deadline.start_by is None
+
+
+def test_a_process_reuses_its_read_of_the_rate_and_adds_the_jobs_it_admitted(session: Session) -> None:
+    now = T0 + timedelta(minutes=10)
+    _finish(session, _job(session, max_tokens=400), 300, now - timedelta(minutes=1))
+    _job(session, max_tokens=100)
+    seconds = [0.0]
+    rates = finish_times.QueueRates(refresh_s=1.0, clock=lambda: seconds[0])
+    assert rates.rate(session, "interactive", now) == finish_times.QueueRate(1.0, 100)
+    _job(session, max_tokens=50)  # another process's job: unseen until the next read
+    rates.admitted("interactive", 30)  # this process's own
+    assert rates.rate(session, "interactive", now) == finish_times.QueueRate(1.0, 130)
+    seconds[0] = 1.0
+    assert rates.rate(session, "interactive", now) == finish_times.QueueRate(1.0, 150)  # read again
+    rates.admitted("documents", 10)  # never read: nothing to add to
+    assert rates.rate(session, "documents", now) is None
