@@ -61,7 +61,9 @@ def _stream_load(source: Any, tenant: ColumnElement[Any], batch: ColumnElement[A
     """Per stream (tenant, batch) listed in `source` (a CTE), its claimable jobs counted up to `cap`, and
     its oldest."""
     claimable = (*queued, Job.tenant_id == tenant, of_batch, _not_expired(now))
-    first = select(Job.created_at).where(*claimable).order_by(Job.created_at, Job.id).limit(1)
+    # Ordered by the batch too (one value in the stream), so that the order is ix_jobs_queued's: by
+    # (created_at, id) alone the planner may walk the tenant's whole history in ix_jobs_tenant_created.
+    first = select(Job.created_at).where(*claimable).order_by(Job.batch_id, Job.created_at, Job.id).limit(1)
     # Correlated to the listed stream by hand: a subquery in FROM is not correlated by default.
     capped = select(literal(1)).where(*claimable).limit(cap).correlate(source).subquery()
     count = select(func.count()).select_from(capped).scalar_subquery()
