@@ -16,7 +16,7 @@ claims the next jobs of Q in fair order, whichever they are (`claim_fair`):
      (so a single free slot goes round-robin), then to the oldest work. Within the tenant, the same rule
      over its streams (fewest running, least recently served, oldest).
   4. Per planned stream, its most urgent queued jobs (priority, then the least slack to a deadline still
-     ahead, then arrival: `queued_streams.urgency_order`) are taken `FOR UPDATE SKIP LOCKED` and claimed by
+     ahead, then arrival: `queued_streams.most_urgent`) are taken `FOR UPDATE SKIP LOCKED` and claimed by
      one conditional UPDATE (`status = 'queued'`) that returns them: a job is still claimed exactly once.
 A tenant that arrives while another holds every slot gets the next slots that free up (within one job's
 time, plus up to QUEUED_VIEW_S before a worker's reused view sees it), until its running jobs per weight

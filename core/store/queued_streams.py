@@ -3,7 +3,7 @@ backlog's size (issue 32): what a fair claim reads under its queue's lock.
 
 - `stream_loads`: each stream's queued jobs (counted up to a cap) and its oldest, found by a skip scan of
   ix_jobs_queued: one index probe per tenant and per batch, then a bounded count per stream.
-- `most_urgent`: a stream's next jobs in urgency order (`urgency_order`), merged from two index-ordered reads
+- `most_urgent`: a stream's next jobs in urgency order, merged from two index-ordered reads
   (ix_jobs_queued_urgency for jobs without a deadline ahead, ix_jobs_queued_slack for those with one), each
   of at most n rows and locked `FOR UPDATE SKIP LOCKED`, instead of sorting the stream's whole backlog.
 """
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Select, case, func, literal, null, or_, select, union_all
+from sqlalchemy import ColumnElement, Select, func, literal, null, or_, select, union_all
 from sqlalchemy.orm import Session
 
 from core.lifecycle import QUEUED
@@ -28,16 +28,6 @@ class QueuedStream:
     batch_id: str | None  # None: the tenant's own submissions
     queued: int  # at most the cap asked for
     oldest_queued_at: datetime
-
-
-def urgency_order(now: datetime) -> list[ColumnElement[Any]]:
-    """A stream's jobs, most urgent first: priority (lower first), then, while its deadline is ahead, its
-    latest start (the deadline minus its predicted run time, least slack first: core/store/finish_times.py;
-    set whenever the deadline is: jobs.add, migration 0015), then arrival; a job whose deadline has passed
-    keeps its arrival's place among those without one (engine/sequence.py Urgency orders the engine's
-    admission the same way)."""
-    slack_ahead = case((Job.deadline_at > now, Job.start_by), else_=null())
-    return [Job.priority, slack_ahead.asc().nulls_last(), Job.created_at, Job.id]
 
 
 def stream_loads(session: Session, queue: str, now: datetime, cap: int) -> list[QueuedStream]:
@@ -99,9 +89,15 @@ def _distinct_batches(queued: tuple[ColumnElement[bool], ...], tenants: Any) -> 
 
 def most_urgent(session: Session, queue: str, tenant_id: str, batch_id: str | None, n: int, now: datetime,
                 *, by_arrival: bool = False) -> list[str]:
-    """The ids of the stream's n most urgent claimable jobs (`urgency_order`; oldest first, `by_arrival`),
-    locked `FOR UPDATE SKIP LOCKED` (a row another transaction is changing, a cancel, is passed over). Up to
-    2n rows are locked until the caller's transaction ends; the caller claims the first n."""
+    """The ids of the stream's n most urgent claimable jobs, locked `FOR UPDATE SKIP LOCKED` (a row another
+    transaction is changing, a cancel, is passed over). Up to 2n rows are locked until the caller's
+    transaction ends; the caller claims the first n.
+
+    Urgency: priority (lower first), then, while its deadline is ahead, its latest start (`start_by`: the
+    deadline minus its predicted run time, least slack first; set whenever the deadline is, by jobs.add and
+    migration 0015), then arrival; a job whose deadline has passed keeps its arrival's place among those
+    without one (engine/sequence.py Urgency orders the engine's admission the same way). `by_arrival`:
+    oldest first, priority and deadline ignored."""
     of_stream = Job.batch_id.is_(None) if batch_id is None else Job.batch_id == batch_id
     claimable = (Job.queue == queue, status_is(QUEUED), Job.tenant_id == tenant_id, of_stream,
                  _not_expired(now))
