@@ -167,7 +167,7 @@ def test_a_lines_priority_and_deadline_and_the_window_as_its_default_deadline(
 def test_a_line_outside_its_tenants_priorities_fails_alone_and_lines_start_by_their_slack(
     make_service: Callable[..., Service],
 ) -> None:
-    service = make_service()
+    service = make_service(worker_dead_after_s=600.0)  # the pace stays live however slow the machine
     client = service.client("alice")
     with service.session_factory() as session:
         tenants.set_overrides(session, "alice", {"min_priority": -1}, utcnow())
