@@ -3,9 +3,9 @@ backlog's size (issue 32): what a fair claim reads under its queue's lock.
 
 - `stream_loads`: each stream's queued jobs (counted up to a cap) and its oldest, found by a skip scan of
   ix_jobs_queued: one index probe per tenant and per batch, then a bounded count per stream.
-- `most_urgent`: a stream's next jobs in urgency order, merged from two index-ordered reads
-  (ix_jobs_queued_urgency for jobs without a deadline ahead, ix_jobs_queued_slack for those with one), each
-  of at most n rows and locked `FOR UPDATE SKIP LOCKED`, instead of sorting the stream's whole backlog.
+- `most_urgent`: a stream's next jobs in urgency order, merged from two index-ordered reads of at most n
+  rows each (ix_jobs_queued_slack for the jobs with a deadline ahead, ix_jobs_queued_urgency for the first
+  by arrival), locked `FOR UPDATE SKIP LOCKED`, instead of sorting the stream's whole backlog.
 """
 
 from __future__ import annotations
@@ -97,23 +97,42 @@ def most_urgent(session: Session, queue: str, tenant_id: str, batch_id: str | No
     deadline minus its predicted run time, least slack first; set whenever the deadline is, by jobs.add and
     migration 0015), then arrival; a job whose deadline has passed keeps its arrival's place among those
     without one (engine/sequence.py Urgency orders the engine's admission the same way). `by_arrival`:
-    oldest first, priority and deadline ignored."""
+    oldest first, priority and deadline ignored.
+
+    One statement of two index-ordered reads of n rows each, merged here:
+    - the jobs whose deadline is ahead, by (priority, start_by) (ix_jobs_queued_slack);
+    - the stream's first n jobs by (priority, arrival), whatever their deadline (ix_jobs_queued_urgency).
+      The jobs that rank by arrival (no deadline, or one passed) and belong in the n are all among them: any
+      such job after those n ranks behind each of them (a lower priority, a deadline ahead at its priority,
+      or an earlier arrival). Filtering this read to such jobs instead would walk past every job with a
+      deadline ahead: the whole stream, when all have one."""
     of_stream = Job.batch_id.is_(None) if batch_id is None else Job.batch_id == batch_id
     claimable = (Job.queue == queue, status_is(QUEUED), Job.tenant_id == tenant_id, of_stream,
                  _not_expired(now))
+    # Each read is ordered by the batch first (one value in the stream): PostgreSQL takes `batch_id IS NULL`
+    # for no equality, so without it the index's order would not be seen and the whole stream sorted.
     if by_arrival:
         return list(session.execute(_locked(select(Job.id).where(*claimable)
-                                            .order_by(Job.created_at, Job.id), n)).scalars())
-    # Two reads that each follow an index's order: jobs whose deadline is ahead by their latest start, the
-    # others (no deadline, or one passed) by arrival; within a priority, the first come first.
-    ahead = select(Job.id, Job.priority, Job.start_by, Job.created_at).where(*claimable,
-                                                                             Job.deadline_at > now)
-    rest = select(Job.id, Job.priority, null(), Job.created_at).where(
-        *claimable, or_(Job.deadline_at.is_(None), Job.deadline_at <= now))
-    rows = [*session.execute(_locked(ahead.order_by(Job.priority, Job.start_by, Job.created_at, Job.id), n)),
-            *session.execute(_locked(rest.order_by(Job.priority, Job.created_at, Job.id), n))]
-    rows.sort(key=lambda row: (row[1], row[2] is None, row[2] or now, row[3], row[0]))
-    return [row[0] for row in rows[:n]]
+                                            .order_by(Job.batch_id, Job.created_at, Job.id), n)).scalars())
+    columns = (Job.id, Job.priority, Job.deadline_at, Job.start_by, Job.created_at)
+    ahead = select(*columns).where(*claimable, Job.deadline_at > now).order_by(
+        Job.batch_id, Job.priority, Job.start_by, Job.created_at, Job.id)
+    first = select(*columns).where(*claimable).order_by(Job.batch_id, Job.priority, Job.created_at, Job.id)
+    # FOR UPDATE is refused in a UNION's branches, not in a materialized CTE (read once, locks taken once).
+    reads = [_locked(read, n).cte(name).prefix_with("MATERIALIZED")
+             for name, read in (("urgent_ahead", ahead), ("urgent_first", first))]
+    rows = {row.id: row for row in session.execute(union_all(*(select(read) for read in reads)))}
+    ranked = sorted(rows.values(), key=lambda row: _urgency(row.priority, row.deadline_at, row.start_by,
+                                                            row.created_at, row.id, now))
+    return [row.id for row in ranked[:n]]
+
+
+def _urgency(priority: int, deadline_at: datetime | None, start_by: datetime | None, created_at: datetime,
+             job_id: str, now: datetime) -> tuple[int, bool, datetime, datetime, str]:
+    """most_urgent's order: within a priority, a deadline ahead first (by its latest start), then arrival."""
+    if deadline_at is not None and deadline_at > now:
+        return priority, False, start_by or deadline_at, created_at, job_id
+    return priority, True, now, created_at, job_id
 
 
 def _locked(query: Select[Any], n: int) -> Select[Any]:

@@ -69,3 +69,22 @@ def test_a_streams_next_jobs_come_by_priority_then_slack_then_arrival(session: S
         assert most_urgent(session, "documents", "a", None, n, now) == expected[:n]
     assert most_urgent(session, "documents", "a", None, 3, now, by_arrival=True) == (plain + missed)[:3]
     assert most_urgent(session, "documents", "a", "no-such-batch", 3, now) == []
+
+
+def test_the_merged_reads_give_the_order_a_sort_of_the_whole_stream_gives(session: Session) -> None:
+    # Every job kind at two priorities, in an arrival order that puts jobs with a deadline ahead before those
+    # that rank by arrival: the n most urgent must match the documented order, for every n.
+    now = T0 + timedelta(seconds=100)
+    kinds = [(0, 3600.0), (0, 600.0), (1, 3600.0), (0, None), (0, 5.0), (1, None), (1, 5.0), (0, 900.0),
+             (0, None), (1, 600.0), (0, 5.0), (0, 1200.0)]
+    ids = [_add(session, "a", 1, T0 + timedelta(seconds=i), priority=priority, deadline_s=deadline_s)[0]
+           for i, (priority, deadline_s) in enumerate(kinds)]
+
+    def rank(i: int) -> tuple[int, bool, float, int]:
+        priority, deadline_s = kinds[i]
+        ahead = deadline_s is not None and i + deadline_s > 100  # deadline = arrival (i s) + deadline_s
+        return priority, not ahead, i + deadline_s if ahead and deadline_s else 0.0, i
+
+    expected = [ids[i] for i in sorted(range(len(kinds)), key=rank)]
+    for n in range(1, len(kinds) + 1):
+        assert most_urgent(session, "documents", "a", None, n, now) == expected[:n], n
