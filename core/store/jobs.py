@@ -49,6 +49,7 @@ from core.store.final_status_effects import record_finished
 from core.store.paging import newest_first
 from core.store.tables import Batch, BatchLine, Job
 
+EXPIRE_BATCH = 500  # queued jobs past their ttl expired per statement (expire_overdue)
 
 @dataclass(frozen=True)
 class NewJob:
@@ -503,19 +504,28 @@ def requeue_unheld(
     return requeued
 
 
-def expire_overdue(session: Session, now: datetime, job_ids: list[str] | None = None) -> list[str]:
+def expire_overdue(session: Session, now: datetime, job_ids: list[str] | None = None,
+                   batch: int = EXPIRE_BATCH) -> list[str]:
     """queued jobs past expires_at -> expired (only those of `job_ids` when given); commits and returns
-    their ids."""
+    their ids. `batch` at a time, the earliest expiry first, each committed: a wave of expiries never makes
+    one long transaction, and the read follows ix_jobs_queued_expiry (the planner, misled by the finished
+    rows' past expiries, would otherwise read every queued row to find none)."""
     overdue = [status_is(QUEUED), Job.expires_at.is_not(None), Job.expires_at <= now]
     if job_ids is not None:
         overdue.append(Job.id.in_(job_ids))
-    statement = update(Job).where(Job.id.in_(_unlocked(*overdue)), *overdue)
-    statement = statement.values(**_expired_values(now)).returning(Job.id)
-    ids = list(session.execute(statement.execution_options(synchronize_session=False)).scalars())
-    if ids:
-        record_finished(session, ids, EXPIRED, now)
-    session.commit()
-    return ids
+    statement = (update(Job)
+                 .where(Job.id.in_(_unlocked(*overdue).order_by(Job.expires_at).limit(batch)), *overdue)
+                 .values(**_expired_values(now)).returning(Job.id)
+                 .execution_options(synchronize_session=False))
+    expired: list[str] = []
+    while True:
+        ids = list(session.execute(statement).scalars())
+        if ids:
+            record_finished(session, ids, EXPIRED, now)
+        session.commit()
+        expired += ids
+        if len(ids) < batch:
+            return expired
 
 
 def undispatched(session: Session, older_than: datetime) -> list[tuple[str, str]]:

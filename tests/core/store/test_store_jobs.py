@@ -412,3 +412,13 @@ def test_a_dead_workers_idle_transaction_is_ended_so_its_rows_are_swept(emptied_
     finally:
         db_engine.dispose()
         worker_engine.dispose()
+
+
+def test_expiry_runs_in_batches_earliest_first_until_every_overdue_job_is_expired(session: Session) -> None:
+    overdue = [add_job(session, ttl_s=float(5 - i)) for i in range(5)]  # the last added expires first
+    later = add_job(session, ttl_s=600)
+    expired = jobs.expire_overdue(session, T0 + timedelta(seconds=60), batch=2)
+    assert sorted(expired) == sorted(overdue) and len(expired) == 5
+    assert set(expired[:2]) == set(overdue[3:])  # the first batch: the two earliest expiries
+    assert {jobs.get(session, job_id).status for job_id in overdue} == {"expired"}  # type: ignore[union-attr]
+    assert jobs.get(session, later).status == "queued"  # type: ignore[union-attr]
