@@ -10,6 +10,7 @@ at start.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import queue as stdlib_queue
 import sys
@@ -35,7 +36,8 @@ from worker.token_sinks import InProcessTokenStream
 
 log = logging.getLogger(__name__)
 
-POLL_S = 0.2  # how often an idle feeder looks at the stop flag
+POLL_S = 0.2  # how often a feeder waiting for room looks at the stop flag
+IDLE_POLL_S = 2.0  # how often a feeder with nothing to claim looks again unwoken (a safety net)
 STORE_ERROR_BACKOFF_S = 1.0
 CLAIM_MAX = 512  # jobs one claim takes at most
 
@@ -87,6 +89,8 @@ class EmbeddedRuntime:
         """Stops taking jobs, finishes in-flight ones within grace_s (default: the worker_shutdown_grace_s
         setting); the rest go back to queued in the store (the next start picks them up)."""
         self._stop.set()
+        for name in self.settings.queues:
+            self.publisher.wake(name)
         for feeder in self._feeders:
             feeder.join()
         self._services.stop(grace_s)
@@ -107,16 +111,18 @@ class EmbeddedRuntime:
 
     def _feed(self, queue_name: str) -> None:
         """Whenever this queue has room, claims as many of its jobs as fit, in fair order
-        (core/store/fair_share.py); with nothing to claim, waits for a wake-up (a submit's publish) or
-        POLL_S (a tenant held at its max_running may start another once one of its jobs ended)."""
+        (core/store/fair_share.py); with nothing to claim, waits to be woken: by a submit's publish, by a
+        job of this queue ending (a tenant held at its max_running may start another), by stop, or after
+        IDLE_POLL_S."""
         runner = self._services.runner
         wakeups = self.publisher.queues[queue_name]
+        room_freed = functools.partial(self.publisher.wake, queue_name)
         while not self._stop.is_set():
             if not runner.wait_for_room(queue_name, POLL_S):
                 continue
             _take_waiting(wakeups, sys.maxsize)  # the claim below sees every job they announced
             try:
-                started = runner.run_next(queue_name, [_nothing] * min(runner.room(queue_name), CLAIM_MAX))
+                started = runner.run_next(queue_name, [room_freed] * min(runner.room(queue_name), CLAIM_MAX))
             except RunnerStoppedError:
                 return
             except Exception:
@@ -125,7 +131,7 @@ class EmbeddedRuntime:
                 continue
             if not started:
                 with contextlib.suppress(stdlib_queue.Empty):
-                    wakeups.get(timeout=POLL_S)
+                    wakeups.get(timeout=IDLE_POLL_S)
 
 
 def _take_waiting(pending: stdlib_queue.SimpleQueue[str], limit: int) -> list[str]:
@@ -137,7 +143,3 @@ def _take_waiting(pending: stdlib_queue.SimpleQueue[str], limit: int) -> list[st
         except stdlib_queue.Empty:
             break
     return taken
-
-
-def _nothing() -> None:
-    """Embedded jobs need no acknowledgement: the store is their only record."""

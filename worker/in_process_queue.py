@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import queue as stdlib_queue
 
+WAKE = ""  # put in a queue to wake its feeder without a job: room freed, or the runtime stopping
+
 
 class InProcessPublisher:
     def __init__(self, queue_names: list[str]) -> None:
@@ -15,6 +17,9 @@ class InProcessPublisher:
         if queue not in self.queues:
             raise ValueError(f"queue: unknown queue {queue!r}; known: {sorted(self.queues)}")
         self.queues[queue].put(job_id)
+
+    def wake(self, queue: str) -> None:
+        self.queues[queue].put(WAKE)
 
     def depth(self, queue: str) -> int:
         return self.queues[queue].qsize()
