@@ -6,9 +6,10 @@ import hmac
 from typing import Annotated
 
 from fastapi import Depends
+from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from api.deps import ServicesDep, SessionDep
+from api.deps import Services, ServicesDep
 from api.errors import ApiError
 from core.settings import Settings
 from core.store import keys
@@ -17,16 +18,22 @@ from core.store.tables import DEFAULT_TENANT
 bearer_scheme = HTTPBearer(auto_error=False, description="Authorization: Bearer <API key>")
 
 
-def current_tenant(
-    services: ServicesDep,
-    session: SessionDep,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)],
+async def current_tenant(
+    services: ServicesDep, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)]
 ) -> str:
+    """The caller's tenant. Async, so that with auth off a request takes no thread-pool hand-off for it;
+    with auth on, the key is looked up in the thread pool on a session of its own, closed at once (so a
+    request that then waits, a long poll or a stream, holds no database connection)."""
     if not services.settings.auth_enabled:
         return DEFAULT_TENANT
     if credentials is None or not credentials.credentials:
         raise _unauthorized("Authorization: a Bearer API key is required")
-    tenant = keys.tenant_for_key(session, credentials.credentials)
+    return await run_in_threadpool(tenant_of_key, services, credentials.credentials)
+
+
+def tenant_of_key(services: Services, plaintext: str) -> str:
+    with services.session_factory() as session:
+        tenant = keys.tenant_for_key(session, plaintext)
     if tenant is None:
         raise _unauthorized("Authorization: the API key is invalid or revoked")
     return tenant
@@ -37,18 +44,7 @@ def _unauthorized(message: str) -> ApiError:
 
 
 CurrentTenant = Annotated[str, Depends(current_tenant)]
-
-
-def tenant_then_release(
-    services: ServicesDep, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)]
-) -> str:
-    """The caller's tenant, its session closed at once: for requests that then wait (long polls, event
-    streams, synchronous completions) without holding a database connection."""
-    with services.session_factory() as session:
-        return current_tenant(services, session, credentials)
-
-
-WaitingTenant = Annotated[str, Depends(tenant_then_release)]
+WaitingTenant = CurrentTenant  # it holds no database session while the request waits
 
 
 def metrics_authorized(settings: Settings, authorization: str | None) -> bool:

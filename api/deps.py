@@ -40,13 +40,16 @@ class Services:
         return tool_parser_for(self.settings.tool_call_parser, self.tokenizer.chat_template)
 
 
-def get_services(request: Request) -> Services:
+async def get_services(request: Request) -> Services:
+    """Async though it awaits nothing: FastAPI runs a plain `def` dependency in its thread pool, a hand-off
+    per request for one attribute read."""
     services: Services = request.app.state.services
     return services
 
 
 def get_session(request: Request) -> Iterator[Session]:
-    with get_services(request).session_factory() as session:
+    services: Services = request.app.state.services
+    with services.session_factory() as session:
         yield session
 
 

@@ -175,7 +175,7 @@ def test_openai_routes_answer_a_store_outage_in_openai_shape(service: Service,
     def unreachable(*_: Any) -> str:
         raise OperationalError("SELECT 1", {}, ConnectionRefusedError("db-host:5432"))
 
-    monkeypatch.setattr("api.auth.current_tenant", unreachable)  # behind the routes that wait
+    monkeypatch.setattr("api.auth.tenant_of_key", unreachable)  # behind every route
     r = service.client("alice").get("/v1/models")
     assert r.status_code == 503 and r.headers["Retry-After"] == "1"
     assert r.json()["error"]["code"] == "store_unavailable" and "db-host" not in r.text
