@@ -160,8 +160,9 @@ def _claim_statement(bench: Bench, matches: Callable[[Statement], bool], what: s
 
 
 def _is_tenant_select(statement: Statement) -> bool:
-    sql = statement.sql.upper()
-    return sql.lstrip().startswith("SELECT") and "SKIP LOCKED" in sql
+    """A stream's read of its next jobs (queued_streams.most_urgent: one statement of locking CTEs)."""
+    sql = statement.sql.upper().lstrip()
+    return sql.startswith(("SELECT", "WITH")) and "SKIP LOCKED" in sql and not _is_backlog_read(statement)
 
 
 def _is_backlog_read(statement: Statement) -> bool:
@@ -272,13 +273,16 @@ def _add(bench: Bench, _prepared: Any) -> str:
 
 
 def _count_queued(bench: Bench, _prepared: Any) -> object:
+    """As admission counts (api/admission.py): up to the queue's max_queued, the most it needs to know."""
     with bench.sessions() as session:
-        return jobs.count_queued(session, bench.queue)
+        return jobs.count_queued(session, bench.queue, up_to=bench.settings.queues[bench.queue].max_queued)
 
 
 def _count_queued_tenant(bench: Bench, _prepared: Any) -> object:
+    """A tenant quota's count, up to the same bound (a tenant's max_queued is at most its queue's)."""
     with bench.sessions() as session:
-        return jobs.count_queued(session, bench.queue, bench.tenant)
+        return jobs.count_queued(session, bench.queue, bench.tenant,
+                                 up_to=bench.settings.queues[bench.queue].max_queued)
 
 
 def _effective_limits(bench: Bench, _prepared: Any) -> object:
@@ -364,7 +368,7 @@ SUBMIT, API_READ = "submit", "API"
 OPERATIONS = (
     Operation(f"fair claim of {CLAIM} (fresh backlog view)", WORKER_CLAIM, fair_claim, undo=_undo_requeue),
     Operation("fair claim: its backlog read (replayed)", WORKER_CLAIM, replay, prepare=_backlog_read),
-    Operation("fair claim: one tenant's SELECT … SKIP LOCKED", WORKER_CLAIM, replay, prepare=_tenant_select),
+    Operation("fair claim: one stream's read (… SKIP LOCKED)", WORKER_CLAIM, replay, prepare=_tenant_select),
     Operation(f"record_step: first tokens of {CLAIM}", WORKER_STEP, _first_tokens, prepare=_step_rows,
               undo=_undo_prepared),
     Operation(f"record_step: outcomes of {CLAIM}", WORKER_STEP, _outcomes, prepare=_finishing_rows,
@@ -373,8 +377,8 @@ OPERATIONS = (
     Operation("heartbeat", WORKER_STEP, _heartbeat),
     Operation("reconciler round (run_once)", WORKER_ROUND, _reconcile, prepare=_reconciler),
     Operation("retention purge (nothing due)", WORKER_ROUND, _purge, prepare=_reconciler),
-    Operation("count_queued(queue) (admission)", SUBMIT, _count_queued),
-    Operation("count_queued(queue, tenant) (tenant quota)", SUBMIT, _count_queued_tenant),
+    Operation("count_queued(queue, up to max_queued) (admission)", SUBMIT, _count_queued),
+    Operation("count_queued(queue, tenant, up to max_queued) (quota)", SUBMIT, _count_queued_tenant),
     Operation("effective_limits (tenant row)", SUBMIT, _effective_limits),
     Operation("tokens_used (tokens per minute)", SUBMIT, _tokens_used),
     Operation("finish_times.forecast (deadline submit)", SUBMIT, _forecast),
