@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from core.clock import utcnow
 from core.metric_buckets import LATENCY_BUCKETS_S
 from core.settings import Settings
-from core.store import jobs, outcome_counts, workers
+from core.store import job_tallies, outcome_counts, workers
 from core.store.tables import MetricCount
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ class StoreCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         try:
             with self._session_factory() as session:
-                counts = jobs.queue_counts(session)
+                counts = job_tallies.queue_counts(session, utcnow())
                 outcomes = outcome_counts.all_counts(session)
                 consumers = workers.live_workers_per_queue(
                     session, now=utcnow(), dead_after_s=self._settings.worker_dead_after_s)
@@ -72,7 +72,7 @@ class StoreCollector(Collector):
         yield from _finished_counters(outcome_counts.series_of(outcomes, outcome_counts.JOBS_FINISHED))
         yield from outcome_families(outcomes)
 
-    def _queue_gauges(self, counts: dict[str, jobs.QueueCounts],
+    def _queue_gauges(self, counts: dict[str, job_tallies.QueueCounts],
                       consumers: dict[str, int]) -> Iterator[Metric]:
         now = utcnow()
         depth = GaugeMetricFamily("conveyor_queue_depth", "Queued jobs", labels=["queue"])
@@ -81,7 +81,7 @@ class StoreCollector(Collector):
                                    labels=["queue"])
         names = sorted(set(self._settings.queues) | set(counts))
         for name in names:
-            c = counts.get(name, jobs.QueueCounts(0, 0, None))
+            c = counts.get(name, job_tallies.QueueCounts(0, 0, None))
             depth.add_metric([name], c.queued)
             running.add_metric([name], c.running)
             age = (now - c.oldest_queued_at).total_seconds() if c.oldest_queued_at else 0.0
@@ -101,14 +101,14 @@ class StoreCollector(Collector):
         return ttl
 
 
-def _scaling_gauges(names: list[str], counts: dict[str, jobs.QueueCounts],
+def _scaling_gauges(names: list[str], counts: dict[str, job_tallies.QueueCounts],
                     consumers: dict[str, int]) -> Iterator[Metric]:
     """The figures of /v1/scaling, for an autoscaler that reads Prometheus, and for dashboards."""
     load = GaugeMetricFamily("conveyor_queue_load", "Queued plus running jobs: what workers scale on",
                              labels=["queue"])
     live = GaugeMetricFamily("conveyor_queue_workers", "Live workers consuming the queue", labels=["queue"])
     for name in names:
-        c = counts.get(name, jobs.QueueCounts(0, 0, None))
+        c = counts.get(name, job_tallies.QueueCounts(0, 0, None))
         load.add_metric([name], c.queued + c.running)
         live.add_metric([name], consumers.get(name, 0))
     yield from (load, live)

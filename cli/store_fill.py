@@ -22,8 +22,10 @@ from collections.abc import Callable
 from datetime import datetime
 
 from sqlalchemy import Engine, TextClause, inspect, text
+from sqlalchemy.orm import Session
 
 from core.metric_buckets import LATENCY_BUCKETS_S
+from core.store import job_tallies
 from core.store.outcome_counts import INF_LABEL
 
 TENANT_PREFIX = "bench-t"
@@ -41,7 +43,7 @@ _TENANT = f"'{TENANT_PREFIX}' || lpad((i % :tenants)::text, 3, '0')"
 _BATCH = "'batch_bench_' || lpad((i % :tenants)::text, 3, '0')"
 
 _RESET = text("TRUNCATE jobs, batch_lines, batches, metric_counts, workers, webhook_deliveries, "
-              "webhook_attempts")
+              "webhook_attempts, job_tallies, job_tally_deltas")  # TRUNCATE fires no row trigger
 
 _TENANTS = text(f"""
 INSERT INTO tenants (id, created_at)
@@ -162,6 +164,8 @@ def fill(db_engine: Engine, *, queued: int, history: int, tenants: int, queue: s
         conn.execute(_METRIC_COUNTS, {**shape, "other": OTHER_QUEUE, "labels": BUCKET_LABELS})
     _insert_chunks(db_engine, _QUEUED, queued, shape, "queued", progress)
     _insert_chunks(db_engine, _HISTORY, history, {**shape, "share": HISTORY_QUEUE_SHARE}, "history", progress)
+    with Session(db_engine) as session:
+        job_tallies.fold(session)  # as a running service's reconciler would have
     progress("VACUUM ANALYZE")
     with db_engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(text("VACUUM ANALYZE"))

@@ -25,7 +25,7 @@ from core.clock import utcnow
 from core.dispatch import publish_and_mark
 from core.lifecycle import QUEUED, RUNNING
 from core.settings import Settings
-from core.store import finish_times, jobs, outcome_counts, tenants, token_usage, workers
+from core.store import finish_times, job_tallies, jobs, outcome_counts, tenants, token_usage, workers
 from core.store.fair_share import FairState, claim_fair
 from core.store.tables import Job
 from core.store.tenants import TenantLimits
@@ -335,12 +335,12 @@ def _cancel(bench: Bench, _prepared: Any) -> list[str]:
 
 def _queue_counts(bench: Bench, _prepared: Any) -> object:
     with bench.sessions() as session:
-        return jobs.queue_counts(session)
+        return job_tallies.queue_counts(session, utcnow())
 
 
 def _queue_counts_tenant(bench: Bench, _prepared: Any) -> object:
     with bench.sessions() as session:
-        return jobs.queue_counts(session, bench.tenant)
+        return job_tallies.queue_counts(session, utcnow(), bench.tenant)
 
 
 def _deadline_counts(bench: Bench, _prepared: Any) -> object:
@@ -351,7 +351,7 @@ def _deadline_counts(bench: Bench, _prepared: Any) -> object:
 
 def _queue_loads(bench: Bench, _prepared: Any) -> object:
     with bench.sessions() as session:
-        return jobs.queue_loads(session)
+        return job_tallies.tallies(session)
 
 
 def _outcome_counts(bench: Bench, _prepared: Any) -> object:
@@ -391,7 +391,7 @@ OPERATIONS = (
     Operation("/v1/queues counts (queue_counts, all)", API_READ, _queue_counts),
     Operation("/v1/queues counts (queue_counts, one tenant)", API_READ, _queue_counts_tenant),
     Operation("/v1/queues goodput (deadline_counts, 1 h)", API_READ, _deadline_counts),
-    Operation("/v1/scaling (queue_loads)", API_READ, _queue_loads),
+    Operation("/v1/scaling (tallies)", API_READ, _queue_loads),
     Operation("/metrics finished counts (all_counts)", API_READ, _outcome_counts),
     Operation("/metrics scrape (StoreCollector.collect)", API_READ, _scrape),
 )

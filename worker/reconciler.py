@@ -37,7 +37,7 @@ from core.clock import utcnow
 from core.dispatch import publish_and_mark
 from core.finish_notifications import FinishedSink
 from core.settings import Settings
-from core.store import jobs, retention, workers
+from core.store import job_tallies, jobs, retention, workers
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +120,7 @@ class Reconciler:
                 log.warning("requeued %d job(s) of dead worker(s) %s", len(requeued), dead)
             requeued += self._requeue_unheld(session, now)
             stale = jobs.undispatched(session, now - self._grace)
+            job_tallies.fold(session)
         if (expired or lost) and self._finished is not None:
             self._finished.finished(expired + lost)
         # Requeued jobs go out now, whatever their age; the rest once the API's grace has passed.

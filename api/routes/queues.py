@@ -22,7 +22,7 @@ from core.clock import utcnow
 from core.model_limits import clamp_queue_limits
 from core.request_rules import text_problem
 from core.settings import QueueSettings
-from core.store import jobs, keys, tenants, token_usage, workers
+from core.store import job_tallies, jobs, keys, tenants, token_usage, workers
 from core.store.tenants import TenantLimits
 
 router = APIRouter(prefix="/v1/queues", tags=["queues"])
@@ -43,8 +43,8 @@ def list_queues(session: SessionDep, services: ServicesDep, caller: CurrentTenan
         credentials is not None and keys.is_admin_key(session, credentials.credentials))
     tenant = listed_tenant(caller, admin, tenant_)
     counted = None if admin and tenant_ is None else tenant  # None: every tenant's jobs
-    counts = jobs.queue_counts(session, counted)
     now = utcnow()
+    counts = job_tallies.queue_counts(session, now, counted)
     consumers = workers.live_workers_per_queue(session, now=now,
                                                dead_after_s=services.settings.worker_dead_after_s)
     own = tenants.effective_limits(session, tenant, TenantLimits.defaults(services.settings))
@@ -52,7 +52,7 @@ def list_queues(session: SessionDep, services: ServicesDep, caller: CurrentTenan
     deadlines = jobs.deadline_counts(session, now - GOODPUT_WINDOW, counted)
     data = []
     for name, limits in services.settings.queues.items():
-        c = counts.get(name, jobs.QueueCounts(0, 0, None))
+        c = counts.get(name, job_tallies.QueueCounts(0, 0, None))
         age = round((now - c.oldest_queued_at).total_seconds(), 3) if c.oldest_queued_at else None
         by_tier = {tier: DeadlineCounts(**n) for tier, n in sorted(deadlines.get(name, {}).items())}
         data.append(QueuePublic(name=name, queued=c.queued, running=c.running, oldest_queued_age_s=age,

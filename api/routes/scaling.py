@@ -21,7 +21,7 @@ from api.errors import ApiError
 from api.schemas.errors import error_responses
 from api.schemas.scaling import QueueScaling, Scaling
 from core.clock import utcnow
-from core.store import jobs, workers
+from core.store import job_tallies, workers
 
 SCALING_PATH = "/v1/scaling"
 
@@ -49,12 +49,12 @@ RESPONSES[401] = {**RESPONSES[401], "description": "without the metrics token, w
 def scaling(session: SessionDep, services: ServicesDep) -> Scaling:
     """Per configured queue: queued and running jobs, their sum (`load`, what to scale on), the live workers
     consuming it and its per-worker `max_running`."""
-    loads = jobs.queue_loads(session)
+    loads = job_tallies.tallies(session)
     consumers = workers.live_workers_per_queue(session, now=utcnow(),
                                                dead_after_s=services.settings.worker_dead_after_s)
     queues = {}
     for name, limits in services.settings.queues.items():
-        counted = loads.get(name, jobs.QueueLoad(0, 0))
+        counted = loads.get(name, job_tallies.QueueTally())
         queues[name] = QueueScaling(queued=counted.queued, running=counted.running, load=counted.load,
                                     workers=consumers.get(name, 0), max_running=limits.max_running)
     return Scaling(queues=queues)

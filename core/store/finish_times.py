@@ -13,9 +13,10 @@
 No rate (nothing finished in the window, or the queue idle): no finish prediction. No pace (no live worker
 measured one yet): no run time, and the latest start is the deadline itself.
 
-The work ahead is a sum over the queue's whole backlog, so a process reuses its read of a queue's rate for
-up to RATE_REFRESH_S (`QueueRates`), adding the jobs it admitted meanwhile: a burst of submits with
-deadlines reads the backlog once a second, not once per job.
+The work ahead is read from the queue's job tallies (core/store/job_tallies.py), not summed over its
+backlog; a process still reuses its read of a queue's rate for up to RATE_REFRESH_S (`QueueRates`), adding
+the jobs it admitted meanwhile: a burst of submits with deadlines reads the rate once a second, not once
+per job.
 """
 
 from __future__ import annotations
@@ -27,14 +28,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from sqlalchemy import Integer, cast, func, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from core.lifecycle import QUEUED, RUNNING, SUCCEEDED
-from core.store import workers
+from core.lifecycle import SUCCEEDED
+from core.store import job_tallies, workers
 from core.store.jobs import status_is
 from core.store.tables import Job
-from core.store.token_usage import DEFAULT_MAX_TOKENS
 
 RATE_WINDOW = timedelta(minutes=5)
 RATE_REFRESH_S = 1.0  # how long a process reuses its read of a queue's rate and work ahead (QueueRates)
@@ -80,13 +80,8 @@ def queue_rate(session: Session, queue: str, now: datetime) -> QueueRate | None:
     ).scalar_one()
     if not delivered:
         return None
-    max_tokens = func.coalesce(cast(Job.params["max_tokens"].as_integer(), Integer), DEFAULT_MAX_TOKENS)
-    choices = func.coalesce(cast(Job.params["n"].as_integer(), Integer), 1)
-    ahead = session.execute(
-        select(func.coalesce(func.sum(max_tokens * choices), 0))
-        .where(Job.queue == queue, Job.status.in_((QUEUED, RUNNING)))
-    ).scalar_one()
-    return QueueRate(int(delivered) / RATE_WINDOW.total_seconds(), int(ahead))
+    ahead = job_tallies.tallies(session, queue=queue).get(queue, job_tallies.QueueTally()).output_bound
+    return QueueRate(int(delivered) / RATE_WINDOW.total_seconds(), ahead)
 
 
 class QueueRates:

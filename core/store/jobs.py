@@ -77,13 +77,6 @@ class NewJob:
     service_tier: str | None = None  # the OpenAI service tier asked for
 
 
-@dataclass(frozen=True)
-class QueueCounts:
-    queued: int
-    running: int
-    oldest_queued_at: datetime | None
-
-
 def new_job_id() -> str:
     return "job_" + uuid.uuid4().hex
 
@@ -174,25 +167,6 @@ def count_queued(session: Session, queue: str, tenant_id: str | None = None, *, 
     return int(session.execute(select(func.count()).select_from(rows.subquery())).scalar_one())
 
 
-def queue_counts(session: Session, tenant_id: str | None = None) -> dict[str, QueueCounts]:
-    """Queued and running jobs per queue, and when the oldest queued job was created; with `tenant_id`,
-    that tenant's jobs only. Two grouped reads, one per status, so each reads only its own rows (the queued
-    ones through ix_jobs_queued)."""
-    rows: dict[str, dict[str, Any]] = {}
-    for status in (QUEUED, RUNNING):
-        query = select(Job.queue, func.count(), func.min(Job.created_at)).where(status_is(status))
-        if tenant_id is not None:
-            query = query.where(Job.tenant_id == tenant_id)
-        for queue, count, oldest in session.execute(query.group_by(Job.queue)):
-            rows.setdefault(queue, {})[status] = (count, oldest)
-    out = {}
-    for queue, by_status in rows.items():
-        queued, oldest = by_status.get(QUEUED, (0, None))
-        out[queue] = QueueCounts(queued=queued, running=by_status.get(RUNNING, (0, None))[0],
-                                 oldest_queued_at=oldest)
-    return out
-
-
 DeadlineCounts = dict[str, dict[str, dict[str, int]]]  # queue -> goodput tier -> outcome -> jobs
 
 
@@ -213,32 +187,6 @@ def deadline_counts(session: Session, since: datetime, tenant_id: str | None = N
         by_outcome = counts.setdefault(queue, {}).setdefault(goodput_tier(tier), {})
         by_outcome[kind] = by_outcome.get(kind, 0) + int(n)  # auto, default and none are one tier
     return counts
-
-
-@dataclass(frozen=True)
-class QueueLoad:
-    queued: int
-    running: int
-
-    @property
-    def load(self) -> int:
-        return self.queued + self.running
-
-
-def queue_loads(session: Session) -> dict[str, QueueLoad]:
-    """Queued and running jobs per queue, and nothing else: the scaling signal, polled often, so it stays
-    one grouped COUNT that the (status, queue) index answers alone. Running jobs count because a worker
-    holds them: scaling down on queued jobs alone would take busy workers for idle ones."""
-    query = (
-        select(Job.queue, Job.status, func.count())
-        .where(Job.status.in_((QUEUED, RUNNING)))
-        .group_by(Job.queue, Job.status)
-    )
-    by_queue: dict[str, dict[str, int]] = {}
-    for queue, status, count in session.execute(query):
-        by_queue.setdefault(queue, {})[status] = int(count)
-    return {queue: QueueLoad(queued=c.get(QUEUED, 0), running=c.get(RUNNING, 0))
-            for queue, c in by_queue.items()}
 
 
 # --- transitions -------------------------------------------------------------------------------------
@@ -513,13 +461,15 @@ def expire_overdue(session: Session, now: datetime, job_ids: list[str] | None = 
     overdue = [status_is(QUEUED), Job.expires_at.is_not(None), Job.expires_at <= now]
     if job_ids is not None:
         overdue.append(Job.id.in_(job_ids))
-    statement = (update(Job)
-                 .where(Job.id.in_(_unlocked(*overdue).order_by(Job.expires_at).limit(batch)), *overdue)
-                 .values(**_expired_values(now)).returning(Job.id)
-                 .execution_options(synchronize_session=False))
+    due = _unlocked(*overdue).order_by(Job.expires_at).limit(batch)
     expired: list[str] = []
     while True:
-        ids = list(session.execute(statement).scalars())
+        # Two statements, as in a claim: PostgreSQL may run an `IN (SELECT ... LIMIT)` again per row.
+        ids = list(session.execute(due).scalars())
+        if ids:
+            statement = update(Job).where(Job.id.in_(ids), *overdue).values(**_expired_values(now))
+            ids = list(session.execute(statement.returning(Job.id)
+                                       .execution_options(synchronize_session=False)).scalars())
         if ids:
             record_finished(session, ids, EXPIRED, now)
         session.commit()

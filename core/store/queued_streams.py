@@ -30,11 +30,14 @@ class QueuedStream:
     oldest_queued_at: datetime
 
 
-def stream_loads(session: Session, queue: str, now: datetime, cap: int) -> list[QueuedStream]:
+def stream_loads(session: Session, queue: str, now: datetime, cap: int, tenant_id: str | None = None,
+                 ) -> list[QueuedStream]:
     """The streams of `queue` with claimable jobs (queued, not past their ttl): each one's count, up to
-    `cap`, and its oldest job's creation. Expired jobs the reconciler has not swept yet are skipped."""
+    `cap`, and its oldest job's creation; with `tenant_id`, that tenant's streams only. Expired jobs the
+    reconciler has not swept yet are skipped."""
     queued = (Job.queue == queue, status_is(QUEUED))
-    tenants = _distinct_tenants(queued)
+    tenants = (_distinct_tenants(queued) if tenant_id is None
+               else select(literal(tenant_id).label("tenant_id")).cte("queued_tenants"))
     batches = _distinct_batches(queued, tenants)
     # Two branches, so that each correlated read matches its stream by one indexable condition.
     own = (tenants, tenants.c.tenant_id, null(), Job.batch_id.is_(None), tenants.c.tenant_id.is_not(None))

@@ -352,3 +352,31 @@ class MetricCount(Base):
     label: Mapped[str] = mapped_column(String(64), primary_key=True)   # bucket bound, error code, outcome
     count: Mapped[int] = mapped_column(BigInteger)
     total: Mapped[float] = mapped_column(Float)  # sum of the observations (histograms)
+
+
+class JobTally(Base):
+    """A queue's and tenant's jobs in one status (queued or running) and the output they may still write
+    (max_tokens x n), as of the last fold of job_tally_deltas (core/store/job_tallies.py)."""
+
+    __tablename__ = "job_tallies"
+
+    queue: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    status: Mapped[str] = mapped_column(String(16), primary_key=True)
+    jobs: Mapped[int] = mapped_column(BigInteger)
+    output_bound: Mapped[int] = mapped_column(BigInteger)
+
+
+class JobTallyDelta(Base):
+    """One job entering (+1) or leaving (-1) a tallied status, written by the triggers on jobs (migration
+    0016) in the transaction that moved it."""
+
+    __tablename__ = "job_tally_deltas"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer(), "sqlite"), primary_key=True,
+                                    autoincrement=True)
+    queue: Mapped[str] = mapped_column(String(64))
+    tenant_id: Mapped[str] = mapped_column(String(64))
+    status: Mapped[str] = mapped_column(String(16))
+    jobs: Mapped[int] = mapped_column(BigInteger)
+    output_bound: Mapped[int] = mapped_column(BigInteger)

@@ -7,11 +7,12 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import inspect, text
+from sqlalchemy import inspect, text, update
 
-from core.store.database import make_db_engine
+from core.store import job_tallies
+from core.store.database import make_db_engine, make_session_factory
 from core.store.migrate import alembic_config, upgrade
-from core.store.tables import Base
+from core.store.tables import Base, Job
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -27,7 +28,7 @@ def test_upgrade_head_matches_the_models(fresh_url: str) -> None:
     head = ScriptDirectory.from_config(alembic_config(fresh_url)).get_current_head()  # one linear history
     with db_engine.connect() as conn:
         current = MigrationContext.configure(conn).get_current_revision()
-        assert current == head == "0015_claim_urgency_indexes"
+        assert current == head == "0016_job_tallies"
         assert {"tenants", "api_keys", "jobs", "workers"} <= set(inspect(conn).get_table_names())
         assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
         assert conn.execute(text("SELECT id FROM tenants")).scalars().all() == ["default"]
@@ -77,4 +78,29 @@ def test_batch_jobs_get_their_batch_from_their_line_and_the_column_downgrades(fr
     with db_engine.connect() as conn:
         assert "batch_id" not in {c["name"] for c in inspect(conn).get_columns("jobs")}
         assert conn.execute(text("SELECT count(*) FROM jobs")).scalar_one() == 3
+    db_engine.dispose()
+
+
+def test_the_migration_starts_the_tallies_from_the_jobs_queued_and_running(fresh_url: str) -> None:
+    upgrade(fresh_url, "0015_claim_urgency_indexes")
+    db_engine = make_db_engine(fresh_url)
+    with db_engine.begin() as conn:
+        for job_id, status, params in (("j1", "queued", '{"max_tokens": 10, "n": 2}'), ("j2", "queued", "{}"),
+                                       ("j3", "running", '{"max_tokens": 5}'), ("j4", "succeeded", "{}")):
+            conn.execute(text(
+                "INSERT INTO jobs (id, tenant_id, queue, status, params, request_hash, created_at,"
+                " updated_at, attempts, preemptions, priority) VALUES (:id, 'default', 'documents', :status,"
+                " :params, 'h', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP, 0, 0, 0)"),
+                {"id": job_id, "status": status, "params": params})
+    upgrade(fresh_url)
+    sessions = make_session_factory(db_engine)
+    with sessions() as session:
+        assert job_tallies.tallies(session) == {"documents": job_tallies.QueueTally(2, 1, 20 + 16 + 5)}
+        session.execute(update(Job).where(Job.id == "j3").values(status="succeeded"))  # the triggers run
+        session.commit()
+        assert job_tallies.tallies(session) == {"documents": job_tallies.QueueTally(2, 0, 36)}
+    command.downgrade(alembic_config(fresh_url), "0015_claim_urgency_indexes")
+    with sessions() as session:
+        session.execute(update(Job).where(Job.id == "j1").values(status="running"))  # no trigger left
+        session.commit()
     db_engine.dispose()

@@ -13,7 +13,7 @@ from sqlalchemy import event, select, text, update
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.store import batches, final_status_effects, jobs, keys, webhooks, workers
+from core.store import batches, final_status_effects, job_tallies, jobs, keys, webhooks, workers
 from core.store.database import make_db_engine, make_session_factory
 from core.store.tables import DEFAULT_TENANT, BatchLine, Delivery, Job
 
@@ -153,9 +153,9 @@ def test_queue_counts(session: Session) -> None:
     add_job(session, at=T0 + timedelta(seconds=1))
     running = add_job(session, queue="documents")
     assert jobs.claim(session, running, "w1", T0) is not None
-    counts = jobs.queue_counts(session)
-    assert counts["interactive"] == jobs.QueueCounts(2, 0, T0 + timedelta(seconds=1))
-    assert counts["documents"] == jobs.QueueCounts(0, 1, None)
+    counts = job_tallies.queue_counts(session, T0)
+    assert counts["interactive"] == job_tallies.QueueCounts(2, 0, T0 + timedelta(seconds=1))
+    assert counts["documents"] == job_tallies.QueueCounts(0, 1, None)
     assert jobs.count_queued(session, "interactive") == 2
 
 

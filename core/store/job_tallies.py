@@ -1,0 +1,121 @@
+"""How many jobs each queue holds queued and running (per tenant, and the output they may still write),
+without counting the backlog: read from tallies that triggers on jobs keep (migration 0016).
+
+Every transaction that moves a job into or out of `queued` or `running` appends a delta row (+1 or -1, with
+the job's output bound, max_tokens x n) in the same transaction, so a committed change is counted exactly
+once and an aborted one not at all, and two transactions never wait on one counter row. A read sums the
+folded rows (one per queue, tenant and status) and the deltas not folded yet: its cost follows the tenants
+and the changes since the last fold, not the backlog. `fold` moves the deltas into the folded rows: the
+reconciler calls it every round, and a read that met FOLD_AT deltas or more calls it too (no worker may be
+running to fold: a fleet scaled to zero still takes submits).
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import func, literal, select, text, union_all
+from sqlalchemy.orm import Session
+
+from core.lifecycle import QUEUED, RUNNING
+from core.store import queued_streams
+from core.store.tables import JobTally, JobTallyDelta
+
+FOLD_AT = 2000  # deltas a read may meet before it folds them
+FOLD_LOCK = (0x636F6E76, zlib.crc32(b"job_tallies") - (1 << 31))  # one folder at a time (PostgreSQL)
+
+_FOLD_POSTGRES = text("""
+    WITH moved AS (DELETE FROM job_tally_deltas RETURNING queue, tenant_id, status, jobs, output_bound)
+    INSERT INTO job_tallies AS t (queue, tenant_id, status, jobs, output_bound)
+    SELECT queue, tenant_id, status, sum(jobs), sum(output_bound) FROM moved
+    GROUP BY queue, tenant_id, status ORDER BY queue, tenant_id, status
+    ON CONFLICT (queue, tenant_id, status)
+    DO UPDATE SET jobs = t.jobs + excluded.jobs, output_bound = t.output_bound + excluded.output_bound""")
+_FOLD_SQLITE = text("""
+    INSERT INTO job_tallies (queue, tenant_id, status, jobs, output_bound)
+    SELECT queue, tenant_id, status, sum(jobs), sum(output_bound) FROM job_tally_deltas WHERE id <= :last
+    GROUP BY queue, tenant_id, status
+    ON CONFLICT (queue, tenant_id, status)
+    DO UPDATE SET jobs = jobs + excluded.jobs, output_bound = output_bound + excluded.output_bound""")
+
+
+@dataclass
+class QueueTally:
+    queued: int = 0
+    running: int = 0
+    output_bound: int = 0  # the most output its queued and running jobs may still write
+
+    @property
+    def load(self) -> int:
+        """The scaling signal: running jobs count, since a worker holds them (scaling down on queued jobs
+        alone would take busy workers for idle ones)."""
+        return self.queued + self.running
+
+
+@dataclass(frozen=True)
+class QueueCounts:
+    queued: int
+    running: int
+    oldest_queued_at: datetime | None
+
+
+def queue_counts(session: Session, now: datetime, tenant_id: str | None = None) -> dict[str, QueueCounts]:
+    """Queued and running jobs per queue, and when its oldest claimable queued job was created (one index
+    probe per stream: queued_streams.stream_loads); with `tenant_id`, that tenant's jobs only."""
+    out = {}
+    for queue, tally in tallies(session, tenant_id).items():
+        streams = queued_streams.stream_loads(session, queue, now, 1, tenant_id) if tally.queued else []
+        out[queue] = QueueCounts(tally.queued, tally.running,
+                                 min((s.oldest_queued_at for s in streams), default=None))
+    return out
+
+
+def tallies(session: Session, tenant_id: str | None = None, queue: str | None = None,
+            ) -> dict[str, QueueTally]:
+    """Per queue with queued or running jobs (with `tenant_id`, that tenant's only; with `queue`, that queue
+    only), their counts and output bound. Folds the deltas when it met FOLD_AT of them (committing the
+    caller's session)."""
+    parts = []
+    for table, is_delta in ((JobTally, 0), (JobTallyDelta, 1)):
+        part = select(table.queue, table.status, table.jobs, table.output_bound,
+                      literal(is_delta).label("is_delta"))
+        if tenant_id is not None:
+            part = part.where(table.tenant_id == tenant_id)
+        if queue is not None:
+            part = part.where(table.queue == queue)
+        parts.append(part)
+    rows = union_all(*parts).subquery()
+    query = select(rows.c.queue, rows.c.status, func.sum(rows.c.jobs), func.sum(rows.c.output_bound),
+                   func.sum(rows.c.is_delta)).group_by(rows.c.queue, rows.c.status)
+    out: dict[str, QueueTally] = {}
+    deltas = 0
+    for name, status, jobs, bound, delta_rows in session.execute(query):
+        deltas += int(delta_rows or 0)
+        if not jobs:
+            continue
+        tally = out.setdefault(name, QueueTally())
+        if status == QUEUED:
+            tally.queued = int(jobs)
+        elif status == RUNNING:
+            tally.running = int(jobs)
+        tally.output_bound += int(bound or 0)
+    if deltas >= FOLD_AT:
+        fold(session)
+    return out
+
+
+def fold(session: Session) -> None:
+    """Moves the deltas into the folded rows and commits. PostgreSQL: skipped while another session folds."""
+    if session.get_bind().dialect.name == "postgresql":
+        if not session.execute(select(func.pg_try_advisory_xact_lock(*FOLD_LOCK))).scalar_one():
+            session.commit()
+            return
+        session.execute(_FOLD_POSTGRES)
+    else:  # one writer at a time: the deltas up to `last` are all committed, and no other fold runs
+        last = session.execute(select(func.max(JobTallyDelta.id))).scalar_one()
+        if last is not None:
+            session.execute(_FOLD_SQLITE, {"last": last})
+            session.execute(JobTallyDelta.__table__.delete().where(JobTallyDelta.id <= last))
+    session.commit()
