@@ -6,7 +6,7 @@ import pytest
 from sqlalchemy import func, select
 
 from core.clock import utcnow
-from core.store import batches, jobs, keys, outcome_counts, webhooks, workers
+from core.store import batches, job_tallies, jobs, keys, outcome_counts, webhooks, workers
 from core.store.database import make_db_engine, make_session_factory
 from core.store.files import new_file_id
 from core.store.tables import Attempt, Base, BatchLine, File
@@ -19,10 +19,13 @@ def _fill_every_table(url: str) -> None:
     with make_session_factory(db_engine)() as session:
         keys.create_key(session, "left-over", now)  # tenants, api_keys
         workers.register(session, "w-left-over", hostname="h", pid=1, queues=["documents"], now=now)
-        jobs.add(session, jobs.NewJob(
+        left_over = jobs.NewJob(
             tenant_id="left-over", queue="documents", prompt="x", messages=None, params={}, meta=None,
             webhook=None, idempotency_key=None, request_hash="x", prompt_tokens=1, ttl_s=None, timeout_s=None,
-        ), now)
+        )
+        jobs.add(session, left_over, now)
+        job_tallies.fold(session)  # job_tallies
+        jobs.add(session, left_over, now)  # job_tally_deltas
         batch = batches.create(session, tenant_id="left-over", input_url="s3://b/in.jsonl", output_url=None,
                                queue="documents", now=now)
         session.add(BatchLine(batch_id=batch.id, line=1, custom_id="a", status="succeeded"))
