@@ -24,11 +24,12 @@ Series (`metric` column; histograms keep one non-cumulative row per bucket, `lab
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import ColumnElement, and_, case, func, select
+from sqlalchemy import ColumnElement, Row, and_, case, func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -63,17 +64,17 @@ def bucket_label(seconds: float) -> str:
     return repr(LATENCY_BUCKETS_S[i]) if i < len(LATENCY_BUCKETS_S) else INF_LABEL
 
 
-def record_finished_jobs(session: Session, job_ids: list[str], status: str) -> None:
-    """Counts jobs that just reached `status` (inside their transition's transaction, after its UPDATE)."""
-    rows = session.execute(
-        select(
-            Job.queue, Job.created_at, Job.started_at, Job.first_token_at, Job.finished_at, Job.error_code,
-            Job.deadline_at, Job.service_tier, Job.preemptions,
-        ).where(Job.id.in_(job_ids))
-    ).all()
+def record_finished_jobs(session: Session, finished: Sequence[Row[Any]], of_batches: list[str],
+                         status: str) -> None:
+    """Counts jobs that just reached `status` (inside their transition's transaction, after its UPDATE):
+    `finished`, their rows (final_status_effects.FINISHED_COLUMNS); `of_batches`, the ids of those of a
+    batch."""
     increments: dict[Key, Increment] = {}
-    for queue, created, started, first_token, finished, code, deadline, tier, preemptions in rows:
-        end = finished or created
+    for row in finished:
+        queue, created, started, first_token, code = (row.queue, row.created_at, row.started_at,
+                                                       row.first_token_at, row.error_code)
+        deadline, tier, preemptions = row.deadline_at, row.service_tier, row.preemptions
+        end = row.finished_at or created
         finished_jobs = increments.setdefault((JOBS_FINISHED, queue, status, ""), Increment())
         finished_jobs.count += 1
         finished_jobs.total += preemptions or 0
@@ -85,7 +86,8 @@ def record_finished_jobs(session: Session, job_ids: list[str], status: str) -> N
             _observe(increments, (TTFT, queue, status), _seconds(created, first_token))
         if status in (FAILED, EXPIRED):
             _count(increments, (JOB_FAILURES, queue, "", code or "unknown"), 1)
-    _count_batch_lines(session, job_ids, status, increments)
+    if of_batches:
+        _count_batch_lines(session, of_batches, status, increments)
     _upsert(session, increments)
 
 

@@ -1,17 +1,18 @@
 """Webhook events, created in the transaction of the change they report.
 
-`enqueue_job_events` runs from `finished.record_finished` for the jobs whose transition applied: one
-`job.<status>` event per job, delivered to each of the tenant's enabled subscriptions whose filter matches
-and to the job's own `webhook` target. `data` is the job as `GET /v1/jobs/{id}` returns it, frozen now.
-`enqueue_batch_event` is the same for batches; the batches store calls it when a batch ends.
+`enqueue_job_events` runs from `final_status_effects.record_finished` for the jobs whose transition
+applied: one `job.<status>` event per job, delivered to each of the tenant's enabled subscriptions whose
+filter matches and to the job's own `webhook` target. `data` is the job as `GET /v1/jobs/{id}` returns
+it, frozen now. `enqueue_batch_event` is the same for batches; the batches store calls it when a batch ends.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Row, select
 from sqlalchemy.orm import Session
 
 from core.store import webhooks
@@ -22,13 +23,13 @@ from core.webhooks.events import build_event, matches
 JOB_STATUS_EVENTS = {s: f"job.{s}" for s in ("succeeded", "failed", "cancelled", "expired")}
 
 
-def enqueue_job_events(session: Session, job_ids: list[str], status: str, now: datetime) -> None:
-    """One event per job; the group's tenants' subscriptions are read once, in one query."""
+def enqueue_job_events(session: Session, finished: Sequence[Row[Any]], status: str, now: datetime) -> None:
+    """One event per job of `finished` (rows with id, tenant_id and webhook); the group's tenants'
+    subscriptions are read once, in one query."""
     event_type = JOB_STATUS_EVENTS[status]
-    finished = session.execute(select(Job.id, Job.tenant_id, Job.webhook).where(Job.id.in_(job_ids))).all()
-    subscribed = webhooks.enabled_subscriptions_of(session, {tenant_id for _, tenant_id, _ in finished})
-    to_send = {job_id: targets for job_id, tenant_id, webhook in finished
-               if (targets := _targets(subscribed.get(tenant_id, []), event_type, webhook))}
+    subscribed = webhooks.enabled_subscriptions_of(session, {row.tenant_id for row in finished})
+    to_send = {row.id: targets for row in finished
+               if (targets := _targets(subscribed.get(row.tenant_id, []), event_type, row.webhook))}
     if not to_send:
         return
     query = select(Job).where(Job.id.in_(list(to_send))).execution_options(populate_existing=True)

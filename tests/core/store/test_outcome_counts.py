@@ -8,6 +8,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from core.service_tiers import goodput_tier
@@ -25,7 +26,7 @@ from core.store.outcome_counts import (
     TTFT,
     WEBHOOK_DELIVERIES,
 )
-from core.store.tables import DEFAULT_TENANT, BatchLine
+from core.store.tables import DEFAULT_TENANT, BatchLine, Job
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
 
@@ -117,6 +118,7 @@ def test_batch_lines_and_webhook_attempts_by_outcome(session: Session) -> None:
     )
     job_id = add_job(session, "documents")
     session.add(BatchLine(batch_id=batch.id, line=1, custom_id="a", status="queued", job_id=job_id))
+    session.execute(update(Job).where(Job.id == job_id).values(batch_id=batch.id))  # as the batch runner
     session.commit()
     assert jobs.cancel(session, job_id, DEFAULT_TENANT, at(1.0)) is not None
     outcome_counts.record_webhook_attempt(session, "retry")

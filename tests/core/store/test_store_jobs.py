@@ -187,6 +187,7 @@ def in_batch(session: Session, job_ids: list[str]) -> str:
                            output_url="s3://bucket-a/out/", queue="interactive", now=T0)
     session.add_all(BatchLine(batch_id=batch.id, line=n, custom_id=f"c-{n}", status="queued", job_id=job_id)
                     for n, job_id in enumerate(job_ids, start=1))
+    session.execute(update(Job).where(Job.id.in_(job_ids)).values(batch_id=batch.id))  # as the batch runner
     session.commit()
     return batch.id
 
