@@ -30,6 +30,8 @@ app.add_typer(tenants_app, name="tenants")
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="TOML settings (or CONVEYOR_CONFIG_FILE)")]
 HostOpt = Annotated[str | None, typer.Option(help="bind address (default 127.0.0.1)")]
 PortOpt = Annotated[int | None, typer.Option(help="port (default 8000)")]
+WorkersOpt = Annotated[int | None, typer.Option(
+    help="processes serving HTTP on the port (default: the api_workers setting, 1)")]
 UrlOpt = Annotated[str, typer.Option("--url", envvar="CONVEYOR_URL", help="API base URL")]
 KeyOpt = Annotated[str | None, typer.Option("--api-key", envvar="CONVEYOR_API_KEY", help="Bearer API key")]
 DEBUG_HELP = "show full tracebacks, and the start-up logs of alembic and Celery"
@@ -48,6 +50,12 @@ def serve(ctx: typer.Context, host: HostOpt = None, port: PortOpt = None, config
     settings = _server_settings(ctx, config, host, port)
     if not settings.embedded:
         _fail("serve runs embedded: unset broker_url, or run `conveyor api` and `conveyor worker`")
+    if settings.api_workers > 1:
+        _fail(f"api_workers: serve runs one process (one SQLite writer, an in-process queue), not "
+              f"{settings.api_workers}; for several, run `conveyor api --workers N` and `conveyor worker` on "
+              "PostgreSQL and Redis")
+    from api.app import create_app
+    from api.prompt_tokenizer import PromptTokenizer
     from core.store.migrate import upgrade
     from engine.loader import check_model_folder
     from worker.cold_start import ColdStart
@@ -60,37 +68,41 @@ def serve(ctx: typer.Context, host: HostOpt = None, port: PortOpt = None, config
     settings = settings.model_copy(update={"model": resolve_model(settings)})
     check_model_folder(settings.model or "")  # before the server starts: its lifespan would print a traceback
     runtime = EmbeddedRuntime(settings, cold_start=cold_start)
-    _run_api(settings, label, publisher=runtime.publisher, runtime=runtime, token_stream=runtime.token_stream,
-             finished_watch=runtime.finished, finished_sink=runtime.finished,
-             session_factory=runtime.sessions)  # one db engine: one SQLite writer queue for both
+    # One db engine for the API and the runtime: one SQLite writer queue for both.
+    application = create_app(settings, publisher=runtime.publisher,
+                             tokenizer=PromptTokenizer(settings.model_folder()), runtime=runtime,
+                             token_stream=runtime.token_stream, finished_watch=runtime.finished,
+                             finished_sink=runtime.finished, session_factory=runtime.sessions)
+    _run_api(settings, label, application)
 
 
 @app.command()
-def api(ctx: typer.Context, host: HostOpt = None, port: PortOpt = None, config: ConfigOpt = None) -> None:
+def api(ctx: typer.Context, host: HostOpt = None, port: PortOpt = None, config: ConfigOpt = None,
+        workers: WorkersOpt = None) -> None:
     """The HTTP API alone, publishing to the Celery broker (run `conveyor migrate` first)."""
-    settings = _server_settings(ctx, config, host, port)
+    settings = _server_settings(ctx, config, host, port, api_workers=workers)
     if settings.embedded:
         _fail("api needs broker_url (CONVEYOR_BROKER_URL=redis://...); `conveyor serve` runs embedded")
-    from api.finish_subscriber import RedisFinishedWatch
-    from api.token_subscriptions import RedisTokenStream
+    if settings.api_workers > 1 and settings.database_url.startswith("sqlite"):
+        _fail(f"api_workers: {settings.api_workers} processes need PostgreSQL (CONVEYOR_DATABASE_URL="
+              "postgresql+psycopg://...): SQLite takes one writer at a time, and each process would queue "
+              "its writes apart")
+    from cli.api_server import FACTORY, build_api_app, pass_down
     from cli.preflight import check_broker, check_database
-    from core.broker import BrokerPublisher
-    from core.finish_notifications import RedisFinishedSink
 
     _check_tokenizer_files(settings)
-    broker = settings.broker_url or ""
     check_database(settings.database_url)
-    check_broker(broker)
-    pubsub = broker.startswith("redis")  # without it, streamed completions and long polls read the store
-    tokens = RedisTokenStream(broker) if pubsub else None
-    watch = RedisFinishedWatch(broker) if pubsub else None
-    finished = RedisFinishedSink(broker) if pubsub else None  # the API's cancel wakes every API's waiters
+    check_broker(settings.broker_url or "")
+    if settings.api_workers > 1:
+        pass_down(config, host, port, workers)
+        _run_api(settings, _model_label(settings), FACTORY)
+        return
+    application, closing = build_api_app(settings)
     try:
-        _run_api(settings, _model_label(settings), publisher=BrokerPublisher(settings), runtime=None,
-                 token_stream=tokens, finished_watch=watch, finished_sink=finished)
+        _run_api(settings, _model_label(settings), application)
     finally:
-        if finished is not None:
-            finished.close()
+        for resource in closing:
+            resource.close()
 
 
 @app.command()
@@ -297,8 +309,9 @@ def _configure_logging(ctx: typer.Context, settings: Settings) -> None:
     configure_logging(settings, debug=debug_enabled(ctx))
 
 
-def _server_settings(ctx: typer.Context, config: Path | None, host: str | None, port: int | None) -> Settings:
-    settings = _settings(ctx, config, host=host, port=port)
+def _server_settings(ctx: typer.Context, config: Path | None, host: str | None, port: int | None,
+                     **overrides: Any) -> Settings:
+    settings = _settings(ctx, config, host=host, port=port, **overrides)
     try:
         settings.check_bind()
     except ValueError as exc:
@@ -307,24 +320,19 @@ def _server_settings(ctx: typer.Context, config: Path | None, host: str | None, 
     return settings
 
 
-def _run_api(settings: Settings, model_label: str, *, publisher: Any, runtime: Any, token_stream: Any = None,
-             finished_watch: Any = None, finished_sink: Any = None, session_factory: Any = None) -> None:
+def _run_api(settings: Settings, model_label: str, application: Any) -> None:
+    """Serves `application` (an app, or the import string of a factory for several worker processes)."""
     import uvicorn
 
-    from api.app import create_app
-    from api.prompt_tokenizer import PromptTokenizer
-
-    tokenizer = PromptTokenizer(settings.model_folder())
-    application = create_app(settings, publisher=publisher, tokenizer=tokenizer, runtime=runtime,
-                             token_stream=token_stream, finished_watch=finished_watch,
-                             finished_sink=finished_sink, session_factory=session_factory)
     auth = "on" if settings.auth_enabled else "off (loopback only)"
     queue = "in-process" if settings.embedded else f"broker {masked_url(settings.broker_url or '')}"
-    log.info("starting on http://%s:%d, auth %s; model: %s; database: %s; queue: %s", settings.host,
-             settings.port, auth, model_label, masked_url(settings.database_url), queue)
+    processes = f"; {settings.api_workers} processes" if settings.api_workers > 1 else ""
+    log.info("starting on http://%s:%d, auth %s; model: %s; database: %s; queue: %s%s", settings.host,
+             settings.port, auth, model_label, masked_url(settings.database_url), queue, processes)
     _exit_zero_on_sigterm()
     uvicorn.run(application, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
-                access_log=settings.access_log)
+                access_log=settings.access_log, factory=isinstance(application, str),
+                workers=settings.api_workers if isinstance(application, str) else None)
 
 
 def _exit_zero_on_sigterm() -> None:

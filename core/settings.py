@@ -105,6 +105,10 @@ class Settings(BaseSettings):
     # HTTP
     host: str = Field("127.0.0.1", description="bind address; a non-loopback one requires auth")
     port: int = Field(8000, ge=1, le=65535, description="bind port")
+    api_workers: int = Field(
+        1, ge=1, le=64, description="processes `conveyor api` serves HTTP with (uvicorn workers, sharing the "
+        "port); `conveyor serve` runs one (one SQLite writer, an in-process queue)",
+    )
     auth_enabled: bool | None = Field(
         None, description="API keys required; unset = on unless bound to a loopback address. Off is refused "
         "on a non-loopback bind",
