@@ -61,7 +61,7 @@ class StoreCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         try:
             with self._session_factory() as session:
-                counts = job_tallies.queue_counts(session, utcnow())
+                counts = job_tallies.queue_counts(session, utcnow(), may_fold=True)
                 outcomes = outcome_counts.all_counts(session)
                 consumers = workers.live_workers_per_queue(
                     session, now=utcnow(), dead_after_s=self._settings.worker_dead_after_s)

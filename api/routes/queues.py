@@ -44,7 +44,7 @@ def list_queues(session: SessionDep, services: ServicesDep, caller: CurrentTenan
     tenant = listed_tenant(caller, admin, tenant_)
     counted = None if admin and tenant_ is None else tenant  # None: every tenant's jobs
     now = utcnow()
-    counts = job_tallies.queue_counts(session, now, counted)
+    counts = job_tallies.queue_counts(session, now, counted, may_fold=True)
     consumers = workers.live_workers_per_queue(session, now=now,
                                                dead_after_s=services.settings.worker_dead_after_s)
     own = tenants.effective_limits(session, tenant, TenantLimits.defaults(services.settings))

@@ -49,7 +49,7 @@ RESPONSES[401] = {**RESPONSES[401], "description": "without the metrics token, w
 def scaling(session: SessionDep, services: ServicesDep) -> Scaling:
     """Per configured queue: queued and running jobs, their sum (`load`, what to scale on), the live workers
     consuming it and its per-worker `max_running`."""
-    loads = job_tallies.tallies(session)
+    loads = job_tallies.tallies(session, may_fold=True)
     consumers = workers.live_workers_per_queue(session, now=utcnow(),
                                                dead_after_s=services.settings.worker_dead_after_s)
     queues = {}

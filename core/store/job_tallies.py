@@ -6,8 +6,9 @@ the job's output bound, max_tokens x n) in the same transaction, so a committed 
 once and an aborted one not at all, and two transactions never wait on one counter row. A read sums the
 folded rows (one per queue, tenant and status) and the deltas not folded yet: its cost follows the tenants
 and the changes since the last fold, not the backlog. `fold` moves the deltas into the folded rows: the
-reconciler calls it every round, and a read that met FOLD_AT deltas or more calls it too (no worker may be
-running to fold: a fleet scaled to zero still takes submits).
+reconciler calls it every round, and so does a read of the API's (`/v1/queues`, `/v1/scaling`, `/metrics`)
+that met FOLD_AT deltas or more (no worker may be running to fold: a fleet scaled to zero still takes
+submits). A read inside a transaction that writes (a submit's forecast) never folds: the fold commits.
 """
 
 from __future__ import annotations
@@ -61,22 +62,24 @@ class QueueCounts:
     oldest_queued_at: datetime | None
 
 
-def queue_counts(session: Session, now: datetime, tenant_id: str | None = None) -> dict[str, QueueCounts]:
+def queue_counts(session: Session, now: datetime, tenant_id: str | None = None, *, may_fold: bool = False,
+                 ) -> dict[str, QueueCounts]:
     """Queued and running jobs per queue, and when its oldest claimable queued job was created (one index
-    probe per stream: queued_streams.stream_loads); with `tenant_id`, that tenant's jobs only."""
+    probe per stream: queued_streams.stream_loads); with `tenant_id`, that tenant's jobs only. `may_fold`:
+    as `tallies`."""
     out = {}
-    for queue, tally in tallies(session, tenant_id).items():
+    for queue, tally in tallies(session, tenant_id, may_fold=may_fold).items():
         streams = queued_streams.stream_loads(session, queue, now, 1, tenant_id) if tally.queued else []
         out[queue] = QueueCounts(tally.queued, tally.running,
                                  min((s.oldest_queued_at for s in streams), default=None))
     return out
 
 
-def tallies(session: Session, tenant_id: str | None = None, queue: str | None = None,
-            ) -> dict[str, QueueTally]:
+def tallies(session: Session, tenant_id: str | None = None, queue: str | None = None, *,
+            may_fold: bool = False) -> dict[str, QueueTally]:
     """Per queue with queued or running jobs (with `tenant_id`, that tenant's only; with `queue`, that queue
-    only), their counts and output bound. Folds the deltas when it met FOLD_AT of them (committing the
-    caller's session)."""
+    only), their counts and output bound. `may_fold`: the caller's session holds no write, so when the read
+    met FOLD_AT deltas it folds them (committing that session)."""
     parts = []
     for table, is_delta in ((JobTally, 0), (JobTallyDelta, 1)):
         part = select(table.queue, table.status, table.jobs, table.output_bound,
@@ -101,7 +104,7 @@ def tallies(session: Session, tenant_id: str | None = None, queue: str | None = 
         elif status == RUNNING:
             tally.running = int(jobs)
         tally.output_bound += int(bound or 0)
-    if deltas >= FOLD_AT:
+    if may_fold and deltas >= FOLD_AT:
         fold(session)
     return out
 

@@ -78,11 +78,13 @@ def test_a_rolled_back_change_counts_nothing(session: Session) -> None:
     assert job_tallies.tallies(session) == {"interactive": job_tallies.QueueTally(2, 0, 8)}
 
 
-def test_a_read_that_meets_many_deltas_folds_them(session: Session, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_read_free_to_fold_folds_many_deltas(session: Session, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(job_tallies, "FOLD_AT", 3)
     for _ in range(3):
         _add(session)
     assert job_tallies.tallies(session) == {"interactive": job_tallies.QueueTally(3, 0, 12)}
+    assert session.scalar(select(func.count()).select_from(JobTallyDelta)) == 3  # not free to: left
+    assert job_tallies.tallies(session, may_fold=True) == {"interactive": job_tallies.QueueTally(3, 0, 12)}
     assert session.scalar(select(func.count()).select_from(JobTallyDelta)) == 0
     assert job_tallies.tallies(session) == {"interactive": job_tallies.QueueTally(3, 0, 12)}
 
