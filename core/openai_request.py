@@ -29,6 +29,7 @@ from core.request_fields import (
     MinP,
     MinTokens,
     NonEmptyText,
+    OnDeadlineMiss,
     OpenAIPenalty,
     OpenAITemperature,
     OutputTokens,
@@ -56,7 +57,7 @@ STRUCTURED_FIELDS = ("response_format", "regex", "choice")
 # vLLM's names for the same constraints: its structured_outputs object and the older guided_* fields.
 VLLM_STRUCTURED_FIELDS = ("structured_outputs", "guided_json", "guided_regex", "guided_choice")
 # Fields a job takes under the same names that say where it stands in its queue, not how it samples.
-QUEUE_FIELDS = ("priority", "deadline_s", "service_tier")
+QUEUE_FIELDS = ("priority", "deadline_s", "service_tier", "on_deadline_miss")
 # Chat fields a job takes under the same names (api/schemas/jobs.py), kept out of the sampling params.
 CHAT_FIELDS = ("tools", "tool_choice", "parallel_tool_calls", "add_generation_prompt",
                "continue_final_message", "chat_template_kwargs")
@@ -193,6 +194,7 @@ class OpenAISampling(BaseModel):
     user: StoredText | None = Field(None, description="accepted and ignored")
     priority: Priority | None = Field(None, description="vLLM's: lower is served first (default 0)")
     deadline_s: DeadlineSeconds | None = None
+    on_deadline_miss: OnDeadlineMiss | None = None
     service_tier: ServiceTier | None = Field(
         None, description="priority (ahead of the default tier), flex (spare capacity: after every other job "
         "of its queue, no default deadline), auto or default; echoed in the answer")

@@ -106,6 +106,9 @@ DeadlineSeconds = Annotated[float, Field(
     strict=True, gt=0, le=MAX_TTL_S, allow_inf_nan=False,
     description="seconds after submission by which the result is wanted: a soft target the schedulers order "
     "by (a late job still runs)")]
+OnDeadlineMiss = Annotated[Literal["accept", "reject"], Field(
+    description="reject: refuse the job (429 deadline_unattainable, with Retry-After) when its predicted "
+    "finish is past its deadline; accept (the default): take it and show the prediction")]
 ChoiceCount = Annotated[int, Field(strict=True, ge=1, le=MAX_N, description="choices from the one prompt")]
 StrictFlag = Annotated[bool, Field(strict=True)]
 _GREEDY_OR_WARM = Field(json_schema_extra={"anyOf": [{"const": 0}, {"minimum": MIN_TEMPERATURE}]},

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import (
     AnyHttpUrl,
@@ -25,6 +25,7 @@ from api.schemas.fields import (
     MinP,
     MinTokens,
     NonEmptyText,
+    OnDeadlineMiss,
     OpenAIPenalty,
     OutputTokens,
     Priority,
@@ -180,9 +181,7 @@ class JobCreate(ChatFields):
     deadline_s: DeadlineSeconds | None = Field(
         None, description="seconds after submission by which the result is wanted (default: the queue's "
         "default_deadline_s): a soft target the schedulers order by; a late job still runs")
-    on_deadline_miss: Literal["accept", "reject"] = Field(
-        "accept", description="reject: refuse the job (429 deadline_unattainable, with Retry-After) when its "
-        "predicted finish is past its deadline; accept: take it and show the prediction")
+    on_deadline_miss: OnDeadlineMiss = "accept"
     ttl: float | None = Field(None, strict=True, gt=0, le=MAX_TTL_S, allow_inf_nan=False,
                               description="seconds; the job expires if not started in time")
     timeout: float | None = Field(None, strict=True, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False,

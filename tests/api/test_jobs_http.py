@@ -418,3 +418,11 @@ def test_a_job_that_cannot_make_its_deadline_is_refused_when_it_asks(alice: Test
     assert predicted > datetime.fromisoformat(accepted["deadline_at"])  # taken, and said to be late
     without = alice.post("/v1/jobs", json={"prompt": "hi"}).json()
     assert without["predicted_finish_at"] is None  # no deadline: no prediction
+    # The OpenAI routes take the same choice, and answer the refusal in OpenAI's shape.
+    openai_refused = alice.post("/v1/completions", json={**body, "on_deadline_miss": "reject"})
+    assert openai_refused.status_code == 429, openai_refused.text
+    error = openai_refused.json()["error"]
+    assert (error["code"], error["param"]) == ("deadline_unattainable", "deadline_s")
+    assert int(openai_refused.headers["Retry-After"]) >= 900
+    bad = alice.post("/v1/completions", json={**body, "on_deadline_miss": "maybe"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "on_deadline_miss", bad.text

@@ -236,6 +236,10 @@ def _validated(number: int, custom_id: str, endpoint: str, body: dict[str, Any],
     check_request(request, served)
     if request.stream:
         raise Refusal("invalid", "stream", "must be false in a batch")
+    if request.on_deadline_miss == "reject":
+        raise Refusal("unsupported", "on_deadline_miss", "on_deadline_miss: reject is answered at submit "
+                      "(the jobs API, the OpenAI routes); a batch line runs within its batch's completion "
+                      "window, late or not")
     options = ChatOptions()
     if isinstance(request, ChatCompletionCreate):
         messages, prompt = request.chat_messages(served.roles), None

@@ -187,3 +187,20 @@ def test_a_line_outside_its_tenants_priorities_fails_alone_and_lines_start_by_th
     assert "priority: -5 is outside" in refused.error["message"] and "[-1, inf]" in refused.error["message"]
     assert (job.priority, job.service_tier) == (-1, "priority")
     assert job.deadline_at is not None and job.start_by == job.deadline_at - timedelta(seconds=20 * 0.5)
+
+
+def test_a_line_asking_to_be_refused_when_late_fails_alone_saying_why(make_service: Callable[..., Service],
+                                                                       ) -> None:
+    service = make_service()
+    client = service.client("alice")
+    body = {"prompt": "hello", "max_tokens": 2, "deadline_s": 60}
+    lines = [line(choice, {**body, "on_deadline_miss": choice}) for choice in ("reject", "accept")]
+    r = client.post("/v1/batches", json={"input_file_id": _upload(client, b"\n".join(lines) + b"\n")})
+    assert r.status_code == 200, r.text
+    BatchRunner(service.session_factory, service.settings, lambda job_id, queue: None, "runner-1",
+                tokenizer=_Tokenizer(), s3=None, model_name="demo-model").run_once()
+    with service.session_factory() as session:
+        refused, taken = session.scalars(select(BatchLine).order_by(BatchLine.line)).all()
+    assert refused.error is not None and refused.error["code"] == "invalid_parameter", refused.error
+    assert "on_deadline_miss: reject is answered at submit" in refused.error["message"]
+    assert taken.error is None and taken.job_id is not None
