@@ -190,9 +190,15 @@ def test_in_a_backlog_a_priority_job_starts_first_then_the_one_due_soonest(
     runtime = _start(embedded_settings, lite_sessions, runtimes)  # documents: one at a time
     backlog, due, first = _backlog_then_urgent(runtime, lite_sessions)
     order = _start_order(lite_sessions, [*backlog, due, first])
-    # Whatever of the backlog had started before they arrived, then the priority job, then the deadline.
-    assert order.index(first) <= 2 and order.index(due) == order.index(first) + 1, order
-    assert order[order.index(due) + 1:] == [j for j in backlog if j in order[order.index(due) + 1:]]
+    # Whatever of the backlog had started before they arrived, then the priority job, then the deadline. On a
+    # busy machine the feeder's first claim may come after the backlog and the deadline job were all queued:
+    # then the deadline job goes first (least slack), and the priority job next, being submitted after.
+    lead = min(order.index(first), order.index(due))
+    assert lead <= 2 and set(order[lead:lead + 2]) == {first, due}, order
+    if order[lead] == due:
+        first_row, started = get_job(lite_sessions, first), get_job(lite_sessions, due).started_at
+        assert started is not None and started < first_row.created_at, "it started before the priority job"
+    assert order[lead + 2:] == [j for j in backlog if j in order[lead + 2:]]
     due_row = get_job(lite_sessions, due)
     assert due_row.finished_at is not None and due_row.deadline_at is not None
     assert due_row.finished_at <= due_row.deadline_at, "it finished within its deadline"
