@@ -40,16 +40,19 @@ class Services:
         return tool_parser_for(self.settings.tool_call_parser, self.tokenizer.chat_template)
 
 
-async def get_services(request: Request) -> Services:
-    """Async though it awaits nothing: FastAPI runs a plain `def` dependency in its thread pool, a hand-off
-    per request for one attribute read."""
+def services_of(request: Request) -> Services:
     services: Services = request.app.state.services
     return services
 
 
+async def get_services(request: Request) -> Services:
+    """Async though it awaits nothing: FastAPI runs a plain `def` dependency in its thread pool, a hand-off
+    per request for one attribute read."""
+    return services_of(request)
+
+
 def get_session(request: Request) -> Iterator[Session]:
-    services: Services = request.app.state.services
-    with services.session_factory() as session:
+    with services_of(request).session_factory() as session:
         yield session
 
 

@@ -53,6 +53,11 @@ class Bench:
     memo: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def max_queued(self) -> int:
+        """The bench queue's max_queued: what admission counts up to (api/admission.py)."""
+        return self.settings.queues[self.queue].max_queued
+
+    @property
     def defaults(self) -> TenantLimits:
         return TenantLimits.defaults(self.settings)
 
@@ -275,14 +280,13 @@ def _add(bench: Bench, _prepared: Any) -> str:
 def _count_queued(bench: Bench, _prepared: Any) -> object:
     """As admission counts (api/admission.py): up to the queue's max_queued, the most it needs to know."""
     with bench.sessions() as session:
-        return jobs.count_queued(session, bench.queue, up_to=bench.settings.queues[bench.queue].max_queued)
+        return jobs.count_queued(session, bench.queue, up_to=bench.max_queued)
 
 
 def _count_queued_tenant(bench: Bench, _prepared: Any) -> object:
     """A tenant quota's count, up to the same bound (a tenant's max_queued is at most its queue's)."""
     with bench.sessions() as session:
-        return jobs.count_queued(session, bench.queue, bench.tenant,
-                                 up_to=bench.settings.queues[bench.queue].max_queued)
+        return jobs.count_queued(session, bench.queue, bench.tenant, up_to=bench.max_queued)
 
 
 def _effective_limits(bench: Bench, _prepared: Any) -> object:

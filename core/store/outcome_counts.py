@@ -71,24 +71,28 @@ def record_finished_jobs(session: Session, finished: Sequence[Row[Any]], of_batc
     batch."""
     increments: dict[Key, Increment] = {}
     for row in finished:
-        queue, created, started, first_token, code = (row.queue, row.created_at, row.started_at,
-                                                       row.first_token_at, row.error_code)
-        deadline, tier, preemptions = row.deadline_at, row.service_tier, row.preemptions
-        end = row.finished_at or created
-        finished_jobs = increments.setdefault((JOBS_FINISHED, queue, status, ""), Increment())
-        finished_jobs.count += 1
-        finished_jobs.total += preemptions or 0
-        if deadline is not None:
-            _count_deadline(increments, queue, goodput_tier(tier), status, end, deadline)
-        _observe(increments, (QUEUE_TIME, queue, status), _seconds(created, started or end))
-        _observe(increments, (E2E, queue, status), _seconds(created, end))
-        if first_token is not None:
-            _observe(increments, (TTFT, queue, status), _seconds(created, first_token))
-        if status in (FAILED, EXPIRED):
-            _count(increments, (JOB_FAILURES, queue, "", code or "unknown"), 1)
+        _count_job(increments, row, status)
     if of_batches:
         _count_batch_lines(session, of_batches, status, increments)
     _upsert(session, increments)
+
+
+def _count_job(increments: dict[Key, Increment], row: Row[Any], status: str) -> None:
+    """One finished job's increments: its count and preemptions, its deadline outcome, its latencies, its
+    failure code."""
+    queue, created = row.queue, row.created_at
+    end = row.finished_at or created
+    finished_jobs = increments.setdefault((JOBS_FINISHED, queue, status, ""), Increment())
+    finished_jobs.count += 1
+    finished_jobs.total += row.preemptions or 0
+    if row.deadline_at is not None:
+        _count_deadline(increments, queue, goodput_tier(row.service_tier), status, end, row.deadline_at)
+    _observe(increments, (QUEUE_TIME, queue, status), _seconds(created, row.started_at or end))
+    _observe(increments, (E2E, queue, status), _seconds(created, end))
+    if row.first_token_at is not None:
+        _observe(increments, (TTFT, queue, status), _seconds(created, row.first_token_at))
+    if status in (FAILED, EXPIRED):
+        _count(increments, (JOB_FAILURES, queue, "", row.error_code or "unknown"), 1)
 
 
 def deadline_outcome(status: str, end: datetime, deadline: datetime) -> str:
