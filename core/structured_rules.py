@@ -23,7 +23,9 @@ from core.request_rules import MAX_JSON_DEPTH, json_problem, json_shape_problem
 # Must equal engine.structured_output.MAX_STRUCTURED_BYTES (core cannot import engine; a test checks it).
 MAX_STRUCTURED_BYTES = 64 * 1024
 MAX_CHOICES = 1024
-MAX_STRUCTURED_DEPTH = MAX_JSON_DEPTH  # 32 levels of JSON: 16 of nested object schemas, ~300 frames to check
+# A schema is stored two levels down in the job's params (params.structured.json_schema), which must stay
+# within MAX_JSON_DEPTH: 30 levels of JSON, 15 of nested object schemas, ~300 frames to check.
+MAX_STRUCTURED_DEPTH = MAX_JSON_DEPTH - 2
 MAX_STRUCTURED_NODES = 2048  # objects and arrays; checking that many subschemas takes ~0.3 s at worst
 MAX_SCHEMA_ERROR_CHARS = 300  # a SchemaError's message quotes the offending value, which may be 64 KiB
 _LABELS = {"json_schema": "the JSON Schema", "json_object": "json_object", "regex": "regex",

@@ -19,6 +19,7 @@ from api.app import create_app
 from api.prompt_tokenizer import PromptTokenizer
 from core.settings import Settings
 from core.store.migrate import upgrade
+from core.structured_rules import MAX_STRUCTURED_DEPTH
 from tests.support.live_server import new_api_key, serving, wait_for
 from tests.support.service import Service, error_of
 
@@ -214,7 +215,7 @@ def test_hostile_lines_fail_alone_and_the_good_ones_succeed(embedded: tuple[str,
     errors = [json.loads(line) for line in alice.files.content(done.error_file_id or "").text.splitlines()]
     assert [(e["line"], e["error"]["code"]) for e in errors] == [
         (2, "invalid_parameter"), (3, "invalid_json"), (4, "invalid_parameter")]
-    assert "nested deeper than 32 levels" in errors[0]["error"]["message"]
+    assert f"nested deeper than {MAX_STRUCTURED_DEPTH} levels" in errors[0]["error"]["message"]
     assert "5000 digits" in errors[1]["error"]["message"]
     assert errors[2]["error"]["message"] == "max_tokens: Input should be a valid integer"
 

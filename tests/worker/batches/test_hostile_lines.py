@@ -17,6 +17,7 @@ from core.clock import utcnow
 from core.request_rules import MAX_INT_DIGITS
 from core.store import tenants, workers
 from core.store.tables import Batch, BatchLine, Job
+from core.structured_rules import MAX_STRUCTURED_DEPTH
 from tests.support.hostile_schemas import nested_items, nested_objects
 from tests.support.service import Service
 from worker.batches.lines import BatchRequest, CustomIdSet, LineError, LineLimits, parse_line
@@ -35,9 +36,9 @@ def line(custom_id: str, body: dict[str, Any] | str) -> bytes:
 
 HOSTILE = [  # (line, code, a fragment of its message)
     (line("objects", schema_body(nested_objects(100))), "invalid_parameter",
-     "response_format: the JSON Schema is nested deeper than 32 levels"),
+     f"response_format: the JSON Schema is nested deeper than {MAX_STRUCTURED_DEPTH} levels"),
     (line("items", schema_body(nested_items(150))), "invalid_parameter",
-     "response_format: the JSON Schema is nested deeper than 32 levels"),
+     f"response_format: the JSON Schema is nested deeper than {MAX_STRUCTURED_DEPTH} levels"),
     (line("digits", '{"prompt": "x", "max_tokens": ' + "9" * 5000 + "}"), "invalid_json",
      f"integer of 5000 digits; at most {MAX_INT_DIGITS}"),
     (line("negative", '{"prompt": "x", "seed": -' + "9" * 5000 + "}"), "invalid_json", "5000 digits"),
