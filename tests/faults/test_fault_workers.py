@@ -29,7 +29,7 @@ def _traffic(stack: Stack, rate: float, name: str, max_tokens: int = 16) -> Traf
 def test_worker_sigkill_mid_traffic_every_job_ends_once_on_a_new_worker(stack: Stack) -> None:
     first = stack.start_worker()
     traffic = _traffic(stack, 10, "sigkill").start()
-    longs = [traffic.submit(long_job(f"long {i}", 1000, queue="documents")).job_id for i in range(3)]
+    longs = [traffic.submit(long_job(f"long {i}", 400, queue="documents")).job_id for i in range(3)]
     wait_generating(stack.store, longs)
     traffic.wait_submitted(10)  # short jobs in flight beside the long ones
 
@@ -62,7 +62,7 @@ def _where(stack: Stack, job_ids: set[str]) -> str:
 def test_worker_paused_past_dead_after_then_resumed_no_job_completes_twice(stack: Stack) -> None:
     workers = stack.start_workers(2)
     traffic = _traffic(stack, 5, "sigstop").start()
-    longs = [traffic.submit(long_job(f"long {i}", 800, queue="documents")).job_id for i in range(4)]
+    longs = [traffic.submit(long_job(f"long {i}", 400, queue="documents")).job_id for i in range(4)]
     rows = wait_generating(stack.store, longs)
     holders = {row.worker_id for row in rows.values()}
     paused = next(w for w in workers if w.worker_id in holders)
