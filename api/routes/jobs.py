@@ -12,6 +12,7 @@ from api.auth import CurrentTenant, WaitingTenant
 from api.deps import ServicesDep, SessionDep
 from api.errors import ApiError, can_be_stored_id, lookup_id, not_found
 from api.job_waits import EVENTS_MAX_S, KEEPALIVE_S, MAX_WAIT_S
+from api.model_responses import model_response
 from api.schemas.deleted import Deleted
 from api.schemas.errors import error_responses, sse_schema
 from api.schemas.jobs import JobCreate, JobList
@@ -54,28 +55,27 @@ def _json_errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
              responses={**REPLAYED, **error_responses(401, 403, 409, 413, 422, 429)})
 def create_job(
     body: JobCreate,
-    response: Response,
     session: SessionDep,
     services: ServicesDep,
     tenant: CurrentTenant,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
-) -> JobPublic:
+) -> Response:
     """Queues a job (202). Replaying an Idempotency-Key with the same body returns the original job (200)."""
     job, created = submit(session, services, tenant, body, idempotency_key, utcnow())
-    if not created:
-        response.status_code = 200
-    return JobPublic.from_row(job)
+    return model_response(JobPublic.from_row(job), 202 if created else 200)
 
 
 @router.get("/{job_id}", response_model=JobPublic, responses=error_responses(401, 404, 422))
 async def get_job(
     job_id: str, request: Request, services: ServicesDep, tenant: WaitingTenant, wait: Wait = None
-) -> JobPublic:
+) -> Response:
     """The job. With `wait=S`, a long poll: the answer comes as soon as the job is final (succeeded,
     failed, cancelled or expired), or after S seconds with the job as it is then; always 200."""
     if wait is None:
-        return await job_waits.read_or_404(services, job_id, tenant)
-    return await job_waits.until_final(services, job_id, tenant, wait, request.is_disconnected)
+        job = await job_waits.read_or_404(services, job_id, tenant)
+    else:
+        job = await job_waits.until_final(services, job_id, tenant, wait, request.is_disconnected)
+    return model_response(job)
 
 
 @router.get("/{job_id}/events", response_class=EventStream, description=EVENTS_DESCRIPTION,
