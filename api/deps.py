@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from api.admission import AdmissionGauge
+from api.job_reads import JobReads
 from api.metrics import Metrics
 from api.prompt_tokenizer import PromptTokenizer
 from core.chat_options import ToolParser, tool_parser_for
@@ -34,6 +35,10 @@ class Services:
     finished: FinishedSink | None = None  # told when the API itself commits a final status (cancel)
     finished_watch: FinishedWatch | None = None  # wakes long polls and event streams; None: they poll
     queue_rates: QueueRates = field(default_factory=QueueRates)  # deadline forecasts without a sum per submit
+    job_reads: JobReads = field(init=False)  # reads of single jobs asked for together share one query
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "job_reads", JobReads(self.session_factory))  # frozen: set once, here
 
     @property
     def tool_parser(self) -> ToolParser:

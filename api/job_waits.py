@@ -3,7 +3,7 @@ of `GET /v1/jobs/{id}?wait=S` and the event stream of `GET /v1/jobs/{id}/events`
 
 The waiter registers with the app's FinishedWatch BEFORE each store read, then sleeps until a notification,
 the fallback interval or its own deadline, and reads again: the store is the truth, a notification only cuts
-the wait short. Each read takes a short-lived session in the threadpool.
+the wait short. Reads asked for together share one query (api/job_reads.py).
 """
 
 from __future__ import annotations
@@ -13,13 +13,10 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
 
-from starlette.concurrency import run_in_threadpool
-
 from api.deps import Services
 from api.errors import lookup_id, not_found
 from core.finish_notifications import FinishedWaiter
 from core.lifecycle import TERMINAL_STATUSES
-from core.store import jobs
 from core.views import JobPublic
 
 MAX_WAIT_S = 60.0  # a long poll's longest wait: below common proxy and load-balancer idle timeouts
@@ -34,14 +31,9 @@ Disconnected = Callable[[], Awaitable[bool]]
 
 
 async def read(services: Services, job_id: str, tenant: str) -> JobPublic | None:
-    """The job as the store has it now, or None if the tenant has no such job."""
-    return await run_in_threadpool(_read, services, lookup_id("job", job_id), tenant)
-
-
-def _read(services: Services, job_id: str, tenant: str) -> JobPublic | None:
-    with services.session_factory() as session:
-        job = jobs.get(session, job_id, tenant)
-        return JobPublic.from_row(job) if job is not None else None
+    """The job as the store has it now, or None if the tenant has no such job (read with the reads of other
+    requests that asked at the same time: api/job_reads.py)."""
+    return await services.job_reads.read(lookup_id("job", job_id), tenant)
 
 
 async def read_or_404(services: Services, job_id: str, tenant: str) -> JobPublic:

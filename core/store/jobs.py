@@ -123,6 +123,12 @@ def get(session: Session, job_id: str, tenant_id: str | None = None) -> Job | No
     return session.execute(query).scalar_one_or_none()
 
 
+def get_many(session: Session, job_ids: list[str]) -> list[Job]:
+    """The jobs of these ids that exist, in no particular order."""
+    query = select(Job).where(Job.id.in_(job_ids)).execution_options(populate_existing=True)
+    return list(session.execute(query).scalars())
+
+
 def by_idempotency_key(session: Session, tenant_id: str, key: str) -> Job | None:
     query = select(Job).where(Job.tenant_id == tenant_id, Job.idempotency_key == key)
     return session.execute(query.execution_options(populate_existing=True)).scalar_one_or_none()
