@@ -23,7 +23,6 @@ from sqlalchemy import (
     and_,
     delete,
     func,
-    insert,
     literal_column,
     null,
     or_,
@@ -96,9 +95,20 @@ def build(new: NewJob, now: datetime) -> Job:
 def add(session: Session, new: NewJob, now: datetime) -> Job:
     """Inserts a queued job and commits. Raises sqlalchemy IntegrityError on a duplicate idempotency key."""
     row = _queued_row(new, now)
-    session.execute(insert(Job), [row])  # a bulk INSERT: no unit-of-work bookkeeping for one new row
+    # A Core INSERT of the table: neither unit-of-work bookkeeping nor the ORM's bulk path for one new row.
+    session.execute(_INSERT_JOB, [_by_column(row)])
     session.commit()
     return Job(**row)  # not attached to the session: the caller only reads it
+
+
+def _by_column(row: dict[str, Any]) -> dict[str, Any]:
+    """A row keyed by Job's attributes, keyed by its table's columns instead (`meta` is `metadata`)."""
+    values = dict(row)
+    values["metadata"] = values.pop("meta")
+    return values
+
+
+_INSERT_JOB = Job.__table__.insert()
 
 
 def _queued_row(new: NewJob, now: datetime) -> dict[str, Any]:
