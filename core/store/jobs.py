@@ -10,6 +10,8 @@ timezone-aware UTC datetimes.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
 import json
 import uuid
@@ -20,7 +22,9 @@ from typing import Any
 from sqlalchemy import (
     ColumnElement,
     Select,
+    Update,
     and_,
+    bindparam,
     delete,
     func,
     literal_column,
@@ -246,7 +250,7 @@ def claimed_values(worker_id: str, now: datetime) -> dict[str, Any]:
 # --- a worker's writes, grouped: one transaction per engine step -----------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, order=True)
 class FirstToken:
     job_id: str
     attempt: int
@@ -283,38 +287,93 @@ Outcome = Completion | Failure
 
 def record_step(session: Session, first_tokens: list[FirstToken], outcomes: list[Outcome], now: datetime,
                 ) -> list[str]:
-    """Writes a step's first tokens and outcomes in ONE transaction and commits. Each write is still its own
-    conditional UPDATE on (id, status running, attempt), so a late or duplicate outcome changes nothing, and
-    only the jobs whose outcome applied get their follow-on effects (`record_finished`), once per status
-    for the whole group. Returns the ids of the jobs this made final."""
-    for first in first_tokens:
-        _update(session, first.job_id, (RUNNING,),
-                and_(Job.attempts == first.attempt, Job.first_token_at.is_(None)),
-                first_token_at=first.at, updated_at=first.at)
+    """Writes a step's first tokens and outcomes in ONE transaction and commits: one UPDATE statement per
+    kind of write, run for all its rows at once (executemany; on PostgreSQL one round trip), rows in id
+    order. Each row's write is still conditional on (id, status running, attempt), so a late or duplicate
+    outcome changes nothing, and only the jobs whose outcome applied get their follow-on effects
+    (`record_finished`), once per status for the whole group. Returns the ids of the jobs this made final."""
+    first_of = {(first.job_id, first.attempt): first.at for first in first_tokens}
+    outcomes = [_with_first_token(outcome, first_of) for outcome in outcomes]
+    written = {(outcome.job_id, outcome.attempt) for outcome in outcomes if isinstance(outcome, Completion)}
+    firsts = sorted(first for first in first_tokens if (first.job_id, first.attempt) not in written)
+    if firsts:  # a completion writes its own first token (the earlier of the two)
+        session.execute(_FIRST_TOKEN, [{"b_id": first.job_id, "b_attempt": first.attempt, "b_at": first.at}
+                                       for first in firsts])
     finished: dict[str, list[str]] = {}
-    for outcome in outcomes:
-        status, values = _outcome_values(outcome, now)
-        if _update(session, outcome.job_id, (RUNNING,), Job.attempts == outcome.attempt, **values):
-            finished.setdefault(status, []).append(outcome.job_id)
+    for (status, statement), rows in _outcome_writes(outcomes, now).items():
+        finished.setdefault(status, []).extend(_applied(session, statement, rows, status, now))
     for status, job_ids in finished.items():
         record_finished(session, job_ids, status, now)
     session.commit()
     return [job_id for job_ids in finished.values() for job_id in job_ids]
 
 
-def _outcome_values(outcome: Outcome, now: datetime) -> tuple[str, dict[str, Any]]:
-    common = dict(preemptions=Job.preemptions + outcome.preemptions, finished_at=now, updated_at=now)
-    if isinstance(outcome, Failure):
-        return FAILED, dict(status=FAILED, error_code=outcome.code, error_message=outcome.message, **common)
-    return SUCCEEDED, dict(
-        status=SUCCEEDED, result_text=outcome.result_text, finish_reason=outcome.finish_reason,
-        prompt_tokens=outcome.prompt_tokens, completion_tokens=outcome.completion_tokens,
-        cached_tokens=outcome.cached_tokens,
-        logprobs=outcome.logprobs if outcome.logprobs is not None else null(),  # SQL NULL, not JSON null
-        choices=outcome.choices if outcome.choices is not None else null(),
-        prompt_logprobs=outcome.prompt_logprobs if outcome.prompt_logprobs is not None else null(),
-        first_token_at=func.coalesce(Job.first_token_at, outcome.first_token_at), **common,
-    )
+def _with_first_token(outcome: Outcome, first_of: dict[tuple[str, int], datetime]) -> Outcome:
+    """A completion whose first token is reported in the same step, with the earlier of the two times."""
+    at = first_of.get((outcome.job_id, outcome.attempt))
+    if not isinstance(outcome, Completion) or at is None:
+        return outcome
+    earliest = at if outcome.first_token_at is None else min(at, outcome.first_token_at)
+    return dataclasses.replace(outcome, first_token_at=earliest)
+
+
+_JOBS = Job.__table__
+_RUNNING_ATTEMPT = (_JOBS.c.id == bindparam("b_id"), _JOBS.c.status == RUNNING,
+                    _JOBS.c.attempts == bindparam("b_attempt"))
+_FIRST_TOKEN = update(_JOBS).where(*_RUNNING_ATTEMPT, _JOBS.c.first_token_at.is_(None)).values(
+    first_token_at=bindparam("b_at", type_=_JOBS.c.first_token_at.type),
+    updated_at=bindparam("b_at", type_=_JOBS.c.updated_at.type))
+_COMPLETION_FIELDS = ("result_text", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens")
+_COMPLETION_JSON = ("logprobs", "choices", "prompt_logprobs")  # None is SQL NULL, not JSON null
+_FAILURE_FIELDS = ("error_code", "error_message")
+
+
+def _outcome_writes(outcomes: list[Outcome], now: datetime,
+                    ) -> dict[tuple[str, Update], list[dict[str, Any]]]:
+    """The outcomes' rows grouped by the statement that writes them, in id order within each group."""
+    writes: dict[tuple[str, Update], list[dict[str, Any]]] = {}
+    for outcome in sorted(outcomes, key=lambda outcome: outcome.job_id):
+        common = {"b_id": outcome.job_id, "b_attempt": outcome.attempt, "b_preemptions": outcome.preemptions,
+                  "b_now": now}
+        if isinstance(outcome, Failure):
+            key = (FAILED, _outcome_statement(FAILED, _FAILURE_FIELDS, ()))
+            fields: tuple[str, ...] = _FAILURE_FIELDS
+            values = {"error_code": outcome.code, "error_message": outcome.message}
+        else:
+            given = tuple(name for name in _COMPLETION_JSON if getattr(outcome, name) is not None)
+            nulls = tuple(name for name in _COMPLETION_JSON if name not in given)
+            fields = (*_COMPLETION_FIELDS, *given, "first_token_at")
+            key = (SUCCEEDED, _outcome_statement(SUCCEEDED, fields, nulls))
+            values = {name: getattr(outcome, name) for name in fields}
+        writes.setdefault(key, []).append({**common, **{"b_" + name: values[name] for name in fields}})
+    return writes
+
+
+@functools.cache
+def _outcome_statement(status: str, fields: tuple[str, ...], nulls: tuple[str, ...]) -> Update:
+    """running -> status for one row per parameter set: `fields` from parameters named b_<column>, `nulls`
+    set to SQL NULL; a first token already stored is kept, preemptions are added."""
+    values: dict[str, Any] = {name: bindparam("b_" + name, type_=_JOBS.c[name].type) for name in fields}
+    if "first_token_at" in values:
+        values["first_token_at"] = func.coalesce(_JOBS.c.first_token_at, values["first_token_at"])
+    return update(_JOBS).where(*_RUNNING_ATTEMPT).values(
+        status=status, preemptions=_JOBS.c.preemptions + bindparam("b_preemptions"),
+        finished_at=bindparam("b_now", type_=_JOBS.c.finished_at.type),
+        updated_at=bindparam("b_now", type_=_JOBS.c.updated_at.type), **values,
+        **{name: null() for name in sorted(nulls)})
+
+
+def _applied(session: Session, statement: Update, rows: list[dict[str, Any]], status: str, now: datetime,
+             ) -> list[str]:
+    """Runs `statement` for every row; returns the ids of the rows it changed."""
+    job_ids = [row["b_id"] for row in rows]
+    if session.execute(statement, rows).rowcount == len(rows):  # type: ignore[attr-defined]
+        return job_ids
+    # Some job moved on first (cancelled, or its attempt ended elsewhere). This transaction holds the rows it
+    # wrote until its commit, so the ones it wrote are those with this status at exactly this time.
+    query = select(_JOBS.c.id).where(_JOBS.c.id.in_(job_ids), _JOBS.c.status == status,
+                                     _JOBS.c.finished_at == now)
+    return list(session.execute(query).scalars())
 
 
 def record_first_token(session: Session, job_id: str, attempt: int, at: datetime) -> bool:
