@@ -301,7 +301,9 @@ def record_step(session: Session, first_tokens: list[FirstToken], outcomes: list
                                        for first in firsts])
     finished: dict[str, list[str]] = {}
     for (status, statement), rows in _outcome_writes(outcomes, now).items():
-        finished.setdefault(status, []).extend(_applied(session, statement, rows, status, now))
+        made_final = {job_id for job_ids in finished.values() for job_id in job_ids}
+        applied = _applied(session, statement, rows, status, now)
+        finished.setdefault(status, []).extend(job_id for job_id in applied if job_id not in made_final)
     for status, job_ids in finished.items():
         record_finished(session, job_ids, status, now)
     session.commit()

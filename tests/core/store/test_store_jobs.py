@@ -306,6 +306,21 @@ def test_record_step_runs_follow_on_effects_once_per_status_for_applied_jobs_onl
     assert batch_counts(session, batch_id) == (2, 1, 2 * 2, 2 * 3)
 
 
+def test_record_step_makes_a_job_final_once_when_reported_twice_in_two_forms_or_cancelled_first(
+    session: Session,
+) -> None:
+    twice, cancelled, ok = (add_job(session, webhook=OWN_HOOK) for _ in range(3))
+    assert len(jobs.claim_many(session, [twice, cancelled, ok], "w1", T0)) == 3
+    assert jobs.cancel(session, cancelled, "default", T1) is not None
+    session.commit()
+    with_logprobs = jobs.Completion(twice, 1, "out", "stop", 2, 3, 0, None, logprobs=[{"token_id": 1}])
+    step: list[jobs.Outcome] = [done(twice, 1), with_logprobs, done(cancelled, 1), done(ok, 1)]
+    assert sorted(jobs.record_step(session, [], step, T2)) == sorted([twice, ok])
+    assert [events_of(session, j) for j in (twice, cancelled, ok)] == [
+        ["job.succeeded"], ["job.cancelled"], ["job.succeeded"]]
+    assert jobs.get(session, cancelled).status == "cancelled"  # type: ignore[union-attr]
+
+
 def test_record_step_records_first_tokens_only_for_the_running_attempt(session: Session) -> None:
     fresh, already, finished, both = (add_job(session) for _ in range(4))
     assert len(jobs.claim_many(session, [fresh, already, finished, both], "w1", T0)) == 4
