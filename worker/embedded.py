@@ -121,16 +121,17 @@ class EmbeddedRuntime:
             if not runner.wait_for_room(queue_name, POLL_S):
                 continue
             _take_waiting(wakeups, sys.maxsize)  # the claim below sees every job they announced
+            wanted = min(runner.room(queue_name), CLAIM_MAX)
             try:
-                started = runner.run_next(queue_name, [room_freed] * min(runner.room(queue_name), CLAIM_MAX))
+                started = runner.run_next(queue_name, [room_freed] * wanted)
             except RunnerStoppedError:
                 return
             except Exception:
                 log.exception("could not claim jobs of %s; they stay queued", queue_name)
                 time.sleep(STORE_ERROR_BACKOFF_S)
                 continue
-            if not started:
-                with contextlib.suppress(stdlib_queue.Empty):
+            if started < wanted:  # it took all there was: claim again once a job is announced or room freed,
+                with contextlib.suppress(stdlib_queue.Empty):  # not at once for nothing
                     wakeups.get(timeout=IDLE_POLL_S)
 
 
