@@ -33,12 +33,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy import func, select, text, update
+from sqlalchemy import bindparam, func, select, text
 from sqlalchemy.orm import Session
 
-from core.lifecycle import QUEUED, RUNNING
+from core.lifecycle import RUNNING
 from core.store import queued_streams
-from core.store.jobs import claimed_values
+from core.store.jobs import claim_ids
 from core.store.tables import Job, Tenant
 from core.store.tenants import TenantLimits
 
@@ -238,18 +238,20 @@ def _took(view: _QueuedView, stream: Stream, n: int, state: FairState, *, short:
         load.queued -= n
 
 
+_RUNNING_LOADS = (  # built once, as building it cost more than running it; its parameter: queue
+    select(Job.tenant_id, Job.batch_id, func.count(), Tenant.weight, Tenant.max_running)
+    .join(Tenant, Tenant.id == Job.tenant_id)
+    .where(Job.queue == bindparam("queue", type_=Job.queue.type), Job.status == RUNNING)
+    .group_by(Job.tenant_id, Job.batch_id, Tenant.weight, Tenant.max_running)
+)
+
+
 def _running_loads(session: Session, queue: str, defaults: TenantLimits,
                    ) -> tuple[dict[Stream, int], dict[str, Share]]:
     """Running jobs of `queue` per stream (few: what the fleet runs), and each such tenant's share."""
-    query = (
-        select(Job.tenant_id, Job.batch_id, func.count(), Tenant.weight, Tenant.max_running)
-        .join(Tenant, Tenant.id == Job.tenant_id)
-        .where(Job.queue == queue, Job.status == RUNNING)
-        .group_by(Job.tenant_id, Job.batch_id, Tenant.weight, Tenant.max_running)
-    )
     running: dict[Stream, int] = {}
     shares: dict[str, Share] = {}
-    for tenant_id, batch_id, count, weight, max_running in session.execute(query):
+    for tenant_id, batch_id, count, weight, max_running in session.execute(_RUNNING_LOADS, {"queue": queue}):
         running[Stream(tenant_id, batch_id)] = int(count)
         shares[tenant_id] = _share(weight, max_running, defaults)
     return running, shares
@@ -284,14 +286,7 @@ def _claim_most_urgent(session: Session, queue: str, stream: Stream, n: int, wor
     # NOTE: two statements, not `UPDATE ... WHERE id IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)`:
     # PostgreSQL may run such a subquery again per row, each time skipping the rows just locked, and so
     # update more than n.
-    statement = (
-        update(Job)
-        .where(Job.id.in_(ids), Job.status == QUEUED)
-        .values(**claimed_values(worker_id, now))
-        .returning(Job)
-        .execution_options(synchronize_session=False, populate_existing=True)
-    )
-    return sorted(session.execute(statement).scalars(), key=lambda job: (job.created_at, job.id))
+    return sorted(claim_ids(session, ids, worker_id, now), key=lambda job: (job.created_at, job.id))
 
 
 def _lock_queue(session: Session, queue: str) -> None:

@@ -227,24 +227,32 @@ def claim_many(session: Session, job_ids: list[str], worker_id: str, now: dateti
         return []
     not_expired = or_(Job.expires_at.is_(None), Job.expires_at > now)
     claimable = lock_in_id_order(session, Job.id.in_(job_ids), Job.status == QUEUED, not_expired)
-    statement = (
-        update(Job)
-        .where(Job.id.in_(claimable), Job.status == QUEUED)
-        .values(**claimed_values(worker_id, now))
-        .returning(Job)
-        .execution_options(synchronize_session=False, populate_existing=True)
-    )
-    claimed = {job.id: job for job in session.execute(statement).scalars()}
+    claimed = {job.id: job for job in claim_ids(session, claimable, worker_id, now)}
     session.commit()
     if len(claimed) < len(set(job_ids)):
         expire_overdue(session, now, [job_id for job_id in job_ids if job_id not in claimed])
     return [claimed[job_id] for job_id in dict.fromkeys(job_ids) if job_id in claimed]
 
 
-def claimed_values(worker_id: str, now: datetime) -> dict[str, Any]:
-    """What a claim writes (queued -> running): shared with the fair claim (core/store/fair_share.py)."""
-    return dict(status=RUNNING, attempts=Job.attempts + 1, started_at=now, first_token_at=None,
-                worker_id=worker_id, updated_at=now)
+def claim_ids(session: Session, job_ids: list[str], worker_id: str, now: datetime) -> list[Job]:
+    """queued -> running (attempts + 1, started_at = now, held by worker_id) for those of `job_ids` still
+    queued, not committed: a claim's one write (here and in core/store/fair_share.py). Returns those rows."""
+    if not job_ids:
+        return []
+    params = {"b_ids": job_ids, "b_worker_id": worker_id, "b_now": now}
+    return list(session.execute(_CLAIM_IDS, params).scalars())
+
+
+_CLAIM_IDS = (  # built once: the claim runs for every job
+    update(Job)
+    .where(Job.id.in_(bindparam("b_ids", expanding=True)), Job.status == QUEUED)
+    .values(status=RUNNING, attempts=Job.attempts + 1, first_token_at=None,
+            worker_id=bindparam("b_worker_id", type_=Job.worker_id.type),
+            started_at=bindparam("b_now", type_=Job.started_at.type),
+            updated_at=bindparam("b_now", type_=Job.updated_at.type))
+    .returning(Job)
+    .execution_options(synchronize_session=False, populate_existing=True)
+)
 
 
 # --- a worker's writes, grouped: one transaction per engine step -----------------------------------

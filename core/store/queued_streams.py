@@ -10,16 +10,37 @@ backlog's size (issue 32): what a fair claim reads under its queue's lock.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Select, func, literal, null, or_, select, union_all
+from sqlalchemy import (
+    ColumnElement,
+    CompoundSelect,
+    Integer,
+    Select,
+    bindparam,
+    func,
+    literal,
+    null,
+    or_,
+    select,
+    union_all,
+)
 from sqlalchemy.orm import Session
 
 from core.lifecycle import QUEUED
 from core.store.jobs import status_is
 from core.store.tables import Job
+
+# The statements' parameters, bound by name at each execution.
+_QUEUE = bindparam("queue", type_=Job.queue.type)
+_TENANT = bindparam("tenant_id", type_=Job.tenant_id.type)
+_BATCH = bindparam("batch_id", type_=Job.batch_id.type)
+_NOW = bindparam("now", type_=Job.expires_at.type)
+_CAP = bindparam("cap", type_=Integer)
+_NOT_EXPIRED = or_(Job.expires_at.is_(None), Job.expires_at > _NOW)
 
 
 @dataclass(frozen=True)
@@ -35,30 +56,38 @@ def stream_loads(session: Session, queue: str, now: datetime, cap: int, tenant_i
     """The streams of `queue` with claimable jobs (queued, not past their ttl): each one's count, up to
     `cap`, and its oldest job's creation; with `tenant_id`, that tenant's streams only. Expired jobs the
     reconciler has not swept yet are skipped."""
-    queued = (Job.queue == queue, status_is(QUEUED))
-    tenants = (_distinct_tenants(queued) if tenant_id is None
-               else select(literal(tenant_id).label("tenant_id")).cte("queued_tenants"))
+    params = {"queue": queue, "now": now, "cap": cap, "tenant_id": tenant_id}
+    rows = session.execute(_stream_loads(tenant_id is not None), params)
+    return [QueuedStream(tenant_id, batch_id, int(count), oldest)
+            for tenant_id, batch_id, count, oldest in rows if count]
+
+
+@functools.cache
+def _stream_loads(one_tenant: bool) -> CompoundSelect[Any]:
+    """stream_loads' statement, built once (its parameters: queue, now, cap, tenant_id): building it cost
+    more than running it."""
+    queued = (Job.queue == _QUEUE, status_is(QUEUED))
+    tenants = (select(_TENANT.label("tenant_id")).cte("queued_tenants") if one_tenant
+               else _distinct_tenants(queued))
     batches = _distinct_batches(queued, tenants)
     # Two branches, so that each correlated read matches its stream by one indexable condition.
     own = (tenants, tenants.c.tenant_id, null(), Job.batch_id.is_(None), tenants.c.tenant_id.is_not(None))
     batch = (batches, batches.c.tenant_id, batches.c.batch_id, Job.batch_id == batches.c.batch_id,
              batches.c.batch_id.is_not(None))
-    query = union_all(*(_stream_load(*stream, queued, now, cap) for stream in (own, batch)))
-    return [QueuedStream(tenant_id, batch_id, int(count), oldest)
-            for tenant_id, batch_id, count, oldest in session.execute(query) if count]
+    return union_all(*(_stream_load(*stream, queued) for stream in (own, batch)))
 
 
 def _stream_load(source: Any, tenant: ColumnElement[Any], batch: ColumnElement[Any],
                  of_batch: ColumnElement[bool], listed: ColumnElement[bool],
-                 queued: tuple[ColumnElement[bool], ...], now: datetime, cap: int) -> Select[Any]:
+                 queued: tuple[ColumnElement[bool], ...]) -> Select[Any]:
     """Per stream (tenant, batch) listed in `source` (a CTE), its claimable jobs counted up to `cap`, and
     its oldest."""
-    claimable = (*queued, Job.tenant_id == tenant, of_batch, _not_expired(now))
+    claimable = (*queued, Job.tenant_id == tenant, of_batch, _NOT_EXPIRED)
     # Ordered by the batch too (one value in the stream), so that the order is ix_jobs_queued's: by
     # (created_at, id) alone the planner may walk the tenant's whole history in ix_jobs_tenant_created.
     first = select(Job.created_at).where(*claimable).order_by(Job.batch_id, Job.created_at, Job.id).limit(1)
     # Correlated to the listed stream by hand: a subquery in FROM is not correlated by default.
-    capped = select(literal(1)).where(*claimable).limit(cap).correlate(source).subquery()
+    capped = select(literal(1)).where(*claimable).limit(_CAP).correlate(source).subquery()
     count = select(func.count()).select_from(capped).scalar_subquery()
     return select(tenant.label("tenant_id"), batch.label("batch_id"), count.label("queued"),
                   first.scalar_subquery().label("oldest")).where(listed)
@@ -109,25 +138,33 @@ def most_urgent(session: Session, queue: str, tenant_id: str, batch_id: str | No
       such job after those n ranks behind each of them (a lower priority, a deadline ahead at its priority,
       or an earlier arrival). Filtering this read to such jobs instead would walk past every job with a
       deadline ahead: the whole stream, when all have one."""
-    of_stream = Job.batch_id.is_(None) if batch_id is None else Job.batch_id == batch_id
-    claimable = (Job.queue == queue, status_is(QUEUED), Job.tenant_id == tenant_id, of_stream,
-                 _not_expired(now))
-    # Each read is ordered by the batch first (one value in the stream): PostgreSQL takes `batch_id IS NULL`
-    # for no equality, so without it the index's order would not be seen and the whole stream sorted.
+    params = {"queue": queue, "tenant_id": tenant_id, "batch_id": batch_id, "n": n, "now": now}
+    statement = _most_urgent(batch_id is not None, by_arrival)
     if by_arrival:
-        return list(session.execute(_locked(select(Job.id).where(*claimable)
-                                            .order_by(Job.batch_id, Job.created_at, Job.id), n)).scalars())
-    columns = (Job.id, Job.priority, Job.deadline_at, Job.start_by, Job.created_at)
-    ahead = select(*columns).where(*claimable, Job.deadline_at > now).order_by(
-        Job.batch_id, Job.priority, Job.start_by, Job.created_at, Job.id)
-    first = select(*columns).where(*claimable).order_by(Job.batch_id, Job.priority, Job.created_at, Job.id)
-    # FOR UPDATE is refused in a UNION's branches, not in a materialized CTE (read once, locks taken once).
-    reads = [_locked(read, n).cte(name).prefix_with("MATERIALIZED")
-             for name, read in (("urgent_ahead", ahead), ("urgent_first", first))]
-    rows = {row.id: row for row in session.execute(union_all(*(select(read) for read in reads)))}
+        return list(session.execute(statement, params).scalars())
+    rows = {row.id: row for row in session.execute(statement, params)}
     ranked = sorted(rows.values(), key=lambda row: _urgency(row.priority, row.deadline_at, row.start_by,
                                                             row.created_at, row.id, now))
     return [row.id for row in ranked[:n]]
+
+
+@functools.cache
+def _most_urgent(of_batch: bool, by_arrival: bool) -> Select[Any] | CompoundSelect[Any]:
+    """most_urgent's statement, built once (its parameters: queue, tenant_id, batch_id, n, now)."""
+    of_stream = Job.batch_id == _BATCH if of_batch else Job.batch_id.is_(None)
+    claimable = (Job.queue == _QUEUE, status_is(QUEUED), Job.tenant_id == _TENANT, of_stream, _NOT_EXPIRED)
+    # Each read is ordered by the batch first (one value in the stream): PostgreSQL takes `batch_id IS NULL`
+    # for no equality, so without it the index's order would not be seen and the whole stream sorted.
+    if by_arrival:
+        return _locked(select(Job.id).where(*claimable).order_by(Job.batch_id, Job.created_at, Job.id))
+    columns = (Job.id, Job.priority, Job.deadline_at, Job.start_by, Job.created_at)
+    ahead = select(*columns).where(*claimable, Job.deadline_at > _NOW).order_by(
+        Job.batch_id, Job.priority, Job.start_by, Job.created_at, Job.id)
+    first = select(*columns).where(*claimable).order_by(Job.batch_id, Job.priority, Job.created_at, Job.id)
+    # FOR UPDATE is refused in a UNION's branches, not in a materialized CTE (read once, locks taken once).
+    reads = [_locked(read).cte(name).prefix_with("MATERIALIZED")
+             for name, read in (("urgent_ahead", ahead), ("urgent_first", first))]
+    return union_all(*(select(read) for read in reads))
 
 
 def _urgency(priority: int, deadline_at: datetime | None, start_by: datetime | None, created_at: datetime,
@@ -138,9 +175,5 @@ def _urgency(priority: int, deadline_at: datetime | None, start_by: datetime | N
     return priority, True, now, created_at, job_id
 
 
-def _locked(query: Select[Any], n: int) -> Select[Any]:
-    return query.limit(n).with_for_update(skip_locked=True)
-
-
-def _not_expired(now: datetime) -> ColumnElement[bool]:
-    return or_(Job.expires_at.is_(None), Job.expires_at > now)
+def _locked(query: Select[Any]) -> Select[Any]:
+    return query.limit(bindparam("n", type_=Integer)).with_for_update(skip_locked=True)
