@@ -597,10 +597,18 @@ def dispatched_but_queued(session: Session, queue: str, dispatched_before: datet
 def mark_dispatched(session: Session, job_ids: list[str], now: datetime) -> None:
     if not job_ids:
         return
-    queued = lock_in_id_order(session, Job.id.in_(job_ids), Job.status == QUEUED)
-    statement = update(Job).where(Job.id.in_(queued), Job.status == QUEUED).values(dispatched_at=now)
-    session.execute(statement.execution_options(synchronize_session=False))
+    queued = list(session.execute(_LOCK_QUEUED, {"b_ids": job_ids}).scalars())
+    session.execute(_MARK_DISPATCHED, {"b_ids": queued, "b_now": now})
     session.commit()
+
+
+# mark_dispatched's statements, built once (it runs for every group a relay publishes): the rows locked in
+# id order first (lock_in_id_order's rule), then marked.
+_LOCK_QUEUED = (select(Job.id).where(Job.id.in_(bindparam("b_ids", expanding=True)), Job.status == QUEUED)
+                .order_by(Job.id).with_for_update())
+_MARK_DISPATCHED = update(_JOBS).where(_JOBS.c.id.in_(bindparam("b_ids", expanding=True)),
+                                       _JOBS.c.status == QUEUED).values(
+    dispatched_at=bindparam("b_now", type_=_JOBS.c.dispatched_at.type))
 
 
 # --- deleting ----------------------------------------------------------------------------------------
