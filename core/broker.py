@@ -56,11 +56,12 @@ class BrokerPublisher:
     def publish(self, job_id: str, queue: str) -> None:
         if queue not in self._queues:
             raise ValueError(f"queue: unknown queue {queue!r}; known: {sorted(self._queues)}")
+        # Through the default exchange, which routes by queue name: on Redis, kombu otherwise reads the named
+        # exchange's bindings from Redis again at every publish (a round trip and a new client each time).
         with self._producers.acquire(block=True, timeout=ACQUIRE_TIMEOUT_S) as producer:
             producer.publish(
-                job_message(job_id), exchange=self._queues[queue].exchange, routing_key=queue,
-                declare=[self._queues[queue]], serializer="json", delivery_mode="persistent",
-                retry=True, retry_policy=PUBLISH_RETRY,
+                job_message(job_id), exchange="", routing_key=queue, declare=[self._queues[queue]],
+                serializer="json", delivery_mode="persistent", retry=True, retry_policy=PUBLISH_RETRY,
             )
 
     def ping(self) -> bool:
