@@ -19,6 +19,7 @@ from core.store import jobs
 from core.views import JobPublic
 
 MAX_IN_FLIGHT = 2
+MAX_GROUP = 500  # job ids per query (a burst of thousands of long polls waking at once: several queries)
 Owned = tuple[str, JobPublic]  # (the job's tenant, the job)
 Waiting = dict[str, list[asyncio.Future[Owned | None]]]  # job id -> the reads that want it
 
@@ -48,12 +49,13 @@ class JobReads:
         return found[1] if found is not None and found[0] == tenant else None
 
     def _start_query(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Queries for the reads waiting, MAX_GROUP ids each, while fewer than MAX_IN_FLIGHT run."""
         reads = self._loops.get(loop)
-        if reads is None or not reads.waiting or reads.in_flight >= MAX_IN_FLIGHT:
-            return
-        group, reads.waiting = reads.waiting, {}
-        reads.in_flight += 1
-        loop.create_task(self._query(loop, group))
+        while reads is not None and reads.waiting and reads.in_flight < MAX_IN_FLIGHT:
+            job_ids = list(reads.waiting)[:MAX_GROUP]
+            group = {job_id: reads.waiting.pop(job_id) for job_id in job_ids}
+            reads.in_flight += 1
+            loop.create_task(self._query(loop, group))
 
     async def _query(self, loop: asyncio.AbstractEventLoop, group: Waiting) -> None:
         reads = self._loops[loop]
@@ -68,6 +70,8 @@ class JobReads:
                     if not future.done():  # its request is gone (the client disconnected)
                         future.set_result(found.get(job_id))
         finally:
+            for future in _pending(group):  # the query itself was cancelled (shutdown)
+                future.cancel()
             reads.in_flight -= 1
             if reads.waiting:
                 self._start_query(loop)

@@ -94,3 +94,17 @@ def test_a_failed_query_fails_each_of_its_reads_and_a_cancelled_read_leaves_the_
         return await asyncio.gather(*others)
 
     assert [job.id for job in asyncio.run(one_cancelled())] == ids[1:]
+
+
+def test_more_reads_than_a_query_takes_go_in_several_and_all_are_answered(
+    session_factory: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ids = [add_job(session_factory, f"job {i}") for i in range(7)]
+    reads = CountingReads(session_factory)
+    monkeypatch.setattr(job_reads, "MAX_GROUP", 3)
+
+    async def read_all() -> list[Any]:
+        return await asyncio.gather(*(reads.read(job_id, "default") for job_id in ids))
+
+    assert [job.id for job in asyncio.run(read_all())] == ids
+    assert sorted(len(query) for query in reads.queries) == [1, 3, 3]
