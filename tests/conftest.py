@@ -60,9 +60,15 @@ def pytest_configure(config: pytest.Config) -> None:
         torch.set_num_threads(1)
 
 
+# The serial groups are collected first, longest first: pytest-xdist hands out work in collection order, and a
+# group that started last (tests/faults sorts after most folders) ran on after every other worker was done.
+GROUP_ORDER = ("faults-services", "faults", "readme")
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the groups into the node ids
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     tests_dir = Path(__file__).parent
+    groups: dict[str, str] = {}
     for item in items:
         folder = item.path.relative_to(tests_dir).parts[0]
         if folder in SERIAL_GROUPS:
@@ -70,6 +76,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             if folder == "faults":
                 group = FAULT_GROUP_OF_FILE.get(item.path.name, group)
             item.add_marker(pytest.mark.xdist_group(group))
+            groups[item.nodeid] = group
+    items.sort(key=lambda item: (GROUP_ORDER.index(groups[item.nodeid]) if item.nodeid in groups
+                                 else len(GROUP_ORDER)))
 
 
 @pytest.fixture(autouse=True)
