@@ -13,6 +13,7 @@ from transformers import AutoTokenizer
 
 from core.clock import utcnow
 from core.store import jobs, keys, workers
+from tests.support.live_server import wait_for
 from tests.support.service import RecordingPublisher, Service, error_of
 
 
@@ -126,6 +127,10 @@ def test_ttl_expiry(alice: TestClient, session: Session) -> None:
     by_reconciler = alice.post("/v1/jobs", json={"prompt": "x", "ttl": 5}).json()
     by_claim = alice.post("/v1/jobs", json={"prompt": "y", "ttl": 5}).json()
     assert by_reconciler["expires_at"] is not None
+    # The API's dispatch relay marks the new jobs dispatched, holding their rows meanwhile; the expiry sweep
+    # passes over rows another transaction holds (SKIP LOCKED), so it runs once the relay is done with them.
+    wait_for(lambda: all(jobs.get(session, job["id"]).dispatched_at is not None  # type: ignore[union-attr]
+                         for job in (by_reconciler, by_claim)), "the relay to mark both jobs dispatched")
     later = utcnow() + timedelta(seconds=6)
     assert jobs.claim(session, by_claim["id"], "w1", later) is None
     assert jobs.expire_overdue(session, later) == [by_reconciler["id"]]
