@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -125,6 +126,25 @@ def sqlite_url(tmp_path: Path) -> str:
 
 
 @pytest.fixture(scope="session")
+def _migrated_sqlite_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One SQLite file migrated to head per test process. Alembic reads and runs every migration script
+    at each upgrade (0.15 s on a quiet core, 0.5 s in a parallel run); copying the file takes 0.5 ms."""
+    path = tmp_path_factory.mktemp("migrated-sqlite") / "conveyor.db"
+    upgrade(f"sqlite:///{path}")
+    assert not Path(f"{path}-wal").exists(), "every connection closed: the whole database is in the file"
+    return path
+
+
+@pytest.fixture
+def migrated_sqlite_url(sqlite_url: str, _migrated_sqlite_file: Path) -> str:
+    """sqlite_url, migrated to head: a copy of this process' migrated file."""
+    database = make_url(sqlite_url).database
+    assert database is not None
+    shutil.copyfile(_migrated_sqlite_file, database)
+    return sqlite_url
+
+
+@pytest.fixture(scope="session")
 def _redis_database() -> Iterator[int]:
     """This test process' own database index on the shared Redis (tests/support/redis_claim.py)."""
     with claimed_database(REDIS_SERVER) as index:
@@ -164,13 +184,11 @@ def _migrated_postgres(postgres_url: str) -> str:
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
-def database_url(request: pytest.FixtureRequest, sqlite_url: str) -> Iterator[str]:
+def database_url(request: pytest.FixtureRequest) -> str:
     """A migrated, empty database: each test runs once on SQLite and once on Postgres."""
-    if request.param == "sqlite":
-        upgrade(sqlite_url)
-        yield sqlite_url
-        return
-    yield request.getfixturevalue("emptied_postgres")
+    fixture = "migrated_sqlite_url" if request.param == "sqlite" else "emptied_postgres"
+    url: str = request.getfixturevalue(fixture)
+    return url
 
 
 @pytest.fixture

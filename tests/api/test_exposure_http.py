@@ -12,7 +12,6 @@ import httpx
 import pytest
 
 from core.settings import Settings
-from core.store.migrate import upgrade
 from tests.support.service import Service, error_of
 
 TOKEN = "metrics-token-9f2c41d7e8b3"
@@ -20,10 +19,9 @@ DOCS = ("/docs", "/redoc", "/openapi.json")
 
 
 @pytest.fixture
-def database_url(sqlite_url: str) -> str:
+def database_url(migrated_sqlite_url: str) -> str:
     """SQLite only: what is exposed is decided before any query, the same on every store."""
-    upgrade(sqlite_url)
-    return sqlite_url
+    return migrated_sqlite_url
 
 
 def bearer(value: str) -> dict[str, str]:

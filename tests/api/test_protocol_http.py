@@ -12,7 +12,6 @@ from fastapi.testclient import TestClient
 from api.app import create_app
 from api.prompt_tokenizer import PromptTokenizer
 from core.settings import Settings
-from core.store.migrate import upgrade
 from tests.support.live_server import serving
 from tests.support.service import RecordingPublisher, Service, error_of
 
@@ -20,10 +19,9 @@ SECRET = "s3cr3t-in-the-exception-message"
 
 
 @pytest.fixture
-def database_url(sqlite_url: str) -> str:
+def database_url(migrated_sqlite_url: str) -> str:
     """SQLite only: none of this touches the store's dialect."""
-    upgrade(sqlite_url)
-    return sqlite_url
+    return migrated_sqlite_url
 
 
 @pytest.fixture

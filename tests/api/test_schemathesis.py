@@ -28,7 +28,6 @@ from core.clock import utcnow
 from core.settings import Settings
 from core.store import jobs, keys, workers
 from core.store.database import make_db_engine, make_session_factory
-from core.store.migrate import upgrade
 
 SEED = 20261130
 MAX_EXAMPLES = 25
@@ -119,9 +118,9 @@ class Target:
 
 @pytest.fixture
 def target(
-    make_settings: Callable[..., Settings], sqlite_url: str, prompt_tokenizer: PromptTokenizer
+    make_settings: Callable[..., Settings], migrated_sqlite_url: str, prompt_tokenizer: PromptTokenizer
 ) -> Iterator[Target]:
-    upgrade(sqlite_url)
+    sqlite_url = migrated_sqlite_url
     db_engine = make_db_engine(sqlite_url)
     session_factory = make_session_factory(db_engine)
     settings = make_settings(database_url=sqlite_url, metrics_token=METRICS_TOKEN)

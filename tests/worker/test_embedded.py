@@ -16,7 +16,6 @@ from core.service_tiers import TIER_PRIORITY
 from core.settings import Settings
 from core.store import finish_times, jobs
 from core.store.database import make_db_engine, make_session_factory
-from core.store.migrate import upgrade
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
 from tests.support.live_server import wait_for
@@ -26,9 +25,8 @@ from worker.job_runner import JobRunner
 
 
 @pytest.fixture
-def lite_sessions(sqlite_url: str) -> Iterator[sessionmaker[Session]]:
-    upgrade(sqlite_url)
-    db_engine = make_db_engine(sqlite_url)
+def lite_sessions(migrated_sqlite_url: str) -> Iterator[sessionmaker[Session]]:
+    db_engine = make_db_engine(migrated_sqlite_url)
     yield make_session_factory(db_engine)
     db_engine.dispose()
 

@@ -15,7 +15,6 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from core.store import database, jobs
 from core.store.database import make_db_engine, make_session_factory
-from core.store.migrate import upgrade
 from core.store.tables import DEFAULT_TENANT, Job
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
@@ -23,9 +22,8 @@ JOIN_S = 10.0  # far longer than any write here takes, far shorter than the lock
 
 
 @pytest.fixture
-def db_engine(sqlite_url: str) -> Iterator[Engine]:
-    upgrade(sqlite_url)
-    engine = make_db_engine(sqlite_url)
+def db_engine(migrated_sqlite_url: str) -> Iterator[Engine]:
+    engine = make_db_engine(migrated_sqlite_url)
     yield engine
     engine.dispose()
 
