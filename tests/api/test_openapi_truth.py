@@ -13,12 +13,33 @@ from fastapi.testclient import TestClient
 from jsonschema import Draft202012Validator
 from sqlalchemy.exc import OperationalError
 
+from api.app import create_app
+from api.prompt_tokenizer import PromptTokenizer
 from core.clock import utcnow
 from core.request_rules import MAX_TTL_S
+from core.settings import Settings
 from core.store import jobs
-from tests.support.service import Service
+from tests.support.service import RecordingPublisher, Service
 
 CHAT = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(scope="module")
+def spec(tmp_path_factory: pytest.TempPathFactory, prompt_tokenizer: PromptTokenizer) -> dict[str, Any]:
+    """The OpenAPI document, built once for the module: FastAPI takes half a second of CPU to build it, and
+    it does not change with the settings these tests vary (auth, limits, queues:
+    test_the_document_does_not_change_with_the_settings)."""
+    data = tmp_path_factory.mktemp("openapi")
+    settings = Settings(data_dir=data, database_url=f"sqlite:///{data / 'unused.db'}")
+    document: dict[str, Any] = create_app(settings, publisher=RecordingPublisher(),
+                                          tokenizer=prompt_tokenizer).openapi()
+    return document
+
+
+def test_the_document_does_not_change_with_the_settings(make_service: Callable[..., Service],
+                                                       spec: dict[str, Any]) -> None:
+    service = make_service(max_body_bytes=2048, queues={"documents": {"max_queued": 1}})  # and auth on
+    assert service.http.app.openapi() == spec  # type: ignore[attr-defined]
 
 
 def validator(spec: dict[str, Any], schema: dict[str, Any]) -> Draft202012Validator:
@@ -50,8 +71,9 @@ def request_schema(spec: dict[str, Any], path: str) -> Draft202012Validator:
     {"prompt": "x", "ttl": MAX_TTL_S + 1},
     {"prompt": "x", "stop": ["a"] * 17},
 ])
-def test_job_schema_accepts_what_the_api_accepts(alice: TestClient, body: dict[str, Any]) -> None:
-    valid = request_schema(alice.app.openapi(), "/v1/jobs").is_valid(body)  # type: ignore[attr-defined]
+def test_job_schema_accepts_what_the_api_accepts(alice: TestClient, spec: dict[str, Any],
+                                                 body: dict[str, Any]) -> None:
+    valid = request_schema(spec, "/v1/jobs").is_valid(body)
     r = alice.post("/v1/jobs", json=body)
     assert (r.status_code == 202) == valid, (valid, r.text)
 
@@ -66,16 +88,15 @@ def test_job_schema_accepts_what_the_api_accepts(alice: TestClient, body: dict[s
     ({"input": "s3://bucket/in\u0000.jsonl"}, 422),
     ({"input": "s3://bucket/in.jsonl", "output": "s3://Bucket/out/"}, 422),
 ])
-def test_batch_schema_accepts_what_the_api_accepts(alice: TestClient, body: dict[str, Any],
-                                                   status: int) -> None:
-    valid = request_schema(alice.app.openapi(), "/v1/batches").is_valid(body)  # type: ignore[attr-defined]
+def test_batch_schema_accepts_what_the_api_accepts(alice: TestClient, spec: dict[str, Any],
+                                                   body: dict[str, Any], status: int) -> None:
+    valid = request_schema(spec, "/v1/batches").is_valid(body)
     r = alice.post("/v1/batches", json=body)
     assert r.status_code == status, r.text
     assert valid == (status != 422)
 
 
-def test_upload_form_declares_its_required_parts(alice: TestClient) -> None:
-    spec = alice.app.openapi()  # type: ignore[attr-defined]
+def test_upload_form_declares_its_required_parts(alice: TestClient, spec: dict[str, Any]) -> None:
     form = spec["paths"]["/v1/files"]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"]
     assert sorted(form["required"]) == ["file", "purpose"]
     assert form["properties"]["purpose"]["enum"] == ["batch"]
@@ -83,9 +104,8 @@ def test_upload_form_declares_its_required_parts(alice: TestClient) -> None:
     assert r.status_code == 422 and r.json()["error"]["field"] == "purpose"
 
 
-def test_no_fastapi_validation_shape_is_declared(alice: TestClient) -> None:
+def test_no_fastapi_validation_shape_is_declared(spec: dict[str, Any]) -> None:
     """Validation errors answer Conveyor's (or OpenAI's) shape, never FastAPI's {"detail": [...]}."""
-    spec = alice.app.openapi()  # type: ignore[attr-defined]
     assert "HTTPValidationError" not in spec["components"]["schemas"]
     for path, operations in spec["paths"].items():
         for method, operation in operations.items():
@@ -153,16 +173,15 @@ ANSWERS: list[tuple[str, str, Call, int]] = [  # (method, path template, request
 
 
 @pytest.mark.parametrize(("method", "path", "call", "status"), ANSWERS)
-def test_each_answer_is_declared_with_its_shape(make_service: Callable[..., Service], method: str, path: str,
-                                                call: Call, status: int) -> None:
+def test_each_answer_is_declared_with_its_shape(make_service: Callable[..., Service], spec: dict[str, Any],
+                                                method: str, path: str, call: Call, status: int) -> None:
     service = make_service(max_body_bytes=2048, queues={"documents": {"max_queued": 1}})
     r = call(service.client("alice"), service)
     assert r.status_code == status, r.text
-    _assert_declared(service.http.app.openapi(), method, path, r)  # type: ignore[attr-defined]
+    _assert_declared(spec, method, path, r)
 
 
-def test_unauthenticated_answers_are_declared(service: Service) -> None:
-    spec = service.http.app.openapi()  # type: ignore[attr-defined]
+def test_unauthenticated_answers_are_declared(service: Service, spec: dict[str, Any]) -> None:
     for method, path, url in (("get", "/v1/jobs", "/v1/jobs"), ("get", "/v1/models", "/v1/models"),
                               ("get", "/v1/batches/{batch_id}", "/v1/batches/b")):
         r = service.http.request(method.upper(), url)
@@ -170,7 +189,7 @@ def test_unauthenticated_answers_are_declared(service: Service) -> None:
         _assert_declared(spec, method, path, r)
 
 
-def test_openai_routes_answer_a_store_outage_in_openai_shape(service: Service,
+def test_openai_routes_answer_a_store_outage_in_openai_shape(service: Service, spec: dict[str, Any],
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     def unreachable(*_: Any) -> str:
         raise OperationalError("SELECT 1", {}, ConnectionRefusedError("db-host:5432"))
@@ -179,7 +198,7 @@ def test_openai_routes_answer_a_store_outage_in_openai_shape(service: Service,
     r = service.client("alice").get("/v1/models")
     assert r.status_code == 503 and r.headers["Retry-After"] == "1"
     assert r.json()["error"]["code"] == "store_unavailable" and "db-host" not in r.text
-    _assert_declared(service.http.app.openapi(), "get", "/v1/models", r)  # type: ignore[attr-defined]
+    _assert_declared(spec, "get", "/v1/models", r)
 
 
 def _assert_declared(spec: dict[str, Any], method: str, path: str, response: Any) -> None:
