@@ -1,11 +1,11 @@
 """The Celery worker end to end: a real `python -m worker` subprocess, real Redis and Postgres, the real
-engine on the tiny demo model (fp32, CPU)."""
+engine on the tiny demo model (fp32, CPU). A worker killed (SIGKILL) or stopped (SIGTERM) with jobs in
+flight is the fault suite's part (tests/faults/test_fault_workers.py), under traffic and with a second
+worker."""
 
 from __future__ import annotations
 
 import itertools
-import os
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -90,30 +90,6 @@ def test_documents_held_to_their_limit_while_interactive_jobs_pass(
         assert current.started_at >= previous.finished_at, "two documents ran at once"
 
 
-def test_sigkilled_worker_job_runs_again_and_completes_exactly_once(
-    pg_url: str, redis_url: str, sessions: sessionmaker[Session], worker_model_dir: Path,
-    worker_procs: WorkerProcesses, tmp_path: Path,
-) -> None:
-    publisher = BrokerPublisher(Settings(database_url=pg_url, broker_url=redis_url))
-    env = worker_env(pg_url, redis_url, worker_model_dir, tmp_path)
-    first = worker_procs.start(env)
-    job_id = _submit(sessions, publisher, "The model reads the prompt", "documents",
-                     max_tokens=LONG_JOB_TOKENS, ignore_eos=True)
-    wait_generating(sessions, job_id)
-    dead_worker = get_job(sessions, job_id).worker_id
-    os.kill(first.pid, signal.SIGKILL)
-    first.wait(timeout=30)
-    assert get_job(sessions, job_id).status == "running"  # nobody finished it
-
-    worker_procs.start(env)
-    [job] = wait_finished(sessions, [job_id], timeout_s=120)
-
-    assert job.status == "succeeded", (job.error_code, job.error_message)
-    assert job.attempts == 2
-    assert job.completion_tokens == LONG_JOB_TOKENS and job.finish_reason == "length"
-    assert job.worker_id is not None and job.worker_id != dead_worker
-
-
 def test_jobs_accepted_while_the_broker_is_down_run_once_it_is_back(
     pg_url: str, sessions: sessionmaker[Session], worker_model_dir: Path, worker_procs: WorkerProcesses,
     tmp_path: Path, spare_redis: SpareRedis,
@@ -146,28 +122,6 @@ def test_jobs_accepted_while_the_broker_is_down_run_once_it_is_back(
     assert second_doc.started_at >= first_doc.finished_at
     log = worker_procs.log(0)  # the reconnect path is clean: no ack on a dead channel, no failed restart
     assert "ack failed" not in log and "Error on restarting" not in log, log[-4000:]
-
-
-def test_sigterm_finishes_the_running_job_and_marks_the_worker_stopped(
-    pg_url: str, redis_url: str, sessions: sessionmaker[Session], worker_model_dir: Path,
-    worker_procs: WorkerProcesses, tmp_path: Path,
-) -> None:
-    from core.clock import utcnow
-    from core.store import workers
-
-    publisher = BrokerPublisher(Settings(database_url=pg_url, broker_url=redis_url))
-    proc = worker_procs.start(worker_env(pg_url, redis_url, worker_model_dir, tmp_path))
-    job_id = _submit(sessions, publisher, "Children play in the park", "documents", max_tokens=400,
-                     ignore_eos=True)
-    wait_generating(sessions, job_id)
-
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == 0
-
-    job = get_job(sessions, job_id)
-    assert job.status == "succeeded" and job.completion_tokens == 400 and job.attempts == 1
-    with sessions() as session:
-        assert workers.live_workers(session, now=utcnow(), dead_after_s=60) == []
 
 
 def test_in_a_backlog_a_priority_job_starts_first_then_the_one_due_soonest(
