@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -303,8 +304,10 @@ def test_priority_and_deadline_are_stored_and_shown(alice: TestClient, session: 
 
 
 def test_a_job_starts_by_its_deadline_less_its_run_time_at_the_workers_pace(
-    alice: TestClient, session: Session,
+    make_service: Callable[..., Service], session: Session,
 ) -> None:
+    # The worker stays alive however slowly the POST comes (a loaded machine took over the 2 s default).
+    alice = make_service(worker_dead_after_s=600).client("alice")
     workers.register(session, "w1", hostname="h", pid=1, queues=["interactive"], now=utcnow())
     workers.heartbeat(session, "w1", utcnow(), {"step_s": 0.25, "prefill_token_s": 0.0})
     job = alice.post("/v1/jobs", json={"prompt": "hi", "max_tokens": 40, "deadline_s": 30}).json()
