@@ -265,6 +265,10 @@ class JobRunner:
         """When the oldest claim not yet in flight here began (None: none is on its way)."""
         return self._in_flight.claims_since()
 
+    def stopping(self) -> bool:
+        """Whether shutdown began: no more claims, and this runner requeues its own jobs on the way out."""
+        return self._stopping.is_set()
+
     def wait_idle(self, timeout_s: float, tick: Callable[[], None] | None = None) -> bool:
         """Waits until no job is in flight, calling `tick` (e.g. flush acks) every 0.1 s in this thread."""
         return self._in_flight.wait_idle(timeout_s, tick)

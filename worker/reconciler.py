@@ -48,8 +48,15 @@ HeldAttempts = Callable[[], set[tuple[str, int]]]  # (job id, attempt) this work
 ClaimsSince = Callable[[], datetime | None]  # when the oldest claim on its way to the runner began
 
 
+Stopping = Callable[[], bool]  # whether this worker's runner is shutting down
+
+
 def _no_claims() -> datetime | None:
     return None
+
+
+def _never() -> bool:
+    return False
 
 
 class Broker(Protocol):
@@ -67,6 +74,7 @@ class Local:
     worker_id: str
     held: HeldAttempts
     claims_since: ClaimsSince = _no_claims
+    stopping: Stopping = _never
 
 
 @dataclass(frozen=True)
@@ -150,7 +158,9 @@ class Reconciler:
         self.purge_once()
 
     def _requeue_unheld(self, session: Session, now: datetime) -> list[tuple[str, str]]:
-        if self._local is None:
+        # A runner shutting down aborts its attempts (they leave `held`) and then requeues its own jobs,
+        # counting the attempts that ran; taken here in between, each would be given back as never run.
+        if self._local is None or self._local.stopping():
             return []
         # The claims on their way first, then what is held: a claim that ends between the two reads is held by
         # then, and one that begins after them is younger than `now`. A job claimed by a claim on its way is

@@ -51,7 +51,7 @@ class WorkerServices:
         self._republish = republish_requeued
         self._heartbeat = Heartbeat(sessions, worker_id, list(settings.consumed_queues()),
                                     settings.worker_heartbeat_s, self._engine_pace)
-        local = Local(worker_id, self._held_attempts, self._claims_since)
+        local = Local(worker_id, self._held_attempts, self._claims_since, self._runner_stopping)
         self._reconciler = Reconciler(sessions, broker, settings, local, finished=finished)
         self._webhooks = WebhookSender(sessions, settings)
         self.metrics = WorkerMetrics()  # exists before the engine: the embedded API adds its registry early
@@ -81,6 +81,9 @@ class WorkerServices:
 
     def _claims_since(self) -> datetime | None:
         return self._runner.claims_since() if self._runner is not None else None
+
+    def _runner_stopping(self) -> bool:
+        return self._runner is not None and self._runner.stopping()
 
     def start(self) -> None:
         """Loads the engine (once), then starts every service; job ids may flow in afterwards."""

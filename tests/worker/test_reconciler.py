@@ -201,6 +201,28 @@ def test_a_claim_this_worker_never_started_is_requeued_by_its_own_reconciler(
     assert get_job(sessions, young).status == "running"  # a claim may still be on its way to the runner
 
 
+def test_a_stopping_worker_leaves_its_claims_to_its_runner_which_counts_the_attempts_that_ran(
+    sessions: sessionmaker[Session], make_settings: Callable[..., Any], pg_url: str
+) -> None:
+    """At shutdown the runner aborts its attempts (they leave `held`) and then requeues its own jobs whole,
+    attempt counted. A reconciler round in between took them as claims never started and gave the attempt
+    back: the job then ran on the next worker as its first attempt (the scale-from-zero fault test saw
+    attempts 1, not 2)."""
+    settings = make_settings(database_url=pg_url, dispatch_grace_s=1.0)
+    ran = add_job(sessions, "ran here")
+    _claimed_by(sessions, ran, "me", last_seen_ago_s=0)
+    with sessions() as session:
+        session.execute(update(Job).where(Job.id == ran).values(started_at=utcnow() - timedelta(seconds=30)))
+        session.commit()
+
+    local = Local("me", held=set, stopping=lambda: True)
+    report = Reconciler(sessions, RecordingPublisher(), settings, local).run_once()
+
+    assert report.requeued == 0
+    job = get_job(sessions, ran)
+    assert (job.status, job.attempts, job.worker_id) == ("running", 1, "me")
+
+
 def test_a_claim_still_on_its_way_to_the_runner_is_left_alone_however_long_it_takes(
     sessions: sessionmaker[Session], make_settings: Callable[..., Any], pg_url: str
 ) -> None:
