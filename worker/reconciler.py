@@ -158,15 +158,18 @@ class Reconciler:
         self.purge_once()
 
     def _requeue_unheld(self, session: Session, now: datetime) -> list[tuple[str, str]]:
-        # A runner shutting down aborts its attempts (they leave `held`) and then requeues its own jobs,
-        # counting the attempts that ran; taken here in between, each would be given back as never run.
-        if self._local is None or self._local.stopping():
+        if self._local is None:
             return []
         # The claims on their way first, then what is held: a claim that ends between the two reads is held by
         # then, and one that begins after them is younger than `now`. A job claimed by a claim on its way is
         # left alone however long that claim takes (a stalled process, a slow store).
         on_the_way = self._local.claims_since()
         held = self._local.held()
+        # A runner shutting down aborts its attempts (they leave `held`) and then requeues its own jobs,
+        # counting the attempts that ran; taken here in between, each would be given back as never run.
+        # Asked after the read: a read made before shutdown began holds every attempt then in flight.
+        if self._local.stopping():
+            return []
         started_before = now - self._grace
         if on_the_way is not None:
             started_before = min(started_before, on_the_way)
