@@ -139,7 +139,7 @@ def test_a_batch_cancel_locks_its_jobs_in_id_order(session: Session,
     canceller = threading.Thread(target=lambda: cancelled.extend(_cancel_jobs(session_factory, batch.id)))
     canceller.start()
     try:
-        _wait_until_blocked(session)
+        _wait_until_blocked(session_factory)
         with session_factory() as peer:
             free = peer.execute(select(Job.id).where(Job.id.in_(by_id)).with_for_update(skip_locked=True))
             assert sorted(free.scalars()) == [job_id for job_id in by_id if job_id > held]
@@ -162,13 +162,17 @@ def _cancel_jobs(sessions: sessionmaker[Session], batch_id: str) -> list[str]:
 BLOCKED_WITHIN_S = 60.0
 
 
-def _wait_until_blocked(session: Session) -> None:
-    """Until another backend of this database waits for a row lock."""
+def _wait_until_blocked(sessions: sessionmaker[Session]) -> None:
+    """Until another backend of this database waits for a row lock. Each look is its own transaction:
+    PostgreSQL keeps one snapshot of pg_stat_activity for a whole transaction, so a session that looked
+    once before the cancel blocked saw it not waiting for as long as it kept looking (a loaded run failed
+    so after 60 s)."""
     waiting = text("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
                    "AND wait_event_type = 'Lock'")
     deadline = time.monotonic() + BLOCKED_WITHIN_S
     while time.monotonic() < deadline:
-        if session.execute(waiting).scalar_one():
-            return
+        with sessions() as probe:
+            if probe.execute(waiting).scalar_one():
+                return
         time.sleep(0.05)
     raise AssertionError("the cancel never waited on the held row")
