@@ -53,7 +53,11 @@ def test_finishing_with_nobody_waiting_or_a_closed_loop_is_harmless() -> None:
     hub.finished(["job_a"])  # the waiter's loop is closed: nothing raises
 
 
-def test_redis_sink_publishes_one_message_per_call_on_the_shared_channel(redis_url: str) -> None:
+def test_redis_sink_publishes_one_message_per_call_on_the_shared_channel(spare_redis: SpareRedis) -> None:
+    # A private redis-server: pub/sub channels span a server's databases, so on the shared one another test
+    # process's finished jobs arrived on this channel too (a parallel run failed so).
+    spare_redis.start()
+    redis_url = spare_redis.url
     client = redis.Redis.from_url(redis_url)
     pubsub = client.pubsub(ignore_subscribe_messages=True)
     pubsub.subscribe(CHANNEL)
