@@ -13,7 +13,17 @@ import socket
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SecretStr,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -22,12 +32,21 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from core.lanes import LANE_MAX_CHARS, LANE_SEPARATOR, lane_of
 from core.request_rules import MAX_TTL_S
 
 log = logging.getLogger(__name__)
 
 CONFIG_FILE_ENV = "CONVEYOR_CONFIG_FILE"
 DEMO_MODEL_DIR = "demo-model"  # under data_dir, built by the first worker when no model is set
+# The Settings fields a model of the registry may set for itself ([models.ID] in the config file): how its
+# engine runs and how its tool calls are read. Every other setting is the deployment's.
+PER_MODEL_FIELDS = (
+    "tool_call_parser", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size",
+    "num_kv_blocks", "kv_cache_memory_bytes", "gpu_memory_utilization", "long_prefill_token_threshold",
+    "dtype", "attention_backend", "device", "num_threads", "scheduling", "enable_prefix_caching",
+    "grammar_compile_timeout_s", "grammar_compile_memory_bytes", "grammar_cache_bytes",
+)
 
 
 class QueueSettings(BaseModel):
@@ -86,10 +105,49 @@ def default_queues() -> dict[str, QueueSettings]:
     }
 
 
+class ModelSettings(BaseModel):
+    """One served model of the registry (`[models.ID]`): its folder, and where it differs from the
+    deployment, its engine settings (any of PER_MODEL_FIELDS) and queue limits (partial, as `queues`)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    path: str = Field(min_length=1, description="local Hugging Face folder (or hub id) of this model")
+    queues: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="this model's queue limits where they differ from `queues`")
+
+    @model_validator(mode="after")
+    def _known_overrides(self) -> ModelSettings:
+        for name, value in (self.model_extra or {}).items():
+            if name not in PER_MODEL_FIELDS:
+                raise ValueError(f"{name}: not a per-model setting; a model may set path, queues and "
+                                 f"{', '.join(PER_MODEL_FIELDS)}")
+            info = Settings.model_fields[name]
+            try:
+                checked = TypeAdapter(Annotated[info.annotation, info]).validate_python(value)
+            except ValidationError as exc:
+                raise ValueError(f"{name}: {exc.errors()[0]['msg']}") from None
+            (self.model_extra or {})[name] = checked
+        for name, given in self.queues.items():
+            try:
+                QueueSettings(**renamed_queue_fields(given))  # each field as `queues` checks it
+            except ValidationError as exc:
+                error = exc.errors()[0]
+                where = ".".join(map(str, error["loc"]))
+                raise ValueError(f"queues.{name}.{where}: {error['msg']}") from None
+        return self
+
+    def overrides(self) -> dict[str, Any]:
+        """The per-model settings given, by name."""
+        return dict(self.model_extra or {})
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="CONVEYOR_", env_nested_delimiter="__", extra="ignore", validate_default=True
     )
+    # Set by for_model: these are one registry model's settings, resolved from the deployment's.
+    _model_id: str | None = PrivateAttr(None)
+    _deployment: Settings | None = PrivateAttr(None)
 
     # Storage and broker
     data_dir: Path = Field(Path("data"), description="SQLite file, demo model, uploaded files")
@@ -131,7 +189,19 @@ class Settings(BaseSettings):
     # set (worker/model.py derives the EngineConfig): None means the engine's own default, documented once in
     # the settings reference (docs/, rendered from these descriptions). The API reads max_model_len too
     # (prompt + max_tokens must fit).
-    model: str | None = Field(None, description="local Hugging Face folder; unset = random-weight demo model")
+    model: str | None = Field(
+        None, description="local Hugging Face folder of the one model served (its id: the folder's name); "
+        "unset, with no `models`, = random-weight demo model")
+    models: dict[str, ModelSettings] = Field(
+        default_factory=dict,
+        description="the served models by id (the `model` clients send), each `[models.ID]` with its `path` "
+        "and optional engine and queue settings (see [Many models](../guides/models.md)); unset = "
+        "the one `model`")
+    default_model: str | None = Field(
+        None, description="the model of requests that name none; unset = the first of `models`")
+    worker_model: str | None = Field(
+        None, description="the model a `conveyor worker` serves (`--model`); required when `models` holds "
+        "more than one. The embedded service serves every model")
     tool_call_parser: Literal["auto", "hermes", "llama3_json", "mistral"] = Field(
         "auto", description="how tool calls are read from the model's text (tool_choice auto): hermes "
         "(Hermes, Qwen: <tool_call>), llama3_json, mistral ([TOOL_CALLS]); auto: from the chat template's "
@@ -403,7 +473,32 @@ class Settings(BaseSettings):
         unknown = sorted(set(self.worker_queues or []) - set(self.queues))
         if unknown:
             raise ValueError(f"worker_queues: unknown queue(s) {unknown}; known: {sorted(self.queues)}")
+        self._check_registry()
         return self
+
+    def _check_registry(self) -> None:
+        if self.models and self.model:
+            raise ValueError("model: set either `model` (one model) or `models` (a registry), not both")
+        for name in self.queues:
+            if LANE_SEPARATOR in name:
+                raise ValueError(f"queues: a queue's name may not hold {LANE_SEPARATOR!r}, got {name!r}")
+        ids = list(self.models) or [self.served_model_id()]
+        for field in ("default_model", "worker_model"):
+            chosen = getattr(self, field)
+            if chosen is not None and chosen not in ids:
+                raise ValueError(f"{field}: unknown model {chosen!r}; served: {', '.join(ids)}")
+        for model_id, spec in self.models.items():
+            if not model_id.strip():
+                raise ValueError("models: a model id may not be empty")
+            for name in spec.queues:
+                if LANE_SEPARATOR in name:
+                    raise ValueError(f"models.{model_id}.queues: a queue's name may not hold "
+                                     f"{LANE_SEPARATOR!r}, got {name!r}")
+        for lane in self.lanes():
+            if len(lane) > LANE_MAX_CHARS:
+                raise ValueError(f"models: the model and queue {lane!r} make a name of {len(lane)} "
+                                 f"characters, beyond {LANE_MAX_CHARS}: shorten the model's id or the "
+                                 "queue's name")
 
     def consumed_queues(self) -> dict[str, QueueSettings]:
         """The queues a `conveyor worker` takes jobs from, with their limits (worker_queues, or all). The
@@ -421,15 +516,71 @@ class Settings(BaseSettings):
         return Path(self.model) if self.model else self.data_dir / DEMO_MODEL_DIR
 
     def served_model_id(self) -> str:
-        """The model's public id (GET /v1/models, `model` in OpenAI requests and batch results): the model
-        folder's name (the demo model's is "demo-model", in every mode) or the hub id as configured."""
+        """The model's public id (GET /v1/models, `model` in OpenAI requests and batch results): its key
+        in `models` for settings of one model of the registry (for_model); else the model folder's name
+        (the demo model's is "demo-model", in every mode) or the hub id as configured."""
+        if self._model_id is not None:
+            return self._model_id
+        if self.models:
+            return self.default_model_id()
         if not self.model:
             return DEMO_MODEL_DIR
         path = Path(self.model)
-        return path.name if path.is_dir() else self.model
+        # An absolute path names its folder even where it is not mounted (a migration job).
+        return path.name if path.is_dir() or path.is_absolute() else self.model
 
     def queue(self, name: str) -> QueueSettings | None:
         return self.queues.get(name)
+
+    def model_ids(self) -> list[str]:
+        """The served models' ids, the default first, then as configured: the registry's, or the one."""
+        if not self.models:
+            return [self.served_model_id()]
+        default = self.default_model or next(iter(self.models))
+        return [default, *(model_id for model_id in self.models if model_id != default)]
+
+    def default_model_id(self) -> str:
+        return self.model_ids()[0]
+
+    def for_model(self, model_id: str) -> Settings:
+        """These settings as one model sees them: `model` its folder, its own engine settings and queue
+        limits in place of the deployment's, and served_model_id() its id. ValueError for an unknown id."""
+        if self._model_id == model_id:
+            return self
+        root = self._deployment if self._deployment is not None else self  # never another model's overrides
+        if not root.models and model_id == root.served_model_id():
+            return root
+        spec = root.models.get(model_id)
+        if spec is None:
+            raise ValueError(f"model: unknown model {model_id!r}; served: {', '.join(root.model_ids())}")
+        queues = {name: q.model_dump() for name, q in root.queues.items()}
+        for name, given in spec.queues.items():
+            queues[name] = {**queues.get(name, {}), **renamed_queue_fields(given)}
+        update = {**spec.overrides(), "model": spec.path,
+                  "queues": {name: QueueSettings(**fields) for name, fields in queues.items()}}
+        resolved = root.model_copy(update=update)
+        resolved._model_id, resolved._deployment = model_id, root
+        return resolved
+
+    def served(self) -> dict[str, Settings]:
+        """Every served model's settings (for_model), by id, the default first."""
+        return {model_id: self.for_model(model_id) for model_id in self.model_ids()}
+
+    def worker_model_id(self) -> str:
+        """The model a `conveyor worker` serves: worker_model, or the only one. ValueError when several are
+        served and none is chosen."""
+        if self.worker_model is not None:
+            return self.worker_model
+        ids = self.model_ids()
+        if len(ids) > 1:
+            raise ValueError(f"worker_model: {len(ids)} models are served ({', '.join(ids)}); choose the one "
+                             "this worker serves with --model or CONVEYOR_WORKER_MODEL")
+        return ids[0]
+
+    def lanes(self) -> list[str]:
+        """Every (model, queue) lane of every served model (core/lanes.py): the broker's queues."""
+        return [lane_of(model_id, name) for model_id, settings in self.served().items()
+                for name in settings.queues]
 
     def check_bind(self) -> None:
         """Raises ValueError when asked to listen on a non-loopback address without authentication."""

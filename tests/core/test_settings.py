@@ -90,3 +90,76 @@ def test_worker_queues_unset_or_embedded_means_every_queue() -> None:
 def test_worker_queues_naming_an_unknown_queue_is_refused() -> None:
     with pytest.raises(ValueError, match=r"worker_queues: unknown queue\(s\) \['batch'\]"):
         Settings(worker_queues="interactive,batch")
+
+
+def test_a_registry_in_the_config_file_gives_each_model_its_own_settings(tmp_path: Path) -> None:
+    config = tmp_path / "conveyor.toml"
+    config.write_text('max_num_seqs = 8\ndefault_model = "large"\n'
+                      '[models.small]\npath = "/models/small"\n'
+                      '[models.large]\npath = "/models/large"\nmax_model_len = 16384\nmax_num_seqs = 32\n'
+                      '[models.large.queues.documents]\nmax_running = 2\n')
+    settings = load_settings(config)
+    assert settings.model_ids() == ["large", "small"] and settings.default_model_id() == "large"
+    large, small = settings.for_model("large"), settings.for_model("small")
+    assert (large.model, large.max_model_len, large.max_num_seqs) == ("/models/large", 16384, 32)
+    assert (small.model, small.max_model_len, small.max_num_seqs) == ("/models/small", None, 8)
+    assert large.queues["documents"].max_running == 2
+    assert large.queues["documents"].max_prompt_tokens == settings.queues["documents"].max_prompt_tokens
+    assert small.queues == settings.queues
+    assert (large.served_model_id(), small.served_model_id()) == ("large", "small")
+    assert settings.lanes() == [
+        "large:interactive", "large:documents", "small:interactive", "small:documents"]
+    with pytest.raises(ValueError, match="unknown model 'medium'; served: large, small"):
+        settings.for_model("medium")
+
+
+def test_the_one_model_is_a_registry_of_one_named_after_its_folder(tmp_path: Path) -> None:
+    folder = tmp_path / "qwen3-0.6b"
+    folder.mkdir()
+    settings = Settings(model=str(folder))
+    assert settings.model_ids() == ["qwen3-0.6b"] and settings.for_model("qwen3-0.6b") is settings
+    assert settings.worker_model_id() == "qwen3-0.6b"
+    assert Settings(model="/not/mounted/here/llama").served_model_id() == "llama"  # a migration job's view
+    assert Settings().lanes() == ["demo-model:interactive", "demo-model:documents"]
+
+
+def test_a_worker_of_several_models_must_say_which() -> None:
+    settings = Settings(models={"a": {"path": "/a"}, "b": {"path": "/b"}})
+    with pytest.raises(ValueError, match="worker_model: 2 models are served"):
+        settings.worker_model_id()
+    chosen = Settings(models={"a": {"path": "/a"}, "b": {"path": "/b"}}, worker_model="b")
+    assert chosen.worker_model_id() == "b"
+
+
+@pytest.mark.parametrize(("given", "refusal"), [
+    ({"model": "/m", "models": {"a": {"path": "/a"}}}, "set either `model`"),
+    ({"models": {"a": {}}}, "path"),
+    ({"models": {"a": {"path": "/a", "port": 1}}}, "port: not a per-model setting"),
+    ({"models": {"a": {"path": "/a", "max_num_seqs": 0}}}, "max_num_seqs: Input should be greater"),
+    ({"models": {"a": {"path": "/a", "queues": {"documents": {"max_running": 0}}}}},
+     "queues.documents.max_running"),
+    ({"models": {"a": {"path": "/a"}}, "default_model": "b"}, "default_model: unknown model 'b'"),
+    ({"models": {"a": {"path": "/a"}}, "worker_model": "b"}, "worker_model: unknown model 'b'"),
+    ({"models": {"m" * 60: {"path": "/a"}}}, "beyond 64"),
+    ({"queues": {"a:b": {}}}, "may not hold ':'"),
+])
+def test_a_bad_registry_is_refused_naming_what_is_wrong(given: dict[str, object], refusal: str) -> None:
+    with pytest.raises(ValidationError, match=refusal):
+        Settings(**given)
+
+
+def test_every_engine_setting_may_be_set_per_model() -> None:
+    from core.settings import PER_MODEL_FIELDS
+    from worker.model import engine_fields
+
+    assert set(PER_MODEL_FIELDS) == {*engine_fields(), "tool_call_parser"}
+
+
+def test_one_models_settings_never_leak_into_anothers() -> None:
+    settings = Settings(models={
+        "a": {"path": "/a", "max_model_len": 99, "queues": {"documents": {"max_running": 1}}},
+        "b": {"path": "/b"}})
+    b_from_a = settings.for_model("a").for_model("b")
+    assert (b_from_a.max_model_len, b_from_a.queues["documents"].max_running) == (None, 4)
+    assert b_from_a.model == "/b" and b_from_a.served_model_id() == "b"
+    assert settings.for_model("a").lanes() == settings.lanes()
