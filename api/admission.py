@@ -25,6 +25,7 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session
 
+from core.lanes import describe_lane
 from core.store import jobs, token_usage
 from core.store.tenants import TenantLimits
 
@@ -80,13 +81,13 @@ class AdmissionGauge:
                     estimate.queued += 1
 
 
-def queued_refusal(session: Session, gauge: AdmissionGauge, limits: TenantLimits, tenant_id: str, queue: str,
+def queued_refusal(session: Session, gauge: AdmissionGauge, limits: TenantLimits, tenant_id: str, lane: str,
                    retry_after_s: int) -> Refusal | None:
-    """The tenant already has its max_queued jobs queued in `queue`."""
-    if limits.max_queued is None or gauge.has_room(session, queue, limits.max_queued, tenant_id):
+    """The tenant already has its max_queued jobs queued in `lane` (a model's queue, core/lanes.py)."""
+    if limits.max_queued is None or gauge.has_room(session, lane, limits.max_queued, tenant_id):
         return None
-    message = (f"queue: tenant {tenant_id} has {limits.max_queued} jobs queued in the {queue} queue, its "
-               f"max_queued; retry after {retry_after_s} s")
+    message = (f"queue: tenant {tenant_id} has {limits.max_queued} jobs queued in the {describe_lane(lane)}, "
+               f"its max_queued; retry after {retry_after_s} s")
     return Refusal("tenant_queue_full", "queue", message, retry_after_s)
 
 

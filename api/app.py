@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Protocol, runtime_checkable
 
@@ -19,6 +19,7 @@ from api.middleware import AllowedMethods, BodySizeLimit, MetricsAuth, ResponseC
 from api.openapi_doc import install_truthful_openapi
 from api.prompt_tokenizer import PromptTokenizer
 from api.routes import batches, files, health, jobs, openai, queues, scaling, vllm, webhooks
+from api.served_models import ServedModels
 from api.uploads import UploadSizeLimit
 from core.dispatch import DispatchRelay, JobPublisher
 from core.finish_notifications import FinishedSink, FinishedWatch
@@ -49,14 +50,15 @@ def create_app(
     settings: Settings,
     *,
     publisher: JobPublisher,
-    tokenizer: PromptTokenizer,
+    tokenizer: PromptTokenizer | Mapping[str, PromptTokenizer],
     session_factory: sessionmaker[Session] | None = None,
     runtime: Runtime | None = None,
     token_stream: TokenStream | None = None,
     finished_watch: FinishedWatch | None = None,
     finished_sink: FinishedSink | None = None,
 ) -> FastAPI:
-    """`runtime` (the embedded worker) is started and stopped with the app, `finished_watch` closed with it.
+    """`tokenizer`: each served model's, by id (one alone: the only model's). `runtime` (the embedded
+    worker) is started and stopped with the app, `finished_watch` closed with it.
     `finished_watch` wakes long polls and event streams when jobs finish (without one they read the store
     more often); `finished_sink` is told of the jobs the API itself finishes (cancel). Tables come from
     migrations."""
@@ -66,8 +68,9 @@ def create_app(
     metrics = Metrics(settings, session_factory,
                       extra=runtime.metrics_registry if isinstance(runtime, MetricsSource) else None)
     dispatcher = DispatchRelay(session_factory, publisher.publish)
-    services = Services(settings, session_factory, publisher, tokenizer, metrics, AdmissionGauge(),
-                        dispatcher, finished=finished_sink, finished_watch=finished_watch)
+    tokenizers = tokenizer if isinstance(tokenizer, Mapping) else {settings.default_model_id(): tokenizer}
+    services = Services(settings, session_factory, publisher, ServedModels(settings, tokenizers), metrics,
+                        AdmissionGauge(), dispatcher, finished=finished_sink, finished_watch=finished_watch)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:

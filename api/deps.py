@@ -13,8 +13,7 @@ from starlette.concurrency import run_in_threadpool
 from api.admission import AdmissionGauge
 from api.job_reads import JobReads
 from api.metrics import Metrics
-from api.prompt_tokenizer import PromptTokenizer
-from core.chat_options import ToolParser, tool_parser_for
+from api.served_models import ServedModels
 from core.dispatch import Dispatcher, JobPublisher
 from core.finish_notifications import FinishedSink, FinishedWatch
 from core.settings import Settings
@@ -28,7 +27,7 @@ class Services:
     settings: Settings
     session_factory: sessionmaker[Session]
     publisher: JobPublisher
-    tokenizer: PromptTokenizer
+    models: ServedModels  # each served model's settings and tokenizer, by id
     metrics: Metrics
     admission: AdmissionGauge  # max_queued without a COUNT per submit
     dispatcher: Dispatcher  # the DispatchRelay: publishes committed jobs, in groups, off the request path
@@ -39,11 +38,6 @@ class Services:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "job_reads", JobReads(self.session_factory))  # frozen: set once, here
-
-    @property
-    def tool_parser(self) -> ToolParser:
-        """The parser the served model's tool calls are read with (the setting, or its template's)."""
-        return tool_parser_for(self.settings.tool_call_parser, self.tokenizer.chat_template)
 
 
 def services_of(request: Request) -> Services:

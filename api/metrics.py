@@ -19,12 +19,14 @@ from prometheus_client.registry import Collector
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.clock import utcnow
+from core.lanes import split_lane
 from core.metric_buckets import LATENCY_BUCKETS_S
 from core.settings import Settings
 from core.store import job_tallies, outcome_counts, workers
 from core.store.tables import MetricCount
 
 log = logging.getLogger(__name__)
+LANE_LABELS = ["model", "queue"]  # every per-queue series is per model too (core/lanes.py)
 
 
 class Metrics:
@@ -32,10 +34,11 @@ class Metrics:
                  extra: Collector | None = None) -> None:
         self.registry = CollectorRegistry()
         self.jobs_submitted = Counter(
-            "conveyor_jobs_submitted", "Jobs accepted by this API process", ["queue"], registry=self.registry
+            "conveyor_jobs_submitted", "Jobs accepted by this API process", ["model", "queue"],
+            registry=self.registry,
         )
         self.jobs_rejected = Counter(
-            "conveyor_jobs_rejected", "Submissions refused, by error code", ["queue", "code"],
+            "conveyor_jobs_rejected", "Submissions refused, by error code", ["model", "queue", "code"],
             registry=self.registry,
         )
         self.http_responses = Counter(
@@ -75,43 +78,48 @@ class StoreCollector(Collector):
     def _queue_gauges(self, counts: dict[str, job_tallies.QueueCounts],
                       consumers: dict[str, int]) -> Iterator[Metric]:
         now = utcnow()
-        depth = GaugeMetricFamily("conveyor_queue_depth", "Queued jobs", labels=["queue"])
-        running = GaugeMetricFamily("conveyor_queue_running", "Running jobs", labels=["queue"])
+        depth = GaugeMetricFamily("conveyor_queue_depth", "Queued jobs", labels=LANE_LABELS)
+        running = GaugeMetricFamily("conveyor_queue_running", "Running jobs", labels=LANE_LABELS)
         oldest = GaugeMetricFamily("conveyor_queue_oldest_age_seconds", "Age of the oldest queued job",
-                                   labels=["queue"])
-        names = sorted(set(self._settings.queues) | set(counts))
-        for name in names:
-            c = counts.get(name, job_tallies.QueueCounts(0, 0, None))
-            depth.add_metric([name], c.queued)
-            running.add_metric([name], c.running)
+                                   labels=LANE_LABELS)
+        lanes = sorted(set(self._settings.lanes()) | set(counts))
+        for lane in lanes:
+            c = counts.get(lane, job_tallies.QueueCounts(0, 0, None))
+            depth.add_metric(lane_labels(lane), c.queued)
+            running.add_metric(lane_labels(lane), c.running)
             age = (now - c.oldest_queued_at).total_seconds() if c.oldest_queued_at else 0.0
-            oldest.add_metric([name], age)
-        yield from (depth, running, oldest, self._ttl_gauge(names))
-        yield from _scaling_gauges(names, counts, consumers)
+            oldest.add_metric(lane_labels(lane), age)
+        yield from (depth, running, oldest, self._ttl_gauge())
+        yield from _scaling_gauges(lanes, counts, consumers)
 
-    def _ttl_gauge(self, names: list[str]) -> Metric:
+    def _ttl_gauge(self) -> Metric:
         """Each queue's default ttl, so an alert can compare the oldest queued job's age with it."""
         ttl = GaugeMetricFamily("conveyor_queue_default_ttl_seconds",
                                 "The queue's default ttl (default_ttl_s): queued jobs expire past it",
-                                labels=["queue"])
-        for name in names:
-            queue = self._settings.queue(name)
-            if queue is not None and queue.default_ttl_s is not None:
-                ttl.add_metric([name], queue.default_ttl_s)
+                                labels=LANE_LABELS)
+        for model_id, model_settings in self._settings.served().items():
+            for name, queue in model_settings.queues.items():
+                if queue.default_ttl_s is not None:
+                    ttl.add_metric([model_id, name], queue.default_ttl_s)
         return ttl
 
 
-def _scaling_gauges(names: list[str], counts: dict[str, job_tallies.QueueCounts],
+def _scaling_gauges(lanes: list[str], counts: dict[str, job_tallies.QueueCounts],
                     consumers: dict[str, int]) -> Iterator[Metric]:
     """The figures of /v1/scaling, for an autoscaler that reads Prometheus, and for dashboards."""
     load = GaugeMetricFamily("conveyor_queue_load", "Queued plus running jobs: what workers scale on",
-                             labels=["queue"])
-    live = GaugeMetricFamily("conveyor_queue_workers", "Live workers consuming the queue", labels=["queue"])
-    for name in names:
-        c = counts.get(name, job_tallies.QueueCounts(0, 0, None))
-        load.add_metric([name], c.queued + c.running)
-        live.add_metric([name], consumers.get(name, 0))
+                             labels=LANE_LABELS)
+    live = GaugeMetricFamily("conveyor_queue_workers", "Live workers consuming the queue", labels=LANE_LABELS)
+    for lane in lanes:
+        c = counts.get(lane, job_tallies.QueueCounts(0, 0, None))
+        load.add_metric(lane_labels(lane), c.queued + c.running)
+        live.add_metric(lane_labels(lane), consumers.get(lane, 0))
     yield from (load, live)
+
+
+def lane_labels(lane: str) -> list[str]:
+    """The `model` and `queue` labels of a lane (core/lanes.py)."""
+    return list(split_lane(lane))
 
 
 HISTOGRAM_HELP = {
@@ -127,23 +135,25 @@ def outcome_families(rows: list[MetricCount]) -> Iterator[Metric]:
     for metric, doc in HISTOGRAM_HELP.items():
         yield _histogram_family(f"conveyor_{metric}", doc, outcome_counts.series_of(rows, metric))
     outcomes = CounterMetricFamily("conveyor_job_outcomes", "Jobs that reached a final status (from the "
-                                   "end-to-end histogram's counts)", labels=["queue", "status"])
+                                   "end-to-end histogram's counts)", labels=[*LANE_LABELS, "status"])
     per_status: dict[tuple[str, str], int] = {}
     for row in outcome_counts.series_of(rows, outcome_counts.E2E):
         per_status[(row.queue, row.status)] = per_status.get((row.queue, row.status), 0) + row.count
-    for (queue, status), n in sorted(per_status.items()):
-        outcomes.add_metric([queue, status], n)
+    for (lane, status), n in sorted(per_status.items()):
+        outcomes.add_metric([*lane_labels(lane), status], n)
     yield outcomes
     failures = outcome_counts.series_of(rows, outcome_counts.JOB_FAILURES)
     lines = outcome_counts.series_of(rows, outcome_counts.BATCH_LINES)
     deliveries = outcome_counts.series_of(rows, outcome_counts.WEBHOOK_DELIVERIES)
-    yield _counter_family("conveyor_job_failures", "Failed and expired jobs by error code", ["queue", "code"],
-                          [((r.queue, r.label), r.count) for r in failures])
+    yield _counter_family("conveyor_job_failures", "Failed and expired jobs by error code",
+                          [*LANE_LABELS, "code"],
+                          [((*lane_labels(r.queue), r.label), r.count) for r in failures])
     yield _counter_family("conveyor_job_deadlines", "Jobs with a deadline by service tier and outcome: "
                           "on_time (succeeded by it), late (succeeded after it), missed (ended otherwise)",
-                          ["queue", "tier", "outcome"], _deadline_values(rows))
+                          [*LANE_LABELS, "tier", "outcome"], _deadline_values(rows))
     yield _counter_family("conveyor_batch_lines", "Batch lines whose job finished, by outcome",
-                          ["queue", "outcome"], [((r.queue, r.label), r.count) for r in lines])
+                          [*LANE_LABELS, "outcome"],
+                          [((*lane_labels(r.queue), r.label), r.count) for r in lines])
     yield _counter_family("conveyor_webhook_deliveries", "Webhook delivery attempts by outcome", ["outcome"],
                           [((r.label,), r.count) for r in deliveries])
 
@@ -152,25 +162,26 @@ def _finished_counters(rows: list[MetricCount]) -> Iterator[Metric]:
     """Jobs per final status and their preemptions, as counted when each became final (never a count of the
     jobs table, which grows with the history kept)."""
     finished = CounterMetricFamily("conveyor_jobs_finished", "Jobs that reached a final status",
-                                   labels=["queue", "status"])
+                                   labels=[*LANE_LABELS, "status"])
     preempted = CounterMetricFamily("conveyor_job_preemptions",
-                                    "Engine preemptions of jobs, counted when the job ends", labels=["queue"])
+                                    "Engine preemptions of jobs, counted when the job ends",
+                                    labels=LANE_LABELS)
     preemptions: dict[str, float] = {}
     for row in rows:
-        finished.add_metric([row.queue, row.status], row.count)
+        finished.add_metric([*lane_labels(row.queue), row.status], row.count)
         preemptions[row.queue] = preemptions.get(row.queue, 0.0) + row.total
-    for queue, total in sorted(preemptions.items()):
-        preempted.add_metric([queue], total)
+    for lane, total in sorted(preemptions.items()):
+        preempted.add_metric(lane_labels(lane), total)
     yield finished
     yield preempted
 
 
 def _deadline_values(rows: list[MetricCount]) -> list[tuple[tuple[str, ...], int]]:
-    """(queue, tier, outcome) -> jobs. Rows from before tiers were counted read as the default tier, and are
-    added to its row: each label set is one series."""
+    """(model, queue, tier, outcome) -> jobs. Rows from before tiers were counted read as the default tier,
+    and are added to its row: each label set is one series."""
     values: dict[tuple[str, ...], int] = {}
     for row in outcome_counts.series_of(rows, outcome_counts.JOB_DEADLINES):
-        key = (row.queue, outcome_counts.row_tier(row.status), row.label)
+        key = (*lane_labels(row.queue), outcome_counts.row_tier(row.status), row.label)
         values[key] = values.get(key, 0) + row.count
     return list(values.items())
 
@@ -184,15 +195,16 @@ def _counter_family(name: str, doc: str, labels: list[str],
 
 
 def _histogram_family(name: str, doc: str, rows: list[MetricCount]) -> Metric:
-    """Cumulative buckets per (queue, status) from the table's per-bucket rows."""
+    """Cumulative buckets per (model, queue, status) from the table's per-bucket rows."""
     bounds = [repr(b) for b in LATENCY_BUCKETS_S] + [outcome_counts.INF_LABEL]
     series: dict[tuple[str, str], tuple[list[int], list[float]]] = {}
     for row in rows:
         counts, total = series.setdefault((row.queue, row.status), ([0] * len(bounds), [0.0]))
         counts[bounds.index(row.label)] += row.count
         total[0] += row.total
-    family = HistogramMetricFamily(name, doc, labels=["queue", "status"])
-    for (queue, status), (counts, total) in sorted(series.items()):
+    family = HistogramMetricFamily(name, doc, labels=[*LANE_LABELS, "status"])
+    for (lane, status), (counts, total) in sorted(series.items()):
         cumulative = [sum(counts[: i + 1]) for i in range(len(counts))]
-        family.add_metric([queue, status], list(zip(bounds, cumulative, strict=True)), sum_value=total[0])
+        family.add_metric([*lane_labels(lane), status], list(zip(bounds, cumulative, strict=True)),
+                          sum_value=total[0])
     return family

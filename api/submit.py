@@ -13,10 +13,11 @@ from api import admission
 from api.deps import Services
 from api.errors import ApiError
 from api.schemas.jobs import JobCreate
+from api.served_models import ServedModel, UnknownModelError
 from api.webhook_targets import check_job_webhook
 from core.chat_options import ChatOptions, job_params
 from core.field_errors import FieldProblem
-from core.model_limits import served_max_model_len
+from core.lanes import describe_lane
 from core.request_limits import (
     RequestLimits,
     RequestSize,
@@ -38,15 +39,16 @@ def submit(
     now: datetime,
 ) -> tuple[Job, bool]:
     """Returns (job, created); created is False when an Idempotency-Key replays an earlier submission."""
-    queue = _queue(services, body.queue)
+    served = _served_model(services, body)
+    queue = _queue(services, served, body.queue)
     try:
-        job, created = _submit(session, services, tenant_id, body, queue, idempotency_key, now)
+        job, created = _submit(session, services, served, tenant_id, body, queue, idempotency_key, now)
     except ApiError as exc:
-        label = body.queue if body.queue in services.settings.queues else "unknown"
-        services.metrics.jobs_rejected.labels(label, exc.code).inc()
+        label = body.queue if body.queue in served.settings.queues else "unknown"
+        services.metrics.jobs_rejected.labels(served.id, label, exc.code).inc()
         raise
     if created:
-        services.metrics.jobs_submitted.labels(job.queue).inc()
+        services.metrics.jobs_submitted.labels(served.id, body.queue).inc()
         services.admission.admitted(job.queue, tenant_id)
         services.queue_rates.admitted(job.queue, body.n * body.max_tokens)
         services.dispatcher.dispatch(job.id, job.queue)
@@ -54,32 +56,36 @@ def submit(
 
 
 def _submit(
-    session: Session, services: Services, tenant_id: str, body: JobCreate, queue: QueueSettings,
-    idempotency_key: str | None, now: datetime,
+    session: Session, services: Services, served: ServedModel, tenant_id: str, body: JobCreate,
+    queue: QueueSettings, idempotency_key: str | None, now: datetime,
 ) -> tuple[Job, bool]:
-    limits = RequestLimits.of_queue(body.queue, queue, model_max_len(services))
-    options = body.chat_options(services.tool_parser)
+    lane = served.lane(body.queue)
+    limits = RequestLimits.of_queue(body.queue, queue, served.max_model_len())
+    options = body.chat_options(served.tool_parser)
     size = _request_size(body, options)
     _check_body(services, body, size, limits)
     check_job_webhook(body.webhook_json(), services.settings)
-    request_hash = jobs.request_hash(body.model_dump(mode="json"))
+    # Without `model`, the hash of the body as it was before models could be named: a retry with the
+    # same Idempotency-Key across the upgrade still matches.
+    unnamed = {"model"} if body.model is None else None
+    request_hash = jobs.request_hash(body.model_dump(mode="json", exclude=unnamed))
     if idempotency_key is not None:
         _raise(idempotency_key_problem(idempotency_key))
         earlier = jobs.by_idempotency_key(session, tenant_id, idempotency_key)
         if earlier is not None:
             return _replay(earlier, request_hash), False
-    _admit(session, services, body.queue, queue)  # before tokenizing: an overloaded queue costs no CPU
+    _admit(session, services, lane, queue)  # before tokenizing: an overloaded queue costs no CPU
     quota = tenants.effective_limits(session, tenant_id, TenantLimits.defaults(services.settings))
-    _refuse(admission.queued_refusal(session, services.admission, quota, tenant_id, body.queue,
+    _refuse(admission.queued_refusal(session, services.admission, quota, tenant_id, lane,
                                      services.settings.retry_after_s))
-    prompt_tokens = _count_prompt_tokens(services, size, options)
+    prompt_tokens = _count_prompt_tokens(served, size, options)
     _raise(tokens_problem(size, prompt_tokens, limits))
     wanted = prompt_tokens + body.n * body.max_tokens  # each choice may write max_tokens
     _refuse(admission.tokens_refusal(session, quota, tenant_id, wanted, now))
     deadline_s = _deadline_s(body, queue)
-    forecast = _forecast(session, services, body, deadline_s, prompt_tokens, now)
+    forecast = _forecast(session, services, lane, body, deadline_s, prompt_tokens, now)
     new = jobs.NewJob(
-        tenant_id=tenant_id, queue=body.queue, prompt=body.prompt, messages=size.messages,
+        tenant_id=tenant_id, queue=lane, prompt=body.prompt, messages=size.messages,
         params=job_params(body.sampling_params(), options), meta=body.metadata, webhook=body.webhook_json(),
         idempotency_key=idempotency_key, request_hash=request_hash, prompt_tokens=prompt_tokens,
         ttl_s=body.ttl if body.ttl is not None else queue.default_ttl_s, timeout_s=body.timeout,
@@ -105,7 +111,7 @@ def _priority(body: JobCreate, quota: TenantLimits) -> int:
         raise ApiError(403, "priority_not_permitted", str(exc), exc.field) from None
 
 
-def _forecast(session: Session, services: Services, body: JobCreate, deadline_s: float | None,
+def _forecast(session: Session, services: Services, lane: str, body: JobCreate, deadline_s: float | None,
               prompt_tokens: int, now: datetime) -> finish_times.Forecast:
     """A job with a deadline: its latest start and when it would finish (finish_times.forecast). With
     on_deadline_miss reject, a prediction past the deadline is a 429 deadline_unattainable, to retry once the
@@ -113,7 +119,7 @@ def _forecast(session: Session, services: Services, body: JobCreate, deadline_s:
     if deadline_s is None:
         return finish_times.Forecast(None, None)
     forecast = finish_times.forecast(
-        session, body.queue, now, deadline_s=deadline_s, prompt_tokens=prompt_tokens,
+        session, lane, now, deadline_s=deadline_s, prompt_tokens=prompt_tokens,
         max_tokens=body.max_tokens, choices=body.n, dead_after_s=services.settings.worker_dead_after_s,
         rates=services.queue_rates)
     if forecast.finish_at is not None:
@@ -137,11 +143,19 @@ def _deadline_s(body: JobCreate, queue: QueueSettings) -> float | None:
     return queue.default_deadline_s
 
 
-def _queue(services: Services, name: str) -> QueueSettings:
-    queue = services.settings.queue(name)
+def _served_model(services: Services, body: JobCreate) -> ServedModel:
+    try:
+        return services.models.get(body.model)
+    except UnknownModelError as exc:
+        services.metrics.jobs_rejected.labels("unknown", "unknown", "model_not_found").inc()
+        raise ApiError(404, "model_not_found", str(exc), "model") from None
+
+
+def _queue(services: Services, served: ServedModel, name: str) -> QueueSettings:
+    queue = served.settings.queue(name)
     if queue is None:
-        known = ", ".join(sorted(services.settings.queues))
-        services.metrics.jobs_rejected.labels("unknown", "unknown_queue").inc()
+        known = ", ".join(sorted(served.settings.queues))
+        services.metrics.jobs_rejected.labels(served.id, "unknown", "unknown_queue").inc()
         raise ApiError(422, "unknown_queue", f"queue: unknown queue {name!r}; known queues: {known}", "queue")
     return queue
 
@@ -168,28 +182,23 @@ def _replay(earlier: Job, request_hash: str) -> Job:
     return earlier
 
 
-def _count_prompt_tokens(services: Services, size: RequestSize, options: ChatOptions) -> int:
+def _count_prompt_tokens(served: ServedModel, size: RequestSize, options: ChatOptions) -> int:
     try:
         if size.messages is not None:
-            return services.tokenizer.count_messages(size.messages, options)
+            return served.tokenizer.count_messages(size.messages, options)
         assert size.prompt is not None
-        return services.tokenizer.count_prompt(size.prompt)
+        return served.tokenizer.count_prompt(size.prompt)
     except ValueError as exc:
         raise _error(tokenizer_problem(size, exc)) from exc
 
 
-def model_max_len(services: Services) -> int | None:
-    """The max_model_len the workers serve: the configured one, else the model's own (its config.json),
-    so a request that can never run is refused here rather than failing on a worker."""
-    return served_max_model_len(services.settings.max_model_len, services.tokenizer.context_length)
-
-
-def _admit(session: Session, services: Services, name: str, queue: QueueSettings) -> None:
+def _admit(session: Session, services: Services, lane: str, queue: QueueSettings) -> None:
     # NOTE: a soft cap, estimated per process (api/admission.py; "Admission control" in
     # docs/getting-started/postgres-redis.md).
-    if not services.admission.has_room(session, name, queue.max_queued):
+    if not services.admission.has_room(session, lane, queue.max_queued):
         retry_after = str(services.settings.retry_after_s)
-        message = f"queue: the {name} queue is full ({queue.max_queued} queued); retry after {retry_after} s"
+        message = (f"queue: the {describe_lane(lane)} is full ({queue.max_queued} queued); retry after "
+                   f"{retry_after} s")
         raise ApiError(429, "queue_full", message, "queue", {"Retry-After": retry_after})
 
 

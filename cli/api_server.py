@@ -26,7 +26,6 @@ def build_api_app(settings: Settings) -> tuple[Any, list[Any]]:
     """The app and what to close when the process ends (the Redis connection of the finished sink)."""
     from api.app import create_app
     from api.finish_subscriber import RedisFinishedWatch
-    from api.prompt_tokenizer import PromptTokenizer
     from api.token_subscriptions import RedisTokenStream
     from core.broker import BrokerPublisher
     from core.finish_notifications import RedisFinishedSink
@@ -37,9 +36,18 @@ def build_api_app(settings: Settings) -> tuple[Any, list[Any]]:
     watch = RedisFinishedWatch(broker) if pubsub else None
     finished = RedisFinishedSink(broker) if pubsub else None  # the API's cancel wakes every API's waiters
     application = create_app(settings, publisher=BrokerPublisher(settings),
-                             tokenizer=PromptTokenizer(settings.model_folder()), runtime=None,
+                             tokenizer=load_tokenizers(settings), runtime=None,
                              token_stream=tokens, finished_watch=watch, finished_sink=finished)
     return application, [finished] if finished is not None else []
+
+
+def load_tokenizers(settings: Settings) -> dict[str, Any]:
+    """Each served model's tokenizer (api/prompt_tokenizer.py), by id: the API judges each request with its
+    own model's."""
+    from api.prompt_tokenizer import PromptTokenizer
+
+    return {model_id: PromptTokenizer(model_settings.model_folder())
+            for model_id, model_settings in settings.served().items()}
 
 
 def pass_down(config: Path | None, host: str | None, port: int | None, workers: int | None) -> None:

@@ -30,6 +30,8 @@ app.add_typer(tenants_app, name="tenants")
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="TOML settings (or CONVEYOR_CONFIG_FILE)")]
 HostOpt = Annotated[str | None, typer.Option(help="bind address (default 127.0.0.1)")]
 PortOpt = Annotated[int | None, typer.Option(help="port (default 8000)")]
+ModelOpt = Annotated[str | None, typer.Option(
+    "--model", help="the served model this worker runs (CONVEYOR_WORKER_MODEL; needed with several)")]
 WorkersOpt = Annotated[int | None, typer.Option(
     help="processes serving HTTP on the port (default: the api_workers setting, 1)")]
 UrlOpt = Annotated[str, typer.Option("--url", envvar="CONVEYOR_URL", help="API base URL")]
@@ -55,7 +57,7 @@ def serve(ctx: typer.Context, host: HostOpt = None, port: PortOpt = None, config
               f"{settings.api_workers}; for several, run `conveyor api --workers N` and `conveyor worker` on "
               "PostgreSQL and Redis")
     from api.app import create_app
-    from api.prompt_tokenizer import PromptTokenizer
+    from cli.api_server import load_tokenizers
     from core.store.migrate import upgrade
     from engine.loader import check_model_folder
     from worker.cold_start import ColdStart
@@ -63,14 +65,16 @@ def serve(ctx: typer.Context, host: HostOpt = None, port: PortOpt = None, config
     from worker.model import resolve_model
 
     cold_start = ColdStart()  # the imports are done: migrating and the demo model count in the rest
-    log.info(upgrade(settings.database_url).describe())
+    log.info(upgrade(settings.database_url, default_model=settings.default_model_id()).describe())
     label = _model_label(settings)
-    settings = settings.model_copy(update={"model": resolve_model(settings)})
-    check_model_folder(settings.model or "")  # before the server starts: its lifespan would print a traceback
+    if not settings.models:  # the one model, or the demo model (built here when missing)
+        settings = settings.model_copy(update={"model": resolve_model(settings)})
+    for model_settings in settings.served().values():  # before the server starts: its lifespan would print
+        check_model_folder(model_settings.model or "")  # a traceback
     runtime = EmbeddedRuntime(settings, cold_start=cold_start)
     # One db engine for the API and the runtime: one SQLite writer queue for both.
     application = create_app(settings, publisher=runtime.publisher,
-                             tokenizer=PromptTokenizer(settings.model_folder()), runtime=runtime,
+                             tokenizer=load_tokenizers(settings), runtime=runtime,
                              token_stream=runtime.token_stream, finished_watch=runtime.finished,
                              finished_sink=runtime.finished, session_factory=runtime.sessions)
     _run_api(settings, label, application)
@@ -106,20 +110,24 @@ def api(ctx: typer.Context, host: HostOpt = None, port: PortOpt = None, config: 
 
 
 @app.command()
-def worker(ctx: typer.Context, config: ConfigOpt = None) -> None:
-    """One GPU worker: loads one engine and consumes the interactive and documents queues."""
-    settings = _settings(ctx, config)
+def worker(ctx: typer.Context, config: ConfigOpt = None, model: ModelOpt = None) -> None:
+    """One GPU worker: loads one model's engine and consumes that model's queues."""
+    settings = _settings(ctx, config, worker_model=model)
     _configure_logging(ctx, settings)
     if settings.embedded:
         _fail("worker needs broker_url (CONVEYOR_BROKER_URL=redis://...); `conveyor serve` runs embedded")
+    try:
+        served = settings.for_model(settings.worker_model_id())
+    except ValueError as exc:
+        _fail(str(exc))
     from cli.preflight import check_broker, check_database
     from engine.loader import check_model_folder
     from worker.celery_worker import run_worker
     from worker.cold_start import ColdStart
 
     cold_start = ColdStart()  # the imports are done; the checks below count in the rest of the cold start
-    if settings.model:  # else the demo model, built by the worker when missing
-        check_model_folder(settings.model)
+    if served.model:  # else the demo model, built by the worker when missing
+        check_model_folder(served.model)
     check_database(settings.database_url)  # both before the engine loads: a set-up error fails in seconds
     check_broker(settings.broker_url or "")
     run_worker(settings, banner=debug_enabled(ctx), cold_start=cold_start)
@@ -132,7 +140,7 @@ def migrate(ctx: typer.Context, config: ConfigOpt = None) -> None:
 
     settings = _settings(ctx, config)
     _configure_logging(ctx, settings)
-    typer.echo(upgrade(settings.database_url).describe())
+    typer.echo(upgrade(settings.database_url, default_model=settings.default_model_id()).describe())
 
 
 @keys_app.command("create")
@@ -343,19 +351,28 @@ def _exit_zero_on_sigterm() -> None:
 
 
 def _model_label(settings: Settings) -> str:
-    """What a start-up line calls the model: its folder, or the demo model (built by the first worker)."""
+    """What a start-up line calls the models: each one's id and folder, or the demo model (built by the first
+    worker)."""
+    if settings.models:
+        return ", ".join(f"{model_id} ({spec.path})" for model_id, spec in settings.models.items())
     return settings.model or f"demo model at {settings.model_folder()}"
 
 
 def _check_tokenizer_files(settings: Settings) -> None:
-    """The API counts prompt tokens with the workers' model's tokenizer; it never builds nor loads a model."""
+    """The API counts prompt tokens with each model's tokenizer; it never builds nor loads a model."""
+    for model_settings in settings.served().values():
+        _check_model_tokenizer(model_settings)
+
+
+def _check_model_tokenizer(settings: Settings) -> None:
     folder = settings.model_folder()
     if (folder / "tokenizer_config.json").is_file() or (folder / "tokenizer.json").is_file():
         return
+    setting = "CONVEYOR_MODEL" if not settings.models else f"models.{settings.served_model_id()}.path"
     if settings.model and not folder.is_dir():
-        _fail(f"model folder {folder} does not exist; fix: set CONVEYOR_MODEL to the folder the workers load")
+        _fail(f"model folder {folder} does not exist; fix: set {setting} to the folder the workers load")
     if settings.model:
-        _fail(f"model: no tokenizer files in {folder} (CONVEYOR_MODEL must be the folder the workers load)")
+        _fail(f"model: no tokenizer files in {folder} ({setting} must be the folder the workers load)")
     _fail(f"model: none configured, and the demo model is not built yet at {folder}: set CONVEYOR_MODEL, "
           "or start `conveyor worker` once (it builds the demo model), then start the API again")
 

@@ -1,8 +1,9 @@
 """The broker's queues and publishing to them with kombu (the messaging library under Celery).
 
-One durable queue per job queue, bound to a direct exchange of the same name; a message is `{"job_id": ...}`
-(the store is the truth). The API publishes here without loading Celery; the worker's Celery app
-(worker/celery_app.py) consumes the same queues with the same connection settings.
+One durable queue per lane (a model's queue, `MODEL:QUEUE`: core/lanes.py), bound to a direct exchange of the
+same name; a message is `{"job_id": ...}` (the store is the truth). The API publishes here without loading
+Celery; the worker's Celery app (worker/celery_app.py) consumes the same queues with the same connection
+settings.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ EPOCH_KEY = "conveyor:broker-epoch"
 
 
 def job_queue(name: str) -> Queue:
-    """The broker queue of one job queue: a durable queue bound to a direct exchange of the same name."""
+    """The broker queue of one lane: a durable queue bound to a direct exchange of the same name."""
     return Queue(name, Exchange(name, type="direct", durable=True), routing_key=name, durable=True)
 
 
@@ -50,12 +51,12 @@ class BrokerPublisher:
                                       transport_options=dict(TRANSPORT_OPTIONS))
         self._connections = self._connection.Pool(limit=POOL_LIMIT)
         self._producers = ProducerPool(self._connections, limit=POOL_LIMIT)
-        self._queues = {name: job_queue(name) for name in settings.queues}
+        self._queues = {lane: job_queue(lane) for lane in settings.lanes()}
         self._redis = _redis_client(settings.broker_url)
 
     def publish(self, job_id: str, queue: str) -> None:
         if queue not in self._queues:
-            raise ValueError(f"queue: unknown queue {queue!r}; known: {sorted(self._queues)}")
+            raise ValueError(f"queue: unknown lane {queue!r}; known: {sorted(self._queues)}")
         # Through the default exchange, which routes by queue name: on Redis, kombu otherwise reads the named
         # exchange's bindings from Redis again at every publish (a round trip and a new client each time).
         with self._producers.acquire(block=True, timeout=ACQUIRE_TIMEOUT_S) as producer:

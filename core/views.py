@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from core.chat_options import ChatOptions
+from core.lanes import split_lane
 from core.lifecycle import BATCH_CANCELLED, BATCH_EXPIRED, BATCH_FAILED, COMPLETED
 from core.store.tables import Batch, Job
 from core.tool_calls import choice_seed, read_output
@@ -105,6 +106,7 @@ class JobError(BaseModel):
 class JobPublic(BaseModel):
     id: str
     status: JobStatus
+    model: str = Field(description="the served model that runs it")
     queue: str
     result: JobResult | None
     usage: JobUsage
@@ -136,8 +138,9 @@ class JobPublic(BaseModel):
     def from_row(cls, job: Job) -> JobPublic:
         result = JobResult.of(job) if job.result_text is not None else None
         error = JobError(code=job.error_code, message=job.error_message) if job.error_code else None
+        model_id, queue = split_lane(job.queue)
         return cls(
-            id=job.id, status=job.status, queue=job.queue, result=result,  # type: ignore[arg-type]
+            id=job.id, status=job.status, model=model_id, queue=queue, result=result,  # type: ignore[arg-type]
             usage=JobUsage(prompt_tokens=job.prompt_tokens, completion_tokens=job.completion_tokens,
                            cached_tokens=job.cached_tokens),
             error=error, created_at=job.created_at, started_at=job.started_at,

@@ -222,7 +222,8 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Pa
     def build(arch: str = "LlamaForCausalLM", **kwargs: Any) -> Path:
         key = repr((arch, sorted(kwargs.items())))
         if key not in built:
-            built[key] = build_tiny_model(tmp_path_factory.mktemp(arch), arch, **kwargs)
+            # Named after the architecture: the served model id (its folder's name) is the same in every run.
+            built[key] = build_tiny_model(tmp_path_factory.mktemp("models") / arch, arch, **kwargs)
         return built[key]
 
     return build
@@ -236,8 +237,8 @@ def llama_dir(tiny_model_dir: Callable[..., Path]) -> Path:
 
 @pytest.fixture(scope="session")
 def demo_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny random-weight demo model, built once per session."""
-    return build_tiny_model(tmp_path_factory.mktemp("demo-model"))
+    """The tiny random-weight demo model, built once per session; its id is "demo-model", as in production."""
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "demo-model")
 
 
 @pytest.fixture

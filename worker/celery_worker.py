@@ -1,4 +1,4 @@
-"""`conveyor worker`: one process per GPU, one engine loaded once, consuming both job queues via Celery.
+"""`conveyor worker`: one process per GPU, one model's engine loaded once, consuming its queues via Celery.
 
 Celery's banner is off: it lists only the control queue and an empty task list, because the job queues are
 consumed by worker/consumer.py's bootstep. The worker logs its own summary instead, once it consumes.
@@ -39,6 +39,7 @@ def run_worker(settings: Settings, *, banner: bool = False, cold_start: ColdStar
     `banner`: Celery's own start-up banner too (conveyor --debug). `cold_start`: made by the caller when its
     imports were done (else now: this module's imports, torch, the engine and Celery, are done)."""
     cold_start = cold_start if cold_start is not None else ColdStart()
+    settings = settings.for_model(settings.worker_model_id())  # the one model this worker serves
     app = make_celery_app(settings)
     worker_id = new_worker_id()
     sessions = make_session_factory(make_db_engine(settings.database_url, session_name=worker_id))
@@ -78,9 +79,9 @@ def run_worker(settings: Settings, *, banner: bool = False, cold_start: ColdStar
 def startup_summary(settings: Settings, host: EngineHost, worker_id: str) -> list[str]:
     """What an operator checks first: which queues with which limits, which model on what, where it talks."""
     queues = ", ".join(f"{name} (max_running {q.max_running}, priority {q.priority})"
-                       for name, q in settings.queues.items())
+                       for name, q in settings.consumed_queues().items())
     return [
-        f"worker {worker_id} consumes: {queues}",
+        f"worker {worker_id} serves model {settings.served_model_id()}, consuming: {queues}",
         f"engine: {describe_engine(host, demo=not settings.model)}",
         f"broker {masked_url(settings.broker_url or '')}; database {masked_url(settings.database_url)}",
     ]

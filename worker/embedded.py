@@ -1,10 +1,11 @@
-"""Embedded mode: API, worker and engine in one process, with an in-process queue instead of a broker.
+"""Embedded mode: API, workers and engines in one process, with an in-process queue instead of a broker.
 
-Same services and semantics as the Celery worker (worker/services.py): one engine; at most max_running jobs of
-each queue handed to it at once (one feeder thread per queue, waiting on the job runner's per-queue hold);
-claim, late "ack" (the hold is released when the job ends), cancel polling, timeouts; and the reconciler.
-Restarts are safe: jobs left queued in the database by a previous run are loaded into the in-process queues
-at start.
+Same services and semantics as the Celery worker (worker/services.py), once per served model: one engine
+each; at most max_running jobs of each lane (a model's queue, core/lanes.py) handed to it at once (one
+feeder thread per lane, waiting on the job runner's per-lane hold); claim, late "ack" (the hold is released
+when the job ends), cancel polling, timeouts. The fleet's own duties (the reconciler, webhook sending, batch
+runs) run once, with the first model's services. Restarts are safe: jobs left queued in the database by a
+previous run are loaded into the in-process queues at start.
 """
 
 from __future__ import annotations
@@ -47,19 +48,24 @@ class EmbeddedRuntime:
                  cold_start: ColdStart | None = None) -> None:
         """`cold_start`: made by the caller when its imports were done (else now)."""
         self.settings = settings
-        self.publisher = InProcessPublisher(list(settings.queues))
+        self.publisher = InProcessPublisher(settings.lanes())
         self.token_stream = InProcessTokenStream()  # running jobs' text, to the API (create_app)
         self.finished = LocalFinishedHub()  # finished jobs, to the API's waiters (create_app: watch and sink)
-        self.worker_id = new_worker_id("embedded")
         self.cold_start = cold_start if cold_start is not None else ColdStart()
         self._sessions = sessions if sessions is not None else make_session_factory(
             make_db_engine(settings.database_url)
         )
-        self._services = WorkerServices(settings, self._sessions, self.publisher, self.worker_id,
-                                        tokens=self.token_stream, republish_requeued=False,
-                                        finished=self.finished)
+        # One worker per served model, the default first: it alone runs the fleet's duties.
+        self.models = {
+            model_id: WorkerServices(
+                model_settings, self._sessions, self.publisher, new_worker_id("embedded"),
+                tokens=self.token_stream, republish_requeued=False, finished=self.finished,
+                fleet_duties=index == 0)
+            for index, (model_id, model_settings) in enumerate(settings.served().items())
+        }
         self._stop = threading.Event()  # every feeder's
-        self._feeders = [BackgroundLoop(f"feeder-{name}", self._feeder_of(name)) for name in settings.queues]
+        self._feeders = [BackgroundLoop(f"feeder-{lane}", self._feeder_of(services, lane))
+                         for services in self.models.values() for lane in services.lanes]
 
     @property
     def sessions(self) -> sessionmaker[Session]:
@@ -68,18 +74,30 @@ class EmbeddedRuntime:
         return self._sessions
 
     @property
+    def _default(self) -> WorkerServices:
+        return next(iter(self.models.values()))
+
+    @property
+    def worker_id(self) -> str:
+        """The default model's worker."""
+        return self._default.worker_id
+
+    @property
     def host(self) -> EngineHost:
-        return self._services.host
+        """The default model's engine."""
+        return self._default.host
 
     @property
     def metrics_registry(self) -> CollectorRegistry:
-        """The engine's metrics, served on the embedded server's own /metrics (api.app's MetricsSource)."""
-        return self._services.metrics.registry
+        """The default model's engine metrics, served on the embedded server's own /metrics (api.app's
+        MetricsSource)."""
+        return self._default.metrics.registry
 
     def start(self) -> None:
         self._load_backlog()  # before the reconciler starts, so no job is published twice
-        self._services.start()
-        self._services.metrics.track_cold_start(self.cold_start)
+        for services in self.models.values():
+            services.start()
+        self._default.metrics.track_cold_start(self.cold_start)
         self.cold_start.engine_ready(self.host)
         self.cold_start.watch_first_token(self.host)
         for feeder in self._feeders:
@@ -89,45 +107,46 @@ class EmbeddedRuntime:
         """Stops taking jobs, finishes in-flight ones within grace_s (default: the worker_shutdown_grace_s
         setting); the rest go back to queued in the store (the next start picks them up)."""
         self._stop.set()
-        for name in self.settings.queues:
-            self.publisher.wake(name)
+        for lane in self.publisher.queues:
+            self.publisher.wake(lane)
         for feeder in self._feeders:
             feeder.join()
-        self._services.stop(grace_s)
+        for services in self.models.values():
+            services.stop(grace_s)
 
     def _load_backlog(self) -> None:
         """Every queued job in the store, oldest first: the in-process queues start empty."""
         with self._sessions() as session:
             rows = jobs.queued(session)
-        for job_id, queue in rows:
-            if queue in self.publisher.queues:
-                self.publisher.publish(job_id, queue)
+        for job_id, lane in rows:
+            if lane in self.publisher.queues:
+                self.publisher.publish(job_id, lane)
         if rows:
             log.info("loaded %d queued job(s) from the store", len(rows))
 
-    def _feeder_of(self, queue_name: str) -> Callable[[threading.Event], None]:
-        """A feeder loop for one queue; all stop on the runtime's one stop flag (_feed reads it)."""
-        return lambda _own_stop: self._feed(queue_name)
+    def _feeder_of(self, services: WorkerServices, lane: str) -> Callable[[threading.Event], None]:
+        """A feeder loop for one lane; all stop on the runtime's one stop flag (_feed reads it)."""
+        return lambda _own_stop: self._feed(services, lane)
 
-    def _feed(self, queue_name: str) -> None:
-        """Whenever this queue has room, claims as many of its jobs as fit, in fair order
+    def _feed(self, services: WorkerServices, lane: str) -> None:
+        """Whenever this lane has room, claims as many of its jobs as fit, in fair order
         (core/store/fair_share.py); with nothing to claim, waits to be woken: by a submit's publish, by a
-        job of this queue ending (a tenant held at its max_running may start another), by stop, or after
+        job of this lane ending (a tenant held at its max_running may start another), by stop, or after
         IDLE_POLL_S."""
-        runner = self._services.runner
-        wakeups = self.publisher.queues[queue_name]
-        room_freed = functools.partial(self.publisher.wake, queue_name)
+        runner = services.runner
+        wakeups = self.publisher.queues[lane]
+        room_freed = functools.partial(self.publisher.wake, lane)
         while not self._stop.is_set():
-            if not runner.wait_for_room(queue_name, POLL_S):
+            if not runner.wait_for_room(lane, POLL_S):
                 continue
             _take_waiting(wakeups, sys.maxsize)  # the claim below sees every job they announced
-            wanted = min(runner.room(queue_name), CLAIM_MAX)
+            wanted = min(runner.room(lane), CLAIM_MAX)
             try:
-                started = runner.run_next(queue_name, [room_freed] * wanted)
+                started = runner.run_next(lane, [room_freed] * wanted)
             except RunnerStoppedError:
                 return
             except Exception:
-                log.exception("could not claim jobs of %s; they stay queued", queue_name)
+                log.exception("could not claim jobs of %s; they stay queued", lane)
                 time.sleep(STORE_ERROR_BACKOFF_S)
                 continue
             if started < wanted:  # it took all there was: claim again once a job is announced or room freed,

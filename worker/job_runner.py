@@ -31,6 +31,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from core.clock import utcnow
 from core.dispatch import Publish, publish_and_mark
 from core.finish_notifications import FinishedSink
+from core.lanes import queue_of
 from core.store import fair_share, jobs, tenants
 from core.store.fair_share import FairState
 from core.store.tables import Job
@@ -82,7 +83,8 @@ class JobRunner:
 
     @property
     def limits(self) -> dict[str, int]:
-        """queue -> max_running in this worker; a queue not named: no hold."""
+        """lane (core/lanes.py: this worker's model's queue) -> max_running in this worker; a lane not
+        named: no hold. The engine's request class is the lane's queue."""
         return self.queue_room.limits
 
     def start(self) -> None:
@@ -177,8 +179,9 @@ class JobRunner:
     def _to_engine_choice(self, attempt: Attempt, index: int) -> Future[RequestOutput]:
         assert attempt.engine_input is not None
         prompt, params = attempt.engine_input
+        request_class = queue_of(attempt.queue)  # the engine's class of the lane's queue
         return self.host.submit(attempt.request_ids()[index], prompt, choice_params(params, index),
-                                attempt.queue, on_update=lambda out: self._on_update(attempt, index, out),
+                                request_class, on_update=lambda out: self._on_update(attempt, index, out),
                                 cache_salt=attempt.cache_salt, urgency=attempt.urgency,
                                 on_admitted=lambda: self._in_flight.admitted(attempt))
 

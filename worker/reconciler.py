@@ -93,7 +93,7 @@ class Reconciler:
         self._finished = finished
         self._broker = broker
         self._local = local
-        self._queues = list(settings.queues)
+        self._queues = settings.lanes()  # every model's: a fleet-wide duty
         self._interval_s = settings.reconcile_interval_s
         self._grace = timedelta(seconds=settings.dispatch_grace_s)
         self._dead_after_s = settings.worker_dead_after_s

@@ -19,6 +19,7 @@ from datetime import datetime
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.finish_notifications import FinishedSink
+from core.lanes import lane_of
 from core.model_limits import limits_beyond_model
 from core.settings import Settings
 from core.store.tenants import TenantLimits
@@ -38,18 +39,25 @@ log = logging.getLogger(__name__)
 class WorkerServices:
     def __init__(self, settings: Settings, sessions: sessionmaker[Session], broker: Broker, worker_id: str,
                  *, tokens: TokenSink | None, republish_requeued: bool,
-                 finished: FinishedSink | None = None) -> None:
+                 finished: FinishedSink | None = None, fleet_duties: bool = True) -> None:
         """`republish_requeued`: jobs requeued at shutdown are published again at once (Celery); embedded
         mode leaves them queued in the store for the next start. `finished` hears of every job this worker
-        makes final (its outcomes, its reconciler's expiries), for the API's long polls."""
+        makes final (its outcomes, its reconciler's expiries), for the API's long polls. `fleet_duties`:
+        run the reconciler, the webhook sender and the batch runner (one set per process is enough: the
+        embedded runtime's other models run without them)."""
         self.settings = settings
+        self.model_id = settings.served_model_id()
+        # This worker's lanes (core/lanes.py): the queues it consumes, of its one model.
+        self.lanes = {lane_of(self.model_id, name): queue
+                      for name, queue in settings.consumed_queues().items()}
         self.worker_id = worker_id
         self._sessions = sessions
         self._broker = broker
         self._tokens = tokens
         self._finished = finished
         self._republish = republish_requeued
-        self._heartbeat = Heartbeat(sessions, worker_id, list(settings.consumed_queues()),
+        self._fleet_duties = fleet_duties
+        self._heartbeat = Heartbeat(sessions, worker_id, list(self.lanes),
                                     settings.worker_heartbeat_s, self._engine_pace)
         local = Local(worker_id, self._held_attempts, self._claims_since, self._runner_stopping)
         self._reconciler = Reconciler(sessions, broker, settings, local, finished=finished)
@@ -92,7 +100,7 @@ class WorkerServices:
         self._host = EngineHost.from_config(config)
         self._warn_limits_beyond_model(self._host.engine.max_model_len)
         self.metrics.attach(self._host, heartbeat_age_s=lambda: self._heartbeat.age_s())
-        limits = {name: queue.max_running for name, queue in self.settings.consumed_queues().items()}
+        limits = {lane: queue.max_running for lane, queue in self.lanes.items()}
         self._runner = JobRunner(self._host, self._sessions, self.worker_id, limits=limits,
                                  cancel_poll_s=self.settings.cancel_poll_s, tokens=self._tokens,
                                  finished=self._finished,
@@ -101,9 +109,10 @@ class WorkerServices:
                                           self._host.tokenizer)
         self._heartbeat.start()
         self._runner.start()
-        self._reconciler.start()
-        self._webhooks.start()
-        self._batches.start()
+        if self._fleet_duties:
+            self._reconciler.start()
+            self._webhooks.start()
+            self._batches.start()
 
     def _warn_limits_beyond_model(self, max_model_len: int) -> None:
         """A warning for limits the operator set; the defaults' (sized for real models, beyond a small or

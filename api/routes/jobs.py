@@ -9,13 +9,14 @@ from fastapi.responses import StreamingResponse
 
 from api import cursor, job_waits
 from api.auth import CurrentTenant, WaitingTenant
-from api.deps import ServicesDep, SessionDep
+from api.deps import Services, ServicesDep, SessionDep
 from api.errors import ApiError, can_be_stored_id, lookup_id, not_found
 from api.job_waits import EVENTS_MAX_S, KEEPALIVE_S, MAX_WAIT_S
 from api.model_responses import model_response
 from api.schemas.deleted import Deleted
 from api.schemas.errors import error_responses, sse_schema
 from api.schemas.jobs import JobCreate, JobList
+from api.served_models import UnknownModelError
 from api.submit import submit
 from core.clock import utcnow
 from core.lifecycle import CANCELLED
@@ -52,7 +53,7 @@ def _json_errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
 
 
 @router.post("", status_code=202, response_model=JobPublic,
-             responses={**REPLAYED, **error_responses(401, 403, 409, 413, 422, 429)})
+             responses={**REPLAYED, **error_responses(401, 403, 404, 409, 413, 422, 429)})
 def create_job(
     body: JobCreate,
     session: SessionDep,
@@ -93,22 +94,36 @@ def list_jobs(
     tenant: CurrentTenant,
     status: JobStatus | None = None,
     queue: str | None = None,
+    model: Annotated[str | None, Query(description="only this served model's jobs")] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     cursor_: Annotated[str | None, Query(alias="cursor")] = None,
 ) -> JobList:
     """Newest first. Pass `next_cursor` back as `cursor` for the next page."""
-    if queue is not None and queue not in services.settings.queues:
-        raise ApiError(422, "unknown_queue", f"queue: unknown queue {queue!r}", "queue")
+    lanes = _listed_lanes(services, model, queue)
     try:
         before = cursor.decode(cursor_) if cursor_ else None
     except ValueError as exc:
         raise ApiError(422, "invalid_request", str(exc), "cursor") from exc
     if before is not None and not can_be_stored_id(before[1]):  # forged: no job id looks like that
         raise ApiError(422, "invalid_request", "cursor: not a cursor returned by this API", "cursor")
-    rows = jobs.page(session, tenant, limit=limit + 1, status=status, queue=queue, before=before)
+    rows = jobs.page(session, tenant, limit=limit + 1, status=status, lanes=lanes, before=before)
     page, more = rows[:limit], len(rows) > limit
     next_cursor = cursor.encode(page[-1]) if more else None
     return JobList(data=[JobPublic.from_row(j) for j in page], next_cursor=next_cursor)
+
+
+def _listed_lanes(services: Services, model_id: str | None, queue: str | None) -> list[str] | None:
+    """The lanes (core/lanes.py) a listing filtered by model and queue covers; None: no filter."""
+    if model_id is None and queue is None:
+        return None
+    try:
+        models = list(services.models) if model_id is None else [services.models.get(model_id)]
+    except UnknownModelError as exc:
+        raise ApiError(422, "unknown_model", str(exc), "model") from None
+    lanes = [model.lane(name) for model in models for name in model.settings.queues if queue in (None, name)]
+    if not lanes:
+        raise ApiError(422, "unknown_queue", f"queue: unknown queue {queue!r}", "queue")
+    return lanes
 
 
 @router.post("/{job_id}/cancel", response_model=JobPublic, responses=error_responses(401, 404, 409))

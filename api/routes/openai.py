@@ -13,7 +13,6 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -29,8 +28,9 @@ from api.openai_sync import ClientGoneError, FollowedJob, JobOutcome
 from api.schemas.errors import openai_error_responses, sse_schema
 from api.schemas.jobs import JobCreate
 from api.schemas.openai import ChatCompletionCreate, CompletionCreate, ModelCard, ModelList, OpenAIRequest
-from api.submit import model_max_len
-from core.chat_options import ChatOptions
+from api.served_models import ServedModel, UnknownModelError
+from core.chat_options import ChatOptions, ToolParser
+from core.clock import utcnow
 from core.openai_objects import (
     ChunkHeader,
     GenerationResult,
@@ -45,7 +45,7 @@ from core.openai_objects import chat_completion as chat_body
 from core.openai_objects import text_completion as text_body
 from core.openai_request import Refusal, Served, check_request
 from core.request_limits import RequestLimits, RequestSize, prompt_bytes_problem
-from core.settings import Settings
+from core.store import workers
 from core.token_stream import TokenStream
 from core.tool_calls import choice_seed
 from core.tool_stream import ContentStream, StreamDivergedError, ToolCallStream, answer_stream
@@ -69,7 +69,8 @@ async def create_chat_completion(
     body: ChatCompletionCreate, request: Request, services: ServicesDep, tenant: WaitingTenant
 ) -> Response:
     """A `chat.completion`, or `chat.completion.chunk` server-sent events with `stream: true`."""
-    served = _served(services)
+    model = model_of(services, body.model)
+    served = _served(model)
     _check_request(served, body)
     try:
         messages = body.chat_messages(served.roles)
@@ -77,10 +78,10 @@ async def create_chat_completion(
         raise from_refusal(refusal) from None
     max_tokens = body.requested_max_tokens()
     if max_tokens is None:
-        options = body.chat_options(services.tool_parser)
-        max_tokens = await run_in_threadpool(_default_chat_max_tokens, services, messages, options)
-    job = _job_create(services.settings, body, max_tokens, messages=messages)
-    return await _complete(request, services, tenant, body, job, chat=True)
+        options = body.chat_options(model.tool_parser)
+        max_tokens = await run_in_threadpool(_default_chat_max_tokens, model, messages, options)
+    job = _job_create(model, body, max_tokens, messages=messages)
+    return await _complete(request, services, model, tenant, body, job, chat=True)
 
 
 @router.post("/completions", response_model=None, responses=COMPLETION_RESPONSES)
@@ -88,53 +89,65 @@ async def create_completion(
     body: CompletionCreate, request: Request, services: ServicesDep, tenant: WaitingTenant
 ) -> Response:
     """A `text_completion`, or `text_completion` server-sent events with `stream: true`."""
-    _check_request(_served(services), body)
-    job = _job_create(services.settings, body, body.max_tokens, prompt=body.prompt_text())
-    return await _complete(request, services, tenant, body, job, chat=False)
+    model = model_of(services, body.model)
+    _check_request(_served(model), body)
+    job = _job_create(model, body, body.max_tokens, prompt=body.prompt_text())
+    return await _complete(request, services, model, tenant, body, job, chat=False)
 
 
 @router.get("/models", response_model=ModelList, responses=openai_error_responses(401))
 def list_models(services: ServicesDep, _tenant: WaitingTenant) -> ModelList:
-    return ModelList(data=[_model_card(services.settings)])
+    """Every served model, with its context length and the live workers serving it now."""
+    serving = _serving(services)
+    return ModelList(data=[_model_card(model, serving) for model in services.models])
 
 
 @router.get("/models/{model_id:path}", response_model=ModelCard, responses=openai_error_responses(401, 404))
 def get_model(model_id: str, services: ServicesDep, _tenant: WaitingTenant) -> ModelCard:
-    check_model(services.settings, model_id, param=None)
-    return _model_card(services.settings)
+    model = model_of(services, model_id, param=None)
+    return _model_card(model, _serving(services))
 
 
-def _model_card(settings: Settings) -> ModelCard:
-    path = Path(settings.model) if settings.model else None
-    created = int(path.stat().st_mtime) if path is not None and path.exists() else 0
-    return ModelCard(id=settings.served_model_id(), created=created)
+def _serving(services: Services) -> dict[str, int]:
+    with services.session_factory() as session:
+        return workers.live_workers_per_model(session, now=utcnow(),
+                                              dead_after_s=services.settings.worker_dead_after_s)
 
 
-def check_model(settings: Settings, model: str | None, param: str | None = "model") -> None:
-    """404 for a model this server does not serve; an absent one means the served model."""
-    if model is not None and model not in (settings.served_model_id(), settings.model):
-        raise OpenAIError(404, f"The model `{model}` does not exist; this server serves "
-                          f"`{settings.served_model_id()}`", code="model_not_found", param=param)
+def _model_card(model: ServedModel, serving: dict[str, int]) -> ModelCard:
+    return ModelCard(id=model.id, created=model.created(), max_model_len=model.max_model_len(),
+                     workers=serving.get(model.id, 0))
 
 
-def _default_chat_max_tokens(services: Services, messages: list[dict[str, Any]], options: ChatOptions) -> int:
+def model_of(services: Services, model_id: str | None, param: str | None = "model") -> ServedModel:
+    """The served model a request names (none: the default); 404 for one not served."""
+    try:
+        return services.models.get(model_id)
+    except UnknownModelError:
+        served = ", ".join(f"`{name}`" for name in services.models.ids())
+        message = f"the model `{model_id}` does not exist; this server serves {served}"
+        message = f"{param}: {message}" if param else message[0].upper() + message[1:]
+        raise OpenAIError(404, message, code="model_not_found", param=param) from None
+
+
+def _default_chat_max_tokens(model: ServedModel, messages: list[dict[str, Any]], options: ChatOptions) -> int:
     """OpenAI's chat default is "as many as fit": the queue's cap, within the served max_model_len."""
-    queue = services.settings.queue(QUEUE)
+    queue = model.settings.queue(QUEUE)
     assert queue is not None, "the interactive queue is always configured"
-    max_model_len = model_max_len(services)
+    max_model_len = model.max_model_len()
     limits = RequestLimits.of_queue(QUEUE, queue, max_model_len)
     size = RequestSize(None, messages, None, template_bytes=options.template_bytes())
     if max_model_len is None or prompt_bytes_problem(size, limits) is not None:
         return queue.max_output_tokens  # too long to count: submit() refuses it without tokenizing
     try:
-        prompt_tokens = services.tokenizer.count_messages(messages, options)
+        prompt_tokens = model.tokenizer.count_messages(messages, options)
     except ValueError:  # no chat template: submit() refuses the request with the reason
         return queue.max_output_tokens
     return max(1, min(queue.max_output_tokens, max_model_len - prompt_tokens))
 
 
-def _served(services: Services) -> Served:
-    return Served.of(services.settings, services.tokenizer.chat_template)
+def _served(model: ServedModel) -> Served:
+    return Served.of(model.settings, model.tokenizer.chat_template)
 
 
 def _check_request(served: Served, body: OpenAIRequest) -> None:
@@ -147,32 +160,31 @@ def _check_request(served: Served, body: OpenAIRequest) -> None:
 
 
 def _job_create(
-    settings: Settings, body: OpenAIRequest, max_tokens: int | None, *, prompt: str | None = None,
+    model: ServedModel, body: OpenAIRequest, max_tokens: int | None, *, prompt: str | None = None,
     messages: list[dict[str, Any]] | None = None,
 ) -> JobCreate:
     if max_tokens is None:
         max_tokens = COMPLETION_DEFAULT_MAX_TOKENS
     try:
-        return JobCreate.model_validate(dict(prompt=prompt, messages=messages, queue=QUEUE,
+        return JobCreate.model_validate(dict(prompt=prompt, messages=messages, model=model.id, queue=QUEUE,
                                              max_tokens=max_tokens, **body.job_params()))
     except ValidationError as exc:
         raise from_validation_error(exc.errors()) from exc
 
 
 async def _complete(
-    request: Request, services: Services, tenant: str, body: OpenAIRequest, job_body: JobCreate, *,
-    chat: bool,
+    request: Request, services: Services, model: ServedModel, tenant: str, body: OpenAIRequest,
+    job_body: JobCreate, *, chat: bool,
 ) -> Response:
     stream: TokenStream | None = getattr(request.app.state, "token_stream", None)
     job = await openai_sync.start(services, stream, tenant, job_body)
     prefix = "chatcmpl-" if chat else "cmpl-"
-    header = ChunkHeader(prefix + job.job_id, services.settings.served_model_id(), int(time.time()), chat,
-                         body.service_tier)
+    header = ChunkHeader(prefix + job.job_id, model.id, int(time.time()), chat, body.service_tier)
     headers = {"X-Conveyor-Job-Id": job.job_id}
     if body.stream:
         usage = StreamUsage(body.include_usage(), body.continuous_usage())
         echoed = job_body.prompt if body.prompt_view().echo else None
-        events = _events(request, services, tenant, job, header, job_body, usage, echoed)
+        events = _events(request, services, tenant, job, header, job_body, model.tool_parser, usage, echoed)
         return StreamingResponse(events, media_type="text/event-stream",
                                  headers={**headers, "Cache-Control": "no-cache"})
     outcome = await _wait(request, services, tenant, job)
@@ -198,14 +210,14 @@ async def _wait(request: Request, services: Services, tenant: str, job: Followed
 
 async def _events(
     request: Request, services: Services, tenant: str, job: FollowedJob, header: ChunkHeader,
-    job_body: JobCreate, usage: StreamUsage, echoed: str | None = None,
+    job_body: JobCreate, tool_parser: ToolParser, usage: StreamUsage, echoed: str | None = None,
 ) -> AsyncIterator[str]:
     """Server-sent events: (the echoed prompt,) deltas as the job generates, then the finish (and usage)
     chunk and [DONE]."""
     stops = [job_body.stop] if isinstance(job_body.stop, str) else job_body.stop or []
     # The engine cuts a matched stop string off the text: hold back what could be the start of one.
     hold = max((len(s) for s in stops), default=1) - 1
-    options = job_body.chat_options(services.tool_parser)
+    options = job_body.chat_options(tool_parser)
     answers = [answer_stream(options, choice_seed(job.job_id, index)) for index in range(job_body.n)]
     outcome = None
     so_far = usage.so_far(job.prompt_tokens, 0)

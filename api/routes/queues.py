@@ -1,7 +1,7 @@
 """/v1/queues, per caller: its own queued and running jobs, oldest queued age, goodput (jobs with a deadline
-that ended in the last hour: on time, late, missed; in all and per service tier) and quota use per queue, with
-the queue's limits and live workers; an admin key (or auth off) sees the totals across tenants, or, with
-`?tenant=T`, the listing as tenant T sees it."""
+that ended in the last hour: on time, late, missed; in all and per service tier) and quota use per queue of
+each served model, with the queue's limits (as the model can run them) and live workers; an admin key (or
+auth off) sees the totals across tenants, or, with `?tenant=T`, the listing as tenant T sees it."""
 
 from __future__ import annotations
 
@@ -13,15 +13,13 @@ from fastapi import APIRouter, Depends, Query
 from fastapi.security import HTTPAuthorizationCredentials
 
 from api.auth import CurrentTenant, bearer_scheme
-from api.deps import Services, ServicesDep, SessionDep
+from api.deps import ServicesDep, SessionDep
 from api.errors import ApiError
 from api.schemas.errors import error_responses
 from api.schemas.queues import DeadlineCounts, QueueList, QueuePublic, TenantQueueLimits
-from api.submit import model_max_len
 from core.clock import utcnow
 from core.model_limits import clamp_queue_limits
 from core.request_rules import text_problem
-from core.settings import QueueSettings
 from core.store import job_tallies, jobs, keys, tenants, token_usage, workers
 from core.store.tenants import TenantLimits
 
@@ -51,14 +49,17 @@ def list_queues(session: SessionDep, services: ServicesDep, caller: CurrentTenan
     own_limits = TenantQueueLimits(weight=own.weight, max_queued=own.max_queued, max_running=own.max_running)
     deadlines = jobs.deadline_counts(session, now - GOODPUT_WINDOW, counted)
     data = []
-    for name, limits in services.settings.queues.items():
-        c = counts.get(name, job_tallies.QueueCounts(0, 0, None))
-        age = round((now - c.oldest_queued_at).total_seconds(), 3) if c.oldest_queued_at else None
-        by_tier = {tier: DeadlineCounts(**n) for tier, n in sorted(deadlines.get(name, {}).items())}
-        data.append(QueuePublic(name=name, queued=c.queued, running=c.running, oldest_queued_age_s=age,
-                                workers=consumers.get(name, 0), limits=queue_limits(services, limits),
-                                tenant_limits=own_limits, deadlines_last_hour=total(by_tier.values()),
-                                deadlines_last_hour_by_tier=by_tier))
+    for model in services.models:
+        for name, limits in model.settings.queues.items():
+            lane = model.lane(name)
+            c = counts.get(lane, job_tallies.QueueCounts(0, 0, None))
+            age = round((now - c.oldest_queued_at).total_seconds(), 3) if c.oldest_queued_at else None
+            by_tier = {tier: DeadlineCounts(**n) for tier, n in sorted(deadlines.get(lane, {}).items())}
+            data.append(QueuePublic(
+                name=name, model=model.id, queued=c.queued, running=c.running, oldest_queued_age_s=age,
+                workers=consumers.get(lane, 0), limits=clamp_queue_limits(limits, model.max_model_len()),
+                tenant_limits=own_limits, deadlines_last_hour=total(by_tier.values()),
+                deadlines_last_hour_by_tier=by_tier))
     return QueueList(data=data, scope="all" if counted is None else "tenant", tenant=tenant,
                      tokens_per_minute=own.tokens_per_minute,
                      tokens_used_last_minute=token_usage.tokens_used(session, tenant, now))
@@ -83,8 +84,3 @@ def total(counts: Iterable[DeadlineCounts]) -> DeadlineCounts:
     found = list(counts)
     return DeadlineCounts(on_time=sum(c.on_time for c in found), late=sum(c.late for c in found),
                           missed=sum(c.missed for c in found))
-
-
-def queue_limits(services: Services, limits: QueueSettings) -> QueueSettings:
-    """A queue's limits as shown: clamped to what the served model can run."""
-    return clamp_queue_limits(limits, model_max_len(services))

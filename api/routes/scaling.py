@@ -1,4 +1,5 @@
-"""/v1/scaling: the signal workers scale on (KEDA's metrics-api trigger reads `queues.<name>.load`).
+"""/v1/scaling: the signal workers scale on, per model (KEDA's metrics-api trigger reads
+`models.<id>.load`: each model's workers are a pool of their own, scaled to zero on their own).
 
 Load is queued + running, counted in the store (the source of truth) rather than read from the broker: a
 job a worker holds unacknowledged is `running` there, so scaling down never takes a busy worker for an
@@ -19,7 +20,7 @@ from api.auth import metrics_authorized
 from api.deps import ServicesDep, SessionDep
 from api.errors import ApiError
 from api.schemas.errors import error_responses
-from api.schemas.scaling import QueueScaling, Scaling
+from api.schemas.scaling import ModelScaling, QueueScaling, Scaling
 from core.clock import utcnow
 from core.store import job_tallies, workers
 
@@ -47,14 +48,30 @@ RESPONSES[401] = {**RESPONSES[401], "description": "without the metrics token, w
 
 @router.get(SCALING_PATH, response_model=Scaling, responses=RESPONSES, dependencies=[Depends(metrics_reader)])
 def scaling(session: SessionDep, services: ServicesDep) -> Scaling:
-    """Per configured queue: queued and running jobs, their sum (`load`, what to scale on), the live workers
-    consuming it and its per-worker `max_running`."""
+    """Per served model and queue: queued and running jobs, their sum (`load`, what to scale on), the live
+    workers consuming it and its per-worker `max_running`; and the model's load over its queues."""
     loads = job_tallies.tallies(session, may_fold=True)
     consumers = workers.live_workers_per_queue(session, now=utcnow(),
                                                dead_after_s=services.settings.worker_dead_after_s)
-    queues = {}
-    for name, limits in services.settings.queues.items():
-        counted = loads.get(name, job_tallies.QueueTally())
-        queues[name] = QueueScaling(queued=counted.queued, running=counted.running, load=counted.load,
-                                    workers=consumers.get(name, 0), max_running=limits.max_running)
-    return Scaling(queues=queues)
+    models = {}
+    for model in services.models:
+        queues = {}
+        for name, limits in model.settings.queues.items():
+            lane = model.lane(name)
+            counted = loads.get(lane, job_tallies.QueueTally())
+            queues[name] = QueueScaling(queued=counted.queued, running=counted.running, load=counted.load,
+                                        workers=consumers.get(lane, 0), max_running=limits.max_running)
+        models[model.id] = ModelScaling(load=sum(q.load for q in queues.values()), queues=queues)
+    return Scaling(models=models, queues=_per_queue(models))
+
+
+def _per_queue(models: dict[str, ModelScaling]) -> dict[str, QueueScaling]:
+    """Each queue name's figures summed over the models; max_running is the first (default) model's."""
+    summed: dict[str, QueueScaling] = {}
+    for model in models.values():
+        for name, q in model.queues.items():
+            seen = summed.get(name)
+            summed[name] = q.model_copy() if seen is None else seen.model_copy(update={
+                "queued": seen.queued + q.queued, "running": seen.running + q.running,
+                "load": seen.load + q.load, "workers": seen.workers + q.workers})
+    return summed

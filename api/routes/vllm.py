@@ -16,9 +16,9 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from api.auth import WaitingTenant
-from api.deps import Services, ServicesDep
+from api.deps import ServicesDep
 from api.openai_errors import OpenAIError, OpenAIRoute, from_refusal
-from api.routes.openai import check_model
+from api.routes.openai import model_of
 from api.schemas.errors import openai_error_responses
 from api.schemas.vllm import (
     Detokenize,
@@ -28,7 +28,7 @@ from api.schemas.vllm import (
     TokenizeResponse,
     Version,
 )
-from api.submit import model_max_len
+from api.served_models import ServedModel
 from core.chat_options import chat_options
 from core.clock import utcnow
 from core.openai_request import ChatRoles, Refusal, plain_messages
@@ -60,12 +60,12 @@ async def tokenize(body: TokenizeCompletion | TokenizeChat, services: ServicesDe
                    _tenant: WaitingTenant) -> TokenizeResponse:
     """The token ids of a prompt, or of chat messages rendered with the model's chat template (vLLM's
     request and response)."""
-    check_model(services.settings, body.model)
-    ids = await run_in_threadpool(_token_ids, services, body)
+    model = model_of(services, body.model)
+    ids = await run_in_threadpool(_token_ids, model, body)
     strings = None
     if body.return_token_strs:
-        strings = await run_in_threadpool(services.tokenizer.token_strings, ids)
-    return TokenizeResponse(count=len(ids), max_model_len=model_max_len(services), tokens=ids,
+        strings = await run_in_threadpool(model.tokenizer.token_strings, ids)
+    return TokenizeResponse(count=len(ids), max_model_len=model.max_model_len(), tokens=ids,
                             token_strs=strings)
 
 
@@ -73,30 +73,30 @@ async def tokenize(body: TokenizeCompletion | TokenizeChat, services: ServicesDe
              responses=openai_error_responses(400, 401, 404))
 async def detokenize(body: Detokenize, services: ServicesDep, _tenant: WaitingTenant) -> DetokenizeResponse:
     """The text of token ids (vLLM's request and response)."""
-    check_model(services.settings, body.model)
-    vocab = services.tokenizer.vocab_size
+    model = model_of(services, body.model)
+    vocab = model.tokenizer.vocab_size
     for index, token in enumerate(body.tokens):
         if not 0 <= token < vocab:
             message = f"tokens[{index}]: {token} is not a token id of the model (0..{vocab - 1})"
             raise OpenAIError(400, message, code="invalid_request", param=f"tokens[{index}]")
-    return DetokenizeResponse(prompt=await run_in_threadpool(services.tokenizer.decode, body.tokens))
+    return DetokenizeResponse(prompt=await run_in_threadpool(model.tokenizer.decode, body.tokens))
 
 
-def _token_ids(services: Services, body: TokenizeCompletion | TokenizeChat) -> list[int]:
+def _token_ids(model: ServedModel, body: TokenizeCompletion | TokenizeChat) -> list[int]:
     if isinstance(body, TokenizeCompletion):
-        return services.tokenizer.encode_prompt(body.prompt, body.add_special_tokens)
+        return model.tokenizer.encode_prompt(body.prompt, body.add_special_tokens)
     try:
         options = chat_options(
             tools=body.tools, tool_choice=None, parallel_tool_calls=None,
             add_generation_prompt=body.add_generation_prompt,
             continue_final_message=body.continue_final_message,
-            chat_template_kwargs=body.chat_template_kwargs, parser=services.tool_parser)
+            chat_template_kwargs=body.chat_template_kwargs, parser=model.tool_parser)
     except ValueError as exc:
         param, _, reason = str(exc).partition(": ")
         raise from_refusal(Refusal("invalid", param, reason)) from None
     try:
-        messages = plain_messages(body.messages, ChatRoles.of_template(services.tokenizer.chat_template))
-        return services.tokenizer.encode_chat(messages, options, body.add_special_tokens)
+        messages = plain_messages(body.messages, ChatRoles.of_template(model.tokenizer.chat_template))
+        return model.tokenizer.encode_chat(messages, options, body.add_special_tokens)
     except Refusal as refusal:
         raise from_refusal(refusal) from None
     except ValueError as exc:

@@ -146,6 +146,8 @@ class JobCreate(ChatFields):
     messages: list[ChatMessage] | None = Field(
         None, min_length=1, description="chat messages, rendered with the model's chat template"
     )
+    model: str | None = Field(None, min_length=1, description="the served model to run it "
+                              "(`GET /v1/models`); unset = the default model")
     queue: str = Field("interactive", description="interactive or documents")
     n: ChoiceCount = Field(1, description="choices from the one prompt (result.choices); the prompt is "
                            "computed once, and each choice may write up to max_tokens")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from core.openai_request import ChatCompletionCreate, CompletionCreate, OpenAIRequest
 
@@ -18,6 +18,10 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "conveyor"
+    max_model_len: int | None = Field(None, description="the longest prompt + output its workers serve "
+                                      "(vLLM's field); null: not known yet (a demo model not built)")
+    workers: int = Field(0, description="live workers serving it now; 0: its jobs wait until one starts "
+                         "(scale from zero)")
 
 
 class ModelList(BaseModel):

@@ -28,6 +28,7 @@ class DeadlineCounts(BaseModel):
 
 class QueuePublic(BaseModel):
     name: str
+    model: str = Field(description="the served model whose queue this is (each model has its own)")
     queued: int = Field(description="queued jobs: the tenant's (every tenant's with an admin key)")
     running: int = Field(description="running jobs: the tenant's (every tenant's with an admin key)")
     oldest_queued_age_s: float | None = Field(description="age of the oldest of those queued jobs")

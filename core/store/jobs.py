@@ -154,15 +154,16 @@ def page(
     *,
     limit: int,
     status: str | None = None,
-    queue: str | None = None,
+    lanes: list[str] | None = None,
     before: tuple[datetime, str] | None = None,
 ) -> list[Job]:
-    """Newest first by (created_at, id); `before` is the last (created_at, id) of the previous page."""
+    """Newest first by (created_at, id); `before` is the last (created_at, id) of the previous page;
+    `lanes`: only jobs of these (core/lanes.py)."""
     query = select(Job).where(Job.tenant_id == tenant_id)
     if status is not None:
         query = query.where(Job.status == status)
-    if queue is not None:
-        query = query.where(Job.queue == queue)
+    if lanes is not None:
+        query = query.where(Job.queue.in_(lanes))
     return list(session.execute(newest_first(query, Job, limit=limit, before=before)).scalars())
 
 

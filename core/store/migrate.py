@@ -38,10 +38,14 @@ def alembic_config(database_url: str) -> Config:
     return config
 
 
-def upgrade(database_url: str, revision: str = "head") -> Upgraded:
+def upgrade(database_url: str, revision: str = "head", *, default_model: str | None = None) -> Upgraded:
+    """`default_model`: the id of the model the jobs stored so far belong to, when a revision needs it
+    (0017, lanes); unset, it is read from the settings."""
     _ensure_sqlite_dir(database_url)
     before = current_revision(database_url)
-    command.upgrade(alembic_config(database_url), revision)
+    config = alembic_config(database_url)
+    config.attributes["default_model"] = default_model
+    command.upgrade(config, revision)
     return Upgraded(database_url, before, current_revision(database_url))
 
 

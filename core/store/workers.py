@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import bindparam, delete, select, text, update
 from sqlalchemy.orm import Session
 
+from core.lanes import LANE_SEPARATOR, model_of
 from core.lifecycle import RUNNING
 from core.store.database import postgres_session_name
 from core.store.tables import Job, Worker
@@ -60,6 +61,16 @@ def live_workers_per_queue(session: Session, *, now: datetime, dead_after_s: flo
     counts: Counter[str] = Counter()
     for queues in session.execute(query).scalars():
         counts.update(set(queues))  # a worker listing a queue twice is still one consumer
+    return dict(counts)
+
+
+def live_workers_per_model(session: Session, *, now: datetime, dead_after_s: float) -> dict[str, int]:
+    """How many live workers serve each model (the models of the lanes they consume, core/lanes.py)."""
+    cutoff = now - timedelta(seconds=dead_after_s)
+    query = select(Worker.queues).where(Worker.stopped_at.is_(None), Worker.last_seen_at >= cutoff)
+    counts: Counter[str] = Counter()
+    for lanes in session.execute(query).scalars():
+        counts.update({model_of(lane) for lane in lanes if LANE_SEPARATOR in lane})
     return dict(counts)
 
 

@@ -64,7 +64,7 @@ def test_bad_lines_fail_alone_and_store_no_job(make_service: Callable[..., Servi
     batch_id = r.json()["id"]
 
     runner = BatchRunner(service.session_factory, service.settings, lambda job_id, queue: None, "runner-1",
-                         tokenizer=None, s3=None, model_name="demo-model")
+                         tokenizer=None, s3=None)
     for _ in range(3):
         runner.run_once()
 

@@ -29,6 +29,9 @@ def make_settings(make_settings: Callable[..., Settings]) -> Callable[..., Setti
     """Auth is on in these services, so /metrics needs its token (tests/api/test_exposure_http.py)."""
     return functools.partial(make_settings, metrics_token=METRICS_TOKEN)
 
+MODEL = ("model", "demo-model")  # the label of every per-queue series of the tests' model
+LANES = ["demo-model:interactive", "demo-model:documents"]
+
 
 def samples(service: Service) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     response = service.http.get("/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"})
@@ -68,15 +71,16 @@ def test_metrics_report_load_and_live_workers_per_queue(service: Service, sessio
     ids = [alice.post("/v1/jobs", json={"prompt": "x", "queue": q}).json()["id"]
            for q in ("documents", "documents", "documents")]
     assert jobs.claim(session, ids[0], "w1", utcnow()) is not None
-    workers.register(session, "w1", hostname="h", pid=1, queues=["documents"], now=utcnow())
+    workers.register(session, "w1", hostname="h", pid=1, queues=["demo-model:documents"], now=utcnow())
     stale = utcnow() - timedelta(seconds=service.settings.worker_dead_after_s + 1)
-    workers.register(session, "w-old", hostname="h", pid=2, queues=["interactive", "documents"], now=stale)
+    workers.register(session, "w-old", hostname="h", pid=2, queues=LANES, now=stale)
 
     m = samples(service)
-    assert m[("conveyor_queue_load", (("queue", "documents"),))] == 3  # 2 queued + 1 running
-    assert m[("conveyor_queue_load", (("queue", "interactive"),))] == 0
-    assert m[("conveyor_queue_workers", (("queue", "documents"),))] == 1
-    assert m[("conveyor_queue_workers", (("queue", "interactive"),))] == 0  # a silent worker is not live
+    assert m[("conveyor_queue_load", (MODEL, ("queue", "documents")))] == 3  # 2 queued + 1 running
+    assert m[("conveyor_queue_load", (MODEL, ("queue", "interactive")))] == 0
+    assert m[("conveyor_queue_workers", (MODEL, ("queue", "documents")))] == 1
+    # A silent worker is not live.
+    assert m[("conveyor_queue_workers", (MODEL, ("queue", "interactive")))] == 0
 
 
 def test_metrics_count_submissions_rejections_queues_and_outcomes(service: Service, session: Session) -> None:
@@ -104,17 +108,18 @@ def test_metrics_count_submissions_rejections_queues_and_outcomes(service: Servi
     assert jobs.claim(session, ids[2], "w1", utcnow()) is not None
 
     m = samples(service)
-    assert m[("conveyor_jobs_submitted_total", (("queue", "interactive"),))] == 2
-    assert m[("conveyor_jobs_submitted_total", (("queue", "documents"),))] == 1
-    assert m[("conveyor_jobs_rejected_total", (("code", "unknown_queue"), ("queue", "unknown")))] == 1
-    assert (
-        m[("conveyor_jobs_rejected_total", (("code", "max_tokens_too_large"), ("queue", "interactive")))] == 1
-    )
-    assert m[("conveyor_queue_depth", (("queue", "interactive"),))] == 1
-    assert m[("conveyor_queue_running", (("queue", "documents"),))] == 1
-    assert m[("conveyor_queue_oldest_age_seconds", (("queue", "interactive"),))] >= 0
-    assert m[("conveyor_jobs_finished_total", (("queue", "interactive"), ("status", "succeeded")))] == 1
-    assert m[("conveyor_job_preemptions_total", (("queue", "interactive"),))] == 3
+    assert m[("conveyor_jobs_submitted_total", (MODEL, ("queue", "interactive")))] == 2
+    assert m[("conveyor_jobs_submitted_total", (MODEL, ("queue", "documents")))] == 1
+    assert m[("conveyor_jobs_rejected_total", (("code", "unknown_queue"), MODEL, ("queue", "unknown")))] == 1
+    too_large = ("conveyor_jobs_rejected_total",
+                 (("code", "max_tokens_too_large"), MODEL, ("queue", "interactive")))
+    assert m[too_large] == 1
+    assert m[("conveyor_queue_depth", (MODEL, ("queue", "interactive")))] == 1
+    assert m[("conveyor_queue_running", (MODEL, ("queue", "documents")))] == 1
+    assert m[("conveyor_queue_oldest_age_seconds", (MODEL, ("queue", "interactive")))] >= 0
+    finished = ("conveyor_jobs_finished_total", (MODEL, ("queue", "interactive"), ("status", "succeeded")))
+    assert m[finished] == 1
+    assert m[("conveyor_job_preemptions_total", (MODEL, ("queue", "interactive")))] == 3
     not_found = (
         "conveyor_http_responses_total",
         (("method", "GET"), ("route", "/v1/jobs/{job_id}"), ("status", "404")),
@@ -142,7 +147,8 @@ def test_metrics_count_deadline_outcomes_per_tier_with_older_rows_as_the_default
     flex = alice.post("/v1/jobs", json=flex_job).json()["id"]
     assert alice.post(f"/v1/jobs/{flex}/cancel").status_code == 200
     # Counted by an older release, before tiers were: status "", read as the default tier.
-    session.add(MetricCount(metric=JOB_DEADLINES, queue="interactive", status="", label="on_time", count=5,
+    session.add(MetricCount(metric=JOB_DEADLINES, queue="demo-model:interactive", status="", label="on_time",
+                            count=5,
                             total=0.0))
     session.commit()
 
@@ -157,7 +163,7 @@ def test_metrics_count_deadline_outcomes_per_tier_with_older_rows_as_the_default
 def test_each_app_has_its_own_registry(make_service: Callable[..., Service]) -> None:
     first, second = make_service(), make_service()
     first.client("alice").post("/v1/jobs", json={"prompt": "x"})
-    key = ("conveyor_jobs_submitted_total", (("queue", "interactive"),))
+    key = ("conveyor_jobs_submitted_total", (MODEL, ("queue", "interactive")))
     assert samples(first)[key] == 1
     assert key not in samples(second)
 

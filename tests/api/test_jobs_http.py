@@ -37,7 +37,7 @@ def test_submit_run_complete_read_back(
     tokenizer = AutoTokenizer.from_pretrained(demo_model_dir)
     assert job["usage"]["prompt_tokens"] == len(tokenizer.encode("Good morning!")) > 3
     service.wait_dispatched(job["id"])  # the relay publishes from its own thread, then marks the row
-    assert service.publisher.published == [(job["id"], "interactive")]
+    assert service.publisher.published == [(job["id"], "demo-model:interactive")]
 
     row = jobs.get(session, job["id"])
     assert row is not None and row.dispatched_at is not None and row.timeout_s == 30
@@ -234,11 +234,12 @@ def test_queues_report_depth_running_limits_age_and_live_workers(
     alice.post("/v1/jobs", json={"prompt": "b"})
     assert jobs.claim(session, a, "w1", utcnow()) is not None
     # Live: one worker on interactive. Not live: one silent past dead_after, one stopped.
-    workers.register(session, "w1", hostname="h", pid=1, queues=["interactive"], now=utcnow())
+    workers.register(session, "w1", hostname="h", pid=1, queues=["demo-model:interactive"], now=utcnow())
     silent = utcnow() - timedelta(seconds=service.settings.worker_dead_after_s + 1)
-    workers.register(session, "w-silent", hostname="h", pid=2, queues=["interactive", "documents"],
+    workers.register(session, "w-silent", hostname="h", pid=2, queues=[
+        "demo-model:interactive", "demo-model:documents"],
                      now=silent)
-    workers.register(session, "w-gone", hostname="h", pid=3, queues=["documents"], now=utcnow())
+    workers.register(session, "w-gone", hostname="h", pid=3, queues=["demo-model:documents"], now=utcnow())
     workers.mark_stopped(session, "w-gone", utcnow())
     queues = {q["name"]: q for q in alice.get("/v1/queues").json()["data"]}
     assert set(queues) == {"interactive", "documents"}
@@ -247,6 +248,7 @@ def test_queues_report_depth_running_limits_age_and_live_workers(
     assert interactive["oldest_queued_age_s"] >= 0
     assert queues["documents"] == {
         "name": "documents",
+        "model": "demo-model",
         "queued": 0,
         "running": 0,
         "oldest_queued_age_s": None,
@@ -267,7 +269,7 @@ def test_publish_failure_leaves_job_undispatched(make_service, session: Session)
     assert r.status_code == 202  # accepted: the job is in the store, the reconciler will publish it
     row = jobs.get(session, r.json()["id"])
     assert row is not None and row.dispatched_at is None
-    assert jobs.undispatched(session, utcnow() + timedelta(seconds=1)) == [(row.id, "interactive")]
+    assert jobs.undispatched(session, utcnow() + timedelta(seconds=1)) == [(row.id, "demo-model:interactive")]
 
 
 def test_idempotency_race_returns_the_winner(
@@ -308,7 +310,7 @@ def test_a_job_starts_by_its_deadline_less_its_run_time_at_the_workers_pace(
 ) -> None:
     # The worker stays alive however slowly the POST comes (a loaded machine took over the 2 s default).
     alice = make_service(worker_dead_after_s=600).client("alice")
-    workers.register(session, "w1", hostname="h", pid=1, queues=["interactive"], now=utcnow())
+    workers.register(session, "w1", hostname="h", pid=1, queues=["demo-model:interactive"], now=utcnow())
     workers.heartbeat(session, "w1", utcnow(), {"step_s": 0.25, "prefill_token_s": 0.0})
     job = alice.post("/v1/jobs", json={"prompt": "hi", "max_tokens": 40, "deadline_s": 30}).json()
     slack = datetime.fromisoformat(job["start_by"]) - datetime.fromisoformat(job["created_at"])

@@ -123,7 +123,7 @@ def _batch(service: Service, client: TestClient, endpoint: str, bodies: list[dic
     assert created.status_code == 200, created.text
     batch_id = str(created.json()["id"])
     runner = BatchRunner(service.session_factory, service.settings, lambda job_id, queue: None, "runner-1",
-                         tokenizer=tokenizer, s3=None, model_name=service.settings.served_model_id())
+                         tokenizer=tokenizer, s3=None)
     for _ in range(3):
         runner.run_once()
     with service.session_factory() as session:

@@ -253,7 +253,7 @@ def test_sdk_error_classes(workerless: Server) -> None:
     db_engine = make_db_engine(workerless.database_url)
     with make_session_factory(db_engine)() as session:  # the one job the interactive queue may hold
         jobs.add(session, jobs.NewJob(
-            tenant_id="bob", queue="interactive", prompt="Hi", messages=None, params={}, meta=None,
+            tenant_id="bob", queue="demo-model:interactive", prompt="Hi", messages=None, params={}, meta=None,
             webhook=None, idempotency_key=None, request_hash="x", prompt_tokens=1, ttl_s=None, timeout_s=None,
         ), utcnow())
     db_engine.dispose()

@@ -182,7 +182,6 @@ def _run_batch(
         "runner-1",
         tokenizer=tokenizer,
         s3=None,
-        model_name=service.settings.served_model_id(),
     )
     for _ in range(3):
         runner.run_once()

@@ -40,18 +40,20 @@ def test_load_counts_queued_and_running_jobs_and_live_workers_per_queue(
     assert jobs.claim(session, ids[0], "w1", utcnow()) is not None  # held by a worker: still load
     assert jobs.claim(session, ids[1], "w1", utcnow()) is not None
     _complete(session, ids[1])  # finished: no longer load
-    workers.register(session, "w1", hostname="h", pid=1, queues=["interactive", "documents"], now=utcnow())
-    workers.register(session, "w2", hostname="h", pid=2, queues=["documents"], now=utcnow())
+    workers.register(session, "w1", hostname="h", pid=1,
+                     queues=["demo-model:interactive", "demo-model:documents"], now=utcnow())
+    workers.register(session, "w2", hostname="h", pid=2, queues=["demo-model:documents"], now=utcnow())
     silent = utcnow() - timedelta(seconds=svc.settings.worker_dead_after_s + 1)
-    workers.register(session, "w-silent", hostname="h", pid=3, queues=["interactive"], now=silent)
+    workers.register(session, "w-silent", hostname="h", pid=3, queues=["demo-model:interactive"], now=silent)
 
     r = svc.http.get(SCALING_PATH, headers=BEARER)
     assert r.status_code == 200, r.text
-    assert r.json() == {"queues": {
+    per_queue = {
         "interactive": {"queued": 1, "running": 1, "load": 2, "workers": 1, "max_running": 5},
         "documents": {"queued": 1, "running": 0, "load": 1, "workers": 2, "max_running": 2},
         "idle": {"queued": 0, "running": 0, "load": 0, "workers": 0, "max_running": 1},
-    }}
+    }
+    assert r.json() == {"models": {"demo-model": {"load": 3, "queues": per_queue}}, "queues": per_queue}
 
     workers.mark_stopped(session, "w2", utcnow())  # a worker scaled down stops counting at once
     _complete(session, ids[0])

@@ -114,7 +114,8 @@ def test_full_queue_is_429_with_retry_after(make_service: Callable[..., Service]
     r = client.post("/v1/jobs", json={"prompt": "x", "queue": "documents"})
     assert r.status_code == 429 and r.headers["Retry-After"] == "3"
     assert error_of(r) == {"code": "queue_full", "field": "queue",
-                           "message": "queue: the documents queue is full (2 queued); retry after 3 s"}
+                           "message": "queue: the documents queue of model demo-model is full (2 queued); "
+                                      "retry after 3 s"}
     assert submit(client, prompt="x")[0] == 202  # interactive has its own cap
     client.post(f"/v1/jobs/{client.get('/v1/jobs').json()['data'][-1]['id']}/cancel")
     assert submit(client, prompt="x", queue="documents")[0] == 202  # room again

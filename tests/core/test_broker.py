@@ -19,20 +19,20 @@ from worker.in_process_queue import InProcessPublisher
 def test_broker_publisher_sends_only_the_job_id_to_the_named_queue(spare_redis: SpareRedis) -> None:
     spare_redis.start()  # a private server: queue depths here must not see other test runs' messages
     redis_url = spare_redis.url
-    publisher = BrokerPublisher(Settings(broker_url=redis_url))
+    publisher = BrokerPublisher(Settings(broker_url=redis_url))  # the demo model's lanes
     assert publisher.ping()
 
-    publisher.publish("job_a", "documents")
-    publisher.publish("job_b", "documents")
+    publisher.publish("job_a", "demo-model:documents")
+    publisher.publish("job_b", "demo-model:documents")
 
-    assert publisher.depth("documents") == 2 and publisher.depth("interactive") == 0
-    raw = redis.Redis.from_url(redis_url).rpop("documents")
+    assert publisher.depth("demo-model:documents") == 2 and publisher.depth("demo-model:interactive") == 0
+    raw = redis.Redis.from_url(redis_url).rpop("demo-model:documents")
     assert raw is not None
     envelope = json.loads(raw)
     assert envelope["properties"]["body_encoding"] == "base64"
     assert json.loads(base64.b64decode(envelope["body"])) == {"job_id": "job_a"}
-    with pytest.raises(ValueError, match="queue"):
-        publisher.publish("job_c", "nonexistent")
+    with pytest.raises(ValueError, match="lane"):
+        publisher.publish("job_c", "documents")
     publisher.close()
 
 
@@ -40,7 +40,7 @@ def test_broker_publisher_raises_while_the_broker_is_down(spare_redis: SpareRedi
     publisher = BrokerPublisher(Settings(broker_url=spare_redis.url))
     assert not publisher.ping()
     with pytest.raises(OperationalError):
-        publisher.publish("job_a", "interactive")
+        publisher.publish("job_a", "demo-model:interactive")
 
 
 def test_in_process_publisher_keeps_one_fifo_per_queue() -> None:

@@ -42,8 +42,8 @@ from core.store.database import make_db_engine, make_session_factory
 url, job_id, worker_id = sys.argv[1:]
 sessions = make_session_factory(make_db_engine(url))
 with sessions() as session:
-    workers.register(session, worker_id, hostname="holder", pid=os.getpid(), queues=["interactive"],
-                     now=utcnow())
+    workers.register(session, worker_id, hostname="holder", pid=os.getpid(),
+                     queues=["demo-model:interactive"], now=utcnow())
     assert jobs.claim_many(session, [job_id], worker_id, utcnow()), "the job was not claimable"
 print("claimed", flush=True)
 while True:
@@ -103,7 +103,7 @@ def test_a_job_whose_worker_is_killed_three_times_fails_with_worker_lost(
             session,
             jobs.NewJob(
                 tenant_id="default",
-                queue="interactive",
+                queue="demo-model:interactive",
                 prompt="poison",
                 messages=None,
                 params={},
@@ -122,7 +122,7 @@ def test_a_job_whose_worker_is_killed_three_times_fails_with_worker_lost(
         _hold_then_sigkill(database_url, job_id, f"holder-{kill}")
         job = _reconcile_until(reconciler, session_factory, job_id)
         assert (job.status, job.attempts, job.worker_id) == (QUEUED, kill, None)
-        assert (job_id, "interactive") in publisher.published  # requeued jobs go out again at once
+        assert (job_id, "demo-model:interactive") in publisher.published  # requeued jobs go out again at once
     _hold_then_sigkill(database_url, job_id, "holder-3")
     job = _reconcile_until(reconciler, session_factory, job_id)
 

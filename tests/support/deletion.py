@@ -28,7 +28,7 @@ def finished_job(session: Session, tenant: str, finished_at: datetime, status: s
         session,
         jobs.NewJob(
             tenant_id=tenant,
-            queue="interactive",
+            queue="demo-model:interactive",
             prompt="a secret prompt",
             messages=None,
             params={},

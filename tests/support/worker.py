@@ -12,12 +12,14 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.clock import utcnow
+from core.lanes import lane_of
 from core.store import jobs
 from core.store.tables import Job
 from tests.support.fault_store import WAIT_S
 from tests.support.live_server import wait_for
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+TEST_MODEL = "demo-model"  # the id of the tests' tiny models (their folders' name)
 LONG_JOB_TOKENS = 2000  # long enough to be caught running on the tiny model (a few ms per token on CPU)
 
 
@@ -34,15 +36,21 @@ def add_job(
     deadline_s: float | None = None,
     **params: Any,
 ) -> str:
-    """Inserts a queued job as the API would (without publishing it) and returns its id."""
+    """Inserts a queued job as the API would (without publishing it) and returns its id. `queue`: a lane,
+    or a queue of TEST_MODEL."""
     params = {"temperature": 0.0, **params}
     new = jobs.NewJob(
-        tenant_id=tenant_id, queue=queue, prompt=None if messages else prompt, messages=messages,
+        tenant_id=tenant_id, queue=lane(queue), prompt=None if messages else prompt, messages=messages,
         params=params, meta=None, webhook=None, idempotency_key=None, request_hash="test", prompt_tokens=0,
         ttl_s=ttl_s, timeout_s=timeout_s, priority=priority, deadline_s=deadline_s,
     )
     with sessions() as session:
         return jobs.add(session, new, utcnow()).id
+
+
+def lane(queue: str) -> str:
+    """`queue` as a lane (core/lanes.py): as given when it is one, else TEST_MODEL's."""
+    return queue if ":" in queue else lane_of(TEST_MODEL, queue)
 
 
 def get_job(sessions: sessionmaker[Session], job_id: str) -> Job:

@@ -18,7 +18,8 @@ def worker_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny random-weight demo model, with 4096 positions so a job can run for a few seconds."""
     from engine.demo import build_tiny_model
 
-    return build_tiny_model(tmp_path_factory.mktemp("worker-model"), max_position_embeddings=4096)
+    folder = tmp_path_factory.mktemp("worker-model") / "demo-model"  # its id: tests/support/worker.TEST_MODEL
+    return build_tiny_model(folder, max_position_embeddings=4096)
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ from tests.support.worker import (
     WorkerProcesses,
     add_job,
     get_job,
+    lane,
     wait_finished,
     wait_generating,
     worker_env,
@@ -33,7 +34,7 @@ def _submit(
 ) -> str:
     """What the API does: commit the job, publish its id, mark it dispatched."""
     job_id = add_job(sessions, prompt, queue, **kwargs)
-    assert publish_and_mark(sessions, publisher.publish, [(job_id, queue)]) == 1
+    assert publish_and_mark(sessions, publisher.publish, [(job_id, lane(queue))]) == 1
     return job_id
 
 

@@ -19,7 +19,7 @@ from core.store.database import make_db_engine, make_session_factory
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
 from tests.support.live_server import wait_for
-from tests.support.worker import LONG_JOB_TOKENS, add_job, get_job, wait_finished, wait_generating
+from tests.support.worker import LONG_JOB_TOKENS, add_job, get_job, lane, wait_finished, wait_generating
 from worker.embedded import EmbeddedRuntime
 from worker.job_runner import JobRunner
 
@@ -60,7 +60,7 @@ def _start(
 def _submit(runtime: EmbeddedRuntime, sessions: sessionmaker[Session], prompt: str | None, queue: str,
             **kwargs: Any) -> str:
     job_id = add_job(sessions, prompt, queue, **kwargs)
-    assert publish_and_mark(sessions, runtime.publisher.publish, [(job_id, queue)]) == 1
+    assert publish_and_mark(sessions, runtime.publisher.publish, [(job_id, lane(queue))]) == 1
     return job_id
 
 
@@ -208,7 +208,7 @@ def test_in_a_backlog_a_priority_job_starts_first_then_the_one_due_soonest(
 
 def _published_pace(sessions: sessionmaker[Session]) -> finish_times.Pace | None:
     with sessions() as session:
-        return finish_times.queue_pace(session, "documents", utcnow(), dead_after_s=60)
+        return finish_times.queue_pace(session, lane("documents"), utcnow(), dead_after_s=60)
 
 
 def test_flex_work_yields_to_every_other_job_of_its_queue(

@@ -21,7 +21,7 @@ from engine.config import EngineConfig, RequestClassConfig
 from engine.host import EngineHost
 from tests.support.live_server import wait_for
 from tests.support.service import RecordingPublisher
-from tests.support.worker import LONG_JOB_TOKENS, add_job, get_job, wait_generating
+from tests.support.worker import LONG_JOB_TOKENS, add_job, get_job, lane, wait_generating
 from worker.job_runner import JobRunner
 
 
@@ -116,7 +116,7 @@ def test_a_cached_prefix_is_shared_within_a_tenant_or_a_namespace_and_never_acro
         assert runner.run(job_id, done)
         done.wait()
     done = Done()
-    assert runner.run_next("interactive", [done]) == 1, "the fair claim salts its jobs too"
+    assert runner.run_next(lane("interactive"), [done]) == 1, "the fair claim salts its jobs too"
     done.wait()
     b, a, b_again, team_1, team_2 = (get_job(sessions, job_id).cached_tokens for job_id in ids)
     assert (b, a, team_1) == (0, 0, 0), "another tenant's blocks are not hits, nor are unsalted ones"
@@ -209,14 +209,15 @@ def test_a_job_waiting_for_its_grammar_takes_no_room_in_its_queue(
         compile_now(seq)
 
     monkeypatch.setattr(host._grammars, "_compile", held)
-    runner = JobRunner(host, sessions, "compiling-worker", limits={"interactive": 1}, cancel_poll_s=0.05)
+    runner = JobRunner(host, sessions, "compiling-worker", limits={lane("interactive"): 1},
+                       cancel_poll_s=0.05)
     runner.start()
     try:
         schema = {"type": "object", "properties": {"waits": {"type": "integer"}}, "required": ["waits"]}
         constrained = add_job(sessions, "The queue holds", max_tokens=20, structured={"json_schema": schema})
         constrained_done = Done()
         assert runner.run(constrained, constrained_done)
-        assert runner.has_room("interactive"), "a job waiting for its grammar holds no slot"
+        assert runner.has_room(lane("interactive")), "a job waiting for its grammar holds no slot"
         plain, plain_done = add_job(sessions, "Good morning", max_tokens=3), Done()
         assert runner.run(plain, plain_done)
         plain_done.wait()
@@ -260,7 +261,7 @@ def test_shutdown_requeues_and_republishes_jobs_that_do_not_finish_in_the_grace_
     requeued = runner.shutdown(grace_s=0.0, publish=publisher.publish)
 
     assert requeued == [job_id] and done.calls == 1
-    assert publisher.published == [(job_id, "documents")]
+    assert publisher.published == [(job_id, lane("documents"))]
     job = get_job(sessions, job_id)
     assert job.status == "queued" and job.attempts == 1 and job.worker_id is None
     assert job.dispatched_at is not None
@@ -270,36 +271,36 @@ def test_shutdown_requeues_and_republishes_jobs_that_do_not_finish_in_the_grace_
 def test_the_per_queue_hold_admits_at_most_max_running_jobs_of_a_queue(
     host: EngineHost, sessions: sessionmaker[Session]
 ) -> None:
-    runner = JobRunner(host, sessions, "held-worker", limits={"documents": 1, "interactive": 2},
+    runner = JobRunner(host, sessions, "held-worker", limits={lane("documents"): 1, lane("interactive"): 2},
                        cancel_poll_s=0.05)
     runner.start()
     try:
         long_job = add_job(sessions, "Keys and values", "documents", max_tokens=LONG_JOB_TOKENS,
                            ignore_eos=True)
         done = Done()
-        assert runner.has_room("documents") and runner.has_room("interactive")
+        assert runner.has_room(lane("documents")) and runner.has_room(lane("interactive"))
         assert runner.run(long_job, done)
         wait_generating(sessions, long_job)
 
-        assert not runner.has_room("documents")  # its one slot is taken ...
-        assert not runner.wait_for_room("documents", 0.05)
-        assert runner.has_room("interactive")  # ... while another queue keeps its own
+        assert not runner.has_room(lane("documents"))  # its one slot is taken ...
+        assert not runner.wait_for_room(lane("documents"), 0.05)
+        assert runner.has_room(lane("interactive"))  # ... while another queue keeps its own
         assert runner.has_room("no-limit")  # a queue without a limit is never held
 
-        waiter = threading.Thread(target=lambda: runner.wait_for_room("documents", 60))
+        waiter = threading.Thread(target=lambda: runner.wait_for_room(lane("documents"), 60))
         waiter.start()
         with sessions() as session:
             jobs.cancel(session, long_job, "default", utcnow())
         done.wait()
         waiter.join(60)
-        assert not waiter.is_alive() and runner.has_room("documents")  # the slot came back with the job
+        assert not waiter.is_alive() and runner.has_room(lane("documents"))  # the slot came back with the job
 
         choices = add_job(sessions, "Keys and values", "interactive", max_tokens=LONG_JOB_TOKENS,
                           ignore_eos=True, n=2)
         done = Done()
         assert runner.run(choices, done)
         wait_generating(sessions, choices)
-        assert not runner.has_room("interactive")  # its two choices take both places
+        assert not runner.has_room(lane("interactive"))  # its two choices take both places
         with sessions() as session:
             jobs.cancel(session, choices, "default", utcnow())
         done.wait()
@@ -327,7 +328,7 @@ def test_an_outcome_waits_out_a_store_outage_of_any_length_and_keeps_the_slot_me
     monkeypatch.setattr(worker.outcome_writer, "STORE_RETRY_FIRST_WAIT_S", 0.01)
     monkeypatch.setattr(worker.outcome_writer, "STORE_RETRY_MAX_WAIT_S", 0.05)  # many retries, quickly
     store = OutageStore(sessions)
-    runner = JobRunner(host, store, "outage-worker", limits={"interactive": 1},  # type: ignore[arg-type]
+    runner = JobRunner(host, store, "outage-worker", limits={lane("interactive"): 1},  # type: ignore[arg-type]
                        cancel_poll_s=0.05)
     runner.start()
     try:
@@ -338,7 +339,7 @@ def test_an_outcome_waits_out_a_store_outage_of_any_length_and_keeps_the_slot_me
         wait_for(lambda: _kv_free(host), "the engine to finish the job", timeout_s=30)
         time.sleep(1.0)  # dozens of failed writes: a fixed retry budget would have given up by now
 
-        assert done.calls == 0 and not runner.has_room("interactive")  # held, not dropped
+        assert done.calls == 0 and not runner.has_room(lane("interactive"))  # held, not dropped
         assert get_job(sessions, job_id).status == "running"
         store.down.clear()
         done.wait()
@@ -356,7 +357,7 @@ def test_two_attempts_of_one_job_are_held_apart_and_the_superseded_one_is_aborte
     assert runner.run(job_id, first)
     wait_generating(sessions, job_id)
     with sessions() as session:  # requeued behind this worker's back (it looked dead for a while)
-        assert jobs.requeue_orphans(session, [runner.worker_id], utcnow()) == [(job_id, "documents")]
+        assert jobs.requeue_orphans(session, [runner.worker_id], utcnow()) == [(job_id, lane("documents"))]
     assert runner.run(job_id, second)  # attempt 2, in the same worker
     # Both are held under their own keys; the watcher (every 50 ms) may already have dropped attempt 1.
     assert {(job_id, 2)} <= runner.held_attempts() <= {(job_id, 1), (job_id, 2)}
@@ -558,7 +559,8 @@ def test_n_choices_with_a_seed_repeat_and_a_cancel_aborts_them_all(
 def test_a_jobs_priority_and_deadline_reach_the_engine(
     runner: JobRunner, host: EngineHost, sessions: sessionmaker[Session]
 ) -> None:
-    new = jobs.NewJob(tenant_id="default", queue="interactive", prompt="The river is calm", messages=None,
+    new = jobs.NewJob(tenant_id="default", queue=lane("interactive"), prompt="The river is calm",
+                      messages=None,
                       params={"max_tokens": LONG_JOB_TOKENS, "ignore_eos": True, "temperature": 0.0},
                       meta=None, webhook=None, idempotency_key=None, request_hash="t", prompt_tokens=0,
                       ttl_s=None, timeout_s=None, priority=-7, deadline_s=30.0)

@@ -15,7 +15,7 @@ from core.clock import utcnow
 from core.store import jobs, workers
 from core.store.tables import Job, Worker
 from tests.support.service import RecordingPublisher
-from tests.support.worker import add_job, get_job
+from tests.support.worker import add_job, get_job, lane
 from worker.reconciler import Local, Reconciler
 
 
@@ -29,7 +29,7 @@ def _age(sessions: sessionmaker[Session], job_id: str, seconds: float) -> None:
 def _claimed_by(sessions: sessionmaker[Session], job_id: str, worker_id: str, last_seen_ago_s: float) -> None:
     now = utcnow()
     with sessions() as session:
-        workers.register(session, worker_id, hostname="h", pid=1, queues=["interactive"], now=now)
+        workers.register(session, worker_id, hostname="h", pid=1, queues=[lane("interactive")], now=now)
         assert jobs.claim(session, job_id, worker_id, now) is not None
         session.execute(update(Worker).where(Worker.id == worker_id)
                         .values(last_seen_at=now - timedelta(seconds=last_seen_ago_s)))
@@ -50,7 +50,7 @@ def test_undispatched_jobs_are_published_once_the_broker_is_back(
 
     broker.reachable = True
     assert reconciler.run_once().published == 1
-    assert broker.published == [(old, "interactive")]  # the young job is still within the API's grace
+    assert broker.published == [(old, lane("interactive"))]  # the young job is still within the API's grace
     assert get_job(sessions, young).dispatched_at is None
     assert get_job(sessions, old).dispatched_at is not None
     assert reconciler.run_once().published == 0  # dispatched jobs are not published again
@@ -68,7 +68,7 @@ def test_running_jobs_of_dead_workers_are_requeued_and_republished(
     report = Reconciler(sessions, broker, settings).run_once()
 
     assert report.requeued == 1
-    assert broker.published == [(orphan, "interactive")]
+    assert broker.published == [(orphan, lane("interactive"))]
     job = get_job(sessions, orphan)
     assert job.status == "queued" and job.worker_id is None and job.attempts == 1
     assert get_job(sessions, alive).status == "running"
@@ -117,7 +117,7 @@ def test_queued_jobs_whose_messages_the_broker_lost_are_published_again(
 
     broker.waiting = 0  # the queue is empty, yet the store has a job queued and dispatched long ago
     assert Reconciler(sessions, broker, settings).run_once().redispatched == 1
-    assert broker.published == [(lost, "interactive")]
+    assert broker.published == [(lost, lane("interactive"))]
     assert Reconciler(sessions, broker, settings).run_once().redispatched == 0  # dispatched just now
 
 
@@ -135,7 +135,7 @@ def test_after_the_broker_lost_its_queues_every_dispatched_job_goes_out_again_in
 
     broker.restarted = True  # Redis came back without its data
     assert reconciler.run_once().redispatched == 3
-    assert broker.published == [(job_id, "interactive") for job_id in backlog]  # oldest first
+    assert broker.published == [(job_id, lane("interactive")) for job_id in backlog]  # oldest first
     assert reconciler.run_once().redispatched == 0  # once
 
 
@@ -160,7 +160,7 @@ def test_a_broker_that_fails_half_way_through_the_republish_is_resumed_next_roun
     assert reconciler.run_once().redispatched == 1
     broker.publish = original  # type: ignore[method-assign]
     assert reconciler.run_once().redispatched == 1  # the rest, though lost_messages() said so only once
-    assert broker.published == [(job_id, "interactive") for job_id in backlog]
+    assert broker.published == [(job_id, lane("interactive")) for job_id in backlog]
 
 
 def test_a_worker_never_requeues_its_own_jobs_however_late_its_heartbeat(
@@ -194,7 +194,7 @@ def test_a_claim_this_worker_never_started_is_requeued_by_its_own_reconciler(
 
     report = Reconciler(sessions, broker, settings, Local("me", held=lambda: {(held, 1)})).run_once()
 
-    assert report.requeued == 1 and broker.published == [(lost, "interactive")]
+    assert report.requeued == 1 and broker.published == [(lost, lane("interactive"))]
     requeued = get_job(sessions, lost)
     assert (requeued.status, requeued.attempts) == ("queued", 0)  # the claim given back: it never ran
     assert get_job(sessions, held).status == "running"  # the runner has it
@@ -243,5 +243,5 @@ def test_a_claim_still_on_its_way_to_the_runner_is_left_alone_however_long_it_ta
     local = Local("me", held=set, claims_since=lambda: claim_began)
     report = Reconciler(sessions, broker, settings, local).run_once()
 
-    assert report.requeued == 1 and broker.published == [(lost, "interactive")]
+    assert report.requeued == 1 and broker.published == [(lost, lane("interactive"))]
     assert get_job(sessions, on_the_way).status == "running"

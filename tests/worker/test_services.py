@@ -81,8 +81,8 @@ def test_start_loads_the_engine_once_then_starts_every_service_and_stop_runs_in_
         "batches.stop", "reconciler.stop", "runner.shutdown", "webhooks.stop", "heartbeat.stop",
         "host.shutdown"]
     assert log.count("host.load /models/m") == 1
-    limits = services.runner.limits  # the per-queue hold: each queue's max_running
-    assert limits == {"interactive": settings.queues["interactive"].max_running, "documents": 3}
+    limits = services.runner.limits  # the per-lane hold: each of the model's queues' max_running
+    assert limits == {"m:interactive": settings.queues["interactive"].max_running, "m:documents": 3}
 
 
 def test_a_worker_of_one_pool_takes_and_registers_only_its_queues(
@@ -102,5 +102,5 @@ def test_a_worker_of_one_pool_takes_and_registers_only_its_queues(
     services = WorkerServices(settings, sessions=None, broker=RecordingPublisher(),  # type: ignore[arg-type]
                               worker_id="w", tokens=None, republish_requeued=True)
     services.start()
-    assert services.runner.limits == {"documents": settings.queues["documents"].max_running}
-    assert registered == [["documents"]]
+    assert services.runner.limits == {"m:documents": settings.queues["documents"].max_running}
+    assert registered == [["m:documents"]]

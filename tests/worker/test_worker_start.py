@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from core.broker import BrokerPublisher
 from core.dispatch import publish_and_mark
 from core.settings import Settings
-from tests.support.worker import WorkerProcesses, add_job, wait_finished, worker_env
+from tests.support.worker import WorkerProcesses, add_job, lane, wait_finished, worker_env
 
 
 def test_worker_logs_its_summary_and_cold_start_not_celerys_banner(
@@ -21,14 +21,16 @@ def test_worker_logs_its_summary_and_cold_start_not_celerys_banner(
     proc = worker_procs.start(worker_env(pg_url, redis_url, worker_model_dir, tmp_path))
     publisher = BrokerPublisher(Settings(database_url=pg_url, broker_url=redis_url))
     job_id = add_job(sessions, "Hello", "interactive", max_tokens=2)
-    assert publish_and_mark(sessions, publisher.publish, [(job_id, "interactive")]) == 1
+    assert publish_and_mark(sessions, publisher.publish, [(job_id, lane("interactive"))]) == 1
     assert wait_finished(sessions, [job_id])[0].status == "succeeded"
     publisher.close()
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0
     log = worker_procs.log(0)
 
-    assert "consumes: interactive (max_running 16, priority 0), documents (max_running 4, priority 1)" in log
+    summary = ("serves model demo-model, consuming: interactive (max_running 16, priority 0), "
+               "documents (max_running 4, priority 1)")
+    assert summary in log
     assert "KV cache 1024 blocks x 16 = 16384 tokens" in log and "on cpu float32" in log
     assert f"broker {redis_url}" in log
     assert "cold start: engine ready" in log and "(imports " in log and "cold start: first token" in log

@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from core.chat_options import ChatOptions
 from core.clock import utcnow
+from core.lanes import model_of
 from core.lifecycle import (
     BATCH_CANCELLED,
     BATCH_FAILED,
@@ -117,9 +118,9 @@ class _CountingSink:
 
 class BatchFinalizer:
     def __init__(self, sessions: sessionmaker[Session], settings: Settings, owner: str, s3: Any,
-                 model_name: str) -> None:
+) -> None:
         self._sessions, self._settings, self._owner = sessions, settings, owner
-        self._s3, self._model_name = s3, model_name
+        self._s3 = s3
 
     def finalize(self, batch: Batch) -> str | None:
         """Writes the outputs and closes the batch; returns its final status (None if the lease was lost)."""
@@ -224,7 +225,7 @@ class BatchFinalizer:
         result = GenerationResult(text=job.result_text or "", finish_reason=job.finish_reason or "stop",
                                   prompt_tokens=job.prompt_tokens or 0,
                                   completion_tokens=job.completion_tokens or 0,
-                                  model=meta.get("model") or self._model_name,
+                                  model=meta.get("model") or model_of(job.queue),
                                   created=int(finished.timestamp()), logprobs=job.logprobs,
                                   cached_tokens=job.cached_tokens or 0, chat=ChatOptions.from_json(job.chat),
                                   job_id=job.id, choices=job.choices, prompt=job.prompt or "",

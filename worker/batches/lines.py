@@ -63,6 +63,7 @@ class BatchRequest:
     params: dict[str, Any]  # engine.SamplingParams keyword arguments, only those the line set
     model: str | None
     prompt_tokens: int = 0  # as the queue's tokenizer counts them (0 when the parser was given none)
+    lane: str | None = None  # where its job is queued (core/lanes.py): its model's queue; None: not said
     chat: dict[str, Any] | None = None  # how the messages are rendered and the answer read (stored form)
     shown: dict[str, Any] | None = None  # what its answer shows of the prompt (PromptView's stored form)
     priority: int = 0  # lower first
@@ -125,30 +126,49 @@ class LineLimits:
     served: Served = field(default_factory=Served)
     max_model_len: int | None = None  # prompt + max_tokens must fit it, as at the synchronous routes
     queue: str | None = None  # the batch's queue, named in nothing but the limits' own messages
+    lane: str | None = None  # the line's model's queue of that name (core/lanes.py), where its job goes
     priorities: PriorityRange = field(default_factory=PriorityRange)  # the batch's tenant may ask for
 
     def request_limits(self) -> RequestLimits:
         return RequestLimits(self.queue, self.max_prompt_tokens, self.max_output_tokens, self.max_model_len)
 
 
-def parse_line(number: int, raw: RawLine, seen: CustomIdSet, limits: LineLimits | None = None,
+LimitsOfModel = Callable[[str | None], LineLimits]  # the limits of the model a line names (None: the default)
+
+
+def parse_line(number: int, raw: RawLine, seen: CustomIdSet, limits: LineLimits | LimitsOfModel | None = None,
                ) -> BatchRequest | LineError:
-    limits = limits or LineLimits()
+    """`limits`: one set for every line, or the limits of the model each line names (LookupError for a model
+    not served: the line's `model_not_found`)."""
     custom_id: str | None = None
     try:
         line = _decode(raw)
         custom_id = _custom_id(line)
         if not seen.add(custom_id):
             raise LineRejected("duplicate_custom_id", f"custom_id {custom_id!r} appears more than once")
-        request = _counted(_request(number, custom_id, line, limits), limits)
+        chosen = _limits_of_line(line, limits)
+        request = _counted(_request(number, custom_id, line, chosen), chosen)
         _check_engine_params(request.params)
-        return request
+        return replace(request, lane=chosen.lane)
     except LineRejected as error:
         return LineError(number, custom_id, error.code, str(error))
     except Exception as error:  # a line must never fail its batch, whatever judging it raised
         log.exception("batch line %d: judging it raised %s", number, type(error).__name__)
         return LineError(number, custom_id, "invalid_line",
                          f"the line could not be judged: {type(error).__name__}")
+
+
+def _limits_of_line(line: dict[str, Any], limits: LineLimits | LimitsOfModel | None) -> LineLimits:
+    if limits is None or isinstance(limits, LineLimits):
+        return limits or LineLimits()
+    body = line.get("body")
+    model = body.get("model") if isinstance(body, dict) else None
+    if not isinstance(model, str) or text_problem(model) is not None:
+        model = None  # the default model's limits: the body's own checks refuse such a model, naming it
+    try:
+        return limits(model)
+    except LookupError as exc:
+        raise LineRejected("model_not_found", str(exc)) from None
 
 
 def _decode(raw: RawLine) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from core.background import BackgroundLoop
 from core.clock import utcnow
 from core.dispatch import Publish, publish_and_mark
+from core.lanes import lane_of
 from core.lifecycle import (
     CANCELLING,
     FINALIZING,
@@ -51,8 +52,9 @@ from core.store import batches, finish_times, jobs, tenants
 from core.store.tables import Batch, BatchLine, Job
 from core.store.tenants import TenantLimits
 from core.store.token_usage import DEFAULT_MAX_TOKENS
+from engine.tokenizer import Tokenizer
 from worker.batches.finalize import BatchFinalizer, OutputWriteError, describe_error
-from worker.batches.lines import BatchRequest, CustomIdSet, LineError, LineLimits, parse_line
+from worker.batches.lines import BatchRequest, CustomIdSet, LimitsOfModel, LineError, LineLimits, parse_line
 from worker.batches.prompt_length import ChatTokenizer, prompt_token_counter
 from worker.batches.reader import LineStream, ReadPosition
 from worker.batches.source import open_input
@@ -90,14 +92,18 @@ class _OpenInput:
 
 class BatchRunner:
     def __init__(self, sessions: sessionmaker[Session], settings: Settings, publish: Publish, owner: str, *,
-                 tokenizer: ChatTokenizer | None, s3: Any, model_name: str, chunk_lines: int = CHUNK_LINES,
+                 tokenizer: ChatTokenizer | None, s3: Any, chunk_lines: int = CHUNK_LINES,
                  interval_s: float | None = None, backoff: BatchBackoff | None = None) -> None:
+        """`tokenizer`: the worker's own model's (settings.served_model_id()); the other served models' are
+        loaded from their folders when a line first names them. None: no line's prompt is counted."""
         self.owner = owner
         self._sessions, self._settings, self._publish = sessions, settings, publish
-        self._tokenizer, self._s3, self._chunk_lines = tokenizer, s3, chunk_lines
+        self._s3, self._chunk_lines = s3, chunk_lines
+        self._tokenizers: dict[str, ChatTokenizer | None] = {settings.served_model_id(): tokenizer}
+        self._counts_tokens = tokenizer is not None
         self._backoff = backoff or BatchBackoff()
         self._interval_s = min(settings.reconcile_interval_s, IDLE_S) if interval_s is None else interval_s
-        self._finalizer = BatchFinalizer(sessions, settings, owner, s3, model_name)
+        self._finalizer = BatchFinalizer(sessions, settings, owner, s3)
         self._inputs: dict[str, _OpenInput] = {}
         self._loop = BackgroundLoop("batch-runner", self._run_rounds)
 
@@ -253,8 +259,7 @@ class BatchRunner:
                      ) -> tuple[list[BatchLine], list[Job], bool]:
         """Up to `room` valid lines (and the invalid ones among them), at most chunk_lines in all."""
         limits = self._limits(batch)
-        with self._sessions() as session:
-            pace = finish_times.queue_pace(session, batch.queue, now, self._settings.worker_dead_after_s)
+        paces: dict[str, finish_times.Pace | None] = {}
         lines: list[BatchLine] = []
         new_jobs: list[Job] = []
         while len(new_jobs) < room and len(lines) < self._chunk_lines:
@@ -264,7 +269,10 @@ class BatchRunner:
                 return lines, new_jobs, True
             parsed = parse_line(number, raw, source.seen, limits)
             if isinstance(parsed, BatchRequest) and not isinstance(parsed.prompt, list):
-                job = _new_job(batch, parsed, now, pace)
+                assert parsed.lane is not None, "the runner's limits name each line's lane"
+                if parsed.lane not in paces:
+                    paces[parsed.lane] = self._pace(parsed.lane, now)
+                job = _new_job(batch, parsed, now, paces[parsed.lane])
                 new_jobs.append(job)
                 lines.append(BatchLine(batch_id=batch.id, line=number, custom_id=parsed.custom_id,
                                        status=LINE_QUEUED, job_id=job.id))
@@ -272,27 +280,57 @@ class BatchRunner:
                 lines.append(_failed_line(batch.id, parsed, source.seen))
         return lines, new_jobs, False
 
-    def _limits(self, batch: Batch) -> LineLimits:
-        queue = self._settings.queue(batch.queue)
-        assert queue is not None, f"batch {batch.id} names unknown queue {batch.queue!r}"
-        counter = prompt_token_counter(self._tokenizer) if self._tokenizer is not None else None
+    def _pace(self, lane: str, now: datetime) -> finish_times.Pace | None:
+        with self._sessions() as session:
+            return finish_times.queue_pace(session, lane, now, self._settings.worker_dead_after_s)
+
+    def _limits(self, batch: Batch) -> LimitsOfModel:
+        """The limits of each line by the model it names, made once per model and chunk."""
+        priorities = self._priorities(batch.tenant_id)
+        made: dict[str, LineLimits] = {}
+
+        def of_model(asked: str | None) -> LineLimits:
+            model_id = self._served_id(asked)
+            if model_id not in made:
+                made[model_id] = self._model_limits(batch, model_id, priorities)
+            return made[model_id]
+
+        return of_model
+
+    def _served_id(self, asked: str | None) -> str:
+        """The id of the served model a line names (None: the default); LookupError for one not served."""
+        ids = self._settings.model_ids()
+        if asked is None or (not self._settings.models and asked in (ids[0], self._settings.model)):
+            return ids[0]
+        if asked in ids:
+            return asked
+        raise LookupError(f"model: the model `{asked}` does not exist; this server serves "
+                          f"{', '.join(f'`{model_id}`' for model_id in ids)}")
+
+    def _model_limits(self, batch: Batch, model_id: str, priorities: PriorityRange) -> LineLimits:
+        settings = self._settings.for_model(model_id)
+        queue = settings.queue(batch.queue)
+        if queue is None:
+            raise LookupError(f"model: the model `{model_id}` has no {batch.queue} queue, the batch's")
+        tokenizer = self._tokenizer_of(model_id, settings)
+        counter = prompt_token_counter(tokenizer) if tokenizer is not None else None
         # The engine tokenizer's template decides the chat roles, as the API's does for its routes.
-        template = getattr(self._tokenizer, "chat_template", None)
+        template = getattr(tokenizer, "chat_template", None)
         return LineLimits(endpoint=batch.endpoint, max_prompt_tokens=queue.max_prompt_tokens,
                           count_tokens=counter, max_output_tokens=queue.max_output_tokens,
-                          served=Served.of(self._settings, template), max_model_len=self._max_model_len(),
-                          queue=batch.queue, priorities=self._priorities(batch.tenant_id))
+                          served=Served.of(settings, template), max_model_len=_max_model_len(settings),
+                          queue=batch.queue, lane=lane_of(model_id, batch.queue), priorities=priorities)
+
+    def _tokenizer_of(self, model_id: str, settings: Settings) -> ChatTokenizer | None:
+        """The model's tokenizer: this worker's own, or another served model's read from its folder once."""
+        if model_id not in self._tokenizers:
+            self._tokenizers[model_id] = Tokenizer(settings.model_folder()) if self._counts_tokens else None
+        return self._tokenizers[model_id]
 
     def _priorities(self, tenant_id: str) -> PriorityRange:
         with self._sessions() as session:
             limits = tenants.effective_limits(session, tenant_id, TenantLimits.defaults(self._settings))
         return limits.priorities
-
-    def _max_model_len(self) -> int | None:
-        """What the engine serves (the configured max_model_len within the model's), read from the model's
-        config.json: a line whose prompt + max_tokens exceed it is a line error, as at the sync routes."""
-        model_length = model_context_length(self._settings.model_folder())
-        return served_max_model_len(self._settings.max_model_len, model_length)
 
     # --- open inputs ------------------------------------------------------------------------------
 
@@ -335,7 +373,8 @@ def _new_job(batch: Batch, request: BatchRequest, now: datetime, pace: finish_ti
              "messages": request.messages, "params": request.params,
              **({"chat": request.chat} if request.chat else {})}
     deadline_s = _line_deadline_s(request, batch, now)
-    new = jobs.NewJob(tenant_id=batch.tenant_id, queue=batch.queue, prompt=request.prompt,
+    assert request.lane is not None
+    new = jobs.NewJob(tenant_id=batch.tenant_id, queue=request.lane, prompt=request.prompt,
                       messages=request.messages, params=request.params, meta=meta, webhook=None,
                       idempotency_key=None, request_hash=jobs.request_hash(asked),
                       prompt_tokens=request.prompt_tokens, ttl_s=None, timeout_s=None, batch_id=batch.id,
@@ -378,6 +417,12 @@ def _failed_line(batch_id: str, parsed: BatchRequest | LineError, seen: CustomId
                      status=LINE_FAILED, error=error)
 
 
+def _max_model_len(settings: Settings) -> int | None:
+    """What the model's engine serves (the configured max_model_len within the model's), read from its
+    config.json: a line whose prompt + max_tokens exceed it is a line error, as at the sync routes."""
+    return served_max_model_len(settings.max_model_len, model_context_length(settings.model_folder()))
+
+
 def _give_up_error(error: Exception, failures: int | None) -> dict[str, Any]:
     """The batch-level error of a batch given up on (`failures`: the failed rounds that led there, None for
     the last try at writing its outputs)."""
@@ -393,5 +438,4 @@ def make_batch_runner(sessions: sessionmaker[Session], settings: Settings, publi
     """The runner a worker process or the embedded runtime starts next to its reconciler; the S3 client
     takes its credentials from the standard AWS chain."""
     s3 = make_s3_client(settings.s3_endpoint_url, settings.s3_region)
-    return BatchRunner(sessions, settings, publish, owner, tokenizer=tokenizer, s3=s3,
-                       model_name=settings.served_model_id())
+    return BatchRunner(sessions, settings, publish, owner, tokenizer=tokenizer, s3=s3)

@@ -28,7 +28,7 @@ def test_upgrade_head_matches_the_models(fresh_url: str) -> None:
     head = ScriptDirectory.from_config(alembic_config(fresh_url)).get_current_head()  # one linear history
     with db_engine.connect() as conn:
         current = MigrationContext.configure(conn).get_current_revision()
-        assert current == head == "0016_job_tallies"
+        assert current == head == "0017_model_lanes"
         assert {"tenants", "api_keys", "jobs", "workers"} <= set(inspect(conn).get_table_names())
         assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
         assert conn.execute(text("SELECT id FROM tenants")).scalars().all() == ["default"]
@@ -92,7 +92,7 @@ def test_the_migration_starts_the_tallies_from_the_jobs_queued_and_running(fresh
                 " updated_at, attempts, preemptions, priority) VALUES (:id, 'default', 'documents', :status,"
                 " :params, 'h', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP, 0, 0, 0)"),
                 {"id": job_id, "status": status, "params": params})
-    upgrade(fresh_url)
+    upgrade(fresh_url, "0016_job_tallies")
     sessions = make_session_factory(db_engine)
     with sessions() as session:
         assert job_tallies.tallies(session) == {"documents": job_tallies.QueueTally(2, 1, 20 + 16 + 5)}
@@ -103,4 +103,36 @@ def test_the_migration_starts_the_tallies_from_the_jobs_queued_and_running(fresh
     with sessions() as session:
         session.execute(update(Job).where(Job.id == "j1").values(status="running"))  # no trigger left
         session.commit()
+    db_engine.dispose()
+
+
+def test_stored_jobs_tallies_and_counts_move_to_the_default_model_lanes_and_back(fresh_url: str) -> None:
+    """Migration 0017: every queue column names the default model's lane; queued jobs are published again
+    (to the lane's broker queue); a downgrade strips the model while only one has jobs."""
+    upgrade(fresh_url, "0016_job_tallies")
+    db_engine = make_db_engine(fresh_url)
+    with db_engine.begin() as conn:
+        for job_id, status in (("j1", "queued"), ("j2", "running"), ("j3", "succeeded")):
+            conn.execute(text(
+                "INSERT INTO jobs (id, tenant_id, queue, status, params, request_hash, created_at,"
+                " updated_at, dispatched_at, attempts, preemptions, priority) VALUES (:id, 'default',"
+                " 'documents', :status, '{}', 'h', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP,"
+                " 0, 0, 0)"),
+                {"id": job_id, "status": status})
+        conn.execute(text("INSERT INTO metric_counts (metric, queue, status, label, count, total) VALUES"
+                          " ('e2e', 'documents', 'succeeded', '1.0', 1, 0.5),"
+                          " ('webhook_deliveries', '', '', 'ok', 1, 0)"))
+    upgrade(fresh_url, default_model="small")
+    sessions = make_session_factory(db_engine)
+    with sessions() as session:
+        assert job_tallies.tallies(session) == {"small:documents": job_tallies.QueueTally(1, 1, 32)}
+        rows = session.execute(text("SELECT id, queue, dispatched_at IS NULL FROM jobs ORDER BY id")).all()
+        assert [tuple(row) for row in rows] == [("j1", "small:documents", 1), ("j2", "small:documents", 0),
+                                                ("j3", "small:documents", 0)]
+        counted = session.execute(text("SELECT queue FROM metric_counts ORDER BY metric")).scalars().all()
+        assert counted == ["small:documents", ""]
+    command.downgrade(alembic_config(fresh_url), "0016_job_tallies")
+    with sessions() as session:
+        assert session.execute(text("SELECT DISTINCT queue FROM jobs")).scalars().all() == ["documents"]
+        assert job_tallies.tallies(session) == {"documents": job_tallies.QueueTally(1, 1, 32)}
     db_engine.dispose()

@@ -68,7 +68,7 @@ def _runner(sessions: sessionmaker[Session], settings: Settings, s3: Any, owner:
     def publish(job_id: str, queue: str) -> None:  # no broker: jobs are completed in the store below
         pass
 
-    return BatchRunner(sessions, settings, publish, owner, tokenizer=None, s3=s3, model_name="tiny",
+    return BatchRunner(sessions, settings, publish, owner, tokenizer=None, s3=s3,
                        chunk_lines=chunk_lines, interval_s=0.0, backoff=backoff)
 
 

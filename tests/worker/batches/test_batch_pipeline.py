@@ -73,7 +73,7 @@ def _runner(rt: Any, settings: Settings, sessions: sessionmaker[Session], owner:
             chunk_lines: int = 500) -> BatchRunner:
     s3 = make_s3_client(settings.s3_endpoint_url, settings.s3_region)
     return BatchRunner(sessions, settings, rt.publisher.publish, owner, tokenizer=rt.host.tokenizer, s3=s3,
-                       model_name="tiny", chunk_lines=chunk_lines, interval_s=0.05)
+                       chunk_lines=chunk_lines, interval_s=0.05)
 
 
 def _line(custom_id: str, max_tokens: int = 1, **body: Any) -> bytes:
@@ -268,7 +268,7 @@ def publish(job_id: str, queue: str) -> None:  # no broker here: the test's reco
     raise ConnectionError("no broker in this process")
 
 runner = BatchRunner(sessions, settings, publish, "runner-sigkilled", tokenizer=None,
-                     s3=make_s3_client(endpoint, "us-east-1"), model_name="tiny", chunk_lines=50)
+                     s3=make_s3_client(endpoint, "us-east-1"), chunk_lines=50)
 while True:
     runner.run_once()
     time.sleep(0.02)

@@ -127,7 +127,7 @@ def test_hostile_lines_fail_alone_and_the_rest_of_the_batch_is_queued(
     batch_id = r.json()["id"]
 
     runner = BatchRunner(service.session_factory, service.settings, lambda job_id, queue: None, "runner-1",
-                         tokenizer=_Tokenizer(), s3=None, model_name="demo-model")
+                         tokenizer=_Tokenizer(), s3=None)
     for _ in range(3):
         runner.run_once()
 
@@ -153,7 +153,7 @@ def test_a_lines_priority_and_deadline_and_the_window_as_its_default_deadline(
     r = client.post("/v1/batches", json={"input_file_id": _upload(client, b"\n".join(lines) + b"\n")})
     assert r.status_code == 200, r.text
     runner = BatchRunner(service.session_factory, service.settings, lambda job_id, queue: None, "runner-1",
-                         tokenizer=_Tokenizer(), s3=None, model_name="demo-model")
+                         tokenizer=_Tokenizer(), s3=None)
     runner.run_once()
     with service.session_factory() as session:
         batch = session.get(Batch, r.json()["id"])
@@ -172,7 +172,7 @@ def test_a_line_outside_its_tenants_priorities_fails_alone_and_lines_start_by_th
     client = service.client("alice")
     with service.session_factory() as session:
         tenants.set_overrides(session, "alice", {"min_priority": -1}, utcnow())
-        workers.register(session, "w1", hostname="h", pid=1, queues=["documents"], now=utcnow())
+        workers.register(session, "w1", hostname="h", pid=1, queues=["demo-model:documents"], now=utcnow())
         workers.heartbeat(session, "w1", utcnow(), {"step_s": 0.5, "prefill_token_s": 0.0})
     lines = [line("too-urgent", {"prompt": "hello", "max_tokens": 2, "priority": -5}),
              line("priority", {"prompt": "hello", "max_tokens": 20, "service_tier": "priority",
@@ -180,7 +180,7 @@ def test_a_line_outside_its_tenants_priorities_fails_alone_and_lines_start_by_th
     r = client.post("/v1/batches", json={"input_file_id": _upload(client, b"\n".join(lines) + b"\n")})
     assert r.status_code == 200, r.text
     BatchRunner(service.session_factory, service.settings, lambda job_id, queue: None, "runner-1",
-                tokenizer=_Tokenizer(), s3=None, model_name="demo-model").run_once()
+                tokenizer=_Tokenizer(), s3=None).run_once()
     with service.session_factory() as session:
         refused = session.scalars(select(BatchLine).where(BatchLine.line == 1)).one()
         [job] = [job for job in session.scalars(select(Job)) if job.meta]
@@ -199,7 +199,7 @@ def test_a_line_asking_to_be_refused_when_late_fails_alone_saying_why(make_servi
     r = client.post("/v1/batches", json={"input_file_id": _upload(client, b"\n".join(lines) + b"\n")})
     assert r.status_code == 200, r.text
     BatchRunner(service.session_factory, service.settings, lambda job_id, queue: None, "runner-1",
-                tokenizer=_Tokenizer(), s3=None, model_name="demo-model").run_once()
+                tokenizer=_Tokenizer(), s3=None).run_once()
     with service.session_factory() as session:
         refused, taken = session.scalars(select(BatchLine).order_by(BatchLine.line)).all()
     assert refused.error is not None and refused.error["code"] == "invalid_parameter", refused.error

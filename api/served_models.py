@@ -1,0 +1,82 @@
+"""The models this deployment serves, as the API judges requests for them: each one's settings (its engine
+and queue limits: Settings.for_model) and its tokenizer (no weights), by the id clients send as `model`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from api.prompt_tokenizer import PromptTokenizer
+from core.chat_options import ToolParser, tool_parser_for
+from core.lanes import lane_of
+from core.model_limits import served_max_model_len
+from core.settings import Settings
+
+
+class UnknownModelError(LookupError):
+    """A request named a model this deployment does not serve; the message names it and the served ones."""
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    id: str
+    settings: Settings  # the deployment's settings as this model sees them
+    tokenizer: PromptTokenizer
+
+    @property
+    def tool_parser(self) -> ToolParser:
+        """The parser this model's tool calls are read with (the setting, or its template's)."""
+        return tool_parser_for(self.settings.tool_call_parser, self.tokenizer.chat_template)
+
+    def max_model_len(self) -> int | None:
+        """The max_model_len its workers serve: the configured one, else the model's own (its config.json),
+        so a request that can never run is refused at submit rather than failing on a worker."""
+        return served_max_model_len(self.settings.max_model_len, self.tokenizer.context_length)
+
+    def lane(self, queue: str) -> str:
+        return lane_of(self.id, queue)
+
+    def created(self) -> int:
+        """When its folder was last changed (OpenAI's model `created`); 0 when it is not a local folder."""
+        path = Path(self.settings.model) if self.settings.model else None
+        return int(path.stat().st_mtime) if path is not None and path.exists() else 0
+
+
+class ServedModels:
+    """Every served model, the default first."""
+
+    def __init__(self, settings: Settings, tokenizers: Mapping[str, PromptTokenizer]) -> None:
+        missing = [model_id for model_id in settings.model_ids() if model_id not in tokenizers]
+        if missing:
+            raise ValueError(f"tokenizers: none given for model(s) {', '.join(missing)}")
+        self._models = {model_id: ServedModel(model_id, model_settings, tokenizers[model_id])
+                        for model_id, model_settings in settings.served().items()}
+        # The one model of a deployment without a registry also answers to its folder as configured.
+        self._aliases = {settings.model: settings.default_model_id()} if settings.model else {}
+
+    @classmethod
+    def load(cls, settings: Settings) -> ServedModels:
+        """Each model's tokenizer read from its folder (Settings.model_folder)."""
+        return cls(settings, {model_id: PromptTokenizer(model_settings.model_folder())
+                              for model_id, model_settings in settings.served().items()})
+
+    @property
+    def default(self) -> ServedModel:
+        return next(iter(self._models.values()))
+
+    def __iter__(self) -> Iterator[ServedModel]:
+        return iter(self._models.values())
+
+    def ids(self) -> list[str]:
+        return list(self._models)
+
+    def get(self, model_id: str | None) -> ServedModel:
+        """The model a request names (None: the default). UnknownModelError when it is not served."""
+        if model_id is None:
+            return self.default
+        served = self._models.get(self._aliases.get(model_id, model_id))
+        if served is None:
+            raise UnknownModelError(f"model: `{model_id}` is not served here; served: "
+                                    f"{', '.join(f'`{name}`' for name in self._models)}")
+        return served
