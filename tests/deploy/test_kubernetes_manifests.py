@@ -33,6 +33,7 @@ else:  # pytest itself depends on tomli before 3.11
 
 REPO = Path(__file__).resolve().parents[2]
 KUSTOMIZATION = REPO / "deploy" / "kubernetes"
+TWO_MODELS = KUSTOMIZATION / "overlays" / "two-models"  # a registry of two models, a worker pool each
 KUBERNETES_VERSION = "1.30.0"  # the oldest Kubernetes the manifests promise to fit
 CORE_KINDS = {"Namespace", "Deployment", "Service", "Job", "ConfigMap", "Secret", "ServiceAccount",
               "PodDisruptionBudget"}
@@ -46,12 +47,21 @@ Manifest = dict[str, Any]
 
 @pytest.fixture(scope="module")
 def manifests() -> list[Manifest]:
+    return rendered(KUSTOMIZATION)
+
+
+@pytest.fixture(scope="module")
+def two_models() -> list[Manifest]:
+    return rendered(TWO_MODELS)
+
+
+def rendered(kustomization: Path) -> list[Manifest]:
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         pytest.fail("kubectl is not installed: it renders deploy/kubernetes (`kubectl kustomize`)")
-    result = subprocess.run([kubectl, "kustomize", str(KUSTOMIZATION)], capture_output=True, text=True,
+    result = subprocess.run([kubectl, "kustomize", str(kustomization)], capture_output=True, text=True,
                             timeout=120, check=False)
-    assert result.returncode == 0, f"kubectl kustomize {KUSTOMIZATION} failed:\n{result.stderr}"
+    assert result.returncode == 0, f"kubectl kustomize {kustomization} failed:\n{result.stderr}"
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
 
@@ -292,6 +302,44 @@ def test_the_api_has_a_disruption_budget(manifests: list[Manifest]) -> None:
 
 
 # --- Dockerfile ---
+
+
+def pod_settings(manifests: list[Manifest], workload: Manifest, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """The settings a workload's main container starts with (its environment only)."""
+    for name in [n for n in os.environ if n.startswith("CONVEYOR_")]:
+        monkeypatch.delenv(name)
+    for name, value in container_env(manifests, main_container(workload)).items():
+        monkeypatch.setenv(name, value)
+    return Settings()
+
+
+def test_the_two_model_overlay_fits_the_kubernetes_schemas(two_models: list[Manifest]) -> None:
+    errors = [schema_error(m) for m in two_models if m["kind"] in CORE_KINDS]
+    assert [e for e in errors if e] == []
+
+
+def test_each_model_has_its_own_pool_scaled_from_zero_on_its_own_load(
+    two_models: list[Manifest], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    registry = pod_settings(two_models, named(two_models, "Deployment", "conveyor-api"), monkeypatch)
+    assert registry.model_ids() == ["small", "large"] and not registry.model
+    pools = {}
+    for scaled_object in of_kind(two_models, "ScaledObject"):
+        location = trigger(scaled_object)["metadata"]["valueLocation"]
+        match = re.fullmatch(rf"models\.([a-z0-9_-]+)\.{SCALED_METRIC}", location)
+        assert match, f"{location!r} is not models.<id>.{SCALED_METRIC}"
+        target = named(two_models, "Deployment", scaled_object["spec"]["scaleTargetRef"]["name"])
+        worker = pod_settings(two_models, target, monkeypatch)
+        assert worker.worker_model_id() == match.group(1), "a pool serves the model it scales on"
+        assert worker.worker_queues is None, "it serves every queue of its model"
+        assert scaled_object["spec"]["minReplicaCount"] == 0, "each model scales to zero on its own"
+        served = worker.for_model(worker.worker_model_id())
+        assert float(trigger(scaled_object)["metadata"]["targetValue"]) == sum(
+            q.max_running for q in served.queues.values())
+        pools[match.group(1)] = target["spec"]["selector"]["matchLabels"]
+    assert set(pools) == set(registry.model_ids())
+    assert pools["small"] != pools["large"], "each pool selects its own model's pods only"
+    assert all(w["metadata"]["labels"]["conveyor/pool"] == "model" for w in workers(two_models))
 
 
 def dockerfile_stages() -> dict[str, tuple[str | None, list[str]]]:
