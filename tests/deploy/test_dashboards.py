@@ -150,7 +150,7 @@ def test_goodput_is_read_per_tier_before_tiers_are_added() -> None:
     """conveyor_job_deadlines_total has a series per queue, tier and outcome; every query takes max() over API
     replicas keeping `tier` (max by (queue) alone would pick one tier instead of adding them), and the
     dashboard shows goodput per tier too."""
-    assert set(_labels_of("conveyor_job_deadlines_total")) == {"queue", "tier", "outcome"}
+    assert set(_labels_of("conveyor_job_deadlines_total")) == {"model", "queue", "tier", "outcome"}
     alert = next(r for r in alert_rules() if r["alert"] == "ConveyorOnTimeRatioLow")
     queries = [*dashboard_queries(), alert["expr"]]
     goodput = [q for q in queries if "conveyor_job_deadlines_total" in q]
