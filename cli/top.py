@@ -43,6 +43,12 @@ class Source:
     def label_values(self, name: str, label: str) -> list[str]:
         return sorted({ls[label] for n, ls, _ in self.samples if n == name and label in ls})
 
+    def lanes(self, name: str) -> list[dict[str, str]]:
+        """The (model, queue) label pairs of `name`'s samples, as label filters for value()."""
+        pairs = {(ls.get("model"), ls["queue"]) for n, ls, _ in self.samples if n == name and "queue" in ls}
+        return [{"model": model, "queue": queue} if model is not None else {"queue": queue}
+                for model, queue in sorted(pairs, key=lambda pair: (pair[0] or "", pair[1]))]
+
     def has(self, name: str) -> bool:
         return any(n == name for n, _, _ in self.samples)
 
@@ -122,14 +128,14 @@ def per_s(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}/s"
 
 
-def on_time_ratio(now: Frame, before: Frame | None, queue: str) -> float | None:
-    """The share of the queue's jobs with a deadline that ended since the previous frame (on the first frame:
-    of every one counted) that succeeded by it; None when none ended."""
+def on_time_ratio(now: Frame, before: Frame | None, lane: dict[str, str]) -> float | None:
+    """The share of the lane's (a model's queue) jobs with a deadline that ended since the previous frame (on
+    the first frame: of every one counted) that succeeded by it; None when none ended."""
     def on_time(frame: Frame) -> float:
-        return frame.api.value(DEADLINES, queue=queue, outcome="on_time")
+        return frame.api.value(DEADLINES, **lane, outcome="on_time")
 
     def ended(frame: Frame) -> float:
-        return frame.api.value(DEADLINES, queue=queue)
+        return frame.api.value(DEADLINES, **lane)
 
     if before is None:
         on, all_ = on_time(now), ended(now)
@@ -146,6 +152,7 @@ def queue_table(now: Frame, before: Frame | None) -> Table:
     api = now.api
     table = Table(title="Queues (API, cluster-wide)", title_justify="left")
     for column in (
+        "model",
         "queue",
         "queued",
         "running",
@@ -163,26 +170,28 @@ def queue_table(now: Frame, before: Frame | None) -> Table:
         "TTFT p95",
         "e2e p95",
     ):
-        table.add_column(column, justify="left" if column == "queue" else "right", no_wrap=column == "queue")
-    for queue in api.label_values("conveyor_queue_depth", "queue"):
-        ttl = api.value("conveyor_queue_default_ttl_seconds", queue=queue)
-        done = rate(now, before, lambda f, q=queue: f.api.value("conveyor_job_outcomes_total", queue=q))
-        on_time = rate(now, before, lambda f, q=queue: f.api.value(DEADLINES, queue=q, outcome="on_time"))
-        outcomes = [f"{api.value('conveyor_job_outcomes_total', queue=queue, status=s):.0f}" for s in FINAL]
+        left = column in ("model", "queue")
+        table.add_column(column, justify="left" if left else "right", no_wrap=left)
+    for lane in api.lanes("conveyor_queue_depth"):
+        ttl = api.value("conveyor_queue_default_ttl_seconds", **lane)
+        done = rate(now, before, lambda f, la=lane: f.api.value("conveyor_job_outcomes_total", **la))
+        on_time = rate(now, before, lambda f, la=lane: f.api.value(DEADLINES, **la, outcome="on_time"))
+        outcomes = [f"{api.value('conveyor_job_outcomes_total', **lane, status=s):.0f}" for s in FINAL]
         table.add_row(
-            queue,
-            f"{api.value('conveyor_queue_depth', queue=queue):.0f}",
-            f"{api.value('conveyor_queue_running', queue=queue):.0f}",
-            seconds(api.value("conveyor_queue_oldest_age_seconds", queue=queue)),
+            lane.get("model", "-"),
+            lane["queue"],
+            f"{api.value('conveyor_queue_depth', **lane):.0f}",
+            f"{api.value('conveyor_queue_running', **lane):.0f}",
+            seconds(api.value("conveyor_queue_oldest_age_seconds", **lane)),
             seconds(ttl) if ttl else "-",
-            f"{api.value('conveyor_queue_workers', queue=queue):.0f}",
+            f"{api.value('conveyor_queue_workers', **lane):.0f}",
             per_s(done),
-            percent(on_time_ratio(now, before, queue)),
+            percent(on_time_ratio(now, before, lane)),
             per_s(on_time),
             *outcomes,
-            seconds(quantile(api, "conveyor_job_queue_time_seconds", 0.95, queue=queue)),
-            seconds(quantile(api, "conveyor_job_time_to_first_token_seconds", 0.95, queue=queue)),
-            seconds(quantile(api, "conveyor_job_e2e_seconds", 0.95, queue=queue, status="succeeded")),
+            seconds(quantile(api, "conveyor_job_queue_time_seconds", 0.95, **lane)),
+            seconds(quantile(api, "conveyor_job_time_to_first_token_seconds", 0.95, **lane)),
+            seconds(quantile(api, "conveyor_job_e2e_seconds", 0.95, **lane, status="succeeded")),
         )
     return table
 

@@ -25,6 +25,7 @@ from engine.host import EngineHost
 from worker.celery_app import CONTROL_QUEUE, make_celery_app
 from worker.cold_start import ColdStart
 from worker.consumer import JobConsumerStep, JobFeed, worker_options
+from worker.engine_metrics import by_model
 from worker.heartbeat import new_worker_id
 from worker.metrics_server import serve_metrics
 from worker.model import describe_engine
@@ -51,7 +52,7 @@ def run_worker(settings: Settings, *, banner: bool = False, cold_start: ColdStar
                               republish_requeued=True, finished=finished)
     services.start()
     services.metrics.track_cold_start(cold_start)
-    stop_metrics = serve_metrics(settings, services.metrics.registry)
+    stop_metrics = serve_metrics(settings, by_model({services.model_id: services.metrics.registry}))
     cold_start.engine_ready(services.host)
     cold_start.watch_first_token(services.host)
     feed = JobFeed(services.runner, grace_s=settings.worker_shutdown_grace_s, publish=publisher.publish)

@@ -29,6 +29,7 @@ from core.store import jobs
 from core.store.database import make_db_engine, make_session_factory
 from engine.host import EngineHost
 from worker.cold_start import ColdStart
+from worker.engine_metrics import by_model
 from worker.heartbeat import new_worker_id
 from worker.in_process_queue import InProcessPublisher
 from worker.job_runner import RunnerStoppedError
@@ -63,6 +64,8 @@ class EmbeddedRuntime:
                 fleet_duties=index == 0)
             for index, (model_id, model_settings) in enumerate(settings.served().items())
         }
+        self._metrics = by_model({model_id: services.metrics.registry
+                                  for model_id, services in self.models.items()})
         self._stop = threading.Event()  # every feeder's
         self._feeders = [BackgroundLoop(f"feeder-{lane}", self._feeder_of(services, lane))
                          for services in self.models.values() for lane in services.lanes]
@@ -89,9 +92,9 @@ class EmbeddedRuntime:
 
     @property
     def metrics_registry(self) -> CollectorRegistry:
-        """The default model's engine metrics, served on the embedded server's own /metrics (api.app's
-        MetricsSource)."""
-        return self._default.metrics.registry
+        """Every model's engine metrics, labelled by model, served on the embedded server's own /metrics
+        (api.app's MetricsSource)."""
+        return self._metrics
 
     def start(self) -> None:
         self._load_backlog()  # before the reconciler starts, so no job is published twice

@@ -10,7 +10,8 @@ token:
 
 One registry per WorkerMetrics (never prometheus_client's global one). A worker is one process, so no
 multiprocess mode is needed: `conveyor worker` serves the registry on worker_metrics_port, and the embedded
-server adds it to its own /metrics.
+server adds it to its own /metrics. Either way every sample carries the `model` its engine serves
+(`by_model`): the embedded server runs one engine per model, and their families merge into one each.
 """
 
 from __future__ import annotations
@@ -50,6 +51,31 @@ class WorkerMetrics:
 
     def track_cold_start(self, cold_start: ColdStart) -> None:
         self._snapshot.cold_start = cold_start
+
+
+def by_model(registries: dict[str, CollectorRegistry]) -> CollectorRegistry:
+    """One registry of the engines' metrics, each sample labelled with its engine's model."""
+    registry = CollectorRegistry()
+    registry.register(ModelLabelled(registries))
+    return registry
+
+
+class ModelLabelled(Collector):
+    """Each model's engine metrics as one family per name (a name twice would be invalid exposition), every
+    sample with a `model` label."""
+
+    def __init__(self, registries: dict[str, CollectorRegistry]) -> None:
+        self._registries = registries
+
+    def collect(self) -> Iterator[Metric]:
+        merged: dict[str, Metric] = {}
+        for model_id, registry in self._registries.items():
+            for family in registry.collect():
+                into = merged.setdefault(family.name, Metric(family.name, family.documentation, family.type,
+                                                             family.unit))
+                into.samples += [sample._replace(labels={"model": model_id, **sample.labels})
+                                 for sample in family.samples]
+        yield from merged.values()
 
 
 def _histogram(

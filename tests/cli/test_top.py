@@ -16,18 +16,18 @@ from cli.top import Frame, Source, on_time_ratio, quantile, rate, read, render, 
 from tests.support.live_server import free_port, serving
 
 API_TEXT = """\
-conveyor_queue_depth{queue="interactive"} 3
-conveyor_queue_running{queue="interactive"} 2
-conveyor_queue_workers{queue="interactive"} 1
-conveyor_queue_default_ttl_seconds{queue="interactive"} 600
-conveyor_job_outcomes_total{queue="interactive",status="succeeded"} 40
-conveyor_job_outcomes_total{queue="interactive",status="cancelled"} 2
+conveyor_queue_depth{model="small",queue="interactive"} 3
+conveyor_queue_running{model="small",queue="interactive"} 2
+conveyor_queue_workers{model="small",queue="interactive"} 1
+conveyor_queue_default_ttl_seconds{model="small",queue="interactive"} 600
+conveyor_job_outcomes_total{model="small",queue="interactive",status="succeeded"} 40
+conveyor_job_outcomes_total{model="small",queue="interactive",status="cancelled"} 2
 """
 WORKER_TEXT = """\
-conveyor:kv_cache_usage_perc 0.5
-conveyor:num_requests_running{queue="interactive"} 2
-conveyor:num_requests_waiting{queue="interactive"} 1
-conveyor:num_preemptions_total{queue="interactive"} 7
+conveyor:kv_cache_usage_perc{model="small"} 0.5
+conveyor:num_requests_running{model="small",queue="interactive"} 2
+conveyor:num_requests_waiting{model="small",queue="interactive"} 1
+conveyor:num_preemptions_total{model="small",queue="interactive"} 7
 """
 
 
@@ -81,16 +81,16 @@ def test_goodput_is_the_on_time_share_and_rate_between_frames_every_tier_togethe
     before = goodput_frame(10.0, on_time_default=8, on_time_priority=1, late=0, missed=1)
     now = goodput_frame(12.0, on_time_default=11, on_time_priority=2, late=1, missed=1)
     # Between the frames: 4 on time (3 default, 1 priority) of 5 that ended (1 late), over 2 s.
-    assert on_time_ratio(now, before, "interactive") == 0.8
+    assert on_time_ratio(now, before, {"queue": "interactive"}) == 0.8
     row = queue_row(now, before)
     assert "80%" in row and "2.0/s" in row, row
     # The first frame: the share of every job counted so far (9 of 10), and no rate yet.
-    assert on_time_ratio(before, None, "interactive") == 0.9
+    assert on_time_ratio(before, None, {"queue": "interactive"}) == 0.9
     first = queue_row(before, None)
     assert "90%" in first and "/s" not in first, first
     # No job with a deadline ended between the frames: no share.
-    assert on_time_ratio(goodput_frame(14.0, 11, 2, 1, 1), now, "interactive") is None
-    assert on_time_ratio(Frame(1.0, source("api", []), []), None, "interactive") is None
+    assert on_time_ratio(goodput_frame(14.0, 11, 2, 1, 1), now, {"queue": "interactive"}) is None
+    assert on_time_ratio(Frame(1.0, source("api", []), []), None, {"queue": "interactive"}) is None
 
 
 def test_a_frame_read_from_the_api_and_a_worker() -> None:
@@ -106,7 +106,7 @@ def test_a_frame_read_from_the_api_and_a_worker() -> None:
     console = Console(record=True, width=200)
     console.print(render(now, None))
     text = console.export_text()
-    assert "interactive" in text and "10.0 min" in text  # the queue row, with its deadline
+    assert "small" in text and "interactive" in text and "10.0 min" in text  # the lane's row, with its ttl
     assert "50%" in text and "int=2" in text and "int=1" in text  # the engine row: KV used, running, waiting
     assert now.workers[1].error and now.workers[1].url in text  # the unreachable one is named
 
@@ -119,7 +119,7 @@ def test_once_prints_one_frame_with_rates_over_the_interval() -> None:
         lambda: (
             API_TEXT
             + WORKER_TEXT
-            + f'conveyor:generation_tokens_total{{queue="interactive"}} {next(counter)}\n'
+            + f'conveyor:generation_tokens_total{{model="small",queue="interactive"}} {next(counter)}\n'
         )
     )
     console = Console(record=True, width=200)
