@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
+from pydantic import ValidationError
 
 from cli.errors import ConveyorGroup, debug_enabled, remember_settings
 from cli.tenants import tenants_app
@@ -307,10 +308,19 @@ def bench_store(
 def _settings(ctx: typer.Context, config: Path | None, **overrides: Any) -> Settings:
     try:
         settings = load_settings(config, **overrides)
+    except ValidationError as exc:
+        _fail("settings: " + "; ".join(_setting_problem(error) for error in exc.errors()))
     except ValueError as exc:
         _fail(str(exc))
     remember_settings(ctx, settings)  # the URLs a connection error is about (cli/errors.py)
     return settings
+
+
+def _setting_problem(error: Any) -> str:
+    """One invalid setting in one phrase: where (the field, when pydantic knows it) and why."""
+    where = ".".join(map(str, error["loc"]))
+    why = str(error["msg"]).removeprefix("Value error, ")
+    return f"{where}: {why}" if where else why
 
 
 def _configure_logging(ctx: typer.Context, settings: Settings) -> None:

@@ -105,3 +105,19 @@ def test_an_invocations_debug_flag_stays_with_it(monkeypatch: pytest.MonkeyPatch
     assert with_debug.exit_code != 2 and with_debug.exception is not None  # the traceback, not one line
     without = runner.invoke(app, ["migrate"])
     assert without.exit_code == 2 and "Connection refused" in without.stderr
+
+
+def test_a_worker_of_a_registry_must_name_a_served_model(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, redis_url: str
+) -> None:
+    config = tmp_path / "models.toml"
+    config.write_text('[models.small]\npath = "/models/small"\n[models.large]\npath = "/models/large"\n')
+    monkeypatch.setenv("CONVEYOR_CONFIG_FILE", str(config))
+    monkeypatch.setenv("CONVEYOR_BROKER_URL", redis_url)
+    unnamed = runner.invoke(app, ["worker"])
+    assert unnamed.exit_code == 2 and unnamed.stderr.count("\n") == 1, unnamed.stderr
+    assert "2 models are served (small, large)" in unnamed.stderr and "--model" in unnamed.stderr
+    unknown = runner.invoke(app, ["worker", "--model", "medium"])
+    assert unknown.exit_code == 2 and "worker_model: unknown model 'medium'" in unknown.stderr, unknown.stderr
+    named = runner.invoke(app, ["worker", "--model", "large"])  # its folder is checked before anything loads
+    assert named.exit_code == 2 and "model folder /models/large does not exist" in named.stderr, named.stderr
