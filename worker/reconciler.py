@@ -7,7 +7,8 @@ Every worker process (and the embedded runtime) runs this loop every reconcile_i
      failed (`worker_lost`) instead. A worker never judges itself: its own heartbeat may be late (the
      database was down, the process was paused) while it is plainly alive;
   3. this worker's own running jobs that its runner does not hold (the claim committed but its answer was
-     lost with the connection) -> queued;
+     lost with the connection) -> queued; and queued jobs under a bare queue name (an API of the release
+     before lanes still ran during the upgrade, migration 0017) -> the default model's lane of that name;
   4. queued jobs still undispatched after dispatch_grace_s (the API died between commit and publish, the
      broker was down, or steps 2-3 just requeued them) are published and marked dispatched;
   5. lost messages are published again, oldest first:
@@ -94,6 +95,8 @@ class Reconciler:
         self._broker = broker
         self._local = local
         self._queues = settings.lanes()  # every model's: a fleet-wide duty
+        self._default_model = settings.default_model_id()
+        self._queue_names = sorted({name for served in settings.served().values() for name in served.queues})
         self._interval_s = settings.reconcile_interval_s
         self._grace = timedelta(seconds=settings.dispatch_grace_s)
         self._dead_after_s = settings.worker_dead_after_s
@@ -127,6 +130,7 @@ class Reconciler:
             if requeued:
                 log.warning("requeued %d job(s) of dead worker(s) %s", len(requeued), dead)
             requeued += self._requeue_unheld(session, now)
+            requeued += self._adopt_bare_queued(session, now)
             stale = jobs.undispatched(session, now - self._grace)
             job_tallies.fold(session)
         if (expired or lost) and self._finished is not None:
@@ -156,6 +160,13 @@ class Reconciler:
             return
         self._next_purge = time.monotonic() + self._settings.purge_interval_s
         self.purge_once()
+
+    def _adopt_bare_queued(self, session: Session, now: datetime) -> list[tuple[str, str]]:
+        adopted = jobs.adopt_bare_queued(session, self._default_model, self._queue_names, now)
+        if adopted:
+            log.warning("moved %d job(s) queued by a release before lanes to the %s model's queues",
+                        len(adopted), self._default_model)
+        return adopted
 
     def _requeue_unheld(self, session: Session, now: datetime) -> list[tuple[str, str]]:
         if self._local is None:

@@ -35,6 +35,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
+from core.lanes import lane_of
 from core.lifecycle import (
     CANCELLED,
     EXPIRED,
@@ -50,7 +51,8 @@ from core.service_tiers import goodput_tier
 from core.store import outcome_counts, webhooks
 from core.store.final_status_effects import record_finished
 from core.store.paging import newest_first
-from core.store.tables import Batch, BatchLine, Job
+from core.store.tables import Batch, BatchLine, Job, JobTallyDelta
+from core.store.token_usage import DEFAULT_MAX_TOKENS
 
 EXPIRE_BATCH = 500  # queued jobs past their ttl expired per statement (expire_overdue)
 
@@ -516,6 +518,37 @@ def requeue_orphans(session: Session, dead_worker_ids: list[str], now: datetime)
     rows = [(job_id, queue) for job_id, queue in session.execute(statement)]
     session.commit()
     return rows
+
+
+def adopt_bare_queued(session: Session, default_model: str, queue_names: list[str], now: datetime,
+                      ) -> list[tuple[str, str]]:
+    """Queued jobs whose `queue` is a bare queue name, as an API of the release before lanes wrote them during
+    a rolling upgrade (migration 0017): moved to the default model's lane of that name and undispatched, to
+    be published there; their tallies move with them (the tally triggers see status changes only). Returns
+    (id, lane) of the jobs moved. One index probe per name (ix_jobs_queued), so nothing when none is left."""
+    moved: list[tuple[str, str]] = []
+    for name in queue_names:
+        lane = lane_of(default_model, name)
+        statement = (
+            update(Job).where(status_is(QUEUED), Job.queue == name)
+            .values(queue=lane, dispatched_at=None, updated_at=now)
+            .returning(Job.id, Job.tenant_id, Job.params)
+            .execution_options(synchronize_session=False)
+        )
+        for job_id, tenant_id, params in session.execute(statement).all():
+            bound = output_bound(params or {})
+            session.add_all([
+                JobTallyDelta(queue=name, tenant_id=tenant_id, status=QUEUED, jobs=-1, output_bound=-bound),
+                JobTallyDelta(queue=lane, tenant_id=tenant_id, status=QUEUED, jobs=1, output_bound=bound),
+            ])
+            moved.append((job_id, lane))
+    session.commit()
+    return moved
+
+
+def output_bound(params: dict[str, Any]) -> int:
+    """The most output a job may still write, as the tally triggers count it (migration 0016)."""
+    return int(params.get("max_tokens") or DEFAULT_MAX_TOKENS) * int(params.get("n") or 1)
 
 
 def requeue_unheld(

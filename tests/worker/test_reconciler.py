@@ -12,7 +12,7 @@ from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.clock import utcnow
-from core.store import jobs, workers
+from core.store import job_tallies, jobs, workers
 from core.store.tables import Job, Worker
 from tests.support.service import RecordingPublisher
 from tests.support.worker import add_job, get_job, lane
@@ -245,3 +245,26 @@ def test_a_claim_still_on_its_way_to_the_runner_is_left_alone_however_long_it_ta
 
     assert report.requeued == 1 and broker.published == [(lost, lane("interactive"))]
     assert get_job(sessions, on_the_way).status == "running"
+
+
+def test_jobs_queued_by_a_release_before_lanes_move_to_the_default_models_lane_with_their_tally(
+    sessions: sessionmaker[Session], make_settings: Callable[..., Any], pg_url: str
+) -> None:
+    """A rolling upgrade past migration 0017: an API of the previous release still queues under the bare
+    queue name, which no worker of the new release takes; the reconciler moves such jobs to the default
+    model's lane and publishes them there, their tally with them."""
+    settings = make_settings(database_url=pg_url)
+    with sessions() as session:  # as the previous release's API inserts it: under the queue's bare name
+        old_release = jobs.add(session, jobs.NewJob(
+            tenant_id="default", queue="interactive", prompt="old", messages=None,
+            params={"max_tokens": 5, "n": 2}, meta=None, webhook=None, idempotency_key=None,
+            request_hash="h", prompt_tokens=1, ttl_s=None, timeout_s=None), utcnow()).id
+        assert job_tallies.tallies(session, may_fold=True)["interactive"].queued == 1
+    broker = RecordingPublisher()
+    report = Reconciler(sessions, broker, settings).run_once()
+    assert report.requeued == 1 and broker.published == [(old_release, lane("interactive"))]
+    with sessions() as session:
+        tallied = job_tallies.tallies(session, may_fold=True)
+    assert tallied[lane("interactive")] == job_tallies.QueueTally(1, 0, 10)
+    assert tallied.get("interactive", job_tallies.QueueTally()) == job_tallies.QueueTally()
+    assert Reconciler(sessions, broker, settings).run_once().requeued == 0
