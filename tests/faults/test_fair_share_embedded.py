@@ -31,6 +31,7 @@ from core.store.migrate import upgrade
 from core.store.tables import Job
 from tests.support.live_server import wait_for
 from worker.embedded import EmbeddedRuntime
+from worker.services import WorkerServices
 
 ENGINE = dict(max_num_seqs=8, max_num_batched_tokens=256, num_kv_blocks=256, block_size=16, dtype="float32",
               device="cpu", attention_backend="torch")
@@ -55,9 +56,9 @@ def embedded(
     gate = threading.Event()
     feed = EmbeddedRuntime._feed
 
-    def gated_feed(runtime: EmbeddedRuntime, queue_name: str) -> None:
+    def gated_feed(runtime: EmbeddedRuntime, services: WorkerServices, lane: str) -> None:
         gate.wait()
-        feed(runtime, queue_name)
+        feed(runtime, services, lane)
 
     monkeypatch.setattr(EmbeddedRuntime, "_feed", gated_feed)
     runtime = EmbeddedRuntime(settings)
