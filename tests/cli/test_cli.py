@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -218,3 +219,31 @@ def _recording_app(
         return await call_next(request)
 
     return served, queries
+
+
+def test_serve_runs_every_model_of_the_registry(tmp_path: Path, tiny_model_dir: Callable[..., Path]) -> None:
+    """`conveyor serve --config` with two models: one process, an engine each, every job run by its model."""
+    config = tmp_path / "models.toml"
+    qwen = tiny_model_dir("Qwen2ForCausalLM", vocab_size=640, seed=7)
+    config.write_text('num_threads = 1\ndtype = "float32"\nnum_kv_blocks = 128\n'
+                      f'[models.llama]\npath = "{tiny_model_dir("LlamaForCausalLM")}"\n'
+                      f'[models.qwen]\npath = "{qwen}"\nnum_kv_blocks = 64\n')  # qwen's own
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")}
+    env.update(CONVEYOR_DATA_DIR=str(tmp_path), PYTHONPATH=str(REPO_ROOT))
+    command = [sys.executable, "-m", "cli", "serve", "--port", str(port), "--config", str(config)]
+    proc = subprocess.Popen(command, env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: _answers(f"{url}/healthz"), "conveyor serve to start", timeout_s=180)
+        assert [m["id"] for m in httpx.get(f"{url}/v1/models").json()["data"]] == ["llama", "qwen"]
+        ids = {model: httpx.post(f"{url}/v1/jobs", json={"model": model, "prompt": "Hello", "max_tokens": 3},
+                                 timeout=30).json()["id"] for model in ("llama", "qwen")}
+        done = {model: httpx.get(f"{url}/v1/jobs/{job_id}", params={"wait": 60}, timeout=90).json()
+                for model, job_id in ids.items()}
+        assert {model: (job["status"], job["model"]) for model, job in done.items()} == {
+            "llama": ("succeeded", "llama"), "qwen": ("succeeded", "qwen")}, done
+    finally:
+        proc.terminate()
+        output = proc.communicate(timeout=60)[0].decode(errors="replace")
+    assert "llama (" in output and "qwen (" in output, output  # the start-up line names both
