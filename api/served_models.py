@@ -55,12 +55,6 @@ class ServedModels:
         # The one model of a deployment without a registry also answers to its folder as configured.
         self._aliases = {settings.model: settings.default_model_id()} if settings.model else {}
 
-    @classmethod
-    def load(cls, settings: Settings) -> ServedModels:
-        """Each model's tokenizer read from its folder (Settings.model_folder)."""
-        return cls(settings, {model_id: PromptTokenizer(model_settings.model_folder())
-                              for model_id, model_settings in settings.served().items()})
-
     @property
     def default(self) -> ServedModel:
         return next(iter(self._models.values()))
