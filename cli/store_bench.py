@@ -36,6 +36,7 @@ from cli.store_fill import TENANT_PREFIX, fill, foreign_rows
 from cli.store_operations import OPERATIONS, RETENTION_DAYS, Bench, Operation, open_bench
 from cli.store_plans import ExplainedStatement, Statement, captured_statements, explain_statements
 from core.clock import utcnow
+from core.lanes import lane_of
 from core.settings import Settings
 from core.store.database import make_db_engine, make_session_factory
 from core.store.migrate import upgrade
@@ -155,12 +156,13 @@ def bench_scale(db_engine: Engine, url: str, scale: Scale, args: StoreBenchArgs,
     """Fills the database for one scale, then times (and with --explain, explains) every operation."""
     console.print(f"[bold]{scale.label}[/bold]: {scale.queued} queued, {scale.history} finished, "
                   f"{args.tenants} tenants")
-    fill_s = fill(db_engine, queued=scale.queued, history=scale.history, tenants=args.tenants,
-                  queue=args.queue, now=utcnow(), progress=lambda line: console.print(f"  {line}"))
-    console.print(f"  filled in {fill_s:.1f} s")
     settings = Settings(database_url=url, retention_days=RETENTION_DAYS)
+    lane = lane_of(settings.default_model_id(), args.queue)  # the store keeps lanes (core/lanes.py)
+    fill_s = fill(db_engine, queued=scale.queued, history=scale.history, tenants=args.tenants,
+                  queue=lane, now=utcnow(), progress=lambda line: console.print(f"  {line}"))
+    console.print(f"  filled in {fill_s:.1f} s")
     sessions = make_session_factory(db_engine)
-    bench = open_bench(db_engine, sessions, settings, args.queue, f"{TENANT_PREFIX}000")
+    bench = open_bench(db_engine, sessions, settings, lane, f"{TENANT_PREFIX}000")
     result = ScaleResult(scale, fill_s)
     filled = status_counts(db_engine)
     for operation in OPERATIONS:

@@ -24,6 +24,7 @@ from datetime import datetime
 from sqlalchemy import Engine, TextClause, inspect, text
 from sqlalchemy.orm import Session
 
+from core.lanes import lane_of, model_of, queue_of
 from core.metric_buckets import LATENCY_BUCKETS_S
 from core.store import job_tallies
 from core.store.outcome_counts import INF_LABEL
@@ -55,8 +56,9 @@ _BATCHES = text(f"""
 INSERT INTO batches (id, tenant_id, endpoint, input_url, queue, completion_window, status, total, completed,
                      failed, cancelled, prompt_tokens, completion_tokens, read_line, read_offset, read_done,
                      failure_count, created_at, in_progress_at, updated_at)
-SELECT {_BATCH}, {_TENANT}, '/v1/chat/completions', 'file://bench/input.jsonl', :queue, '24h', 'in_progress',
-       0, 0, 0, 0, 0, 0, 1, 0, false, 0, :now - interval '8 days', :now - interval '8 days', :now
+SELECT {_BATCH}, {_TENANT}, '/v1/chat/completions', 'file://bench/input.jsonl', :batch_queue, '24h',
+       'in_progress', 0, 0, 0, 0, 0, 0, 1, 0, false, 0, :now - interval '8 days', :now - interval '8 days',
+       :now
 FROM generate_series(0, :tenants - 1) AS i
 """)
 
@@ -141,7 +143,7 @@ SELECT 'job_' || md5('f' || i), {_TENANT}, queue, status,
 FROM (SELECT i, created, status, tokens,
              CASE WHEN status IN ('succeeded', 'failed') OR (status = 'cancelled' AND i % 2 = 0)
                   THEN created + interval '2 seconds' END AS started,
-             CASE WHEN i % :share = 0 THEN '{OTHER_QUEUE}' ELSE :queue END AS queue
+             CASE WHEN i % :share = 0 THEN :other ELSE :queue END AS queue
       FROM (SELECT i, :now - interval '1 minute' - interval '7 days' * ((:n - i)::float8 / :n) AS created,
                    CASE WHEN i % 100 < 90 THEN 'succeeded' WHEN i % 100 < 95 THEN 'failed'
                         WHEN i % 100 < 98 THEN 'cancelled' ELSE 'expired' END AS status,
@@ -153,15 +155,16 @@ FROM (SELECT i, created, status, tokens,
 def fill(db_engine: Engine, *, queued: int, history: int, tenants: int, queue: str, now: datetime,
          progress: Progress) -> float:
     """Empties the bench's tables and fills them (the module docstring); returns the seconds it took,
-    VACUUM ANALYZE included."""
+    VACUUM ANALYZE included. `queue`: a lane (core/lanes.py); the other lane is its model's OTHER_QUEUE."""
     start = time.perf_counter()
-    shape = {"tenants": tenants, "queue": queue, "now": now}
+    other = lane_of(model_of(queue), OTHER_QUEUE)
+    shape = {"tenants": tenants, "queue": queue, "other": other, "batch_queue": queue_of(queue), "now": now}
     with db_engine.begin() as conn:
         conn.execute(_RESET)
         conn.execute(_TENANTS, shape)
         conn.execute(_BATCHES, shape)
         conn.execute(_RUNNING, {**shape, "running": RUNNING, "worker": WORKER_ID})
-        conn.execute(_METRIC_COUNTS, {**shape, "other": OTHER_QUEUE, "labels": BUCKET_LABELS})
+        conn.execute(_METRIC_COUNTS, {**shape, "labels": BUCKET_LABELS})
     _insert_chunks(db_engine, _QUEUED, queued, shape, "queued", progress)
     _insert_chunks(db_engine, _HISTORY, history, {**shape, "share": HISTORY_QUEUE_SHARE}, "history", progress)
     with Session(db_engine) as session:

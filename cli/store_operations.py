@@ -23,6 +23,7 @@ from cli.store_fill import WORKER_ID
 from cli.store_plans import Statement, captured_statements
 from core.clock import utcnow
 from core.dispatch import publish_and_mark
+from core.lanes import queue_of
 from core.lifecycle import QUEUED, RUNNING
 from core.settings import Settings
 from core.store import finish_times, job_tallies, jobs, outcome_counts, tenants, token_usage, workers
@@ -55,7 +56,7 @@ class Bench:
     @property
     def max_queued(self) -> int:
         """The bench queue's max_queued: what admission counts up to (api/admission.py)."""
-        return self.settings.queues[self.queue].max_queued
+        return self.settings.queues[queue_of(self.queue)].max_queued
 
     @property
     def defaults(self) -> TenantLimits:
@@ -79,7 +80,7 @@ def open_bench(db_engine: Engine, sessions: sessionmaker[Session], settings: Set
     """Registers the bench worker (live, with a pace) and sets aside the rows the operations use."""
     now = utcnow()
     with sessions() as session:
-        workers.register(session, WORKER_ID, hostname="bench", pid=0, queues=list(settings.queues), now=now)
+        workers.register(session, WORKER_ID, hostname="bench", pid=0, queues=settings.lanes(), now=now)
         workers.heartbeat(session, WORKER_ID, now, PACE)
         spare = session.execute(
             select(Job.id, Job.tenant_id)
