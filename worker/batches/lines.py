@@ -139,7 +139,7 @@ LimitsOfModel = Callable[[str | None], LineLimits]  # the limits of the model a 
 def parse_line(number: int, raw: RawLine, seen: CustomIdSet, limits: LineLimits | LimitsOfModel | None = None,
                ) -> BatchRequest | LineError:
     """`limits`: one set for every line, or the limits of the model each line names (LookupError for a model
-    not served: the line's `model_not_found`)."""
+    not served: the line's `model_not_found`; a LineRejected: that line error)."""
     custom_id: str | None = None
     try:
         line = _decode(raw)

@@ -54,7 +54,15 @@ from core.store.tenants import TenantLimits
 from core.store.token_usage import DEFAULT_MAX_TOKENS
 from engine.tokenizer import Tokenizer
 from worker.batches.finalize import BatchFinalizer, OutputWriteError, describe_error
-from worker.batches.lines import BatchRequest, CustomIdSet, LimitsOfModel, LineError, LineLimits, parse_line
+from worker.batches.lines import (
+    BatchRequest,
+    CustomIdSet,
+    LimitsOfModel,
+    LineError,
+    LineLimits,
+    LineRejected,
+    parse_line,
+)
 from worker.batches.prompt_length import ChatTokenizer, prompt_token_counter
 from worker.batches.reader import LineStream, ReadPosition
 from worker.batches.source import open_input
@@ -311,7 +319,8 @@ class BatchRunner:
         settings = self._settings.for_model(model_id)
         queue = settings.queue(batch.queue)
         if queue is None:
-            raise LookupError(f"model: the model `{model_id}` has no {batch.queue} queue, the batch's")
+            raise LineRejected("unknown_queue", f"model: the model `{model_id}` has no {batch.queue} queue, "
+                               "the batch's")
         tokenizer = self._tokenizer_of(model_id, settings)
         counter = prompt_token_counter(tokenizer) if tokenizer is not None else None
         # The engine tokenizer's template decides the chat roles, as the API's does for its routes.
