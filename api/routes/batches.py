@@ -31,9 +31,9 @@ router = APIRouter(prefix="/v1/batches", tags=["batches"])
 def create_batch(body: BatchCreate, session: SessionDep, services: ServicesDep, tenant: CurrentTenant,
                  ) -> BatchPublic:
     """Accepted batches start `validating`; a worker's batch runner takes them up within a round."""
-    if services.settings.queue(body.queue) is None:
-        known = ", ".join(sorted(services.settings.queues))
-        message = f"queue: unknown queue {body.queue!r}; known queues: {known}"
+    known = sorted({name for model in services.models for name in model.settings.queues})
+    if body.queue not in known:  # a queue of any model: each line runs in its own model's queue of that name
+        message = f"queue: unknown queue {body.queue!r}; known queues: {', '.join(known)}"
         raise ApiError(422, "unknown_queue", message, "queue")
     _check_metadata(body, services.settings.max_metadata_bytes)
     check_batch_location(body.input, services.settings.batch_s3_allowlist, "input")

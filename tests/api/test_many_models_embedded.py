@@ -43,7 +43,8 @@ def client(tmp_path: Path, migrated_sqlite_url: str, model_dirs: dict[str, Path]
         + "".join(f'{key} = {value!r}\n'.replace("'", '"') for key, value in ENGINE.items())
         + f'[models.llama]\npath = "{model_dirs["llama"]}"\n'
         + f'[models.qwen]\npath = "{model_dirs["qwen"]}"\nmax_model_len = 64\n'
-        + '[models.qwen.queues.documents]\nmax_output_tokens = 20\n')
+        + '[models.qwen.queues.documents]\nmax_output_tokens = 20\n'
+        + '[models.qwen.queues.bulk]\nmax_running = 2\npriority = 2\n')  # a queue of qwen's alone
     settings = load_settings(config)
     runtime = EmbeddedRuntime(settings)
     app = create_app(settings, publisher=runtime.publisher, tokenizer=load_tokenizers(settings),
@@ -126,11 +127,15 @@ def test_the_api_lists_both_models_and_judges_each_request_against_its_own(clien
     assert documents.status_code == 422 and "max_tokens" in documents.text  # qwen's own documents limit
 
     queues = client.get("/v1/queues").json()["data"]
-    assert [(q["model"], q["name"]) for q in queues] == [
-        ("llama", "interactive"), ("llama", "documents"), ("qwen", "interactive"), ("qwen", "documents")]
+    assert [(q["model"], q["name"]) for q in queues] == [("llama", "interactive"), ("llama", "documents"),
+                                                         ("qwen", "interactive"), ("qwen", "documents"),
+                                                         ("qwen", "bulk")]
+    assert client.post("/v1/jobs", json={"model": "qwen", "queue": "bulk", "prompt": "x"}).status_code == 202
+    no_bulk = client.post("/v1/jobs", json={"model": "llama", "queue": "bulk", "prompt": "x"})
+    assert no_bulk.status_code == 422 and no_bulk.json()["error"]["code"] == "unknown_queue"
     scaling = client.get("/v1/scaling").json()
     assert set(scaling["models"]) == {"llama", "qwen"}
-    assert set(scaling["models"]["qwen"]["queues"]) == {"interactive", "documents"}
+    assert set(scaling["models"]["qwen"]["queues"]) == {"interactive", "documents", "bulk"}
 
 
 def test_a_batch_mixes_models_line_by_line(client: TestClient) -> None:
@@ -165,3 +170,22 @@ def test_a_batch_mixes_models_line_by_line(client: TestClient) -> None:
     [error] = errors
     assert error["custom_id"] == "nobody" and error["error"]["code"] == "model_not_found", error
     assert "`mistral`" in error["error"]["message"]
+
+
+def test_a_batch_on_one_models_own_queue_runs_that_models_lines_only(client: TestClient) -> None:
+    lines = [{"custom_id": model, "body": {"model": model, "prompt": PROMPT, "max_tokens": 2}}
+             for model in ("qwen", "llama")]
+    content = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    uploaded = client.post("/v1/files", files={"file": ("bulk.jsonl", content)}, data={"purpose": "batch"})
+    created = client.post("/v1/batches", json={"input_file_id": uploaded.json()["id"], "queue": "bulk",
+                                               "endpoint": "/v1/completions", "completion_window": "24h"})
+    assert created.status_code == 200, created.text
+    deadline = time.monotonic() + WAIT_S
+    batch = created.json()
+    while batch["status"] not in ("completed", "failed") and time.monotonic() < deadline:
+        time.sleep(0.2)
+        batch = client.get(f"/v1/batches/{batch['id']}").json()
+    assert batch["request_counts"] == {"total": 2, "completed": 1, "failed": 1, "cancelled": 0}, batch
+    error_file = client.get(f"/v1/files/{batch['error_file_id']}/content").text
+    [error] = [json.loads(row) for row in error_file.splitlines()]
+    assert error["custom_id"] == "llama" and error["error"]["code"] == "unknown_queue", error
