@@ -23,7 +23,7 @@ from tests.support.live_server import free_port
 
 pytestmark = pytest.mark.faults
 
-JOBS = 6  # per model and round
+JOBS = 4  # per model and round
 SCALING_WAIT_S = 4 * DEAD_AFTER_S  # the dead worker stops counting once its heartbeat is older than this
 
 
@@ -35,10 +35,12 @@ class Registry:
 
 @pytest.fixture
 def two_models(stack: Stack, tiny_model_dir: Callable[..., Path], tmp_path: Path) -> Iterator[Registry]:
-    """`conveyor api` serving models `a` (the suite's model) and `b` (a Qwen2-shaped one)."""
+    """`conveyor api` serving models `a` (a Llama-shaped one) and `b` (a Qwen2-shaped one), both of 2 layers:
+    light to start and to run, as the test starts three workers."""
     config = tmp_path / "models.toml"
+    a_dir = tiny_model_dir("LlamaForCausalLM")
     b_dir = tiny_model_dir("Qwen2ForCausalLM", vocab_size=640, seed=3)
-    config.write_text(f'[models.a]\npath = "{stack.servers.model_dir}"\n[models.b]\npath = "{b_dir}"\n')
+    config.write_text(f'[models.a]\npath = "{a_dir}"\n[models.b]\npath = "{b_dir}"\n')
     port = free_port()
     env = stack.servers.env(tmp_path / "data", MODEL="", PORT=str(port), CONFIG_FILE=str(config))
     api = spawn("api-models", ["api"], env, stack.log_dir)
