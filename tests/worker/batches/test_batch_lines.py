@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -145,3 +146,36 @@ def test_thousand_line_batch_from_s3(s3: Any, bucket: str) -> None:
     assert all(r.messages == [{"role": "user", "content": f"q {r.line}"}] for r in requests)
     duplicate = next(p for p in parsed if isinstance(p, LineError) and p.code == "duplicate_custom_id")
     assert duplicate.custom_id == "req-1"
+
+
+def test_each_line_is_judged_and_queued_by_the_model_it_names(
+    migrated_sqlite_url: str, demo_model_dir: Path, tmp_path: Path,
+) -> None:
+    """A worker of model `a` reading a batch: a line naming `a` (or none) goes to a's lane, one naming `b`
+    whose tokenizer this worker cannot read fails alone, an unknown model is model_not_found."""
+    from core.settings import Settings
+    from core.store.database import make_db_engine, make_session_factory
+    from core.store.tables import Batch
+    from engine.tokenizer import Tokenizer
+    from worker.batches.runner import BatchRunner
+
+    settings = Settings(database_url=migrated_sqlite_url, models={
+        "a": {"path": str(demo_model_dir)}, "b": {"path": str(tmp_path / "not-mounted-here")}})
+    sessions = make_session_factory(make_db_engine(migrated_sqlite_url))
+    runner = BatchRunner(sessions, settings.for_model("a"), lambda job_id, lane: None, "runner-a",
+                         tokenizer=Tokenizer(demo_model_dir), s3=None)
+    limits = runner._limits(Batch(id="batch_1", tenant_id="default", endpoint=None, queue="documents"))
+    seen = CustomIdSet()
+
+    def parsed(custom_id: str, model: str | None) -> BatchRequest | LineError:
+        body = {"prompt": "hello there", "max_tokens": 4, **({"model": model} if model else {})}
+        return parse_line(1, json.dumps({"custom_id": custom_id, "body": body}).encode(), seen, limits)
+
+    named, unnamed = parsed("named", "a"), parsed("unnamed", None)
+    assert isinstance(named, BatchRequest) and isinstance(unnamed, BatchRequest)
+    assert named.lane == unnamed.lane == "a:documents" and named.prompt_tokens > 0
+    unreadable, unknown = parsed("b", "b"), parsed("c", "c")
+    assert isinstance(unreadable, LineError) and unreadable.code == "model_unavailable"
+    assert "not-mounted-here" in unreadable.message
+    assert isinstance(unknown, LineError) and unknown.code == "model_not_found"
+    assert "`c`" in unknown.message and "`a`, `b`" in unknown.message
