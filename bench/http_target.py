@@ -288,13 +288,15 @@ def _fill(rec: RequestRecord, job: dict[str, Any]) -> None:
 
 
 def _queue_sample(body: Any, t: float) -> StepSample:
-    """Reads `{"data": [{"name", "queued", "running"}, ...]}` (the service's QueueList) or a bare list."""
+    """Reads `{"data": [{"name", "queued", "running"}, ...]}` (the service's QueueList) or a bare list; a
+    queue name that several served models have is summed over them."""
     queues = body.get("data", body) if isinstance(body, dict) else body
     items = queues.items() if isinstance(queues, dict) else ((q.get("name"), q) for q in queues)
-    waiting, running = {}, {}
+    waiting: dict[str, int] = {}
+    running: dict[str, int] = {}
     for name, q in items:
-        waiting[str(name)] = int(q.get("queued") or 0)
-        running[str(name)] = int(q.get("running") or 0)
+        waiting[str(name)] = waiting.get(str(name), 0) + int(q.get("queued") or 0)
+        running[str(name)] = running.get(str(name), 0) + int(q.get("running") or 0)
     return StepSample(t=t, waiting=waiting, running=running)
 
 

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from bench.cli import main
+from bench.http_target import _queue_sample
 
 
 def test_http_target_against_the_embedded_service(service: str, llama_dir: Path, tmp_path: Path) -> None:
@@ -55,3 +56,12 @@ def test_http_target_against_the_embedded_service(service: str, llama_dir: Path,
     assert metrics["interactive"]["ttft_s"]["p50"] is not None and metrics["all"]["e2e_s"]["p99"] > 0
     assert report["inventory"]["parameters"]["url"] == service
     assert (out / "latency_cdf.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_queue_sampler_adds_up_each_queue_over_the_models() -> None:
+    body = {"data": [{"model": "small", "name": "interactive", "queued": 2, "running": 1},
+                     {"model": "large", "name": "interactive", "queued": 3, "running": 0},
+                     {"model": "large", "name": "documents", "queued": 1, "running": 4}]}
+    sample = _queue_sample(body, 1.5)
+    assert sample.waiting == {"interactive": 5, "documents": 1}
+    assert sample.running == {"interactive": 1, "documents": 4}
