@@ -138,6 +138,30 @@ def test_the_api_lists_both_models_and_judges_each_request_against_its_own(clien
     assert set(scaling["models"]["qwen"]["queues"]) == {"interactive", "documents", "bulk"}
 
 
+def run_batch(client: TestClient, lines: list[dict[str, Any]], **fields: str,
+              ) -> tuple[dict[str, Any], dict[str, dict[str, Any]], list[dict[str, Any]]]:
+    """Uploads the lines, runs them as a /v1/completions batch (with `fields`: its queue) to its end; the
+    batch, its answers' bodies by custom_id and its error lines."""
+    content = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    uploaded = client.post("/v1/files", files={"file": ("lines.jsonl", content)}, data={"purpose": "batch"})
+    assert uploaded.status_code == 200, uploaded.text
+    created = client.post("/v1/batches", json={"input_file_id": uploaded.json()["id"], **fields,
+                                               "endpoint": "/v1/completions", "completion_window": "24h"})
+    assert created.status_code == 200, created.text
+    deadline = time.monotonic() + WAIT_S
+    batch: dict[str, Any] = created.json()
+    while batch["status"] not in ("completed", "failed") and time.monotonic() < deadline:
+        time.sleep(0.2)
+        batch = client.get(f"/v1/batches/{batch['id']}").json()
+    assert batch["status"] == "completed", batch
+    def lines_of(file_id: str | None) -> list[dict[str, Any]]:
+        text = client.get(f"/v1/files/{file_id}/content").text if file_id else ""
+        return [json.loads(row) for row in text.splitlines()]
+
+    answers = {row["custom_id"]: row["response"]["body"] for row in lines_of(batch["output_file_id"])}
+    return batch, answers, lines_of(batch["error_file_id"])
+
+
 def test_a_batch_mixes_models_line_by_line(client: TestClient) -> None:
     lines = [{"custom_id": f"{model}-{i}", "method": "POST", "url": "/v1/completions",
               "body": {"model": model, "prompt": PROMPT, "max_tokens": 6, "temperature": 0,
@@ -145,22 +169,7 @@ def test_a_batch_mixes_models_line_by_line(client: TestClient) -> None:
              for model in ("llama", "qwen") for i in range(2)]
     lines.append({"custom_id": "nobody", "method": "POST", "url": "/v1/completions",
                   "body": {"model": "mistral", "prompt": PROMPT}})
-    content = "".join(json.dumps(line) + "\n" for line in lines).encode()
-    uploaded = client.post("/v1/files", files={"file": ("mixed.jsonl", content)}, data={"purpose": "batch"})
-    assert uploaded.status_code == 200, uploaded.text
-    created = client.post("/v1/batches", json={"input_file_id": uploaded.json()["id"],
-                                               "endpoint": "/v1/completions", "completion_window": "24h"})
-    assert created.status_code == 200, created.text
-    deadline = time.monotonic() + WAIT_S
-    batch = created.json()
-    while batch["status"] not in ("completed", "failed") and time.monotonic() < deadline:
-        time.sleep(0.2)
-        batch = client.get(f"/v1/batches/{batch['id']}").json()
-    assert batch["status"] == "completed", batch
-    output = {row["custom_id"]: row["response"]["body"] for row in map(
-        json.loads, client.get(f"/v1/files/{batch['output_file_id']}/content").text.splitlines())}
-    error_file = client.get(f"/v1/files/{batch['error_file_id']}/content").text
-    errors = [json.loads(row) for row in error_file.splitlines()]
+    _batch, output, errors = run_batch(client, lines)
     assert {custom_id: body["model"] for custom_id, body in output.items()} == {
         "llama-0": "llama", "llama-1": "llama", "qwen-0": "qwen", "qwen-1": "qwen"}
     direct = {model: client.post("/v1/completions", json=lines[index]["body"]).json()["choices"][0]["text"]
@@ -175,17 +184,8 @@ def test_a_batch_mixes_models_line_by_line(client: TestClient) -> None:
 def test_a_batch_on_one_models_own_queue_runs_that_models_lines_only(client: TestClient) -> None:
     lines = [{"custom_id": model, "body": {"model": model, "prompt": PROMPT, "max_tokens": 2}}
              for model in ("qwen", "llama")]
-    content = "".join(json.dumps(line) + "\n" for line in lines).encode()
-    uploaded = client.post("/v1/files", files={"file": ("bulk.jsonl", content)}, data={"purpose": "batch"})
-    created = client.post("/v1/batches", json={"input_file_id": uploaded.json()["id"], "queue": "bulk",
-                                               "endpoint": "/v1/completions", "completion_window": "24h"})
-    assert created.status_code == 200, created.text
-    deadline = time.monotonic() + WAIT_S
-    batch = created.json()
-    while batch["status"] not in ("completed", "failed") and time.monotonic() < deadline:
-        time.sleep(0.2)
-        batch = client.get(f"/v1/batches/{batch['id']}").json()
+    batch, output, errors = run_batch(client, lines, queue="bulk")
     assert batch["request_counts"] == {"total": 2, "completed": 1, "failed": 1, "cancelled": 0}, batch
-    error_file = client.get(f"/v1/files/{batch['error_file_id']}/content").text
-    [error] = [json.loads(row) for row in error_file.splitlines()]
+    assert list(output) == ["qwen"]
+    [error] = errors
     assert error["custom_id"] == "llama" and error["error"]["code"] == "unknown_queue", error
