@@ -14,10 +14,6 @@ from core.model_limits import served_max_model_len
 from core.settings import Settings
 
 
-class UnknownModelError(LookupError):
-    """A request named a model this deployment does not serve; the message names it and the served ones."""
-
-
 @dataclass(frozen=True)
 class ServedModel:
     id: str
@@ -50,10 +46,9 @@ class ServedModels:
         missing = [model_id for model_id in settings.model_ids() if model_id not in tokenizers]
         if missing:
             raise ValueError(f"tokenizers: none given for model(s) {', '.join(missing)}")
+        self._settings = settings
         self._models = {model_id: ServedModel(model_id, model_settings, tokenizers[model_id])
                         for model_id, model_settings in settings.served().items()}
-        # The one model of a deployment without a registry also answers to its folder as configured.
-        self._aliases = {settings.model: settings.default_model_id()} if settings.model else {}
 
     @property
     def default(self) -> ServedModel:
@@ -62,15 +57,6 @@ class ServedModels:
     def __iter__(self) -> Iterator[ServedModel]:
         return iter(self._models.values())
 
-    def ids(self) -> list[str]:
-        return list(self._models)
-
     def get(self, model_id: str | None) -> ServedModel:
-        """The model a request names (None: the default). UnknownModelError when it is not served."""
-        if model_id is None:
-            return self.default
-        served = self._models.get(self._aliases.get(model_id, model_id))
-        if served is None:
-            raise UnknownModelError(f"model: `{model_id}` is not served here; served: "
-                                    f"{', '.join(f'`{name}`' for name in self._models)}")
-        return served
+        """The model a request names (Settings.model_id_of). UnknownModelError when it is not served."""
+        return self._models[self._settings.model_id_of(model_id)]

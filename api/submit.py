@@ -13,7 +13,7 @@ from api import admission
 from api.deps import Services
 from api.errors import ApiError
 from api.schemas.jobs import JobCreate
-from api.served_models import ServedModel, UnknownModelError
+from api.served_models import ServedModel
 from api.webhook_targets import check_job_webhook
 from core.chat_options import ChatOptions, job_params
 from core.field_errors import FieldProblem
@@ -28,7 +28,7 @@ from core.request_limits import (
     tokens_problem,
 )
 from core.service_tiers import PriorityNotPermitted, takes_default_deadline
-from core.settings import QueueSettings
+from core.settings import QueueSettings, UnknownModelError
 from core.store import finish_times, jobs, tenants
 from core.store.tables import Job
 from core.store.tenants import TenantLimits

@@ -105,6 +105,10 @@ def default_queues() -> dict[str, QueueSettings]:
     }
 
 
+class UnknownModelError(LookupError):
+    """A request named a model this deployment does not serve; the message names it and the served ones."""
+
+
 class ModelSettings(BaseModel):
     """One served model of the registry (`[models.ID]`): its folder, and where it differs from the
     deployment, its engine settings (any of PER_MODEL_FIELDS) and queue limits (partial, as `queues`)."""
@@ -479,26 +483,16 @@ class Settings(BaseSettings):
     def _check_registry(self) -> None:
         if self.models and self.model:
             raise ValueError("model: set either `model` (one model) or `models` (a registry), not both")
-        for name in self.queues:
-            if LANE_SEPARATOR in name:
-                raise ValueError(f"queues: a queue's name may not hold {LANE_SEPARATOR!r}, got {name!r}")
         ids = list(self.models) or [self.served_model_id()]
         for field in ("default_model", "worker_model"):
             chosen = getattr(self, field)
             if chosen is not None and chosen not in ids:
                 raise ValueError(f"{field}: unknown model {chosen!r}; served: {', '.join(ids)}")
-        for model_id, spec in self.models.items():
-            if not model_id.strip():
-                raise ValueError("models: a model id may not be empty")
-            for name in spec.queues:
-                if LANE_SEPARATOR in name:
-                    raise ValueError(f"models.{model_id}.queues: a queue's name may not hold "
-                                     f"{LANE_SEPARATOR!r}, got {name!r}")
-        for lane in self.lanes():
-            if len(lane) > LANE_MAX_CHARS:
-                raise ValueError(f"models: the model and queue {lane!r} make a name of {len(lane)} "
-                                 f"characters, beyond {LANE_MAX_CHARS}: shorten the model's id or the "
-                                 "queue's name")
+        if any(not model_id.strip() for model_id in self.models):
+            raise ValueError("models: a model id may not be empty")
+        for model_id in ids:
+            for name in {*self.queues, *(self.models[model_id].queues if self.models else ())}:
+                _check_lane(model_id, name)
 
     def consumed_queues(self) -> dict[str, QueueSettings]:
         """The queues a `conveyor worker` takes jobs from, with their limits (worker_queues, or all). The
@@ -541,6 +535,17 @@ class Settings(BaseSettings):
 
     def default_model_id(self) -> str:
         return self.model_ids()[0]
+
+    def model_id_of(self, asked: str | None) -> str:
+        """The id of the served model a request names: None means the default; the one model of a
+        deployment without a registry also answers to its folder as configured. UnknownModelError else."""
+        ids = self.model_ids()
+        if asked is None or (not self.models and asked == self.model):
+            return ids[0]
+        if asked not in ids:
+            served = ", ".join(f"`{model_id}`" for model_id in ids)
+            raise UnknownModelError(f"model: the model `{asked}` does not exist; this server serves {served}")
+        return asked
 
     def for_model(self, model_id: str) -> Settings:
         """These settings as one model sees them: `model` its folder, its own engine settings and queue
@@ -589,6 +594,17 @@ class Settings(BaseSettings):
                 f"host: refusing to listen on non-loopback address {self.host!r} with authentication off; "
                 "enable auth (CONVEYOR_AUTH_ENABLED=true) and create keys with `conveyor keys create`"
             )
+
+
+def _check_lane(model_id: str, queue: str) -> None:
+    """A model's queue makes a lane (core/lanes.py): its name may not hold the separator, and the lane must
+    fit the store's queue columns."""
+    if LANE_SEPARATOR in queue:
+        raise ValueError(f"queues: a queue's name may not hold {LANE_SEPARATOR!r}, got {queue!r}")
+    length = len(model_id) + len(LANE_SEPARATOR) + len(queue)
+    if length > LANE_MAX_CHARS:
+        raise ValueError(f"models: the model {model_id!r} and queue {queue!r} make a name of {length} "
+                         f"characters, beyond {LANE_MAX_CHARS}: shorten the model's id or the queue's name")
 
 
 def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:

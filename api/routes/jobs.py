@@ -16,10 +16,10 @@ from api.model_responses import model_response
 from api.schemas.deleted import Deleted
 from api.schemas.errors import error_responses, sse_schema
 from api.schemas.jobs import JobCreate, JobList
-from api.served_models import UnknownModelError
 from api.submit import submit
 from core.clock import utcnow
 from core.lifecycle import CANCELLED
+from core.settings import UnknownModelError
 from core.store import jobs
 from core.views import JobPublic, JobStatus
 

@@ -28,7 +28,7 @@ from api.openai_sync import ClientGoneError, FollowedJob, JobOutcome
 from api.schemas.errors import openai_error_responses, sse_schema
 from api.schemas.jobs import JobCreate
 from api.schemas.openai import ChatCompletionCreate, CompletionCreate, ModelCard, ModelList, OpenAIRequest
-from api.served_models import ServedModel, UnknownModelError
+from api.served_models import ServedModel
 from core.chat_options import ChatOptions, ToolParser
 from core.clock import utcnow
 from core.openai_objects import (
@@ -45,6 +45,7 @@ from core.openai_objects import chat_completion as chat_body
 from core.openai_objects import text_completion as text_body
 from core.openai_request import Refusal, Served, check_request
 from core.request_limits import RequestLimits, RequestSize, prompt_bytes_problem
+from core.settings import UnknownModelError
 from core.store import workers
 from core.token_stream import TokenStream
 from core.tool_calls import choice_seed
@@ -123,10 +124,8 @@ def model_of(services: Services, model_id: str | None, param: str | None = "mode
     """The served model a request names (none: the default); 404 for one not served."""
     try:
         return services.models.get(model_id)
-    except UnknownModelError:
-        served = ", ".join(f"`{name}`" for name in services.models.ids())
-        message = f"the model `{model_id}` does not exist; this server serves {served}"
-        message = f"{param}: {message}" if param else message[0].upper() + message[1:]
+    except UnknownModelError as exc:
+        message = str(exc) if param else "The" + str(exc).removeprefix("model: the")  # no field to name
         raise OpenAIError(404, message, code="model_not_found", param=param) from None
 
 

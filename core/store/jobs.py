@@ -35,7 +35,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
-from core.lanes import lane_of
+from core.lanes import lane_of, queue_of
 from core.lifecycle import (
     CANCELLED,
     EXPIRED,
@@ -525,23 +525,22 @@ def adopt_bare_queued(session: Session, default_model: str, queue_names: list[st
     """Queued jobs whose `queue` is a bare queue name, as an API of the release before lanes wrote them during
     a rolling upgrade (migration 0017): moved to the default model's lane of that name and undispatched, to
     be published there; their tallies move with them (the tally triggers see status changes only). Returns
-    (id, lane) of the jobs moved. One index probe per name (ix_jobs_queued), so nothing when none is left."""
+    (id, lane) of the jobs moved. One statement, an index probe per name (ix_jobs_queued)."""
+    statement = (
+        update(Job).where(status_is(QUEUED), Job.queue.in_(queue_names))
+        .values(queue=lane_of(default_model, "") + Job.queue, dispatched_at=None, updated_at=now)
+        .returning(Job.id, Job.tenant_id, Job.params, Job.queue)
+        .execution_options(synchronize_session=False)
+    )
     moved: list[tuple[str, str]] = []
-    for name in queue_names:
-        lane = lane_of(default_model, name)
-        statement = (
-            update(Job).where(status_is(QUEUED), Job.queue == name)
-            .values(queue=lane, dispatched_at=None, updated_at=now)
-            .returning(Job.id, Job.tenant_id, Job.params)
-            .execution_options(synchronize_session=False)
-        )
-        for job_id, tenant_id, params in session.execute(statement).all():
-            bound = output_bound(params or {})
-            session.add_all([
-                JobTallyDelta(queue=name, tenant_id=tenant_id, status=QUEUED, jobs=-1, output_bound=-bound),
-                JobTallyDelta(queue=lane, tenant_id=tenant_id, status=QUEUED, jobs=1, output_bound=bound),
-            ])
-            moved.append((job_id, lane))
+    for job_id, tenant_id, params, lane in session.execute(statement).all():
+        bound = output_bound(params or {})
+        session.add_all([
+            JobTallyDelta(queue=queue_of(lane), tenant_id=tenant_id, status=QUEUED, jobs=-1,
+                          output_bound=-bound),
+            JobTallyDelta(queue=lane, tenant_id=tenant_id, status=QUEUED, jobs=1, output_bound=bound),
+        ])
+        moved.append((job_id, lane))
     session.commit()
     return moved
 

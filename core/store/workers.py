@@ -56,22 +56,24 @@ def live_workers(session: Session, *, now: datetime, dead_after_s: float) -> lis
 def live_workers_per_queue(session: Session, *, now: datetime, dead_after_s: float) -> dict[str, int]:
     """How many live workers (as in live_workers) consume each queue; a queue nobody consumes is absent.
     Reads the queue lists only: the scaling signal asks this on every poll."""
-    cutoff = now - timedelta(seconds=dead_after_s)
-    query = select(Worker.queues).where(Worker.stopped_at.is_(None), Worker.last_seen_at >= cutoff)
     counts: Counter[str] = Counter()
-    for queues in session.execute(query).scalars():
+    for queues in _live_queue_lists(session, now, dead_after_s):
         counts.update(set(queues))  # a worker listing a queue twice is still one consumer
     return dict(counts)
 
 
 def live_workers_per_model(session: Session, *, now: datetime, dead_after_s: float) -> dict[str, int]:
     """How many live workers serve each model (the models of the lanes they consume, core/lanes.py)."""
-    cutoff = now - timedelta(seconds=dead_after_s)
-    query = select(Worker.queues).where(Worker.stopped_at.is_(None), Worker.last_seen_at >= cutoff)
     counts: Counter[str] = Counter()
-    for lanes in session.execute(query).scalars():
+    for lanes in _live_queue_lists(session, now, dead_after_s):
         counts.update({model_of(lane) for lane in lanes if LANE_SEPARATOR in lane})
     return dict(counts)
+
+
+def _live_queue_lists(session: Session, now: datetime, dead_after_s: float) -> list[list[str]]:
+    cutoff = now - timedelta(seconds=dead_after_s)
+    query = select(Worker.queues).where(Worker.stopped_at.is_(None), Worker.last_seen_at >= cutoff)
+    return list(session.execute(query).scalars())
 
 
 def paces(session: Session, queue: str, *, now: datetime, dead_after_s: float) -> list[dict[str, float]]:

@@ -298,22 +298,12 @@ class BatchRunner:
         made: dict[str, LineLimits] = {}
 
         def of_model(asked: str | None) -> LineLimits:
-            model_id = self._served_id(asked)
+            model_id = self._settings.model_id_of(asked)  # UnknownModelError: the line's model_not_found
             if model_id not in made:
                 made[model_id] = self._model_limits(batch, model_id, priorities)
             return made[model_id]
 
         return of_model
-
-    def _served_id(self, asked: str | None) -> str:
-        """The id of the served model a line names (None: the default); LookupError for one not served."""
-        ids = self._settings.model_ids()
-        if asked is None or (not self._settings.models and asked in (ids[0], self._settings.model)):
-            return ids[0]
-        if asked in ids:
-            return asked
-        raise LookupError(f"model: the model `{asked}` does not exist; this server serves "
-                          f"{', '.join(f'`{model_id}`' for model_id in ids)}")
 
     def _model_limits(self, batch: Batch, model_id: str, priorities: PriorityRange) -> LineLimits:
         settings = self._settings.for_model(model_id)
