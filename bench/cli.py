@@ -17,6 +17,7 @@ from rich.console import Console
 
 from bench import plots
 from bench.affinity import parse_cpus
+from bench.embed import DEFAULT_BATCH_SIZES, EmbedOptions
 from bench.experiment import DEFAULT_CONCURRENCY, ENGINE_FIELDS, BenchOptions, bench, experiment, parse_value
 from bench.workload import LONG, PROFILES, SHORT, Range, WorkloadSpec
 from engine.cpu_threads import choose_cpu_threads, hidden_size_of, runs_on_cpu
@@ -48,6 +49,7 @@ DESCRIPTION = (
     "Benchmark the engine in-process or a running service: seeded workloads per queue, per-group metrics, "
     "decision sheets for one-parameter changes (--compare/--sweep), and Hugging Face peers (--peer hf)."
 )
+EMBED_PROFILE = "embed"
 DEFAULT_MODEL_CACHE = Path.home() / ".cache" / "conveyor" / "bench-models"
 MISSING_EXTRA = (
     "conveyor bench: matplotlib (the plots) is not installed; install the bench extra: "
@@ -119,10 +121,23 @@ def build_parser() -> argparse.ArgumentParser:
     wl = p.add_argument_group("workload")
     wl.add_argument(
         "--profile",
-        choices=PROFILES,
+        choices=(*PROFILES, EMBED_PROFILE),
         default="mixed",
         help="service (HTTP target): many one-token jobs, to measure the API's submit latency and "
-        "completions/s",
+        "completions/s; embed: embedding throughput against sentence-transformers (bench/embed.py; --model "
+        "a sentence-transformers folder or preset:minilm / preset:bert-tiny, -n inputs)",
+    )
+    wl.add_argument(
+        "--embed-batch-sizes",
+        default=",".join(map(str, DEFAULT_BATCH_SIZES)),
+        metavar="B,B,...",
+        help="embed profile: sentence-transformers' encode batch sizes to try (its best one is the peer)",
+    )
+    wl.add_argument(
+        "--embed-tokens",
+        default="16-512",
+        metavar="MIN-MAX",
+        help="embed profile: the inputs' token counts, spread evenly over this range",
     )
     wl.add_argument(
         "--concurrency",
@@ -407,6 +422,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     threads_before = torch.get_num_threads()
     try:
+        if args.profile == EMBED_PROFILE:
+            return embed_bench(args, console)
         opts = options(args)
         apply_threads(args.threads, opts, console)
         if args.compare and args.sweep:
@@ -430,6 +447,28 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     finally:  # torch's thread count is process-wide: a caller in the same process gets its own back
         torch.set_num_threads(threads_before)
+    return 0
+
+
+def embed_bench(args: argparse.Namespace, console: Console) -> int:
+    """The embed profile (bench/embed.py): in-process only, the engine against sentence-transformers."""
+    from bench import embed
+
+    if args.target != "engine":
+        raise ValueError("--profile embed runs the engine in-process; --target http is not supported")
+    low, dash, high = args.embed_tokens.partition("-")
+    if not dash or not low.isdigit() or not high.isdigit():
+        raise ValueError(f"--embed-tokens: expected MIN-MAX, got {args.embed_tokens!r}")
+    opts = EmbedOptions(
+        model=args.model or "preset:minilm", model_cache=args.model_cache, num_inputs=args.num_requests,
+        min_tokens=int(low), max_tokens=int(high), rounds=max(args.repeat, 2), seed=args.seed,
+        batch_sizes=tuple(int(b) for b in args.embed_batch_sizes.split(",")),
+        engine=_pairs(args.set, "set", parse_value),
+    )
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    out = args.out or Path("bench-out") / time.strftime("%Y%m%d-%H%M%S")
+    embed.run(opts, console, out)
     return 0
 
 
