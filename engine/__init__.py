@@ -2,6 +2,7 @@
 
     from engine import LLM, SamplingParams
     outputs = LLM("path/to/model").generate(["Hello"], SamplingParams(max_tokens=8))
+    vectors = [out.embedding for out in LLM("path/to/embedding-model").embed(["Hello"], PoolingParams())]
 
 Heavy modules (torch, transformers) load on first use of the names that need them.
 """
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.config import EngineConfig, RequestClassConfig
 from engine.outputs import RequestMetrics, RequestOutput
+from engine.pooling_params import PoolingParams
 from engine.sampling_params import SamplingParams
 from engine.structured_output import StructuredOutput
 
@@ -28,6 +30,7 @@ __all__ = [
     "EngineConfig",
     "EngineHost",
     "LLMEngine",
+    "PoolingParams",
     "RequestClassConfig",
     "RequestMetrics",
     "RequestOutput",

@@ -9,6 +9,8 @@ DTYPES = ("auto", "float32", "float16", "bfloat16")
 
 
 SCHEDULING = ("urgency", "arrival")
+TASKS = ("auto", "generate", "embed")  # engine/pooling.py resolve_task
+POOLING_METHODS = ("cls", "mean", "last")
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,17 @@ class EngineConfig:
     grammar_compile_timeout_s: float | None = 5.0
     grammar_compile_memory_bytes: int = 2 * 2**30
     grammar_cache_bytes: int = 512 * 2**20  # compiled grammars kept for reuse, by the memory they hold
+    # What the engine serves: "generate" (text) or "embed" (one vector per input: PoolingParams requests).
+    # auto: embed when the folder is a sentence-transformers one (modules.json) or the model cannot
+    # generate (an encoder such as BERT, a decoder saved without its LM head), else generate.
+    # NOTE: an encoder computes a request's whole input in one step (attention is bidirectional: no
+    # chunking), so its engine raises max_num_batched_tokens to its max_model_len when it is lower.
+    task: str = "auto"
+    # Embed engines: how hidden states become one vector ("cls" | "mean" | "last") and whether vectors are
+    # L2-normalised by default. None: what the sentence-transformers folder says, else engine/pooling.py's
+    # defaults (encoder: cls, decoder: last; normalised).
+    pooling: str | None = None
+    normalize_embeddings: bool | None = None
 
     def __post_init__(self) -> None:
         self.request_classes = [
@@ -114,6 +127,11 @@ class EngineConfig:
                  self.grammar_compile_memory_bytes, ">= 1 MiB")
         _require(self.grammar_cache_bytes >= 0, "grammar_cache_bytes", self.grammar_cache_bytes, ">= 0")
         _require(self.dtype in DTYPES, "dtype", self.dtype, f"one of {DTYPES}")
+        _require(self.task in TASKS, "task", self.task, f"one of {TASKS}")
+        _require(self.pooling is None or self.pooling in POOLING_METHODS, "pooling", self.pooling,
+                 f"None or one of {POOLING_METHODS}")
+        _require(self.normalize_embeddings is None or isinstance(self.normalize_embeddings, bool),
+                 "normalize_embeddings", self.normalize_embeddings, "None, True or False")
         _require(
             isinstance(self.enable_prefix_caching, bool),
             "enable_prefix_caching",

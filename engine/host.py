@@ -21,6 +21,7 @@ from engine.config import EngineConfig
 from engine.grammar_queue import GrammarQueue
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
+from engine.pooling_params import PoolingParams
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence, Urgency
 from engine.tokenizer import Tokenizer
@@ -79,7 +80,7 @@ class EngineHost:
         self,
         request_id: str,
         prompt: str | list[int],
-        params: SamplingParams,
+        params: SamplingParams | PoolingParams,
         request_class: str | None = None,
         on_update: OnUpdate | None = None,
         *,
@@ -91,7 +92,9 @@ class EngineHost:
         `request_class` None: the engine's default class (its first configured one). `on_admitted` is
         called once the request is handed to the engine: before submit returns, or on the compile thread
         once its grammar compiled (not if the compile fails: the future fails instead). `urgency`: its
-        priority and deadline within its class."""
+        priority and deadline within its class. `params`: PoolingParams for an embedding engine (the
+        future's output then has `embedding`), SamplingParams for a generation one; the other kind is a
+        ValueError."""
         seq = self.engine.make_sequence(request_id, prompt, params, request_class, cache_salt=cache_salt,
                                         urgency=urgency, attach_grammar=False)
         ready = self.engine.attach_grammar(seq, compile=False)  # a cache hit, or a refusal, right here

@@ -3,6 +3,11 @@ any engine state, so a bad request disturbs nothing.
 
 NOTE: prompt + max_tokens must fit max_model_len (and the whole KV cache); we reject rather than silently
 shorten max_tokens, so a caller never gets a surprise "length" finish.
+
+An embedding engine takes PoolingParams requests only, and a generation engine SamplingParams only. Its text
+inputs are tokenized as sentence-transformers does (its default prompt first, lower-cased when its config
+says so, the tokenizer's special tokens added); an input may fill max_model_len (nothing is generated), and
+a longer one is refused, or cut to it with PoolingParams.truncate (its end cut, the special tokens kept).
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ import time
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.outputs import RequestMetrics
+from engine.pooling import PoolingConfig
+from engine.pooling_params import PoolingParams
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence, Urgency
@@ -24,7 +31,8 @@ class InputProcessor:
 
     def __init__(
         self, config: EngineConfig, tokenizer: Tokenizer, block_manager: BlockManager, sampler: Sampler,
-        max_model_len: int, vocab_size: int,
+        max_model_len: int, vocab_size: int, *, pooling: PoolingConfig | None = None,
+        embedding_size: int | None = None,
     ) -> None:
         self.config = config
         self.tokenizer = tokenizer
@@ -32,10 +40,12 @@ class InputProcessor:
         self.sampler = sampler
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
+        self.pooling = pooling  # None: a generation engine
+        self.embedding_size = embedding_size
         self.default_class = config.request_classes[0].name
 
     def make_sequence(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
+        self, request_id: str, prompt: str | list[int], params: SamplingParams | PoolingParams | None = None,
         request_class: str | None = None, *, cache_salt: str | None = None, urgency: Urgency | None = None,
     ) -> Sequence:
         """The request's Sequence, without its grammar state (StructuredOutputManager.attach gives it)."""
@@ -47,10 +57,13 @@ class InputProcessor:
             raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
         if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
             raise ValueError(f"cache_salt must be a non-empty string or None, got {cache_salt!r}")
-        params = params if params is not None else SamplingParams()
+        params = self._params_of_kind(params)
         params.validate()
-        self._check_vocab_bounds(params)
         cls = self.config.request_class(request_class if request_class is not None else self.default_class)
+        if isinstance(params, PoolingParams):
+            return self._pooling_sequence(request_id, prompt, params, cls.name, cls.priority, cache_salt,
+                                          urgency)
+        self._check_vocab_bounds(params)
         prompt_ids = self._prompt_token_ids(prompt)
         self._check_length(len(prompt_ids), params.max_tokens)
         check_structured_supported(params)
@@ -70,6 +83,82 @@ class InputProcessor:
             logprobs=[] if params.logprobs is not None else None,
             prompt_logprobs=[None] if params.prompt_logprobs is not None else None,
         )
+
+    def _params_of_kind(self, params: SamplingParams | PoolingParams | None
+                        ) -> SamplingParams | PoolingParams:
+        """The request's params (the engine's kind of default when None); ValueError for the other kind."""
+        if self.pooling is None:
+            if isinstance(params, PoolingParams):
+                raise ValueError("params: this model generates text and serves no embeddings; PoolingParams "
+                                 "need an embedding model")
+            params = params if params is not None else SamplingParams()
+            if not isinstance(params, SamplingParams):
+                raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
+            return params
+        if isinstance(params, SamplingParams):
+            raise ValueError("params: this model serves embeddings and generates no text; send PoolingParams")
+        params = params if params is not None else PoolingParams()
+        if not isinstance(params, PoolingParams):
+            raise ValueError(f"params must be PoolingParams, got {type(params).__name__}")
+        return params
+
+    def _pooling_sequence(
+        self, request_id: str, prompt: str | list[int], params: PoolingParams, request_class: str,
+        priority: int, cache_salt: str | None, urgency: Urgency,
+    ) -> Sequence:
+        """An embedding request: prefill only, no sampling state."""
+        assert self.pooling is not None and self.embedding_size is not None
+        size = self.embedding_size
+        if params.dimensions is not None and params.dimensions > size:
+            raise ValueError(f"dimensions must be at most the model's embedding size ({size}), got "
+                             f"{params.dimensions}")
+        ids = self._embedding_token_ids(prompt, params.truncate)
+        needed = self.block_manager.blocks_for_tokens(len(ids))
+        if needed > self.block_manager.num_blocks:
+            raise ValueError(f"input ({len(ids)} tokens) needs {needed} KV blocks; the cache has "
+                             f"{self.block_manager.num_blocks}")
+        return Sequence(
+            request_id=request_id,
+            prompt_token_ids=ids,
+            params=params,
+            request_class=request_class,
+            priority=priority,
+            arrival_order=-1,  # set by LLMEngine.enqueue, in the engine's own order
+            metrics=RequestMetrics(arrival_time=time.time()),
+            prompt=prompt if isinstance(prompt, str) else None,
+            cache_salt=cache_salt,
+            urgency=urgency,
+            pools_every_token=self.pooling.reads_every_token,
+        )
+
+    def _embedding_token_ids(self, prompt: str | list[int], truncate: bool) -> list[int]:
+        """The tokens embedded, at most max_model_len of them (cut when `truncate`, else ValueError)."""
+        assert self.pooling is not None
+        limit = self.max_model_len
+        if isinstance(prompt, str):
+            text = self.pooling.prompt + prompt
+            text = text.lower() if self.pooling.lowercase else text
+            ids = self._prompt_token_ids(text)
+            if len(ids) > limit and truncate:
+                ids = self._truncated_text_ids(text, ids, limit)
+        else:
+            ids = self._prompt_token_ids(prompt)
+            if len(ids) > limit and truncate:
+                ids = ids[:limit]
+        if len(ids) > limit:
+            raise ValueError(f"input is {len(ids)} tokens; the model embeds at most {limit} (max_model_len); "
+                             "set truncate to cut it")
+        return ids
+
+    def _truncated_text_ids(self, text: str, ids: list[int], limit: int) -> list[int]:
+        """ids (text's tokens with the tokenizer's special tokens) cut to `limit` as transformers truncates:
+        the text's tokens lose their end, the special tokens around them stay."""
+        body = self.tokenizer.encode(text, add_special_tokens=False)
+        num_special = len(ids) - len(body)
+        head = next((n for n in range(num_special + 1) if ids[n : n + len(body)] == body), None)
+        if head is None or num_special >= limit:  # special tokens not simply around the text: keep the start
+            return ids[:limit]
+        return ids[:head] + body[: limit - num_special] + ids[head + len(body) :]
 
     def _check_vocab_bounds(self, params: SamplingParams) -> None:
         """What SamplingParams cannot check without the model: a top-n needs n <= vocab size."""

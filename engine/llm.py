@@ -1,4 +1,4 @@
-"""Offline batch generation, shaped like vLLM's `LLM`."""
+"""Offline batch generation and embedding, shaped like vLLM's `LLM`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from typing import Any
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
+from engine.pooling_params import PoolingParams
 from engine.sampling_params import SamplingParams
+from engine.sequence import Sequence
 from engine.tokenizer import Tokenizer
 
 Prompt = str | list[int]
@@ -44,10 +46,26 @@ class LLM:
             self.engine.make_sequence(f"llm-{next(self._ids)}", p, sp, request_class, cache_salt=cache_salt)
             for p, sp in zip(prompts, params, strict=True)
         ]
-        for seq in seqs:
-            self.engine.enqueue(seq)
-        finished = self._run_to_completion(len(seqs), use_tqdm)
-        return [finished[seq.request_id] for seq in seqs]
+        return self._run_all(seqs, use_tqdm)
+
+    def embed(
+        self,
+        inputs: Prompt | list[Prompt],
+        params: PoolingParams | None = None,
+        *,
+        request_class: str | None = None,
+        cache_salt: str | None = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        """Embeds every input (texts or token-id lists) with an embedding model; outputs come back in input
+        order, each with its `embedding`. ValueError for a model that generates text."""
+        inputs = _as_prompt_list(inputs)
+        params = params if params is not None else PoolingParams()
+        make = self.engine.make_sequence
+        # Every input validated before any is queued, as in generate.
+        seqs = [make(f"llm-{next(self._ids)}", p, params, request_class, cache_salt=cache_salt)
+                for p in inputs]
+        return self._run_all(seqs, use_tqdm)
 
     def chat(
         self,
@@ -59,6 +77,12 @@ class LLM:
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts: list[Prompt] = [self.engine.tokenizer.apply_chat_template(c) for c in conversations]  # type: ignore[arg-type]
         return self.generate(prompts, sampling_params, **kwargs)
+
+    def _run_all(self, seqs: list[Sequence], use_tqdm: bool) -> list[RequestOutput]:
+        for seq in seqs:
+            self.engine.enqueue(seq)
+        finished = self._run_to_completion(len(seqs), use_tqdm)
+        return [finished[seq.request_id] for seq in seqs]
 
     def _run_to_completion(self, total: int, use_tqdm: bool) -> dict[str, RequestOutput]:
         finished: dict[str, RequestOutput] = {}

@@ -3,6 +3,11 @@
 Input processing (engine/input_processor.py, engine/structured_output_manager.py), stop rules
 (engine/stop_rules.py) and failure isolation (engine/step_isolation.py: a step that raises is retried in
 halves, and only the requests that fail alone are aborted, reported in `last_failures`) live beside it.
+
+An embedding engine (task "embed": its runner pools, engine/pooling.py) runs the same loop without sampling:
+its requests (PoolingParams) are prompts whose chunks' pooling rows are combined on their sequence, and
+each finishes ("stop", with its vector) in the step that computes its last input token, freeing its
+blocks at once. An encoder's engine takes whole inputs per step and no prefix cache.
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 import torch
 
@@ -19,6 +24,8 @@ from engine.config import EngineConfig
 from engine.input_processor import InputProcessor
 from engine.outputs import RequestOutput, request_output
 from engine.pace import PaceMeter
+from engine.pooling import PoolingConfig, accumulate, finish_embeddings
+from engine.pooling_params import PoolingParams
 from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
 from engine.scheduled_chunk import RunnerOutput, ScheduledChunk
@@ -46,7 +53,12 @@ __all__ = ["LLMEngine", "Runner", "StepError"]
 
 
 class Runner(Protocol):
-    """What the engine needs from the model runner (engine.model_runner.ModelRunner, or a test double)."""
+    """What the engine needs from the model runner (engine.model_runner.ModelRunner,
+    engine.encoder_runner.EncoderRunner, or a test double).
+
+    An embedding runner also has `task` "embed", `pooling` (PoolingConfig) and `embedding_size`, and returns
+    RunnerOutput.pooled; an encoder's has `is_encoder` True. A runner without them generates text.
+    """
 
     num_kv_blocks: int
     block_size: int
@@ -65,22 +77,27 @@ class LLMEngine:
         self, config: EngineConfig, *, runner: Runner | None = None, tokenizer: Tokenizer | None = None
     ) -> None:
         if runner is None:
-            from engine.model_runner import ModelRunner  # heavy: loads the weights
-
-            runner = ModelRunner(config)
+            runner = make_runner(config)  # heavy: loads the weights
         self.config = config
         self.runner = runner
         self.tokenizer = tokenizer if tokenizer is not None else Tokenizer(config.model)
+        # For an embedding engine: the longest input it embeds; for a generation engine: prompt + output.
         self.max_model_len = runner.max_model_len
         self.vocab_size = runner.vocab_size
+        self.pooling: PoolingConfig | None = getattr(runner, "pooling", None)
+        self.task = "embed" if self.pooling is not None else "generate"
+        self.embedding_size: int | None = getattr(runner, "embedding_size", None)  # None: generates text
+        is_encoder = bool(getattr(runner, "is_encoder", False))
         self.block_manager = BlockManager(
-            runner.num_kv_blocks, runner.block_size, enable_prefix_caching=config.enable_prefix_caching
+            runner.num_kv_blocks, runner.block_size,
+            enable_prefix_caching=config.enable_prefix_caching and not is_encoder,
         )
-        self.scheduler = Scheduler(config, self.block_manager, self.max_model_len)
+        self.scheduler = Scheduler(config, self.block_manager, self.max_model_len, chunked=not is_encoder)
         self.sampler = Sampler(runner.device, config.seed)
         self.eos_token_ids = self.tokenizer.eos_token_ids
         self.inputs = InputProcessor(
-            config, self.tokenizer, self.block_manager, self.sampler, self.max_model_len, self.vocab_size
+            config, self.tokenizer, self.block_manager, self.sampler, self.max_model_len, self.vocab_size,
+            pooling=self.pooling, embedding_size=self.embedding_size,
         )
         self.structured_outputs = StructuredOutputManager(config, self.tokenizer, self.vocab_size)
         self._arrivals = itertools.count()
@@ -93,16 +110,18 @@ class LLMEngine:
     # --- requests ------------------------------------------------------------------------------------
 
     def add_request(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
+        self, request_id: str, prompt: str | list[int], params: SamplingParams | PoolingParams | None = None,
         request_class: str | None = None, *, cache_salt: str | None = None, urgency: Urgency | None = None,
     ) -> None:
         """Validates everything first (ValueError naming the field), so a bad request disturbs nothing.
-        `urgency`: its priority and deadline within its class (default: neither)."""
+        `params`: SamplingParams for a generation engine, PoolingParams for an embedding one (None: the
+        defaults of the engine's kind). `urgency`: its priority and deadline within its class (default:
+        neither)."""
         self.enqueue(self.make_sequence(request_id, prompt, params, request_class, cache_salt=cache_salt,
                                         urgency=urgency))
 
     def make_sequence(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
+        self, request_id: str, prompt: str | list[int], params: SamplingParams | PoolingParams | None = None,
         request_class: str | None = None, *, cache_salt: str | None = None, attach_grammar: bool = True,
         urgency: Urgency | None = None,
     ) -> Sequence:
@@ -120,6 +139,8 @@ class LLMEngine:
 
     def attach_grammar(self, seq: Sequence, *, compile: bool) -> bool:
         """See StructuredOutputManager.attach: False while seq still needs a compile."""
+        if seq.pooling is not None:
+            return True  # an embedding has no grammar
         return self.structured_outputs.attach(seq, compile=compile)
 
     def enqueue(self, seq: Sequence) -> None:
@@ -162,6 +183,8 @@ class LLMEngine:
         return outputs
 
     def _run(self, sched: SchedulerOutput) -> list[RequestOutput]:
+        if self.pooling is not None:
+            return self._run_pooling(sched, self.pooling)
         logits, seqs, prompt_logprobs, failures = forward_isolated(
             self._execute, sched, self.vocab_size, self.runner.device
         )
@@ -200,6 +223,54 @@ class LLMEngine:
                 self.scheduler.finish(seq, "length")
                 self.totals.finished_requests += 1
                 outputs.append(request_output(seq, num_new_tokens=0))
+        return outputs
+
+    def _run_pooling(self, sched: SchedulerOutput, pooling: PoolingConfig) -> list[RequestOutput]:
+        """An embedding engine's step: each chunk's pooling row joins its sequence's, and the requests whose
+        input is complete finish with their vectors."""
+        rows: dict[Sequence, torch.Tensor] = {}  # [H] per sequence whose chunk ran in a successful forward
+        owners = {id(chunk): seq for chunk, seq in zip(sched.chunks, sched.seqs, strict=True)}
+
+        def execute(chunks: list[ScheduledChunk]) -> RunnerOutput:
+            out = self.runner.execute(chunks)
+            if out.pooled is None or out.pooled.shape[0] != len(chunks):
+                raise RuntimeError("the model runner returned no pooling row for some chunk")
+            rows.update((owners[id(chunk)], row) for chunk, row in zip(chunks, out.pooled, strict=True))
+            return out
+
+        _, _, _, failures = forward_isolated(execute, sched, self.vocab_size, self.runner.device)
+        self._cache_computed_blocks(sched, failures)
+        for chunk, seq in zip(sched.chunks, sched.seqs, strict=True):
+            if seq not in failures:
+                seq.pooled = accumulate(seq.pooled, rows[seq], chunk.start_pos, pooling.method)
+        outputs = self._finish_embedded(sched, failures, pooling)
+        if failures:
+            outputs += self._fail(failures)
+        return outputs
+
+    def _finish_embedded(self, sched: SchedulerOutput, failures: Failures, pooling: PoolingConfig
+                         ) -> list[RequestOutput]:
+        """Finishes ("stop") the pooling requests whose input this step completed, with their vectors
+        (computed together). Called after _cache_computed_blocks, as finishing frees their blocks."""
+        done = [seq for seq in sched.seqs if seq not in failures and seq.num_uncomputed_tokens == 0]
+        if not done:
+            return []
+        size = self.embedding_size
+        assert size is not None and all(s.pooling is not None and s.pooled is not None for s in done)
+        params = [cast(PoolingParams, seq.params) for seq in done]
+        vectors = finish_embeddings(
+            torch.stack([cast(torch.Tensor, seq.pooled) for seq in done]),  # [F, H]
+            [seq.num_prompt_tokens for seq in done], pooling.method,
+            [p.dimensions or size for p in params],
+            [pooling.normalize if p.normalize is None else p.normalize for p in params],
+        )
+        outputs = []
+        for seq, vector in zip(done, vectors, strict=True):
+            self.scheduler.finish(seq, "stop")
+            seq.pooled = None
+            outputs.append(request_output(seq, num_new_tokens=0, embedding=vector))
+        self.totals.finished_requests += len(done)
+        self.totals.embedded_requests += len(done)
         return outputs
 
     def _cache_computed_blocks(self, sched: SchedulerOutput, failures: Failures) -> None:
@@ -274,6 +345,20 @@ class LLMEngine:
             prefix_cache_blocks=cache.num_cached_blocks if cache is not None else None,
         )
         return {**snapshot, "pace": self.pace_meter.pace.to_json()}
+
+
+def make_runner(config: EngineConfig) -> Runner:
+    """The runner for config.model, its weights loaded: an EncoderRunner for an encoder (BERT, XLM-R),
+    else a ModelRunner (paged KV cache)."""
+    from engine.loader import is_encoder_config, read_hf_config
+
+    if is_encoder_config(read_hf_config(config.model)):
+        from engine.encoder_runner import EncoderRunner
+
+        return EncoderRunner(config)
+    from engine.model_runner import ModelRunner
+
+    return ModelRunner(config)
 
 
 def _add_prompt_logprobs(prompt_logprobs: PromptLogprobs) -> None:

@@ -3,6 +3,11 @@
 Weights stream from the safetensors files straight into the model's (uninitialised) parameters, q/k/v and
 gate/up into their fused slices. Every parameter must be filled and every tensor must find a home;
 otherwise a ValueError names the culprits.
+
+What the engine serves decides what must be there (engine/pooling.py resolve_task): a generation engine
+needs a decoder with its LM head; an embedding engine drops the head (it never computes logits), so it
+also takes a decoder saved without one (`Qwen2Model`, ..., tensor names without `model.`, as
+sentence-transformers saves them). An encoder (`is_encoder`) loads its weights itself.
 """
 
 from __future__ import annotations
@@ -11,13 +16,14 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from safetensors import safe_open
 
-from engine.models import build_model
+from engine.models import Model, build_model
 from engine.models.llama import PACKED_PARAMS, LlamaForCausalLM
+from engine.pooling import resolve_task
 
 logger = logging.getLogger("engine")
 
@@ -98,18 +104,46 @@ def safetensors_files(model_dir: str | Path) -> list[Path]:
     return files
 
 
+class LoadedModel(NamedTuple):
+    model: Model  # every weight loaded, in eval mode
+    hf_config: dict[str, Any]  # the raw config.json
+    task: str  # "generate" or "embed": what the engine serves with it
+
+
 def load_model(
-    model_dir: str | Path, device: torch.device, dtype: torch.dtype, attention_backend: str
-) -> tuple[LlamaForCausalLM, dict[str, Any]]:
-    """(model with every weight loaded, in eval mode; the raw config.json dict)."""
+    model_dir: str | Path, device: torch.device, dtype: torch.dtype, attention_backend: str,
+    task: str = "generate",
+) -> LoadedModel:
+    """The model, ready for `task` ("generate", "embed" or "auto": EngineConfig.task)."""
     hf_config = read_hf_config(model_dir)
     files = safetensors_files(model_dir)
     with torch.device(device):
         model = build_model(hf_config, dtype, attention_backend)
-    load_weights(model, files)
-    logger.info("loaded %s (%s) from %d file(s): %.1f M parameters, %s on %s", hf_config["architectures"][0],
-                model_dir, len(files), sum(p.numel() for p in model.parameters()) / 1e6, dtype, device)
-    return model.eval(), hf_config
+    is_encoder = getattr(model, "is_encoder", False)
+    task = resolve_task(task, model_dir, is_encoder=is_encoder, has_lm_head=has_lm_head(hf_config))
+    if is_encoder:
+        model.load_weights(files)
+    else:
+        assert isinstance(model, LlamaForCausalLM)
+        if task == "embed":
+            model.lm_head = None  # an embedding needs no logits: the head's memory is not kept
+        load_weights(model, files)
+    logger.info("loaded %s (%s) from %d file(s) to %s: %.1f M parameters, %s on %s",
+                hf_config["architectures"][0], model_dir, len(files), task,
+                sum(p.numel() for p in model.parameters()) / 1e6, dtype, device)
+    return LoadedModel(model.eval(), hf_config, task)
+
+
+def has_lm_head(hf_config: dict[str, Any]) -> bool:
+    """Whether the checkpoint's architecture carries an LM head (a *ForCausalLM); `LlamaModel` and the
+    like are decoders saved without one, for embeddings."""
+    return any(arch.endswith("ForCausalLM") for arch in hf_config.get("architectures") or [])
+
+
+def is_encoder_config(hf_config: dict[str, Any]) -> bool:
+    """Whether config.json names an encoder: the model is built on the meta device (no memory) to ask it."""
+    with torch.device("meta"):
+        return bool(getattr(build_model(hf_config, torch.float32, "torch"), "is_encoder", False))
 
 
 @torch.no_grad()
@@ -126,6 +160,8 @@ def load_weights(model: LlamaForCausalLM, files: list[Path]) -> None:
                 if _ignorable(ckpt_name, model):
                     continue
                 name, shard = _our_name(ckpt_name)
+                if name not in params and f"model.{name}" in params:
+                    name = f"model.{name}"  # a decoder saved without its head: names without "model."
                 if name not in params:
                     unexpected.append(ckpt_name)
                     continue
@@ -133,6 +169,9 @@ def load_weights(model: LlamaForCausalLM, files: list[Path]) -> None:
                            ckpt_name)
                 loaded.add((name, shard))
     missing = sorted(f"{name}[{shard}]" if _packed_kind(name) else name for name, shard in expected - loaded)
+    if "lm_head.weight" in missing:
+        raise ValueError("model weights: the checkpoint has no LM head (lm_head.weight), so it cannot "
+                         "generate text; serve it for embeddings (task='embed')")
     if missing or unexpected:
         raise ValueError(
             f"model weights: missing {missing or 'none'}; unexpected {sorted(unexpected) or 'none'}")
@@ -141,8 +180,9 @@ def load_weights(model: LlamaForCausalLM, files: list[Path]) -> None:
 def _ignorable(ckpt_name: str, model: LlamaForCausalLM) -> bool:
     if ckpt_name.endswith(IGNORED_TENSOR_SUFFIXES):
         return True
-    # Some tied checkpoints still carry a copy of the embedding as lm_head.weight.
-    return ckpt_name == "lm_head.weight" and model.settings.tie_word_embeddings
+    # Some tied checkpoints still carry a copy of the embedding as lm_head.weight; an embedding model has
+    # no head at all.
+    return ckpt_name == "lm_head.weight" and (model.settings.tie_word_embeddings or model.lm_head is None)
 
 
 def _our_name(ckpt_name: str) -> tuple[str, int]:

@@ -4,6 +4,10 @@ A step is a list of ScheduledChunk (prefill chunks and decode tokens of differen
 concatenates their tokens into one batch of T tokens, derives positions and cache slots with tensor ops,
 runs the model once, and computes logits only at the last token of each chunk that samples, and at the
 positions of the chunks that score their prompt (engine.prompt_logprobs).
+
+An embedding engine's runner (task "embed") computes no logits (its model has no LM head): it returns, per
+chunk, the row that pooling needs of the chunk's hidden states (engine/pooling.py chunk_rows). Encoders
+have their own runner (engine/encoder_runner.py).
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from engine.attention import KVCache, with_attention_plan
 from engine.config import EngineConfig
 from engine.kv_cache import KVCacheLayout, allocate_kv_cache, cuda_kv_budget_bytes, plan_num_blocks
 from engine.loader import LoadTimings, check_tokenizer_files, load_model, resolve_device, resolve_dtype
+from engine.models.llama import LlamaForCausalLM
+from engine.pooling import PoolingConfig, chunk_rows, embedding_max_len, pooling_config
 from engine.prompt_logprobs import score_prompt_chunks
 from engine.scheduled_chunk import RunnerOutput, ScheduledChunk
 from kernels import AttentionMetadata
@@ -34,9 +40,12 @@ class StepInputs:
     positions: torch.Tensor  # [T] int64
     meta: AttentionMetadata
     sample_indices: torch.Tensor  # [N] int64: the token rows whose logits are returned
+    seq_of_token: torch.Tensor  # [T] int64: the chunk each token belongs to
 
 
 class ModelRunner:
+    is_encoder = False  # engine/encoder_runner.py runs encoders
+
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         if config.num_threads is not None:
@@ -48,12 +57,24 @@ class ModelRunner:
         attention_s = time.perf_counter() - started
         check_tokenizer_files(config.model)
         started = time.perf_counter()
-        self.model, self.hf_config = load_model(config.model, self.device, self.dtype, self.attention_backend)
+        model, self.hf_config, self.task = load_model(config.model, self.device, self.dtype,
+                                                      self.attention_backend, config.task)
+        if not isinstance(model, LlamaForCausalLM):
+            raise ValueError(f"model: {config.model} is an encoder; LLMEngine runs it with an EncoderRunner")
+        self.model = model
         weights_s, started = time.perf_counter() - started, time.perf_counter()
         settings = self.model.settings
         self.vocab_size: int = settings.vocab_size
         self.block_size: int = config.block_size
         self.max_model_len: int = resolve_max_model_len(config.max_model_len, self.hf_config)
+        # Embedding engines: how hidden states are pooled, the vector size, the longest input embedded.
+        self.pooling: PoolingConfig | None = None
+        self.embedding_size: int | None = None
+        if self.task == "embed":
+            self.pooling = pooling_config(config.model, is_encoder=False, method=config.pooling,
+                                          normalize=config.normalize_embeddings)
+            self.embedding_size = settings.hidden_size
+            self.max_model_len = embedding_max_len(self.max_model_len, self.pooling)
         layout = KVCacheLayout(num_layers=settings.num_layers, block_size=config.block_size,
                                num_kv_heads=settings.num_kv_heads, head_dim=settings.head_dim,
                                dtype=self.dtype)
@@ -70,25 +91,32 @@ class ModelRunner:
     def execute(self, chunks: list[ScheduledChunk]) -> RunnerOutput:
         """float32 logits [number of chunks with sample=True, vocab_size], in chunk order, and the prompt
         logprobs of the chunks that ask for them (computed in slices of at most max_num_seqs rows of logits,
-        the most memory profiling planned for)."""
+        the most memory profiling planned for); for an embedding engine, each chunk's pooling row instead."""
         if not chunks:
             return RunnerOutput(torch.empty(0, self.vocab_size, device=self.device), [])
         self._check_chunks(chunks)
         step = prepare_step(chunks, self.block_size, self.device)
         start = time.perf_counter()
         hidden, logits = self._forward(step, self.kv_caches)
+        pooled = None
+        if self.pooling is not None:  # [S, H] fp32, on the CPU
+            method = self.pooling.method
+            pooled = chunk_rows(hidden, step.meta.query_start_loc, step.seq_of_token, method).cpu()
         prompt_logprobs = score_prompt_chunks(self.model.compute_logits, hidden, chunks,
                                               self.config.max_num_seqs)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.last_forward_seconds = time.perf_counter() - start
-        return RunnerOutput(logits, prompt_logprobs)
+        return RunnerOutput(logits, prompt_logprobs, pooled)
 
     def _forward(self, step: StepInputs, kv_caches: list[KVCache]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The hidden states [T, H] and the logits at the sampled rows [N, V] fp32."""
+        """The hidden states [T, H] and the logits at the sampled rows [N, V] fp32 (none when embedding:
+        the model has no LM head)."""
         meta = with_attention_plan(step.meta, kv_caches[0][0], self.model.settings.num_heads,
                                    self.attention_backend)
         hidden = self.model(step.input_ids, step.positions, meta, kv_caches)  # [T, H]
+        if self.pooling is not None:
+            return hidden, torch.empty(0, self.vocab_size, device=hidden.device)
         return hidden, self.model.compute_logits(hidden[step.sample_indices])
 
     def _check_chunks(self, chunks: list[ScheduledChunk]) -> None:
@@ -165,6 +193,7 @@ def prepare_step(chunks: list[ScheduledChunk], block_size: int, device: torch.de
         positions=positions.to(device, non_blocking=True),
         meta=meta,
         sample_indices=(query_start_loc[1:] - 1)[sample].to(device, non_blocking=True),  # [N]
+        seq_of_token=seq_of_token.to(device, non_blocking=True),
     )
 
 

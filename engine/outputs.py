@@ -41,14 +41,18 @@ class RequestOutput:
     # Prompt tokens whose K/V came from the prefix cache when the request was first scheduled (vLLM's name);
     # 0 before that, and always 0 with prefix caching off.
     num_cached_tokens: int = 0
+    # A pooling request's vector (fp32 values, PoolingParams.dimensions of them when set), on its final
+    # output; None for generation requests. prompt_token_ids are then the tokens embedded (after truncate).
+    embedding: list[float] | None = None
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
 
 
-def request_output(seq: Sequence, num_new_tokens: int) -> RequestOutput:
-    """A snapshot of seq for its caller (copies: the engine goes on changing seq)."""
+def request_output(seq: Sequence, num_new_tokens: int, embedding: list[float] | None = None) -> RequestOutput:
+    """A snapshot of seq for its caller (copies: the engine goes on changing seq); `embedding`: the vector
+    of a pooling request that finished."""
     return RequestOutput(
         request_id=seq.request_id,
         prompt_token_ids=seq.prompt_token_ids,
@@ -61,4 +65,5 @@ def request_output(seq: Sequence, num_new_tokens: int) -> RequestOutput:
         num_new_tokens=num_new_tokens,
         prompt=seq.prompt,
         num_cached_tokens=seq.num_cached_tokens or 0,
+        embedding=embedding,
     )

@@ -48,3 +48,6 @@ class ChunkPromptLogprobs:
 class RunnerOutput:
     logits: torch.Tensor  # [number of chunks with sample=True, V] fp32, in chunk order
     prompt_logprobs: list[ChunkPromptLogprobs | None]  # one per chunk: None where it asked for none
+    # An embedding runner's: one fp32 row per chunk [S, H], on the CPU, what pooling needs of the chunk's
+    # hidden states (engine/pooling.py chunk_rows). None from a generation runner.
+    pooled: torch.Tensor | None = None

@@ -14,6 +14,12 @@ step's budget. A preempted request frees its blocks into the cache and gets back
 still there. Blocks computed by a step are registered by LLMEngine once the step has succeeded. A request
 that still collects prompt logprobs takes no hits (every prompt position must be computed to be scored), but
 its computed blocks are registered for others all the same.
+
+Pooling requests (embeddings) are prompts that generate nothing: scheduled like any prefill, finished by
+LLMEngine once their input is computed. One whose pooling reads every position (mean, cls) takes no hits,
+like a request collecting prompt logprobs. An encoder's requests cannot be chunked (`chunked=False`): each
+runs its whole input in one step or waits, and the step's budget is at least max_model_len so any request
+fits an empty step.
 """
 
 from __future__ import annotations
@@ -55,12 +61,15 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, block_manager: BlockManager, max_model_len: int) -> None:
+    def __init__(self, config: EngineConfig, block_manager: BlockManager, max_model_len: int, *,
+                 chunked: bool = True) -> None:
         self.block_manager = block_manager
         self.max_model_len = max_model_len
         self.max_num_seqs = config.max_num_seqs
-        self.max_num_batched_tokens = config.max_num_batched_tokens
-        self.long_prefill_token_threshold = config.long_prefill_token_threshold
+        self.chunked = chunked  # False: a request's whole input runs in one step (an encoder's)
+        self.max_num_batched_tokens = (
+            config.max_num_batched_tokens if chunked else max(config.max_num_batched_tokens, max_model_len))
+        self.long_prefill_token_threshold = config.long_prefill_token_threshold if chunked else 0
         self.classes = {c.name: c for c in config.request_classes}
         self.waiting: dict[str, WaitingQueue] = {name: WaitingQueue() for name in self.classes}
         self.running: list[Sequence] = []  # sorted by order_key at each step: the last is preempted first
@@ -157,14 +166,14 @@ class Scheduler:
             seq = self._next_admissible(now)
             if seq is None:
                 return
-            uses_cache = not seq.needs_prompt_logprobs
+            uses_cache = seq.takes_cache_hits
             cached = bm.cached_prefix(seq) if uses_cache else []
             # NOTE: strict priority: lower requests do not jump a head that waits or does not fit.
             if uses_cache and bm.next_block_hash(seq, len(cached)) in out.completed_block_hashes:
                 return  # this step computes its next block for another request: reuse it next step instead
             num_cached_tokens = len(cached) * bm.block_size
             n = self._chunk_size(seq, budget, num_cached_tokens)
-            if not bm.can_allocate(n, cached):
+            if n == 0 or not bm.can_allocate(n, cached):
                 return
             self.waiting[seq.request_class].remove(seq)
             bm.allocate(seq, n, cached)
@@ -196,6 +205,8 @@ class Scheduler:
         """Tokens of seq to compute this step, after num_computed_tokens (default: its own count)."""
         start = seq.num_computed_tokens if num_computed_tokens is None else num_computed_tokens
         n = min(seq.num_tokens - start, budget)
+        if not self.chunked and n < seq.num_tokens - start:
+            return 0  # all or nothing: it waits for a step with room for its whole input
         if self.long_prefill_token_threshold > 0:
             n = min(n, self.long_prefill_token_threshold)
         assert start + n <= self.max_model_len, (seq.request_id, start, n)
@@ -209,8 +220,8 @@ class Scheduler:
             token_ids=seq.token_slice(start, end),
             start_pos=start,
             block_table=list(seq.block_table),
-            sample=end == seq.num_tokens and seq.params.max_tokens > 0,  # 0: the prompt is only scored
-            prompt_logprobs=seq.params.prompt_logprobs if targets else None,
+            sample=end == seq.num_tokens and seq.max_tokens > 0,  # 0: the prompt is only scored or pooled
+            prompt_logprobs=seq.params.prompt_logprobs if targets else None,  # targets: SamplingParams
             prompt_targets=targets,
         )
         is_decode = n == 1 and seq.num_output_tokens > 0 and end == seq.num_tokens
@@ -244,6 +255,7 @@ class Scheduler:
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0
         reset_prompt_logprobs(seq)
+        seq.pooled = None  # pooling starts again with the recomputed input
         seq.status = SequenceStatus.WAITING
         self.waiting[seq.request_class].push(seq, time.time())  # its arrival order keeps its place
         seq.metrics.num_preemptions += 1

@@ -11,6 +11,7 @@ import torch
 
 from engine.outputs import FinishReason, RequestMetrics
 from engine.pace import Pace
+from engine.pooling_params import PoolingParams
 from engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -60,13 +61,16 @@ class Urgency:
 class Sequence:
     """Prefill and decode are the same thing here: tokens not yet in the KV cache get computed.
 
+    A pooling request (params: PoolingParams) is prefill only: it generates nothing (max_tokens 0) and
+    finishes once its last input token is computed, with the vector its hidden states pooled into.
+
     `block_table`, `block_hashes` and `num_registered_blocks` are read by everyone but changed only by the
     BlockManager (and engine.prefix_cache.block_hashes).
     """
 
     request_id: str
     prompt_token_ids: list[int]
-    params: SamplingParams
+    params: SamplingParams | PoolingParams
     request_class: str
     priority: int  # of its class; lower = served first
     arrival_order: int  # engine-wide counter; kept across preemptions
@@ -102,6 +106,20 @@ class Sequence:
     # output_token_ids (only the KV is recomputed, no token is sampled again), so the state stays valid
     # across preemptions. Dropped (released) when the request finishes.
     matcher: xgrammar.GrammarMatcher | None = None
+    # Pooling requests: its chunks' pooled row so far [H] fp32 (engine/pooling.py accumulate); dropped on
+    # preemption (recomputed). And whether the pooling reads hidden states the prefix cache does not keep
+    # (mean: every position; cls: the first), so its whole input must be computed.
+    pooled: torch.Tensor | None = None
+    pools_every_token: bool = False
+
+    @property
+    def pooling(self) -> PoolingParams | None:
+        return self.params if isinstance(self.params, PoolingParams) else None
+
+    @property
+    def max_tokens(self) -> int:
+        """Output tokens it may generate (0: the prompt is only scored, or embedded)."""
+        return self.params.max_tokens if isinstance(self.params, SamplingParams) else 0
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -121,12 +139,18 @@ class Sequence:
 
     @property
     def max_total_tokens(self) -> int:
-        return self.num_prompt_tokens + self.params.max_tokens
+        return self.num_prompt_tokens + self.max_tokens
 
     @property
     def needs_prompt_logprobs(self) -> bool:
         """Asked for prompt logprobs and not all are in: its prompt must be computed, not read from cache."""
         return self.prompt_logprobs is not None and len(self.prompt_logprobs) < self.num_prompt_tokens
+
+    @property
+    def takes_cache_hits(self) -> bool:
+        """Its prompt may be read from the prefix cache: it scores no prompt token and pools no hidden state
+        that the cache lacks."""
+        return not self.needs_prompt_logprobs and not self.pools_every_token
 
     @property
     def is_finished(self) -> bool:
@@ -143,7 +167,7 @@ class Sequence:
         """Time it still needs at its pace: the prompt left to compute and up to max_tokens more output (an
         upper bound: it may stop sooner). Never grows as it runs, so its order key never shrinks."""
         prompt_left = max(self.num_prompt_tokens - self.num_computed_tokens, 0)
-        return self.pace.remaining_s(prompt_left, self.params.max_tokens - self.num_output_tokens)
+        return self.pace.remaining_s(prompt_left, self.max_tokens - self.num_output_tokens)
 
     def token_slice(self, start: int, end: int) -> list[int]:
         """Tokens [start, end) of prompt + output, without concatenating the whole history."""

@@ -47,6 +47,9 @@ class EngineTotals:
     decode_tokens: int = 0
     generated_tokens: int = 0
     finished_requests: int = 0
+    # Pooling requests finished with their vector (also in finished_requests). Their input tokens count as
+    # prefill tokens, like any prompt's; they generate none.
+    embedded_requests: int = 0
     aborted_requests: int = 0
     failed_requests: int = 0
     forward_seconds: float = 0.0

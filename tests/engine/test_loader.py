@@ -168,3 +168,32 @@ def test_the_runner_reports_its_load_timings(llama_dir, monkeypatch):
     runner = ModelRunner(EngineConfig(model=str(llama_dir), num_kv_blocks=64))
     assert runner.load_timings.weights_s > 0 and runner.load_timings.kv_cache_s > 0
     assert runner.load_timings.attention_s >= 0.05
+
+
+def test_a_generation_checkpoint_without_its_head_is_named(tmp_path, llama_dir):
+    path = copy_of(llama_dir, tmp_path / "m")
+    tensors = load_file(path / "model.safetensors")
+    del tensors["lm_head.weight"]
+    save_file(tensors, path / "model.safetensors")
+    with pytest.raises(ValueError, match=r"no LM head \(lm_head\.weight\).*task='embed'"):
+        load(path)
+    assert load_model(path, CPU, torch.float32, "torch", task="embed").model.lm_head is None
+
+
+def test_an_embedding_model_drops_the_head_and_reads_a_head_less_checkpoint(tmp_path, llama_dir):
+    whole = load_model(llama_dir, CPU, torch.float32, "torch", task="embed")
+    assert whole.task == "embed" and whole.model.lm_head is None
+    # As sentence-transformers saves a decoder: LlamaModel, tensor names without "model.", no head.
+    path = copy_of(llama_dir, tmp_path / "m")
+    tensors = load_file(path / "model.safetensors")
+    save_file({name.removeprefix("model."): t for name, t in tensors.items() if name != "lm_head.weight"},
+              path / "model.safetensors")
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "architectures": ["LlamaModel"]}))
+    head_less = load_model(path, CPU, torch.float32, "torch", task="embed").model
+    expected = dict(whole.model.named_parameters())
+    assert expected.keys() == dict(head_less.named_parameters()).keys()
+    for name, param in head_less.named_parameters():
+        assert torch.equal(param, expected[name]), name
+    with pytest.raises(ValueError, match="without its LM head"):
+        load_model(path, CPU, torch.float32, "torch", task="generate")
