@@ -91,20 +91,32 @@ def queued_refusal(session: Session, gauge: AdmissionGauge, limits: TenantLimits
     return Refusal("tenant_queue_full", "queue", message, retry_after_s)
 
 
+@dataclass(frozen=True)
+class Reserved:
+    """What a job's tokens are, for a refusal: the field that asked for them and how they add up."""
+
+    field: str = "max_tokens"
+    sum: str = "prompt + max_tokens"
+
+
+EMBEDDING_TOKENS = Reserved("input", "the inputs' tokens")  # an embedding job writes nothing
+
+
 def tokens_refusal(session: Session, limits: TenantLimits, tenant_id: str, needed: int, now: datetime,
-                   ) -> Refusal | None:
-    """`needed` (the job's prompt tokens + max_tokens) would take the tenant past its tokens per minute."""
+                   reserved: Reserved = Reserved()) -> Refusal | None:
+    """`needed` (the job's prompt tokens + what it may write) would take the tenant past its tokens per
+    minute."""
     limit = limits.tokens_per_minute
     if limit is None:
         return None
     if needed > limit:
-        message = (f"max_tokens: prompt + max_tokens ({needed}) exceeds tenant {tenant_id}'s "
+        message = (f"{reserved.field}: {reserved.sum} ({needed}) exceeds tenant {tenant_id}'s "
                    f"tokens_per_minute ({limit}); no wait makes it fit")
-        return Refusal("tokens_per_minute_exceeded", "max_tokens", message, None)
+        return Refusal("tokens_per_minute_exceeded", reserved.field, message, None)
     if token_usage.tokens_used(session, tenant_id, now) + needed <= limit:
         return None
     use = token_usage.window_use(session, tenant_id, now)  # the slow path: only for a refusal
     wait = max(1, math.ceil(use.seconds_until_room(needed, limit, now)))
     message = (f"tokens_per_minute: tenant {tenant_id} used {use.total} of its {limit} tokens in the last "
-               f"minute, and this job reserves {needed} (prompt + max_tokens); retry after {wait} s")
+               f"minute, and this job reserves {needed} ({reserved.sum}); retry after {wait} s")
     return Refusal("tokens_per_minute_exceeded", "tokens_per_minute", message, wait)

@@ -18,7 +18,7 @@ from api.metrics import Metrics
 from api.middleware import AllowedMethods, BodySizeLimit, MetricsAuth, ResponseCounter, UnhandledErrors
 from api.openapi_doc import install_truthful_openapi
 from api.prompt_tokenizer import PromptTokenizer
-from api.routes import batches, files, health, jobs, openai, queues, scaling, vllm, webhooks
+from api.routes import batches, embeddings, files, health, jobs, openai, queues, scaling, vllm, webhooks
 from api.served_models import ServedModels
 from api.uploads import UploadSizeLimit
 from core.dispatch import DispatchRelay, JobPublisher
@@ -99,8 +99,8 @@ def create_app(
     install_error_handlers(app)
     install_truthful_openapi(app)
     app.state.token_stream = token_stream  # running jobs' text for streamed completions; None: store polls
-    for router in (jobs.router, queues.router, health.router, webhooks.router, openai.router, files.router,
-                   batches.router, scaling.router, vllm.router):
+    for router in (jobs.router, queues.router, health.router, webhooks.router, openai.router,
+                   embeddings.router, files.router, batches.router, scaling.router, vllm.router):
         app.include_router(router)
     # add_middleware wraps: the last one added runs first.
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)

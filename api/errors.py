@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from core.field_errors import validation_message
+from core.field_errors import FieldProblem, untagged, validation_message
 from core.request_rules import text_problem
 
 # pydantic's error types at loc ("body",) that mean the body is not an object at all.
@@ -37,6 +37,16 @@ class ApiError(Exception):
         self.field = field
         self.headers = headers
 
+
+
+def problem_error(problem: FieldProblem) -> ApiError:
+    """A request rule's problem (core/request_limits.py, core/embedding_rules.py) as the 422 naming it."""
+    return ApiError(422, problem.code, problem.message, problem.field)
+
+
+def raise_problem(problem: FieldProblem | None) -> None:
+    if problem is not None:
+        raise problem_error(problem)
 
 
 def not_found(kind: str, object_id: str) -> ApiError:
@@ -92,7 +102,7 @@ def body_problem(errors: Sequence[Any], content_type: str | None) -> str | None:
     ("JSON decode error", "Input should be a valid dictionary"), which names no field and says little."""
     if not errors:
         return None
-    error, loc = errors[0], tuple(errors[0].get("loc", ()))
+    error, loc = errors[0], untagged(errors[0].get("loc", ()))
     if error.get("type") == "json_invalid":  # loc ("body", <character offset>)
         reason = error.get("ctx", {}).get("error", "invalid JSON")
         where = f" at position {loc[1]}" if len(loc) > 1 and isinstance(loc[1], int) else ""

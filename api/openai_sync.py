@@ -19,7 +19,8 @@ import anyio
 from starlette.concurrency import run_in_threadpool
 
 from api.deps import Services
-from api.schemas.jobs import JobCreate
+from api.openai_errors import OpenAIError
+from api.schemas.jobs import AnyJobCreate
 from api.submit import submit
 from core.clock import utcnow
 from core.dispatch import Dispatcher
@@ -34,6 +35,7 @@ EVENT_WAIT_S = 0.25  # how often a waiting request checks for a client disconnec
 STORE_POLL_S = 1.0  # store reads between stream events (a lost end marker costs at most this)
 STORE_POLL_NO_STREAM_S = 0.25
 SUBSCRIBE_TIMEOUT_S = 10.0
+NO_RETRY = {"x-should-retry": "false"}  # the openai SDK retries a 5xx unless told not to
 
 
 class ClientGoneError(Exception):
@@ -62,12 +64,14 @@ class JobOutcome:
     choices: list[dict[str, Any]] | None = None  # every choice of a job with n > 1
     prompt: str | None = None  # a completion's prompt (echo shows it)
     prompt_logprobs: list[dict[str, Any]] | None = None  # as the job stores them
+    embeddings: list[str] | None = None  # an embedding job's vectors (core/embedding_vectors.py)
 
     @classmethod
     def of(cls, job: Job) -> JobOutcome:
         return cls(job.id, job.status, job.result_text, job.finish_reason, job.prompt_tokens or 0,
                    job.completion_tokens or 0, job.error_code, job.error_message, job.logprobs,
-                   job.cached_tokens or 0, job.chat, job.choices, job.prompt, job.prompt_logprobs)
+                   job.cached_tokens or 0, job.chat, job.choices, job.prompt, job.prompt_logprobs,
+                   job.embeddings)
 
 
 class _SubscribeThenDispatch:
@@ -104,7 +108,7 @@ class Generated:
 
 
 async def start(
-    services: Services, stream: TokenStream | None, tenant: str, body: JobCreate
+    services: Services, stream: TokenStream | None, tenant: str, body: AnyJobCreate
 ) -> FollowedJob:
     """Submits (same checks, limits and 429s as POST /v1/jobs) with the token subscription in place."""
     publisher = None
@@ -183,6 +187,34 @@ async def finish(services: Services, job: FollowedJob, tenant: str, *, cancel: b
         if cancel:
             await run_in_threadpool(cancel_job, services, job.job_id, tenant)
         await _drop_subscription(job)
+
+
+async def wait_outcome(services: Services, tenant: str, job: FollowedJob, disconnected: Disconnected,
+                       ) -> JobOutcome | None:
+    """The job's outcome once it is final; None when the client went away first (the job is cancelled)."""
+    outcome: JobOutcome | None = None
+    try:
+        async for item in follow(services, job, disconnected):
+            if isinstance(item, JobOutcome):
+                outcome = item
+    except ClientGoneError:
+        return None
+    finally:
+        await finish(services, job, tenant, cancel=outcome is None)
+    return outcome
+
+
+def outcome_error(outcome: JobOutcome) -> OpenAIError:
+    """A job that did not succeed, as the matching OpenAI error."""
+    detail = f"job {outcome.job_id} {outcome.status}"
+    if outcome.error_code:
+        detail += f": {outcome.error_code}: {outcome.error_message or ''}".rstrip(": ")
+    if outcome.status == "expired":  # not started before the queue's deadline: overloaded, retry later
+        return OpenAIError(503, detail, code="queue_deadline_exceeded", headers={"Retry-After": "1"})
+    if outcome.status == "cancelled":
+        return OpenAIError(409, detail, code="cancelled", headers=NO_RETRY)
+    status = {"invalid_request": 400, "timeout": 504}.get(outcome.error_code or "", 500)
+    return OpenAIError(status, detail, code=outcome.error_code or "job_failed", headers=NO_RETRY)
 
 
 def read_outcome(services: Services, job_id: str) -> JobOutcome | None:

@@ -4,13 +4,15 @@ and queue limits: Settings.for_model) and its tokenizer (no weights), by the id 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from api.prompt_tokenizer import PromptTokenizer
 from core.chat_options import ToolParser, tool_parser_for
+from core.embedding_rules import EmbeddingLimits
 from core.lanes import lane_of
 from core.model_limits import served_max_model_len
+from core.model_task import ModelTask, model_task
 from core.settings import Settings
 
 
@@ -19,6 +21,7 @@ class ServedModel:
     id: str
     settings: Settings  # the deployment's settings as this model sees them
     tokenizer: PromptTokenizer
+    task: ModelTask = field(default_factory=lambda: ModelTask("generate"))  # core/model_task.py
 
     @property
     def tool_parser(self) -> ToolParser:
@@ -27,8 +30,16 @@ class ServedModel:
 
     def max_model_len(self) -> int | None:
         """The max_model_len its workers serve: the configured one, else the model's own (its config.json),
-        so a request that can never run is refused at submit rather than failing on a worker."""
-        return served_max_model_len(self.settings.max_model_len, self.tokenizer.context_length)
+        so a request that can never run is refused at submit rather than failing on a worker. For an
+        embedding model, the longest input it embeds."""
+        own = self.task.max_input_tokens if self.task.embeds else self.tokenizer.context_length
+        return served_max_model_len(self.settings.max_model_len, own)
+
+    def embedding_limits(self) -> EmbeddingLimits:
+        """What its embeddings requests are held to (core/embedding_rules.py)."""
+        vocab = self.task.vocab_size or self.tokenizer.vocab_size
+        return EmbeddingLimits(self.settings.max_embedding_inputs, vocab, self.max_model_len(),
+                               self.task.embedding_size)
 
     def lane(self, queue: str) -> str:
         return lane_of(self.id, queue)
@@ -47,7 +58,8 @@ class ServedModels:
         if missing:
             raise ValueError(f"tokenizers: none given for model(s) {', '.join(missing)}")
         self._settings = settings
-        self._models = {model_id: ServedModel(model_id, model_settings, tokenizers[model_id])
+        self._models = {model_id: ServedModel(model_id, model_settings, tokenizers[model_id],
+                                              _task_of(model_settings))
                         for model_id, model_settings in settings.served().items()}
 
     @property
@@ -60,3 +72,8 @@ class ServedModels:
     def get(self, model_id: str | None) -> ServedModel:
         """The model a request names (Settings.model_id_of). UnknownModelError when it is not served."""
         return self._models[self._settings.model_id_of(model_id)]
+
+
+def _task_of(settings: Settings) -> ModelTask:
+    """What the model serves: its `task` setting, "auto" resolved from its folder."""
+    return model_task(settings.model_folder(), settings.task or "auto")

@@ -1,32 +1,25 @@
-"""Accepting a job: the request rules (core/request_limits.py, the same for every door) answered as 4xx,
-admission, idempotency, insert; the dispatch relay publishes it (reconciler scheme, core/dispatch.py)."""
+"""Accepting a job of either kind: the request rules (core/request_limits.py and core/embedding_rules.py, the
+same for every door, applied by api/job_requests.py) answered as 4xx, admission, idempotency, insert; the
+dispatch relay publishes it (reconciler scheme, core/dispatch.py)."""
 
 from __future__ import annotations
 
 import math
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from api import admission
 from api.deps import Services
-from api.errors import ApiError
-from api.schemas.jobs import JobCreate
+from api.errors import ApiError, raise_problem
+from api.job_requests import JobRequest, job_request
+from api.schemas.jobs import AnyJobCreate, JobCreate
 from api.served_models import ServedModel
 from api.webhook_targets import check_job_webhook
-from core.chat_options import ChatOptions, job_params
-from core.field_errors import FieldProblem
 from core.lanes import describe_lane
-from core.request_limits import (
-    RequestLimits,
-    RequestSize,
-    idempotency_key_problem,
-    metadata_problem,
-    size_problem,
-    tokenizer_problem,
-    tokens_problem,
-)
+from core.request_limits import idempotency_key_problem, metadata_problem
 from core.service_tiers import PriorityNotPermitted, takes_default_deadline
 from core.settings import QueueSettings, UnknownModelError
 from core.store import finish_times, jobs, tenants
@@ -35,14 +28,16 @@ from core.store.tenants import TenantLimits
 
 
 def submit(
-    session: Session, services: Services, tenant_id: str, body: JobCreate, idempotency_key: str | None,
+    session: Session, services: Services, tenant_id: str, body: AnyJobCreate, idempotency_key: str | None,
     now: datetime,
 ) -> tuple[Job, bool]:
     """Returns (job, created); created is False when an Idempotency-Key replays an earlier submission."""
     served = _served_model(services, body)
     queue = _queue(services, served, body.queue)
     try:
-        job, created = _submit(session, services, served, tenant_id, body, queue, idempotency_key, now)
+        request = job_request(body, served, queue)
+        job, created = _submit(session, services, served, tenant_id, body, request, queue, idempotency_key,
+                               now)
     except ApiError as exc:
         label = body.queue if body.queue in served.settings.queues else "unknown"
         services.metrics.jobs_rejected.labels(served.id, label, exc.code).inc()
@@ -50,27 +45,22 @@ def submit(
     if created:
         services.metrics.jobs_submitted.labels(served.id, body.queue).inc()
         services.admission.admitted(job.queue, tenant_id)
-        services.queue_rates.admitted(job.queue, body.n * body.max_tokens)
+        services.queue_rates.admitted(job.queue, request.choices * request.max_tokens)
         services.dispatcher.dispatch(job.id, job.queue)
     return job, created
 
 
 def _submit(
-    session: Session, services: Services, served: ServedModel, tenant_id: str, body: JobCreate,
-    queue: QueueSettings, idempotency_key: str | None, now: datetime,
+    session: Session, services: Services, served: ServedModel, tenant_id: str, body: AnyJobCreate,
+    request: JobRequest, queue: QueueSettings, idempotency_key: str | None, now: datetime,
 ) -> tuple[Job, bool]:
     lane = served.lane(body.queue)
-    limits = RequestLimits.of_queue(body.queue, queue, served.max_model_len())
-    options = body.chat_options(served.tool_parser)
-    size = _request_size(body, options)
-    _check_body(services, body, size, limits)
+    request.check()
+    raise_problem(metadata_problem(body.metadata, services.settings.max_metadata_bytes))
     check_job_webhook(body.webhook_json(), services.settings)
-    # Without `model`, the hash of the body as it was before models could be named: a retry with the
-    # same Idempotency-Key across the upgrade still matches.
-    unnamed = {"model"} if body.model is None else None
-    request_hash = jobs.request_hash(body.model_dump(mode="json", exclude=unnamed))
+    request_hash = jobs.request_hash(_hashed(body))
     if idempotency_key is not None:
-        _raise(idempotency_key_problem(idempotency_key))
+        raise_problem(idempotency_key_problem(idempotency_key))
         earlier = jobs.by_idempotency_key(session, tenant_id, idempotency_key)
         if earlier is not None:
             return _replay(earlier, request_hash), False
@@ -78,20 +68,17 @@ def _submit(
     quota = tenants.effective_limits(session, tenant_id, TenantLimits.defaults(services.settings))
     _refuse(admission.queued_refusal(session, services.admission, quota, tenant_id, lane,
                                      services.settings.retry_after_s))
-    prompt_tokens = _count_prompt_tokens(served, size, options)
-    _raise(tokens_problem(size, prompt_tokens, limits))
-    wanted = prompt_tokens + body.n * body.max_tokens  # each choice may write max_tokens
-    _refuse(admission.tokens_refusal(session, quota, tenant_id, wanted, now))
+    prompt_tokens = request.count_prompt_tokens()
+    wanted = prompt_tokens + request.choices * request.max_tokens  # each choice may write max_tokens
+    _refuse(admission.tokens_refusal(session, quota, tenant_id, wanted, now, request.reserved))
     deadline_s = _deadline_s(body, queue)
-    forecast = _forecast(session, services, lane, body, deadline_s, prompt_tokens, now)
+    forecast = _forecast(session, services, lane, body, request, deadline_s, prompt_tokens, now)
     new = jobs.NewJob(
-        tenant_id=tenant_id, queue=lane, prompt=body.prompt, messages=size.messages,
-        params=job_params(body.sampling_params(), options), meta=body.metadata, webhook=body.webhook_json(),
+        tenant_id=tenant_id, queue=lane, meta=body.metadata, webhook=body.webhook_json(),
         idempotency_key=idempotency_key, request_hash=request_hash, prompt_tokens=prompt_tokens,
         ttl_s=body.ttl if body.ttl is not None else queue.default_ttl_s, timeout_s=body.timeout,
-        chat=options.to_json() if body.messages is not None else None,
         priority=_priority(body, quota), deadline_s=deadline_s, predicted_finish_at=forecast.finish_at,
-        start_by=forecast.start_by, service_tier=body.service_tier,
+        start_by=forecast.start_by, service_tier=body.service_tier, **request.job_fields(),
     )
     try:
         return jobs.add(session, new, now), True
@@ -103,7 +90,17 @@ def _submit(
         return _replay(earlier, request_hash), False
 
 
-def _priority(body: JobCreate, quota: TenantLimits) -> int:
+def _hashed(body: AnyJobCreate) -> dict[str, Any]:
+    """The body an Idempotency-Key replay must match. A generation job's is hashed without `model` when it
+    names none and without `kind`: the body as it was before models and kinds could be named, so that a
+    retry with the same key across an upgrade still matches."""
+    unnamed = {"model"} if body.model is None else set()
+    if isinstance(body, JobCreate):
+        unnamed.add("kind")
+    return body.model_dump(mode="json", exclude=unnamed or None)
+
+
+def _priority(body: AnyJobCreate, quota: TenantLimits) -> int:
     """The job's priority within its tenant's range; asking outside it is a 403 naming the field."""
     try:
         return quota.priorities.job_priority(body.service_tier, body.priority)
@@ -111,8 +108,8 @@ def _priority(body: JobCreate, quota: TenantLimits) -> int:
         raise ApiError(403, "priority_not_permitted", str(exc), exc.field) from None
 
 
-def _forecast(session: Session, services: Services, lane: str, body: JobCreate, deadline_s: float | None,
-              prompt_tokens: int, now: datetime) -> finish_times.Forecast:
+def _forecast(session: Session, services: Services, lane: str, body: AnyJobCreate, request: JobRequest,
+              deadline_s: float | None, prompt_tokens: int, now: datetime) -> finish_times.Forecast:
     """A job with a deadline: its latest start and when it would finish (finish_times.forecast). With
     on_deadline_miss reject, a prediction past the deadline is a 429 deadline_unattainable, to retry once the
     backlog shrank."""
@@ -120,14 +117,14 @@ def _forecast(session: Session, services: Services, lane: str, body: JobCreate, 
         return finish_times.Forecast(None, None)
     forecast = finish_times.forecast(
         session, lane, now, deadline_s=deadline_s, prompt_tokens=prompt_tokens,
-        max_tokens=body.max_tokens, choices=body.n, dead_after_s=services.settings.worker_dead_after_s,
-        rates=services.queue_rates)
+        max_tokens=request.max_tokens, choices=request.choices,
+        dead_after_s=services.settings.worker_dead_after_s, rates=services.queue_rates)
     if forecast.finish_at is not None:
         _refuse_late(body, deadline_s, (forecast.finish_at - now).total_seconds())
     return forecast
 
 
-def _refuse_late(body: JobCreate, deadline_s: float, predicted_s: float) -> None:
+def _refuse_late(body: AnyJobCreate, deadline_s: float, predicted_s: float) -> None:
     late_s = predicted_s - deadline_s
     if body.on_deadline_miss == "reject" and late_s > 0:
         message = (f"deadline_s: the job would finish in about {deadline_s + late_s:.0f} s, past its "
@@ -136,14 +133,14 @@ def _refuse_late(body: JobCreate, deadline_s: float, predicted_s: float) -> None
         raise ApiError(429, "deadline_unattainable", message, "deadline_s", headers)
 
 
-def _deadline_s(body: JobCreate, queue: QueueSettings) -> float | None:
+def _deadline_s(body: AnyJobCreate, queue: QueueSettings) -> float | None:
     """The job's own deadline, else its queue's default (which flex work does not take)."""
     if body.deadline_s is not None or not takes_default_deadline(body.service_tier):
         return body.deadline_s
     return queue.default_deadline_s
 
 
-def _served_model(services: Services, body: JobCreate) -> ServedModel:
+def _served_model(services: Services, body: AnyJobCreate) -> ServedModel:
     try:
         return services.models.get(body.model)
     except UnknownModelError as exc:
@@ -160,36 +157,11 @@ def _queue(services: Services, served: ServedModel, name: str) -> QueueSettings:
     return queue
 
 
-def _request_size(body: JobCreate, options: ChatOptions) -> RequestSize:
-    """The lengths the request rules judge: the prompt or the messages as stored (with the tools and
-    template variables the template adds), max_tokens, min_tokens."""
-    return RequestSize(body.prompt, body.stored_messages(), body.max_tokens, body.min_tokens,
-                       options.template_bytes())
-
-
-def _check_body(services: Services, body: JobCreate, size: RequestSize, limits: RequestLimits) -> None:
-    if (body.prompt is None) == (body.messages is None):
-        raise ApiError(422, "invalid_request", "prompt: exactly one of `prompt` or `messages` is required",
-                       "prompt")
-    _raise(size_problem(size, limits))
-    _raise(metadata_problem(body.metadata, services.settings.max_metadata_bytes))
-
-
 def _replay(earlier: Job, request_hash: str) -> Job:
     if earlier.request_hash != request_hash:
         message = f"Idempotency-Key: already used for job {earlier.id} with a different request body"
         raise ApiError(409, "idempotency_conflict", message, "Idempotency-Key")
     return earlier
-
-
-def _count_prompt_tokens(served: ServedModel, size: RequestSize, options: ChatOptions) -> int:
-    try:
-        if size.messages is not None:
-            return served.tokenizer.count_messages(size.messages, options)
-        assert size.prompt is not None
-        return served.tokenizer.count_prompt(size.prompt)
-    except ValueError as exc:
-        raise _error(tokenizer_problem(size, exc)) from exc
 
 
 def _admit(session: Session, services: Services, lane: str, queue: QueueSettings) -> None:
@@ -210,12 +182,3 @@ def _refuse(refusal: admission.Refusal | None) -> None:
         raise ApiError(422, refusal.code, refusal.message, refusal.field)
     headers = {"Retry-After": str(refusal.retry_after_s)}
     raise ApiError(429, refusal.code, refusal.message, refusal.field, headers)
-
-
-def _raise(problem: FieldProblem | None) -> None:
-    if problem is not None:
-        raise _error(problem)
-
-
-def _error(problem: FieldProblem) -> ApiError:
-    return ApiError(422, problem.code, problem.message, problem.field)

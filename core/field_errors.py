@@ -40,7 +40,11 @@ def validation_message(errors: Sequence[Any]) -> tuple[str | None, str]:
         message = str(error.get("msg"))
         named = _LEADING_FIELD.match(message)
         return (named.group(1) if named else None), message
-    return field, f"{field}: {error.get('msg', 'invalid value')}"
+    message = str(error.get("msg", "invalid value"))
+    named = _LEADING_FIELD.match(message)
+    if named and named.group(1).startswith(f"{field}["):  # a validator that names the item: `input[2]: ...`
+        return named.group(1), message
+    return field, f"{field}: {message}"
 
 
 def _most_specific(errors: Sequence[Any]) -> dict[str, Any]:
@@ -58,9 +62,24 @@ def _most_specific(errors: Sequence[Any]) -> dict[str, Any]:
     return first
 
 
+def untagged(loc: tuple[Any, ...] | list[Any]) -> tuple[Any, ...]:
+    """`loc` without the tag of the request model a body was judged as, when the body is a tagged union of
+    models (POST /v1/jobs: ('body', 'EmbeddingJobCreate', 'input') -> ('body', 'input')). The tags are the
+    models' names; a body's own fields are never capitalised."""
+    parts = tuple(loc)
+    if len(parts) > 1 and parts[0] == "body" and isinstance(parts[1], str) and _is_model_tag(parts[1]):
+        return (parts[0], *parts[2:])
+    return parts
+
+
+def _is_model_tag(part: str) -> bool:
+    return part[:1].isupper() and part.isidentifier()
+
+
 def field_name(loc: tuple[Any, ...] | list[Any]) -> str:
     """('body', 'messages', 0, 'content') -> 'messages[0].content'; union member tags are dropped, and a key
     that is not storable text (an unknown field named with a NUL) is shown escaped."""
+    loc = untagged(loc)
     parts = list(loc[1:] if loc and loc[0] in LOCATIONS else loc)
     out = _shown(parts[0]) if parts else ""
     for part in parts[1:]:

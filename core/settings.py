@@ -45,7 +45,8 @@ PER_MODEL_FIELDS = (
     "tool_call_parser", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size",
     "num_kv_blocks", "kv_cache_memory_bytes", "gpu_memory_utilization", "long_prefill_token_threshold",
     "dtype", "attention_backend", "device", "num_threads", "scheduling", "enable_prefix_caching",
-    "grammar_compile_timeout_s", "grammar_compile_memory_bytes", "grammar_cache_bytes",
+    "grammar_compile_timeout_s", "grammar_compile_memory_bytes", "grammar_cache_bytes", "task", "pooling",
+    "normalize_embeddings",
 )
 
 
@@ -275,6 +276,20 @@ class Settings(BaseSettings):
         description="memory the compiled grammars kept for reuse may hold (512 MiB), least recently used "
         "evicted first",
     )
+    task: Literal["auto", "generate", "embed"] | None = Field(
+        None, description="what the model serves: `generate` (chat and completions), `embed` "
+        "(`/v1/embeddings`, embedding jobs), or `auto`: embed for a sentence-transformers folder (its "
+        "`modules.json`) or a model that cannot generate (an encoder such as BERT or XLM-RoBERTa, a decoder "
+        "saved without its LM head), else generate; unset = auto. A request of the other kind is refused "
+        "with a 400 saying what the model serves")
+    pooling: Literal["cls", "mean", "last"] | None = Field(
+        None, description="how an embedding model pools its token states into one vector; unset = the "
+        "sentence-transformers folder's Pooling module, else the engine's default for the architecture")
+    normalize_embeddings: bool | None = Field(
+        None, description="scale each embedding to unit length; unset = as the sentence-transformers folder "
+        "says (a Normalize module)")
+    max_embedding_inputs: int = Field(
+        2048, ge=1, description="inputs one embeddings request (or embedding job) may hold (OpenAI's 2048)")
 
     # Queues
     queues: dict[str, QueueSettings] = Field(

@@ -12,6 +12,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from core.chat_options import ChatOptions
+from core.embedding_objects import EmbeddingList, embedding_list
+from core.job_kinds import GENERATION, JobKind
 from core.lanes import split_lane
 from core.lifecycle import BATCH_CANCELLED, BATCH_EXPIRED, BATCH_FAILED, COMPLETED
 from core.store.tables import Batch, Job
@@ -106,9 +108,13 @@ class JobError(BaseModel):
 class JobPublic(BaseModel):
     id: str
     status: JobStatus
+    kind: JobKind = Field(description="generation (text from a prompt or messages) or embedding (a vector "
+                          "per input)")
     model: str = Field(description="the served model that runs it")
     queue: str
-    result: JobResult | None
+    result: JobResult | EmbeddingList | None = Field(
+        description="once succeeded: a generation job's text (and choices, logprobs, tool calls); an "
+        "embedding job's vectors in OpenAI's embeddings shape")
     usage: JobUsage
     error: JobError | None
     created_at: datetime
@@ -136,11 +142,11 @@ class JobPublic(BaseModel):
 
     @classmethod
     def from_row(cls, job: Job) -> JobPublic:
-        result = JobResult.of(job) if job.result_text is not None else None
         error = JobError(code=job.error_code, message=job.error_message) if job.error_code else None
         model_id, queue = split_lane(job.queue)
         return cls(
-            id=job.id, status=job.status, model=model_id, queue=queue, result=result,  # type: ignore[arg-type]
+            id=job.id, status=job.status, kind=job.kind or GENERATION, model=model_id,  # type: ignore[arg-type]
+            queue=queue, result=_result(job, model_id),
             usage=JobUsage(prompt_tokens=job.prompt_tokens, completion_tokens=job.completion_tokens,
                            cached_tokens=job.cached_tokens),
             error=error, created_at=job.created_at, started_at=job.started_at,
@@ -152,6 +158,14 @@ class JobPublic(BaseModel):
             end_to_end_s=_seconds(job.created_at, job.finished_at),
             attempts=job.attempts, preemptions=job.preemptions, metadata=job.meta,
         )
+
+
+def _result(job: Job, model_id: str) -> JobResult | EmbeddingList | None:
+    if job.embeddings is not None:
+        params = job.params or {}
+        body = embedding_list(job.embeddings, params.get("encoding_format"), model_id, job.prompt_tokens or 0)
+        return EmbeddingList.model_validate(body)
+    return JobResult.of(job) if job.result_text is not None else None
 
 
 def batch_public(batch: Batch) -> dict[str, Any]:

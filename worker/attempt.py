@@ -12,14 +12,16 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
+from core.job_kinds import EMBEDDING
 from core.store.tables import Job
 from engine.outputs import RequestOutput
-from engine.sampling_params import SamplingParams
 from engine.sequence import Urgency
 from worker.choices import choice_request_ids
+from worker.engine_requests import EngineRequests
 
 OnDone = Callable[[], None]  # called once per started attempt, after its outcome is stored (the caller acks)
-# What the engine gives back for an attempt: its output, or each choice's when the job asked for n > 1.
+# What the engine gives back for an attempt: its output, or each request's when it has several (a job's n > 1
+# choices, an embedding job's inputs).
 EngineFuture = Future[RequestOutput] | Future[list[RequestOutput]]
 
 # Failure codes written to the store.
@@ -40,27 +42,30 @@ class Attempt:
     logprobs: int | None = None  # top-n alternatives asked for per generated token
     abort_reason: str | None = None  # "cancelled" | "timeout" | "shutdown" | "superseded" once aborted
     first_token_seen: bool = False
-    engine_input: tuple[str | list[int], SamplingParams] | None = None  # what was submitted, for a retry
+    engine_input: EngineRequests | None = None  # what was submitted, for a retry
     retried: bool = False  # a transient engine error (out of memory) already had its one retry
     cache_salt: str | None = None  # its tenant's prefix-cache partition (core/store/tenants.py cache_salt)
     # Waiting for its grammar to compile, outside the engine: not counted in its queue's room
     # (worker/queue_room.py), so a costly schema holds up no other job's start.
     compiling: bool = False
-    n: int = 1  # choices from the one prompt (worker/choices.py)
+    n: int = 1  # its requests in the engine: choices from the one prompt, or an embedding job's inputs
+    embeds: bool = False  # an embedding job: its outcome is a vector per input (worker/attempt_outcome.py)
     prompt_logprobs: int | None = None  # top-n alternatives asked for per prompt token
     urgency: Urgency = field(default_factory=Urgency)  # its priority and deadline, for the engine's order
 
     def request_ids(self) -> list[str]:
-        """Its requests in the engine: one per choice."""
+        """Its requests in the engine: one per choice, or per input of an embedding job."""
         return choice_request_ids(self.request_id, self.n)
 
     @classmethod
     def of(cls, job: Job, on_done: OnDone, cache_salt: str, started: float) -> Attempt:
         """The attempt a claim just made of `job` (its attempts counter already raised by the claim)."""
         params = job.params or {}
+        embeds = job.kind == EMBEDDING
+        requests = len(job.inputs or []) if embeds else params.get("n", 1)
         return cls(job.id, job.attempts, job.queue, f"{job.id}#{job.attempts}", job.timeout_s, started,
                    on_done, logprobs=params.get("logprobs"), cache_salt=cache_salt,
-                   compiling="structured" in params, n=params.get("n", 1),
+                   compiling="structured" in params, n=max(requests, 1), embeds=embeds,
                    prompt_logprobs=params.get("prompt_logprobs"), urgency=urgency_of(job))
 
 

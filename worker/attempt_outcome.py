@@ -1,5 +1,6 @@
-"""What to write to the store for an attempt that ended: a completion, a failure, or nothing (an abort that
-the store already knows about: cancelled, handed back at shutdown, superseded)."""
+"""What to write to the store for an attempt that ended: a completion (text, or an embedding job's vectors),
+a failure, or nothing (an abort that the store already knows about: cancelled, handed back at shutdown,
+superseded)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from core.embedding_vectors import encode_vector
 from core.store import jobs
 from engine.outputs import RequestOutput
 from engine.tokenizer import Tokenizer
@@ -42,7 +44,23 @@ def outcome(ended: Ended, tokenizer: Tokenizer) -> jobs.Outcome | None:
     aborted = next((out for out in outputs if out.finish_reason == "abort"), None)
     if aborted is not None:
         return _abort_outcome(attempt, aborted)
+    if attempt.embeds:
+        return _embeddings(attempt, outputs)
     return _completion(attempt, outputs, tokenizer)
+
+
+def _embeddings(attempt: Attempt, outputs: list[RequestOutput]) -> jobs.Outcome:
+    """An embedding job's vectors, one per input in order; its usage is the tokens embedded."""
+    missing = next((index for index, out in enumerate(outputs) if out.embedding is None), None)
+    if missing is not None:
+        return failure(attempt, ENGINE_ERROR, f"input[{missing}]: the engine returned no embedding")
+    return jobs.Completion(
+        attempt.job_id, attempt.attempt, result_text=None, finish_reason="stop",
+        prompt_tokens=sum(len(out.prompt_token_ids) for out in outputs), completion_tokens=0,
+        preemptions=sum(out.metrics.num_preemptions for out in outputs), first_token_at=None,
+        cached_tokens=sum(out.num_cached_tokens for out in outputs),
+        embeddings=[encode_vector(out.embedding or []) for out in outputs],
+    )
 
 
 def _completion(attempt: Attempt, outputs: list[RequestOutput], tokenizer: Tokenizer) -> jobs.Outcome:

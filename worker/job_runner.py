@@ -2,8 +2,9 @@
 
 A job id comes in (from a broker message or an in-process queue); the runner claims the row (a conditional
 UPDATE, so a duplicate or late message is dropped), makes it an attempt (worker/attempt.py) in flight here
-and hands its prompt to the engine. The jobs handed over together are claimed in one statement. The rest is
-done by parts of their own:
+and hands its requests to the engine (worker/engine_requests.py: a request per choice of a generation job,
+gathered as worker/choices.py does, or per input of an embedding job, with the same gathering). The jobs
+handed over together are claimed in one statement. The rest is done by parts of their own:
 - the outcome writer (worker/outcome_writer.py) stores what each engine step produced in one transaction,
   then releases the attempts it ended (the runner's `_release`: out of flight, the caller acks);
 - the attempt watcher (worker/attempt_watcher.py) aborts cancelled, timed-out and superseded attempts;
@@ -31,6 +32,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from core.clock import utcnow
 from core.dispatch import Publish, publish_and_mark
 from core.finish_notifications import FinishedSink
+from core.job_kinds import EMBEDDING
 from core.lanes import queue_of
 from core.store import fair_share, jobs, tenants
 from core.store.fair_share import FairState
@@ -39,12 +41,17 @@ from core.store.tenants import TenantLimits
 from core.token_stream import TokenSink
 from engine.host import EngineHost
 from engine.outputs import RequestOutput
-from engine.sampling_params import SamplingParams
 from worker.attempt import ENGINE_ERROR, INVALID_REQUEST, SHUTDOWN, Attempt, EngineFuture, OnDone
 from worker.attempt_outcome import describe, to_datetime
 from worker.attempt_watcher import AttemptWatcher
 from worker.chat_prompt import chat_prompt_ids
-from worker.choices import choice_params, gather_choices
+from worker.choices import gather_choices
+from worker.engine_requests import (
+    EngineRequests,
+    embedding_requests,
+    generation_requests,
+    pooling_params_from_json,
+)
 from worker.in_flight import InFlight
 from worker.outcome_writer import OutcomeWriter
 from worker.queue_room import QueueRoom
@@ -159,7 +166,7 @@ class JobRunner:
 
     def _submit(self, job: Job, attempt: Attempt) -> None:
         try:
-            attempt.engine_input = self._engine_input(job)
+            attempt.engine_input = self._engine_input(job, attempt.n)
             future = self._to_engine(attempt)
         except ValueError as exc:
             self._writer.refused(attempt, INVALID_REQUEST, str(exc))
@@ -173,29 +180,41 @@ class JobRunner:
     def _to_engine(self, attempt: Attempt) -> EngineFuture:
         if attempt.n == 1:
             return self._to_engine_choice(attempt, 0)
+        # NOTE: this group's ids, taken now: when one request fails, the group's failure may resubmit the
+        # attempt (a retry, under new ids) before the group cancels its other requests.
+        request_ids = attempt.request_ids()
         return gather_choices(attempt.n, partial(self._to_engine_choice, attempt),
-                              cancel_all=lambda: self._cancel_choices(attempt))
+                              cancel_all=lambda: self._cancel_requests(request_ids))
 
     def _to_engine_choice(self, attempt: Attempt, index: int) -> Future[RequestOutput]:
-        assert attempt.engine_input is not None
-        prompt, params = attempt.engine_input
+        """The attempt's request `index`: a choice of its prompt, or one of its inputs."""
+        requests = attempt.engine_input
+        assert requests is not None and len(requests) == attempt.n
         request_class = queue_of(attempt.queue)  # the engine's class of the lane's queue
-        return self.host.submit(attempt.request_ids()[index], prompt, choice_params(params, index),
-                                request_class, on_update=lambda out: self._on_update(attempt, index, out),
-                                cache_salt=attempt.cache_salt, urgency=attempt.urgency,
+        on_update = None if attempt.embeds else lambda out: self._on_update(attempt, index, out)  # no text
+        return self.host.submit(attempt.request_ids()[index], requests.prompts[index], requests.params[index],
+                                request_class, on_update=on_update, cache_salt=attempt.cache_salt,
+                                urgency=attempt.urgency,
                                 on_admitted=lambda: self._in_flight.admitted(attempt))
 
-    def _cancel_choices(self, attempt: Attempt) -> None:
-        for request_id in attempt.request_ids():
+    def _cancel_requests(self, request_ids: list[str]) -> None:
+        for request_id in request_ids:
             self.host.cancel(request_id)
 
-    def _engine_input(self, job: Job) -> tuple[str | list[int], SamplingParams]:
+    def _engine_input(self, job: Job, n: int) -> EngineRequests:
+        """The engine requests of the job: its `n` choices, or an embedding job's inputs. ValueError naming
+        the field for what the engine refuses."""
+        if job.kind == EMBEDDING:
+            if not job.inputs:
+                raise ValueError("input: the embedding job has no inputs")
+            return embedding_requests(job.inputs, pooling_params_from_json(job.params or {}))
         params = sampling_params_from_json(job.params or {})
         if job.messages is not None:
-            return chat_prompt_ids(self.host.tokenizer, job.messages, job.chat), params
+            prompt_ids = chat_prompt_ids(self.host.tokenizer, job.messages, job.chat)
+            return generation_requests(prompt_ids, params, n)
         if job.prompt is None:
             raise ValueError("prompt: the job has neither a prompt nor messages")
-        return job.prompt, params
+        return generation_requests(job.prompt, params, n)
 
     # --- engine thread -----------------------------------------------------------------------------------
 

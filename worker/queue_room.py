@@ -1,8 +1,8 @@
 """Each queue's room in this worker: how many more of its jobs may start, against its max_running.
 
 The Celery consumer and the embedded feeders take a job only when its queue has room here. A job with n
-choices takes n places (each is a sequence in the engine); one that needs more places than are free still
-starts when any is, so no job waits forever for a room it can never have.
+choices, or an embedding job with n inputs, takes n places (each is a sequence in the engine); one that needs
+more places than are free still starts when any is, so no job waits forever for a room it can never have.
 
 NOTE: attempts waiting for their grammar do not count against the limit: a tenant's costly schemas hold up
 no one's start (any cap on them, once reached, would). What bounds them is the claim: fair share hands a

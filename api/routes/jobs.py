@@ -15,7 +15,7 @@ from api.job_waits import EVENTS_MAX_S, KEEPALIVE_S, MAX_WAIT_S
 from api.model_responses import model_response
 from api.schemas.deleted import Deleted
 from api.schemas.errors import error_responses, sse_schema
-from api.schemas.jobs import JobCreate, JobList
+from api.schemas.jobs import JobList, JobSubmission
 from api.submit import submit
 from core.clock import utcnow
 from core.lifecycle import CANCELLED
@@ -55,13 +55,14 @@ def _json_errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
 @router.post("", status_code=202, response_model=JobPublic,
              responses={**REPLAYED, **error_responses(401, 403, 404, 409, 413, 422, 429)})
 def create_job(
-    body: JobCreate,
+    body: JobSubmission,
     session: SessionDep,
     services: ServicesDep,
     tenant: CurrentTenant,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
 ) -> Response:
-    """Queues a job (202). Replaying an Idempotency-Key with the same body returns the original job (200)."""
+    """Queues a job (202): a generation job (`prompt` or `messages`), or with `kind: "embedding"` a vector per
+    `input`. Replaying an Idempotency-Key with the same body returns the original job (200)."""
     job, created = submit(session, services, tenant, body, idempotency_key, utcnow())
     return model_response(JobPublic.from_row(job), 202 if created else 200)
 

@@ -31,6 +31,8 @@ from api.schemas.openai import ChatCompletionCreate, CompletionCreate, ModelCard
 from api.served_models import ServedModel
 from core.chat_options import ChatOptions, ToolParser
 from core.clock import utcnow
+from core.embedding_rules import task_problem
+from core.model_task import Task
 from core.openai_objects import (
     ChunkHeader,
     GenerationResult,
@@ -60,7 +62,6 @@ COMPLETION_RESPONSES = {
 }
 QUEUE = "interactive"
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat: as many as fit
-NO_RETRY = {"x-should-retry": "false"}
 DONE = "data: [DONE]\n\n"
 log = logging.getLogger(__name__)
 
@@ -70,7 +71,7 @@ async def create_chat_completion(
     body: ChatCompletionCreate, request: Request, services: ServicesDep, tenant: WaitingTenant
 ) -> Response:
     """A `chat.completion`, or `chat.completion.chunk` server-sent events with `stream: true`."""
-    model = model_of(services, body.model)
+    model = model_of(services, body.model, task="generate")
     served = _served(model)
     _check_request(served, body)
     try:
@@ -90,7 +91,7 @@ async def create_completion(
     body: CompletionCreate, request: Request, services: ServicesDep, tenant: WaitingTenant
 ) -> Response:
     """A `text_completion`, or `text_completion` server-sent events with `stream: true`."""
-    model = model_of(services, body.model)
+    model = model_of(services, body.model, task="generate")
     _check_request(_served(model), body)
     job = _job_create(model, body, body.max_tokens, prompt=body.prompt_text())
     return await _complete(request, services, model, tenant, body, job, chat=False)
@@ -117,16 +118,23 @@ def _serving(services: Services) -> dict[str, int]:
 
 def _model_card(model: ServedModel, serving: dict[str, int]) -> ModelCard:
     return ModelCard(id=model.id, created=model.created(), max_model_len=model.max_model_len(),
-                     workers=serving.get(model.id, 0))
+                     workers=serving.get(model.id, 0), task=model.task.task,
+                     embedding_size=model.task.embedding_size if model.task.embeds else None)
 
 
-def model_of(services: Services, model_id: str | None, param: str | None = "model") -> ServedModel:
-    """The served model a request names (none: the default); 404 for one not served."""
+def model_of(services: Services, model_id: str | None, param: str | None = "model", *,
+             task: Task | None = None) -> ServedModel:
+    """The served model a request names (none: the default); 404 for one not served, and with `task`, 400
+    for one that serves the other kind of request, saying what it serves."""
     try:
-        return services.models.get(model_id)
+        model = services.models.get(model_id)
     except UnknownModelError as exc:
         message = str(exc) if param else "The" + str(exc).removeprefix("model: the")  # no field to name
         raise OpenAIError(404, message, code="model_not_found", param=param) from None
+    problem = task_problem(model.id, model.task, task) if task is not None else None
+    if problem is not None:
+        raise OpenAIError(400, problem.message, code=problem.code, param=problem.field)
+    return model
 
 
 def _default_chat_max_tokens(model: ServedModel, messages: list[dict[str, Any]], options: ChatOptions) -> int:
@@ -186,25 +194,12 @@ async def _complete(
         events = _events(request, services, tenant, job, header, job_body, model.tool_parser, usage, echoed)
         return StreamingResponse(events, media_type="text/event-stream",
                                  headers={**headers, "Cache-Control": "no-cache"})
-    outcome = await _wait(request, services, tenant, job)
+    outcome = await openai_sync.wait_outcome(services, tenant, job, request.is_disconnected)
     if outcome is None:
         return Response(status_code=499)  # nobody is listening; logged by the server only
     result = _result(outcome, header, body.prompt_view())
     completion = (chat_body if chat else text_body)(result, header.completion_id)
     return JSONResponse(completion, headers=headers)
-
-
-async def _wait(request: Request, services: Services, tenant: str, job: FollowedJob) -> JobOutcome | None:
-    outcome: JobOutcome | None = None
-    try:
-        async for item in openai_sync.follow(services, job, request.is_disconnected):
-            if isinstance(item, JobOutcome):
-                outcome = item
-    except ClientGoneError:
-        return None
-    finally:
-        await openai_sync.finish(services, job, tenant, cancel=outcome is None)
-    return outcome
 
 
 async def _events(
@@ -293,7 +288,7 @@ def _delta_chunk(header: ChunkHeader, delta: dict[str, Any], finish: str | None,
 def _result(outcome: JobOutcome, header: ChunkHeader, shown: PromptView | None = None) -> GenerationResult:
     """The succeeded job's result; any other end becomes the matching OpenAI error."""
     if outcome.status != "succeeded":
-        raise _outcome_error(outcome)
+        raise openai_sync.outcome_error(outcome)
     return GenerationResult(text=outcome.text or "", finish_reason=outcome.finish_reason or "stop",
                             prompt_tokens=outcome.prompt_tokens, completion_tokens=outcome.completion_tokens,
                             model=header.model, created=header.created, logprobs=outcome.logprobs,
@@ -301,18 +296,6 @@ def _result(outcome: JobOutcome, header: ChunkHeader, shown: PromptView | None =
                             job_id=outcome.job_id, choices=outcome.choices, prompt=outcome.prompt or "",
                             prompt_logprobs=outcome.prompt_logprobs, shown=shown or PromptView(),
                             service_tier=header.service_tier)
-
-
-def _outcome_error(outcome: JobOutcome) -> OpenAIError:
-    detail = f"job {outcome.job_id} {outcome.status}"
-    if outcome.error_code:
-        detail += f": {outcome.error_code}: {outcome.error_message or ''}".rstrip(": ")
-    if outcome.status == "expired":  # not started before the queue's deadline: overloaded, retry later
-        return OpenAIError(503, detail, code="queue_deadline_exceeded", headers={"Retry-After": "1"})
-    if outcome.status == "cancelled":
-        return OpenAIError(409, detail, code="cancelled", headers=NO_RETRY)
-    status = {"invalid_request": 400, "timeout": 504}.get(outcome.error_code or "", 500)
-    return OpenAIError(status, detail, code=outcome.error_code or "job_failed", headers=NO_RETRY)
 
 
 def _data(payload: dict[str, Any]) -> str:

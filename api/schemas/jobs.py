@@ -1,15 +1,18 @@
-"""Job schemas: JobCreate (request), JobPublic (response), JobList (a page)."""
+"""Job schemas: JobCreate and EmbeddingJobCreate (requests, one per kind), JobPublic (response), JobList (a
+page)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AnyHttpUrl,
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    Discriminator,
     Field,
+    Tag,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -39,6 +42,8 @@ from api.schemas.fields import (
     TopK,
     TopP,
 )
+from core.embedding_request import EmbeddingFields
+from core.job_kinds import EMBEDDING, GENERATION
 from core.openai_request import CHAT_FIELDS, ChatFields
 from core.request_rules import MAX_TIMEOUT_S, MAX_TTL_S, json_problem, output_problem
 from core.service_tiers import ServiceTier
@@ -136,19 +141,44 @@ def webhook_json(webhook: AnyHttpUrl | WebhookSpec | None) -> dict[str, Any] | N
     return {"url": str(webhook)}
 
 
-class JobCreate(ChatFields):
+class JobPlacement(BaseModel):
+    """What a job of either kind says of where it runs and how it is kept: its model and queue, its urgency,
+    its lifetime, its metadata and webhook."""
+
+    model: str | None = Field(None, min_length=1, description="the served model to run it "
+                              "(`GET /v1/models`); unset = the default model")
+    queue: str = Field("interactive", description="interactive or documents")
+    metadata: StoredJsonObject | None = Field(None, description="small JSON object returned as given")
+    priority: Priority | None = Field(None, description="lower is served first; default 0, or the "
+                                      "service_tier's")
+    service_tier: ServiceTier | None = Field(
+        None, description="OpenAI's: priority (ahead of the default tier: priority -1), flex (spare "
+        "capacity: priority 1 and no default deadline), auto or default")
+    deadline_s: DeadlineSeconds | None = Field(
+        None, description="seconds after submission by which the result is wanted (default: the queue's "
+        "default_deadline_s): a soft target the schedulers order by; a late job still runs")
+    on_deadline_miss: OnDeadlineMiss = "accept"
+    ttl: float | None = Field(None, strict=True, gt=0, le=MAX_TTL_S, allow_inf_nan=False,
+                              description="seconds; the job expires if not started in time")
+    timeout: float | None = Field(None, strict=True, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False,
+                                  description="seconds; fails with code `timeout` when over")
+    webhook: WebhookTarget | None = Field(None, description="URL or object with `url`; stored")
+
+    def webhook_json(self) -> dict[str, Any] | None:
+        return webhook_json(self.webhook)
+
+
+class JobCreate(ChatFields, JobPlacement):
     """A generation job: exactly one of `prompt` or `messages`, sampling parameters named as in the engine;
     chat jobs also take the tool and template fields (ChatFields)."""
 
     model_config = ConfigDict(extra="forbid", json_schema_extra=exactly_one_of("prompt", "messages"))
 
+    kind: Literal["generation"] = Field(GENERATION, description="a generation job (the default)")
     prompt: NonEmptyText | None = Field(None, description="raw text prompt")
     messages: list[ChatMessage] | None = Field(
         None, min_length=1, description="chat messages, rendered with the model's chat template"
     )
-    model: str | None = Field(None, min_length=1, description="the served model to run it "
-                              "(`GET /v1/models`); unset = the default model")
-    queue: str = Field("interactive", description="interactive or documents")
     n: ChoiceCount = Field(1, description="choices from the one prompt (result.choices); the prompt is "
                            "computed once, and each choice may write up to max_tokens")
     max_tokens: OutputTokens = 16
@@ -174,21 +204,6 @@ class JobCreate(ChatFields):
     prompt_logprobs: Logprobs | None = Field(
         None, description="return each prompt token's logprob and this many alternatives "
         "(result.prompt_logprobs, the first null); the prompt is then computed, not taken from the cache")
-    metadata: StoredJsonObject | None = Field(None, description="small JSON object returned as given")
-    priority: Priority | None = Field(None, description="lower is served first; default 0, or the "
-                                      "service_tier's")
-    service_tier: ServiceTier | None = Field(
-        None, description="OpenAI's: priority (ahead of the default tier: priority -1), flex (spare "
-        "capacity: priority 1 and no default deadline), auto or default")
-    deadline_s: DeadlineSeconds | None = Field(
-        None, description="seconds after submission by which the result is wanted (default: the queue's "
-        "default_deadline_s): a soft target the schedulers order by; a late job still runs")
-    on_deadline_miss: OnDeadlineMiss = "accept"
-    ttl: float | None = Field(None, strict=True, gt=0, le=MAX_TTL_S, allow_inf_nan=False,
-                              description="seconds; the job expires if not started in time")
-    timeout: float | None = Field(None, strict=True, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False,
-                                  description="seconds; fails with code `timeout` when over")
-    webhook: WebhookTarget | None = Field(None, description="URL or object with `url`; stored")
     # Structured outputs: at most one of these.
     response_format: dict[str, Any] | None = Field(
         None, description='as OpenAI: {"type": "json_schema", "json_schema": {"name", "schema", "strict"}}, '
@@ -281,8 +296,34 @@ class JobCreate(ChatFields):
             params["structured"] = structured
         return params
 
-    def webhook_json(self) -> dict[str, Any] | None:
-        return webhook_json(self.webhook)
+
+class EmbeddingJobCreate(EmbeddingFields, JobPlacement):
+    """An embedding job: a vector per input, as POST /v1/embeddings computes them (`input`,
+    `encoding_format`, `dimensions`, `truncate`: the same rules, core/embedding_request.py), queued and kept
+    as any job; its result is OpenAI's embeddings response."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["embedding"] = Field(description="an embedding job")
+
+
+JOB_BODY_TAGS = {GENERATION: "JobCreate", EMBEDDING: "EmbeddingJobCreate"}  # by kind
+
+
+def _kind_tag(body: Any) -> str | None:
+    """Which model a job body is validated with: `kind` embedding, or a generation job (also without
+    `kind`); None for an unknown kind (refused naming the kinds)."""
+    kind = body.get("kind", GENERATION) if isinstance(body, dict) else getattr(body, "kind", GENERATION)
+    return JOB_BODY_TAGS.get(kind) if isinstance(kind, str) else None
+
+
+# POST /v1/jobs: either kind. The tags are the models' names: field_errors leaves them out of a field's name.
+JobSubmission = Annotated[
+    Annotated[JobCreate, Tag("JobCreate")] | Annotated[EmbeddingJobCreate, Tag("EmbeddingJobCreate")],
+    Discriminator(_kind_tag, custom_error_type="invalid_kind",
+                  custom_error_message="kind: must be generation or embedding"),
+]
+AnyJobCreate = JobCreate | EmbeddingJobCreate
 
 
 class JobList(BaseModel):

@@ -22,6 +22,10 @@ class ModelCard(BaseModel):
                                       "(vLLM's field); null: not known yet (a demo model not built)")
     workers: int = Field(0, description="live workers serving it now; 0: its jobs wait until one starts "
                          "(scale from zero)")
+    task: Literal["generate", "embed"] = Field(
+        "generate", description="generate: chat and completions; embed: POST /v1/embeddings (max_model_len "
+        "is then its longest input)")
+    embedding_size: int | None = Field(None, description="an embedding model's vector size; null otherwise")
 
 
 class ModelList(BaseModel):

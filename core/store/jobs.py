@@ -35,6 +35,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
+from core.job_kinds import GENERATION
 from core.lanes import lane_of, queue_of
 from core.lifecycle import (
     CANCELLED,
@@ -80,6 +81,10 @@ class NewJob:
     predicted_finish_at: datetime | None = None  # submit's prediction, when it made one
     start_by: datetime | None = None  # latest start meeting the deadline (finish_times.forecast)
     service_tier: str | None = None  # the OpenAI service tier asked for
+    # An embedding job (core/job_kinds.py) has `inputs` (each a text or token ids) and neither prompt nor
+    # messages; its params are core/embedding_request.py's job_params.
+    kind: str = GENERATION
+    inputs: list[str | list[int]] | None = None
 
 
 def new_job_id() -> str:
@@ -128,6 +133,7 @@ def _queued_row(new: NewJob, now: datetime) -> dict[str, Any]:
         preemptions=0, prompt_tokens=new.prompt_tokens, batch_id=new.batch_id, chat=new.chat,
         priority=new.priority, deadline_at=deadline_at, predicted_finish_at=new.predicted_finish_at,
         start_by=new.start_by if new.start_by is not None else deadline_at, service_tier=new.service_tier,
+        kind=new.kind, inputs=new.inputs,
     )
 
 
@@ -272,7 +278,7 @@ class FirstToken:
 class Completion:
     job_id: str
     attempt: int
-    result_text: str
+    result_text: str | None  # None for an embedding job: its result is `embeddings`
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
@@ -282,6 +288,7 @@ class Completion:
     cached_tokens: int = 0  # prompt tokens the engine found in its prefix cache
     choices: list[dict[str, Any]] | None = None  # every choice of a job that asked for n > 1
     prompt_logprobs: list[dict[str, Any]] | None = None  # per prompt token, when the job asked for them
+    embeddings: list[str] | None = None  # an embedding job's vectors (core/embedding_vectors.py), in order
 
 
 @dataclass(frozen=True)
@@ -337,7 +344,8 @@ _FIRST_TOKEN = update(_JOBS).where(*_RUNNING_ATTEMPT, _JOBS.c.first_token_at.is_
     first_token_at=bindparam("b_at", type_=_JOBS.c.first_token_at.type),
     updated_at=bindparam("b_at", type_=_JOBS.c.updated_at.type))
 _COMPLETION_FIELDS = ("result_text", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens")
-_COMPLETION_JSON = ("logprobs", "choices", "prompt_logprobs")  # None is SQL NULL, not JSON null
+# None is SQL NULL, not JSON null.
+_COMPLETION_JSON = ("logprobs", "choices", "prompt_logprobs", "embeddings")
 _FAILURE_FIELDS = ("error_code", "error_message")
 
 

@@ -28,6 +28,8 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.sql import false, text
 from sqlalchemy.types import TypeDecorator
 
+from core.job_kinds import GENERATION
+
 DEFAULT_TENANT = "default"  # created by the first migration; the tenant of every request when auth is off
 
 
@@ -122,7 +124,12 @@ class Job(Base):
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
     queue: Mapped[str] = mapped_column(String(64))
     status: Mapped[str] = mapped_column(String(16))
+    # What the job asks of its model (core/job_kinds.py): text from a prompt or messages (generation), or a
+    # vector per input (embedding).
+    kind: Mapped[str] = mapped_column(String(16), default=GENERATION, server_default=GENERATION)
     prompt: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # An embedding job's inputs, each a text or a list of token ids; NULL for a generation job.
+    inputs: Mapped[list[str | list[int]] | None] = mapped_column(JSON, nullable=True)
     messages: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
     params: Mapped[dict[str, Any]] = mapped_column(JSON)  # SamplingParams keyword arguments
     # How the messages are rendered and the answer read (core/chat_options.py); NULL: the defaults.
@@ -164,6 +171,9 @@ class Job(Base):
     # When the job asked for prompt_logprobs: per prompt token {token_id, text, logprob, top_logprobs}, the
     # first one's logprob null (nothing precedes it).
     prompt_logprobs: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
+    # A succeeded embedding job's vectors, one per input in order, each its float32 components little-endian
+    # and base64-encoded (core/embedding_vectors.py); its usage is prompt_tokens.
+    embeddings: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
     error_code: Mapped[str | None] = mapped_column(String(64), nullable=True)
     error_message: Mapped[str | None] = mapped_column(Text, nullable=True)
     worker_id: Mapped[str | None] = mapped_column(String(128), nullable=True)

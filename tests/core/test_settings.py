@@ -163,3 +163,16 @@ def test_one_models_settings_never_leak_into_anothers() -> None:
     assert (b_from_a.max_model_len, b_from_a.queues["documents"].max_running) == (None, 4)
     assert b_from_a.model == "/b" and b_from_a.served_model_id() == "b"
     assert settings.for_model("a").lanes() == settings.lanes()
+
+
+def test_a_models_task_reaches_its_engine_and_a_wrong_one_is_refused() -> None:
+    from worker.model import engine_config
+
+    registry = {"e5": {"path": "/e5", "task": "embed", "pooling": "mean"}, "chat": {"path": "/c"}}
+    settings = Settings(models=registry, device="cpu", num_threads=1)
+    embed = engine_config(settings.for_model("e5"), "/e5")
+    assert (embed.task, embed.pooling, embed.normalize_embeddings) == ("embed", "mean", None)
+    assert engine_config(settings.for_model("chat"), "/c").task == "auto"  # unset: the engine's default
+    assert Settings(task="generate").task == "generate"  # the one model's form
+    with pytest.raises(ValidationError, match="task: Input should be 'auto', 'generate' or 'embed'"):
+        Settings(models={"a": {"path": "/a", "task": "rerank"}})

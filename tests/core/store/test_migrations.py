@@ -28,7 +28,7 @@ def test_upgrade_head_matches_the_models(fresh_url: str) -> None:
     head = ScriptDirectory.from_config(alembic_config(fresh_url)).get_current_head()  # one linear history
     with db_engine.connect() as conn:
         current = MigrationContext.configure(conn).get_current_revision()
-        assert current == head == "0017_model_lanes"
+        assert current == head == "0018_embedding_jobs"
         assert {"tenants", "api_keys", "jobs", "workers"} <= set(inspect(conn).get_table_names())
         assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
         assert conn.execute(text("SELECT id FROM tenants")).scalars().all() == ["default"]
@@ -135,4 +135,40 @@ def test_stored_jobs_tallies_and_counts_move_to_the_default_model_lanes_and_back
     with sessions() as session:
         assert session.execute(text("SELECT DISTINCT queue FROM jobs")).scalars().all() == ["documents"]
         assert job_tallies.tallies(session) == {"documents": job_tallies.QueueTally(1, 1, 32)}
+    db_engine.dispose()
+
+
+def test_stored_jobs_are_generation_jobs_and_a_downgrade_drops_the_embedding_ones(fresh_url: str) -> None:
+    """Migration 0018: every job stored so far is of kind generation; a downgrade deletes the embedding jobs
+    (an older release would read them as prompts), with their webhook deliveries, before the columns go."""
+    upgrade(fresh_url, "0017_model_lanes", default_model="small")
+    db_engine = make_db_engine(fresh_url)
+    job = ("INSERT INTO jobs (id, tenant_id, queue, status, params, request_hash, created_at, updated_at,"
+           " attempts, preemptions, priority{columns}) VALUES (:id, 'default', 'small:interactive',"
+           " 'succeeded', '{{}}', 'h', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP, 1, 0, 0{values})")
+    with db_engine.begin() as conn:
+        conn.execute(text(job.format(columns="", values="")), {"id": "j_text"})
+    upgrade(fresh_url)
+    with db_engine.begin() as conn:
+        assert conn.execute(text("SELECT kind FROM jobs")).scalars().all() == ["generation"]
+        conn.execute(text(job.format(columns=", kind, inputs, embeddings", values=", 'embedding', :inputs,"
+                                     " :embeddings")),
+                     {"id": "j_vec", "inputs": '["a", [1, 2]]', "embeddings": '["AACAPw==", "AAAAQA=="]'})
+        conn.execute(text(
+            "INSERT INTO webhook_deliveries (id, tenant_id, url, event_type, subject_type, subject_id,"
+            " payload, status, attempts, schedule_start, created_at, updated_at) VALUES ('d1', 'default',"
+            " 'https://example.com/hook', 'job.succeeded', 'job', 'j_vec', '{}', 'delivered', 1, 0,"
+            " CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"))
+        conn.execute(text("INSERT INTO webhook_attempts (delivery_id, number, attempted_at, outcome,"
+                          " duration_s) VALUES ('d1', 1, CURRENT_TIMESTAMP, 'delivered', 0.1)"))
+    sessions = make_session_factory(db_engine)
+    with sessions() as session:
+        stored = session.get(Job, "j_vec")
+        assert stored is not None and (stored.kind, stored.inputs) == ("embedding", ["a", [1, 2]])
+        assert stored.embeddings == ["AACAPw==", "AAAAQA=="]
+    command.downgrade(alembic_config(fresh_url), "0017_model_lanes")
+    with db_engine.connect() as conn:
+        assert conn.execute(text("SELECT id FROM jobs")).scalars().all() == ["j_text"]
+        assert conn.execute(text("SELECT count(*) FROM webhook_deliveries")).scalar_one() == 0
+        assert not {"kind", "inputs", "embeddings"} & {c["name"] for c in inspect(conn).get_columns("jobs")}
     db_engine.dispose()

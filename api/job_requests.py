@@ -1,0 +1,110 @@
+"""What differs between the kinds of job at submit (api/submit.py does the rest, the same for both): how a
+body is judged before and after tokenizing, what it may write, and what the job stores. Each rule is core's
+(core/request_limits.py for generation, core/embedding_rules.py for embeddings), answered here as a 422
+naming the field, or the item (`input[2]`)."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from api.admission import EMBEDDING_TOKENS, Reserved
+from api.errors import ApiError, problem_error, raise_problem
+from api.schemas.jobs import AnyJobCreate, EmbeddingJobCreate, JobCreate
+from api.served_models import ServedModel
+from core.chat_options import job_params
+from core.embedding_rules import embedded_tokens, input_lengths, inputs_problem, lengths_problem, task_problem
+from core.job_kinds import EMBEDDING
+from core.request_limits import (
+    RequestLimits,
+    RequestSize,
+    size_problem,
+    tokenizer_problem,
+    tokens_problem,
+)
+from core.settings import QueueSettings
+
+
+class JobRequest(Protocol):
+    """A job body as submit judges and stores it."""
+
+    max_tokens: int  # what each choice may write
+    choices: int
+    reserved: Reserved  # what its tokens are, for a tokens-per-minute refusal
+
+    def check(self) -> None:
+        """The rules judged before tokenizing (an ApiError naming the field)."""
+
+    def count_prompt_tokens(self) -> int:
+        """The prompt's tokens, judged against the limits that need them (an ApiError naming the field)."""
+
+    def job_fields(self) -> dict[str, Any]:
+        """What the job stores of the request: jobs.NewJob's prompt, messages, params and the kind's own."""
+
+
+def job_request(body: AnyJobCreate, served: ServedModel, queue: QueueSettings) -> JobRequest:
+    if isinstance(body, EmbeddingJobCreate):
+        return EmbeddingRequest(body, served)
+    return GenerationRequest(body, served, queue)
+
+
+class GenerationRequest:
+    def __init__(self, body: JobCreate, served: ServedModel, queue: QueueSettings) -> None:
+        self.body, self.served = body, served
+        self.max_tokens, self.choices, self.reserved = body.max_tokens, body.n, Reserved()
+        self.limits = RequestLimits.of_queue(body.queue, queue, served.max_model_len())
+        self.options = body.chat_options(served.tool_parser)
+        # The lengths the request rules judge: the prompt or the messages as stored (with the tools and
+        # template variables the template adds), max_tokens, min_tokens.
+        self.size = RequestSize(body.prompt, body.stored_messages(), body.max_tokens, body.min_tokens,
+                                self.options.template_bytes())
+
+    def check(self) -> None:
+        raise_problem(task_problem(self.served.id, self.served.task, "generate"))
+        if (self.body.prompt is None) == (self.body.messages is None):
+            message = "prompt: exactly one of `prompt` or `messages` is required"
+            raise ApiError(422, "invalid_request", message, "prompt")
+        raise_problem(size_problem(self.size, self.limits))
+
+    def count_prompt_tokens(self) -> int:
+        tokenizer = self.served.tokenizer
+        try:
+            if self.size.messages is not None:
+                prompt_tokens = tokenizer.count_messages(self.size.messages, self.options)
+            else:
+                assert self.size.prompt is not None
+                prompt_tokens = tokenizer.count_prompt(self.size.prompt)
+        except ValueError as exc:
+            raise problem_error(tokenizer_problem(self.size, exc)) from exc
+        raise_problem(tokens_problem(self.size, prompt_tokens, self.limits))
+        return prompt_tokens
+
+    def job_fields(self) -> dict[str, Any]:
+        chat = self.options.to_json() if self.body.messages is not None else None
+        return dict(prompt=self.body.prompt, messages=self.size.messages, chat=chat,
+                    params=job_params(self.body.sampling_params(), self.options))
+
+
+class EmbeddingRequest:
+    """One vector per input: nothing written (max_tokens 0), each input judged against the model."""
+
+    max_tokens, choices, reserved = 0, 1, EMBEDDING_TOKENS
+
+    def __init__(self, body: EmbeddingJobCreate, served: ServedModel) -> None:
+        self.body, self.served = body, served
+        self.inputs = body.inputs()
+        self.limits = served.embedding_limits()
+
+    def check(self) -> None:
+        raise_problem(task_problem(self.served.id, self.served.task, "embed"))
+        raise_problem(inputs_problem(self.inputs, self.body.dimensions, self.body.truncates(), self.limits))
+
+    def count_prompt_tokens(self) -> int:
+        """Text inputs tokenized as sentence-transformers does (the tokenizer's special tokens added)."""
+        task, tokenizer = self.served.task, self.served.tokenizer
+        lengths = input_lengths(self.inputs, lambda text: tokenizer.count_prompt(task.as_embedded(text)))
+        raise_problem(lengths_problem(lengths, self.body.truncates(), self.limits))
+        return embedded_tokens(lengths, self.body.truncates(), self.limits)
+
+    def job_fields(self) -> dict[str, Any]:
+        return dict(prompt=None, messages=None, params=self.body.job_params(), kind=EMBEDDING,
+                    inputs=self.inputs)

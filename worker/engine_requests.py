@@ -1,0 +1,44 @@
+"""What an attempt hands the engine: one request per choice of a generation job (the one prompt, each choice
+with its own sampling: worker/choices.py) or per input of an embedding job (each input with the job's
+pooling). Kept on the attempt, so that a retry after a transient engine error submits the same requests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from engine.pooling_params import PoolingParams
+from engine.sampling_params import SamplingParams
+from worker.choices import choice_params
+
+EngineParams = SamplingParams | PoolingParams
+
+
+@dataclass(frozen=True)
+class EngineRequests:
+    """Request i is prompts[i] with params[i]; the attempt's request ids name them in the same order."""
+
+    prompts: list[str | list[int]]
+    params: list[EngineParams]
+
+    def __post_init__(self) -> None:
+        assert self.prompts and len(self.prompts) == len(self.params), (len(self.prompts), len(self.params))
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+
+def generation_requests(prompt: str | list[int], params: SamplingParams, n: int) -> EngineRequests:
+    """The job's `n` choices of one prompt."""
+    return EngineRequests([prompt] * n, [choice_params(params, index) for index in range(n)])
+
+
+def embedding_requests(inputs: list[str | list[int]], params: PoolingParams) -> EngineRequests:
+    """A vector per input."""
+    return EngineRequests(list(inputs), [params] * len(inputs))
+
+
+def pooling_params_from_json(params: dict[str, Any]) -> PoolingParams:
+    """An embedding job's stored params (core/embedding_request.py job_params) -> the engine's PoolingParams;
+    ValueError naming the field for a value the engine refuses. The model's own normalisation applies."""
+    return PoolingParams(dimensions=params.get("dimensions"), truncate=bool(params.get("truncate", False)))
