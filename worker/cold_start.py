@@ -69,13 +69,16 @@ class ColdStart:
         return self.engine_ready_s
 
     def watch_first_token(self, host: EngineHost) -> None:
-        """Logs, once, when the engine has generated its first token (of whichever job came first)."""
+        """Logs, once, when the engine has produced its first output (of whichever job came first): a
+        generated token, or an embedding engine's first vector."""
 
-        def on_step_end() -> None:  # on the engine thread, after every step until the first token
-            if host.engine.totals.generated_tokens == 0:
+        def on_step_end() -> None:  # on the engine thread, after every step until the first output
+            totals = host.engine.totals
+            if totals.generated_tokens == 0 and totals.embedded_requests == 0:
                 return
             host.remove_step_listener(on_step_end)
             self.first_token_s = self.since_start()
-            log.info("cold start: first token %.1f s after process start", self.first_token_s)
+            what = "first token" if totals.generated_tokens else "first embedding"
+            log.info("cold start: %s %.1f s after process start", what, self.first_token_s)
 
         host.on_step_end(on_step_end)

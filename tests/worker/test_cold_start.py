@@ -49,8 +49,9 @@ class FakeHost:
     def remove_step_listener(self, listener: Any) -> None:
         self.listeners.remove(listener)
 
-    def step(self, generated: int) -> None:
+    def step(self, generated: int, embedded: int = 0) -> None:
         self.engine.totals.generated_tokens += generated
+        self.engine.totals.embedded_requests += embedded
         for listener in list(self.listeners):
             listener()
 
@@ -67,3 +68,15 @@ def test_first_token_is_logged_once_at_the_first_generated_token(caplog: pytest.
     lines = [r.getMessage() for r in caplog.records if "first token" in r.getMessage()]
     assert len(lines) == 1 and lines[0].endswith("s after process start") and not host.listeners
     assert start.first_token_s is not None and start.first_token_s > 0
+
+
+def test_an_embedding_engine_logs_its_first_embedding(caplog: pytest.LogCaptureFixture) -> None:
+    host = FakeHost()
+    start = ColdStart()
+    start.watch_first_token(host)  # type: ignore[arg-type]
+    with caplog.at_level(logging.INFO, logger="conveyor.cold_start"):
+        host.step(0)  # a chunk of a long input: nothing pooled yet
+        assert start.first_token_s is None
+        host.step(0, embedded=3)
+    lines = [r.getMessage() for r in caplog.records if "first embedding" in r.getMessage()]
+    assert len(lines) == 1 and not host.listeners and start.first_token_s is not None
