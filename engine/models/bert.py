@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +36,9 @@ PACKED_PARAMS: dict[str, tuple[str, int]] = {
     ".attention.self.key.": (".attention.self.qkv.", 1),
     ".attention.self.value.": (".attention.self.qkv.", 2),
 }
-CHECKPOINT_PREFIXES = ("bert.", "roberta.", "model.")  # *ForMaskedLM and friends nest the encoder under one
-# Tensors an embedding model does not use: the pooler and the masked-LM heads, and buffers old checkpoints saved.
+# *ForMaskedLM and friends nest the encoder under one of these
+CHECKPOINT_PREFIXES = ("bert.", "roberta.", "model.")
+# Tensors an embedding model does not use: the pooler, the masked-LM heads, buffers old checkpoints saved.
 IGNORED_PREFIXES = ("pooler.", "cls.", "lm_head.")
 IGNORED_NAMES = ("embeddings.position_ids", "embeddings.token_type_ids")
 # Old TF-converted checkpoints name the LayerNorm parameters gamma / beta.
@@ -80,11 +82,12 @@ class EncoderSettings:
                              f"{list(GELU_APPROXIMATIONS)}")
         hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
         if hidden % heads:
-            raise ValueError(f"config.json: hidden_size {hidden} is not a multiple of num_attention_heads {heads}")
+            raise ValueError(f"config.json: hidden_size {hidden} is not a multiple of "
+                             f"num_attention_heads {heads}")
         max_positions = cfg["max_position_embeddings"] - position_offset
         if max_positions < 1:
-            raise ValueError(f"config.json: max_position_embeddings {cfg['max_position_embeddings']} leaves no "
-                             f"position after the first {position_offset} row(s)")
+            raise ValueError(f"config.json: max_position_embeddings {cfg['max_position_embeddings']} "
+                             f"leaves no position after the first {position_offset} row(s)")
         return cls(
             vocab_size=cfg["vocab_size"],
             hidden_size=hidden,
@@ -155,8 +158,9 @@ class PackedLayout:
     def from_starts(cls, query_start_loc: torch.Tensor) -> PackedLayout:  # [S + 1] cumulative lengths
         starts = query_start_loc.tolist()  # one host sync per forward (none on CPU)
         num_tokens = starts[-1]
-        return cls(bounds=list(zip(starts[:-1], starts[1:], strict=True)),
-                   row_chunks=[slice(r, min(r + ROW_CHUNK, num_tokens)) for r in range(0, num_tokens, ROW_CHUNK)])
+        chunk_starts = range(0, num_tokens, ROW_CHUNK)
+        return cls(bounds=list(pairwise(starts)),
+                   row_chunks=[slice(r, min(r + ROW_CHUNK, num_tokens)) for r in chunk_starts])
 
 
 class SelfAttention(nn.Module):
@@ -275,9 +279,8 @@ class BertEncoder(nn.Module):
         self.embeddings = Embeddings(s)
         self.encoder = Encoder(s)
 
-    def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, query_start_loc: torch.Tensor, max_seq_len: int
-    ) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, query_start_loc: torch.Tensor,
+                max_seq_len: int) -> torch.Tensor:
         """input_ids [T] and positions [T] (0-based within each sequence) of the sequences concatenated,
         query_start_loc [S + 1] their cumulative lengths -> last hidden states [T, H].
 

@@ -34,14 +34,16 @@ def build_encoder_st_folder(path: Path, *, arch: EncoderArch = "bert", pooling: 
         save_encoder_checkpoint(Path(hf_dir), arch=arch)
         transformer = models.Transformer(hf_dir, max_seq_length=max_seq_length)
         modules: list[torch.nn.Module] = [
-            transformer, models.Pooling(transformer.get_word_embedding_dimension(), pooling_mode=pooling)]
+            transformer, models.Pooling(transformer.get_embedding_dimension(), pooling_mode=pooling)]
         if normalize:
             modules.append(models.Normalize())
         SentenceTransformer(modules=modules, device="cpu").save(str(path))
     return path
 
 
-def save_encoder_checkpoint(path: Path, *, arch: EncoderArch = "bert", seed: int = 0, **overrides: Any) -> Path:
+def save_encoder_checkpoint(
+    path: Path, *, arch: EncoderArch = "bert", seed: int = 0, **overrides: Any
+) -> Path:
     """A plain HF folder (config.json, model.safetensors, tokenizer) of a tiny random encoder; `overrides`
     go to the transformers config (e.g. hidden_act, layer_norm_eps)."""
     tokenizer = train_tokenizer(arch)
