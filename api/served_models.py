@@ -37,9 +37,7 @@ class ServedModel:
 
     def embedding_limits(self) -> EmbeddingLimits:
         """What its embeddings requests are held to (core/embedding_rules.py)."""
-        vocab = self.task.vocab_size or self.tokenizer.vocab_size
-        return EmbeddingLimits(self.settings.max_embedding_inputs, vocab, self.max_model_len(),
-                               self.task.embedding_size)
+        return EmbeddingLimits.of_model(self.settings, self.task, self.tokenizer.vocab_size)
 
     def lane(self, queue: str) -> str:
         return lane_of(self.id, queue)

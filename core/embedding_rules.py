@@ -18,8 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from core.field_errors import FieldProblem
+from core.model_limits import served_max_model_len
 from core.model_task import ModelTask, Task
 from core.request_rules import PROMPT_BYTES_PER_TOKEN, utf8_length
+from core.settings import Settings
 
 Inputs = list[str | list[int]]
 
@@ -34,6 +36,13 @@ class EmbeddingLimits:
     vocab_size: int | None = None
     max_input_tokens: int | None = None
     embedding_size: int | None = None
+
+    @classmethod
+    def of_model(cls, settings: Settings, task: ModelTask, tokenizer_vocab: int | None) -> EmbeddingLimits:
+        """The limits of an embedding model (`settings` as it sees them): its longest input is the configured
+        max_model_len within the one it embeds; its vocabulary its config's, else its tokenizer's."""
+        return cls(settings.max_embedding_inputs, task.vocab_size or tokenizer_vocab,
+                   served_max_model_len(settings.max_model_len, task.max_input_tokens), task.embedding_size)
 
 
 def task_problem(model_id: str, task: ModelTask, wanted: Task) -> FieldProblem | None:

@@ -490,12 +490,14 @@ def parse_body(endpoint: str, body: dict[str, Any]) -> OpenAIRequest:
 def check_request(body: OpenAIRequest, served: Served) -> None:
     """Refusal for a model that is not served or a field that cannot be honoured (chat roles: chat_messages
     checks them)."""
-    if body.model is not None and served.models and body.model not in served.models:
-        raise Refusal(
-            "model_not_found",
-            "model",
-            f"the model `{body.model}` does not exist; this server serves `{served.models[0]}`",
-        )
+    check_model(body.model, served)
     refusal = body.refusal()
     if refusal is not None:
         raise refusal
+
+
+def check_model(model: str | None, served: Served) -> None:
+    """Refusal for a `model` this deployment does not serve (None: the default, always served)."""
+    if model is not None and served.models and model not in served.models:
+        raise Refusal("model_not_found", "model",
+                      f"the model `{model}` does not exist; this server serves `{served.models[0]}`")

@@ -11,7 +11,7 @@ from pydantic_core import PydanticCustomError
 from api.schemas.fields import STORABLE, StoredJsonObject
 from api.schemas.jobs import WebhookTarget, exactly_one_of
 
-Endpoint = Literal["/v1/chat/completions", "/v1/completions"]
+Endpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
 # The same patterns in the JSON schema and here, applied as JSON schema validators written in Python apply
 # them (re.search; Python's re reads \u escapes such as \u0000 too), so the schema and the API agree on
 # every string.

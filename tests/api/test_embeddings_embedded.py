@@ -2,8 +2,9 @@
 pooling), a Qwen2 one (last-token pooling) and a generation model behind one API. The official `openai` SDK's
 `client.embeddings.create` answers what `SentenceTransformer(folder).encode` computes, in float and base64
 alike; an embedding job through /v1/jobs is queued, waited on, shown in OpenAI's shape and delivered to its
-webhook; every refusal names the field or the item; a request of one kind to a model of the other is a 400
-saying what the model serves."""
+webhook; a /v1/embeddings batch through the SDK's Files and Batches calls answers the same vectors, line by
+line; every refusal names the field or the item; a request of one kind to a model of the other is a 400 (a
+line error in a batch) saying what the model serves."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from core.store.migrate import upgrade
 from tests.support.embedding_models import build_decoder_st_folder
 from tests.support.encoder_models import build_encoder_st_folder
 from tests.support.live_server import WAIT_S, new_api_key, serving
+from tests.support.openai_batches import run_batch
 from tests.support.webhook_receiver import Receiver
 
 ENGINE = dict(max_num_seqs=8, max_num_batched_tokens=256, num_kv_blocks=64, block_size=16, dtype="float32",
@@ -261,3 +263,43 @@ def test_the_tokens_per_minute_quota_counts_the_inputs_tokens(service: Service) 
     assert first.status_code == 200 and first.json()["usage"]["prompt_tokens"] == sum(lengths)
     again = bob.post("/v1/embeddings", {"model": "bert", "input": TEXTS})
     assert again.status_code == 429 and "Retry-After" in again.headers, again.text
+
+
+def test_an_embeddings_batch_answers_each_line_with_its_vectors_and_refuses_bad_lines(
+        service: Service) -> None:
+    """A tenant of its own, so that no other test's minute of tokens stands in its way."""
+    carol = dataclasses.replace(service, key=new_api_key(service.database_url, "carol"))
+    line = {"method": "POST", "url": "/v1/embeddings"}
+    lines = [
+        {**line, "custom_id": "bert", "body": {"model": "bert", "input": TEXTS, "encoding_format": "float"}},
+        {**line, "custom_id": "qwen", "body": {"model": "qwen", "input": TEXTS[1:],
+                                               "encoding_format": "base64"}},
+        {**line, "custom_id": "cut", "body": {"model": "bert", "input": LONG, "dimensions": 8,
+                                              "truncate": True, "encoding_format": "float"}},
+        {**line, "custom_id": "too-long", "body": {"model": "bert", "input": ["short", LONG]}},
+        {**line, "custom_id": "generator", "body": {"model": "llama", "input": "hi"}},
+        {**line, "custom_id": "vocab", "body": {"model": "bert", "input": [[5, 100000]]}},
+    ]
+    answers = run_batch(carol.client(), lines, "/v1/embeddings")
+
+    want, lengths = sentence_transformers(service.folders["bert"], TEXTS)
+    bert = answers.outputs["bert"]
+    assert (bert["object"], bert["model"], bert["usage"]["prompt_tokens"]) == ("list", "bert", sum(lengths))
+    assert np.abs(np.asarray([item["embedding"] for item in bert["data"]]) - want).max() < TOLERANCE
+    want_qwen, qwen_lengths = sentence_transformers(service.folders["qwen"], TEXTS[1:])
+    assert np.abs(vectors(answers.outputs["qwen"]) - want_qwen).max() < TOLERANCE
+    assert answers.outputs["qwen"]["usage"]["prompt_tokens"] == sum(qwen_lengths)
+    want_long, _ = sentence_transformers(service.folders["bert"], [LONG])  # cut to its 64 tokens
+    first = want_long[0, :8] / np.linalg.norm(want_long[0, :8])
+    cut = answers.outputs["cut"]
+    assert cut["usage"]["prompt_tokens"] == 64
+    assert np.abs(np.asarray(cut["data"][0]["embedding"]) - first).max() < TOLERANCE
+
+    assert set(answers.outputs) == {"bert", "qwen", "cut"}
+    errors = {json.loads(raw)["custom_id"]: json.loads(raw)["error"] for raw in answers.errors.splitlines()}
+    assert set(errors) == {"too-long", "generator", "vocab"}
+    assert errors["too-long"]["code"] == "prompt_too_long"
+    assert errors["too-long"]["message"].startswith("input[1]: ")
+    assert "maximum input length of 64 tokens" in errors["too-long"]["message"]
+    assert "`llama` generates text" in errors["generator"]["message"]
+    assert errors["vocab"]["message"].startswith("input[0][1]: token id 100000")

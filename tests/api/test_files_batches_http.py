@@ -265,7 +265,7 @@ def test_validation_and_isolation(service: Service) -> None:
         ({"input": "https://example.com/x.jsonl"}, 422, "input"),
         ({"input": "s3://bucket-a/in.jsonl", "queue": "nope"}, 422, "queue"),
         ({"input_file_id": file_id, "completion_window": "soon"}, 422, "completion_window"),
-        ({"input_file_id": file_id, "endpoint": "/v1/embeddings"}, 422, "endpoint"),
+        ({"input_file_id": file_id, "endpoint": "/v1/moderations"}, 422, "endpoint"),
     ]
     for body, status, field in cases:
         response = alice.post("/v1/batches", json=body)

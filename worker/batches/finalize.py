@@ -29,6 +29,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from core.chat_options import ChatOptions
 from core.clock import utcnow
+from core.embedding_objects import embedding_list
+from core.embedding_request import EMBEDDINGS
 from core.lanes import model_of
 from core.lifecycle import (
     BATCH_CANCELLED,
@@ -221,11 +223,17 @@ class BatchFinalizer:
                                        line_id=new_id("batch_req_"))
 
     def _result_line(self, custom_id: str, job: Job, meta: dict[str, Any]) -> dict[str, Any]:
+        model = meta.get("model") or model_of(job.queue)
+        if meta.get("endpoint") == EMBEDDINGS:
+            assert job.embeddings is not None, "a succeeded embedding job holds its vectors"
+            vectors, encoding_format = job.embeddings, job.params.get("encoding_format")
+            body = embedding_list(vectors, encoding_format, model, job.prompt_tokens or 0)
+            return batch_result_line(custom_id, body, line_id=new_id("batch_req_"), request_id=job.id)
         finished = job.finished_at or utcnow()
         result = GenerationResult(text=job.result_text or "", finish_reason=job.finish_reason or "stop",
                                   prompt_tokens=job.prompt_tokens or 0,
                                   completion_tokens=job.completion_tokens or 0,
-                                  model=meta.get("model") or model_of(job.queue),
+                                  model=model,
                                   created=int(finished.timestamp()), logprobs=job.logprobs,
                                   cached_tokens=job.cached_tokens or 0, chat=ChatOptions.from_json(job.chat),
                                   job_id=job.id, choices=job.choices, prompt=job.prompt or "",

@@ -1,10 +1,13 @@
 """Parse and validate one batch input line into a `BatchRequest` or a `LineError`.
 
 Two line shapes are accepted: Conveyor's `{"custom_id", "body"}` and OpenAI's
-`{"custom_id", "method": "POST", "url": "/v1/chat/completions" | "/v1/completions", "body"}`. The body is
-held to the rules of the synchronous routes, defined once in core/openai_request.py: the same fields, bounds
-and refusals (`n` > 1, an unknown `model`, a chat role the model's template cannot render), each a line error
-naming the field while the rest of the batch runs. Prompt and output lengths are held to the batch queue's
+`{"custom_id", "method": "POST", "url": "/v1/chat/completions" | "/v1/completions" | "/v1/embeddings",
+"body"}` (without a url, the body says which: `messages`, `prompt` or `input`). The body is held to the rules
+of the synchronous routes, defined once in core/openai_request.py and core/embedding_request.py: the same
+fields, bounds and refusals (`n` > 1, an unknown `model`, a chat role the model's template cannot render, an
+embeddings line to a model that generates text), each a line error naming the field while the rest of the
+batch runs. An embeddings line's inputs are held to the model's limits by core/embedding_rules.py, as
+POST /v1/embeddings holds them. Prompt and output lengths are held to the batch queue's
 limits and the model's context by the request rules every door shares (core/request_limits.py: a prompt is
 refused by its size before it is tokenized). What only a batch adds: `stream` must be false, a line's url
 must match the batch's endpoint, and the engine checks the resulting parameters last.
@@ -24,7 +27,18 @@ from typing import Any
 
 from core.chat_options import ChatOptions
 from core.chat_options import job_params as chat_job_params
+from core.embedding_request import EMBEDDINGS, EmbeddingCreate, parse_embedding_body
+from core.embedding_rules import (
+    EmbeddingLimits,
+    embedded_tokens,
+    input_lengths,
+    inputs_problem,
+    lengths_problem,
+    task_problem,
+)
 from core.field_errors import FieldProblem
+from core.job_kinds import EMBEDDING, GENERATION
+from core.model_task import ModelTask
 from core.openai_request import (
     CHAT,
     CHAT_FIELDS,
@@ -35,32 +49,37 @@ from core.openai_request import (
     OpenAIRequest,
     Refusal,
     Served,
+    check_model,
     check_request,
     parse_body,
 )
 from core.request_limits import RequestLimits, RequestSize, size_problem, tokenizer_problem, tokens_problem
 from core.request_rules import MAX_INT_DIGITS, text_problem
-from core.service_tiers import PriorityNotPermitted, PriorityRange
+from core.service_tiers import PriorityNotPermitted, PriorityRange, ServiceTier
 from worker.batches.reader import OversizeLine, RawLine
+from worker.engine_requests import pooling_params_from_json
 from worker.sampling import sampling_params_from_json
 
 log = logging.getLogger(__name__)
 
-ENDPOINTS = (CHAT, COMPLETIONS)
+ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS)
 MAX_CUSTOM_ID_CHARS = 512
 
 _LINE_FIELDS = {"custom_id", "body", "method", "url"}
-_BODY_PARAMS = ("messages", "prompt")  # a refusal naming them is invalid_body, others invalid_parameter
+# A refusal naming these is invalid_body, any other invalid_parameter.
+_BODY_PARAMS = ("messages", "prompt", "input")
 
 
 @dataclass(frozen=True)
 class BatchRequest:
     line: int
     custom_id: str
-    endpoint: str  # CHAT or COMPLETIONS
+    endpoint: str  # CHAT, COMPLETIONS or EMBEDDINGS
     messages: list[dict[str, Any]] | None
     prompt: str | list[int] | None  # text (token ids are refused, as on the synchronous route)
-    params: dict[str, Any]  # engine.SamplingParams keyword arguments, only those the line set
+    # engine.SamplingParams keyword arguments, only those the line set (an embeddings line: its job's params,
+    # core/embedding_request.py job_params)
+    params: dict[str, Any]
     model: str | None
     prompt_tokens: int = 0  # as the queue's tokenizer counts them (0 when the parser was given none)
     lane: str | None = None  # where its job is queued (core/lanes.py): its model's queue; None: not said
@@ -69,6 +88,12 @@ class BatchRequest:
     priority: int = 0  # lower first
     deadline_s: float | None = None  # None: the batch's completion window is its deadline
     service_tier: str | None = None  # echoed in its answer; flex takes no default deadline
+    inputs: list[str | list[int]] | None = None  # an embeddings line's: a text or token ids each
+
+    @property
+    def kind(self) -> str:
+        """The kind of its job (core/job_kinds.py)."""
+        return EMBEDDING if self.endpoint == EMBEDDINGS else GENERATION
 
     def size(self) -> RequestSize:
         """The lengths the request rules judge."""
@@ -128,6 +153,10 @@ class LineLimits:
     queue: str | None = None  # the batch's queue, named in nothing but the limits' own messages
     lane: str | None = None  # the line's model's queue of that name (core/lanes.py), where its job goes
     priorities: PriorityRange = field(default_factory=PriorityRange)  # the batch's tenant may ask for
+    task: ModelTask | None = None  # what the model serves (core/model_task.py); None: not judged
+    embedding: EmbeddingLimits | None = None  # an embeddings line's inputs are held to; None: not judged
+    # The tokens of an embeddings line's text input as the model reads it (special tokens included).
+    count_input: Callable[[str], int] | None = None
 
     def request_limits(self) -> RequestLimits:
         return RequestLimits(self.queue, self.max_prompt_tokens, self.max_output_tokens, self.max_model_len)
@@ -147,8 +176,10 @@ def parse_line(number: int, raw: RawLine, seen: CustomIdSet, limits: LineLimits 
         if not seen.add(custom_id):
             raise LineRejected("duplicate_custom_id", f"custom_id {custom_id!r} appears more than once")
         chosen = _limits_of_line(line, limits)
-        request = _counted(_request(number, custom_id, line, chosen), chosen)
-        _check_engine_params(request.params)
+        request = _request(number, custom_id, line, chosen)
+        count = _counted_inputs if request.kind == EMBEDDING else _counted
+        request = count(request, chosen)
+        _check_engine_params(request)
         return replace(request, lane=chosen.lane)
     except LineRejected as error:
         return LineError(number, custom_id, error.code, str(error))
@@ -228,7 +259,10 @@ def _request(number: int, custom_id: str, line: dict[str, Any], limits: LineLimi
     if not isinstance(body, dict):
         raise LineRejected("invalid_body", "body must be a JSON object")
     endpoint = _endpoint(line.get("url"), body, limits.endpoint)
+    _check_task(endpoint, limits)
     try:
+        if endpoint == EMBEDDINGS:
+            return _validated_embedding(number, custom_id, body, limits.served, limits.priorities)
         return _validated(number, custom_id, endpoint, body, limits.served, limits.priorities)
     except Refusal as refusal:
         raise LineRejected(_line_code(refusal), refusal.message) from None
@@ -239,14 +273,33 @@ def _endpoint(url: object, body: dict[str, Any], batch_endpoint: str | None) -> 
         raise LineRejected("invalid_url", f"url must be one of {', '.join(ENDPOINTS)}, got {url!r}")
     if url is not None and batch_endpoint is not None and url != batch_endpoint:
         raise LineRejected("invalid_url", f"url {url!r} differs from the batch endpoint {batch_endpoint!r}")
+    endpoint = str(url or batch_endpoint or _endpoint_of_body(body))
+    if endpoint == EMBEDDINGS:
+        if "input" not in body:
+            raise LineRejected("invalid_body", f"{EMBEDDINGS} needs input in the body")
+        return endpoint
     has_messages, has_prompt = "messages" in body, "prompt" in body
     if has_messages == has_prompt:
         raise LineRejected("invalid_body", "body must hold exactly one of messages or prompt")
-    endpoint = url or batch_endpoint or (CHAT if has_messages else COMPLETIONS)
     if (endpoint == CHAT) != has_messages:
         wanted = "messages" if endpoint == CHAT else "prompt"
         raise LineRejected("invalid_body", f"{endpoint} needs {wanted} in the body")
-    return str(endpoint)
+    return endpoint
+
+
+def _endpoint_of_body(body: dict[str, Any]) -> str:
+    """A line without a url, in a batch without an endpoint: `input` alone embeds, `messages` chats."""
+    if "input" in body and "messages" not in body and "prompt" not in body:
+        return EMBEDDINGS
+    return CHAT if "messages" in body else COMPLETIONS
+
+
+def _check_task(endpoint: str, limits: LineLimits) -> None:
+    """An embeddings line to a model that generates text, or a generation line to one that embeds."""
+    if limits.task is None:
+        return
+    model_id = limits.served.models[0] if limits.served.models else "default"
+    _reject(task_problem(model_id, limits.task, "embed" if endpoint == EMBEDDINGS else "generate"))
 
 
 def _validated(number: int, custom_id: str, endpoint: str, body: dict[str, Any], served: Served,
@@ -256,24 +309,45 @@ def _validated(number: int, custom_id: str, endpoint: str, body: dict[str, Any],
     check_request(request, served)
     if request.stream:
         raise Refusal("invalid", "stream", "must be false in a batch")
-    if request.on_deadline_miss == "reject":
-        raise Refusal("unsupported", "on_deadline_miss", "on_deadline_miss: reject is answered at submit "
-                      "(the jobs API, the OpenAI routes); a batch line runs within its batch's completion "
-                      "window, late or not")
+    _check_deadline_miss(request.on_deadline_miss)
     options = ChatOptions()
     if isinstance(request, ChatCompletionCreate):
         messages, prompt = request.chat_messages(served.roles), None
         options = request.chat_options(served.tool_parser)  # judged by check_request
     else:
         messages, prompt = None, request.prompt_text()
-    try:
-        priority = priorities.job_priority(request.service_tier, request.priority)
-    except PriorityNotPermitted as exc:
-        raise LineRejected("priority_not_permitted", str(exc)) from None
+    priority = _priority(priorities, request.service_tier, request.priority)
     return BatchRequest(line=number, custom_id=custom_id, endpoint=endpoint, messages=messages, prompt=prompt,
                         params=chat_job_params(_job_params(request), options), model=request.model,
                         chat=options.to_json(), shown=request.prompt_view().to_json(), priority=priority,
                         deadline_s=request.deadline_s, service_tier=request.service_tier)
+
+
+def _validated_embedding(number: int, custom_id: str, body: dict[str, Any], served: Served,
+                         priorities: PriorityRange) -> BatchRequest:
+    """POST /v1/embeddings' rules (core/embedding_request.py), then what only a batch adds."""
+    request: EmbeddingCreate = parse_embedding_body(body)
+    check_model(request.model, served)
+    _check_deadline_miss(request.on_deadline_miss)
+    priority = _priority(priorities, request.service_tier, request.priority)
+    return BatchRequest(line=number, custom_id=custom_id, endpoint=EMBEDDINGS, messages=None, prompt=None,
+                        params=request.job_params(), model=request.model, priority=priority,
+                        deadline_s=request.deadline_s, service_tier=request.service_tier,
+                        inputs=request.inputs())
+
+
+def _check_deadline_miss(on_deadline_miss: str | None) -> None:
+    if on_deadline_miss == "reject":
+        raise Refusal("unsupported", "on_deadline_miss", "on_deadline_miss: reject is answered at submit "
+                      "(the jobs API, the OpenAI routes); a batch line runs within its batch's completion "
+                      "window, late or not")
+
+
+def _priority(priorities: PriorityRange, service_tier: ServiceTier | None, priority: int | None) -> int:
+    try:
+        return priorities.job_priority(service_tier, priority)
+    except PriorityNotPermitted as exc:
+        raise LineRejected("priority_not_permitted", str(exc)) from None
 
 
 def _job_params(request: OpenAIRequest) -> dict[str, Any]:
@@ -290,10 +364,13 @@ def _job_params(request: OpenAIRequest) -> dict[str, Any]:
     return params
 
 
-def _check_engine_params(params: dict[str, Any]) -> None:
+def _check_engine_params(request: BatchRequest) -> None:
     """Last, the engine's own rules over the params the job will run with."""
     try:
-        sampling_params_from_json(params)
+        if request.kind == EMBEDDING:
+            pooling_params_from_json(request.params)
+        else:
+            sampling_params_from_json(request.params)
     except ValueError as error:
         raise LineRejected("invalid_parameter", str(error)) from None
 
@@ -319,6 +396,22 @@ def _counted(request: BatchRequest, limits: LineLimits) -> BatchRequest:
         raise _rejected(tokenizer_problem(size, error)) from None
     _reject(tokens_problem(size, tokens, rules))
     return replace(request, prompt_tokens=tokens)
+
+
+def _counted_inputs(request: BatchRequest, limits: LineLimits) -> BatchRequest:
+    """An embeddings line's inputs judged as POST /v1/embeddings judges them (core/embedding_rules.py): before
+    tokenizing, then each text input's tokens; the request carries the tokens its job will embed."""
+    assert request.inputs is not None
+    rules = limits.embedding
+    if rules is None:
+        return request
+    truncate, dimensions = bool(request.params.get("truncate")), request.params.get("dimensions")
+    _reject(inputs_problem(request.inputs, dimensions, truncate, rules))
+    if limits.count_input is None:
+        return request
+    lengths = input_lengths(request.inputs, limits.count_input)
+    _reject(lengths_problem(lengths, truncate, rules))
+    return replace(request, prompt_tokens=embedded_tokens(lengths, truncate, rules))
 
 
 def _reject(problem: FieldProblem | None) -> None:

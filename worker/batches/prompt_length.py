@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from core.model_task import ModelTask
 from worker.batches.lines import BatchRequest
 from worker.chat_prompt import chat_prompt_ids
 
@@ -29,3 +30,9 @@ def prompt_token_counter(tokenizer: ChatTokenizer) -> Callable[[BatchRequest], i
         return len(tokenizer.encode(request.prompt))
 
     return count
+
+
+def embedding_input_counter(tokenizer: ChatTokenizer, task: ModelTask) -> Callable[[str], int]:
+    """Counts an embeddings line's text input as the model reads it: after its default prompt, lowercased
+    when it says so, with the tokenizer's special tokens (as sentence-transformers tokenizes)."""
+    return lambda text: len(tokenizer.encode(task.as_embedded(text)))

@@ -33,6 +33,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from core.background import BackgroundLoop
 from core.clock import utcnow
 from core.dispatch import Publish, publish_and_mark
+from core.embedding_rules import EmbeddingLimits
 from core.lanes import lane_of
 from core.lifecycle import (
     CANCELLING,
@@ -44,6 +45,7 @@ from core.lifecycle import (
     STOP_FAILED,
 )
 from core.model_limits import model_context_length, served_max_model_len
+from core.model_task import model_task
 from core.openai_request import Served
 from core.s3 import make_s3_client
 from core.service_tiers import PriorityRange, takes_default_deadline
@@ -63,7 +65,7 @@ from worker.batches.lines import (
     LineRejected,
     parse_line,
 )
-from worker.batches.prompt_length import ChatTokenizer, prompt_token_counter
+from worker.batches.prompt_length import ChatTokenizer, embedding_input_counter, prompt_token_counter
 from worker.batches.reader import LineStream, ReadPosition
 from worker.batches.source import open_input
 
@@ -315,10 +317,14 @@ class BatchRunner:
         counter = prompt_token_counter(tokenizer) if tokenizer is not None else None
         # The engine tokenizer's template decides the chat roles, as the API's does for its routes.
         template = getattr(tokenizer, "chat_template", None)
+        task = model_task(settings.model_folder(), settings.task or "auto")
+        embedding = EmbeddingLimits.of_model(settings, task, getattr(tokenizer, "vocab_size", None))
+        count_input = embedding_input_counter(tokenizer, task) if tokenizer is not None else None
         return LineLimits(endpoint=batch.endpoint, max_prompt_tokens=queue.max_prompt_tokens,
                           count_tokens=counter, max_output_tokens=queue.max_output_tokens,
                           served=Served.of(settings, template), max_model_len=_max_model_len(settings),
-                          queue=batch.queue, lane=lane_of(model_id, batch.queue), priorities=priorities)
+                          queue=batch.queue, lane=lane_of(model_id, batch.queue), priorities=priorities,
+                          task=task, embedding=embedding, count_input=count_input)
 
     def _tokenizer_of(self, model_id: str, settings: Settings) -> ChatTokenizer | None:
         """The model's tokenizer: this worker's own, or another served model's read from its folder once."""
@@ -375,7 +381,8 @@ def _new_job(batch: Batch, request: BatchRequest, now: datetime, pace: finish_ti
         meta["service_tier"] = request.service_tier
     asked = {"endpoint": request.endpoint, "model": request.model, "prompt": request.prompt,
              "messages": request.messages, "params": request.params,
-             **({"chat": request.chat} if request.chat else {})}
+             **({"chat": request.chat} if request.chat else {}),
+             **({"inputs": request.inputs} if request.inputs is not None else {})}
     deadline_s = _line_deadline_s(request, batch, now)
     assert request.lane is not None
     new = jobs.NewJob(tenant_id=batch.tenant_id, queue=request.lane, prompt=request.prompt,
@@ -383,7 +390,8 @@ def _new_job(batch: Batch, request: BatchRequest, now: datetime, pace: finish_ti
                       idempotency_key=None, request_hash=jobs.request_hash(asked),
                       prompt_tokens=request.prompt_tokens, ttl_s=None, timeout_s=None, batch_id=batch.id,
                       chat=request.chat, priority=request.priority, deadline_s=deadline_s,
-                      start_by=_start_by(request, deadline_s, now, pace), service_tier=request.service_tier)
+                      start_by=_start_by(request, deadline_s, now, pace), service_tier=request.service_tier,
+                      kind=request.kind, inputs=request.inputs)
     return jobs.build(new, now)
 
 

@@ -67,7 +67,7 @@ def test_conveyor_prompt_line_and_openai_completions_prompt_list() -> None:
     ({"custom_id": 5, "body": {"prompt": "x"}}, "invalid_custom_id", "non-empty string"),
     ({"custom_id": "a", "body": {"prompt": "x"}, "extra": 1}, "invalid_line", "extra"),
     ({"custom_id": "a", "method": "GET", "url": CHAT, "body": {}}, "invalid_method", "POST"),
-    ({"custom_id": "a", "url": "/v1/embeddings", "body": {"input": "x"}}, "invalid_url", "url must be"),
+    ({"custom_id": "a", "url": "/v1/moderations", "body": {"input": "x"}}, "invalid_url", "url must be"),
     ({"custom_id": "a", "url": CHAT, "body": {"prompt": "x"}}, "invalid_body", "needs messages"),
     ({"custom_id": "a", "body": {"prompt": "x", "messages": []}}, "invalid_body", "exactly one"),
     ({"custom_id": "a", "body": "x"}, "invalid_body", "JSON object"),
