@@ -33,6 +33,7 @@ from tests.support.embedding_models import build_decoder_st_folder
 from tests.support.encoder_models import build_encoder_st_folder
 from tests.support.live_server import WAIT_S, new_api_key, serving
 from tests.support.openai_batches import run_batch
+from tests.support.s3_server import moto_server, use_dummy_credentials
 from tests.support.webhook_receiver import Receiver
 
 ENGINE = dict(max_num_seqs=8, max_num_batched_tokens=256, num_kv_blocks=64, block_size=16, dtype="float32",
@@ -80,7 +81,17 @@ def receiver() -> Iterator[Receiver]:
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory, folders: dict[str, Path]) -> Iterator[Service]:
+def s3_url() -> Iterator[str]:
+    """moto's S3 server, and the environment's dummy credentials for the service's batch runner (its S3
+    client reads them when it is made)."""
+    with moto_server() as url, pytest.MonkeyPatch.context() as monkeypatch:
+        use_dummy_credentials(monkeypatch)
+        yield url
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory, folders: dict[str, Path], s3_url: str,
+            ) -> Iterator[Service]:
     from worker.embedded import EmbeddedRuntime
 
     tmp = tmp_path_factory.mktemp("embeddings-embedded")
@@ -90,7 +101,7 @@ def service(tmp_path_factory: pytest.TempPathFactory, folders: dict[str, Path]) 
     settings = Settings(data_dir=tmp, database_url=url, models=registry, default_model="llama",
                         auth_enabled=True, max_embedding_inputs=MAX_INPUTS, webhook_allowlist=["127.0.0.1"],
                         reconcile_interval_s=0.2, dispatch_grace_s=0.5, worker_heartbeat_s=0.2,
-                        cancel_poll_s=0.1, **ENGINE)
+                        cancel_poll_s=0.1, s3_endpoint_url=s3_url, s3_region="us-east-1", **ENGINE)
     runtime = EmbeddedRuntime(settings)
     app = create_app(settings, publisher=runtime.publisher, tokenizer=load_tokenizers(settings),
                      runtime=runtime, token_stream=runtime.token_stream, session_factory=runtime.sessions)
@@ -303,3 +314,40 @@ def test_an_embeddings_batch_answers_each_line_with_its_vectors_and_refuses_bad_
     assert "maximum input length of 64 tokens" in errors["too-long"]["message"]
     assert "`llama` generates text" in errors["generator"]["message"]
     assert errors["vocab"]["message"].startswith("input[0][1]: token id 100000")
+
+
+def test_an_s3_embeddings_batch_writes_the_vectors_to_its_output_prefix(service: Service,
+                                                                        s3_url: str) -> None:
+    """Conveyor's S3 form: lines without a url (a body holding `input` embeds), outputs under the prefix."""
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=s3_url, region_name="us-east-1")
+    s3.create_bucket(Bucket="vectors")
+    lines = [{"custom_id": "qwen", "body": {"model": "qwen", "input": TEXTS, "encoding_format": "float"}},
+             {"custom_id": "bert", "body": {"model": "bert", "input": TEXTS[:2]}},  # float, the default
+             {"custom_id": "empty", "body": {"model": "bert", "input": ["a", ""]}}]
+    s3.put_object(Bucket="vectors", Key="in/corpus.jsonl",
+                  Body="".join(json.dumps(line) + "\n" for line in lines).encode())
+    dave = dataclasses.replace(service, key=new_api_key(service.database_url, "dave"))
+    created = dave.post("/v1/batches", {"input": "s3://vectors/in/corpus.jsonl", "output": "s3://vectors/out/"})
+    assert created.status_code == 200, created.text
+    batch_id = created.json()["id"]
+    deadline = time.monotonic() + WAIT_S
+    while dave.get(f"/v1/batches/{batch_id}").json()["status"] not in ("completed", "failed"):
+        assert time.monotonic() < deadline, f"batch {batch_id} did not finish"
+        time.sleep(0.1)
+
+    results = [json.loads(raw) for raw in
+               s3.get_object(Bucket="vectors", Key="out/results.jsonl")["Body"].read().splitlines()]
+    assert [result["custom_id"] for result in results] == ["qwen", "bert", "empty"]
+    qwen, bert, empty = (result["response"] for result in results)
+    want_qwen, qwen_lengths = sentence_transformers(service.folders["qwen"], TEXTS)
+    got_qwen = np.asarray([item["embedding"] for item in qwen["body"]["data"]])
+    assert np.abs(got_qwen - want_qwen).max() < TOLERANCE
+    assert qwen["body"]["usage"]["prompt_tokens"] == sum(qwen_lengths)
+    want_bert, _ = sentence_transformers(service.folders["bert"], TEXTS[:2])
+    got_bert = np.asarray([item["embedding"] for item in bert["body"]["data"]])
+    assert np.abs(got_bert - want_bert).max() < TOLERANCE
+    assert empty is None and results[2]["error"]["message"].startswith("input[1]: ")
+    manifest = json.loads(s3.get_object(Bucket="vectors", Key="out/manifest.json")["Body"].read())
+    assert manifest["request_counts"] == {"total": 3, "completed": 2, "failed": 1, "cancelled": 0}

@@ -21,6 +21,7 @@ from core.settings import Settings
 from core.store.migrate import upgrade
 from core.structured_rules import MAX_STRUCTURED_DEPTH
 from tests.support.live_server import new_api_key, serving, wait_for
+from tests.support.s3_server import moto_server, use_dummy_credentials
 from tests.support.service import Service, error_of
 
 ENGINE = dict(max_num_seqs=16, max_num_batched_tokens=256, num_kv_blocks=192, block_size=16, dtype="float32",
@@ -38,14 +39,8 @@ def _line(custom_id: str, max_tokens: int = 2, url: str = "/v1/chat/completions"
 
 @pytest.fixture(scope="module")
 def moto_url() -> Iterator[str]:
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        yield f"http://127.0.0.1:{server.get_host_and_port()[1]}"
-    finally:
-        server.stop()
+    with moto_server() as url:
+        yield url
 
 
 @pytest.fixture
@@ -53,11 +48,7 @@ def s3(moto_url: str, monkeypatch: pytest.MonkeyPatch) -> Any:
     """Dummy credentials through the standard chain (environment), and a client for the test's own use."""
     import boto3
 
-    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
-                        ("AWS_CONFIG_FILE", "/nonexistent"), ("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")):
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    use_dummy_credentials(monkeypatch)
     client = boto3.client("s3", endpoint_url=moto_url, region_name="us-east-1")
     client.create_bucket(Bucket="conveyor-batches")
     return client
