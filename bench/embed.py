@@ -6,6 +6,11 @@ of several batch sizes; rounds are interleaved (engine, then every batch size, R
 best round counts, so a noisy neighbour hurts both alike. The report gives inputs/s and tokens/s, the ratio
 of the engine to sentence-transformers' best batch size, and the largest difference between the two
 systems' vectors (they must agree: a fast wrong answer is not a result).
+
+It also gives the linear-layer floor: the time the corpus's linear layers alone take at the FLOP/s torch.mm
+reaches at the model's own shapes (FLOOR_ROWS rows by each projection's widths), same threads, same run. No
+implementation that does those matmuls in the same dtype embeds the corpus faster, so the floor bounds any
+ratio to sentence-transformers (which does the same matmuls) from above.
 """
 
 from __future__ import annotations
@@ -32,7 +37,9 @@ EMBED_PRESETS: dict[str, dict[str, int]] = {
                       vocab_size=30522, max_position_embeddings=512),
 }
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
-DEFAULT_BATCH_SIZES = (16, 32, 64, 128)
+DEFAULT_BATCH_SIZES = (4, 8, 16, 32, 64)
+FLOOR_ROWS = 1024  # rows of the floor's matmuls: the engine's token-wise chunk (engine/models/bert.py)
+FLOOR_REPEATS = 10  # the best of this many timed matmuls per shape counts
 
 
 @dataclass(frozen=True)
@@ -165,17 +172,44 @@ def run(opts: EmbedOptions, console: Console, out_dir: Path | None) -> dict[str,
     peer_best = max((r for r in runs if r.system != "conveyor"), key=lambda r: r.inputs_per_s)
     ours = next(r for r in runs if r.system == "conveyor")
     diff = float(np.abs(vectors["conveyor"] - vectors[f"st:{peer_best.batch_size}"]).max())
+    floor_s = linear_floor_s(folder, total_tokens)
     report = {"options": {**asdict(opts), "model_cache": str(opts.model_cache)}, "model": str(folder),
               "threads": torch.get_num_threads(), "num_tokens": total_tokens,
               "runs": [asdict(r) for r in runs],
               "ratio_to_best_peer": ours.inputs_per_s / peer_best.inputs_per_s,
-              "best_peer_batch_size": peer_best.batch_size, "max_abs_diff": diff}
+              "best_peer_batch_size": peer_best.batch_size, "max_abs_diff": diff,
+              "linear_floor_s": floor_s, "ratio_bound": peer_best.seconds / floor_s}
     console.print(_table(runs, ours, peer_best, diff))
+    console.print(f"linear-layer floor (torch.mm at the model's shapes): {floor_s:.2f} s, so no fp32 "
+                  f"implementation exceeds {peer_best.seconds / floor_s:.2f}x the best peer; the engine "
+                  f"takes {ours.seconds / floor_s:.2f}x the floor", markup=False)
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "embed.json").write_text(json.dumps(report, indent=2))
         console.print(f"report: {out_dir / 'embed.json'}", markup=False)
     return report
+
+
+def linear_floor_s(folder: Path, num_tokens: int) -> float:
+    """Seconds the linear layers of `num_tokens` tokens take at the FLOP/s torch.mm reaches at each of the
+    encoder's four projections (qkv, attention output, MLP up, MLP down), in the model's dtype (fp32)."""
+    config = json.loads((folder / "config.json").read_text())
+    hidden, inner = config["hidden_size"], config["intermediate_size"]
+    shapes = [(hidden, 3 * hidden), (hidden, hidden), (hidden, inner), (inner, hidden)]
+    seconds_per_row = sum(_mm_seconds(FLOOR_ROWS, k, n) / FLOOR_ROWS for k, n in shapes)
+    return seconds_per_row * num_tokens * config["num_hidden_layers"]
+
+
+def _mm_seconds(rows: int, k: int, n: int) -> float:
+    """The best time of [rows, k] @ [k, n]."""
+    a, b = torch.randn(rows, k), torch.randn(k, n)
+    out = torch.mm(a, b)  # warm up, and the output buffer every timed call reuses
+    best = float("inf")
+    for _ in range(FLOOR_REPEATS):
+        start = time.perf_counter()
+        torch.mm(a, b, out=out)
+        best = min(best, time.perf_counter() - start)
+    return best
 
 
 def _engine(folder: Path, opts: EmbedOptions) -> Callable[[list[str]], np.ndarray]:
