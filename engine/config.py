@@ -11,6 +11,7 @@ DTYPES = ("auto", "float32", "float16", "bfloat16")
 SCHEDULING = ("urgency", "arrival")
 TASKS = ("auto", "generate", "embed")  # engine/pooling.py resolve_task
 POOLING_METHODS = ("cls", "mean", "last")
+MAX_RANK_LIMIT = 256  # the largest max_lora_rank: LoRA slots are sized by it, for every layer and projection
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,13 @@ class EngineConfig:
     # defaults (encoder: cls, decoder: last; normalised).
     pooling: str | None = None
     normalize_embeddings: bool | None = None
+    # LoRA adapters (engine/lora/): how many may be on the device at once (requests for more wait: the
+    # scheduler keeps the running requests' adapters within it; 0: LoRA off, no slot memory taken), the
+    # largest rank an adapter may have (the slots are sized by it), and how many adapters stay read in host
+    # memory (None: max_loras; the others are read from disk again when a request needs them).
+    max_loras: int = 0
+    max_lora_rank: int = 64
+    max_cpu_loras: int | None = None
 
     def __post_init__(self) -> None:
         self.request_classes = [
@@ -126,6 +134,12 @@ class EngineConfig:
         _require(self.grammar_compile_memory_bytes >= 2**20, "grammar_compile_memory_bytes",
                  self.grammar_compile_memory_bytes, ">= 1 MiB")
         _require(self.grammar_cache_bytes >= 0, "grammar_cache_bytes", self.grammar_cache_bytes, ">= 0")
+        _require(self.max_loras >= 0, "max_loras", self.max_loras, ">= 0")
+        _require(1 <= self.max_lora_rank <= MAX_RANK_LIMIT, "max_lora_rank", self.max_lora_rank,
+                 f"in [1, {MAX_RANK_LIMIT}]")
+        if self.max_cpu_loras is not None:
+            _require(self.max_cpu_loras >= self.max_loras, "max_cpu_loras", self.max_cpu_loras,
+                     f">= max_loras ({self.max_loras}) or None")
         _require(self.dtype in DTYPES, "dtype", self.dtype, f"one of {DTYPES}")
         _require(self.task in TASKS, "task", self.task, f"one of {TASKS}")
         _require(self.pooling is None or self.pooling in POOLING_METHODS, "pooling", self.pooling,

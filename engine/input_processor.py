@@ -16,6 +16,7 @@ import time
 
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
+from engine.lora.manager import LoRAManager
 from engine.outputs import RequestMetrics
 from engine.pooling import PoolingConfig
 from engine.pooling_params import PoolingParams
@@ -32,7 +33,7 @@ class InputProcessor:
     def __init__(
         self, config: EngineConfig, tokenizer: Tokenizer, block_manager: BlockManager, sampler: Sampler,
         max_model_len: int, vocab_size: int, *, pooling: PoolingConfig | None = None,
-        embedding_size: int | None = None,
+        embedding_size: int | None = None, lora: LoRAManager | None = None,
     ) -> None:
         self.config = config
         self.tokenizer = tokenizer
@@ -43,12 +44,15 @@ class InputProcessor:
         self.pooling = pooling  # None: a generation engine
         self.embedding_size = embedding_size
         self.default_class = config.request_classes[0].name
+        self.lora = lora  # the adapters a request may name; None: LoRA off
 
     def make_sequence(
         self, request_id: str, prompt: str | list[int], params: SamplingParams | PoolingParams | None = None,
         request_class: str | None = None, *, cache_salt: str | None = None, urgency: Urgency | None = None,
+        lora: str | None = None,
     ) -> Sequence:
-        """The request's Sequence, without its grammar state (StructuredOutputManager.attach gives it)."""
+        """The request's Sequence, without its grammar state (StructuredOutputManager.attach gives it).
+        `lora`: the name of a loaded adapter to run it with (None: the base model)."""
         urgency = urgency if urgency is not None else Urgency()
         urgency.validate()
         if self.config.scheduling == "arrival":
@@ -60,6 +64,7 @@ class InputProcessor:
         params = self._params_of_kind(params)
         params.validate()
         cls = self.config.request_class(request_class if request_class is not None else self.default_class)
+        lora_key = self._lora_key(lora)  # an embedding engine has no adapters: refused there too
         if isinstance(params, PoolingParams):
             return self._pooling_sequence(request_id, prompt, params, cls.name, cls.priority, cache_salt,
                                           urgency)
@@ -78,11 +83,20 @@ class InputProcessor:
             generator=self.sampler.make_generator(params.seed) if params.seed is not None else None,
             prompt=prompt if isinstance(prompt, str) else None,
             cache_salt=cache_salt,
+            lora=lora,
+            lora_key=lora_key,
             urgency=urgency,
             detokenizer=IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens),
             logprobs=[] if params.logprobs is not None else None,
             prompt_logprobs=[None] if params.prompt_logprobs is not None else None,
         )
+
+    def _lora_key(self, lora: str | None) -> str | None:
+        if lora is None:
+            return None
+        if self.lora is None:
+            raise ValueError(f"lora: this engine serves no LoRA adapters (max_loras is 0), got {lora!r}")
+        return self.lora.key_of(lora)
 
     def _params_of_kind(self, params: SamplingParams | PoolingParams | None
                         ) -> SamplingParams | PoolingParams:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, cast
 
 import torch
@@ -22,6 +23,7 @@ import torch
 from engine.block_manager import BlockManager
 from engine.config import EngineConfig
 from engine.input_processor import InputProcessor
+from engine.lora.manager import LoRAManager
 from engine.outputs import RequestOutput, request_output
 from engine.pace import PaceMeter
 from engine.pooling import PoolingConfig, accumulate, finish_embeddings
@@ -95,9 +97,10 @@ class LLMEngine:
         self.scheduler = Scheduler(config, self.block_manager, self.max_model_len, chunked=not is_encoder)
         self.sampler = Sampler(runner.device, config.seed)
         self.eos_token_ids = self.tokenizer.eos_token_ids
+        self.lora: LoRAManager | None = getattr(runner, "lora", None)  # None: LoRA off
         self.inputs = InputProcessor(
             config, self.tokenizer, self.block_manager, self.sampler, self.max_model_len, self.vocab_size,
-            pooling=self.pooling, embedding_size=self.embedding_size,
+            pooling=self.pooling, embedding_size=self.embedding_size, lora=self.lora,
         )
         self.structured_outputs = StructuredOutputManager(config, self.tokenizer, self.vocab_size)
         self._arrivals = itertools.count()
@@ -112,18 +115,19 @@ class LLMEngine:
     def add_request(
         self, request_id: str, prompt: str | list[int], params: SamplingParams | PoolingParams | None = None,
         request_class: str | None = None, *, cache_salt: str | None = None, urgency: Urgency | None = None,
+        lora: str | None = None,
     ) -> None:
         """Validates everything first (ValueError naming the field), so a bad request disturbs nothing.
         `params`: SamplingParams for a generation engine, PoolingParams for an embedding one (None: the
         defaults of the engine's kind). `urgency`: its priority and deadline within its class (default:
-        neither)."""
+        neither). `lora`: a loaded adapter's name (`add_lora`); None: the base model."""
         self.enqueue(self.make_sequence(request_id, prompt, params, request_class, cache_salt=cache_salt,
-                                        urgency=urgency))
+                                        urgency=urgency, lora=lora))
 
     def make_sequence(
         self, request_id: str, prompt: str | list[int], params: SamplingParams | PoolingParams | None = None,
         request_class: str | None = None, *, cache_salt: str | None = None, attach_grammar: bool = True,
-        urgency: Urgency | None = None,
+        urgency: Urgency | None = None, lora: str | None = None,
     ) -> Sequence:
         """Validates a request and builds its Sequence without touching engine state (thread-safe).
 
@@ -132,7 +136,7 @@ class LLMEngine:
         thread of its own).
         """
         seq = self.inputs.make_sequence(request_id, prompt, params, request_class, cache_salt=cache_salt,
-                                        urgency=urgency)
+                                        urgency=urgency, lora=lora)
         if attach_grammar:
             self.attach_grammar(seq, compile=True)
         return seq
@@ -158,6 +162,32 @@ class LLMEngine:
         self.totals.aborted_requests += 1
         self._pending_outputs.append(request_output(seq, num_new_tokens=0))
         return True
+
+    # --- LoRA adapters ---------------------------------------------------------------------------------
+
+    def add_lora(self, name: str, path: str | Path) -> None:
+        """Loads the PEFT adapter folder `path` as `name`, for requests that name it; ValueError when LoRA is
+        off (max_loras 0), the name is taken, or the adapter does not fit the model (naming what)."""
+        self._lora_manager().add(name, path)
+
+    def remove_lora(self, name: str) -> None:
+        """Unloads `name`. Refused (ValueError) while requests that name it are waiting or running: they
+        finish (or are aborted) first; the adapter stays served until then."""
+        manager = self._lora_manager()
+        manager.key_of(name)  # unknown: ValueError
+        holders = self.scheduler.num_unfinished_with_lora(name)
+        if holders:
+            raise ValueError(f"lora {name!r} is used by {holders} unfinished request(s); remove it once they "
+                             "finish, or abort them first")
+        manager.remove(name)
+
+    def list_loras(self) -> list[str]:
+        return self.lora.names() if self.lora is not None else []
+
+    def _lora_manager(self) -> LoRAManager:
+        if self.lora is None:
+            raise ValueError("LoRA is off: this engine was built with max_loras 0 (or embeds)")
+        return self.lora
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._pending_outputs)

@@ -25,6 +25,8 @@ from engine.attention import KVCache, with_attention_plan
 from engine.config import EngineConfig
 from engine.kv_cache import KVCacheLayout, allocate_kv_cache, cuda_kv_budget_bytes, plan_num_blocks
 from engine.loader import LoadTimings, check_tokenizer_files, load_model, resolve_device, resolve_dtype
+from engine.lora.batch import LoRABatch
+from engine.lora.manager import LoRAManager
 from engine.models.llama import LlamaForCausalLM
 from engine.pooling import PoolingConfig, chunk_rows, embedding_max_len, pooling_config
 from engine.prompt_logprobs import score_prompt_chunks
@@ -75,6 +77,8 @@ class ModelRunner:
                                           normalize=config.normalize_embeddings)
             self.embedding_size = settings.hidden_size
             self.max_model_len = embedding_max_len(self.max_model_len, self.pooling)
+        # Before the KV cache is sized: on CUDA the slots are part of what profiling finds in use.
+        self.lora: LoRAManager | None = self._lora_manager() if config.max_loras else None
         layout = KVCacheLayout(num_layers=settings.num_layers, block_size=config.block_size,
                                num_kv_heads=settings.num_kv_heads, head_dim=settings.head_dim,
                                dtype=self.dtype)
@@ -97,7 +101,10 @@ class ModelRunner:
         self._check_chunks(chunks)
         step = prepare_step(chunks, self.block_size, self.device)
         start = time.perf_counter()
-        hidden, logits = self._forward(step, self.kv_caches)
+        lora = None
+        if self.lora is not None:
+            lora = self.lora.batch([c.lora for c in chunks], [len(c.token_ids) for c in chunks], self.device)
+        hidden, logits = self._forward(step, self.kv_caches, lora)
         pooled = None
         if self.pooling is not None:  # [S, H] fp32, on the CPU
             method = self.pooling.method
@@ -109,15 +116,25 @@ class ModelRunner:
         self.last_forward_seconds = time.perf_counter() - start
         return RunnerOutput(logits, prompt_logprobs, pooled)
 
-    def _forward(self, step: StepInputs, kv_caches: list[KVCache]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _forward(self, step: StepInputs, kv_caches: list[KVCache], lora: LoRABatch | None = None,
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """The hidden states [T, H] and the logits at the sampled rows [N, V] fp32 (none when embedding:
         the model has no LM head)."""
         meta = with_attention_plan(step.meta, kv_caches[0][0], self.model.settings.num_heads,
                                    self.attention_backend)
-        hidden = self.model(step.input_ids, step.positions, meta, kv_caches)  # [T, H]
+        hidden = self.model(step.input_ids, step.positions, meta, kv_caches, lora)  # [T, H]
         if self.pooling is not None:
             return hidden, torch.empty(0, self.vocab_size, device=hidden.device)
         return hidden, self.model.compute_logits(hidden[step.sample_indices])
+
+    def _lora_manager(self) -> LoRAManager:
+        c = self.config
+        if self.task != "generate":
+            raise ValueError("max_loras: LoRA adapters are served on generation models only")
+        return LoRAManager(max_loras=c.max_loras, max_rank=c.max_lora_rank,
+                           max_cpu_loras=c.max_cpu_loras if c.max_cpu_loras is not None else c.max_loras,
+                           shapes=self.model.lora_shapes(), num_layers=self.model.settings.num_layers,
+                           dtype=self.dtype, device=self.device)
 
     def _check_chunks(self, chunks: list[ScheduledChunk]) -> None:
         # The scheduler guarantees these; a violation would read or write outside the cache (silently, in a

@@ -33,12 +33,18 @@ def hash_block(parent: bytes, token_ids: list[int]) -> bytes:
     return hashlib.sha256(parent + array("q", token_ids).tobytes()).digest()
 
 
-def salt_root(cache_salt: str | None) -> bytes:
-    """The parent of a sequence's first block: ROOT_HASH when unsalted, else 32 bytes derived from the salt.
+def salt_root(cache_salt: str | None, lora_key: str | None = None) -> bytes:
+    """The parent of a sequence's first block: ROOT_HASH when unsalted and without an adapter, else 32 bytes
+    derived from the salt and the LoRA adapter's key (engine/lora/manager.py): the KV an adapter computes
+    differs from the base model's, so blocks are never shared across adapters.
 
     NOTE: blake2b with its own personalisation, not sha256: no block's hash input (a 0- or 32-byte parent and
     int64 token ids) can then produce a salt's root, so a salted chain never continues an unsalted one.
     """
+    if lora_key is not None:
+        salted = b"-" if cache_salt is None else b"+" + cache_salt.encode()
+        keyed = salted + b"\0" + lora_key.encode()
+        return hashlib.blake2b(keyed, digest_size=32, person=b"conveyor-lora").digest()
     if cache_salt is None:
         return ROOT_HASH
     return hashlib.blake2b(cache_salt.encode(), digest_size=32, person=b"conveyor-salt").digest()
@@ -52,7 +58,7 @@ def block_hashes(seq: Sequence, block_size: int, num_blocks: int) -> list[bytes]
     assert num_blocks * block_size <= seq.num_tokens, (seq.request_id, num_blocks, seq.num_tokens)
     hashes = seq.block_hashes
     for i in range(len(hashes), num_blocks):
-        parent = hashes[i - 1] if i else salt_root(seq.cache_salt)
+        parent = hashes[i - 1] if i else salt_root(seq.cache_salt, seq.lora_key)
         hashes.append(hash_block(parent, seq.token_slice(i * block_size, (i + 1) * block_size)))
     return hashes
 

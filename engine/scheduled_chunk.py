@@ -20,6 +20,7 @@ class ScheduledChunk:
     # chunk's first len(prompt_targets) positions predict (prompt tokens start_pos + 1 onwards). None: none.
     prompt_logprobs: int | None = None
     prompt_targets: list[int] = field(default_factory=list)
+    lora: str | None = None  # the key of its LoRA adapter (engine/lora/manager.py); None: the base model
 
     @property
     def seq_len(self) -> int:

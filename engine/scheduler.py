@@ -67,6 +67,7 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.max_num_seqs = config.max_num_seqs
         self.chunked = chunked  # False: a request's whole input runs in one step (an encoder's)
+        self.max_loras = config.max_loras  # distinct LoRA adapters among the running requests, at most
         self.max_num_batched_tokens = (
             config.max_num_batched_tokens if chunked else max(config.max_num_batched_tokens, max_model_len))
         self.long_prefill_token_threshold = config.long_prefill_token_threshold if chunked else 0
@@ -113,6 +114,9 @@ class Scheduler:
 
     def has_unfinished(self) -> bool:
         return bool(self._unfinished)
+
+    def num_unfinished_with_lora(self, name: str) -> int:
+        return sum(1 for seq in self._unfinished.values() if seq.lora == name)
 
     def num_running(self, request_class: str) -> int:
         return self._running_per_class[request_class]
@@ -194,12 +198,23 @@ class Scheduler:
             seq.num_cached_tokens = num_cached_tokens
 
     def _next_admissible(self, now: float) -> Sequence | None:
-        """The first waiting request, in order, of a class under its max_running."""
+        """The first waiting request, in order, of a class under its max_running, and whose LoRA adapter can
+        run: one a running request already uses, or any while fewer than max_loras are in use. A request
+        whose adapter must wait for a slot does not hold back those behind it that can run."""
+        adapters = self._running_adapters()
+        room = len(adapters) < self.max_loras
+
+        def can_run(seq: Sequence) -> bool:
+            return seq.lora_key is None or room or seq.lora_key in adapters
+
         heads = [
-            queue.first(now) for name, queue in self.waiting.items()
+            queue.first_where(now, can_run) for name, queue in self.waiting.items()
             if queue and self._running_per_class[name] < self.classes[name].max_running
         ]
         return min((s for s in heads if s is not None), key=lambda s: s.order_key(now), default=None)
+
+    def _running_adapters(self) -> set[str]:
+        return {seq.lora_key for seq in self.running if seq.lora_key is not None}
 
     def _chunk_size(self, seq: Sequence, budget: int, num_computed_tokens: int | None = None) -> int:
         """Tokens of seq to compute this step, after num_computed_tokens (default: its own count)."""
@@ -223,6 +238,7 @@ class Scheduler:
             sample=end == seq.num_tokens and seq.max_tokens > 0,  # 0: the prompt is only scored or pooled
             prompt_logprobs=seq.params.prompt_logprobs if targets else None,  # targets: SamplingParams
             prompt_targets=targets,
+            lora=seq.lora_key,
         )
         is_decode = n == 1 and seq.num_output_tokens > 0 and end == seq.num_tokens
         if is_decode:

@@ -85,6 +85,10 @@ class Sequence:
     # never share cached blocks (the service gives each tenant its own, or its cache namespace's, so a hit
     # cannot reveal what another tenant asked). None: unsalted.
     cache_salt: str | None = None
+    # The LoRA adapter it runs with (its name, and the key of its registration: engine/lora/manager.py); None:
+    # the base model.
+    lora: str | None = None
+    lora_key: str | None = None
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     block_table: list[int] = field(default_factory=list)

@@ -9,7 +9,7 @@ LLM's whole workload waits here).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from engine.sequence import Sequence
 
@@ -32,6 +32,16 @@ class WaitingQueue:
                 return seq
             heapq.heapreplace(self._heap, (current, seq))
         return None
+
+    def first_where(self, now: float, can_run: Callable[[Sequence], bool]) -> Sequence | None:
+        """The first request at time `now` for which `can_run` holds, left in the queue: the first itself
+        (O(log n)), else a scan in key order (only while some request cannot run, e.g. its LoRA adapter
+        waits for a slot)."""
+        first = self.first(now)
+        if first is None or can_run(first):
+            return first
+        ordered = sorted(((seq.order_key(now), seq) for _, seq in self._heap), key=lambda entry: entry[0])
+        return next((seq for _, seq in ordered if can_run(seq)), None)
 
     def remove(self, seq: Sequence) -> None:
         """Takes seq out: at once when it is the first (admission), else by a search (an abort)."""

@@ -20,6 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention import KVCache, PagedAttention
+from engine.lora.adapter import TargetShape
+from engine.lora.batch import LoRABatch
 from kernels import AttentionMetadata
 from kernels.cpu_fused import rms_norm_cpu, rotate_half_cpu_, silu_and_mul_cpu
 
@@ -169,8 +171,9 @@ def llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Te
 
 
 class Attention(nn.Module):
-    def __init__(self, s: LlamaSettings, attention_backend: str) -> None:
+    def __init__(self, s: LlamaSettings, attention_backend: str, layer: int) -> None:
         super().__init__()
+        self.layer = layer  # its index: where its LoRA weights are found
         self.q_size = s.num_heads * s.head_dim
         self.kv_size = s.num_kv_heads * s.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = s.num_heads, s.num_kv_heads, s.head_dim
@@ -182,49 +185,66 @@ class Attention(nn.Module):
         self.attn = PagedAttention(s.num_heads, s.num_kv_heads, s.head_dim, attention_backend)
 
     def forward(
-        self, x: torch.Tensor, rotation: Rotation, kv_cache: KVCache, meta: AttentionMetadata
+        self, x: torch.Tensor, rotation: Rotation, kv_cache: KVCache, meta: AttentionMetadata,
+        lora: LoRABatch | None,
     ) -> torch.Tensor:  # [T, H]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        qkv = self.qkv_proj(x)  # [T, q + 2 kv]
+        if lora is not None:
+            lora.apply(self.layer, "qkv", x, qkv)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)  # [T, Hq, D]
         k = k.view(-1, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         v = v.view(-1, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotation(q, rotation, self.fused), apply_rotation(k, rotation, self.fused)
-        out = self.attn(q, k, v, kv_cache, meta)  # [T, Hq, D]
-        return self.o_proj(out.reshape(-1, self.q_size))  # [T, H]
+        out = self.attn(q, k, v, kv_cache, meta).reshape(-1, self.q_size)  # [T, Hq * D]
+        projected = self.o_proj(out)  # [T, H]
+        if lora is not None:
+            lora.apply(self.layer, "o", out, projected)
+        return projected
 
 
 class MLP(nn.Module):
     """SwiGLU: down(silu(gate(x)) * up(x))."""
 
-    def __init__(self, s: LlamaSettings, fused: bool) -> None:
+    def __init__(self, s: LlamaSettings, fused: bool, layer: int = 0) -> None:
         super().__init__()
+        self.layer = layer  # its index: where its LoRA weights are found
         self.gate_up_proj = Linear(s.hidden_size, 2 * s.intermediate_size, s.mlp_bias, s.dtype)
         self.down_proj = Linear(s.intermediate_size, s.hidden_size, s.mlp_bias, s.dtype)
         self.fused = fused  # the cpu backend's one-pass silu(gate) * up
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H]
+    def forward(self, x: torch.Tensor, lora: LoRABatch | None = None) -> torch.Tensor:  # [T, H]
+        gate_up = self.gate_up_proj(x)  # [T, 2I]
+        if lora is not None:
+            lora.apply(self.layer, "gate_up", x, gate_up)
         if self.fused:
-            return self.down_proj(silu_and_mul_cpu(self.gate_up_proj(x)))
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # [T, I] each
-        return self.down_proj(F.silu(gate) * up)
+            hidden = silu_and_mul_cpu(gate_up)
+        else:
+            gate, up = gate_up.chunk(2, dim=-1)  # [T, I] each
+            hidden = F.silu(gate) * up
+        out = self.down_proj(hidden)  # [T, H]
+        if lora is not None:
+            lora.apply(self.layer, "down", hidden, out)
+        return out
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, s: LlamaSettings, attention_backend: str) -> None:
+    def __init__(self, s: LlamaSettings, attention_backend: str, layer: int) -> None:
         super().__init__()
         fused = attention_backend == "cpu"
         self.input_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps, s.dtype, fused)
-        self.self_attn = Attention(s, attention_backend)
+        self.self_attn = Attention(s, attention_backend, layer)
         self.post_attention_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps, s.dtype, fused)
-        self.mlp = MLP(s, fused)
+        self.mlp = MLP(s, fused, layer)
 
     def forward(
-        self, x: torch.Tensor, rotation: Rotation, kv_cache: KVCache, meta: AttentionMetadata
+        self, x: torch.Tensor, rotation: Rotation, kv_cache: KVCache, meta: AttentionMetadata,
+        lora: LoRABatch | None,
     ) -> torch.Tensor:  # [T, H]
-        x = x + self.self_attn(self.input_layernorm(x), rotation, kv_cache, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x = x + self.self_attn(self.input_layernorm(x), rotation, kv_cache, meta, lora)
+        return x + self.mlp(self.post_attention_layernorm(x), lora)
 
 
 class LlamaModel(nn.Module):
@@ -232,17 +252,17 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.embed_tokens = Embedding(s.vocab_size, s.hidden_size, s.dtype)
         self.rotary = RotaryEmbedding(s.head_dim, s.rope_theta, s.rope_scaling)
-        self.layers = nn.ModuleList(DecoderLayer(s, attention_backend) for _ in range(s.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(s, attention_backend, i) for i in range(s.num_layers))
         self.norm = RMSNorm(s.hidden_size, s.rms_norm_eps, s.dtype, attention_backend == "cpu")
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-        kv_caches: list[KVCache],
+        kv_caches: list[KVCache], lora: LoRABatch | None = None,
     ) -> torch.Tensor:  # [T, H]
         x = self.embed_tokens(input_ids)  # [T, H]
         rotation = self.rotary(positions, x.dtype)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, rotation, kv_cache, meta)
+            x = layer(x, rotation, kv_cache, meta, lora)
         return self.norm(x)
 
 
@@ -257,9 +277,10 @@ class LlamaForCausalLM(nn.Module):
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-        kv_caches: list[KVCache],
+        kv_caches: list[KVCache], lora: LoRABatch | None = None,
     ) -> torch.Tensor:  # [T] ids, [T] positions -> [T, H] final hidden states
-        return self.model(input_ids, positions, meta, kv_caches)
+        """lora: the step's adapters (engine/lora/batch.py); None: the base model for every token."""
+        return self.model(input_ids, positions, meta, kv_caches, lora)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, H] -> [N, V] fp32
         return self.lm_head(hidden).float()
@@ -269,6 +290,15 @@ class LlamaForCausalLM(nn.Module):
         s = self.settings
         q, kv = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
         return {"qkv_proj": [q, kv, kv], "gate_up_proj": [s.intermediate_size, s.intermediate_size]}
+
+    def lora_shapes(self) -> dict[str, TargetShape]:
+        """The widths of each projection a LoRA adapter may target, by PEFT's module name."""
+        s = self.settings
+        q, kv = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
+        h, i = s.hidden_size, s.intermediate_size
+        return {"q_proj": TargetShape(h, q), "k_proj": TargetShape(h, kv), "v_proj": TargetShape(h, kv),
+                "o_proj": TargetShape(q, h), "gate_proj": TargetShape(h, i), "up_proj": TargetShape(h, i),
+                "down_proj": TargetShape(i, h)}
 
 
 # nn.Linear and nn.Embedding without their random init: the loader overwrites every weight anyway.

@@ -1,0 +1,71 @@
+"""One step's LoRA: which token rows use which slot, and the deltas added to a fused projection's output.
+
+The rows of the requests that use an adapter are gathered once per projection input, ordered by slot, so each
+slot's rows are one contiguous segment; per segment, two small matmuls (shrink to the rank, expand to the
+output) and the delta is scattered back into the projection's output. The loop runs over the adapters in the
+step (at most max_loras) and the projections, never over requests or tokens. Rows of base-model requests are
+left as they are. When every row uses one adapter, nothing is gathered.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import torch
+
+from engine.lora.slots import LoRASlots
+
+
+@dataclass(frozen=True)
+class Segment:
+    slot: int
+    start: int  # into `rows` (or into the step's tokens when rows is None): [start, end)
+    end: int
+
+
+@dataclass(frozen=True)
+class LoRABatch:
+    slots: LoRASlots
+    rows: torch.Tensor | None  # [N] int64: the token rows that use an adapter, by slot; None: all, one slot
+    segments: list[Segment]
+
+    @classmethod
+    def of_chunks(cls, slots: LoRASlots, chunk_slots: list[int | None], chunk_lengths: list[int],
+                  device: torch.device) -> LoRABatch | None:
+        """Each chunk's slot (None: the base model) and its number of tokens, in step order; None when no
+        chunk uses an adapter."""
+        used = {slot for slot in chunk_slots if slot is not None}
+        if not used:
+            return None
+        if len(used) == 1 and None not in chunk_slots:
+            return cls(slots, None, [Segment(used.pop(), 0, sum(chunk_lengths))])
+        starts = list(itertools.accumulate(chunk_lengths, initial=0))[:-1]
+        adapted = sorted((slot, start, length) for slot, start, length
+                         in zip(chunk_slots, starts, chunk_lengths, strict=True) if slot is not None)
+        ranges: list[torch.Tensor] = []
+        segments: list[Segment] = []
+        position = 0
+        for slot, group in itertools.groupby(adapted, key=lambda entry: entry[0]):
+            begin = position
+            for _, start, length in group:
+                ranges.append(torch.arange(start, start + length))
+                position += length
+            segments.append(Segment(slot, begin, position))
+        return cls(slots, torch.cat(ranges).to(device), segments)
+
+    def apply(self, layer: int, group: str, x: torch.Tensor, out: torch.Tensor) -> None:
+        """out [T, O] (the fused projection `group` of `layer` applied to x [T, I]) += each row's delta."""
+        xs = x if self.rows is None else x.index_select(0, self.rows)  # [N, I]
+        for part in self.slots.groups[group]:
+            a_all, b_all = self.slots.a[(layer, part.target)], self.slots.b[(layer, part.target)]
+            for seg in self.segments:
+                state = self.slots.states[seg.slot]
+                if part.target not in state.targets:
+                    continue
+                shrunk = xs[seg.start:seg.end] @ a_all[seg.slot, : state.rank].t()  # [n, r]
+                delta = (shrunk @ b_all[seg.slot, :, : state.rank].t()).mul_(state.scale)  # [n, out]
+                if self.rows is None:
+                    out[seg.start:seg.end, part.start:part.end] += delta
+                else:
+                    out[:, part.start:part.end].index_add_(0, self.rows[seg.start:seg.end], delta)
