@@ -52,6 +52,7 @@ class EngineHost:
         self._cond = threading.Condition()
         self._inbox: list[Sequence] = []  # submitted, not yet handed to the engine
         self._cancels: list[str] = []
+        self._commands: list[tuple[Callable[[], None], Future[None]]] = []  # run between steps
         self._pending: dict[str, _Pending] = {}  # every request whose future is unresolved
         self._compiling: dict[str, Sequence] = {}  # pending requests waiting for their grammar
         self._grammars = GrammarQueue(self._compile_grammar)
@@ -87,6 +88,7 @@ class EngineHost:
         cache_salt: str | None = None,
         on_admitted: OnAdmitted | None = None,
         urgency: Urgency | None = None,
+        lora: str | None = None,
     ) -> Future[RequestOutput]:
         """Raises ValueError here, in the caller, for invalid input; the future resolves when it finishes.
         `request_class` None: the engine's default class (its first configured one). `on_admitted` is
@@ -94,9 +96,9 @@ class EngineHost:
         once its grammar compiled (not if the compile fails: the future fails instead). `urgency`: its
         priority and deadline within its class. `params`: PoolingParams for an embedding engine (the
         future's output then has `embedding`), SamplingParams for a generation one; the other kind is a
-        ValueError."""
+        ValueError. `lora`: a loaded adapter's name (`add_lora`)."""
         seq = self.engine.make_sequence(request_id, prompt, params, request_class, cache_salt=cache_salt,
-                                        urgency=urgency, attach_grammar=False)
+                                        urgency=urgency, attach_grammar=False, lora=lora)
         ready = self.engine.attach_grammar(seq, compile=False)  # a cache hit, or a refusal, right here
         future: Future[RequestOutput] = Future()
         future.set_running_or_notify_cancel()  # cancel through cancel(), which also frees the KV blocks
@@ -130,6 +132,25 @@ class EngineHost:
         return await asyncio.wrap_future(
             self.submit(request_id, prompt, params, request_class, on_update, cache_salt=cache_salt)
         )
+
+    def add_lora(self, name: str, path: str) -> Future[None]:
+        """Loads a PEFT adapter on the engine thread, between steps; the future fails with the engine's
+        ValueError when it is refused."""
+        return self._on_engine_thread(lambda: self.engine.add_lora(name, path))
+
+    def remove_lora(self, name: str) -> Future[None]:
+        """Unloads an adapter between steps; refused (ValueError) while requests that name it are
+        unfinished."""
+        return self._on_engine_thread(lambda: self.engine.remove_lora(name))
+
+    def _on_engine_thread(self, command: Callable[[], None]) -> Future[None]:
+        future: Future[None] = Future()
+        with self._cond:
+            if self._stopping:
+                raise RuntimeError("EngineHost is shut down")
+            self._commands.append((command, future))
+            self._cond.notify()
+        return future
 
     def cancel(self, request_id: str) -> bool:
         """Aborts within a step and frees its KV blocks; the future resolves with finish_reason "abort"."""
@@ -219,7 +240,8 @@ class EngineHost:
             return not self._stopping
 
     def _has_work(self) -> bool:
-        return self._stopping or bool(self._inbox or self._cancels) or self.engine.has_unfinished_requests()
+        return (self._stopping or bool(self._inbox or self._cancels or self._commands)
+                or self.engine.has_unfinished_requests())
 
     def _step_once(self) -> None:
         self._take_inbox()
@@ -247,6 +269,14 @@ class EngineHost:
         with self._cond:
             inbox, self._inbox = self._inbox, []
             cancels, self._cancels = self._cancels, []
+            commands, self._commands = self._commands, []
+        for command, done in commands:  # first: a request queued after an add_lora may name the adapter
+            try:
+                command()
+            except Exception as exc:  # refused (ValueError), or failed reading the adapter
+                done.set_exception(exc)
+            else:
+                done.set_result(None)
         for seq in inbox:
             try:
                 self.engine.enqueue(seq)
@@ -292,6 +322,10 @@ class EngineHost:
         with self._cond:
             self._stopping = True
             self._inbox.clear()
+            commands, self._commands = self._commands, []
+        for _, done in commands:
+            done.set_exception(exc)
+        with self._cond:
             request_ids = list(self._pending)
         self._fail(request_ids, exc)
 

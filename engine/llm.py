@@ -33,20 +33,28 @@ class LLM:
         *,
         request_class: str | None = None,
         cache_salt: str | None = None,
+        lora: str | list[str | None] | None = None,
         use_tqdm: bool = False,
     ) -> list[RequestOutput]:
         """Runs every prompt to completion; outputs come back in input order.
 
         cache_salt: these prompts reuse prefix-cache blocks only of earlier requests under the same salt.
+        lora: the adapter (`add_lora`) of every prompt, or one per prompt (None: the base model).
         """
         prompts = _as_prompt_list(prompts)
         params = _as_params_list(sampling_params, len(prompts))
+        adapters = _as_lora_list(lora, len(prompts))
         # Validate every request before queueing any, so a bad one leaves nothing half-submitted.
         seqs = [
-            self.engine.make_sequence(f"llm-{next(self._ids)}", p, sp, request_class, cache_salt=cache_salt)
-            for p, sp in zip(prompts, params, strict=True)
+            self.engine.make_sequence(f"llm-{next(self._ids)}", p, sp, request_class, cache_salt=cache_salt,
+                                      lora=adapter)
+            for p, sp, adapter in zip(prompts, params, adapters, strict=True)
         ]
         return self._run_all(seqs, use_tqdm)
+
+    def add_lora(self, name: str, path: str) -> None:
+        """Loads a PEFT adapter folder as `name` (the engine needs max_loras >= 1)."""
+        self.engine.add_lora(name, path)
 
     def embed(
         self,
@@ -114,6 +122,14 @@ def _as_params_list(params: SamplingParams | list[SamplingParams] | None, n: int
     if len(params) != n:
         raise ValueError(f"sampling_params: got {len(params)} for {n} prompts")
     return list(params)
+
+
+def _as_lora_list(lora: str | list[str | None] | None, n: int) -> list[str | None]:
+    if lora is None or isinstance(lora, str):
+        return [lora] * n
+    if len(lora) != n:
+        raise ValueError(f"lora: got {len(lora)} adapters for {n} prompts")
+    return list(lora)
 
 
 def _progress(total: int) -> Any:

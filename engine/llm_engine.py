@@ -150,6 +150,8 @@ class LLMEngine:
     def enqueue(self, seq: Sequence) -> None:
         if self.scheduler.get(seq.request_id) is not None:
             raise ValueError(f"request_id {seq.request_id!r} is already running or waiting")
+        if seq.lora_key is not None and (self.lora is None or not self.lora.is_current(seq.lora_key)):
+            raise ValueError(f"lora {seq.lora!r} was removed after the request was made")
         seq.arrival_order = next(self._arrivals)
         seq.pace = self.pace_meter.pace
         self.scheduler.add(seq)

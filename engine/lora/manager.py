@@ -65,6 +65,10 @@ class LoRAManager:
             raise ValueError(f"lora {name!r} is not loaded (loaded: {known})")
         return registration.key
 
+    def is_current(self, key: str) -> bool:
+        """Whether `key` is a registration still loaded (not removed since a request took it)."""
+        return any(registration.key == key for registration in self._registered.values())
+
     def names(self) -> list[str]:
         return sorted(self._registered)
 

@@ -209,3 +209,32 @@ def test_bad_adapters_are_refused_naming_what(llama_dir: Path, adapters: dict[st
     with pytest.raises(ValueError, match="lora name must be a non-empty string"):
         engine.add_lora(" ", source)
     assert engine.list_loras() == []
+
+
+def test_the_offline_llm_and_the_engine_host_serve_adapters(llama_dir: Path, adapters: dict[str, Path],
+                                                            reference: dict[str, list[int]]) -> None:
+    from engine import LLM, EngineHost
+
+    mine = [r for r in requests() if r[3] in (None, "qv8")]
+    params = [SamplingParams(max_tokens=r[2], temperature=0, ignore_eos=True) for r in mine]
+    llm = LLM(str(llama_dir), max_loras=1, num_kv_blocks=128)
+    llm.add_lora("qv8", str(adapters["qv8"]))
+    outs = llm.generate([r[1] for r in mine], params, lora=[r[3] for r in mine])
+    assert [o.token_ids for o in outs] == [reference[r[0]] for r in mine]
+    with pytest.raises(ValueError, match="lora: got 1 adapters for 2 prompts"):
+        llm.generate([[3], [4]], lora=["qv8"])
+
+    host = EngineHost(LLMEngine(EngineConfig(model=str(llama_dir), max_loras=1, num_kv_blocks=64)))
+    try:
+        host.add_lora("all4", str(adapters["all4"])).result(timeout=60)
+        with pytest.raises(ValueError, match="already loaded"):
+            host.add_lora("all4", str(adapters["all4"])).result(timeout=60)
+        rid, prompt, max_tokens, _ = next(r for r in requests() if r[3] == "all4")
+        out = host.submit(rid, prompt, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True),
+                          lora="all4").result(timeout=60)
+        assert out.token_ids == reference[rid]
+        host.remove_lora("all4").result(timeout=60)
+        with pytest.raises(ValueError, match="not loaded"):
+            host.submit("again", prompt, SamplingParams(max_tokens=1), lora="all4")
+    finally:
+        host.shutdown()
