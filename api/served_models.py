@@ -1,5 +1,7 @@
 """The models this deployment serves, as the API judges requests for them: each one's settings (its engine
-and queue limits: Settings.for_model) and its tokenizer (no weights), by the id clients send as `model`."""
+and queue limits: Settings.for_model) and its tokenizer (no weights), by the id clients send as `model`.
+A LoRA adapter is served too, under its own id: its base model's settings, tokenizer and lanes, and its
+`lora` (core/model_adapters.py); an adapter limited to some tenants does not exist for the others."""
 
 from __future__ import annotations
 
@@ -22,6 +24,13 @@ class ServedModel:
     settings: Settings  # the deployment's settings as this model sees them
     tokenizer: PromptTokenizer
     task: ModelTask = field(default_factory=lambda: ModelTask("generate"))  # core/model_task.py
+    lora: str | None = None  # a LoRA adapter's id (= id); None: a base model
+    parent: str | None = None  # an adapter's base model
+    tenants: frozenset[str] | None = None  # an adapter's permitted tenants; None: every tenant
+
+    def serves(self, tenant_id: str | None) -> bool:
+        """Whether `tenant_id` may name it (None: not judged, as for the fleet's own calls)."""
+        return self.tenants is None or tenant_id is None or tenant_id in self.tenants
 
     @property
     def tool_parser(self) -> ToolParser:
@@ -40,7 +49,8 @@ class ServedModel:
         return EmbeddingLimits.of_model(self.settings, self.task, self.tokenizer.vocab_size)
 
     def lane(self, queue: str) -> str:
-        return lane_of(self.id, queue)
+        """Where its jobs of `queue` wait: an adapter's are its base model's."""
+        return lane_of(self.parent or self.id, queue)
 
     def created(self) -> int:
         """When its folder was last changed (OpenAI's model `created`); 0 when it is not a local folder."""
@@ -59,17 +69,36 @@ class ServedModels:
         self._models = {model_id: ServedModel(model_id, model_settings, tokenizers[model_id],
                                               _task_of(model_settings))
                         for model_id, model_settings in settings.served().items()}
+        self._models |= {adapter.id: adapter for base in list(self._models.values())
+                         for adapter in _adapters_of(base)}
 
     @property
     def default(self) -> ServedModel:
         return next(iter(self._models.values()))
 
     def __iter__(self) -> Iterator[ServedModel]:
-        return iter(self._models.values())
+        """The base models (each with its lanes), the default first; their adapters share those lanes."""
+        return iter([model for model in self._models.values() if model.lora is None])
 
-    def get(self, model_id: str | None) -> ServedModel:
-        """The model a request names (Settings.model_id_of). UnknownModelError when it is not served."""
+    def get(self, model_id: str | None, tenant_id: str | None = None) -> ServedModel:
+        """The model a request names (Settings.model_id_of), or the adapter. UnknownModelError when it is
+        not served, or is an adapter `tenant_id` may not use (said as for a model that does not exist)."""
+        if model_id is not None and model_id in self._models and self._models[model_id].lora is not None:
+            adapter = self._models[model_id]
+            if adapter.serves(tenant_id):
+                return adapter
+            raise self._settings.unknown_model(model_id)
         return self._models[self._settings.model_id_of(model_id)]
+
+    def visible_to(self, tenant_id: str | None) -> list[ServedModel]:
+        """Every model and adapter `tenant_id` may name, the default first."""
+        return [model for model in self._models.values() if model.serves(tenant_id)]
+
+
+def _adapters_of(base: ServedModel) -> list[ServedModel]:
+    return [ServedModel(name, base.settings, base.tokenizer, base.task, lora=name, parent=base.id,
+                        tenants=frozenset(spec.tenants) if spec.tenants is not None else None)
+            for name, spec in base.settings.adapters().items()]
 
 
 def _task_of(settings: Settings) -> ModelTask:

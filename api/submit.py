@@ -19,6 +19,7 @@ from api.schemas.jobs import AnyJobCreate, JobCreate
 from api.served_models import ServedModel
 from api.webhook_targets import check_job_webhook
 from core.lanes import describe_lane
+from core.model_adapters import with_lora
 from core.request_limits import idempotency_key_problem, metadata_problem
 from core.service_tiers import PriorityNotPermitted, takes_default_deadline
 from core.settings import QueueSettings, UnknownModelError
@@ -32,7 +33,7 @@ def submit(
     now: datetime,
 ) -> tuple[Job, bool]:
     """Returns (job, created); created is False when an Idempotency-Key replays an earlier submission."""
-    served = _served_model(services, body)
+    served = _served_model(services, body, tenant_id)
     queue = _queue(services, served, body.queue)
     try:
         request = job_request(body, served, queue)
@@ -73,12 +74,14 @@ def _submit(
     _refuse(admission.tokens_refusal(session, quota, tenant_id, wanted, now, request.reserved))
     deadline_s = _deadline_s(body, queue)
     forecast = _forecast(session, services, lane, body, request, deadline_s, prompt_tokens, now)
+    fields = request.job_fields()
+    fields["params"] = with_lora(fields["params"], served.lora)  # its adapter, run by the base's workers
     new = jobs.NewJob(
         tenant_id=tenant_id, queue=lane, meta=body.metadata, webhook=body.webhook_json(),
         idempotency_key=idempotency_key, request_hash=request_hash, prompt_tokens=prompt_tokens,
         ttl_s=body.ttl if body.ttl is not None else queue.default_ttl_s, timeout_s=body.timeout,
         priority=_priority(body, quota), deadline_s=deadline_s, predicted_finish_at=forecast.finish_at,
-        start_by=forecast.start_by, service_tier=body.service_tier, **request.job_fields(),
+        start_by=forecast.start_by, service_tier=body.service_tier, **fields,
     )
     try:
         return jobs.add(session, new, now), True
@@ -140,9 +143,9 @@ def _deadline_s(body: AnyJobCreate, queue: QueueSettings) -> float | None:
     return queue.default_deadline_s
 
 
-def _served_model(services: Services, body: AnyJobCreate) -> ServedModel:
+def _served_model(services: Services, body: AnyJobCreate, tenant_id: str) -> ServedModel:
     try:
-        return services.models.get(body.model)
+        return services.models.get(body.model, tenant_id)
     except UnknownModelError as exc:
         services.metrics.jobs_rejected.labels("unknown", "unknown", "model_not_found").inc()
         raise ApiError(404, "model_not_found", str(exc), "model") from None

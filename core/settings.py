@@ -46,8 +46,9 @@ PER_MODEL_FIELDS = (
     "num_kv_blocks", "kv_cache_memory_bytes", "gpu_memory_utilization", "long_prefill_token_threshold",
     "dtype", "attention_backend", "device", "num_threads", "scheduling", "enable_prefix_caching",
     "grammar_compile_timeout_s", "grammar_compile_memory_bytes", "grammar_cache_bytes", "task", "pooling",
-    "normalize_embeddings",
+    "normalize_embeddings", "max_loras", "max_lora_rank", "max_cpu_loras",
 )
+DEFAULT_MAX_LORAS = 4  # LoRA slots of a model with adapters when max_loras is unset
 
 
 class QueueSettings(BaseModel):
@@ -110,6 +111,18 @@ class UnknownModelError(LookupError):
     """A request named a model this deployment does not serve; the message names it and the served ones."""
 
 
+class AdapterSettings(BaseModel):
+    """A LoRA adapter of a registry model (`[models.ID.adapters]`): served under its own id as `model`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(min_length=1, description="a PEFT adapter folder, or s3://bucket/prefix/ holding one "
+                      "(downloaded by each worker of the base model when it starts)")
+    tenants: list[str] | None = Field(
+        None, description="the tenants that may use it; unset = every tenant. To others it does not exist "
+        "(404 model_not_found), as an unknown model")
+
+
 class ModelSettings(BaseModel):
     """One served model of the registry (`[models.ID]`): its folder, and where it differs from the
     deployment, its engine settings (any of PER_MODEL_FIELDS) and queue limits (partial, as `queues`)."""
@@ -119,6 +132,16 @@ class ModelSettings(BaseModel):
     path: str = Field(min_length=1, description="local Hugging Face folder (or hub id) of this model")
     queues: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="this model's queue limits where they differ from `queues`")
+    adapters: dict[str, AdapterSettings] = Field(
+        default_factory=dict, description="LoRA adapters served on this model, by id (`support = "
+        "\"/adapters/support\"`, or a table with `path` and `tenants`)")
+
+    @field_validator("adapters", mode="before")
+    @classmethod
+    def _adapter_paths(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        return {name: {"path": spec} if isinstance(spec, str) else spec for name, spec in value.items()}
 
     @model_validator(mode="after")
     def _known_overrides(self) -> ModelSettings:
@@ -290,6 +313,13 @@ class Settings(BaseSettings):
         "says (a Normalize module)")
     max_embedding_inputs: int = Field(
         2048, ge=1, description="inputs one embeddings request (or embedding job) may hold (OpenAI's 2048)")
+    max_loras: int | None = Field(
+        None, ge=0, description="LoRA adapters on the device at once (requests for others wait for a slot); "
+        f"unset = the model's adapters, at most {DEFAULT_MAX_LORAS}; 0 = LoRA off")
+    max_lora_rank: int = Field(64, ge=1, le=256, description="the largest LoRA rank an adapter may have "
+                               "(the slots are sized by it)")
+    max_cpu_loras: int | None = Field(
+        None, ge=1, description="LoRA adapters kept read in host memory; unset = max_loras")
 
     # Queues
     queues: dict[str, QueueSettings] = Field(
@@ -505,6 +535,12 @@ class Settings(BaseSettings):
                 raise ValueError(f"{field}: unknown model {chosen!r}; served: {', '.join(ids)}")
         if any(not model_id.strip() for model_id in self.models):
             raise ValueError("models: a model id may not be empty")
+        adapter_ids = [name for spec in self.models.values() for name in spec.adapters]
+        for name in adapter_ids:
+            if not name.strip():
+                raise ValueError("models: an adapter id may not be empty")
+            if name in self.models or adapter_ids.count(name) > 1:
+                raise ValueError(f"models: the adapter id {name!r} is taken by another model or adapter")
         for model_id in ids:
             for name in {*self.queues, *(self.models[model_id].queues if self.models else ())}:
                 _check_lane(model_id, name)
@@ -553,14 +589,39 @@ class Settings(BaseSettings):
 
     def model_id_of(self, asked: str | None) -> str:
         """The id of the served model a request names: None means the default; the one model of a
-        deployment without a registry also answers to its folder as configured. UnknownModelError else."""
+        deployment without a registry also answers to its folder as configured; a LoRA adapter's id its
+        base model's. UnknownModelError else."""
         ids = self.model_ids()
         if asked is None or (not self.models and asked == self.model):
             return ids[0]
+        base = self.adapter_base(asked)
+        if base is not None:
+            return base
         if asked not in ids:
-            served = ", ".join(f"`{model_id}`" for model_id in ids)
-            raise UnknownModelError(f"model: the model `{asked}` does not exist; this server serves {served}")
+            raise self.unknown_model(asked)
         return asked
+
+    def unknown_model(self, asked: str) -> UnknownModelError:
+        """The error for a model this deployment does not serve (or does not serve to the asking tenant)."""
+        served = ", ".join(f"`{model_id}`" for model_id in self.model_ids())
+        return UnknownModelError(f"model: the model `{asked}` does not exist; this server serves {served}")
+
+    def adapter_base(self, adapter_id: str) -> str | None:
+        """The base model of the LoRA adapter `adapter_id`, None when no model serves one of that id."""
+        root = self._deployment if self._deployment is not None else self
+        return next((model_id for model_id, spec in root.models.items() if adapter_id in spec.adapters), None)
+
+    def adapters(self) -> dict[str, AdapterSettings]:
+        """The LoRA adapters of the model these settings are for (for_model), by id; none without one."""
+        root = self._deployment if self._deployment is not None else self
+        spec = root.models.get(self.served_model_id()) if root.models else None
+        return dict(spec.adapters) if spec is not None else {}
+
+    def lora_slots(self) -> int:
+        """The engine's max_loras: the setting, else the model's adapters up to DEFAULT_MAX_LORAS."""
+        if self.max_loras is not None:
+            return self.max_loras
+        return min(len(self.adapters()), DEFAULT_MAX_LORAS)
 
     def for_model(self, model_id: str) -> Settings:
         """These settings as one model sees them: `model` its folder, its own engine settings and queue

@@ -16,6 +16,7 @@ from core.embedding_objects import EmbeddingList, embedding_list
 from core.job_kinds import GENERATION, JobKind
 from core.lanes import split_lane
 from core.lifecycle import BATCH_CANCELLED, BATCH_EXPIRED, BATCH_FAILED, COMPLETED
+from core.model_adapters import job_model_id
 from core.store.tables import Batch, Job
 from core.tool_calls import choice_seed, read_output
 
@@ -143,7 +144,8 @@ class JobPublic(BaseModel):
     @classmethod
     def from_row(cls, job: Job) -> JobPublic:
         error = JobError(code=job.error_code, message=job.error_message) if job.error_code else None
-        model_id, queue = split_lane(job.queue)
+        queue = split_lane(job.queue)[1]
+        model_id = job_model_id(job.queue, job.params)
         return cls(
             id=job.id, status=job.status, kind=job.kind or GENERATION, model=model_id,  # type: ignore[arg-type]
             queue=queue, result=_result(job, model_id),

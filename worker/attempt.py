@@ -13,6 +13,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from core.job_kinds import EMBEDDING
+from core.model_adapters import LORA_PARAM
 from core.store.tables import Job
 from engine.outputs import RequestOutput
 from engine.sequence import Urgency
@@ -52,6 +53,7 @@ class Attempt:
     embeds: bool = False  # an embedding job: its outcome is a vector per input (worker/attempt_outcome.py)
     prompt_logprobs: int | None = None  # top-n alternatives asked for per prompt token
     urgency: Urgency = field(default_factory=Urgency)  # its priority and deadline, for the engine's order
+    lora: str | None = None  # the LoRA adapter it runs with (core/model_adapters.py); None: the base model
 
     def request_ids(self) -> list[str]:
         """Its requests in the engine: one per choice, or per input of an embedding job."""
@@ -66,7 +68,8 @@ class Attempt:
         return cls(job.id, job.attempts, job.queue, f"{job.id}#{job.attempts}", job.timeout_s, started,
                    on_done, logprobs=params.get("logprobs"), cache_salt=cache_salt,
                    compiling="structured" in params, n=max(requests, 1), embeds=embeds,
-                   prompt_logprobs=params.get("prompt_logprobs"), urgency=urgency_of(job))
+                   prompt_logprobs=params.get("prompt_logprobs"), urgency=urgency_of(job),
+                   lora=params.get(LORA_PARAM))
 
 
 def urgency_of(job: Job) -> Urgency:

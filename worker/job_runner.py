@@ -194,7 +194,7 @@ class JobRunner:
         on_update = None if attempt.embeds else lambda out: self._on_update(attempt, index, out)  # no text
         return self.host.submit(attempt.request_ids()[index], requests.prompts[index], requests.params[index],
                                 request_class, on_update=on_update, cache_salt=attempt.cache_salt,
-                                urgency=attempt.urgency,
+                                urgency=attempt.urgency, lora=attempt.lora,
                                 on_admitted=lambda: self._in_flight.admitted(attempt))
 
     def _cancel_requests(self, request_ids: list[str]) -> None:

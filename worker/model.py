@@ -57,6 +57,7 @@ def engine_config(settings: Settings, model_path: str,
         value = getattr(settings, name)
         if value is not None:
             given[name] = value
+    given["max_loras"] = settings.lora_slots()  # unset: as many as the model's adapters, within a cap
     classes = [RequestClassConfig(name=name, max_running=queue.max_running, priority=queue.priority)
                for name, queue in settings.queues.items()]
     config = EngineConfig(model=model_path, request_classes=classes, **given)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from core.model_adapters import LORA_PARAM
 from engine.sampling_params import SamplingParams
 from engine.structured_output import StructuredOutput
 
@@ -12,6 +13,7 @@ def sampling_params_from_json(params: dict[str, Any]) -> SamplingParams:
     """ValueError naming the field for anything the engine would refuse (unknown names included)."""
     fields = dict(params)
     fields.pop("n", None)  # the job's choices: each is a request of its own (worker/choices.py)
+    fields.pop(LORA_PARAM, None)  # its adapter: the engine request's, not a sampling parameter
     structured = fields.pop("structured", None)
     try:
         if structured is not None:

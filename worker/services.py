@@ -25,6 +25,7 @@ from core.settings import Settings
 from core.store.tenants import TenantLimits
 from core.token_stream import TokenSink
 from engine.host import EngineHost
+from worker.adapters import load_adapters
 from worker.batches.runner import BatchRunner, make_batch_runner
 from worker.engine_metrics import WorkerMetrics
 from worker.heartbeat import Heartbeat
@@ -98,6 +99,7 @@ class WorkerServices:
         config = engine_config(self.settings, resolve_model(self.settings))
         log.info("loading engine for %s", config.model)
         self._host = EngineHost.from_config(config)
+        load_adapters(self._host, self.settings)
         self._warn_limits_beyond_model(self._host.engine.max_model_len)
         self.metrics.attach(self._host, heartbeat_age_s=lambda: self._heartbeat.age_s())
         limits = {lane: queue.max_running for lane, queue in self.lanes.items()}

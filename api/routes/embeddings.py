@@ -32,7 +32,7 @@ RESPONSES = openai_error_responses(400, 401, 403, 404, 409, 413, 429, 504)
 async def create_embeddings(body: EmbeddingCreate, request: Request, services: ServicesDep,
                             tenant: WaitingTenant) -> Response:
     """A vector per input, in the order given, with usage (the inputs' tokens)."""
-    model = model_of(services, body.model, task="embed")
+    model = model_of(services, body.model, task="embed", tenant=tenant)
     stream: TokenStream | None = getattr(request.app.state, "token_stream", None)  # its end wakes the wait
     job = await openai_sync.start(services, stream, tenant, _job_create(model, body))
     outcome = await openai_sync.wait_outcome(services, tenant, job, request.is_disconnected)

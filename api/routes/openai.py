@@ -12,7 +12,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -71,7 +71,7 @@ async def create_chat_completion(
     body: ChatCompletionCreate, request: Request, services: ServicesDep, tenant: WaitingTenant
 ) -> Response:
     """A `chat.completion`, or `chat.completion.chunk` server-sent events with `stream: true`."""
-    model = model_of(services, body.model, task="generate")
+    model = model_of(services, body.model, task="generate", tenant=tenant)
     served = _served(model)
     _check_request(served, body)
     try:
@@ -91,22 +91,23 @@ async def create_completion(
     body: CompletionCreate, request: Request, services: ServicesDep, tenant: WaitingTenant
 ) -> Response:
     """A `text_completion`, or `text_completion` server-sent events with `stream: true`."""
-    model = model_of(services, body.model, task="generate")
+    model = model_of(services, body.model, task="generate", tenant=tenant)
     _check_request(_served(model), body)
     job = _job_create(model, body, body.max_tokens, prompt=body.prompt_text())
     return await _complete(request, services, model, tenant, body, job, chat=False)
 
 
 @router.get("/models", response_model=ModelList, responses=openai_error_responses(401))
-def list_models(services: ServicesDep, _tenant: WaitingTenant) -> ModelList:
-    """Every served model, with its context length and the live workers serving it now."""
+def list_models(services: ServicesDep, tenant: WaitingTenant) -> ModelList:
+    """Every served model and the LoRA adapters the tenant may use (each with its base as `parent`), with
+    its context length and the live workers serving it now."""
     serving = _serving(services)
-    return ModelList(data=[_model_card(model, serving) for model in services.models])
+    return ModelList(data=[_model_card(model, serving) for model in services.models.visible_to(tenant)])
 
 
 @router.get("/models/{model_id:path}", response_model=ModelCard, responses=openai_error_responses(401, 404))
-def get_model(model_id: str, services: ServicesDep, _tenant: WaitingTenant) -> ModelCard:
-    model = model_of(services, model_id, param=None)
+def get_model(model_id: str, services: ServicesDep, tenant: WaitingTenant) -> ModelCard:
+    model = model_of(services, model_id, param=None, tenant=tenant)
     return _model_card(model, _serving(services))
 
 
@@ -118,16 +119,18 @@ def _serving(services: Services) -> dict[str, int]:
 
 def _model_card(model: ServedModel, serving: dict[str, int]) -> ModelCard:
     return ModelCard(id=model.id, created=model.created(), max_model_len=model.max_model_len(),
-                     workers=serving.get(model.id, 0), task=model.task.task,
-                     embedding_size=model.task.embedding_size if model.task.embeds else None)
+                     workers=serving.get(model.parent or model.id, 0), task=model.task.task,
+                     embedding_size=model.task.embedding_size if model.task.embeds else None,
+                     parent=model.parent)
 
 
 def model_of(services: Services, model_id: str | None, param: str | None = "model", *,
-             task: Task | None = None) -> ServedModel:
-    """The served model a request names (none: the default); 404 for one not served, and with `task`, 400
-    for one that serves the other kind of request, saying what it serves."""
+             task: Task | None = None, tenant: str | None = None) -> ServedModel:
+    """The served model a request names (none: the default); 404 for one not served (or an adapter the
+    tenant may not use), and with `task`, 400 for one that serves the other kind of request, saying what it
+    serves."""
     try:
-        model = services.models.get(model_id)
+        model = services.models.get(model_id, tenant)
     except UnknownModelError as exc:
         message = str(exc) if param else "The" + str(exc).removeprefix("model: the")  # no field to name
         raise OpenAIError(404, message, code="model_not_found", param=param) from None
@@ -154,7 +157,8 @@ def _default_chat_max_tokens(model: ServedModel, messages: list[dict[str, Any]],
 
 
 def _served(model: ServedModel) -> Served:
-    return Served.of(model.settings, model.tokenizer.chat_template)
+    served = Served.of(model.settings, model.tokenizer.chat_template)
+    return served if model.lora is None else replace(served, models=(model.id, *served.models))
 
 
 def _check_request(served: Served, body: OpenAIRequest) -> None:

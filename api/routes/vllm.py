@@ -57,10 +57,10 @@ def version() -> Version:
 
 @router.post("/tokenize", response_model=TokenizeResponse, responses=openai_error_responses(400, 401, 404))
 async def tokenize(body: TokenizeCompletion | TokenizeChat, services: ServicesDep,
-                   _tenant: WaitingTenant) -> TokenizeResponse:
+                   tenant: WaitingTenant) -> TokenizeResponse:
     """The token ids of a prompt, or of chat messages rendered with the model's chat template (vLLM's
     request and response)."""
-    model = model_of(services, body.model)
+    model = model_of(services, body.model, tenant=tenant)
     ids = await run_in_threadpool(_token_ids, model, body)
     strings = None
     if body.return_token_strs:
@@ -71,9 +71,9 @@ async def tokenize(body: TokenizeCompletion | TokenizeChat, services: ServicesDe
 
 @router.post("/detokenize", response_model=DetokenizeResponse,
              responses=openai_error_responses(400, 401, 404))
-async def detokenize(body: Detokenize, services: ServicesDep, _tenant: WaitingTenant) -> DetokenizeResponse:
+async def detokenize(body: Detokenize, services: ServicesDep, tenant: WaitingTenant) -> DetokenizeResponse:
     """The text of token ids (vLLM's request and response)."""
-    model = model_of(services, body.model)
+    model = model_of(services, body.model, tenant=tenant)
     vocab = model.tokenizer.vocab_size
     for index, token in enumerate(body.tokens):
         if not 0 <= token < vocab:

@@ -26,6 +26,8 @@ class ModelCard(BaseModel):
         "generate", description="generate: chat and completions; embed: POST /v1/embeddings (max_model_len "
         "is then its longest input)")
     embedding_size: int | None = Field(None, description="an embedding model's vector size; null otherwise")
+    parent: str | None = Field(None, description="a LoRA adapter's base model (vLLM's field); null for a "
+                               "base model")
 
 
 class ModelList(BaseModel):

@@ -31,7 +31,6 @@ from core.chat_options import ChatOptions
 from core.clock import utcnow
 from core.embedding_objects import embedding_list
 from core.embedding_request import EMBEDDINGS
-from core.lanes import model_of
 from core.lifecycle import (
     BATCH_CANCELLED,
     BATCH_FAILED,
@@ -41,6 +40,7 @@ from core.lifecycle import (
     STOP_EXPIRED,
     STOP_FAILED,
 )
+from core.model_adapters import job_model_id
 from core.openai_objects import (
     GenerationResult,
     PromptView,
@@ -223,7 +223,7 @@ class BatchFinalizer:
                                        line_id=new_id("batch_req_"))
 
     def _result_line(self, custom_id: str, job: Job, meta: dict[str, Any]) -> dict[str, Any]:
-        model = meta.get("model") or model_of(job.queue)
+        model = meta.get("model") or job_model_id(job.queue, job.params)
         if meta.get("endpoint") == EMBEDDINGS:
             assert job.embeddings is not None, "a succeeded embedding job holds its vectors"
             vectors, encoding_format = job.embeddings, job.params.get("encoding_format")

@@ -38,6 +38,7 @@ from core.embedding_rules import (
 )
 from core.field_errors import FieldProblem
 from core.job_kinds import EMBEDDING, GENERATION
+from core.model_adapters import with_lora
 from core.model_task import ModelTask
 from core.openai_request import (
     CHAT,
@@ -157,6 +158,7 @@ class LineLimits:
     embedding: EmbeddingLimits | None = None  # an embeddings line's inputs are held to; None: not judged
     # The tokens of an embeddings line's text input as the model reads it (special tokens included).
     count_input: Callable[[str], int] | None = None
+    adapters: frozenset[str] = frozenset()  # the LoRA adapters of the model a line may name as `model`
 
     def request_limits(self) -> RequestLimits:
         return RequestLimits(self.queue, self.max_prompt_tokens, self.max_output_tokens, self.max_model_len)
@@ -179,6 +181,8 @@ def parse_line(number: int, raw: RawLine, seen: CustomIdSet, limits: LineLimits 
         request = _request(number, custom_id, line, chosen)
         count = _counted_inputs if request.kind == EMBEDDING else _counted
         request = count(request, chosen)
+        if request.model in chosen.adapters:  # run by the base model's workers, with the adapter
+            request = replace(request, params=with_lora(request.params, request.model))
         _check_engine_params(request)
         return replace(request, lane=chosen.lane)
     except LineRejected as error:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -301,6 +301,9 @@ class BatchRunner:
 
         def of_model(asked: str | None) -> LineLimits:
             model_id = self._settings.model_id_of(asked)  # UnknownModelError: the line's model_not_found
+            is_adapter = asked is not None and self._settings.adapter_base(asked) is not None
+            if is_adapter and asked not in _adapters_of(self._settings.for_model(model_id), batch):
+                raise self._settings.unknown_model(str(asked))  # an adapter this tenant may not use
             if model_id not in made:
                 made[model_id] = self._model_limits(batch, model_id, priorities)
             return made[model_id]
@@ -318,13 +321,16 @@ class BatchRunner:
         # The engine tokenizer's template decides the chat roles, as the API's does for its routes.
         template = getattr(tokenizer, "chat_template", None)
         task = model_task(settings.model_folder(), settings.task or "auto")
+        adapters = _adapters_of(settings, batch)
+        served = Served.of(settings, template)
         embedding = EmbeddingLimits.of_model(settings, task, getattr(tokenizer, "vocab_size", None))
         count_input = embedding_input_counter(tokenizer, task) if tokenizer is not None else None
         return LineLimits(endpoint=batch.endpoint, max_prompt_tokens=queue.max_prompt_tokens,
                           count_tokens=counter, max_output_tokens=queue.max_output_tokens,
-                          served=Served.of(settings, template), max_model_len=_max_model_len(settings),
-                          queue=batch.queue, lane=lane_of(model_id, batch.queue), priorities=priorities,
-                          task=task, embedding=embedding, count_input=count_input)
+                          served=replace(served, models=(*served.models, *adapters)),
+                          max_model_len=_max_model_len(settings), queue=batch.queue,
+                          lane=lane_of(model_id, batch.queue), priorities=priorities, task=task,
+                          embedding=embedding, count_input=count_input, adapters=adapters)
 
     def _tokenizer_of(self, model_id: str, settings: Settings) -> ChatTokenizer | None:
         """The model's tokenizer: this worker's own, or another served model's read from its folder once."""
@@ -427,6 +433,12 @@ def _failed_line(batch_id: str, parsed: BatchRequest | LineError, seen: CustomId
     error = {"code": parsed.code, "message": parsed.message, "custom_id": parsed.custom_id}
     return BatchLine(batch_id=batch_id, line=parsed.line, custom_id=parsed.custom_id if owns_id else None,
                      status=LINE_FAILED, error=error)
+
+
+def _adapters_of(settings: Settings, batch: Batch) -> frozenset[str]:
+    """The LoRA adapters of the model (`settings` its own) that the batch's tenant may name."""
+    return frozenset(name for name, spec in settings.adapters().items()
+                     if spec.tenants is None or batch.tenant_id in spec.tenants)
 
 
 def _max_model_len(settings: Settings) -> int | None:
