@@ -50,6 +50,7 @@ DESCRIPTION = (
     "decision sheets for one-parameter changes (--compare/--sweep), and Hugging Face peers (--peer hf)."
 )
 EMBED_PROFILE = "embed"
+LORA_PROFILE = "lora"
 DEFAULT_MODEL_CACHE = Path.home() / ".cache" / "conveyor" / "bench-models"
 MISSING_EXTRA = (
     "conveyor bench: matplotlib (the plots) is not installed; install the bench extra: "
@@ -121,11 +122,33 @@ def build_parser() -> argparse.ArgumentParser:
     wl = p.add_argument_group("workload")
     wl.add_argument(
         "--profile",
-        choices=(*PROFILES, EMBED_PROFILE),
+        choices=(*PROFILES, EMBED_PROFILE, LORA_PROFILE),
         default="mixed",
         help="service (HTTP target): many one-token jobs, to measure the API's submit latency and "
         "completions/s; embed: embedding throughput against sentence-transformers (bench/embed.py; --model "
-        "a sentence-transformers folder or preset:minilm / preset:bert-tiny, -n inputs)",
+        "a sentence-transformers folder or preset:minilm / preset:bert-tiny, -n inputs); lora: N LoRA "
+        "adapters mixed against the base model alone and transformers + PEFT (bench/lora.py; needs peft; "
+        "--model a Llama-shaped folder or preset, default preset:llama-25m, -n requests)",
+    )
+    wl.add_argument(
+        "--lora-adapters",
+        default="1,4,16",
+        metavar="N,N,...",
+        help="lora profile: the numbers of adapters to mix (each a run of its own)",
+    )
+    wl.add_argument(
+        "--lora-peft-adapters",
+        type=int,
+        default=4,
+        metavar="N",
+        help="lora profile: the adapters the transformers + PEFT peer runs (one of --lora-adapters; 0: none)",
+    )
+    wl.add_argument("--lora-rank", type=int, default=16, metavar="R", help="lora profile: the adapters' rank")
+    wl.add_argument(
+        "--lora-tokens",
+        default="64:32",
+        metavar="PROMPT:OUTPUT",
+        help="lora profile: each request's prompt and output tokens",
     )
     wl.add_argument(
         "--embed-batch-sizes",
@@ -424,6 +447,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.profile == EMBED_PROFILE:
             return embed_bench(args, console)
+        if args.profile == LORA_PROFILE:
+            return lora_bench(args, console)
         opts = options(args)
         apply_threads(args.threads, opts, console)
         if args.compare and args.sweep:
@@ -447,6 +472,30 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     finally:  # torch's thread count is process-wide: a caller in the same process gets its own back
         torch.set_num_threads(threads_before)
+    return 0
+
+
+def lora_bench(args: argparse.Namespace, console: Console) -> int:
+    """The lora profile (bench/lora.py): in-process only, the engine against itself and transformers+PEFT."""
+    from bench import lora
+
+    if args.target != "engine":
+        raise ValueError("--profile lora runs the engine in-process; --target http is not supported")
+    prompt, colon, output = args.lora_tokens.partition(":")
+    if not colon or not prompt.isdigit() or not output.isdigit():
+        raise ValueError(f"--lora-tokens: expected PROMPT:OUTPUT, got {args.lora_tokens!r}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model = resolve_model(args.model or "preset:llama-25m", args.model_cache)
+    assert model is not None
+    opts = lora.LoraOptions(
+        model=Path(model), model_cache=args.model_cache, num_requests=args.num_requests,
+        adapter_counts=tuple(int(n) for n in args.lora_adapters.split(",")), rank=args.lora_rank,
+        peft_adapters=args.lora_peft_adapters, prompt_tokens=int(prompt), max_tokens=int(output),
+        rounds=max(args.repeat, 1), seed=args.seed, engine=_pairs(args.set, "set", parse_value),
+    )
+    out = args.out or Path("bench-out") / time.strftime("%Y%m%d-%H%M%S")
+    lora.run(opts, console, out)
     return 0
 
 
