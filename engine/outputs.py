@@ -44,6 +44,7 @@ class RequestOutput:
     # A pooling request's vector (fp32 values, PoolingParams.dimensions of them when set), on its final
     # output; None for generation requests. prompt_token_ids are then the tokens embedded (after truncate).
     embedding: list[float] | None = None
+    lora: str | None = None  # the LoRA adapter it ran with; None: the base model
 
     @property
     def finished(self) -> bool:
@@ -66,4 +67,5 @@ def request_output(seq: Sequence, num_new_tokens: int, embedding: list[float] | 
         prompt=seq.prompt,
         num_cached_tokens=seq.num_cached_tokens or 0,
         embedding=embedding,
+        lora=seq.lora,
     )
