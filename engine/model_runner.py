@@ -103,7 +103,8 @@ class ModelRunner:
         start = time.perf_counter()
         lora = None
         if self.lora is not None:
-            lora = self.lora.batch([c.lora for c in chunks], [len(c.token_ids) for c in chunks], self.device)
+            lora = self.lora.batch([c.lora for c in chunks], [len(c.token_ids) for c in chunks], self.device,
+                                   triton=self.attention_backend == "triton")
         hidden, logits = self._forward(step, self.kv_caches, lora)
         pooled = None
         if self.pooling is not None:  # [S, H] fp32, on the CPU

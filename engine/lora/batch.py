@@ -5,6 +5,9 @@ slot's rows are one contiguous segment; per segment, two small matmuls (shrink t
 output) and the delta is scattered back into the projection's output. The loop runs over the adapters in the
 step (at most max_loras) and the projections, never over requests or tokens. Rows of base-model requests are
 left as they are. When every row uses one adapter, nothing is gathered.
+
+With `triton` (the engine's Triton backend, on CUDA) each projection part is one launch of each of two kernels
+for every adapter of the step at once (kernels/triton_lora.py), reading the rows in place.
 """
 
 from __future__ import annotations
@@ -29,17 +32,20 @@ class LoRABatch:
     slots: LoRASlots
     rows: torch.Tensor | None  # [N] int64: the token rows that use an adapter, by slot; None: all, one slot
     segments: list[Segment]
+    triton: bool = False  # the deltas by kernels/triton_lora.py (CUDA, or CPU under TRITON_INTERPRET=1)
 
     @classmethod
     def of_chunks(cls, slots: LoRASlots, chunk_slots: list[int | None], chunk_lengths: list[int],
-                  device: torch.device) -> LoRABatch | None:
+                  device: torch.device, *, triton: bool = False) -> LoRABatch | None:
         """Each chunk's slot (None: the base model) and its number of tokens, in step order; None when no
         chunk uses an adapter."""
         used = {slot for slot in chunk_slots if slot is not None}
         if not used:
             return None
         if len(used) == 1 and None not in chunk_slots:
-            return cls(slots, None, [Segment(used.pop(), 0, sum(chunk_lengths))])
+            total = sum(chunk_lengths)
+            rows = torch.arange(total, device=device) if triton else None  # the kernels read a row list
+            return cls(slots, rows, [Segment(used.pop(), 0, total)], triton)
         starts = list(itertools.accumulate(chunk_lengths, initial=0))[:-1]
         adapted = sorted((slot, start, length) for slot, start, length
                          in zip(chunk_slots, starts, chunk_lengths, strict=True) if slot is not None)
@@ -52,10 +58,13 @@ class LoRABatch:
                 ranges.append(torch.arange(start, start + length))
                 position += length
             segments.append(Segment(slot, begin, position))
-        return cls(slots, torch.cat(ranges).to(device), segments)
+        return cls(slots, torch.cat(ranges).to(device), segments, triton)
 
     def apply(self, layer: int, group: str, x: torch.Tensor, out: torch.Tensor) -> None:
         """out [T, O] (the fused projection `group` of `layer` applied to x [T, I]) += each row's delta."""
+        if self.triton:
+            self._apply_triton(layer, group, x, out)
+            return
         xs = x if self.rows is None else x.index_select(0, self.rows)  # [N, I]
         for part in self.slots.groups[group]:
             a_all, b_all = self.slots.a[(layer, part.target)], self.slots.b[(layer, part.target)]
@@ -69,3 +78,16 @@ class LoRABatch:
                     out[seg.start:seg.end, part.start:part.end] += delta
                 else:
                     out[:, part.start:part.end].index_add_(0, self.rows[seg.start:seg.end], delta)
+
+    def _apply_triton(self, layer: int, group: str, x: torch.Tensor, out: torch.Tensor) -> None:
+        from kernels.triton_lora import lora_delta_triton
+
+        assert self.rows is not None
+        starts = [self.segments[0].start, *(seg.end for seg in self.segments)]
+        slots = [seg.slot for seg in self.segments]
+        states = [self.slots.states[seg.slot] for seg in self.segments]
+        scales = [state.scale for state in states]
+        for part in self.slots.groups[group]:
+            ranks = [state.rank if part.target in state.targets else 0 for state in states]
+            lora_delta_triton(x, out, part.start, self.slots.a[(layer, part.target)],
+                              self.slots.b[(layer, part.target)], self.rows, starts, slots, ranks, scales)

@@ -77,9 +77,10 @@ class LoRAManager:
 
     # --- one step ------------------------------------------------------------------------------------
 
-    def batch(self, chunk_keys: list[str | None], chunk_lengths: list[int], device: torch.device
-              ) -> LoRABatch | None:
-        """The step's LoRABatch, each adapter it needs placed in a slot first (None: no chunk uses one)."""
+    def batch(self, chunk_keys: list[str | None], chunk_lengths: list[int], device: torch.device, *,
+              triton: bool = False) -> LoRABatch | None:
+        """The step's LoRABatch, each adapter it needs placed in a slot first (None: no chunk uses one);
+        `triton`: its deltas by the Triton kernels."""
         needed = {key for key in chunk_keys if key is not None}
         slot_of: dict[str, int] = {}
         for key in needed:
@@ -89,7 +90,7 @@ class LoRAManager:
             self.slots.touch(slot)
             slot_of[key] = slot
         chunk_slots = [None if key is None else slot_of[key] for key in chunk_keys]
-        return LoRABatch.of_chunks(self.slots, chunk_slots, chunk_lengths, device)
+        return LoRABatch.of_chunks(self.slots, chunk_slots, chunk_lengths, device, triton=triton)
 
     # --- host memory ---------------------------------------------------------------------------------
 

@@ -238,3 +238,16 @@ def test_the_offline_llm_and_the_engine_host_serve_adapters(llama_dir: Path, ada
             host.submit("again", prompt, SamplingParams(max_tokens=1), lora="all4")
     finally:
         host.shutdown()
+
+
+def test_the_triton_backend_applies_adapters_by_its_kernels(llama_dir: Path, adapters: dict[str, Path],
+                                                            reference: dict[str, list[int]]) -> None:
+    """Triton attention and the Triton LoRA kernels (interpreted on CPU): the same tokens as PEFT."""
+    engine = engine_with(llama_dir, adapters, attention_backend="triton", max_num_batched_tokens=64)
+    mine = [r for r in requests() if len(r[1]) <= 40][:4]  # short: the interpreter is slow
+    for rid, prompt, max_tokens, who in mine:
+        engine.add_request(rid, prompt, SamplingParams(max_tokens=min(max_tokens, 8), temperature=0,
+                                                       ignore_eos=True), lora=who)
+    got = {rid: out.token_ids for rid, out in drain(engine).items()}
+    assert {r[3] for r in mine} >= {None, "qv8", "all4"}
+    assert got == {rid: reference[rid][:min(max_tokens, 8)] for rid, _, max_tokens, _ in mine}
