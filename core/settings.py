@@ -316,8 +316,8 @@ class Settings(BaseSettings):
     max_loras: int | None = Field(
         None, ge=0, description="LoRA adapters on the device at once (requests for others wait for a slot); "
         f"unset = the model's adapters, at most {DEFAULT_MAX_LORAS}; 0 = LoRA off")
-    max_lora_rank: int = Field(64, ge=1, le=256, description="the largest LoRA rank an adapter may have "
-                               "(the slots are sized by it)")
+    max_lora_rank: int | None = Field(None, ge=1, le=256, description="the largest LoRA rank an adapter may "
+                                      "have (the slots are sized by it); unset = 64")
     max_cpu_loras: int | None = Field(
         None, ge=1, description="LoRA adapters kept read in host memory; unset = max_loras")
 
