@@ -18,8 +18,8 @@ from api.metrics import Metrics
 from api.middleware import AllowedMethods, BodySizeLimit, MetricsAuth, ResponseCounter, UnhandledErrors
 from api.openapi_doc import install_truthful_openapi
 from api.prompt_tokenizer import PromptTokenizer
-from api.routes import batches, embeddings, files, health, jobs, openai, queues, scaling, vllm, webhooks
-from api.served_models import ServedModels
+from api.routes import batches, embeddings, files, health, jobs, lora, openai, queues, scaling, vllm, webhooks
+from api.served_models import ServedModels, store_adapters
 from api.uploads import UploadSizeLimit
 from core.dispatch import DispatchRelay, JobPublisher
 from core.finish_notifications import FinishedSink, FinishedWatch
@@ -69,7 +69,8 @@ def create_app(
                       extra=runtime.metrics_registry if isinstance(runtime, MetricsSource) else None)
     dispatcher = DispatchRelay(session_factory, publisher.publish)
     tokenizers = tokenizer if isinstance(tokenizer, Mapping) else {settings.default_model_id(): tokenizer}
-    services = Services(settings, session_factory, publisher, ServedModels(settings, tokenizers), metrics,
+    models = ServedModels(settings, tokenizers, runtime=store_adapters(session_factory))
+    services = Services(settings, session_factory, publisher, models, metrics,
                         AdmissionGauge(), dispatcher, finished=finished_sink, finished_watch=finished_watch)
 
     @asynccontextmanager
@@ -100,7 +101,7 @@ def create_app(
     install_truthful_openapi(app)
     app.state.token_stream = token_stream  # running jobs' text for streamed completions; None: store polls
     for router in (jobs.router, queues.router, health.router, webhooks.router, openai.router,
-                   embeddings.router, files.router, batches.router, scaling.router, vllm.router):
+                   embeddings.router, files.router, batches.router, scaling.router, vllm.router, lora.router):
         app.include_router(router)
     # add_middleware wraps: the last one added runs first.
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)

@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import Depends
 from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import SecretStr
 
 from api.deps import Services, ServicesDep
 from api.errors import ApiError
@@ -54,7 +55,17 @@ def metrics_authorized(settings: Settings, authorization: str | None) -> bool:
     Tenant API keys are never enough: the metrics are cluster-wide (every tenant's queue depths, outcomes
     and request counts), so one tenant's key must not read them.
     """
-    token = settings.metrics_token
+    return _token_authorized(settings, settings.metrics_token, authorization)
+
+
+def admin_authorized(settings: Settings, authorization: str | None) -> bool:
+    """May this `Authorization` header call the admin routes? As for /metrics, with the admin token: only
+    `Bearer <token>` with one set; without one, anybody with auth off and nobody with auth on. A tenant's
+    API key is never enough: the admin routes change what every tenant is served."""
+    return _token_authorized(settings, settings.admin_token, authorization)
+
+
+def _token_authorized(settings: Settings, token: SecretStr | None, authorization: str | None) -> bool:
     if token is None:
         return not settings.auth_enabled
     scheme, _, given = (authorization or "").partition(" ")

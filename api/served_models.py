@@ -5,9 +5,14 @@ A LoRA adapter is served too, under its own id: its base model's settings, token
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from sqlalchemy.orm import Session, sessionmaker
 
 from api.prompt_tokenizer import PromptTokenizer
 from core.chat_options import ToolParser, tool_parser_for
@@ -16,6 +21,7 @@ from core.lanes import lane_of
 from core.model_limits import served_max_model_len
 from core.model_task import ModelTask, model_task
 from core.settings import Settings
+from core.store import lora_adapters
 
 
 @dataclass(frozen=True)
@@ -58,10 +64,35 @@ class ServedModel:
         return int(path.stat().st_mtime) if path is not None and path.exists() else 0
 
 
-class ServedModels:
-    """Every served model, the default first."""
+@dataclass(frozen=True)
+class RuntimeAdapter:
+    """An adapter loaded at run time (core/store/lora_adapters.py), as the API serves it."""
 
-    def __init__(self, settings: Settings, tokenizers: Mapping[str, PromptTokenizer]) -> None:
+    name: str
+    model_id: str
+    tenants: list[str] | None
+
+
+RuntimeAdapters = Callable[[], list[RuntimeAdapter]]  # the store's, read again at most every RUNTIME_TTL_S
+RUNTIME_TTL_S = 1.0  # an adapter loaded (or unloaded) at run time is served (or refused) this soon
+
+
+def store_adapters(session_factory: sessionmaker[Session]) -> RuntimeAdapters:
+    """The adapters loaded at run time, as the store holds them."""
+    def read() -> list[RuntimeAdapter]:
+        with session_factory() as session:
+            return [RuntimeAdapter(row.name, row.model_id, row.tenants)
+                    for row in lora_adapters.all_adapters(session)]
+
+    return read
+
+
+class ServedModels:
+    """Every served model, the default first, and the LoRA adapters: the configuration's, and those loaded at
+    run time (`runtime`, read from the store, cached for RUNTIME_TTL_S)."""
+
+    def __init__(self, settings: Settings, tokenizers: Mapping[str, PromptTokenizer],
+                 runtime: RuntimeAdapters | None = None) -> None:
         missing = [model_id for model_id in settings.model_ids() if model_id not in tokenizers]
         if missing:
             raise ValueError(f"tokenizers: none given for model(s) {', '.join(missing)}")
@@ -71,6 +102,9 @@ class ServedModels:
                         for model_id, model_settings in settings.served().items()}
         self._models |= {adapter.id: adapter for base in list(self._models.values())
                          for adapter in _adapters_of(base)}
+        self._runtime = runtime
+        self._runtime_read: tuple[float, dict[str, ServedModel]] = (-math.inf, {})
+        self._lock = threading.Lock()
 
     @property
     def default(self) -> ServedModel:
@@ -83,16 +117,51 @@ class ServedModels:
     def get(self, model_id: str | None, tenant_id: str | None = None) -> ServedModel:
         """The model a request names (Settings.model_id_of), or the adapter. UnknownModelError when it is
         not served, or is an adapter `tenant_id` may not use (said as for a model that does not exist)."""
-        if model_id is not None and model_id in self._models and self._models[model_id].lora is not None:
-            adapter = self._models[model_id]
+        adapter = self._adapters().get(model_id) if model_id is not None else None
+        if adapter is not None:
             if adapter.serves(tenant_id):
                 return adapter
-            raise self._settings.unknown_model(model_id)
+            raise self._settings.unknown_model(adapter.id)
         return self._models[self._settings.model_id_of(model_id)]
+
+    def is_taken(self, name: str) -> bool:
+        """Whether `name` is already a model's or an adapter's id."""
+        return name in self._models or name in self._runtime_adapters()  # configured adapters are in _models
 
     def visible_to(self, tenant_id: str | None) -> list[ServedModel]:
         """Every model and adapter `tenant_id` may name, the default first."""
-        return [model for model in self._models.values() if model.serves(tenant_id)]
+        return [model for model in self._all() if model.serves(tenant_id)]
+
+    def _all(self) -> list[ServedModel]:
+        return [*self._models.values(), *self._runtime_adapters().values()]
+
+    def _adapters(self) -> dict[str, ServedModel]:
+        configured = {name: model for name, model in self._models.items() if model.lora is not None}
+        return {**self._runtime_adapters(), **configured}
+
+    def _runtime_adapters(self) -> dict[str, ServedModel]:
+        if self._runtime is None:
+            return {}
+        with self._lock:
+            read_at, adapters = self._runtime_read
+            if time.monotonic() - read_at < RUNTIME_TTL_S:
+                return adapters
+        adapters = {row.name: self._runtime_adapter(row) for row in self._runtime()
+                    if row.model_id in self._models and self._models[row.model_id].lora is None}
+        with self._lock:
+            self._runtime_read = (time.monotonic(), adapters)
+        return adapters
+
+    def forget_runtime_adapters(self) -> None:
+        """Read the store again at the next lookup (after this API loaded or unloaded one)."""
+        with self._lock:
+            self._runtime_read = (-math.inf, {})
+
+    def _runtime_adapter(self, row: RuntimeAdapter) -> ServedModel:
+        base = self._models[row.model_id]
+        tenants = frozenset(row.tenants) if row.tenants is not None else None
+        return ServedModel(row.name, base.settings, base.tokenizer, base.task, lora=row.name, parent=base.id,
+                           tenants=tenants)
 
 
 def _adapters_of(base: ServedModel) -> list[ServedModel]:

@@ -207,6 +207,11 @@ class Settings(BaseSettings):
         description="secret bearer token for `GET /metrics`; unset = `/metrics` is open with auth off and "
         "answers 401 with auth on (see below)",
     )
+    admin_token: SecretStr | None = Field(
+        None,
+        description="secret bearer token for the admin routes (`POST /v1/load_lora_adapter`, "
+        "`/v1/unload_lora_adapter`); unset = they are open with auth off and answer 401 with auth on",
+    )
     docs_enabled: bool | None = Field(
         None,
         description="serve `/docs`, `/redoc` and `/openapi.json`, without a key; off = they answer 404; "
@@ -473,11 +478,11 @@ class Settings(BaseSettings):
                 raise ValueError(f"entries must be `bucket` or `bucket/prefix`, got {entry!r}")
         return normalised
 
-    @field_validator("metrics_token", mode="before")
+    @field_validator("metrics_token", "admin_token", mode="before")
     @classmethod
     def _empty_token_is_unset(cls, value: Any) -> Any:
-        """CONVEYOR_METRICS_TOKEN= (set but empty, as templated deployments often leave it) means no token,
-        never a token that an empty Authorization header would match."""
+        """CONVEYOR_METRICS_TOKEN= (or CONVEYOR_ADMIN_TOKEN=: set but empty, as templated deployments often
+        leave them) means no token, never a token that an empty Authorization header would match."""
         raw = value.get_secret_value() if isinstance(value, SecretStr) else value
         if isinstance(raw, str) and not raw.strip():
             return None

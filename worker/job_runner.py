@@ -41,6 +41,7 @@ from core.store.tenants import TenantLimits
 from core.token_stream import TokenSink
 from engine.host import EngineHost
 from engine.outputs import RequestOutput
+from worker.adapters import RuntimeAdapters
 from worker.attempt import ENGINE_ERROR, INVALID_REQUEST, SHUTDOWN, Attempt, EngineFuture, OnDone
 from worker.attempt_outcome import describe, to_datetime
 from worker.attempt_watcher import AttemptWatcher
@@ -73,8 +74,10 @@ class JobRunner:
         self, host: EngineHost, sessions: sessionmaker[Session], worker_id: str, *,
         limits: dict[str, int] | None = None, cancel_poll_s: float = 0.5, tokens: TokenSink | None = None,
         finished: FinishedSink | None = None, tenant_defaults: TenantLimits | None = None,
+        adapters: RuntimeAdapters | None = None,
     ) -> None:
         self.host = host
+        self._adapters = adapters  # LoRA adapters loaded at run time, read when a job first names one
         self.worker_id = worker_id
         self._sessions = sessions
         self._streamer = JobStreamer(tokens) if tokens is not None else None  # text deltas to the API
@@ -166,6 +169,8 @@ class JobRunner:
 
     def _submit(self, job: Job, attempt: Attempt) -> None:
         try:
+            if attempt.lora is not None and self._adapters is not None:
+                self._adapters.ensure(attempt.lora)
             attempt.engine_input = self._engine_input(job, attempt.n)
             future = self._to_engine(attempt)
         except ValueError as exc:

@@ -18,6 +18,7 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from core.background import BackgroundLoop
 from core.finish_notifications import FinishedSink
 from core.lanes import lane_of
 from core.model_limits import limits_beyond_model
@@ -25,7 +26,7 @@ from core.settings import Settings
 from core.store.tenants import TenantLimits
 from core.token_stream import TokenSink
 from engine.host import EngineHost
-from worker.adapters import load_adapters
+from worker.adapters import RuntimeAdapters, load_adapters
 from worker.batches.runner import BatchRunner, make_batch_runner
 from worker.engine_metrics import WorkerMetrics
 from worker.heartbeat import Heartbeat
@@ -35,6 +36,7 @@ from worker.reconciler import Broker, Local, Reconciler
 from worker.webhooks.sender import WebhookSender
 
 log = logging.getLogger(__name__)
+LORA_PRUNE_S = 2.0  # how soon an adapter unloaded at run time leaves the engine (once no request holds it)
 
 
 class WorkerServices:
@@ -66,6 +68,7 @@ class WorkerServices:
         self.metrics = WorkerMetrics()  # exists before the engine: the embedded API adds its registry early
         self._host: EngineHost | None = None
         self._runner: JobRunner | None = None
+        self._lora_prune: BackgroundLoop | None = None  # drops adapters unloaded at run time
         self._batches: BatchRunner | None = None
 
     @property
@@ -100,17 +103,21 @@ class WorkerServices:
         log.info("loading engine for %s", config.model)
         self._host = EngineHost.from_config(config)
         load_adapters(self._host, self.settings)
+        adapters = RuntimeAdapters(self._host, self._sessions, self.settings) if config.max_loras else None
         self._warn_limits_beyond_model(self._host.engine.max_model_len)
         self.metrics.attach(self._host, heartbeat_age_s=lambda: self._heartbeat.age_s())
         limits = {lane: queue.max_running for lane, queue in self.lanes.items()}
         self._runner = JobRunner(self._host, self._sessions, self.worker_id, limits=limits,
                                  cancel_poll_s=self.settings.cancel_poll_s, tokens=self._tokens,
                                  finished=self._finished,
-                                 tenant_defaults=TenantLimits.defaults(self.settings))
+                                 tenant_defaults=TenantLimits.defaults(self.settings), adapters=adapters)
         self._batches = make_batch_runner(self._sessions, self.settings, self._broker.publish, self.worker_id,
                                           self._host.tokenizer)
         self._heartbeat.start()
         self._runner.start()
+        if adapters is not None:
+            self._lora_prune = BackgroundLoop.every("lora-prune", LORA_PRUNE_S, adapters.prune)
+            self._lora_prune.start()
         if self._fleet_duties:
             self._reconciler.start()
             self._webhooks.start()
@@ -136,6 +143,8 @@ class WorkerServices:
         if self._runner is not None:
             self._runner.shutdown(grace, self._broker.publish if self._republish else None, tick)
         self._webhooks.stop()
+        if self._lora_prune is not None:
+            self._lora_prune.stop()
         self._heartbeat.stop()
         if self._host is not None:
             self._host.shutdown()

@@ -390,3 +390,16 @@ class JobTallyDelta(Base):
     status: Mapped[str] = mapped_column(String(16))
     jobs: Mapped[int] = mapped_column(BigInteger)
     output_bound: Mapped[int] = mapped_column(BigInteger)
+
+
+class LoraAdapter(Base):
+    """A LoRA adapter loaded at run time (POST /v1/load_lora_adapter; core/store/lora_adapters.py), served
+    under `name` by the workers of `model_id`. Those declared in the configuration are not stored."""
+
+    __tablename__ = "lora_adapters"
+
+    name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    model_id: Mapped[str] = mapped_column(String(128))
+    path: Mapped[str] = mapped_column(String(1024))  # a PEFT folder the workers can read, or s3://...
+    tenants: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)  # NULL: every tenant
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())

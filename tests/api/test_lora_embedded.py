@@ -2,7 +2,9 @@
 are served under their own ids (each with its base as `parent` in /v1/models), answer what the engine answers
 with the adapter applied (the offline LLM with the same adapter: the engine's parity with PEFT is
 tests/engine/test_lora.py), run in the base model's lanes, show their own id on the job; an adapter limited to
-some tenants does not exist for the others (404, a batch line's model_not_found); batch lines name them."""
+some tenants does not exist for the others (404, a batch line's model_not_found); batch lines name them; an
+adapter loaded at run time (the admin routes) serves requests without a restart, and unloading one is
+refused while jobs that use it are queued or running."""
 
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from tests.support.openai_batches import run_batch
 ENGINE = dict(max_num_seqs=8, max_num_batched_tokens=256, num_kv_blocks=128, block_size=16, dtype="float32",
               device="cpu", attention_backend="torch")
 PROMPT = "The queue holds jobs until"
+ADMIN = "admin-secret"
 MAX_TOKENS = 12
 
 
@@ -70,7 +73,7 @@ def service(tmp_path_factory: pytest.TempPathFactory, llama_dir: Path, adapters:
     upgrade(url)
     registry = {"llama": {"path": str(llama_dir), "adapters": {
         "support": str(adapters["support"]), "vip": {"path": str(adapters["vip"]), "tenants": ["alice"]}}}}
-    settings = Settings(data_dir=tmp, database_url=url, models=registry, auth_enabled=True,
+    settings = Settings(data_dir=tmp, database_url=url, models=registry, auth_enabled=True, admin_token=ADMIN,
                         reconcile_interval_s=0.2, dispatch_grace_s=0.5, worker_heartbeat_s=0.2,
                         cancel_poll_s=0.1, **ENGINE)
     runtime = EmbeddedRuntime(settings)
@@ -171,3 +174,81 @@ def test_a_worker_refuses_to_start_with_an_adapter_that_does_not_fit(tmp_path: P
             load_adapters(host, settings.for_model("llama"))
     finally:
         host.shutdown()
+
+
+def admin(service: Service, path: str, body: dict[str, Any], token: str = ADMIN) -> httpx.Response:
+    return httpx.post(service.url + path, json=body, headers={"Authorization": f"Bearer {token}"},
+                      timeout=WAIT_S)
+
+
+def park_a_job_naming(service: Service, lora: str) -> str:
+    """A queued job that runs with `lora`, in a queue no worker consumes; returns its id."""
+    from core.clock import utcnow
+    from core.lanes import lane_of
+    from core.store import jobs
+    from core.store.database import make_db_engine, make_session_factory
+
+    db_engine = make_db_engine(service.database_url)
+    try:
+        with make_session_factory(db_engine)() as session:
+            new = jobs.NewJob(tenant_id="alice", queue=lane_of("llama", "parked"), prompt="x", messages=None,
+                              params={"max_tokens": 1, "lora": lora}, meta=None, webhook=None,
+                              idempotency_key=None, request_hash="h", prompt_tokens=1, ttl_s=None,
+                              timeout_s=None)
+            return jobs.add(session, new, utcnow()).id
+    finally:
+        db_engine.dispose()
+
+
+def cancel_parked(service: Service, job_id: str) -> None:
+    from sqlalchemy import text
+
+    from core.store.database import make_db_engine
+
+    db_engine = make_db_engine(service.database_url)
+    try:
+        with db_engine.begin() as connection:
+            connection.execute(text("UPDATE jobs SET status = 'cancelled' WHERE id = :id"), {"id": job_id})
+    finally:
+        db_engine.dispose()
+
+
+def test_an_adapter_loaded_at_run_time_serves_at_once_and_unloads_once_no_job_uses_it(
+        service: Service, adapters: dict[str, Path], offline: dict[str | None, str]) -> None:
+    body = {"lora_name": "late", "lora_path": str(adapters["support"])}
+    assert admin(service, "/v1/load_lora_adapter", body, token=service.key).status_code == 401  # a tenant key
+    loaded = admin(service, "/v1/load_lora_adapter", body)
+    assert loaded.status_code == 200, loaded.text
+    assert loaded.json() == {"lora_name": "late", "model": "llama", "lora_path": body["lora_path"],
+                             "tenants": None}
+    for bad, status, field in (({**body}, 409, "lora_name"),
+                               ({**body, "lora_name": "llama"}, 409, "lora_name"),
+                               ({**body, "lora_name": "x", "model": "support"}, 422, "model"),
+                               ({**body, "lora_name": "x", "model": "nope"}, 404, "model"),
+                               ({**body, "lora_name": "x", "lora_path": "s3://"}, 422, "lora_path")):
+        answer = admin(service, "/v1/load_lora_adapter", bad)
+        assert (answer.status_code, answer.json()["error"]["field"]) == (status, field), answer.text
+
+    assert completion(service.client(), "late").choices[0].text == offline["support"]  # no restart
+    cards = {card["id"]: card["parent"] for card in service.get("/v1/models").json()["data"]}
+    assert cards["late"] == "llama"
+
+    parked = park_a_job_naming(service, "late")
+    refused = admin(service, "/v1/unload_lora_adapter", {"lora_name": "late"})
+    assert refused.status_code == 409 and "1 queued or running job(s)" in refused.json()["error"]["message"]
+    cancel_parked(service, parked)
+    unloaded = admin(service, "/v1/unload_lora_adapter", {"lora_name": "late"})
+    assert unloaded.status_code == 200, unloaded.text
+    with pytest.raises(openai.NotFoundError):
+        completion(service.client(), "late")
+    assert admin(service, "/v1/unload_lora_adapter", {"lora_name": "late"}).status_code == 404
+    configured = admin(service, "/v1/unload_lora_adapter", {"lora_name": "support"})
+    assert configured.status_code == 409 and "declared in the configuration" in configured.text
+
+    again = admin(service, "/v1/load_lora_adapter", {"lora_name": "late", "lora_path": str(adapters["vip"]),
+                                                     "tenants": ["alice"]})
+    assert again.status_code == 200, again.text
+    assert completion(service.client(), "late").choices[0].text == offline["vip"]  # read again, not reused
+    with pytest.raises(openai.NotFoundError):
+        completion(service.tenant("dave").client(), "late")
+    assert admin(service, "/v1/unload_lora_adapter", {"lora_name": "late"}).status_code == 200

@@ -50,7 +50,7 @@ from core.openai_request import Served
 from core.s3 import make_s3_client
 from core.service_tiers import PriorityRange, takes_default_deadline
 from core.settings import Settings
-from core.store import batches, finish_times, jobs, tenants
+from core.store import batches, finish_times, jobs, lora_adapters, tenants
 from core.store.tables import Batch, BatchLine, Job
 from core.store.tenants import TenantLimits
 from core.store.token_usage import DEFAULT_MAX_TOKENS
@@ -298,19 +298,24 @@ class BatchRunner:
         """The limits of each line by the model it names, made once per model and chunk."""
         priorities = self._priorities(batch.tenant_id)
         made: dict[str, LineLimits] = {}
+        with self._sessions() as session:  # the adapters loaded at run time, as of this chunk
+            runtime = {row.name: (row.model_id, row.tenants) for row in lora_adapters.all_adapters(session)}
 
         def of_model(asked: str | None) -> LineLimits:
-            model_id = self._settings.model_id_of(asked)  # UnknownModelError: the line's model_not_found
-            is_adapter = asked is not None and self._settings.adapter_base(asked) is not None
-            if is_adapter and asked not in _adapters_of(self._settings.for_model(model_id), batch):
-                raise self._settings.unknown_model(str(asked))  # an adapter this tenant may not use
+            # UnknownModelError: the line's model_not_found
+            model_id = runtime[asked][0] if asked in runtime else self._settings.model_id_of(asked)
             if model_id not in made:
-                made[model_id] = self._model_limits(batch, model_id, priorities)
-            return made[model_id]
+                made[model_id] = self._model_limits(batch, model_id, priorities, runtime)
+            limits = made[model_id]
+            is_adapter = asked in runtime or (asked is not None and self._settings.adapter_base(asked))
+            if is_adapter and asked not in limits.adapters:
+                raise self._settings.unknown_model(str(asked))  # an adapter this tenant may not use
+            return limits
 
         return of_model
 
-    def _model_limits(self, batch: Batch, model_id: str, priorities: PriorityRange) -> LineLimits:
+    def _model_limits(self, batch: Batch, model_id: str, priorities: PriorityRange,
+                      runtime: dict[str, tuple[str, list[str] | None]]) -> LineLimits:
         settings = self._settings.for_model(model_id)
         queue = settings.queue(batch.queue)
         if queue is None:
@@ -321,7 +326,7 @@ class BatchRunner:
         # The engine tokenizer's template decides the chat roles, as the API's does for its routes.
         template = getattr(tokenizer, "chat_template", None)
         task = model_task(settings.model_folder(), settings.task or "auto")
-        adapters = _adapters_of(settings, batch)
+        adapters = _adapters_of(settings, batch, runtime)
         served = Served.of(settings, template)
         embedding = EmbeddingLimits.of_model(settings, task, getattr(tokenizer, "vocab_size", None))
         count_input = embedding_input_counter(tokenizer, task) if tokenizer is not None else None
@@ -435,10 +440,14 @@ def _failed_line(batch_id: str, parsed: BatchRequest | LineError, seen: CustomId
                      status=LINE_FAILED, error=error)
 
 
-def _adapters_of(settings: Settings, batch: Batch) -> frozenset[str]:
-    """The LoRA adapters of the model (`settings` its own) that the batch's tenant may name."""
-    return frozenset(name for name, spec in settings.adapters().items()
-                     if spec.tenants is None or batch.tenant_id in spec.tenants)
+def _adapters_of(settings: Settings, batch: Batch, runtime: dict[str, tuple[str, list[str] | None]],
+                 ) -> frozenset[str]:
+    """The LoRA adapters of the model (`settings` its own) that the batch's tenant may name: the
+    configuration's and those loaded at run time (`runtime`: name -> (model id, tenants))."""
+    specs = [(name, spec.tenants) for name, spec in settings.adapters().items()]
+    specs += [(name, tenants) for name, (model_id, tenants) in runtime.items()
+              if model_id == settings.served_model_id()]
+    return frozenset(name for name, tenants in specs if tenants is None or batch.tenant_id in tenants)
 
 
 def _max_model_len(settings: Settings) -> int | None:
