@@ -2,12 +2,13 @@
 
 The rows of the requests that use an adapter are gathered once per projection input, ordered by slot, so each
 slot's rows are one contiguous segment; per segment, two small matmuls (shrink to the rank, expand to the
-output) and the delta is scattered back into the projection's output. The loop runs over the adapters in the
-step (at most max_loras) and the projections, never over requests or tokens. Rows of base-model requests are
+output: one pair for each fused projection, its parts packed in the slot, engine/lora/slots.py) and the delta
+is scattered back into the projection's output. The loop runs over the adapters in the step (at most
+max_loras) and the four fused projections, never over requests or tokens. Rows of base-model requests are
 left as they are. When every row uses one adapter, nothing is gathered.
 
-With `triton` (the engine's Triton backend, on CUDA) each projection part is one launch of each of two kernels
-for every adapter of the step at once (kernels/triton_lora.py), reading the rows in place.
+With `triton` (the engine's Triton backend, on CUDA) each fused projection is one launch of each of two
+kernels for every adapter of the step at once (kernels/triton_lora.py), reading the rows in place.
 """
 
 from __future__ import annotations
@@ -65,29 +66,27 @@ class LoRABatch:
         if self.triton:
             self._apply_triton(layer, group, x, out)
             return
+        a_all, b_all = self.slots.a[(layer, group)], self.slots.b[(layer, group)]
         xs = x if self.rows is None else x.index_select(0, self.rows)  # [N, I]
-        for part in self.slots.groups[group]:
-            a_all, b_all = self.slots.a[(layer, part.target)], self.slots.b[(layer, part.target)]
-            for seg in self.segments:
-                state = self.slots.states[seg.slot]
-                if part.target not in state.targets:
-                    continue
-                shrunk = xs[seg.start:seg.end] @ a_all[seg.slot, : state.rank].t()  # [n, r]
-                delta = (shrunk @ b_all[seg.slot, :, : state.rank].t()).mul_(state.scale)  # [n, out]
-                if self.rows is None:
-                    out[seg.start:seg.end, part.start:part.end] += delta
-                else:
-                    out[:, part.start:part.end].index_add_(0, self.rows[seg.start:seg.end], delta)
+        for seg in self.segments:
+            state = self.slots.states[seg.slot]
+            width = state.widths.get((layer, group))
+            if width is None:
+                continue
+            shrunk = xs[seg.start:seg.end] @ a_all[seg.slot, :width].t()  # [n, parts * r]
+            delta = (shrunk @ b_all[seg.slot, :, :width].t()).mul_(state.scale)  # [n, O]
+            if self.rows is None:
+                out[seg.start:seg.end] += delta
+            else:
+                out.index_add_(0, self.rows[seg.start:seg.end], delta)
 
     def _apply_triton(self, layer: int, group: str, x: torch.Tensor, out: torch.Tensor) -> None:
         from kernels.triton_lora import lora_delta_triton
 
         assert self.rows is not None
-        starts = [self.segments[0].start, *(seg.end for seg in self.segments)]
-        slots = [seg.slot for seg in self.segments]
         states = [self.slots.states[seg.slot] for seg in self.segments]
-        scales = [state.scale for state in states]
-        for part in self.slots.groups[group]:
-            ranks = [state.rank if part.target in state.targets else 0 for state in states]
-            lora_delta_triton(x, out, part.start, self.slots.a[(layer, part.target)],
-                              self.slots.b[(layer, part.target)], self.rows, starts, slots, ranks, scales)
+        lora_delta_triton(x, out, 0, self.slots.a[(layer, group)], self.slots.b[(layer, group)], self.rows,
+                          [self.segments[0].start, *(seg.end for seg in self.segments)],
+                          [seg.slot for seg in self.segments],
+                          [state.widths.get((layer, group), 0) for state in states],
+                          [state.scale for state in states])

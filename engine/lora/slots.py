@@ -1,17 +1,22 @@
-"""The device's LoRA weights: a fixed pool of `max_loras` slots, one stacked tensor pair per (layer,
+"""The device's LoRA weights: a fixed pool of `max_loras` slots, one stacked tensor pair per (layer, fused
 projection), allocated once, so loading an adapter is a copy and a step finds every adapter it needs in
 place.
 
-A slot holds one adapter (its rank's first rows of A, first columns of B; the rest is never read) and the
-projections it targets. `place` puts an adapter into a free slot, else into the least recently used one whose
-adapter the step does not need. The scheduler keeps the adapters of the running requests within
-`max_loras` (engine/scheduler.py), so a step's adapters always fit.
+The weights are packed by the decoder's fused projections (GROUPS): a slot of an adapter of rank r holds, for
+the qkv group, A = [A_q; A_k; A_v] (3r rows) and B block-diagonal (B_q in q's output rows and columns 0..r,
+B_k in k's rows and columns r..2r, ...), zeros elsewhere, so one shrink and one expand serve the three
+projections: x @ A.T @ B.T is [x A_q.T B_q.T | x A_k.T B_k.T | x A_v.T B_v.T]. A projection the adapter does
+not target (in that layer) is a zero block; a group it does not target at all is skipped (width 0).
+
+`place` puts an adapter into a free slot, else into the least recently used one whose adapter the step does
+not need, zeroing what the previous adapter left. The scheduler keeps the adapters of the running requests
+within `max_loras` (engine/scheduler.py), so a step's adapters always fit.
 """
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -31,10 +36,11 @@ class GroupPart:
 
 @dataclass
 class SlotState:
-    key: str | None = None  # the adapter's key (engine/lora/registry.py), None: free
-    rank: int = 0
+    key: str | None = None  # the adapter's key (engine/lora/manager.py), None: free
     scale: float = 0.0
-    targets: frozenset[str] = frozenset()
+    # (layer, group) -> the rows of A (columns of B) in use: parts x rank where the adapter targets any of
+    # the group's projections in that layer; absent: nothing to add there
+    widths: dict[tuple[int, str], int] = field(default_factory=dict)
     last_used: int = 0
 
 
@@ -43,12 +49,14 @@ class LoRASlots:
                  dtype: torch.dtype, device: torch.device) -> None:
         assert max_loras >= 1 and max_rank >= 1 and set(shapes) == set(TARGETS)
         self.max_rank = max_rank
-        # (layer, target) -> A [max_loras, max_rank, in], B [max_loras, out, max_rank]
-        self.a = {(layer, t): torch.zeros(max_loras, max_rank, s.in_features, dtype=dtype, device=device)
-                  for layer in range(num_layers) for t, s in shapes.items()}
-        self.b = {(layer, t): torch.zeros(max_loras, s.out_features, max_rank, dtype=dtype, device=device)
-                  for layer in range(num_layers) for t, s in shapes.items()}
         self.groups = {group: _parts(targets, shapes) for group, targets in GROUPS.items()}
+        # (layer, group) -> A [max_loras, parts * max_rank, in], B [max_loras, out, parts * max_rank]
+        self.a: dict[tuple[int, str], torch.Tensor] = {}
+        self.b: dict[tuple[int, str], torch.Tensor] = {}
+        for layer, (group, parts) in itertools.product(range(num_layers), self.groups.items()):
+            width, in_features = len(parts) * max_rank, shapes[parts[0].target].in_features
+            self.a[(layer, group)] = torch.zeros(max_loras, width, in_features, dtype=dtype, device=device)
+            self.b[(layer, group)] = torch.zeros(max_loras, parts[-1].end, width, dtype=dtype, device=device)
         self.states = [SlotState() for _ in range(max_loras)]
         self._clock = itertools.count(1)
 
@@ -61,10 +69,23 @@ class LoRASlots:
     def place(self, key: str, adapter: LoRAAdapter, keep: set[str]) -> int:
         """Copies `adapter` into a free slot, else the least recently used one not holding a key in `keep`."""
         slot = self._victim(keep)
-        for (layer, target), (a, b) in adapter.weights.items():
-            self.a[(layer, target)][slot, : adapter.rank].copy_(a)
-            self.b[(layer, target)][slot, :, : adapter.rank].copy_(b)
-        self.states[slot] = SlotState(key, adapter.rank, adapter.scale, frozenset(adapter.targets))
+        r = adapter.rank
+        widths: dict[tuple[int, str], int] = {}
+        for (layer, group), a_all in self.a.items():
+            parts = self.groups[group]
+            mine = [(i, part, adapter.weights.get((layer, part.target))) for i, part in enumerate(parts)]
+            if all(weights is None for _, _, weights in mine):
+                continue
+            width = len(parts) * r
+            a_all[slot, :width].zero_()
+            b_slot = self.b[(layer, group)][slot, :, :width]
+            b_slot.zero_()
+            for i, part, weights in mine:
+                if weights is not None:
+                    a_all[slot, i * r:(i + 1) * r].copy_(weights[0])  # [r, in]
+                    b_slot[part.start:part.end, i * r:(i + 1) * r].copy_(weights[1])  # [out, r]
+            widths[(layer, group)] = width
+        self.states[slot] = SlotState(key, adapter.scale, widths)
         self.touch(slot)
         return slot
 

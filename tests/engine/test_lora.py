@@ -251,3 +251,17 @@ def test_the_triton_backend_applies_adapters_by_its_kernels(llama_dir: Path, ada
     got = {rid: out.token_ids for rid, out in drain(engine).items()}
     assert {r[3] for r in mine} >= {None, "qv8", "all4"}
     assert got == {rid: reference[rid][:min(max_tokens, 8)] for rid, _, max_tokens, _ in mine}
+
+
+def test_a_slot_reused_by_an_adapter_of_fewer_layers_keeps_nothing_of_the_last(
+        llama_dir: Path, adapters: dict[str, Path], tmp_path: Path) -> None:
+    """layers_to_transform=[0]: layer 1's part of the slot must not keep the previous adapter's weights."""
+    first_layer = save_peft_adapter(llama_dir, tmp_path / "first-layer", rank=4, alpha=8, targets=ALL_LINEAR,
+                                    seed=9, layers_to_transform=[0])
+    prompt, params = list(range(20, 45)), SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
+    engine = engine_with(llama_dir, {"all4": adapters["all4"], "first": first_layer}, max_loras=1)
+    engine.add_request("before", prompt, params, lora="all4")
+    drain(engine)
+    engine.add_request("after", prompt, params, lora="first")
+    got = drain(engine)["after"].token_ids
+    assert got == peft_greedy(llama_dir, first_layer, [prompt], [10])[0]
