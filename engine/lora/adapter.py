@@ -54,12 +54,6 @@ class LoRAAdapter:
     scale: float
     weights: dict[tuple[int, str], ModuleWeights]
 
-    @property
-    def targets(self) -> set[str]:
-        return {target for _, target in self.weights}
-
-    def nbytes(self) -> int:
-        return sum(a.nbytes + b.nbytes for a, b in self.weights.values())
 
 
 def load_adapter(name: str, folder: Path, shapes: dict[str, TargetShape], num_layers: int, max_rank: int,

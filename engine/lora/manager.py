@@ -72,9 +72,6 @@ class LoRAManager:
     def names(self) -> list[str]:
         return sorted(self._registered)
 
-    def rank_of(self, name: str) -> int:
-        return self._adapter(self.key_of(name)).rank
-
     # --- one step ------------------------------------------------------------------------------------
 
     def batch(self, chunk_keys: list[str | None], chunk_lengths: list[int], device: torch.device, *,
