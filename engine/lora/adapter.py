@@ -55,7 +55,6 @@ class LoRAAdapter:
     weights: dict[tuple[int, str], ModuleWeights]
 
 
-
 def load_adapter(name: str, folder: Path, shapes: dict[str, TargetShape], num_layers: int, max_rank: int,
                  dtype: torch.dtype) -> LoRAAdapter:
     """The adapter in `folder`, checked against the base model (`shapes` by projection, `num_layers`) and
