@@ -6,7 +6,7 @@ import pytest
 from sqlalchemy import func, select
 
 from core.clock import utcnow
-from core.store import batches, job_tallies, jobs, keys, outcome_counts, webhooks, workers
+from core.store import batches, job_tallies, jobs, keys, lora_adapters, outcome_counts, webhooks, workers
 from core.store.database import make_db_engine, make_session_factory
 from core.store.files import new_file_id
 from core.store.tables import Attempt, Base, BatchLine, File
@@ -42,6 +42,7 @@ def _fill_every_table(url: str) -> None:
                             duration_s=0.1))
         outcome_counts.record_webhook_attempt(session, "retry")  # metric_counts
         session.commit()
+        lora_adapters.add(session, "left-over", "demo-model", "/nowhere", None, now)
     db_engine.dispose()
 
 
