@@ -29,11 +29,39 @@ class Segment:
 
 
 @dataclass(frozen=True)
+class PaddedSegments:
+    """The segments as one batch of equal-length row lists, for two batched matmuls per projection instead
+    of two per adapter (on CPU each small op costs more in dispatch than in arithmetic)."""
+
+    index: torch.Tensor  # [S * Lmax] int64: each segment's token rows, padded with row 0
+    slots: torch.Tensor  # [S] int64: each segment's slot
+    # [S, Lmax, 1]: each segment's adapter's scale at its rows, 0 at the padding (which so adds exact zeros
+    # to row 0: cheaper than masking the padding out)
+    weights: torch.Tensor
+
+    @classmethod
+    def of(cls, slots: LoRASlots, rows: torch.Tensor, segments: list[Segment]) -> PaddedSegments | None:
+        """None when padding would more than double the rows computed (a long prefill beside decodes)."""
+        longest = max(seg.end - seg.start for seg in segments)
+        if len(segments) < 2 or longest * len(segments) > 2 * rows.shape[0]:
+            return None
+        device = rows.device
+        index = torch.zeros(len(segments), longest, dtype=torch.int64, device=device)
+        weights = torch.zeros(len(segments), longest, 1, device=device)
+        for i, seg in enumerate(segments):
+            index[i, : seg.end - seg.start] = rows[seg.start:seg.end]
+            weights[i, : seg.end - seg.start] = slots.states[seg.slot].scale
+        slot_ids = torch.tensor([seg.slot for seg in segments], device=device)
+        return cls(index.flatten(), slot_ids, weights)
+
+
+@dataclass(frozen=True)
 class LoRABatch:
     slots: LoRASlots
     rows: torch.Tensor | None  # [N] int64: the token rows that use an adapter, by slot; None: all, one slot
     segments: list[Segment]
     triton: bool = False  # the deltas by kernels/triton_lora.py (CUDA, or CPU under TRITON_INTERPRET=1)
+    padded: PaddedSegments | None = None  # the batched-matmul path's rows (several adapters, little padding)
 
     @classmethod
     def of_chunks(cls, slots: LoRASlots, chunk_slots: list[int | None], chunk_lengths: list[int],
@@ -59,7 +87,9 @@ class LoRABatch:
                 ranges.append(torch.arange(start, start + length))
                 position += length
             segments.append(Segment(slot, begin, position))
-        return cls(slots, torch.cat(ranges).to(device), segments, triton)
+        rows = torch.cat(ranges).to(device)
+        padded = None if triton else PaddedSegments.of(slots, rows, segments)
+        return cls(slots, rows, segments, triton, padded)
 
     def apply(self, layer: int, group: str, x: torch.Tensor, out: torch.Tensor) -> None:
         """out [T, O] (the fused projection `group` of `layer` applied to x [T, I]) += each row's delta."""
@@ -67,6 +97,9 @@ class LoRABatch:
             self._apply_triton(layer, group, x, out)
             return
         a_all, b_all = self.slots.a[(layer, group)], self.slots.b[(layer, group)]
+        if self.padded is not None:
+            self._apply_padded(layer, group, x, out, self.padded)
+            return
         xs = x if self.rows is None else x.index_select(0, self.rows)  # [N, I]
         for seg in self.segments:
             state = self.slots.states[seg.slot]
@@ -79,6 +112,21 @@ class LoRABatch:
                 out[seg.start:seg.end] += delta
             else:
                 out.index_add_(0, self.rows[seg.start:seg.end], delta)
+
+    def _apply_padded(self, layer: int, group: str, x: torch.Tensor, out: torch.Tensor,
+                      padded: PaddedSegments) -> None:
+        """Every segment at once: [S, Lmax, I] @ A.T @ B.T. A slot's rows past its adapter's width, and a
+        group it does not target, are zeros (LoRASlots.place), so the widest segment's width serves all."""
+        width = max(self.slots.states[seg.slot].widths.get((layer, group), 0) for seg in self.segments)
+        if width == 0:
+            return
+        a = self.slots.a[(layer, group)][:, :width].index_select(0, padded.slots)  # [S, W, I]
+        b = self.slots.b[(layer, group)][:, :, :width].index_select(0, padded.slots)  # [S, O, W]
+        num_segments = padded.slots.shape[0]
+        xs = x.index_select(0, padded.index).view(num_segments, -1, x.shape[1])  # [S, Lmax, I]
+        shrunk = torch.bmm(xs, a.transpose(1, 2))  # [S, Lmax, W]
+        delta = torch.bmm(shrunk, b.transpose(1, 2)).mul_(padded.weights)  # [S, Lmax, O]
+        out.index_add_(0, padded.index, delta.view(-1, delta.shape[2]))
 
     def _apply_triton(self, layer: int, group: str, x: torch.Tensor, out: torch.Tensor) -> None:
         from kernels.triton_lora import lora_delta_triton

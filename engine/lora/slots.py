@@ -9,7 +9,8 @@ projections: x @ A.T @ B.T is [x A_q.T B_q.T | x A_k.T B_k.T | x A_v.T B_v.T]. A
 not target (in that layer) is a zero block; a group it does not target at all is skipped (width 0).
 
 `place` puts an adapter into a free slot, else into the least recently used one whose adapter the step does
-not need, zeroing what the previous adapter left. The scheduler keeps the adapters of the running requests
+not need, zeroing all the previous adapter left (the batched path of engine/lora/batch.py reads a slot up to
+the widest adapter of its step). The scheduler keeps the adapters of the running requests
 within `max_loras` (engine/scheduler.py), so a step's adapters always fit.
 """
 
@@ -74,12 +75,12 @@ class LoRASlots:
         for (layer, group), a_all in self.a.items():
             parts = self.groups[group]
             mine = [(i, part, adapter.weights.get((layer, part.target))) for i, part in enumerate(parts)]
+            a_all[slot].zero_()  # all of it: the batched path reads up to the widest adapter of a step
+            self.b[(layer, group)][slot].zero_()
             if all(weights is None for _, _, weights in mine):
                 continue
             width = len(parts) * r
-            a_all[slot, :width].zero_()
             b_slot = self.b[(layer, group)][slot, :, :width]
-            b_slot.zero_()
             for i, part, weights in mine:
                 if weights is not None:
                     a_all[slot, i * r:(i + 1) * r].copy_(weights[0])  # [r, in]
