@@ -5,7 +5,8 @@ slot's rows are one contiguous segment; per segment, two small matmuls (shrink t
 output: one pair for each fused projection, its parts packed in the slot, engine/lora/slots.py) and the delta
 is scattered back into the projection's output. The loop runs over the adapters in the step (at most
 max_loras) and the four fused projections, never over requests or tokens. Rows of base-model requests are
-left as they are. When every row uses one adapter, nothing is gathered.
+left as they are. When every row uses one adapter, nothing is gathered; when padding the segments to the
+longest at most doubles the rows, all of them run as two batched matmuls instead (PaddedSegments).
 
 With `triton` (the engine's Triton backend, on CUDA) each fused projection is one launch of each of two
 kernels for every adapter of the step at once (kernels/triton_lora.py), reading the rows in place.
