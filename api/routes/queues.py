@@ -16,15 +16,17 @@ from api.auth import CurrentTenant, bearer_scheme
 from api.deps import ServicesDep, SessionDep
 from api.errors import ApiError
 from api.schemas.errors import error_responses
-from api.schemas.queues import DeadlineCounts, QueueList, QueuePublic, TenantQueueLimits
+from api.schemas.queues import DeadlineCounts, Purged, QueueList, QueuePublic, TenantQueueLimits
 from core.clock import utcnow
 from core.model_limits import clamp_queue_limits
 from core.request_rules import text_problem
+from core.settings import UnknownModelError
 from core.store import job_tallies, jobs, keys, tenants, token_usage, workers
 from core.store.tenants import TenantLimits
 
 router = APIRouter(prefix="/v1/queues", tags=["queues"])
 GOODPUT_WINDOW = timedelta(hours=1)
+PURGE_CHUNK = 500  # jobs cancelled per transaction by a purge: row locks held briefly, webhooks in step
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)]
 
 
@@ -63,6 +65,38 @@ def list_queues(session: SessionDep, services: ServicesDep, caller: CurrentTenan
     return QueueList(data=data, scope="all" if counted is None else "tenant", tenant=tenant,
                      tokens_per_minute=own.tokens_per_minute,
                      tokens_used_last_minute=token_usage.tokens_used(session, tenant, now))
+
+
+ModelQuery = Annotated[str | None, Query(
+    alias="model", max_length=128, description="purge this served model's queue only; unset: every model's "
+    "queue of that name")]
+
+
+@router.post("/{name}/purge", response_model=Purged, responses=error_responses(401, 404, 422))
+def purge_queue(name: str, session: SessionDep, services: ServicesDep, caller: CurrentTenant,
+                credentials: Credentials, model: ModelQuery = None) -> Purged:
+    """Cancels every queued job of the caller in the queue `name` (of every served model, or of `?model=`);
+    with an admin key (or auth off), every tenant's. Running jobs are left alone (cancel them one by one).
+    In chunks of PURGE_CHUNK jobs, each committed with its effects: a cancelled webhook per job, as if
+    cancelled one by one."""
+    admin = not services.settings.auth_enabled or (
+        credentials is not None and keys.is_admin_key(session, credentials.credentials))
+    try:
+        models = [services.models.get(model, caller)] if model is not None else list(services.models)
+    except UnknownModelError as exc:
+        raise ApiError(404, "model_not_found", str(exc), "model") from None
+    lanes = [m.lane(name) for m in models if name in m.settings.queues]
+    if not lanes:
+        raise ApiError(404, "unknown_queue", f"name: no served model has a queue {name!r}", "name")
+    tenant = None if admin else caller
+    cancelled = 0
+    while True:
+        ids = jobs.cancel_queued(session, lanes, tenant, utcnow(), PURGE_CHUNK)
+        if ids and services.finished is not None:  # wake their waiters here and in other API processes
+            services.finished.finished(ids)
+        cancelled += len(ids)
+        if len(ids) < PURGE_CHUNK:
+            return Purged(queue=name, cancelled=cancelled, tenant=tenant)
 
 
 def listed_tenant(caller: str, admin: bool, asked: str | None) -> str:

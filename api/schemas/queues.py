@@ -43,6 +43,13 @@ class QueuePublic(BaseModel):
         "only the tiers that had such jobs")
 
 
+class Purged(BaseModel):
+    queue: str
+    cancelled: int = Field(description="the queued jobs the purge cancelled")
+    tenant: str | None = Field(description="whose jobs: the caller's; null: every tenant's (an admin key, or "
+                               "auth off)")
+
+
 class QueueList(BaseModel):
     data: list[QueuePublic]
     scope: Literal["tenant", "all"] = Field(

@@ -466,13 +466,34 @@ def attempt_states(session: Session, job_ids: list[str]) -> dict[str, AttemptSta
             for job_id, status, attempts, worker_id in session.execute(query)}
 
 
-def lock_in_id_order(session: Session, *conditions: ColumnElement[bool]) -> list[str]:
-    """Locks the job rows matching `conditions` in id order and returns their ids (PostgreSQL: SELECT ...
-    ORDER BY id FOR UPDATE; SQLite has one writer). Every transaction that changes several job rows and
-    waits for their locks takes them this way first: two that locked in their own scan orders could each
-    hold a row the other waits on, a deadlock PostgreSQL breaks by failing one of them (a batch cancel
-    against a claim did). Sweeps that must not wait use `_unlocked` instead."""
-    query = select(Job.id).where(*conditions).order_by(Job.id).with_for_update()
+def cancel_queued(session: Session, lanes: list[str], tenant_id: str | None, now: datetime, limit: int,
+                  ) -> list[str]:
+    """queued -> cancelled for up to `limit` jobs of `lanes` (a purge), oldest ids first, of `tenant_id`
+    (None: every tenant's), with their effects (webhooks, counts, batch lines) as for any cancel; committed.
+    Returns their ids."""
+    owned = [Job.tenant_id == tenant_id] if tenant_id is not None else []
+    locked = lock_in_id_order(session, Job.queue.in_(lanes), Job.status == QUEUED, *owned, limit=limit)
+    statement = (
+        update(Job).where(Job.id.in_(locked), Job.status == QUEUED)
+        .values(status=CANCELLED, error_code="cancelled", error_message="cancelled by a purge of its queue",
+                finished_at=now, updated_at=now)
+        .returning(Job.id).execution_options(synchronize_session=False)
+    )
+    ids = list(session.execute(statement).scalars()) if locked else []
+    if ids:
+        record_finished(session, ids, CANCELLED, now)
+    session.commit()
+    return ids
+
+
+def lock_in_id_order(session: Session, *conditions: ColumnElement[bool], limit: int | None = None,
+                     ) -> list[str]:
+    """Locks the job rows matching `conditions` (the first `limit` of them) in id order and returns their
+    ids (PostgreSQL: SELECT ... ORDER BY id FOR UPDATE; SQLite has one writer). Every transaction that
+    changes several job rows and waits for their locks takes them this way first: two that locked in their
+    own scan orders could each hold a row the other waits on, a deadlock PostgreSQL breaks by failing one of
+    them (a batch cancel against a claim did). Sweeps that must not wait use `_unlocked` instead."""
+    query = select(Job.id).where(*conditions).order_by(Job.id).limit(limit).with_for_update()
     return list(session.execute(query).scalars())
 
 
