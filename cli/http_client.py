@@ -55,6 +55,10 @@ class ConveyorClient:
     def cancel(self, job_id: str) -> dict[str, Any]:
         return self._json(self.http.post(f"/v1/jobs/{job_id}/cancel"))
 
+    def purge(self, queue: str, model: str | None = None) -> dict[str, Any]:
+        params = {"model": model} if model is not None else None
+        return self._json(self.http.post(f"/v1/queues/{queue}/purge", params=params))
+
     def wait(self, job_id: str, timeout_s: float | None = None, *, long_poll_s: float = LONG_POLL_S
              ) -> dict[str, Any]:
         """Long polls (`GET ?wait=`) until the job is in a final status; TimeoutError after `timeout_s`.

@@ -247,6 +247,17 @@ def cancel(job_id: str, url: UrlOpt = DEFAULT_URL, api_key: KeyOpt = None) -> No
 
 
 @app.command()
+def purge(
+    queue: str,
+    model: Annotated[str | None, typer.Option(help="this served model's queue only")] = None,
+    url: UrlOpt = DEFAULT_URL,
+    api_key: KeyOpt = None,
+) -> None:
+    """Cancels every queued job of yours in QUEUE (every tenant's with an admin key) and prints the count."""
+    _print_call(url, api_key, lambda c: c.purge(queue, model))
+
+
+@app.command()
 def top(
     url: UrlOpt = DEFAULT_URL,
     worker: Annotated[list[str] | None, typer.Option(help="a worker's metrics URL (repeatable)")] = None,

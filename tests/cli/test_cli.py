@@ -164,6 +164,22 @@ def test_client_submit_status_wait_cancel(service: Service) -> None:
         client.cancel(job["id"])
 
 
+def test_conveyor_purge_cancels_the_callers_queued_jobs(
+    service: Service, prompt_tokenizer: PromptTokenizer
+) -> None:
+    served, _ = _recording_app(service, prompt_tokenizer, LocalFinishedHub())
+    key = new_api_key(service.settings.database_url, "judy")
+    client = ConveyorClient(service.client_with_key(key))
+    ids = [client.submit({"prompt": "x", "max_tokens": 2})["id"] for _ in range(3)]
+    with serving(served) as url:
+        result = runner.invoke(app, ["purge", "interactive", "--url", url, "--api-key", key])
+        unknown = runner.invoke(app, ["purge", "bulk", "--url", url, "--api-key", key])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output) == {"queue": "interactive", "cancelled": 3, "tenant": "judy"}
+    assert {client.get(job_id)["status"] for job_id in ids} == {"cancelled"}
+    assert unknown.exit_code != 0 and "no served model has a queue 'bulk'" in unknown.output
+
+
 def test_conveyor_wait_long_polls_until_the_job_finishes_and_prints_it(
     service: Service, prompt_tokenizer: PromptTokenizer
 ) -> None:
