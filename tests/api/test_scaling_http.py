@@ -33,7 +33,9 @@ def test_load_counts_queued_and_running_jobs_and_live_workers_per_queue(
 ) -> None:
     queues = {"interactive": QueueSettings(max_running=5), "documents": QueueSettings(max_running=2),
               "idle": QueueSettings(max_running=1)}
-    svc = make_service(metrics_token=TOKEN, queues=queues)
+    # dead after 60 s, not the tests' 2 s: a loaded CI machine took longer than that between the registrations
+    # and the read, and the live workers counted 0
+    svc = make_service(metrics_token=TOKEN, queues=queues, worker_dead_after_s=60.0)
     alice = svc.client("alice")
     ids = [alice.post("/v1/jobs", json={"prompt": "x", "queue": q}).json()["id"]
            for q in ("interactive", "interactive", "interactive", "documents")]
