@@ -100,8 +100,9 @@ class ServedModels:
         self._models = {model_id: ServedModel(model_id, model_settings, tokenizers[model_id],
                                               _task_of(model_settings))
                         for model_id, model_settings in settings.served().items()}
-        self._models |= {adapter.id: adapter for base in list(self._models.values())
-                         for adapter in _adapters_of(base)}
+        self._configured = {adapter.id: adapter for base in list(self._models.values())
+                            for adapter in _adapters_of(base)}
+        self._models |= self._configured
         self._runtime = runtime
         self._runtime_read: tuple[float, dict[str, ServedModel]] = (-math.inf, {})
         self._lock = threading.Lock()
@@ -136,8 +137,7 @@ class ServedModels:
         return [*self._models.values(), *self._runtime_adapters().values()]
 
     def _adapters(self) -> dict[str, ServedModel]:
-        configured = {name: model for name, model in self._models.items() if model.lora is not None}
-        return {**self._runtime_adapters(), **configured}
+        return {**self._runtime_adapters(), **self._configured}
 
     def _runtime_adapters(self) -> dict[str, ServedModel]:
         if self._runtime is None:
