@@ -9,6 +9,7 @@ the wait short. Reads asked for together share one query (api/job_reads.py).
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -17,6 +18,7 @@ from api.deps import Services
 from api.errors import lookup_id, not_found
 from core.finish_notifications import FinishedWaiter
 from core.lifecycle import TERMINAL_STATUSES
+from core.token_stream import Subscription, TokenEvent
 from core.views import JobPublic
 
 MAX_WAIT_S = 60.0  # a long poll's longest wait: below common proxy and load-balancer idle timeouts
@@ -25,6 +27,7 @@ MAX_WAIT_S = 60.0  # a long poll's longest wait: below common proxy and load-bal
 FALLBACK_READ_S = 5.0
 UNWATCHED_READ_S = 0.5  # store reads when no watch is wired (tests, a non-Redis broker)
 EVENTS_MAX_S = 600.0  # an event stream ends after this long with the current state; clients reconnect
+DELTA_READ_S = 1.0  # store reads of a job whose text is followed (no token event meanwhile)
 KEEPALIVE_S = 15.0  # a comment line at least this often keeps proxies from closing an idle stream
 
 Disconnected = Callable[[], Awaitable[bool]]
@@ -57,11 +60,15 @@ async def until_final(
             await pause(left)
 
 
-async def events(services: Services, job_id: str, tenant: str) -> AsyncIterator[str]:
-    """Server-sent events: the job now, then at each status change until final; a keep-alive comment when
-    quiet for KEEPALIVE_S; after EVENTS_MAX_S, the current state and the end. A job gone ends the stream."""
+async def events(services: Services, job_id: str, tenant: str, deltas: Subscription | None = None,
+                 ) -> AsyncIterator[str]:
+    """Server-sent events: the job now, then at each status change until final, and, with `deltas` (the
+    job's token stream, subscribed before the first read), `event: delta` with each piece of text as it is
+    generated; a keep-alive comment when quiet for KEEPALIVE_S; after EVENTS_MAX_S, the current state and
+    the end. A job gone ends the stream."""
     deadline = time.monotonic() + EVENTS_MAX_S
-    with _watching(services, job_id) as pause:
+    with _watching(services, job_id) as watched_pause:
+        pause = watched_pause if deltas is None else _pause_on_deltas(deltas)
         job = await read(services, job_id, tenant)
         quiet_since = time.monotonic()
         if job is not None:
@@ -71,7 +78,11 @@ async def events(services: Services, job_id: str, tenant: str) -> AsyncIterator[
             if now >= deadline:
                 yield job_event(job)
                 return
-            await pause(min(deadline, quiet_since + KEEPALIVE_S) - now)
+            delta = await pause(min(deadline, quiet_since + KEEPALIVE_S) - now)
+            if isinstance(delta, TokenEvent) and delta.text and not delta.end:
+                yield delta_event(delta)
+                quiet_since = time.monotonic()
+                continue
             latest = await read(services, job_id, tenant)
             if latest is not None and latest.status != job.status:
                 yield job_event(latest)
@@ -84,6 +95,20 @@ async def events(services: Services, job_id: str, tenant: str) -> AsyncIterator[
 
 def job_event(job: JobPublic) -> str:
     return f"event: job\ndata: {job.model_dump_json()}\n\n"
+
+
+def delta_event(event: TokenEvent) -> str:
+    """New text of one choice of the running attempt (a requeued job streams again from its start)."""
+    data = {"text": event.text, "index": event.index, "attempt": event.attempt, "tokens": event.tokens}
+    return f"event: delta\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+def _pause_on_deltas(deltas: Subscription) -> Callable[[float], Awaitable[object]]:
+    """A pause that returns with the next token event (the end marker too), or after DELTA_READ_S (the
+    store is read then: a status change shows within that), or after most_s."""
+    async def pause(most_s: float) -> TokenEvent | None:
+        return await deltas.get(max(0.0, min(DELTA_READ_S, most_s)))
+    return pause
 
 
 @contextmanager

@@ -19,6 +19,7 @@ from api.schemas.jobs import AnyJobCreate, JobCreate
 from api.served_models import ServedModel
 from api.webhook_targets import check_job_webhook
 from core.lanes import describe_lane
+from core.lifecycle import QUEUED
 from core.model_adapters import with_lora
 from core.request_limits import idempotency_key_problem, metadata_problem
 from core.service_tiers import PriorityNotPermitted, takes_default_deadline
@@ -47,7 +48,8 @@ def submit(
         services.metrics.jobs_submitted.labels(served.id, body.queue).inc()
         services.admission.admitted(job.queue, tenant_id)
         services.queue_rates.admitted(job.queue, request.choices * request.max_tokens)
-        services.dispatcher.dispatch(job.id, job.queue)
+        if job.status == QUEUED:  # a scheduled one is published when due (worker/scheduler.py)
+            services.dispatcher.dispatch(job.id, job.queue)
     return job, created
 
 
@@ -73,7 +75,10 @@ def _submit(
     wanted = prompt_tokens + request.choices * request.max_tokens  # each choice may write max_tokens
     _refuse(admission.tokens_refusal(session, quota, tenant_id, wanted, now, request.reserved))
     deadline_s = _deadline_s(body, queue)
-    forecast = _forecast(session, services, lane, body, request, deadline_s, prompt_tokens, now)
+    run_at = _due_at(body, now)
+    forecast = finish_times.Forecast(None, None)  # a scheduled job's backlog then is unknown now
+    if run_at is None or run_at <= now:
+        forecast = _forecast(session, services, lane, body, request, deadline_s, prompt_tokens, now)
     fields = request.job_fields()
     fields["params"] = with_lora(fields["params"], served.lora)  # its adapter, run by the base's workers
     new = jobs.NewJob(
@@ -81,7 +86,8 @@ def _submit(
         idempotency_key=idempotency_key, request_hash=request_hash, prompt_tokens=prompt_tokens,
         ttl_s=body.ttl if body.ttl is not None else queue.default_ttl_s, timeout_s=body.timeout,
         priority=_priority(body, quota), deadline_s=deadline_s, predicted_finish_at=forecast.finish_at,
-        start_by=forecast.start_by, service_tier=body.service_tier, **fields,
+        start_by=forecast.start_by, service_tier=body.service_tier, run_at=run_at,
+        max_retries=body.max_retries if body.max_retries is not None else queue.max_retries, **fields,
     )
     try:
         return jobs.add(session, new, now), True
@@ -93,11 +99,22 @@ def _submit(
         return _replay(earlier, request_hash), False
 
 
+def _due_at(body: AnyJobCreate, now: datetime) -> datetime | None:
+    try:
+        return body.due_at(now)
+    except ValueError as exc:
+        raise ApiError(422, "invalid_request", str(exc), "run_at") from None
+
+
+LATER_FIELDS = ("run_at", "delay_s", "max_retries")  # hashed only when set (issue 36 added them)
+
+
 def _hashed(body: AnyJobCreate) -> dict[str, Any]:
     """The body an Idempotency-Key replay must match. A generation job's is hashed without `model` when it
-    names none and without `kind`: the body as it was before models and kinds could be named, so that a
-    retry with the same key across an upgrade still matches."""
+    names none and without `kind`, and any job's without the LATER_FIELDS left unset: the body as it was
+    before they could be named, so that a retry with the same key across an upgrade still matches."""
     unnamed = {"model"} if body.model is None else set()
+    unnamed |= {name for name in LATER_FIELDS if getattr(body, name) is None}
     if isinstance(body, JobCreate):
         unnamed.add("kind")
     return body.model_dump(mode="json", exclude=unnamed or None)

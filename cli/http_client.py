@@ -55,6 +55,14 @@ class ConveyorClient:
     def cancel(self, job_id: str) -> dict[str, Any]:
         return self._json(self.http.post(f"/v1/jobs/{job_id}/cancel"))
 
+    def retry(self, job_id: str, schedule: dict[str, Any] | None = None, idempotency_key: str | None = None,
+              ) -> dict[str, Any]:
+        """Runs a failed, cancelled or expired job again, with an Idempotency-Key (a fresh one unless given),
+        so a retried call whose answer was lost does not run the job twice."""
+        headers = {"Idempotency-Key": idempotency_key or new_idempotency_key()}
+        return self._retrying(lambda: self._json(
+            self.http.post(f"/v1/jobs/{job_id}/retry", json=schedule or None, headers=headers)))
+
     def purge(self, queue: str, model: str | None = None) -> dict[str, Any]:
         params = {"model": model} if model is not None else None
         return self._json(self.http.post(f"/v1/queues/{queue}/purge", params=params))

@@ -37,6 +37,8 @@ WorkersOpt = Annotated[int | None, typer.Option(
     help="processes serving HTTP on the port (default: the api_workers setting, 1)")]
 UrlOpt = Annotated[str, typer.Option("--url", envvar="CONVEYOR_URL", help="API base URL")]
 KeyOpt = Annotated[str | None, typer.Option("--api-key", envvar="CONVEYOR_API_KEY", help="Bearer API key")]
+RunAtOpt = Annotated[str | None, typer.Option(help="RFC 3339 time (with offset): not started before it")]
+DelayOpt = Annotated[float | None, typer.Option("--delay", help="seconds from now: not started before")]
 DEBUG_HELP = "show full tracebacks, and the start-up logs of alembic and Celery"
 DEFAULT_URL = "http://127.0.0.1:8000"
 log = logging.getLogger("conveyor")
@@ -201,10 +203,13 @@ def submit(
     timeout: Annotated[float | None, typer.Option(help="seconds of running before failing")] = None,
     metadata: Annotated[str | None, typer.Option(help="JSON object returned with the job")] = None,
     idempotency_key: Annotated[str | None, typer.Option()] = None,
+    run_at: RunAtOpt = None,
+    delay: DelayOpt = None,
+    max_retries: Annotated[int | None, typer.Option(help="automatic retries of retryable failures")] = None,
     url: UrlOpt = DEFAULT_URL,
     api_key: KeyOpt = None,
 ) -> None:
-    """Submits a job and prints it as JSON."""
+    """Submits a job and prints it as JSON (status `scheduled` with --run-at or --delay)."""
     if (prompt is None) == (messages_file is None):
         _fail("give exactly one of PROMPT or --messages-file")
     body: dict[str, Any] = {"queue": queue}
@@ -214,7 +219,8 @@ def submit(
         assert messages_file is not None
         body["messages"] = json.loads(messages_file.read_text())
     optional = dict(max_tokens=max_tokens, temperature=temperature, seed=seed, ttl=ttl, timeout=timeout,
-                    metadata=json.loads(metadata) if metadata else None)
+                    metadata=json.loads(metadata) if metadata else None, max_retries=max_retries,
+                    **_schedule(run_at, delay))
     body.update({k: v for k, v in optional.items() if v is not None})
     _print_call(url, api_key, lambda c: c.submit(body, idempotency_key))
 
@@ -247,13 +253,36 @@ def cancel(job_id: str, url: UrlOpt = DEFAULT_URL, api_key: KeyOpt = None) -> No
 
 
 @app.command()
+def retry(
+    job_id: str,
+    run_at: RunAtOpt = None,
+    delay: DelayOpt = None,
+    idempotency_key: Annotated[str | None, typer.Option()] = None,
+    url: UrlOpt = DEFAULT_URL,
+    api_key: KeyOpt = None,
+) -> None:
+    """Runs a failed, cancelled or expired job again under its id (POST /v1/jobs/ID/retry) and prints it."""
+    _print_call(url, api_key, lambda c: c.retry(job_id, _schedule(run_at, delay), idempotency_key))
+
+
+def _schedule(run_at: str | None, delay: float | None) -> dict[str, Any]:
+    """The body fields of --run-at / --delay (the API judges them: a bad time is its 422)."""
+    if run_at is not None and delay is not None:
+        _fail("give --run-at or --delay, not both")
+    if run_at is not None:
+        return {"run_at": run_at}
+    return {"delay_s": delay} if delay is not None else {}
+
+
+@app.command()
 def purge(
     queue: str,
     model: Annotated[str | None, typer.Option(help="this served model's queue only")] = None,
     url: UrlOpt = DEFAULT_URL,
     api_key: KeyOpt = None,
 ) -> None:
-    """Cancels every queued job of yours in QUEUE (every tenant's with an admin key) and prints the count."""
+    """Cancels every queued and scheduled job of yours in QUEUE (every tenant's with an admin key) and prints
+    the count."""
     _print_call(url, api_key, lambda c: c.purge(queue, model))
 
 

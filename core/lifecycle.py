@@ -1,9 +1,12 @@
 """The statuses a job, a batch and a batch line go through, and which changes are allowed.
 
 Job: `queued -> running -> succeeded | failed | cancelled`, `queued -> cancelled | expired`, and
-`running -> queued` only when its worker died (attempts + 1 on the next claim). The store applies each change
-as one conditional UPDATE (core/store/jobs.py), so a late or duplicate message can never complete a job twice
-or revive a cancelled one.
+`running -> queued` only when its worker died (attempts + 1 on the next claim). A job given `run_at` or
+`delay_s` starts `scheduled` and becomes `queued` when due (worker/scheduler.py), or is cancelled first. A
+retryable failure with retries left goes `running -> scheduled` (its backoff, core/retry_policy.py), and
+`POST /v1/jobs/{id}/retry` takes a failed, cancelled or expired job back to `queued` (or `scheduled`). The
+store applies each change as one conditional UPDATE (core/store/jobs.py), so a late or duplicate message can
+never complete a job twice or revive a cancelled one.
 
 Batch (OpenAI's statuses): `validating -> in_progress -> finalizing -> completed | failed | expired`, and
 `validating | in_progress -> cancelling -> cancelled`; a batch whose rounds keep failing is given up on and
@@ -13,15 +16,18 @@ while its job is queued or running, then takes its job's outcome.
 
 from __future__ import annotations
 
-QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED, EXPIRED = (
-    "queued", "running", "succeeded", "failed", "cancelled", "expired"
+SCHEDULED, QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED, EXPIRED = (
+    "scheduled", "queued", "running", "succeeded", "failed", "cancelled", "expired"
 )
-JOB_STATUSES = (QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED, EXPIRED)
+JOB_STATUSES = (SCHEDULED, QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED, EXPIRED)
 TERMINAL_STATUSES = (SUCCEEDED, FAILED, CANCELLED, EXPIRED)
+RETRYABLE_STATUSES = (FAILED, CANCELLED, EXPIRED)  # POST /v1/jobs/{id}/retry runs these again
+WAITING_STATUSES = (SCHEDULED, QUEUED)  # not started: cancelled by a purge, cancellable, not yet run
 JOB_TRANSITIONS: dict[str, tuple[str, ...]] = {
+    SCHEDULED: (QUEUED, CANCELLED),
     QUEUED: (RUNNING, CANCELLED, EXPIRED),
-    RUNNING: (SUCCEEDED, FAILED, CANCELLED, QUEUED),
-    SUCCEEDED: (), FAILED: (), CANCELLED: (), EXPIRED: (),
+    RUNNING: (SUCCEEDED, FAILED, CANCELLED, QUEUED, SCHEDULED),
+    SUCCEEDED: (), FAILED: (QUEUED, SCHEDULED), CANCELLED: (QUEUED, SCHEDULED), EXPIRED: (QUEUED, SCHEDULED),
 }
 
 VALIDATING, IN_PROGRESS, FINALIZING, COMPLETED = "validating", "in_progress", "finalizing", "completed"

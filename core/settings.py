@@ -82,6 +82,12 @@ class QueueSettings(BaseModel):
         description="`deadline_s` of a job that sets none (a soft target the schedulers order by); unset: "
         "such jobs have no deadline",
     )
+    max_retries: int | None = Field(
+        None, ge=0, le=10,
+        description="`max_retries` of a job that sets none: automatic retries after a worker was lost, the "
+        "engine ran out of memory or the model was not loadable yet; unset: max_attempts - 1 for a lost "
+        "worker, 2 otherwise",
+    )
 
 
 def renamed_queue_fields(given: dict[str, Any]) -> dict[str, Any]:
@@ -371,6 +377,9 @@ class Settings(BaseSettings):
     # Reliability
     reconcile_interval_s: float = Field(2.0, gt=0, description="reconciler period")
     dispatch_grace_s: float = Field(5.0, gt=0, description="re-publish jobs still undispatched after this")
+    schedule_poll_s: float = Field(
+        1.0, gt=0, le=60, description="how often a worker looks for scheduled jobs that became due (sooner "
+        "when the next one is due sooner)")
     worker_heartbeat_s: float = Field(2.0, gt=0, description="worker heartbeat period")
     worker_dead_after_s: float = Field(
         15.0, gt=0,

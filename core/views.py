@@ -15,12 +15,12 @@ from core.chat_options import ChatOptions
 from core.embedding_objects import EmbeddingList, embedding_list
 from core.job_kinds import GENERATION, JobKind
 from core.lanes import split_lane
-from core.lifecycle import BATCH_CANCELLED, BATCH_EXPIRED, BATCH_FAILED, COMPLETED
+from core.lifecycle import BATCH_CANCELLED, BATCH_EXPIRED, BATCH_FAILED, COMPLETED, TERMINAL_STATUSES
 from core.model_adapters import job_model_id
 from core.store.tables import Batch, Job
 from core.tool_calls import choice_seed, read_output
 
-JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled", "expired"]
+JobStatus = Literal["scheduled", "queued", "running", "succeeded", "failed", "cancelled", "expired"]
 
 
 class TokenLogprob(BaseModel):
@@ -106,6 +106,16 @@ class JobError(BaseModel):
     message: str | None
 
 
+class AttemptRecord(BaseModel):
+    """How one run of the job ended."""
+
+    attempt: int = Field(description="the job's `attempts` when it ended (0: it never started)")
+    status: str = Field(description="failed, cancelled, expired, or succeeded for the last one")
+    error: JobError | None
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
 class JobPublic(BaseModel):
     id: str
     status: JobStatus
@@ -140,6 +150,14 @@ class JobPublic(BaseModel):
     attempts: int
     preemptions: int
     metadata: dict[str, Any] | None
+    run_at: datetime | None = Field(
+        None, description="when a scheduled job is due: asked with run_at or delay_s, or the next attempt "
+        "after a retryable failure; null: it was queued at once")
+    retries: int = Field(0, description="automatic retries used (since submission or the last retry)")
+    max_retries: int | None = Field(None, description="automatic retries allowed; null: the default")
+    history: list[AttemptRecord] = Field(
+        default_factory=list, description="every ended run, oldest first: the outcomes kept when the job "
+        "was retried, then the current one once final")
 
     @classmethod
     def from_row(cls, job: Job) -> JobPublic:
@@ -158,8 +176,19 @@ class JobPublic(BaseModel):
             queue_time_s=_seconds(job.created_at, job.started_at),
             time_to_first_token_s=_seconds(job.created_at, job.first_token_at),
             end_to_end_s=_seconds(job.created_at, job.finished_at),
-            attempts=job.attempts, preemptions=job.preemptions, metadata=job.meta,
+            attempts=job.attempts, preemptions=job.preemptions, metadata=job.meta, run_at=job.run_at,
+            retries=job.retries or 0, max_retries=job.max_retries, history=_history(job),
         )
+
+
+def _history(job: Job) -> list[AttemptRecord]:
+    """The kept outcomes, then the current one when final; a job never retried shows only its own."""
+    kept = [AttemptRecord.model_validate(entry) for entry in job.history or []]
+    if job.status in TERMINAL_STATUSES:
+        error = JobError(code=job.error_code, message=job.error_message) if job.error_code else None
+        kept.append(AttemptRecord(attempt=job.attempts, status=job.status, error=error,
+                                  started_at=job.started_at, finished_at=job.finished_at))
+    return kept
 
 
 def _result(job: Job, model_id: str) -> JobResult | EmbeddingList | None:
@@ -193,7 +222,7 @@ def batch_public(batch: Batch) -> dict[str, Any]:
                   "input_tokens_details": {"cached_tokens": 0},
                   "output_tokens_details": {"reasoning_tokens": 0}},
         "input": batch.input_url if batch.input_file_id is None else None, "output": batch.output_url,
-        "outputs": batch.outputs, "queue": batch.queue,
+        "outputs": batch.outputs, "queue": batch.queue, "run_at": _unix(batch.run_at),
         "webhook": {"url": batch.webhook["url"]} if batch.webhook else None,
     }
 

@@ -10,11 +10,13 @@ from datetime import datetime, timezone
 from typing import Any
 
 from core.embedding_vectors import encode_vector
+from core.retry_policy import OUT_OF_MEMORY
 from core.store import jobs
 from engine.outputs import RequestOutput
 from engine.tokenizer import Tokenizer
 from worker.attempt import ENGINE_ERROR, INVALID_REQUEST, TIMEOUT, Attempt, EngineFuture
 from worker.logprobs import job_logprobs, job_prompt_logprobs
+from worker.transient import is_transient
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +40,8 @@ def outcome(ended: Ended, tokenizer: Tokenizer) -> jobs.Outcome | None:
         result = ended.future.result()
     except ValueError as exc:  # the engine refused it after submit: a grammar that cannot be compiled
         return failure(attempt, INVALID_REQUEST, str(exc))
-    except Exception as exc:
-        return failure(attempt, ENGINE_ERROR, describe(exc))
+    except Exception as exc:  # out of memory again after its retry on this worker: the retry policy's
+        return failure(attempt, OUT_OF_MEMORY if is_transient(exc) else ENGINE_ERROR, describe(exc))
     outputs = result if isinstance(result, list) else [result]
     aborted = next((out for out in outputs if out.finish_reason == "abort"), None)
     if aborted is not None:

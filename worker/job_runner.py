@@ -34,6 +34,7 @@ from core.dispatch import Publish, publish_and_mark
 from core.finish_notifications import FinishedSink
 from core.job_kinds import EMBEDDING
 from core.lanes import queue_of
+from core.retry_policy import MODEL_UNAVAILABLE
 from core.store import fair_share, jobs, tenants
 from core.store.fair_share import FairState
 from core.store.tables import Job
@@ -171,6 +172,14 @@ class JobRunner:
         try:
             if attempt.lora is not None and self._adapters is not None:
                 self._adapters.ensure(attempt.lora)
+        except ValueError as exc:  # no such adapter for this model: the request's own error
+            self._writer.refused(attempt, INVALID_REQUEST, str(exc))
+            return
+        except Exception as exc:  # its files unreadable for now: the retry policy's (core/retry_policy.py)
+            log.warning("job %s: adapter %s not loadable: %s", job.id, attempt.lora, describe(exc))
+            self._writer.refused(attempt, MODEL_UNAVAILABLE, f"adapter {attempt.lora}: {describe(exc)}")
+            return
+        try:
             attempt.engine_input = self._engine_input(job, attempt.n)
             future = self._to_engine(attempt)
         except ValueError as exc:

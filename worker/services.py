@@ -2,12 +2,13 @@
 
 The Celery worker (worker/celery_worker.py) and the embedded runtime (worker/embedded.py) both run exactly
 these: the engine host, the job runner (which holds each queue to its max_running), the heartbeat, the
-reconciler, the webhook sender and the batch runner. They differ only in where job ids come from (a broker
-consumer or in-process feeders), which they start after `start()` and stop before `stop()`.
+reconciler, the scheduler (scheduled jobs that became due), the webhook sender and the batch runner. They
+differ only in where job ids come from (a broker consumer or in-process feeders), which they start after
+`start()` and stop before `stop()`.
 
-Stop order: the batch runner and the reconciler first (no new jobs, no re-publishing), then the job runner
-(in-flight jobs finish within the grace period, the rest are requeued), then the webhook sender, the
-heartbeat (the worker stays alive in the store while its jobs finish), and the engine last.
+Stop order: the batch runner, the reconciler and the scheduler first (no new jobs, no re-publishing), then the
+job runner (in-flight jobs finish within the grace period, the rest are requeued), then the webhook sender,
+the heartbeat (the worker stays alive in the store while its jobs finish), and the engine last.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from worker.heartbeat import Heartbeat
 from worker.job_runner import JobRunner
 from worker.model import engine_config, resolve_model
 from worker.reconciler import Broker, Local, Reconciler
+from worker.scheduler import Scheduler
 from worker.webhooks.sender import WebhookSender
 
 log = logging.getLogger(__name__)
@@ -64,6 +66,7 @@ class WorkerServices:
                                     settings.worker_heartbeat_s, self._engine_pace)
         local = Local(worker_id, self._held_attempts, self._claims_since, self._runner_stopping)
         self._reconciler = Reconciler(sessions, broker, settings, local, finished=finished)
+        self._scheduler = Scheduler(sessions, broker.publish, settings.schedule_poll_s)
         self._webhooks = WebhookSender(sessions, settings)
         self.metrics = WorkerMetrics()  # exists before the engine: the embedded API adds its registry early
         self._host: EngineHost | None = None
@@ -120,6 +123,7 @@ class WorkerServices:
             self._lora_prune.start()
         if self._fleet_duties:
             self._reconciler.start()
+            self._scheduler.start()
             self._webhooks.start()
             self._batches.start()
 
@@ -140,6 +144,7 @@ class WorkerServices:
         if self._batches is not None:
             self._batches.stop()
         self._reconciler.stop()
+        self._scheduler.stop()
         if self._runner is not None:
             self._runner.shutdown(grace, self._broker.publish if self._republish else None, tick)
         self._webhooks.stop()

@@ -1,27 +1,36 @@
-"""/v1/jobs: submit, read (at once, by long poll, or as server-sent events), list, cancel, delete."""
+"""/v1/jobs: submit, read (at once, by long poll, or as server-sent events), list, cancel, retry, delete."""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Query, Request, Response
+import anyio
+from fastapi import APIRouter, Body, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
 from api import cursor, job_waits
 from api.auth import CurrentTenant, WaitingTenant
 from api.deps import Services, ServicesDep, SessionDep
-from api.errors import ApiError, can_be_stored_id, lookup_id, not_found
+from api.errors import ApiError, can_be_stored_id, lookup_id, not_found, raise_problem
 from api.job_waits import EVENTS_MAX_S, KEEPALIVE_S, MAX_WAIT_S
 from api.model_responses import model_response
 from api.schemas.deleted import Deleted
 from api.schemas.errors import error_responses, sse_schema
 from api.schemas.jobs import JobList, JobSubmission
+from api.schemas.scheduling import ScheduleFields
 from api.submit import submit
 from core.clock import utcnow
-from core.lifecycle import CANCELLED
+from core.job_kinds import GENERATION
+from core.lifecycle import CANCELLED, QUEUED, TERMINAL_STATUSES
+from core.request_limits import idempotency_key_problem
 from core.settings import UnknownModelError
 from core.store import jobs
+from core.token_stream import Subscription, TokenStream
 from core.views import JobPublic, JobStatus
+
+log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 REPLAYED = {200: {"model": JobPublic, "description": "an Idempotency-Key replay: the job it created"}}
@@ -29,7 +38,10 @@ EVENTS = {200: {"description": "server-sent events: `event: job`, `data:` the jo
                                "returns it",
                 "content": {"text/event-stream": {"schema": sse_schema("the job, as JSON")}}}}
 EVENTS_DESCRIPTION = (
-    "Server-sent events (`event: job`): the job at once, then each time its status changes; the stream ends "
+    "Server-sent events: `event: job` with the job at once, then each time its status changes; while it "
+    "runs, `event: delta` with each piece of generated text as the worker produces it (`{text, index, "
+    "attempt, tokens}`: the token stream the OpenAI routes use; a requeued job streams again from its first "
+    "token, under its new attempt), then the final job. The stream ends "
     f"after the final status, or after {EVENTS_MAX_S / 60:g} minutes with the current state (reconnect to "
     f"follow on). A comment line at least every {KEEPALIVE_S:g} s keeps it open through proxies."
 )
@@ -82,10 +94,33 @@ async def get_job(
 
 @router.get("/{job_id}/events", response_class=EventStream, description=EVENTS_DESCRIPTION,
             responses={**EVENTS, **_json_errors(401, 404)})
-async def job_events(job_id: str, services: ServicesDep, tenant: WaitingTenant) -> EventStream:
-    await job_waits.read_or_404(services, job_id, tenant)  # an unknown job is a 404, not an empty stream
-    return EventStream(job_waits.events(services, job_id, tenant),
+async def job_events(job_id: str, request: Request, services: ServicesDep, tenant: WaitingTenant,
+                     ) -> EventStream:
+    job = await job_waits.read_or_404(services, job_id, tenant)  # an unknown job: a 404, not an empty stream
+    deltas = None
+    stream: TokenStream | None = request.app.state.token_stream
+    if stream is not None and job.status not in TERMINAL_STATUSES and job.kind == GENERATION:
+        deltas = await _subscribed(stream, job.id)
+    return EventStream(_closing(job_waits.events(services, job.id, tenant, deltas), deltas),
                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+async def _subscribed(stream: TokenStream, job_id: str) -> Subscription | None:
+    try:
+        return await stream.subscribe(job_id)
+    except Exception as exc:  # e.g. Redis unreachable: status events still come from the store
+        log.warning("token stream: subscribing to %s failed (%s); its events carry no deltas", job_id, exc)
+        return None
+
+
+async def _closing(events: AsyncIterator[str], deltas: Subscription | None) -> AsyncIterator[str]:
+    try:
+        async for event in events:
+            yield event
+    finally:
+        if deltas is not None:
+            with anyio.CancelScope(shield=True):
+                await deltas.close()
 
 
 @router.get("", response_model=JobList, responses=error_responses(401, 422))
@@ -129,7 +164,7 @@ def _listed_lanes(services: Services, model_id: str | None, queue: str | None) -
 
 @router.post("/{job_id}/cancel", response_model=JobPublic, responses=error_responses(401, 404, 409))
 def cancel_job(job_id: str, session: SessionDep, services: ServicesDep, tenant: CurrentTenant) -> JobPublic:
-    """Cancels a queued or running job (a running one is aborted in the engine within a step)."""
+    """Cancels a scheduled, queued or running job (a running one is aborted in the engine within a step)."""
     job = jobs.cancel(session, lookup_id("job", job_id), tenant, utcnow())
     if job is None:
         raise not_found("job", job_id)
@@ -140,10 +175,48 @@ def cancel_job(job_id: str, session: SessionDep, services: ServicesDep, tenant: 
     return JobPublic.from_row(job)
 
 
+@router.post("/{job_id}/retry", response_model=JobPublic,
+             responses={**REPLAYED, **error_responses(401, 404, 409, 422)}, status_code=202)
+def retry_job(
+    job_id: str,
+    session: SessionDep,
+    services: ServicesDep,
+    tenant: CurrentTenant,
+    body: Annotated[ScheduleFields | None, Body()] = None,
+    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
+) -> Response:
+    """Runs a failed, cancelled or expired job again under the same id (202): queued at once, or scheduled
+    with `run_at` / `delay_s`; its outcome so far is kept in `history`, its next run counts in `attempts`. A
+    queued, scheduled or running job, or a succeeded one, is refused (409), as is one of a batch that has not
+    ended. With an Idempotency-Key, a second call with the key answers the job (200) without retrying it."""
+    now = utcnow()
+    if idempotency_key is not None:
+        raise_problem(idempotency_key_problem(idempotency_key))
+    try:
+        run_at = (body or ScheduleFields()).due_at(now)
+    except ValueError as exc:
+        raise ApiError(422, "invalid_request", str(exc), "run_at") from None
+    outcome = jobs.retry(session, lookup_id("job", job_id), tenant, now, key=idempotency_key, run_at=run_at)
+    if outcome.job is None:
+        raise not_found("job", job_id)
+    if outcome.replayed:
+        return model_response(JobPublic.from_row(outcome.job), 200)
+    if outcome.open_batch_id is not None:
+        raise ApiError(409, "not_retryable", f"id: job {job_id} belongs to batch {outcome.open_batch_id}, "
+                       "which has not ended; retry it once the batch has", "id")
+    if not outcome.applied:
+        raise ApiError(409, "not_retryable", f"id: job {job_id} is {outcome.job.status}; only a failed, "
+                       "cancelled or expired job can be retried", "id")
+    if outcome.job.status == QUEUED:
+        services.dispatcher.dispatch(outcome.job.id, outcome.job.queue)
+    return model_response(JobPublic.from_row(outcome.job), 202)
+
+
 @router.delete("/{job_id}", response_model=Deleted, responses=error_responses(401, 404, 409))
 def delete_job(job_id: str, session: SessionDep, tenant: CurrentTenant) -> Deleted:
-    """Deletes a finished job (succeeded, failed, cancelled or expired): its prompt, result, logprobs and
-    webhook deliveries. A queued or running job is refused (409): cancel it first, then delete it."""
+    """Deletes a finished job (succeeded, failed, cancelled or expired) or a scheduled one: its prompt,
+    result, logprobs and webhook deliveries. A queued or running job is refused (409): cancel it first, then
+    delete it."""
     outcome = jobs.delete_finished(session, lookup_id("job", job_id), tenant)
     if outcome.status is None:
         raise not_found("job", job_id)

@@ -45,6 +45,7 @@ def list_queues(session: SessionDep, services: ServicesDep, caller: CurrentTenan
     counted = None if admin and tenant_ is None else tenant  # None: every tenant's jobs
     now = utcnow()
     counts = job_tallies.queue_counts(session, now, counted, may_fold=True)
+    scheduled = jobs.count_scheduled(session, counted)
     consumers = workers.live_workers_per_queue(session, now=now,
                                                dead_after_s=services.settings.worker_dead_after_s)
     own = tenants.effective_limits(session, tenant, TenantLimits.defaults(services.settings))
@@ -58,7 +59,8 @@ def list_queues(session: SessionDep, services: ServicesDep, caller: CurrentTenan
             age = round((now - c.oldest_queued_at).total_seconds(), 3) if c.oldest_queued_at else None
             by_tier = {tier: DeadlineCounts(**n) for tier, n in sorted(deadlines.get(lane, {}).items())}
             data.append(QueuePublic(
-                name=name, model=model.id, queued=c.queued, running=c.running, oldest_queued_age_s=age,
+                name=name, model=model.id, queued=c.queued, running=c.running,
+                scheduled=scheduled.get(lane, 0), oldest_queued_age_s=age,
                 workers=consumers.get(lane, 0), limits=clamp_queue_limits(limits, model.max_model_len()),
                 tenant_limits=own_limits, deadlines_last_hour=total(by_tier.values()),
                 deadlines_last_hour_by_tier=by_tier))
@@ -75,10 +77,10 @@ ModelQuery = Annotated[str | None, Query(
 @router.post("/{name}/purge", response_model=Purged, responses=error_responses(401, 404, 422))
 def purge_queue(name: str, session: SessionDep, services: ServicesDep, caller: CurrentTenant,
                 credentials: Credentials, model: ModelQuery = None) -> Purged:
-    """Cancels every queued job of the caller in the queue `name` (of every served model, or of `?model=`);
-    with an admin key (or auth off), every tenant's. Running jobs are left alone (cancel them one by one).
-    In chunks of PURGE_CHUNK jobs, each committed with its effects: a cancelled webhook per job, as if
-    cancelled one by one."""
+    """Cancels every queued and scheduled job of the caller in the queue `name` (of every served model, or
+    of `?model=`); with an admin key (or auth off), every tenant's. Running jobs are left alone (cancel them
+    one by one). In chunks of PURGE_CHUNK jobs, each committed with its effects: a cancelled webhook per job,
+    as if cancelled one by one."""
     admin = not services.settings.auth_enabled or (
         credentials is not None and keys.is_admin_key(session, credentials.credentials))
     try:

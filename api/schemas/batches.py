@@ -10,6 +10,7 @@ from pydantic_core import PydanticCustomError
 
 from api.schemas.fields import STORABLE, StoredJsonObject
 from api.schemas.jobs import WebhookTarget, exactly_one_of
+from api.schemas.scheduling import ScheduleFields
 
 Endpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
 # The same patterns in the JSON schema and here, applied as JSON schema validators written in Python apply
@@ -23,10 +24,11 @@ _S3_PREFIX = re.compile(S3_PREFIX_PATTERN)
 FileId = Annotated[str, Field(max_length=40), STORABLE]
 
 
-class BatchCreate(BaseModel):
+class BatchCreate(ScheduleFields):
     """OpenAI's form: `input_file_id`, `endpoint`, `completion_window`, `metadata`. Conveyor's form: `input`
-    (s3://bucket/key.jsonl), `output` (s3://bucket/prefix/), `queue`, `webhook`. Without `output` the outputs
-    become files (`output_file_id`, `error_file_id`)."""
+    (s3://bucket/key.jsonl), `output` (s3://bucket/prefix/), `queue`, `webhook`, and `run_at` or `delay_s`
+    (the batch stays `validating` until then, its completion window counting from then). Without `output`
+    the outputs become files (`output_file_id`, `error_file_id`)."""
 
     model_config = ConfigDict(extra="forbid", json_schema_extra=exactly_one_of("input_file_id", "input"))
 
@@ -120,6 +122,7 @@ class BatchPublic(BaseModel):
     outputs: dict[str, str] | None
     queue: str
     webhook: dict[str, str] | None
+    run_at: int | None = Field(None, description="when a scheduled batch starts (unix time); null: at once")
 
 
 class BatchList(BaseModel):

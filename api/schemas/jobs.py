@@ -42,6 +42,7 @@ from api.schemas.fields import (
     TopK,
     TopP,
 )
+from api.schemas.scheduling import ScheduleFields
 from core.embedding_request import EmbeddingFields
 from core.job_kinds import EMBEDDING, GENERATION
 from core.openai_request import CHAT_FIELDS, ChatFields
@@ -53,6 +54,7 @@ from core.views import JobPublic
 from core.webhooks.events import validate_filter
 from core.webhooks.ssrf import url_problem
 
+MAX_RETRIES = 10
 SAMPLING_FIELDS = (
     "n", "max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
     "stop_token_ids", "ignore_eos", "repetition_penalty", "presence_penalty", "frequency_penalty", "logprobs",
@@ -141,9 +143,9 @@ def webhook_json(webhook: AnyHttpUrl | WebhookSpec | None) -> dict[str, Any] | N
     return {"url": str(webhook)}
 
 
-class JobPlacement(BaseModel):
+class JobPlacement(ScheduleFields):
     """What a job of either kind says of where it runs and how it is kept: its model and queue, its urgency,
-    its lifetime, its metadata and webhook."""
+    when it may start (ScheduleFields), its lifetime and retries, its metadata and webhook."""
 
     model: str | None = Field(None, min_length=1, description="the served model to run it "
                               "(`GET /v1/models`); unset = the default model")
@@ -162,6 +164,11 @@ class JobPlacement(BaseModel):
                               description="seconds; the job expires if not started in time")
     timeout: float | None = Field(None, strict=True, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False,
                                   description="seconds; fails with code `timeout` when over")
+    max_retries: int | None = Field(
+        None, strict=True, ge=0, le=MAX_RETRIES,
+        description="automatic retries after failures that are not the request's own (worker lost, engine "
+        "out of memory, model not loadable yet), each after an exponential backoff with jitter; default: "
+        "the queue's max_retries")
     webhook: WebhookTarget | None = Field(None, description="URL or object with `url`; stored")
 
     def webhook_json(self) -> dict[str, Any] | None:

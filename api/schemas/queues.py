@@ -31,6 +31,8 @@ class QueuePublic(BaseModel):
     model: str = Field(description="the served model whose queue this is (each model has its own)")
     queued: int = Field(description="queued jobs: the tenant's (every tenant's with an admin key)")
     running: int = Field(description="running jobs: the tenant's (every tenant's with an admin key)")
+    scheduled: int = Field(0, description="scheduled jobs not due yet, the same tenant's (not in `queued`, "
+                           "nor in the scaling signal, until due)")
     oldest_queued_age_s: float | None = Field(description="age of the oldest of those queued jobs")
     workers: int = Field(description="live workers consuming this queue (0: jobs wait until one starts)")
     limits: QueueSettings = Field(description="the queue's own limits, the same for every tenant")
@@ -45,7 +47,7 @@ class QueuePublic(BaseModel):
 
 class Purged(BaseModel):
     queue: str
-    cancelled: int = Field(description="the queued jobs the purge cancelled")
+    cancelled: int = Field(description="the queued and scheduled jobs the purge cancelled")
     tenant: str | None = Field(description="whose jobs: the caller's; null: every tenant's (an admin key, or "
                                "auth off)")
 

@@ -62,15 +62,18 @@ def new_batch_id() -> str:
 def create(session: Session, *, tenant_id: str, input_url: str, output_url: str | None, queue: str,
            now: datetime, input_file_id: str | None = None, endpoint: str | None = None,
            completion_window_s: float = 86400.0, webhook: dict[str, Any] | None = None,
-           meta: dict[str, Any] | None = None) -> Batch:
-    """Inserts a validating batch and commits; a runner picks it up on its next round."""
+           meta: dict[str, Any] | None = None, run_at: datetime | None = None) -> Batch:
+    """Inserts a validating batch and commits; a runner picks it up on its next round, or once `run_at` is
+    reached (its runner's next_attempt_at), its completion window then counting from run_at."""
+    since = run_at if run_at is not None and run_at > now else now
     batch = Batch(
         id=new_batch_id(), tenant_id=tenant_id, endpoint=endpoint, input_url=input_url,
         input_file_id=input_file_id, output_url=output_url, queue=queue,
         completion_window=f"{round(completion_window_s / 3600)}h", webhook=webhook, meta=meta,
         status=VALIDATING, total=0, completed=0, failed=0, cancelled=0, prompt_tokens=0, completion_tokens=0,
         read_line=1, read_offset=0, read_done=False, created_at=now,
-        expires_at=now + timedelta(seconds=completion_window_s), updated_at=now,
+        expires_at=since + timedelta(seconds=completion_window_s), updated_at=now,
+        run_at=since if since > now else None, next_attempt_at=since if since > now else None,
     )
     session.add(batch)
     session.commit()

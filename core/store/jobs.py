@@ -35,21 +35,27 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
+from core.job_history import outcome_entry, with_entry
 from core.job_kinds import GENERATION
 from core.lanes import lane_of, queue_of
 from core.lifecycle import (
     CANCELLED,
     EXPIRED,
     FAILED,
+    JOB_STATUSES,
     JOB_TRANSITIONS,
     OPEN_BATCH_STATUSES,
     QUEUED,
+    RETRYABLE_STATUSES,
     RUNNING,
+    SCHEDULED,
     SUCCEEDED,
     TERMINAL_STATUSES,
+    WAITING_STATUSES,
 )
+from core.retry_policy import DEFAULT_MAX_RETRIES, RETRYABLE_CODES, WORKER_LOST, Backoff
 from core.service_tiers import goodput_tier
-from core.store import outcome_counts, webhooks
+from core.store import outcome_counts, webhook_events, webhooks
 from core.store.final_status_effects import record_finished
 from core.store.paging import newest_first
 from core.store.tables import Batch, BatchLine, Job, JobTallyDelta
@@ -85,6 +91,8 @@ class NewJob:
     # messages; its params are core/embedding_request.py's job_params.
     kind: str = GENERATION
     inputs: list[str | list[int]] | None = None
+    run_at: datetime | None = None  # due then (status scheduled until); None: queued at once
+    max_retries: int | None = None  # automatic retries of retryable failures (core/retry_policy.py)
 
 
 def new_job_id() -> str:
@@ -123,10 +131,14 @@ _INSERT_JOB = Job.__table__.insert()
 
 
 def _queued_row(new: NewJob, now: datetime) -> dict[str, Any]:
-    expires_at = now + timedelta(seconds=new.ttl_s) if new.ttl_s is not None else None
-    deadline_at = now + timedelta(seconds=new.deadline_s) if new.deadline_s is not None else None
+    """Queued, or scheduled when `run_at` is ahead: its ttl and deadline then count from its due time."""
+    scheduled = new.run_at is not None and new.run_at > now
+    since = new.run_at if new.run_at is not None and scheduled else now
+    expires_at = since + timedelta(seconds=new.ttl_s) if new.ttl_s is not None else None
+    deadline_at = since + timedelta(seconds=new.deadline_s) if new.deadline_s is not None else None
     return dict(
-        id=new_job_id(), tenant_id=new.tenant_id, queue=new.queue, status=QUEUED, prompt=new.prompt,
+        id=new_job_id(), tenant_id=new.tenant_id, queue=new.queue, status=SCHEDULED if scheduled else QUEUED,
+        prompt=new.prompt, run_at=new.run_at if scheduled else None, max_retries=new.max_retries, retries=0,
         messages=new.messages, params=new.params, meta=new.meta, webhook=new.webhook,
         idempotency_key=new.idempotency_key, request_hash=new.request_hash, ttl_s=new.ttl_s,
         timeout_s=new.timeout_s, expires_at=expires_at, created_at=now, updated_at=now, attempts=0,
@@ -179,7 +191,7 @@ def status_is(status: str) -> ColumnElement[bool]:
     """`status = '<status>'` with the status written into the SQL, not bound: PostgreSQL may plan a bound
     parameter generically, and a generic plan cannot use the partial indexes (tables.PARTIAL_INDEXES), whose
     predicates name the status."""
-    assert status in (QUEUED, RUNNING, *TERMINAL_STATUSES), status
+    assert status in JOB_STATUSES, status
     return Job.status == literal_column(f"'{status}'")
 
 
@@ -245,11 +257,15 @@ def claim_many(session: Session, job_ids: list[str], worker_id: str, now: dateti
 
 def claim_ids(session: Session, job_ids: list[str], worker_id: str, now: datetime) -> list[Job]:
     """queued -> running (attempts + 1, started_at = now, held by worker_id) for those of `job_ids` still
-    queued, not committed: a claim's one write (here and in core/store/fair_share.py). Returns those rows."""
+    queued, with their `job.started` webhook events, not committed: a claim's one write (here and in
+    core/store/fair_share.py). Returns those rows."""
     if not job_ids:
         return []
     params = {"b_ids": job_ids, "b_worker_id": worker_id, "b_now": now}
-    return list(session.execute(_CLAIM_IDS, params).scalars())
+    claimed = list(session.execute(_CLAIM_IDS, params).scalars())
+    if claimed:
+        webhook_events.enqueue_started_events(session, claimed, now)
+    return claimed
 
 
 _CLAIM_IDS = (  # built once: the claim runs for every job
@@ -311,7 +327,9 @@ def record_step(session: Session, first_tokens: list[FirstToken], outcomes: list
     outcome changes nothing, and only the jobs whose outcome applied get their follow-on effects
     (`record_finished`), once per status for the whole group. Returns the ids of the jobs this made final."""
     first_of = {(first.job_id, first.attempt): first.at for first in first_tokens}
-    outcomes = [_with_first_token(outcome, first_of) for outcome in outcomes]
+    rescheduled = _reschedule_retryable(session, outcomes, now)
+    outcomes = [_with_first_token(outcome, first_of) for outcome in outcomes
+                if outcome.job_id not in rescheduled]
     written = {(outcome.job_id, outcome.attempt) for outcome in outcomes if isinstance(outcome, Completion)}
     firsts = sorted(first for first in first_tokens if (first.job_id, first.attempt) not in written)
     if firsts:  # a completion writes its own first token (the earlier of the two)
@@ -326,6 +344,32 @@ def record_step(session: Session, first_tokens: list[FirstToken], outcomes: list
         record_finished(session, job_ids, status, now)
     session.commit()
     return [job_id for job_ids in finished.values() for job_id in job_ids]
+
+
+def _reschedule_retryable(session: Session, outcomes: list[Outcome], now: datetime,
+                          backoff: Backoff = Backoff()) -> set[str]:
+    """running -> scheduled, after its backoff, for each retryable failure (core/retry_policy.py) whose job
+    has retries left; the failed attempt goes into its history. Not committed (record_step's transaction).
+    Returns the ids rescheduled: their failures are not written."""
+    retryable = {(outcome.job_id, outcome.attempt): outcome for outcome in outcomes
+                 if isinstance(outcome, Failure) and outcome.code in RETRYABLE_CODES}
+    if not retryable:
+        return set()
+    locked = lock_in_id_order(session, Job.id.in_([job_id for job_id, _ in retryable]), Job.status == RUNNING)
+    rescheduled: set[str] = set()
+    for job in get_many(session, locked):
+        failure = retryable.get((job.id, job.attempts))
+        if failure is None or job.retries >= (job.max_retries if job.max_retries is not None
+                                              else DEFAULT_MAX_RETRIES):
+            continue
+        entry = outcome_entry(job, status=FAILED, error_code=failure.code, error_message=failure.message,
+                              finished_at=now)
+        run_at = now + timedelta(seconds=backoff.delay_s(job.retries + 1))
+        if _update(session, job.id, (RUNNING,), Job.attempts == job.attempts, status=SCHEDULED, run_at=run_at,
+                   retries=job.retries + 1, history=with_entry(job, entry), worker_id=None,
+                   dispatched_at=None, started_at=None, first_token_at=None, updated_at=now):
+            rescheduled.add(job.id)
+    return rescheduled
 
 
 def _with_first_token(outcome: Outcome, first_of: dict[tuple[str, int], datetime]) -> Outcome:
@@ -440,14 +484,65 @@ def fail(
 
 
 def cancel(session: Session, job_id: str, tenant_id: str, now: datetime) -> Job | None:
-    """queued|running -> cancelled. Returns the job as it now is (any status), or None if the tenant has no
-    such job; the caller tells 'cancelled' from 'already finished' by its status."""
+    """scheduled|queued|running -> cancelled. Returns the job as it now is (any status), or None if the tenant
+    has no such job; the caller tells 'cancelled' from 'already finished' by its status."""
     _transition(
-        session, job_id, (QUEUED, RUNNING), Job.tenant_id == tenant_id,
+        session, job_id, (SCHEDULED, QUEUED, RUNNING), Job.tenant_id == tenant_id,
         status=CANCELLED, error_code="cancelled", error_message="cancelled by the client", finished_at=now,
         updated_at=now,
     )
     return get(session, job_id, tenant_id)
+
+
+@dataclass(frozen=True)
+class RetryResult:
+    """What POST /v1/jobs/{id}/retry found: no such job (`job` None), a job run again by this call
+    (`applied`), a replay of an Idempotency-Key an earlier retry used (`replayed`), one an open batch still
+    holds (`open_batch_id`), or one not failed, cancelled or expired (none of the flags)."""
+
+    job: Job | None
+    applied: bool = False
+    replayed: bool = False
+    open_batch_id: str | None = None
+
+
+_RESULT_FIELDS = ("result_text", "finish_reason", "completion_tokens", "cached_tokens", "logprobs", "choices",
+                  "prompt_logprobs", "embeddings", "error_code", "error_message", "started_at",
+                  "first_token_at", "finished_at", "worker_id", "dispatched_at", "predicted_finish_at")
+
+
+def retry(session: Session, job_id: str, tenant_id: str, now: datetime, *, key: str | None = None,
+          run_at: datetime | None = None) -> RetryResult:
+    """failed|cancelled|expired -> queued (scheduled when `run_at` is ahead) under the same id: its outcome
+    goes into its history, its result and error are cleared, its retries (core/retry_policy.py) start over,
+    and its ttl and deadline count from now (or run_at). `key`: an Idempotency-Key; a retry that used it
+    already makes this a replay. Committed."""
+    query = select(Job).where(Job.id == job_id, Job.tenant_id == tenant_id).with_for_update()
+    job = session.execute(query.execution_options(populate_existing=True)).scalar_one_or_none()
+    if job is None or job.status not in RETRYABLE_STATUSES or _used_retry_key(job, key):
+        session.rollback()
+        return RetryResult(job, replayed=job is not None and _used_retry_key(job, key))
+    batch_id = open_batch_of(session, job_id)
+    if batch_id is not None:
+        session.rollback()
+        return RetryResult(job, open_batch_id=batch_id)
+    scheduled = run_at is not None and run_at > now
+    since = run_at if run_at is not None and scheduled else now
+    entry = outcome_entry(job) | ({"retry_key": key} if key is not None else {})
+    values: dict[str, Any] = dict.fromkeys(_RESULT_FIELDS)
+    values.update(status=SCHEDULED if scheduled else QUEUED, run_at=since if scheduled else None,
+                  history=with_entry(job, entry), retries=0, updated_at=now,
+                  expires_at=since + timedelta(seconds=job.ttl_s) if job.ttl_s is not None else None)
+    if job.deadline_at is not None:  # as far after the new start as it was after the old one
+        ahead = job.deadline_at - (job.run_at or job.created_at)
+        values["deadline_at"] = values["start_by"] = since + ahead
+    applied = _update(session, job.id, (job.status,), None, **values)
+    session.commit()
+    return RetryResult(get(session, job_id, tenant_id), applied=applied)
+
+
+def _used_retry_key(job: Job, key: str | None) -> bool:
+    return key is not None and any(entry.get("retry_key") == key for entry in job.history or [])
 
 
 @dataclass(frozen=True)
@@ -468,13 +563,14 @@ def attempt_states(session: Session, job_ids: list[str]) -> dict[str, AttemptSta
 
 def cancel_queued(session: Session, lanes: list[str], tenant_id: str | None, now: datetime, limit: int,
                   ) -> list[str]:
-    """queued -> cancelled for up to `limit` jobs of `lanes` (a purge), oldest ids first, of `tenant_id`
-    (None: every tenant's), with their effects (webhooks, counts, batch lines) as for any cancel; committed.
-    Returns their ids."""
+    """scheduled|queued -> cancelled for up to `limit` jobs of `lanes` (a purge), oldest ids first, of
+    `tenant_id` (None: every tenant's), with their effects (webhooks, counts, batch lines) as for any cancel;
+    committed. Returns their ids."""
     owned = [Job.tenant_id == tenant_id] if tenant_id is not None else []
-    locked = lock_in_id_order(session, Job.queue.in_(lanes), Job.status == QUEUED, *owned, limit=limit)
+    waiting = Job.status.in_(WAITING_STATUSES)
+    locked = lock_in_id_order(session, Job.queue.in_(lanes), waiting, *owned, limit=limit)
     statement = (
-        update(Job).where(Job.id.in_(locked), Job.status == QUEUED)
+        update(Job).where(Job.id.in_(locked), waiting)
         .values(status=CANCELLED, error_code="cancelled", error_message="cancelled by a purge of its queue",
                 finished_at=now, updated_at=now)
         .returning(Job.id).execution_options(synchronize_session=False)
@@ -507,17 +603,16 @@ def _unlocked(*conditions: ColumnElement[bool]) -> Select[tuple[str]]:
     return select(Job.id).where(*conditions).with_for_update(skip_locked=True)
 
 
-WORKER_LOST = "worker_lost"
-
-
 def fail_lost(session: Session, dead_worker_ids: list[str], now: datetime, max_attempts: int) -> list[str]:
-    """running -> failed (`worker_lost`) for jobs held by dead workers that have had their `max_attempts`
-    runs (each claim counted one): a job that kills its worker every time must not take the fleet down one
-    worker after another. Run before `requeue_orphans`, which requeues the rest. Commits; returns the ids."""
+    """running -> failed (`worker_lost`) for jobs held by dead workers that have used their retries: their
+    own `max_retries`, else max_attempts - 1 (each requeue after a worker died counts one): a job that kills
+    its worker every time must not take the fleet down one worker after another. Run before
+    `requeue_orphans`, which requeues the rest. Commits; returns the ids."""
     if not dead_worker_ids:
         return []
-    spent = [Job.status == RUNNING, Job.worker_id.in_(dead_worker_ids), Job.attempts >= max_attempts]
-    message = f"the worker running this job died, and the job has had its max_attempts ({max_attempts}) runs"
+    allowed = func.coalesce(Job.max_retries, max_attempts - 1)
+    spent = [Job.status == RUNNING, Job.worker_id.in_(dead_worker_ids), Job.retries >= allowed]
+    message = "the worker running this job died, and the job has used its retries (max_retries)"
     statement = (
         update(Job)
         .where(Job.id.in_(_unlocked(*spent)), *spent)
@@ -540,7 +635,8 @@ def requeue_orphans(session: Session, dead_worker_ids: list[str], now: datetime)
     statement = (
         update(Job)
         .where(Job.id.in_(_unlocked(*orphaned)), *orphaned)
-        .values(status=QUEUED, worker_id=None, dispatched_at=None, first_token_at=None, updated_at=now)
+        .values(status=QUEUED, worker_id=None, dispatched_at=None, first_token_at=None, updated_at=now,
+                retries=Job.retries + 1)
         .returning(Job.id, Job.queue)
         .execution_options(synchronize_session=False)
     )
@@ -625,6 +721,47 @@ def expire_overdue(session: Session, now: datetime, job_ids: list[str] | None = 
             return expired
 
 
+PROMOTE_BATCH = 500  # scheduled jobs made queued per statement (promote_due)
+
+
+def promote_due(session: Session, now: datetime, batch: int = PROMOTE_BATCH) -> list[tuple[str, str]]:
+    """scheduled -> queued (undispatched) for the jobs due by `now`, earliest due first, `batch` at a time,
+    each batch committed; returns their (id, queue) in due order, to publish in that order. Rows another
+    transaction holds are skipped (`_unlocked`): two schedulers never promote one job twice, and neither
+    waits on the other. A process that dies after a commit leaves its jobs queued and undispatched: the
+    reconciler publishes them (dispatch_grace_s)."""
+    due = [status_is(SCHEDULED), Job.run_at <= now]
+    promoted: list[tuple[str, str]] = []
+    while True:
+        ids = list(session.execute(_unlocked(*due).order_by(Job.run_at, Job.id).limit(batch)).scalars())
+        rows: list[tuple[str, str, datetime]] = []
+        if ids:
+            statement = (update(Job).where(Job.id.in_(ids), *due)
+                         .values(status=QUEUED, dispatched_at=None, updated_at=now)
+                         .returning(Job.id, Job.queue, Job.run_at)
+                         .execution_options(synchronize_session=False))
+            rows = [(job_id, queue, run_at) for job_id, queue, run_at in session.execute(statement)]
+        session.commit()
+        promoted += [(job_id, queue) for job_id, queue, _ in sorted(rows, key=lambda row: (row[2], row[0]))]
+        if len(ids) < batch:
+            return promoted
+
+
+def next_due(session: Session) -> datetime | None:
+    """When the earliest scheduled job is due (ix_jobs_scheduled's first row); None: none is scheduled."""
+    query = select(Job.run_at).where(status_is(SCHEDULED)).order_by(Job.run_at).limit(1)
+    return session.execute(query).scalar_one_or_none()
+
+
+def count_scheduled(session: Session, tenant_id: str | None = None) -> dict[str, int]:
+    """Scheduled jobs per lane (not tallied: they join their queue's depth once due); with `tenant_id`,
+    that tenant's only."""
+    query = select(Job.queue, func.count()).where(status_is(SCHEDULED)).group_by(Job.queue)
+    if tenant_id is not None:
+        query = query.where(Job.tenant_id == tenant_id)
+    return {queue: int(n) for queue, n in session.execute(query)}
+
+
 def undispatched(session: Session, older_than: datetime) -> list[tuple[str, str]]:
     """(id, queue) of queued jobs never handed to the broker, created before `older_than`."""
     query = (
@@ -686,6 +823,9 @@ class JobDeletion:
     open_batch_id: str | None = None
 
 
+DELETABLE_STATUSES = (SCHEDULED, *TERMINAL_STATUSES)  # a scheduled job has not started: nothing runs it
+
+
 def delete_finished(session: Session, job_id: str, tenant_id: str) -> JobDeletion:
     """Deletes the tenant's job, once final and no open batch holds it, with its webhook deliveries, in one
     transaction; commits. The DELETE is conditional on a final status, so a job that a worker is still
@@ -693,14 +833,14 @@ def delete_finished(session: Session, job_id: str, tenant_id: str) -> JobDeletio
     status = session.execute(
         select(Job.status).where(Job.id == job_id, Job.tenant_id == tenant_id).with_for_update()
     ).scalar_one_or_none()
-    if status is None or status not in TERMINAL_STATUSES:
+    if status is None or status not in DELETABLE_STATUSES:
         session.rollback()
         return JobDeletion(status)
     batch_id = open_batch_of(session, job_id)
     if batch_id is not None:
         session.rollback()
         return JobDeletion(status, open_batch_id=batch_id)
-    deleted = delete_rows(session, tenant_id, [job_id], TERMINAL_STATUSES)
+    deleted = delete_rows(session, tenant_id, [job_id], DELETABLE_STATUSES)
     session.commit()
     return JobDeletion(status, deleted=deleted == 1)
 

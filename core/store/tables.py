@@ -107,6 +107,8 @@ PARTIAL_INDEXES: dict[str, tuple[list[str], str]] = {
                                   "status = 'queued' AND dispatched_at IS NOT NULL"),
     "ix_jobs_succeeded_finished": (["queue", "finished_at"], "status = 'succeeded'"),
     "ix_jobs_deadline_finished": (["finished_at"], "deadline_at IS NOT NULL"),
+    # The scheduler's due sweep, earliest first (worker/scheduler.py; migration 0020).
+    "ix_jobs_scheduled": (["run_at", "id"], "status = 'scheduled'"),
 }
 
 
@@ -140,6 +142,14 @@ class Job(Base):
     idempotency_key: Mapped[str | None] = mapped_column(String(255), nullable=True)
     request_hash: Mapped[str] = mapped_column(String(64))
     ttl_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # When a `scheduled` job is due (asked with run_at or delay_s, or a retry's backoff); kept once it ran.
+    run_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # Earlier attempts' outcomes, oldest first, kept when the job was retried (core/job_history.py).
+    history: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
+    # Automatic retries of retryable failures (core/retry_policy.py): allowed (NULL: the queue's default)
+    # and used since submission or the last retry on request.
+    max_retries: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    retries: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # Urgency within the queue (fleet claims, engine admission and preemption): priority, lower first, then
     # deadline_at (a soft target: created_at + deadline_s) while it is ahead, then arrival.
     priority: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
@@ -233,6 +243,7 @@ class Batch(Base):
     # failed: in the row, so the backoff holds across runners and restarts (worker/batches/runner.py).
     failure_count: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     next_attempt_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    run_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)  # asked start; NULL: now
     last_failure: Mapped[str | None] = mapped_column(Text, nullable=True)
     output_file_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
     error_file_id: Mapped[str | None] = mapped_column(String(40), nullable=True)

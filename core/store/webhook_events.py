@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from core.store import webhooks
 from core.store.tables import Job, Subscription
 from core.views import JobPublic
-from core.webhooks.events import build_event, matches
+from core.webhooks.events import JOB_STARTED, build_event, matches
 
 JOB_STATUS_EVENTS = {s: f"job.{s}" for s in ("succeeded", "failed", "cancelled", "expired")}
 
@@ -36,6 +36,18 @@ def enqueue_job_events(session: Session, finished: Sequence[Row[Any]], status: s
     for job in session.execute(query).scalars():  # the event is the job as its GET shows it, frozen now
         event = build_event(event_type, JobPublic.from_row(job).model_dump(mode="json"), now)
         _add_deliveries(session, to_send[job.id], event, "job", job.id, job.tenant_id, now)
+
+
+def enqueue_started_events(session: Session, claimed: Sequence[Job], now: datetime) -> None:
+    """`job.started` for each claimed job with a target that asked for it (core/webhooks/events.py: opt-in),
+    in the claim's transaction: one query for the claimed tenants' subscriptions, and nothing more unless a
+    target wants the event."""
+    subscribed = webhooks.enabled_subscriptions_of(session, {job.tenant_id for job in claimed})
+    for job in claimed:
+        targets = _targets(subscribed.get(job.tenant_id, []), JOB_STARTED, job.webhook)
+        if targets:
+            event = build_event(JOB_STARTED, JobPublic.from_row(job).model_dump(mode="json"), now)
+            _add_deliveries(session, targets, event, "job", job.id, job.tenant_id, now)
 
 
 def enqueue_batch_event(session: Session, batch_public: dict[str, Any], event_type: str, tenant_id: str,
@@ -56,7 +68,8 @@ def _targets(subscribed: list[Subscription], event_type: str, own_webhook: dict[
         if matches(subscription.events, event_type):
             targets.setdefault(subscription.url, subscription.id)
     own_url = own_webhook if isinstance(own_webhook, str) or own_webhook is None else own_webhook.get("url")
-    if own_url:
+    own_filter = own_webhook.get("events") if isinstance(own_webhook, dict) else None
+    if own_url and matches(own_filter or [], event_type):
         targets.setdefault(str(own_url), None)
     return targets
 

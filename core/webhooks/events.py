@@ -1,4 +1,8 @@
-"""Webhook event types, the event body, and subscription filters (`job.*`, `*`, or exact types)."""
+"""Webhook event types, the event body, and subscription filters (`job.*`, `*`, or exact types).
+
+`job.started` (a worker claimed the job: each attempt sends one) is opt-in: only a filter naming it exactly
+receives it, so `*`, `job.*` and no filter at all keep meaning the final events they meant before it existed.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +11,11 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-JOB_EVENTS = ("job.succeeded", "job.failed", "job.cancelled", "job.expired")
-BATCH_EVENTS = ("batch.completed", "batch.failed", "batch.cancelled")
+JOB_STARTED = "job.started"
+JOB_EVENTS = ("job.succeeded", "job.failed", "job.cancelled", "job.expired", JOB_STARTED)
+BATCH_EVENTS = ("batch.completed", "batch.failed", "batch.cancelled", "batch.expired")
 EVENT_TYPES: tuple[str, ...] = JOB_EVENTS + BATCH_EVENTS
+OPT_IN_EVENTS = (JOB_STARTED,)  # sent only where a filter names them exactly
 
 
 def build_event(event_type: str, data: dict[str, Any], occurred_at: datetime) -> dict[str, Any]:
@@ -38,7 +44,10 @@ def validate_filter(patterns: Sequence[str]) -> list[str]:
 
 
 def matches(patterns: Sequence[str], event_type: str) -> bool:
-    """Whether a subscription with these filter patterns wants this event; an empty filter wants all."""
+    """Whether a subscription with these filter patterns wants this event; an empty filter wants all but the
+    opt-in events."""
+    if event_type in OPT_IN_EVENTS:
+        return event_type in patterns
     if not patterns:
         return True
     return any(_matches_one(pattern, event_type) for pattern in patterns)

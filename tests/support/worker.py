@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,8 @@ def add_job(
     tenant_id: str = "default",
     priority: int = 0,
     deadline_s: float | None = None,
+    run_at: datetime | None = None,
+    max_retries: int | None = None,
     **params: Any,
 ) -> str:
     """Inserts a queued job as the API would (without publishing it) and returns its id. `queue`: a lane,
@@ -42,7 +45,8 @@ def add_job(
     new = jobs.NewJob(
         tenant_id=tenant_id, queue=lane(queue), prompt=None if messages else prompt, messages=messages,
         params=params, meta=None, webhook=None, idempotency_key=None, request_hash="test", prompt_tokens=0,
-        ttl_s=ttl_s, timeout_s=timeout_s, priority=priority, deadline_s=deadline_s,
+        ttl_s=ttl_s, timeout_s=timeout_s, priority=priority, deadline_s=deadline_s, run_at=run_at,
+        max_retries=max_retries,
     )
     with sessions() as session:
         return jobs.add(session, new, utcnow()).id

@@ -6,17 +6,19 @@ would; JobRunner against Postgres and an in-process EngineHost on the tiny demo 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
 from sqlalchemy.orm import Session, sessionmaker
 
+from core.clock import utcnow
 from engine.config import EngineConfig, RequestClassConfig
 from engine.host import EngineHost
 from engine.scheduled_chunk import ScheduledChunk
 from tests.support.live_server import wait_for
-from tests.support.worker import add_job, get_job, wait_finished
+from tests.support.worker import add_job, get_job
 from worker.job_runner import JobRunner
 
 
@@ -67,10 +69,11 @@ def runner(host: EngineHost, sessions: sessionmaker[Session]) -> Iterator[JobRun
     job_runner.shutdown(grace_s=0.0, publish=None)
 
 
-def _run(runner: JobRunner, sessions: sessionmaker[Session], prompt: str) -> str:
-    job_id = add_job(sessions, prompt, max_tokens=6, ignore_eos=True)
+def _run(runner: JobRunner, sessions: sessionmaker[Session], prompt: str, max_retries: int | None = 0,
+         ) -> str:
+    job_id = add_job(sessions, prompt, max_tokens=6, ignore_eos=True, max_retries=max_retries)
     assert runner.run(job_id, lambda: None)
-    wait_finished(sessions, [job_id])
+    wait_for(lambda: get_job(sessions, job_id).status not in ("queued", "running"), "the job to end its run")
     wait_for(lambda: not runner.held_attempts(), "the runner to release the job")
     return job_id
 
@@ -96,9 +99,23 @@ def test_a_second_out_of_memory_fails_the_job_with_its_cause(
     forward.failures = 5
     job = get_job(sessions, _run(runner, sessions, "The river is calm"))
     assert forward.raised == 2  # the first try and its one retry
-    assert (job.status, job.error_code, job.attempts) == ("failed", "engine_error", 1)
+    assert (job.status, job.error_code, job.attempts) == ("failed", "out_of_memory", 1)
     assert "OutOfMemoryError" in (job.error_message or "")
 
+
+def test_a_second_out_of_memory_with_retries_left_schedules_the_job_after_a_backoff(
+    runner: JobRunner,
+    sessions: sessionmaker[Session],
+    forward: FlakyForward,
+) -> None:
+    forward.failures = 5
+    before = utcnow()
+    job = get_job(sessions, _run(runner, sessions, "The river is calm", max_retries=2))
+    assert (job.status, job.retries, job.error_code, job.worker_id) == ("scheduled", 1, None, None)
+    assert job.run_at is not None  # the first retry waits between half and all of the 2 s base
+    assert before + timedelta(seconds=1) <= job.run_at <= utcnow() + timedelta(seconds=2)
+    [failed] = job.history or []
+    assert (failed["attempt"], failed["status"], failed["error"]["code"]) == (1, "failed", "out_of_memory")
 
 def test_another_engine_error_is_not_retried(
     runner: JobRunner,

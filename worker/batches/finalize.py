@@ -33,6 +33,7 @@ from core.embedding_objects import embedding_list
 from core.embedding_request import EMBEDDINGS
 from core.lifecycle import (
     BATCH_CANCELLED,
+    BATCH_EXPIRED,
     BATCH_FAILED,
     COMPLETED,
     LINE_CANCELLED,
@@ -64,7 +65,8 @@ from worker.batches.writer import JsonlWriter, LocalFileSink, ObjectSink, S3Obje
 log = logging.getLogger(__name__)
 
 RENEW_EVERY_LINES = 2000  # a long write renews the lease this often
-_EVENTS = {COMPLETED: "batch.completed", BATCH_FAILED: "batch.failed", BATCH_CANCELLED: "batch.cancelled"}
+_EVENTS = {COMPLETED: "batch.completed", BATCH_FAILED: "batch.failed", BATCH_CANCELLED: "batch.cancelled",
+           BATCH_EXPIRED: "batch.expired"}
 
 
 _STORAGE_ERRORS = (ClientError, BotoCoreError, OSError)

@@ -7,9 +7,9 @@ import pytest
 from core.webhooks.events import EVENT_TYPES, build_event, encode_event, matches, validate_filter
 
 
-def test_event_types_are_the_documented_seven() -> None:
-    assert set(EVENT_TYPES) == {"job.succeeded", "job.failed", "job.cancelled", "job.expired",
-                                "batch.completed", "batch.failed", "batch.cancelled"}
+def test_event_types_are_the_documented_nine() -> None:
+    assert set(EVENT_TYPES) == {"job.succeeded", "job.failed", "job.cancelled", "job.expired", "job.started",
+                                "batch.completed", "batch.failed", "batch.cancelled", "batch.expired"}
 
 
 @pytest.mark.parametrize(("patterns", "event_type", "wanted"), [
@@ -19,6 +19,12 @@ def test_event_types_are_the_documented_seven() -> None:
     (["job.*"], "batch.failed", False),
     (["job.succeeded", "batch.*"], "batch.cancelled", True),
     (["job.succeeded"], "job.failed", False),
+    # job.started is opt-in: only a filter naming it gets it, so "*" and "job.*" mean what they meant before
+    ([], "job.started", False),
+    (["*"], "job.started", False),
+    (["job.*"], "job.started", False),
+    (["job.started"], "job.started", True),
+    (["*"], "batch.expired", True),
 ])
 def test_subscription_filter(patterns: list[str], event_type: str, wanted: bool) -> None:
     assert matches(patterns, event_type) is wanted
@@ -38,7 +44,7 @@ def test_event_body_is_compact_json_with_type_timestamp_and_data() -> None:
 
 
 def test_unknown_event_type_and_naive_time_are_refused() -> None:
-    with pytest.raises(ValueError, match=r"job\.started"):
-        build_event("job.started", {}, datetime.now(timezone.utc))
+    with pytest.raises(ValueError, match=r"job\.queued"):
+        build_event("job.queued", {}, datetime.now(timezone.utc))
     with pytest.raises(ValueError, match="occurred_at"):
         build_event("job.failed", {}, datetime(2026, 1, 1))
