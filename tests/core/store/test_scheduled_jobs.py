@@ -1,0 +1,162 @@
+"""Scheduled jobs, retries on request and the retry policy in the store (SQLite and PostgreSQL): a scheduled
+job is promoted only once due, in due order, once; a retry keeps the job's id and its earlier outcome; a
+retryable failure waits out its backoff in `scheduled` until its retries are spent."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from core.retry_policy import MODEL_UNAVAILABLE, OUT_OF_MEMORY, Backoff
+from core.store import job_tallies, jobs, webhooks
+from core.store.tables import DEFAULT_TENANT, Delivery, Job
+
+T0 = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def add(session: Session, *, run_at: datetime | None = None, ttl_s: float | None = None,
+        deadline_s: float | None = None, max_retries: int | None = None,
+        webhook: dict[str, Any] | None = None, tenant: str = DEFAULT_TENANT, now: datetime = T0) -> str:
+    new = jobs.NewJob(
+        tenant_id=tenant, queue="interactive", prompt="hello", messages=None, params={"max_tokens": 4},
+        meta=None, webhook=webhook, idempotency_key=None, request_hash="h", prompt_tokens=2, ttl_s=ttl_s,
+        timeout_s=None, deadline_s=deadline_s, run_at=run_at, max_retries=max_retries,
+    )
+    return jobs.add(session, new, now).id
+
+
+def job(session: Session, job_id: str) -> Job:
+    row = jobs.get(session, job_id)
+    assert row is not None
+    return row
+
+
+def test_a_job_due_later_is_scheduled_with_ttl_and_deadline_from_its_due_time(session: Session) -> None:
+    scheduled = job(session, add(session, run_at=at(60), ttl_s=10, deadline_s=30))
+    assert (scheduled.status, scheduled.run_at) == ("scheduled", at(60))
+    assert (scheduled.expires_at, scheduled.deadline_at) == (at(70), at(90))
+    past = job(session, add(session, run_at=at(-5)))  # a time already past: queued now, as Celery's eta
+    assert (past.status, past.run_at) == ("queued", None)
+    assert jobs.count_scheduled(session) == {"interactive": 1}
+    counts = job_tallies.queue_counts(session, T0, may_fold=True)  # the queue's depth: the queued one only
+    assert counts["interactive"].queued == 1
+
+
+def test_due_jobs_are_promoted_once_in_due_order_and_never_early(session: Session) -> None:
+    later, sooner, far = (add(session, run_at=at(s)) for s in (20, 10, 3600))
+    assert jobs.promote_due(session, at(9.999)) == []
+    assert jobs.next_due(session) == at(10)
+    assert jobs.promote_due(session, at(20)) == [(sooner, "interactive"), (later, "interactive")]
+    assert jobs.promote_due(session, at(20)) == []  # a second scheduler finds nothing
+    assert [job(session, j).status for j in (sooner, later, far)] == ["queued", "queued", "scheduled"]
+    assert job(session, sooner).dispatched_at is None  # the reconciler publishes it if the promoter dies
+    assert {j for j, _ in jobs.undispatched(session, at(21))} == {sooner, later}
+
+
+def test_promotion_goes_in_chunks(session: Session) -> None:
+    ids = [add(session, run_at=at(1 + i / 10)) for i in range(7)]
+    assert [j for j, _ in jobs.promote_due(session, at(5), batch=3)] == ids
+
+
+def test_a_scheduled_job_is_cancellable_deletable_and_purged(session: Session) -> None:
+    cancelled = add(session, run_at=at(60))
+    row = jobs.cancel(session, cancelled, DEFAULT_TENANT, T0)
+    assert row is not None and row.status == "cancelled"
+    deleted = add(session, run_at=at(60))
+    assert jobs.delete_finished(session, deleted, DEFAULT_TENANT).deleted
+    purged = [add(session, run_at=at(60)), add(session)]
+    assert sorted(jobs.cancel_queued(session, ["interactive"], DEFAULT_TENANT, T0, 10)) == sorted(purged)
+
+
+def test_a_retry_runs_the_job_again_under_its_id_keeping_its_outcome(session: Session) -> None:
+    job_id = add(session, ttl_s=30)
+    assert jobs.claim(session, job_id, "w1", at(1)) is not None
+    assert jobs.fail(session, job_id, 1, code="engine_error", message="boom", now=at(2))
+    result = jobs.retry(session, job_id, DEFAULT_TENANT, at(100), key="k1")
+    assert result.applied and result.job is not None
+    again = result.job
+    assert (again.status, again.attempts, again.error_code, again.finished_at) == ("queued", 1, None, None)
+    assert again.expires_at == at(130)  # its ttl counts from the retry
+    [kept] = again.history or []
+    assert (kept["attempt"], kept["status"], kept["error"]) == (
+        1, "failed", {"code": "engine_error", "message": "boom"})
+    replay = jobs.retry(session, job_id, DEFAULT_TENANT, at(101), key="k1")
+    assert replay.replayed and not replay.applied
+    assert len(job(session, job_id).history or []) == 1
+
+    claimed = jobs.claim(session, job_id, "w2", at(102))
+    assert claimed is not None and claimed.attempts == 2
+    refused = jobs.retry(session, job_id, DEFAULT_TENANT, at(103), key="k2")  # running: not retryable
+    assert not refused.applied and not refused.replayed and refused.job is not None
+
+
+def test_a_retry_may_be_scheduled_and_only_final_jobs_of_the_tenant_are_retried(session: Session) -> None:
+    job_id = add(session)
+    assert not jobs.retry(session, job_id, DEFAULT_TENANT, T0).applied  # queued
+    jobs.cancel(session, job_id, DEFAULT_TENANT, T0)
+    assert jobs.retry(session, job_id, "someone-else", T0).job is None
+    result = jobs.retry(session, job_id, DEFAULT_TENANT, at(1), run_at=at(50))
+    assert result.applied and result.job is not None
+    assert (result.job.status, result.job.run_at) == ("scheduled", at(50))
+
+
+def _fail_step(session: Session, job_id: str, attempt: int, code: str, now: datetime) -> list[str]:
+    return jobs.record_step(session, [], [jobs.Failure(job_id, attempt, code, "no memory")], now)
+
+
+def test_a_retryable_failure_is_rescheduled_after_a_backoff_until_its_retries_are_spent(
+    session: Session,
+) -> None:
+    job_id = add(session, max_retries=1)
+    assert jobs.claim(session, job_id, "w1", at(1)) is not None
+    assert _fail_step(session, job_id, 1, OUT_OF_MEMORY, at(2)) == []  # not final: rescheduled
+    waiting = job(session, job_id)
+    assert (waiting.status, waiting.retries, waiting.worker_id) == ("scheduled", 1, None)
+    assert waiting.run_at is not None and at(3) <= waiting.run_at <= at(4)  # 2 s base, half to all of it
+    assert jobs.promote_due(session, waiting.run_at) == [(job_id, "interactive")]
+    assert jobs.claim(session, job_id, "w1", at(5)) is not None
+    assert _fail_step(session, job_id, 2, MODEL_UNAVAILABLE, at(6)) == [job_id]  # its one retry is spent
+    failed = job(session, job_id)
+    assert (failed.status, failed.error_code, failed.attempts) == ("failed", MODEL_UNAVAILABLE, 2)
+    assert [entry["error"]["code"] for entry in failed.history or []] == [OUT_OF_MEMORY]
+
+
+def test_the_requests_own_errors_are_never_retried(session: Session) -> None:
+    job_id = add(session, max_retries=3)
+    assert jobs.claim(session, job_id, "w1", at(1)) is not None
+    assert _fail_step(session, job_id, 1, "invalid_request", at(2)) == [job_id]
+    assert job(session, job_id).status == "failed"
+
+
+def test_a_lost_worker_counts_against_the_jobs_own_max_retries(session: Session) -> None:
+    none_left, default = add(session, max_retries=0), add(session)
+    for job_id in (none_left, default):
+        assert jobs.claim(session, job_id, "dead", at(1)) is not None
+    assert jobs.fail_lost(session, ["dead"], at(2), max_attempts=3) == [none_left]
+    assert jobs.requeue_orphans(session, ["dead"], at(2)) == [(default, "interactive")]
+    assert job(session, default).retries == 1
+
+
+def test_backoff_doubles_up_to_its_cap_with_jitter() -> None:
+    backoff = Backoff(base_s=2, cap_s=10)
+    for retry, ceiling in ((1, 2), (2, 4), (3, 8), (4, 10), (50, 10)):
+        delays = [backoff.delay_s(retry) for _ in range(50)]
+        assert all(ceiling / 2 <= d <= ceiling for d in delays), (retry, delays)
+        assert len(set(delays)) > 1  # jittered: jobs failing together do not come back together
+
+
+def test_job_started_events_go_only_to_targets_that_ask_for_them(session: Session) -> None:
+    asked = add(session, webhook={"url": "https://own.example/hook", "events": ["job.started", "job.*"]})
+    plain = add(session, webhook={"url": "https://own.example/other"})
+    jobs.claim_many(session, [asked, plain], "w1", at(1))
+    session.commit()
+    deliveries = session.query(Delivery).filter(Delivery.subject_id.in_([asked, plain])).all()
+    assert [(d.subject_id, d.event_type) for d in deliveries] == [(asked, "job.started")]
+    assert deliveries[0].payload["data"]["status"] == "running"
+    assert webhooks.enabled_subscriptions_of(session, {DEFAULT_TENANT}) == {}
