@@ -35,6 +35,7 @@ from core.lifecycle import (
     OPEN_BATCH_STATUSES,
     QUEUED,
     RUNNING,
+    SCHEDULED,
     STOP_EXPIRED,
     STOP_FAILED,
     VALIDATING,
@@ -104,9 +105,11 @@ def request_cancel(session: Session, batch_id: str, tenant_id: str, now: datetim
         return None
     if batch.status in (VALIDATING, IN_PROGRESS):
         cancel_active_jobs(session, batch_id, now)
+        not_started = batch.run_at is not None and batch.run_at > now and batch.failure_count == 0
+        waiting = {"next_attempt_at": None} if not_started else {}  # its runner closes it now, not when due
         session.execute(
             update(Batch).where(Batch.id == batch_id, Batch.status.in_((VALIDATING, IN_PROGRESS)))
-            .values(status=CANCELLING, cancelling_at=now, updated_at=now)
+            .values(status=CANCELLING, cancelling_at=now, updated_at=now, **waiting)
             .execution_options(synchronize_session=False)
         )
     session.commit()
@@ -114,11 +117,13 @@ def request_cancel(session: Session, batch_id: str, tenant_id: str, now: datetim
 
 
 def cancel_active_jobs(session: Session, batch_id: str, now: datetime) -> list[str]:
-    """queued|running -> cancelled for the batch's jobs; counted through record_finished. No commit."""
+    """scheduled|queued|running -> cancelled for the batch's jobs (scheduled: waiting out a retry's
+    backoff); counted through record_finished. No commit."""
     active = select(BatchLine.job_id).where(BatchLine.batch_id == batch_id, BatchLine.status == LINE_QUEUED)
-    cancellable = jobs.lock_in_id_order(session, Job.id.in_(active), Job.status.in_((QUEUED, RUNNING)))
+    open_statuses = (SCHEDULED, QUEUED, RUNNING)
+    cancellable = jobs.lock_in_id_order(session, Job.id.in_(active), Job.status.in_(open_statuses))
     statement = (
-        update(Job).where(Job.id.in_(cancellable), Job.status.in_((QUEUED, RUNNING)))
+        update(Job).where(Job.id.in_(cancellable), Job.status.in_(open_statuses))
         .values(status=CANCELLED, error_code="cancelled", error_message="the batch was cancelled",
                 finished_at=now, updated_at=now)
         .returning(Job.id).execution_options(synchronize_session=False)

@@ -10,7 +10,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from core.lifecycle import QUEUED, RUNNING
+from core.lifecycle import QUEUED, RUNNING, SCHEDULED
 from core.model_adapters import LORA_PARAM
 from core.store.tables import Job, LoraAdapter
 
@@ -44,9 +44,10 @@ def all_adapters(session: Session, model_id: str | None = None) -> list[LoraAdap
 
 
 def unfinished_jobs_naming(session: Session, name: str) -> int:
-    """Queued and running jobs that run with the adapter `name`."""
+    """Scheduled, queued and running jobs that run with the adapter `name`."""
     named = Job.params[LORA_PARAM].as_string() == name
-    statement = select(func.count()).select_from(Job).where(Job.status.in_((QUEUED, RUNNING)), named)
+    unfinished = Job.status.in_((SCHEDULED, QUEUED, RUNNING))
+    statement = select(func.count()).select_from(Job).where(unfinished, named)
     return int(session.scalar(statement) or 0)
 
 

@@ -304,7 +304,7 @@ class BatchFinalizer:
 def _error_of(row: BatchLine, job: Job | None) -> tuple[str, str]:
     if row.error is not None:
         return str(row.error["code"]), str(row.error["message"])
-    if row.status == LINE_CANCELLED or job is None or job.status in ("queued", "running"):
+    if row.status == LINE_CANCELLED or job is None or job.status in ("scheduled", "queued", "running"):
         return "batch_cancelled", "the batch was cancelled before this line finished"
     return job.error_code or "failed", job.error_message or "the request failed"
 

@@ -176,3 +176,16 @@ def _wait_until_blocked(sessions: sessionmaker[Session]) -> None:
                 return
         time.sleep(0.05)
     raise AssertionError("the cancel never waited on the held row")
+
+
+def test_a_scheduled_batch_waits_for_its_time_unless_cancelled(session: Session) -> None:
+    now = utcnow()
+    batch = batches.create(session, tenant_id="default", input_url="s3://b/in.jsonl", output_url=None,
+                           queue="documents", now=now, run_at=now + timedelta(hours=1),
+                           completion_window_s=3600.0)
+    assert batch.expires_at == now + timedelta(hours=2)  # its window counts from its start
+    assert batch.id not in batches.claimable(session, "runner", now, 10)
+    assert batch.id in batches.claimable(session, "runner", now + timedelta(hours=1), 10)
+    cancelled = batches.request_cancel(session, batch.id, "default", now)
+    assert cancelled is not None and cancelled.status == "cancelling"
+    assert batch.id in batches.claimable(session, "runner", now, 10)  # its runner closes it at once

@@ -326,7 +326,7 @@ def test_past_its_completion_window_a_batch_expires(runtime: Any, batch_settings
     with sessions() as session:
         batch_id = batches.create(session, tenant_id="default", input_url=f"s3://{bucket}/e.jsonl",
                                   output_url=f"s3://{bucket}/out/e.jsonl/", queue="documents", now=utcnow(),
-                                  completion_window_s=1.0).id
+                                  completion_window_s=1.0, webhook={"url": HOOK}).id
     runner = _runner(runtime, settings, sessions, "runner-e", chunk_lines=2)
 
     batch = _drive(runner, sessions, batch_id)
@@ -337,3 +337,4 @@ def test_past_its_completion_window_a_batch_expires(runtime: Any, batch_settings
     assert [r["custom_id"] for r in results] == [f"e-{i}" for i in range(200)]
     assert {e["error"]["code"] for e in errors} <= {"batch_expired", "batch_cancelled"}
     assert manifest["status"] == "expired"
+    assert [e["type"] for e in _events(sessions, batch_id)] == ["batch.expired"]
