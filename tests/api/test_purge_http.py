@@ -54,6 +54,14 @@ def test_a_purge_cancels_exactly_the_callers_queued_jobs_of_that_queue(service: 
     assert a.post("/v1/queues/interactive/purge").json()["cancelled"] == 0
 
 
+def test_a_purge_cancels_scheduled_jobs_too(service: Service) -> None:
+    a = service.client("tenant-a")
+    later = a.post("/v1/jobs", json={"prompt": "hello", "max_tokens": 1, "delay_s": 3600})
+    assert later.status_code == 202 and later.json()["status"] == "scheduled", later.text
+    assert a.post("/v1/queues/interactive/purge").json()["cancelled"] == 1
+    assert a.get(f"/v1/jobs/{later.json()['id']}").json()["status"] == "cancelled"
+
+
 def test_an_admin_key_purges_every_tenants_jobs(service: Service) -> None:
     park(service, "tenant-a", 4, queue="documents")
     park(service, "tenant-b", 6, queue="documents")

@@ -263,3 +263,27 @@ def test_serve_runs_every_model_of_the_registry(tmp_path: Path, tiny_model_dir: 
         proc.terminate()
         output = proc.communicate(timeout=60)[0].decode(errors="replace")
     assert "llama (" in output and "qwen (" in output, output  # the start-up line names both
+
+
+def test_conveyor_submit_run_at_then_retry(service: Service, prompt_tokenizer: PromptTokenizer) -> None:
+    served, _ = _recording_app(service, prompt_tokenizer, LocalFinishedHub())
+    key = new_api_key(service.settings.database_url, "kim")
+    client = ConveyorClient(service.client_with_key(key))
+    with serving(served) as url:
+        given = ["--url", url, "--api-key", key]
+        submitted = runner.invoke(app, ["submit", "later", "--run-at", "2099-01-01T00:00:00Z", *given])
+        soon = runner.invoke(app, ["submit", "soon", "--delay", "600", "--max-retries", "1", *given])
+        both = runner.invoke(app, ["submit", "x", "--delay", "1", "--run-at", "2099-01-01T00:00:00Z", *given])
+        job_id = json.loads(soon.output)["id"]
+        client.cancel(job_id)
+        retried = runner.invoke(app, ["retry", job_id, *given])
+        again = runner.invoke(app, ["retry", job_id, *given])
+    assert submitted.exit_code != 0 and "at most 30 days ahead" in submitted.output  # the API's 422
+    assert soon.exit_code == 0, soon.output
+    assert (json.loads(soon.output)["status"], json.loads(soon.output)["max_retries"]) == ("scheduled", 1)
+    assert both.exit_code != 0 and "not both" in both.output
+    assert retried.exit_code == 0, retried.output
+    job = json.loads(retried.output)
+    assert (job["id"], job["status"]) == (job_id, "queued")
+    assert [h["status"] for h in job["history"]] == ["cancelled"]
+    assert again.exit_code != 0 and "is queued; only a failed, cancelled or expired job" in again.output
