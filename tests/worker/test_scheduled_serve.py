@@ -40,7 +40,8 @@ class Serve:
         env.update({f"CONVEYOR_{k}": v for k, v in {
             "DATA_DIR": str(tmp / "data"), "DATABASE_URL": self.database_url, "MODEL": str(model_dir),
             "AUTH_ENABLED": "false", "NUM_THREADS": "1", "SCHEDULE_POLL_S": "0.2",
-            "RECONCILE_INTERVAL_S": "0.5", "DISPATCH_GRACE_S": "1", "WORKER_HEARTBEAT_S": "0.5", "WORKER_DEAD_AFTER_S": "4",
+            "RECONCILE_INTERVAL_S": "0.5", "DISPATCH_GRACE_S": "1", "WORKER_HEARTBEAT_S": "0.5",
+            "WORKER_DEAD_AFTER_S": "4",
             "WEBHOOK_ALLOWLIST": '["127.0.0.1"]'}.items()})
         env.update(PYTHONPATH=str(REPO_ROOT), OMP_NUM_THREADS="1")
         self.env = env
