@@ -19,7 +19,7 @@ from api.model_responses import model_response
 from api.schemas.deleted import Deleted
 from api.schemas.errors import error_responses, sse_schema
 from api.schemas.jobs import JobList, JobSubmission
-from api.schemas.scheduling import ScheduleFields
+from api.schemas.scheduling import RetryRequest
 from api.submit import submit
 from core.clock import utcnow
 from core.job_kinds import GENERATION
@@ -182,7 +182,7 @@ def retry_job(
     session: SessionDep,
     services: ServicesDep,
     tenant: CurrentTenant,
-    body: Annotated[ScheduleFields | None, Body()] = None,
+    body: Annotated[RetryRequest | None, Body()] = None,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
 ) -> Response:
     """Runs a failed, cancelled or expired job again under the same id (202): queued at once, or scheduled
@@ -193,7 +193,7 @@ def retry_job(
     if idempotency_key is not None:
         raise_problem(idempotency_key_problem(idempotency_key))
     try:
-        run_at = (body or ScheduleFields()).due_at(now)
+        run_at = (body or RetryRequest()).due_at(now)
     except ValueError as exc:
         raise ApiError(422, "invalid_request", str(exc), "run_at") from None
     outcome = jobs.retry(session, lookup_id("job", job_id), tenant, now, key=idempotency_key, run_at=run_at)

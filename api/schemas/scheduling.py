@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from pydantic import AwareDatetime, BaseModel, Field, model_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 MAX_SCHEDULE_S = 30 * 24 * 3600.0  # how far ahead a job may be scheduled
@@ -34,3 +34,9 @@ class ScheduleFields(BaseModel):
         if self.run_at - now > timedelta(seconds=MAX_SCHEDULE_S):
             raise ValueError(f"run_at: at most {MAX_SCHEDULE_S / 86400:g} days ahead")
         return self.run_at
+
+
+class RetryRequest(ScheduleFields):
+    """POST /v1/jobs/{id}/retry's optional body: when the job runs again (unset: at once)."""
+
+    model_config = ConfigDict(extra="forbid")

@@ -251,6 +251,7 @@ def test_queues_report_depth_running_limits_age_and_live_workers(
         "model": "demo-model",
         "queued": 0,
         "running": 0,
+        "scheduled": 0,
         "oldest_queued_age_s": None,
         "workers": 0,
         # Clamped to what the demo model (1024 positions) can run: see tests/api/test_context_limit_http.py.

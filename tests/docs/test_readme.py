@@ -199,6 +199,7 @@ def test_curl_session_runs_as_written(served: Served) -> None:
     assert re.match(r"job_[0-9a-f]{32}\n", out), f"the first line should be the job id:\n{out}"
     assert '"status": "succeeded"' in out and "event: job" in out, out
     assert '"cancelled"' in out or '"succeeded"' in out.split("event: job")[-1], out
+    assert '["queued",["cancelled"]]' in out, out  # the scheduled job, cancelled, then retried
     assert not re.search(r'"error":\s*\{', out), out
 
 

@@ -63,12 +63,13 @@ def runner(host: EngineHost, sessions: sessionmaker[Session]) -> Iterator[JobRun
     job_runner.shutdown(grace_s=0.0, publish=None)
 
 
-def add_embedding_job(sessions: sessionmaker[Session], inputs: list[Any], **params: Any) -> str:
+def add_embedding_job(sessions: sessionmaker[Session], inputs: list[Any], max_retries: int | None = None,
+                      **params: Any) -> str:
     """An embedding job as the API inserts it (core/embedding_request.py job_params)."""
     new = jobs.NewJob(tenant_id="default", queue=lane("interactive"), prompt=None, messages=None,
                       params={"max_tokens": 0, **params}, meta=None, webhook=None, idempotency_key=None,
                       request_hash="test", prompt_tokens=0, ttl_s=None, timeout_s=None, kind=EMBEDDING,
-                      inputs=inputs)
+                      inputs=inputs, max_retries=max_retries)
     with sessions() as session:
         return jobs.add(session, new, utcnow()).id
 
@@ -128,8 +129,8 @@ def test_an_out_of_memory_step_is_retried_once(runner: JobRunner, sessions: sess
     assert np.allclose([decode_vector(v) for v in retried.embeddings],
                        [decode_vector(v) for v in clean.embeddings], atol=1e-5)
     flaky.failures = 100  # every step from now on (the engine also runs a failed step's requests apart)
-    failed = run(runner, sessions, add_embedding_job(sessions, TEXTS))
-    assert (failed.status, failed.error_code, failed.attempts) == ("failed", "engine_error", 1)
+    failed = run(runner, sessions, add_embedding_job(sessions, TEXTS, max_retries=0))  # no later retry
+    assert (failed.status, failed.error_code, failed.attempts) == ("failed", "out_of_memory", 1)
     assert "OutOfMemoryError" in (failed.error_message or "")
 
 
