@@ -37,7 +37,7 @@ from sqlalchemy import bindparam, func, select, text
 from sqlalchemy.orm import Session
 
 from core.lifecycle import RUNNING
-from core.store import queued_streams
+from core.store import queued_streams, webhook_events
 from core.store.jobs import claim_ids
 from core.store.tables import Job, Tenant
 from core.store.tenants import TenantLimits
@@ -214,6 +214,8 @@ def claim_fair(session: Session, queue: str, count: int, worker_id: str, clock: 
         if len(claimed) >= count or fresh:
             break
         view = None  # the reused view came up short: a reused view must never leave claimable jobs behind
+    if claimed:  # once per claim, not per stream: its one subscriptions read
+        webhook_events.enqueue_started_events(session, claimed, now)
     session.commit()
     for job in claimed:
         state.served.note(job.tenant_id)

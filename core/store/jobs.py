@@ -249,6 +249,8 @@ def claim_many(session: Session, job_ids: list[str], worker_id: str, now: dateti
     not_expired = or_(Job.expires_at.is_(None), Job.expires_at > now)
     claimable = lock_in_id_order(session, Job.id.in_(job_ids), Job.status == QUEUED, not_expired)
     claimed = {job.id: job for job in claim_ids(session, claimable, worker_id, now)}
+    if claimed:
+        webhook_events.enqueue_started_events(session, list(claimed.values()), now)
     session.commit()
     if len(claimed) < len(set(job_ids)):
         expire_overdue(session, now, [job_id for job_id in job_ids if job_id not in claimed])
@@ -257,15 +259,12 @@ def claim_many(session: Session, job_ids: list[str], worker_id: str, now: dateti
 
 def claim_ids(session: Session, job_ids: list[str], worker_id: str, now: datetime) -> list[Job]:
     """queued -> running (attempts + 1, started_at = now, held by worker_id) for those of `job_ids` still
-    queued, with their `job.started` webhook events, not committed: a claim's one write (here and in
-    core/store/fair_share.py). Returns those rows."""
+    queued, not committed: a claim's one write (here and in core/store/fair_share.py, whose claim adds the
+    `job.started` events of all it claimed, as claim_many does). Returns those rows."""
     if not job_ids:
         return []
     params = {"b_ids": job_ids, "b_worker_id": worker_id, "b_now": now}
-    claimed = list(session.execute(_CLAIM_IDS, params).scalars())
-    if claimed:
-        webhook_events.enqueue_started_events(session, claimed, now)
-    return claimed
+    return list(session.execute(_CLAIM_IDS, params).scalars())
 
 
 _CLAIM_IDS = (  # built once: the claim runs for every job

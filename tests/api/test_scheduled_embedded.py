@@ -30,7 +30,7 @@ def http(database_url: str, make_settings: Callable[..., Settings], demo_model_d
     from worker.embedded import EmbeddedRuntime
 
     settings = make_settings(database_url=database_url, model=str(demo_model_dir), auth_enabled=False,
-                             schedule_poll_s=0.2, **ENGINE)
+                             schedule_poll_s=0.2, webhook_allowlist=["127.0.0.1"], **ENGINE)
     runtime = EmbeddedRuntime(settings)
     app = create_app(settings, publisher=runtime.publisher, tokenizer=prompt_tokenizer, runtime=runtime,
                      token_stream=runtime.token_stream, finished_watch=runtime.finished,
@@ -139,3 +139,16 @@ def test_the_events_stream_delivers_the_text_as_deltas_before_the_final_job(http
     assert max(i for i, kind in enumerate(kinds) if kind == "delta") < len(kinds) - 1  # then the final job
     assert "".join(d["text"] for d in deltas) == events[-1][1]["result"]["text"]
     assert deltas[-1]["tokens"] == 64 and {d["attempt"] for d in deltas} == {1}
+
+
+def test_a_webhook_asking_for_job_started_gets_it_then_its_final_event(http: httpx.Client) -> None:
+    hook = {"url": "http://127.0.0.1:9/hook", "events": ["job.started", "job.succeeded"]}
+    asked, plain = submit(http, webhook=hook), submit(http, webhook={"url": "http://127.0.0.1:9/plain"})
+    for job in (asked, plain):
+        assert final(http, job["id"])["status"] == "succeeded"
+
+    def events_of(job_id: str) -> list[str]:
+        return sorted(d["event_type"] for d in http.get(f"/v1/jobs/{job_id}/deliveries").json()["data"])
+
+    assert events_of(asked["id"]) == ["job.started", "job.succeeded"]
+    assert events_of(plain["id"]) == ["job.succeeded"]  # job.started is opt-in
