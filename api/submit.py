@@ -18,7 +18,7 @@ from api.job_requests import JobRequest, job_request
 from api.schemas.jobs import AnyJobCreate, JobCreate
 from api.served_models import ServedModel
 from api.webhook_targets import check_job_webhook
-from core.lanes import describe_lane
+from core.lanes import describe_lane, split_lane
 from core.lifecycle import QUEUED
 from core.model_adapters import with_lora
 from core.request_limits import idempotency_key_problem, metadata_problem
@@ -97,6 +97,23 @@ def _submit(
         earlier = jobs.by_idempotency_key(session, tenant_id, idempotency_key)
         assert earlier is not None, "an IntegrityError on insert can only be the idempotency key"
         return _replay(earlier, request_hash), False
+
+
+def admit_retry(session: Session, services: Services, tenant_id: str, lane: str) -> None:
+    """A job about to run again is admitted as a submission is: its queue's room and its tenant's queued
+    limit (a 429 with Retry-After, or a 409 when its model or queue is no longer served)."""
+    model_id, name = split_lane(lane)
+    try:
+        queue = services.models.get(model_id).settings.queue(name)
+    except UnknownModelError:
+        queue = None
+    if queue is None:
+        raise ApiError(409, "not_retryable", f"id: the job's queue {describe_lane(lane)} is no longer served",
+                       "id")
+    _admit(session, services, lane, queue)
+    quota = tenants.effective_limits(session, tenant_id, TenantLimits.defaults(services.settings))
+    _refuse(admission.queued_refusal(session, services.admission, quota, tenant_id, lane,
+                                     services.settings.retry_after_s))
 
 
 def _due_at(body: AnyJobCreate, now: datetime) -> datetime | None:

@@ -20,10 +20,10 @@ from api.schemas.deleted import Deleted
 from api.schemas.errors import error_responses, sse_schema
 from api.schemas.jobs import JobList, JobSubmission
 from api.schemas.scheduling import RetryRequest
-from api.submit import submit
+from api.submit import admit_retry, submit
 from core.clock import utcnow
 from core.job_kinds import GENERATION
-from core.lifecycle import CANCELLED, QUEUED, TERMINAL_STATUSES
+from core.lifecycle import CANCELLED, QUEUED, RETRYABLE_STATUSES, TERMINAL_STATUSES
 from core.request_limits import idempotency_key_problem
 from core.settings import UnknownModelError
 from core.store import jobs
@@ -176,7 +176,7 @@ def cancel_job(job_id: str, session: SessionDep, services: ServicesDep, tenant: 
 
 
 @router.post("/{job_id}/retry", response_model=JobPublic,
-             responses={**REPLAYED, **error_responses(401, 404, 409, 422)}, status_code=202)
+             responses={**REPLAYED, **error_responses(401, 404, 409, 422, 429)}, status_code=202)
 def retry_job(
     job_id: str,
     session: SessionDep,
@@ -188,7 +188,8 @@ def retry_job(
     """Runs a failed, cancelled or expired job again under the same id (202): queued at once, or scheduled
     with `run_at` / `delay_s`; its outcome so far is kept in `history`, its next run counts in `attempts`. A
     queued, scheduled or running job, or a succeeded one, is refused (409), as is one of a batch that has not
-    ended. With an Idempotency-Key, a second call with the key answers the job (200) without retrying it."""
+    ended. It is admitted as a submission is (429 when its queue is full or its tenant at its limit). With an
+    Idempotency-Key, a second call with the key answers the job (200) without retrying it."""
     now = utcnow()
     if idempotency_key is not None:
         raise_problem(idempotency_key_problem(idempotency_key))
@@ -196,7 +197,12 @@ def retry_job(
         run_at = (body or RetryRequest()).due_at(now)
     except ValueError as exc:
         raise ApiError(422, "invalid_request", str(exc), "run_at") from None
-    outcome = jobs.retry(session, lookup_id("job", job_id), tenant, now, key=idempotency_key, run_at=run_at)
+    found = jobs.get(session, lookup_id("job", job_id), tenant)
+    if found is None:
+        raise not_found("job", job_id)
+    if found.status in RETRYABLE_STATUSES and not jobs.used_retry_key(found, idempotency_key):
+        admit_retry(session, services, tenant, found.queue)
+    outcome = jobs.retry(session, found.id, tenant, now, key=idempotency_key, run_at=run_at)
     if outcome.job is None:
         raise not_found("job", job_id)
     if outcome.replayed:
@@ -207,6 +213,7 @@ def retry_job(
     if not outcome.applied:
         raise ApiError(409, "not_retryable", f"id: job {job_id} is {outcome.job.status}; only a failed, "
                        "cancelled or expired job can be retried", "id")
+    services.admission.admitted(outcome.job.queue, tenant)
     if outcome.job.status == QUEUED:
         services.dispatcher.dispatch(outcome.job.id, outcome.job.queue)
     return model_response(JobPublic.from_row(outcome.job), 202)

@@ -518,9 +518,9 @@ def retry(session: Session, job_id: str, tenant_id: str, now: datetime, *, key: 
     already makes this a replay. Committed."""
     query = select(Job).where(Job.id == job_id, Job.tenant_id == tenant_id).with_for_update()
     job = session.execute(query.execution_options(populate_existing=True)).scalar_one_or_none()
-    if job is None or job.status not in RETRYABLE_STATUSES or _used_retry_key(job, key):
+    if job is None or job.status not in RETRYABLE_STATUSES or used_retry_key(job, key):
         session.rollback()
-        return RetryResult(job, replayed=job is not None and _used_retry_key(job, key))
+        return RetryResult(job, replayed=job is not None and used_retry_key(job, key))
     batch_id = open_batch_of(session, job_id)
     if batch_id is not None:
         session.rollback()
@@ -540,7 +540,8 @@ def retry(session: Session, job_id: str, tenant_id: str, now: datetime, *, key: 
     return RetryResult(get(session, job_id, tenant_id), applied=applied)
 
 
-def _used_retry_key(job: Job, key: str | None) -> bool:
+def used_retry_key(job: Job, key: str | None) -> bool:
+    """Whether a retry of the job already used this Idempotency-Key."""
     return key is not None and any(entry.get("retry_key") == key for entry in job.history or [])
 
 

@@ -111,3 +111,15 @@ def test_queues_show_the_callers_own_counts_and_the_totals_only_to_an_admin_key(
     assert theirs["data"][0]["tenant_limits"] == {"weight": 2.0, "max_queued": 7, "max_running": 3}
     assert mine["data"][0]["tenant_limits"] == {"weight": 1.0, "max_queued": None, "max_running": 3}
     assert mine["data"][0]["limits"]["max_queued"] == service.settings.queues["interactive"].max_queued
+
+
+def test_a_retry_is_admitted_as_a_submission_is(make_service: Callable[..., Service]) -> None:
+    service = make_service(tenant_max_queued=1)
+    alice = service.client("alice")
+    first = _post(alice).json()
+    assert alice.post(f"/v1/jobs/{first['id']}/cancel").json()["status"] == "cancelled"
+    assert _post(alice).status_code == 202  # alice is at her limit again
+
+    refused = alice.post(f"/v1/jobs/{first['id']}/retry")
+    assert refused.status_code == 429 and error_of(refused)["code"] == "tenant_queue_full", refused.text
+    assert alice.get(f"/v1/jobs/{first['id']}").json()["status"] == "cancelled"  # untouched
