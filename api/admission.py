@@ -91,6 +91,17 @@ def queued_refusal(session: Session, gauge: AdmissionGauge, limits: TenantLimits
     return Refusal("tenant_queue_full", "queue", message, retry_after_s)
 
 
+def scheduled_refusal(session: Session, limit: int, tenant_id: str, lane: str, retry_after_s: int,
+                      ) -> Refusal | None:
+    """The tenant already has `limit` jobs (its max_queued, else its queue's) scheduled in `lane`: scheduled
+    jobs are not in the queue's depth, yet a tenant may not park an unbounded backlog for later."""
+    if jobs.count_scheduled_in(session, lane, tenant_id, up_to=limit) < limit:
+        return None
+    message = (f"run_at: tenant {tenant_id} has {limit} jobs scheduled in the {describe_lane(lane)}, as many "
+               "as it may queue; retry once some are due")
+    return Refusal("tenant_schedule_full", "run_at", message, retry_after_s)
+
+
 @dataclass(frozen=True)
 class Reserved:
     """What a job's tokens are, for a refusal: the field that asked for them and how they add up."""

@@ -79,6 +79,9 @@ def _submit(
     forecast = finish_times.Forecast(None, None)  # a scheduled job's backlog then is unknown now
     if run_at is None or run_at <= now:
         forecast = _forecast(session, services, lane, body, request, deadline_s, prompt_tokens, now)
+    else:
+        limit = quota.max_queued if quota.max_queued is not None else queue.max_queued
+        _refuse(admission.scheduled_refusal(session, limit, tenant_id, lane, services.settings.retry_after_s))
     fields = request.job_fields()
     fields["params"] = with_lora(fields["params"], served.lora)  # its adapter, run by the base's workers
     new = jobs.NewJob(

@@ -753,6 +753,13 @@ def next_due(session: Session) -> datetime | None:
     return session.execute(query).scalar_one_or_none()
 
 
+def count_scheduled_in(session: Session, lane: str, tenant_id: str, *, up_to: int) -> int:
+    """The tenant's scheduled jobs in `lane`, counted up to `up_to` (an admission check: bounded cost)."""
+    rows = select(literal_column("1")).where(status_is(SCHEDULED), Job.queue == lane,
+                                             Job.tenant_id == tenant_id).limit(up_to)
+    return int(session.execute(select(func.count()).select_from(rows.subquery())).scalar_one())
+
+
 def count_scheduled(session: Session, tenant_id: str | None = None) -> dict[str, int]:
     """Scheduled jobs per lane (not tallied: they join their queue's depth once due); with `tenant_id`,
     that tenant's only."""

@@ -123,3 +123,14 @@ def test_a_retry_is_admitted_as_a_submission_is(make_service: Callable[..., Serv
     refused = alice.post(f"/v1/jobs/{first['id']}/retry")
     assert refused.status_code == 429 and error_of(refused)["code"] == "tenant_queue_full", refused.text
     assert alice.get(f"/v1/jobs/{first['id']}").json()["status"] == "cancelled"  # untouched
+
+
+def test_a_tenant_may_schedule_no_more_jobs_than_it_may_queue(make_service: Callable[..., Service]) -> None:
+    service = make_service(tenant_max_queued=2)
+    alice, bob = service.client("alice"), service.client("bob")
+    assert [_post(alice, delay_s=600).status_code for _ in range(2)] == [202, 202]
+    refused = _post(alice, delay_s=600)
+    assert refused.status_code == 429 and error_of(refused)["field"] == "run_at", refused.text
+    assert error_of(refused)["code"] == "tenant_schedule_full"
+    assert _post(alice).status_code == 202  # scheduled jobs are not in her queue's depth
+    assert _post(bob, delay_s=600).status_code == 202
