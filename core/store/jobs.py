@@ -612,7 +612,8 @@ def fail_lost(session: Session, dead_worker_ids: list[str], now: datetime, max_a
         return []
     allowed = func.coalesce(Job.max_retries, max_attempts - 1)
     spent = [Job.status == RUNNING, Job.worker_id.in_(dead_worker_ids), Job.retries >= allowed]
-    message = "the worker running this job died, and the job has used its retries (max_retries)"
+    message = (f"the worker running this job died, and the job has used its retries (its max_retries, or "
+               f"max_attempts ({max_attempts}) runs)")
     statement = (
         update(Job)
         .where(Job.id.in_(_unlocked(*spent)), *spent)

@@ -126,6 +126,6 @@ def test_a_job_whose_worker_is_killed_three_times_fails_with_worker_lost(
     _hold_then_sigkill(database_url, job_id, "holder-3")
     job = _reconcile_until(reconciler, session_factory, job_id)
 
-    assert (job.status, job.error_code, job.attempts) == (FAILED, "worker_lost", 3)
+    assert (job.status, job.error_code, job.attempts, job.retries) == (FAILED, "worker_lost", 3, 2)
     assert job.finished_at is not None and "max_attempts (3)" in (job.error_message or "")
     assert finished.job_ids == [job_id]  # long polls and event streams hear of it
