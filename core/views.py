@@ -17,6 +17,7 @@ from core.job_kinds import GENERATION, JobKind
 from core.lanes import split_lane
 from core.lifecycle import BATCH_CANCELLED, BATCH_EXPIRED, BATCH_FAILED, COMPLETED, TERMINAL_STATUSES
 from core.model_adapters import job_model_id
+from core.store.outcome_counts import due_since
 from core.store.tables import Batch, Job
 from core.tool_calls import choice_seed, read_output
 
@@ -144,15 +145,16 @@ class JobPublic(BaseModel):
         description="when submit predicted it would finish, from its queue's recent rate, the work ahead "
         "(an upper bound) and its own run time; null: no prediction (no deadline, or nothing finished "
         "lately)")
-    queue_time_s: float | None = Field(description="started_at - created_at")
-    time_to_first_token_s: float | None = Field(description="first_token_at - created_at")
-    end_to_end_s: float | None = Field(description="finished_at - created_at")
+    queue_time_s: float | None = Field(description="started_at - created_at (from run_at when later: a "
+                                       "scheduled or retried job counts from when it was due)")
+    time_to_first_token_s: float | None = Field(description="first_token_at - created_at (or run_at)")
+    end_to_end_s: float | None = Field(description="finished_at - created_at (or run_at)")
     attempts: int
     preemptions: int
     metadata: dict[str, Any] | None
     run_at: datetime | None = Field(
-        None, description="when a scheduled job is due: asked with run_at or delay_s, or the next attempt "
-        "after a retryable failure; null: it was queued at once")
+        None, description="when the job was last due: asked with run_at or delay_s, its retry, or its next "
+        "attempt after a retryable failure (status scheduled until then); null: queued at submission")
     retries: int = Field(0, description="automatic retries used (since submission or the last retry)")
     max_retries: int | None = Field(None, description="automatic retries allowed; null: the default")
     history: list[AttemptRecord] = Field(
@@ -164,6 +166,7 @@ class JobPublic(BaseModel):
         error = JobError(code=job.error_code, message=job.error_message) if job.error_code else None
         queue = split_lane(job.queue)[1]
         model_id = job_model_id(job.queue, job.params)
+        since = due_since(job.created_at, job.run_at)
         return cls(
             id=job.id, status=job.status, kind=job.kind or GENERATION, model=model_id,  # type: ignore[arg-type]
             queue=queue, result=_result(job, model_id),
@@ -173,9 +176,9 @@ class JobPublic(BaseModel):
             first_token_at=job.first_token_at, finished_at=job.finished_at, expires_at=job.expires_at,
             priority=job.priority, service_tier=job.service_tier, deadline_at=job.deadline_at,
             start_by=job.start_by, predicted_finish_at=job.predicted_finish_at,
-            queue_time_s=_seconds(job.created_at, job.started_at),
-            time_to_first_token_s=_seconds(job.created_at, job.first_token_at),
-            end_to_end_s=_seconds(job.created_at, job.finished_at),
+            queue_time_s=_seconds(since, job.started_at),
+            time_to_first_token_s=_seconds(since, job.first_token_at),
+            end_to_end_s=_seconds(since, job.finished_at),
             attempts=job.attempts, preemptions=job.preemptions, metadata=job.meta, run_at=job.run_at,
             retries=job.retries or 0, max_retries=job.max_retries, history=_history(job),
         )

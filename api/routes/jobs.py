@@ -27,6 +27,7 @@ from core.lifecycle import CANCELLED, QUEUED, RETRYABLE_STATUSES, TERMINAL_STATU
 from core.request_limits import idempotency_key_problem
 from core.settings import UnknownModelError
 from core.store import jobs
+from core.store.tables import Job
 from core.token_stream import Subscription, TokenStream
 from core.views import JobPublic, JobStatus
 
@@ -203,20 +204,26 @@ def retry_job(
     if found.status in RETRYABLE_STATUSES and not jobs.used_retry_key(found, idempotency_key):
         admit_retry(session, services, tenant, found.queue)
     outcome = jobs.retry(session, found.id, tenant, now, key=idempotency_key, run_at=run_at)
+    job = _retried(outcome, job_id)
+    if outcome.replayed:
+        return model_response(JobPublic.from_row(job), 200)
+    services.admission.admitted(job.queue, tenant)
+    if job.status == QUEUED:  # a scheduled one is published when due
+        services.dispatcher.dispatch(job.id, job.queue)
+    return model_response(JobPublic.from_row(job), 202)
+
+
+def _retried(outcome: jobs.RetryResult, job_id: str) -> Job:
+    """The job a retry ran again (or replayed); what it refused, as its HTTP error."""
     if outcome.job is None:
         raise not_found("job", job_id)
-    if outcome.replayed:
-        return model_response(JobPublic.from_row(outcome.job), 200)
     if outcome.open_batch_id is not None:
         raise ApiError(409, "not_retryable", f"id: job {job_id} belongs to batch {outcome.open_batch_id}, "
                        "which has not ended; retry it once the batch has", "id")
-    if not outcome.applied:
+    if not outcome.applied and not outcome.replayed:
         raise ApiError(409, "not_retryable", f"id: job {job_id} is {outcome.job.status}; only a failed, "
                        "cancelled or expired job can be retried", "id")
-    services.admission.admitted(outcome.job.queue, tenant)
-    if outcome.job.status == QUEUED:
-        services.dispatcher.dispatch(outcome.job.id, outcome.job.queue)
-    return model_response(JobPublic.from_row(outcome.job), 202)
+    return outcome.job
 
 
 @router.delete("/{job_id}", response_model=Deleted, responses=error_responses(401, 404, 409))

@@ -529,7 +529,7 @@ def retry(session: Session, job_id: str, tenant_id: str, now: datetime, *, key: 
     since = run_at if run_at is not None and scheduled else now
     entry = outcome_entry(job) | ({"retry_key": key} if key is not None else {})
     values: dict[str, Any] = dict.fromkeys(_RESULT_FIELDS)
-    values.update(status=SCHEDULED if scheduled else QUEUED, run_at=since if scheduled else None,
+    values.update(status=SCHEDULED if scheduled else QUEUED, run_at=since,
                   history=with_entry(job, entry), retries=0, updated_at=now,
                   expires_at=since + timedelta(seconds=job.ttl_s) if job.ttl_s is not None else None)
     if job.deadline_at is not None:  # as far after the new start as it was after the old one

@@ -80,7 +80,7 @@ def record_finished_jobs(session: Session, finished: Sequence[Row[Any]], of_batc
 def _count_job(increments: dict[Key, Increment], row: Row[Any], status: str) -> None:
     """One finished job's increments: its count and preemptions, its deadline outcome, its latencies, its
     failure code."""
-    queue, created = row.queue, row.created_at
+    queue, created = row.queue, due_since(row.created_at, row.run_at)
     end = row.finished_at or created
     finished_jobs = increments.setdefault((JOBS_FINISHED, queue, status, ""), Increment())
     finished_jobs.count += 1
@@ -93,6 +93,12 @@ def _count_job(increments: dict[Key, Increment], row: Row[Any], status: str) -> 
         _observe(increments, (TTFT, queue, status), _seconds(created, row.first_token_at))
     if status in (FAILED, EXPIRED):
         _count(increments, (JOB_FAILURES, queue, "", row.error_code or "unknown"), 1)
+
+
+def due_since(created_at: datetime, run_at: datetime | None) -> datetime:
+    """Where a job's latencies count from: when it was last due (its run_at: scheduled, or retried), else its
+    submission."""
+    return run_at if run_at is not None and run_at > created_at else created_at
 
 
 def deadline_outcome(status: str, end: datetime, deadline: datetime) -> str:

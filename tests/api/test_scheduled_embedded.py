@@ -103,6 +103,9 @@ def test_a_cancelled_job_retried_succeeds_under_its_id_with_both_attempts_in_its
     assert (done["id"], done["status"], done["attempts"]) == (job["id"], "succeeded", 2), done
     assert [(h["attempt"], h["status"]) for h in done["history"]] == [(1, "cancelled"), (2, "succeeded")]
     assert done["history"][0]["error"]["code"] == "cancelled"
+    since_retry = (moment(done["started_at"]) - moment(done["run_at"])).total_seconds()
+    assert done["queue_time_s"] == pytest.approx(since_retry, abs=1e-3)  # counted from the retry
+    assert moment(done["run_at"]) > moment(done["created_at"])
     again = http.post(f"/v1/jobs/{job['id']}/retry")
     assert again.status_code == 409 and "is succeeded" in again.text
 

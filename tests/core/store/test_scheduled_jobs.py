@@ -82,7 +82,7 @@ def test_a_retry_runs_the_job_again_under_its_id_keeping_its_outcome(session: Se
     assert result.applied and result.job is not None
     again = result.job
     assert (again.status, again.attempts, again.error_code, again.finished_at) == ("queued", 1, None, None)
-    assert again.expires_at == at(130)  # its ttl counts from the retry
+    assert (again.expires_at, again.run_at) == (at(130), at(100))  # its ttl counts from the retry
     [kept] = again.history or []
     assert (kept["attempt"], kept["status"], kept["error"]) == (
         1, "failed", {"code": "engine_error", "message": "boom"})
