@@ -22,7 +22,7 @@ from core.clock import utcnow
 from core.lanes import split_lane
 from core.metric_buckets import LATENCY_BUCKETS_S
 from core.settings import Settings
-from core.store import job_tallies, outcome_counts, workers
+from core.store import job_tallies, jobs, outcome_counts, workers
 from core.store.tables import MetricCount
 
 log = logging.getLogger(__name__)
@@ -65,6 +65,7 @@ class StoreCollector(Collector):
         try:
             with self._session_factory() as session:
                 counts = job_tallies.queue_counts(session, utcnow(), may_fold=True)
+                scheduled = jobs.count_scheduled(session)
                 outcomes = outcome_counts.all_counts(session)
                 consumers = workers.live_workers_per_queue(
                     session, now=utcnow(), dead_after_s=self._settings.worker_dead_after_s)
@@ -72,6 +73,7 @@ class StoreCollector(Collector):
             log.warning("metrics: store unavailable: %s", exc)
             return
         yield from self._queue_gauges(counts, consumers)
+        yield self._scheduled_gauge(scheduled)
         yield from _finished_counters(outcome_counts.series_of(outcomes, outcome_counts.JOBS_FINISHED))
         yield from outcome_families(outcomes)
 
@@ -91,6 +93,14 @@ class StoreCollector(Collector):
             oldest.add_metric(lane_labels(lane), age)
         yield from (depth, running, oldest, self._ttl_gauge())
         yield from _scaling_gauges(lanes, counts, consumers)
+
+    def _scheduled_gauge(self, scheduled: dict[str, int]) -> Metric:
+        """Scheduled jobs not due yet: apart from the depth (and the scaling signal) until they are."""
+        gauge = GaugeMetricFamily("conveyor_queue_scheduled", "Scheduled jobs not due yet",
+                                  labels=LANE_LABELS)
+        for lane in sorted(set(self._settings.lanes()) | set(scheduled)):
+            gauge.add_metric(lane_labels(lane), scheduled.get(lane, 0))
+        return gauge
 
     def _ttl_gauge(self) -> Metric:
         """Each queue's default ttl, so an alert can compare the oldest queued job's age with it."""

@@ -91,6 +91,7 @@ def test_metrics_count_submissions_rejections_queues_and_outcomes(service: Servi
     ]
     alice.post("/v1/jobs", json={"prompt": "x", "queue": "nope"})
     alice.post("/v1/jobs", json={"prompt": "x", "max_tokens": 100000})
+    alice.post("/v1/jobs", json={"prompt": "x", "queue": "documents", "delay_s": 600})
     alice.get("/v1/jobs/job_missing")
     assert jobs.claim(session, ids[0], "w1", utcnow()) is not None
     assert jobs.complete(
@@ -109,12 +110,15 @@ def test_metrics_count_submissions_rejections_queues_and_outcomes(service: Servi
 
     m = samples(service)
     assert m[("conveyor_jobs_submitted_total", (MODEL, ("queue", "interactive")))] == 2
-    assert m[("conveyor_jobs_submitted_total", (MODEL, ("queue", "documents")))] == 1
+    assert m[("conveyor_jobs_submitted_total", (MODEL, ("queue", "documents")))] == 2  # one of them scheduled
     assert m[("conveyor_jobs_rejected_total", (("code", "unknown_queue"), MODEL, ("queue", "unknown")))] == 1
     too_large = ("conveyor_jobs_rejected_total",
                  (("code", "max_tokens_too_large"), MODEL, ("queue", "interactive")))
     assert m[too_large] == 1
     assert m[("conveyor_queue_depth", (MODEL, ("queue", "interactive")))] == 1
+    assert m[("conveyor_queue_depth", (MODEL, ("queue", "documents")))] == 0  # the scheduled one: apart
+    assert m[("conveyor_queue_scheduled", (MODEL, ("queue", "documents")))] == 1
+    assert m[("conveyor_queue_scheduled", (MODEL, ("queue", "interactive")))] == 0
     assert m[("conveyor_queue_running", (MODEL, ("queue", "documents")))] == 1
     assert m[("conveyor_queue_oldest_age_seconds", (MODEL, ("queue", "interactive")))] >= 0
     finished = ("conveyor_jobs_finished_total", (MODEL, ("queue", "interactive"), ("status", "succeeded")))
