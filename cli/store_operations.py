@@ -338,6 +338,15 @@ def _cancel(bench: Bench, _prepared: Any) -> list[str]:
     return [job_id]
 
 
+def _scheduler_round(bench: Bench, _prepared: Any) -> object:
+    """A scheduler's round with nothing due: the due sweep and the next due time (worker/scheduler.py)."""
+    with bench.sessions() as session:
+        promoted = jobs.promote_due(session, utcnow())
+        if promoted:
+            raise RuntimeError(f"the scheduler round changed the bench's data: {len(promoted)} job(s) due")
+        return jobs.next_due(session)
+
+
 def _queue_counts(bench: Bench, _prepared: Any) -> object:
     with bench.sessions() as session:
         return job_tallies.queue_counts(session, utcnow())
@@ -382,6 +391,7 @@ OPERATIONS = (
     Operation("heartbeat", WORKER_STEP, _heartbeat),
     Operation("reconciler round (run_once)", WORKER_ROUND, _reconcile, prepare=_reconciler),
     Operation("retention purge (nothing due)", WORKER_ROUND, _purge, prepare=_reconciler),
+    Operation("scheduler round (nothing due)", WORKER_ROUND, _scheduler_round),
     Operation("count_queued(queue, up to max_queued) (admission)", SUBMIT, _count_queued),
     Operation("count_queued(queue, tenant, up to max_queued) (quota)", SUBMIT, _count_queued_tenant),
     Operation("effective_limits (tenant row)", SUBMIT, _effective_limits),
