@@ -133,7 +133,7 @@ def test_metrics_count_submissions_rejections_queues_and_outcomes(service: Servi
         "conveyor_http_responses_total",
         (("method", "POST"), ("route", "/v1/jobs"), ("status", "202")),
     )
-    assert m[accepted] == 3
+    assert m[accepted] == 4
 
 
 def test_metrics_count_deadline_outcomes_per_tier_with_older_rows_as_the_default_tier(
