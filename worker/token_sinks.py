@@ -12,11 +12,14 @@ import contextlib
 import logging
 import queue as stdlib_queue
 import threading
+import time
+from collections.abc import Callable
 
 from core.background import BackgroundLoop
 from core.token_stream import TokenEvent, channel
 
 log = logging.getLogger(__name__)
+UNHEARD_PROBE_S = 1.0  # a job nobody listened to: how long before its deltas are tried again
 
 
 class _Subscriber:
@@ -73,23 +76,26 @@ class InProcessTokenStream:
 
 
 class RedisTokenSink:
-    """Celery mode: PUBLISH on the job's channel from a background thread. A job whose first delta reached
-    no subscriber gets no more deltas (nobody waits on it synchronously); its end marker is always sent."""
+    """Celery mode: PUBLISH on the job's channel from a background thread. A job whose delta reached no
+    subscriber gets no deltas for UNHEARD_PROBE_S, then one more try (someone may have opened its event stream
+    since: GET /v1/jobs/{id}/events); its end marker is always sent."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, clock: Callable[[], float] = time.monotonic) -> None:
         import redis
 
         self._client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
         self._outbox: stdlib_queue.SimpleQueue[tuple[str, TokenEvent] | None] = stdlib_queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._unheard: set[str] = set()
+        self._clock = clock
+        self._unheard: dict[str, float] = {}  # job id -> when its deltas are tried again
         self._loop = BackgroundLoop("token-publisher", lambda _stop: self._run(),
                                     wake=lambda: self._outbox.put(None))
         self._loop.start()
 
     def listening(self, job_id: str) -> bool:
         with self._lock:
-            return job_id not in self._unheard
+            retry_at = self._unheard.get(job_id)
+        return retry_at is None or self._clock() >= retry_at
 
     def publish(self, job_id: str, event: TokenEvent) -> None:
         self._outbox.put((job_id, event))
@@ -110,7 +116,7 @@ class RedisTokenSink:
                 log.debug("token publish for %s failed: %s", job_id, exc)
                 receivers = 0
             with self._lock:
-                if event.end:
-                    self._unheard.discard(job_id)
-                elif not receivers:
-                    self._unheard.add(job_id)
+                if event.end or receivers:
+                    self._unheard.pop(job_id, None)
+                else:
+                    self._unheard[job_id] = self._clock() + UNHEARD_PROBE_S

@@ -4,9 +4,11 @@ streamed text travels back over Redis pub/sub on the job's channel."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -60,5 +62,26 @@ def test_chat_plain_streamed_and_cancelled_through_celery_and_redis(
             wait_for(lambda: get_job(sessions, job_id).status != "running", "the job to leave running",
                      timeout_s=60)
             assert get_job(sessions, job_id).status == "cancelled"
+
+            _a_delayed_job_streams_its_text_as_delta_events(root, sessions)
     finally:
         publisher.close()
+
+
+def _a_delayed_job_streams_its_text_as_delta_events(root: str, sessions: sessionmaker[Session]) -> None:
+    """POST /v1/jobs with delay_s 3: scheduled, then published by the worker process's scheduler when due;
+    its event stream (opened while it waits) carries its text as `event: delta` over Redis."""
+    body = {"prompt": "The river is calm", "max_tokens": 64, "ignore_eos": True, "temperature": 0,
+            "delay_s": 3}
+    with httpx.Client(base_url=root, timeout=120) as http:
+        job = http.post("/v1/jobs", json=body).json()
+        assert job["status"] == "scheduled", job
+        with http.stream("GET", f"/v1/jobs/{job['id']}/events") as events:
+            lines = list(events.iter_lines())
+    kinds = [line.removeprefix("event: ") for line in lines if line.startswith("event: ")]
+    data = [json.loads(line.removeprefix("data: ")) for line in lines if line.startswith("data: ")]
+    deltas = [d["text"] for kind, d in zip(kinds, data, strict=True) if kind == "delta"]
+    assert len(deltas) >= 8 and kinds[-1] == "job", kinds
+    stored = get_job(sessions, job["id"])
+    assert stored.status == "succeeded" and "".join(deltas) == stored.result_text
+    assert stored.run_at is not None and stored.started_at is not None and stored.started_at >= stored.run_at

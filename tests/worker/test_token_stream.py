@@ -10,8 +10,9 @@ import threading
 from api.token_subscriptions import RedisTokenStream
 from core.token_stream import TokenEvent
 from engine.outputs import RequestMetrics, RequestOutput
+from tests.support.live_server import wait_for
 from worker.streamer import STREAM_EVERY_S, STREAM_EVERY_TOKENS, JobStreamer
-from worker.token_sinks import InProcessTokenStream, RedisTokenSink
+from worker.token_sinks import UNHEARD_PROBE_S, InProcessTokenStream, RedisTokenSink
 
 
 class RecordingSink:
@@ -107,8 +108,20 @@ def test_redis_sink_to_the_api_subscription_and_unheard_jobs(redis_url: str) -> 
         sink.publish("job_3", TokenEvent(1, end=True))
     finally:
         sink.close()  # handles everything queued, then stops
-    assert not sink.listening("job_2")  # no subscriber got its first delta: no more deltas for it
+    assert not sink.listening("job_2")  # no subscriber got its delta: no deltas for a while
     assert sink.listening("job_1") and sink.listening("job_3")  # heard, or forgotten once ended
+
+
+def test_redis_sink_tries_an_unheard_job_again_later(redis_url: str) -> None:
+    now = [0.0]
+    sink = RedisTokenSink(redis_url, clock=lambda: now[0])
+    try:
+        sink.publish("job_4", TokenEvent(1, "nobody listens yet"))
+        wait_for(lambda: not sink.listening("job_4"), "the sink to find job_4 unheard", timeout_s=30)
+        now[0] += UNHEARD_PROBE_S
+        assert sink.listening("job_4")  # an event stream may have opened since: one more try
+    finally:
+        sink.close()
 
 
 def test_redis_sink_with_redis_down_gives_up_on_a_job_after_one_try() -> None:
