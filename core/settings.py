@@ -34,6 +34,7 @@ from pydantic_settings import (
 
 from core.lanes import LANE_MAX_CHARS, LANE_SEPARATOR, lane_of
 from core.request_rules import MAX_TTL_S
+from core.retry_policy import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -391,6 +392,12 @@ class Settings(BaseSettings):
         "to finish; the rest are requeued",
     )
     cancel_poll_s: float = Field(0.5, gt=0, description="how often a worker looks for cancelled jobs")
+    retry_backoff_s: float = Field(
+        2.0, gt=0, le=3600, description="the first automatic retry of a retryable failure waits between half "
+        "and all of this; each next one twice as long (core/retry_policy.py)")
+    retry_backoff_max_s: float = Field(
+        300.0, gt=0, le=86400, description="the longest wait before an automatic retry (at least "
+        "retry_backoff_s)")
     max_attempts: int = Field(
         3, ge=1,
         description="runs a job gets when its worker keeps dying; then it fails with `worker_lost`",
@@ -533,6 +540,9 @@ class Settings(BaseSettings):
         low, high = self.tenant_min_priority, self.tenant_max_priority
         if low is not None and high is not None and low > high:
             raise ValueError(f"tenant_min_priority: {low} is above tenant_max_priority {high}")
+        if self.retry_backoff_s > self.retry_backoff_max_s:
+            raise ValueError(f"retry_backoff_s: {self.retry_backoff_s} is above retry_backoff_max_s "
+                             f"{self.retry_backoff_max_s}")
         unknown = sorted(set(self.worker_queues or []) - set(self.queues))
         if unknown:
             raise ValueError(f"worker_queues: unknown queue(s) {unknown}; known: {sorted(self.queues)}")
@@ -558,6 +568,10 @@ class Settings(BaseSettings):
         for model_id in ids:
             for name in {*self.queues, *(self.models[model_id].queues if self.models else ())}:
                 _check_lane(model_id, name)
+
+    def retry_backoff(self) -> Backoff:
+        """The wait before a retryable failure's next attempt (core/retry_policy.py)."""
+        return Backoff(self.retry_backoff_s, self.retry_backoff_max_s)
 
     def consumed_queues(self) -> dict[str, QueueSettings]:
         """The queues a `conveyor worker` takes jobs from, with their limits (worker_queues, or all). The

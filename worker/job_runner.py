@@ -34,7 +34,7 @@ from core.dispatch import Publish, publish_and_mark
 from core.finish_notifications import FinishedSink
 from core.job_kinds import EMBEDDING
 from core.lanes import queue_of
-from core.retry_policy import MODEL_UNAVAILABLE
+from core.retry_policy import MODEL_UNAVAILABLE, Backoff
 from core.store import fair_share, jobs, tenants
 from core.store.fair_share import FairState
 from core.store.tables import Job
@@ -75,7 +75,7 @@ class JobRunner:
         self, host: EngineHost, sessions: sessionmaker[Session], worker_id: str, *,
         limits: dict[str, int] | None = None, cancel_poll_s: float = 0.5, tokens: TokenSink | None = None,
         finished: FinishedSink | None = None, tenant_defaults: TenantLimits | None = None,
-        adapters: RuntimeAdapters | None = None,
+        adapters: RuntimeAdapters | None = None, backoff: Backoff | None = None,
     ) -> None:
         self.host = host
         self._adapters = adapters  # LoRA adapters loaded at run time, read when a job first names one
@@ -86,7 +86,8 @@ class JobRunner:
         self._in_flight = InFlight()
         self.queue_room = QueueRoom(limits or {}, self._in_flight)
         self._fair = {name: FairState() for name in self.limits}  # per queue: whom it served, what waits
-        self._writer = OutcomeWriter(sessions, host.tokenizer, self._release, finished=finished)
+        self._writer = OutcomeWriter(sessions, host.tokenizer, self._release, finished=finished,
+                                     backoff=backoff or Backoff())
         self._watcher = AttemptWatcher(host, sessions, worker_id, self._in_flight, poll_s=cancel_poll_s)
         self._stopping = threading.Event()  # no more claims; set first thing at shutdown
         self._shutdown_lock = threading.Lock()

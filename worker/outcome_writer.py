@@ -25,6 +25,7 @@ from tenacity import Retrying, retry_if_exception_type, wait_exponential
 from core.background import BackgroundLoop
 from core.clock import utcnow
 from core.finish_notifications import FinishedSink
+from core.retry_policy import Backoff
 from core.store import jobs
 from engine.tokenizer import Tokenizer
 from worker.attempt import ENGINE_ERROR, Attempt, EngineFuture
@@ -53,9 +54,11 @@ _Item = _FirstToken | Ended | str
 
 class OutcomeWriter:
     def __init__(self, sessions: sessionmaker[Session], tokenizer: Tokenizer, release: Release, *,
-                 finished: FinishedSink | None = None) -> None:
-        """`finished` is told which jobs each group made final (long polls wake)."""
+                 finished: FinishedSink | None = None, backoff: Backoff = Backoff()) -> None:
+        """`finished` is told which jobs each group made final (long polls wake); `backoff`: the wait before
+        a retryable failure's next attempt (core/retry_policy.py)."""
         self._sessions = sessions
+        self._backoff = backoff
         self._tokenizer = tokenizer  # decodes logprobs' tokens
         self._release = release
         self._finished = finished
@@ -183,7 +186,7 @@ class OutcomeWriter:
                             before_sleep=_log_store_retry, reraise=True)
         for attempt in retrying:
             with attempt, self._sessions() as session:
-                return jobs.record_step(session, first_tokens, outcomes, now)
+                return jobs.record_step(session, first_tokens, outcomes, now, self._backoff)
         raise AssertionError("unreachable: Retrying either returns or raises")
 
 

@@ -113,7 +113,8 @@ class WorkerServices:
         self._runner = JobRunner(self._host, self._sessions, self.worker_id, limits=limits,
                                  cancel_poll_s=self.settings.cancel_poll_s, tokens=self._tokens,
                                  finished=self._finished,
-                                 tenant_defaults=TenantLimits.defaults(self.settings), adapters=adapters)
+                                 tenant_defaults=TenantLimits.defaults(self.settings), adapters=adapters,
+                                 backoff=self.settings.retry_backoff())
         self._batches = make_batch_runner(self._sessions, self.settings, self._broker.publish, self.worker_id,
                                           self._host.tokenizer)
         self._heartbeat.start()

@@ -319,14 +319,15 @@ Outcome = Completion | Failure
 
 
 def record_step(session: Session, first_tokens: list[FirstToken], outcomes: list[Outcome], now: datetime,
-                ) -> list[str]:
+                backoff: Backoff = Backoff()) -> list[str]:
     """Writes a step's first tokens and outcomes in ONE transaction and commits: one UPDATE statement per
     kind of write, run for all its rows at once (executemany; on PostgreSQL one round trip), rows in id
     order. Each row's write is still conditional on (id, status running, attempt), so a late or duplicate
     outcome changes nothing, and only the jobs whose outcome applied get their follow-on effects
-    (`record_finished`), once per status for the whole group. Returns the ids of the jobs this made final."""
+    (`record_finished`), once per status for the whole group; a retryable failure with retries left is
+    rescheduled after `backoff` instead. Returns the ids of the jobs this made final."""
     first_of = {(first.job_id, first.attempt): first.at for first in first_tokens}
-    rescheduled = _reschedule_retryable(session, outcomes, now)
+    rescheduled = _reschedule_retryable(session, outcomes, now, backoff)
     outcomes = [_with_first_token(outcome, first_of) for outcome in outcomes
                 if outcome.job_id not in rescheduled]
     written = {(outcome.job_id, outcome.attempt) for outcome in outcomes if isinstance(outcome, Completion)}
@@ -345,8 +346,8 @@ def record_step(session: Session, first_tokens: list[FirstToken], outcomes: list
     return [job_id for job_ids in finished.values() for job_id in job_ids]
 
 
-def _reschedule_retryable(session: Session, outcomes: list[Outcome], now: datetime,
-                          backoff: Backoff = Backoff()) -> set[str]:
+def _reschedule_retryable(session: Session, outcomes: list[Outcome], now: datetime, backoff: Backoff,
+                          ) -> set[str]:
     """running -> scheduled, after its backoff, for each retryable failure (core/retry_policy.py) whose job
     has retries left; the failed attempt goes into its history. Not committed (record_step's transaction).
     Returns the ids rescheduled: their failures are not written."""

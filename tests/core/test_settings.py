@@ -176,3 +176,12 @@ def test_a_models_task_reaches_its_engine_and_a_wrong_one_is_refused() -> None:
     assert Settings(task="generate").task == "generate"  # the one model's form
     with pytest.raises(ValidationError, match="task: Input should be 'auto', 'generate' or 'embed'"):
         Settings(models={"a": {"path": "/a", "task": "rerank"}})
+
+
+def test_the_retry_backoff_is_set_and_its_first_wait_may_not_pass_its_cap() -> None:
+    backoff = Settings(retry_backoff_s=1, retry_backoff_max_s=5).retry_backoff()
+    assert (backoff.base_s, backoff.cap_s) == (1.0, 5.0)
+    with pytest.raises(ValidationError, match=r"retry_backoff_s: 10\.0 is above retry_backoff_max_s 5\.0"):
+        Settings(retry_backoff_s=10, retry_backoff_max_s=5)
+    with pytest.raises(ValidationError, match="max_retries"):
+        Settings(queues={"interactive": {"max_retries": 11}})

@@ -14,6 +14,7 @@ import torch
 from sqlalchemy.orm import Session, sessionmaker
 
 from core.clock import utcnow
+from core.retry_policy import Backoff
 from engine.config import EngineConfig, RequestClassConfig
 from engine.host import EngineHost
 from engine.scheduled_chunk import ScheduledChunk
@@ -116,6 +117,21 @@ def test_a_second_out_of_memory_with_retries_left_schedules_the_job_after_a_back
     assert before + timedelta(seconds=1) <= job.run_at <= utcnow() + timedelta(seconds=2)
     [failed] = job.history or []
     assert (failed["attempt"], failed["status"], failed["error"]["code"]) == (1, "failed", "out_of_memory")
+
+
+def test_the_runners_backoff_sets_when_the_next_attempt_is_due(
+    host: EngineHost, sessions: sessionmaker[Session], forward: FlakyForward,
+) -> None:
+    patient = JobRunner(host, sessions, "oom-worker", cancel_poll_s=0.05, backoff=Backoff(60, 60))
+    patient.start()
+    try:
+        forward.failures = 5
+        before = utcnow()
+        job = get_job(sessions, _run(patient, sessions, "The river is calm", max_retries=1))
+    finally:
+        patient.shutdown(grace_s=0.0, publish=None)
+    assert job.status == "scheduled" and job.run_at is not None
+    assert before + timedelta(seconds=30) <= job.run_at <= utcnow() + timedelta(seconds=60)
 
 def test_another_engine_error_is_not_retried(
     runner: JobRunner,
