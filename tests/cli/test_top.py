@@ -18,6 +18,7 @@ from tests.support.live_server import free_port, serving
 API_TEXT = """\
 conveyor_queue_depth{model="small",queue="interactive"} 3
 conveyor_queue_running{model="small",queue="interactive"} 2
+conveyor_queue_scheduled{model="small",queue="interactive"} 47
 conveyor_queue_workers{model="small",queue="interactive"} 1
 conveyor_queue_default_ttl_seconds{model="small",queue="interactive"} 600
 conveyor_job_outcomes_total{model="small",queue="interactive",status="succeeded"} 40
@@ -107,6 +108,7 @@ def test_a_frame_read_from_the_api_and_a_worker() -> None:
     console.print(render(now, None))
     text = console.export_text()
     assert "small" in text and "interactive" in text and "10.0 min" in text  # the lane's row, with its ttl
+    assert "scheduled" in text and " 47 " in text  # its jobs not due yet
     assert "50%" in text and "int=2" in text and "int=1" in text  # the engine row: KV used, running, waiting
     assert now.workers[1].error and now.workers[1].url in text  # the unreachable one is named
 
