@@ -16,7 +16,7 @@ class ScheduleFields(BaseModel):
         None, description="RFC 3339 time (with its offset) before which it must not start: it waits in "
         f"status `scheduled` until then (at most {MAX_SCHEDULE_S / 86400:g} days ahead); a past time starts "
         "it now")
-    delay_s: float | None = Field(None, strict=False, gt=0, le=MAX_SCHEDULE_S, allow_inf_nan=False,
+    delay_s: float | None = Field(None, strict=True, gt=0, le=MAX_SCHEDULE_S, allow_inf_nan=False,
                                   description="seconds from now before which it must not start")
 
     @model_validator(mode="after")

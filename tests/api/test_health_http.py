@@ -119,6 +119,7 @@ def test_metrics_count_submissions_rejections_queues_and_outcomes(service: Servi
     assert m[("conveyor_queue_depth", (MODEL, ("queue", "documents")))] == 0  # the scheduled one: apart
     assert m[("conveyor_queue_scheduled", (MODEL, ("queue", "documents")))] == 1
     assert m[("conveyor_queue_scheduled", (MODEL, ("queue", "interactive")))] == 0
+    assert m[("conveyor_queue_load", (MODEL, ("queue", "documents")))] == 1  # running, not scheduled
     assert m[("conveyor_queue_running", (MODEL, ("queue", "documents")))] == 1
     assert m[("conveyor_queue_oldest_age_seconds", (MODEL, ("queue", "interactive")))] >= 0
     finished = ("conveyor_jobs_finished_total", (MODEL, ("queue", "interactive"), ("status", "succeeded")))
