@@ -2,7 +2,9 @@
 
 A step that ran out of memory failed because of what else was in the batch at that moment (its KV blocks
 are freed with it, and the batch moves on), not because of the request itself; a second try usually fits.
-Any other failure is the request's own (a bad grammar, a NaN) or the device's, and is final.
+When it does not, the job fails with `out_of_memory`, which the retry policy reschedules after a backoff
+while the job has retries left (core/retry_policy.py). Any other failure is the request's own (a bad
+grammar, a NaN) or the device's, and is final.
 """
 
 from __future__ import annotations
