@@ -10,7 +10,7 @@ import anyio
 from fastapi import APIRouter, Body, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
-from api import cursor, job_waits
+from api import cursor, job_retries, job_waits
 from api.auth import CurrentTenant, WaitingTenant
 from api.deps import Services, ServicesDep, SessionDep
 from api.errors import ApiError, can_be_stored_id, lookup_id, not_found, raise_problem
@@ -20,14 +20,13 @@ from api.schemas.deleted import Deleted
 from api.schemas.errors import error_responses, sse_schema
 from api.schemas.jobs import JobList, JobSubmission
 from api.schemas.scheduling import RetryRequest
-from api.submit import admit_retry, submit
+from api.submit import submit
 from core.clock import utcnow
 from core.job_kinds import GENERATION
-from core.lifecycle import CANCELLED, QUEUED, RETRYABLE_STATUSES, TERMINAL_STATUSES
+from core.lifecycle import CANCELLED, TERMINAL_STATUSES
 from core.request_limits import idempotency_key_problem
 from core.settings import UnknownModelError
 from core.store import jobs
-from core.store.tables import Job
 from core.token_stream import Subscription, TokenStream
 from core.views import JobPublic, JobStatus
 
@@ -198,32 +197,9 @@ def retry_job(
         run_at = (body or RetryRequest()).due_at(now)
     except ValueError as exc:
         raise ApiError(422, "invalid_request", str(exc), "run_at") from None
-    found = jobs.get(session, lookup_id("job", job_id), tenant)
-    if found is None:
-        raise not_found("job", job_id)
-    if found.status in RETRYABLE_STATUSES and not jobs.used_retry_key(found, idempotency_key):
-        admit_retry(session, services, tenant, found.queue)
-    outcome = jobs.retry(session, found.id, tenant, now, key=idempotency_key, run_at=run_at)
-    job = _retried(outcome, job_id)
-    if outcome.replayed:
-        return model_response(JobPublic.from_row(job), 200)
-    services.admission.admitted(job.queue, tenant)
-    if job.status == QUEUED:  # a scheduled one is published when due
-        services.dispatcher.dispatch(job.id, job.queue)
-    return model_response(JobPublic.from_row(job), 202)
-
-
-def _retried(outcome: jobs.RetryResult, job_id: str) -> Job:
-    """The job a retry ran again (or replayed); what it refused, as its HTTP error."""
-    if outcome.job is None:
-        raise not_found("job", job_id)
-    if outcome.open_batch_id is not None:
-        raise ApiError(409, "not_retryable", f"id: job {job_id} belongs to batch {outcome.open_batch_id}, "
-                       "which has not ended; retry it once the batch has", "id")
-    if not outcome.applied and not outcome.replayed:
-        raise ApiError(409, "not_retryable", f"id: job {job_id} is {outcome.job.status}; only a failed, "
-                       "cancelled or expired job can be retried", "id")
-    return outcome.job
+    job, replayed = job_retries.retry(session, services, tenant, lookup_id("job", job_id), now,
+                                      key=idempotency_key, run_at=run_at)
+    return model_response(JobPublic.from_row(job), 200 if replayed else 202)
 
 
 @router.delete("/{job_id}", response_model=Deleted, responses=error_responses(401, 404, 409))

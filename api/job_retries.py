@@ -1,0 +1,45 @@
+"""Running a job again under its id (POST /v1/jobs/{id}/retry, and the console's retry): admitted as a
+submission is, then core/store/jobs.py retry, then published unless it waits for a later time."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy.orm import Session
+
+from api.deps import Services
+from api.errors import ApiError, not_found
+from api.submit import admit_retry
+from core.lifecycle import QUEUED, RETRYABLE_STATUSES
+from core.store import jobs
+from core.store.tables import Job
+
+
+def retry(session: Session, services: Services, tenant: str, job_id: str, now: datetime, *,
+          key: str | None = None, run_at: datetime | None = None) -> tuple[Job, bool]:
+    """(the job, replayed): replayed when `key` was used by an earlier retry of it (nothing changed). What
+    the store refused is an ApiError: 404, 409 not_retryable, or admission's 429."""
+    found = jobs.get(session, job_id, tenant)
+    if found is None:
+        raise not_found("job", job_id)
+    if found.status in RETRYABLE_STATUSES and not jobs.used_retry_key(found, key):
+        admit_retry(session, services, tenant, found.queue)
+    outcome = jobs.retry(session, found.id, tenant, now, key=key, run_at=run_at)
+    job = _retried(outcome, job_id)
+    if not outcome.replayed:
+        services.admission.admitted(job.queue, tenant)
+        if job.status == QUEUED:  # a scheduled one is published when due
+            services.dispatcher.dispatch(job.id, job.queue)
+    return job, outcome.replayed
+
+
+def _retried(outcome: jobs.RetryResult, job_id: str) -> Job:
+    if outcome.job is None:
+        raise not_found("job", job_id)
+    if outcome.open_batch_id is not None:
+        raise ApiError(409, "not_retryable", f"id: job {job_id} belongs to batch {outcome.open_batch_id}, "
+                       "which has not ended; retry it once the batch has", "id")
+    if not outcome.applied and not outcome.replayed:
+        raise ApiError(409, "not_retryable", f"id: job {job_id} is {outcome.job.status}; only a failed, "
+                       "cancelled or expired job can be retried", "id")
+    return outcome.job
