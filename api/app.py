@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.admission import AdmissionGauge
+from api.console import routes as console
 from api.deps import Services
 from api.errors import install_error_handlers
 from api.metrics import Metrics
@@ -103,6 +104,9 @@ def create_app(
     for router in (jobs.router, queues.router, health.router, webhooks.router, openai.router,
                    embeddings.router, files.router, batches.router, scaling.router, vllm.router, lora.router):
         app.include_router(router)
+    if settings.console_enabled:
+        app.include_router(console.router)
+        app.add_exception_handler(console.SignInRequired, console.to_sign_in)
     # add_middleware wraps: the last one added runs first.
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(UploadSizeLimit, max_bytes=settings.files_max_bytes)

@@ -219,6 +219,9 @@ class Settings(BaseSettings):
         description="secret bearer token for the admin routes (`POST /v1/load_lora_adapter`, "
         "`/v1/unload_lora_adapter`); unset = they are open with auth off and answer 401 with auth on",
     )
+    console_enabled: bool = Field(
+        False, description="serve the operator console at /console (auth off: open, as the API is; auth on: "
+        "sign in with an API key, an admin key sees every tenant)")
     docs_enabled: bool | None = Field(
         None,
         description="serve `/docs`, `/redoc` and `/openapi.json`, without a key; off = they answer 404; "

@@ -170,7 +170,7 @@ def by_idempotency_key(session: Session, tenant_id: str, key: str) -> Job | None
 
 def page(
     session: Session,
-    tenant_id: str,
+    tenant_id: str | None,
     *,
     limit: int,
     status: str | None = None,
@@ -178,8 +178,11 @@ def page(
     before: tuple[datetime, str] | None = None,
 ) -> list[Job]:
     """Newest first by (created_at, id); `before` is the last (created_at, id) of the previous page;
-    `lanes`: only jobs of these (core/lanes.py)."""
-    query = select(Job).where(Job.tenant_id == tenant_id)
+    `lanes`: only jobs of these (core/lanes.py); `tenant_id` None: every tenant's (the console's admin view:
+    no index serves it, so it reads the table's newest rows through a sort)."""
+    query = select(Job)
+    if tenant_id is not None:
+        query = query.where(Job.tenant_id == tenant_id)
     if status is not None:
         query = query.where(Job.status == status)
     if lanes is not None:

@@ -1,0 +1,213 @@
+"""/console: the overview of every queue, the jobs, one job, and the actions on it (cancel, retry), each
+behind a confirmation page and a CSRF-checked POST. Pages are rendered on the server (Jinja2, autoescaped:
+a prompt holding HTML shows as text); nothing here is in the OpenAPI document."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Form, Query, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.templating import Jinja2Templates
+from sqlalchemy.orm import Session
+
+from api import cursor, job_retries
+from api.console import viewer as viewers
+from api.console.viewer import Viewer
+from api.deps import Services, ServicesDep, SessionDep
+from api.errors import ApiError, can_be_stored_id
+from core.clock import utcnow
+from core.lanes import split_lane
+from core.lifecycle import JOB_STATUSES, RETRYABLE_STATUSES, WAITING_STATUSES
+from core.store import job_tallies, jobs, webhooks, workers
+from core.views import JobPublic
+
+router = APIRouter(prefix="/console", include_in_schema=False)  # included only with console_enabled
+templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
+PAGE = 50  # jobs per page
+
+
+class SignInRequired(Exception):
+    """No valid session (auth on): the page answers with a redirect to the sign-in form."""
+
+
+def to_sign_in(_request: Request, _exc: Exception) -> Response:
+    return RedirectResponse("/console/sign-in", status_code=303)
+
+
+def current_viewer(request: Request, services: ServicesDep, session: SessionDep) -> Viewer:
+    if not services.settings.auth_enabled:
+        return viewers.EVERYONE
+    viewer = viewers.viewer_of_cookie(session, request.cookies.get(viewers.SESSION_COOKIE), viewers.now_s())
+    if viewer is None:
+        raise SignInRequired
+    return viewer
+
+
+ViewerDep = Annotated[Viewer, Depends(current_viewer)]
+CsrfField = Annotated[str | None, Form(alias="csrf")]
+
+
+def page(request: Request, template: str, viewer: Viewer | None, **context: Any) -> HTMLResponse:
+    """A page with the CSRF token its forms carry (the cookie is set when missing)."""
+    token = viewers.csrf_token(request)
+    response = templates.TemplateResponse(request, template,
+                                          {"viewer": viewer, "csrf": token, **context})
+    viewers.keep_csrf(request, response, token)
+    response.headers["Cache-Control"] = "no-store"
+    return response
+
+
+def check_csrf(request: Request, submitted: str | None) -> None:
+    if not viewers.csrf_ok(request, submitted):
+        message = "csrf: the form's token is missing or stale; reload the page"
+        raise ApiError(403, "csrf_failed", message, "csrf")
+
+
+# --- signing in ----------------------------------------------------------------------------------------
+
+
+@router.get("/sign-in")
+def sign_in_form(request: Request) -> Response:
+    return page(request, "sign_in.html", None, error=None)
+
+
+@router.post("/sign-in")
+def sign_in(request: Request, session: SessionDep, key: Annotated[str, Form(max_length=200)],
+            csrf: CsrfField = None) -> Response:
+    check_csrf(request, csrf)
+    found = viewers.key_for_plaintext(session, key.strip())
+    if found is None:
+        return page(request, "sign_in.html", None, error="That key is unknown or revoked.")
+    response = RedirectResponse("/console", status_code=303)
+    signed = viewers.signed_session(found, viewers.now_s())
+    viewers.set_cookie(request, response, viewers.SESSION_COOKIE, signed, viewers.SESSION_S)
+    return response
+
+
+@router.post("/sign-out")
+def sign_out(request: Request, csrf: CsrfField = None) -> Response:
+    check_csrf(request, csrf)
+    response = RedirectResponse("/console/sign-in", status_code=303)
+    response.delete_cookie(viewers.SESSION_COOKIE, path="/console")
+    return response
+
+
+# --- pages ---------------------------------------------------------------------------------------------
+
+
+@router.get("")
+def overview(request: Request, viewer: ViewerDep, services: ServicesDep, session: SessionDep) -> Response:
+    now = utcnow()
+    counts = job_tallies.queue_counts(session, now, viewer.tenant, may_fold=True)
+    scheduled = jobs.count_scheduled(session, viewer.tenant)
+    dead_after_s = services.settings.worker_dead_after_s
+    live = workers.live_workers_per_queue(session, now=now, dead_after_s=dead_after_s)
+    rows = []
+    for lane in services.settings.lanes():
+        c = counts.get(lane, job_tallies.QueueCounts(0, 0, None))
+        model, queue = split_lane(lane)
+        rows.append({"model": model, "queue": queue, "queued": c.queued, "running": c.running,
+                     "scheduled": scheduled.get(lane, 0), "workers": live.get(lane, 0),
+                     "oldest_s": (now - c.oldest_queued_at).total_seconds() if c.oldest_queued_at else None})
+    return page(request, "overview.html", viewer, queues=rows)
+
+
+@router.get("/jobs")
+def job_list(request: Request, viewer: ViewerDep, session: SessionDep,
+             status: Annotated[str | None, Query(max_length=16)] = None,
+             tenant: Annotated[str | None, Query(max_length=64)] = None,
+             cursor_: Annotated[str | None, Query(alias="cursor", max_length=200)] = None) -> Response:
+    shown_tenant = viewer.tenant if viewer.tenant is not None else (tenant or None)
+    status = status or None
+    if status is not None and status not in JOB_STATUSES:
+        raise ApiError(422, "invalid_request", f"status: one of {', '.join(JOB_STATUSES)}", "status")
+    before = _before(cursor_)
+    rows = jobs.page(session, shown_tenant, limit=PAGE + 1, status=status, before=before)
+    shown, more = rows[:PAGE], len(rows) > PAGE
+    return page(request, "jobs.html", viewer, jobs=[JobPublic.from_row(j) for j in shown],
+                tenants={j.id: j.tenant_id for j in shown}, status=status, tenant=shown_tenant,
+                statuses=JOB_STATUSES, next_cursor=cursor.encode(shown[-1]) if more else None)
+
+
+def _before(cursor_: str | None) -> tuple[datetime, str] | None:
+    if not cursor_:
+        return None
+    try:
+        before = cursor.decode(cursor_)
+    except ValueError as exc:
+        raise ApiError(422, "invalid_request", str(exc), "cursor") from exc
+    if not can_be_stored_id(before[1]):
+        raise ApiError(422, "invalid_request", "cursor: not a cursor this console made", "cursor")
+    return before
+
+
+@router.get("/jobs/{job_id}")
+def job_page(request: Request, job_id: str, viewer: ViewerDep, session: SessionDep) -> Response:
+    job = _visible_job(session, viewer, job_id)
+    deliveries = [{"event_type": d.event_type, "status": d.status, "attempts": d.attempts,
+                   "target": _without_query(d.url), "created_at": d.created_at}
+                  for d in webhooks.for_subject(session, job.tenant_id, "job", job.id)]
+    return page(request, "job.html", viewer, job=JobPublic.from_row(job), row=job, deliveries=deliveries,
+                cancellable=job.status in (*WAITING_STATUSES, "running"),
+                retryable=job.status in RETRYABLE_STATUSES)
+
+
+ACTIONS = {"cancel": "Cancel", "retry": "Retry"}
+
+
+@router.get("/jobs/{job_id}/{action}")
+def confirm_action(request: Request, job_id: str, action: str, viewer: ViewerDep, session: SessionDep,
+                   ) -> Response:
+    job = _visible_job(session, viewer, job_id)
+    if action not in ACTIONS:
+        raise ApiError(404, "not_found", f"no console action {action!r}", None)
+    return page(request, "confirm.html", viewer, job_id=job.id, action=action, verb=ACTIONS[action],
+                tenant=job.tenant_id)
+
+
+@router.post("/jobs/{job_id}/{action}")
+def do_action(request: Request, job_id: str, action: str, viewer: ViewerDep, services: ServicesDep,
+              session: SessionDep, csrf: CsrfField = None) -> Response:
+    check_csrf(request, csrf)
+    job = _visible_job(session, viewer, job_id)
+    if action == "cancel":
+        _cancel(session, services, job.id, job.tenant_id)
+    elif action == "retry":
+        job_retries.retry(session, services, job.tenant_id, job.id, utcnow())
+    else:
+        raise ApiError(404, "not_found", f"no console action {action!r}", None)
+    return RedirectResponse(f"/console/jobs/{job.id}", status_code=303)
+
+
+def _cancel(session: Session, services: Services, job_id: str, tenant: str) -> None:
+    cancelled = jobs.cancel(session, job_id, tenant, utcnow())
+    if cancelled is None or cancelled.status != "cancelled":
+        now_is = cancelled.status if cancelled is not None else "deleted"
+        raise ApiError(409, "not_cancellable", f"id: job {job_id} is already {now_is}", "id")
+    if services.finished is not None:
+        services.finished.finished([job_id])
+
+
+def _visible_job(session: Session, viewer: Viewer, job_id: str) -> Any:
+    """The job if the viewer may see it; else the same 404 as for a job that does not exist."""
+    job = jobs.get(session, job_id, viewer.tenant) if can_be_stored_id(job_id) else None
+    if job is None:
+        raise ApiError(404, "not_found", f"id: no job {job_id}", "id")
+    return job
+
+
+def _without_query(url: str) -> str:
+    """A webhook target as shown: its query string may hold a token, so it is left out."""
+    return url.split("?", 1)[0]
+
+
+def seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.1f} s" if value < 120 else str(timedelta(seconds=round(value)))
+
+
+templates.env.filters["seconds"] = seconds

@@ -1,0 +1,129 @@
+"""The operator console over HTTP (SQLite and PostgreSQL): off unless enabled; with auth on, a sign-in with
+an API key (an admin key sees every tenant, a tenant's key only its own jobs); every value escaped; every
+action a confirmed POST that changes nothing without the session and the CSRF token."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from fastapi.testclient import TestClient
+
+from core.clock import utcnow
+from core.store import keys
+from tests.support.service import Service
+
+XSS = "<script>alert(1)</script>"
+
+
+def csrf_of(page: str) -> str:
+    match = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert match, page
+    return match.group(1)
+
+
+def key_of(service: Service, tenant: str, *, admin: bool = False) -> str:
+    with service.session_factory() as session:
+        return keys.create_key(session, tenant, utcnow(), admin=admin)[1]
+
+
+def signed_in(service: Service, key: str) -> TestClient:
+    browser = TestClient(service.http.app)
+    form = browser.get("/console/sign-in")
+    assert form.status_code == 200 and "Sign in" in form.text
+    answer = browser.post("/console/sign-in", data={"key": key, "csrf": csrf_of(form.text)},
+                          follow_redirects=False)
+    assert answer.status_code == 303 and answer.headers["location"] == "/console", answer.text
+    cookie = answer.headers["set-cookie"]
+    assert "HttpOnly" in cookie and "SameSite=strict" in cookie.replace("Strict", "strict")
+    return browser
+
+
+def submit(service: Service, tenant: str, prompt: str) -> str:
+    answer = service.client(tenant).post("/v1/jobs", json={"prompt": prompt, "max_tokens": 4})
+    assert answer.status_code == 202, answer.text
+    return str(answer.json()["id"])
+
+
+def test_the_console_is_off_unless_enabled(service: Service) -> None:
+    assert service.http.get("/console").status_code == 404
+    assert service.http.get("/console/sign-in").status_code == 404
+
+
+def test_with_auth_on_a_page_asks_to_sign_in_and_a_bad_key_is_refused(make_service: Callable[..., Service],
+                                                                       ) -> None:
+    service = make_service(console_enabled=True)
+    anonymous = TestClient(service.http.app)
+    assert anonymous.get("/console/jobs", follow_redirects=False).headers["location"] == "/console/sign-in"
+    form = anonymous.get("/console/sign-in").text
+    refused = anonymous.post("/console/sign-in", data={"key": "cvk_wrong", "csrf": csrf_of(form)})
+    assert refused.status_code == 200 and "unknown or revoked" in refused.text
+    assert anonymous.get("/console", follow_redirects=False).status_code == 303
+
+
+def test_an_admin_sees_every_tenant_and_a_prompt_of_html_shows_as_text(make_service: Callable[..., Service],
+                                                                        ) -> None:
+    service = make_service(console_enabled=True)
+    mine, theirs = submit(service, "alice", XSS), submit(service, "bob", "hello")
+    admin_key = key_of(service, "ops", admin=True)
+    admin = signed_in(service, admin_key)
+
+    listing = admin.get("/console/jobs").text
+    assert mine in listing and theirs in listing
+    page = admin.get(f"/console/jobs/{mine}").text
+    assert XSS not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    overview = admin.get("/console").text
+    assert "interactive" in overview and "every tenant" in overview
+    assert admin_key not in overview + listing + page  # only its public prefix, as `conveyor keys list`
+
+
+def test_a_tenants_key_never_shows_another_tenants_job(make_service: Callable[..., Service]) -> None:
+    service = make_service(console_enabled=True)
+    mine, theirs = submit(service, "alice", "mine"), submit(service, "bob", "theirs")
+    alice = signed_in(service, key_of(service, "alice"))
+    listing = alice.get("/console/jobs", params={"tenant": "bob"}).text  # the filter cannot widen it
+    assert mine in listing and theirs not in listing
+    assert alice.get(f"/console/jobs/{theirs}").status_code == 404
+    assert alice.post(f"/console/jobs/{theirs}/cancel", data={"csrf": csrf_of(listing)}).status_code == 404
+    assert service.job(theirs).status == "queued"
+
+
+def test_an_action_needs_its_csrf_token_and_a_session(make_service: Callable[..., Service]) -> None:
+    service = make_service(console_enabled=True)
+    job_id = submit(service, "alice", "hello")
+    alice = signed_in(service, key_of(service, "alice"))
+    confirm = alice.get(f"/console/jobs/{job_id}/cancel")
+    assert confirm.status_code == 200 and "Cancel job" in confirm.text
+
+    assert alice.post(f"/console/jobs/{job_id}/cancel").status_code == 403  # no token
+    assert alice.post(f"/console/jobs/{job_id}/cancel", data={"csrf": "forged"}).status_code == 403
+    stranger = TestClient(service.http.app)  # the token without the session: sent to sign in
+    answer = stranger.post(f"/console/jobs/{job_id}/cancel", data={"csrf": csrf_of(confirm.text)},
+                           follow_redirects=False)
+    assert answer.status_code == 303 and answer.headers["location"] == "/console/sign-in"
+    assert service.job(job_id).status == "queued"  # nothing changed
+
+    done = alice.post(f"/console/jobs/{job_id}/cancel", data={"csrf": csrf_of(confirm.text)},
+                      follow_redirects=False)
+    assert done.status_code == 303 and service.job(job_id).status == "cancelled"
+    retry = alice.get(f"/console/jobs/{job_id}/retry")
+    alice.post(f"/console/jobs/{job_id}/retry", data={"csrf": csrf_of(retry.text)})
+    assert service.job(job_id).status == "queued" and service.job(job_id).history
+
+
+def test_a_revoked_key_ends_its_sessions(make_service: Callable[..., Service]) -> None:
+    service = make_service(console_enabled=True)
+    key = key_of(service, "alice")
+    alice = signed_in(service, key)
+    assert alice.get("/console").status_code == 200
+    with service.session_factory() as session:
+        [row] = [k for k in keys.list_keys(session) if key.startswith(k.prefix) and k.tenant_id == "alice"]
+        keys.revoke_key(session, row.id, utcnow())
+    assert alice.get("/console", follow_redirects=False).status_code == 303
+
+
+def test_with_auth_off_it_opens_without_signing_in(make_service: Callable[..., Service]) -> None:
+    service = make_service(console_enabled=True, auth_enabled=False)
+    job_id = service.http.post("/v1/jobs", json={"prompt": "hi", "max_tokens": 2}).json()["id"]
+    listing = service.http.get("/console/jobs")
+    assert listing.status_code == 200 and job_id in listing.text and "auth off" in listing.text
