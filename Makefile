@@ -46,6 +46,7 @@ TESTS ?=
 WORKERS ?= $(shell echo $$(( $$(nproc) * 2 )))
 test: $(VENV)/.test
 	bash .ci/services
+	bash .ci/browser
 	$(PY) -m ruff check .
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q -ra -n $(WORKERS) --dist loadgroup --durations=15 $(TESTS)

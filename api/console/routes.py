@@ -21,12 +21,13 @@ from api.errors import ApiError, can_be_stored_id
 from core.clock import utcnow
 from core.lanes import split_lane
 from core.lifecycle import JOB_STATUSES, RETRYABLE_STATUSES, WAITING_STATUSES
-from core.store import job_tallies, jobs, webhooks, workers
+from core.store import job_tallies, jobs, outcome_counts, webhooks, workers
 from core.views import JobPublic
 
 router = APIRouter(prefix="/console", include_in_schema=False)  # included only with console_enabled
 templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
 PAGE = 50  # jobs per page
+GOODPUT_WINDOW = timedelta(hours=1)  # the overview's on-time share: jobs with a deadline that ended in it
 
 
 class SignInRequired(Exception):
@@ -103,32 +104,55 @@ def overview(request: Request, viewer: ViewerDep, services: ServicesDep, session
     now = utcnow()
     counts = job_tallies.queue_counts(session, now, viewer.tenant, may_fold=True)
     scheduled = jobs.count_scheduled(session, viewer.tenant)
+    deadlines = jobs.deadline_counts(session, now - GOODPUT_WINDOW, viewer.tenant)
     dead_after_s = services.settings.worker_dead_after_s
     live = workers.live_workers_per_queue(session, now=now, dead_after_s=dead_after_s)
     rows = []
     for lane in services.settings.lanes():
         c = counts.get(lane, job_tallies.QueueCounts(0, 0, None))
         model, queue = split_lane(lane)
-        rows.append({"model": model, "queue": queue, "queued": c.queued, "running": c.running,
+        rows.append({"model": model, "queue": queue, "lane": lane, "queued": c.queued, "running": c.running,
                      "scheduled": scheduled.get(lane, 0), "workers": live.get(lane, 0),
-                     "oldest_s": (now - c.oldest_queued_at).total_seconds() if c.oldest_queued_at else None})
-    return page(request, "overview.html", viewer, queues=rows)
+                     "oldest_s": (now - c.oldest_queued_at).total_seconds() if c.oldest_queued_at else None,
+                     "on_time": _on_time_share(deadlines.get(lane, {}))})
+    return page(request, "overview.html", viewer, queues=rows, failures=_failures(session, viewer))
+
+
+def _on_time_share(by_tier: dict[str, dict[str, int]]) -> float | None:
+    """Of the jobs with a deadline that ended in the last hour, the share on time; None: there were none."""
+    outcomes = [n for tier in by_tier.values() for n in tier.items()]
+    total = sum(n for _, n in outcomes)
+    return sum(n for kind, n in outcomes if kind == "on_time") / total if total else None
+
+
+def _failures(session: Session, viewer: Viewer) -> list[tuple[str, str, int]]:
+    """(lane, code, count) of the failed and expired jobs since the counts began (the store's metric
+    counters: every tenant's together, so an admin's view only)."""
+    if viewer.tenant is not None:
+        return []
+    rows = outcome_counts.series_of(outcome_counts.all_counts(session), outcome_counts.JOB_FAILURES)
+    return sorted(((row.queue, row.label, int(row.count)) for row in rows if row.count),
+                  key=lambda failure: -failure[2])
 
 
 @router.get("/jobs")
-def job_list(request: Request, viewer: ViewerDep, session: SessionDep,
+def job_list(request: Request, viewer: ViewerDep, services: ServicesDep, session: SessionDep,
              status: Annotated[str | None, Query(max_length=16)] = None,
              tenant: Annotated[str | None, Query(max_length=64)] = None,
+             lane: Annotated[str | None, Query(max_length=200)] = None,
              cursor_: Annotated[str | None, Query(alias="cursor", max_length=200)] = None) -> Response:
     shown_tenant = viewer.tenant if viewer.tenant is not None else (tenant or None)
     status = status or None
     if status is not None and status not in JOB_STATUSES:
         raise ApiError(422, "invalid_request", f"status: one of {', '.join(JOB_STATUSES)}", "status")
+    if lane and lane not in services.settings.lanes():
+        raise ApiError(422, "unknown_queue", f"lane: no queue {lane!r}", "lane")
     before = _before(cursor_)
-    rows = jobs.page(session, shown_tenant, limit=PAGE + 1, status=status, before=before)
+    rows = jobs.page(session, shown_tenant, limit=PAGE + 1, status=status, before=before,
+                     lanes=[lane] if lane else None)
     shown, more = rows[:PAGE], len(rows) > PAGE
     return page(request, "jobs.html", viewer, jobs=[JobPublic.from_row(j) for j in shown],
-                tenants={j.id: j.tenant_id for j in shown}, status=status, tenant=shown_tenant,
+                tenants={j.id: j.tenant_id for j in shown}, status=status, tenant=shown_tenant, lane=lane,
                 statuses=JOB_STATUSES, next_cursor=cursor.encode(shown[-1]) if more else None)
 
 
@@ -210,4 +234,9 @@ def seconds(value: float | None) -> str:
     return f"{value:.1f} s" if value < 120 else str(timedelta(seconds=round(value)))
 
 
+def when(value: datetime | None) -> str:
+    return value.strftime("%Y-%m-%d %H:%M:%S UTC") if value is not None else "-"
+
+
 templates.env.filters["seconds"] = seconds
+templates.env.filters["when"] = when

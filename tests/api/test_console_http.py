@@ -10,7 +10,7 @@ from collections.abc import Callable
 from fastapi.testclient import TestClient
 
 from core.clock import utcnow
-from core.store import keys
+from core.store import jobs, keys
 from tests.support.service import Service
 
 XSS = "<script>alert(1)</script>"
@@ -127,3 +127,20 @@ def test_with_auth_off_it_opens_without_signing_in(make_service: Callable[..., S
     job_id = service.http.post("/v1/jobs", json={"prompt": "hi", "max_tokens": 2}).json()["id"]
     listing = service.http.get("/console/jobs")
     assert listing.status_code == 200 and job_id in listing.text and "auth off" in listing.text
+
+
+def test_the_jobs_of_one_queue_and_the_overviews_figures(make_service: Callable[..., Service]) -> None:
+    service = make_service(console_enabled=True, auth_enabled=False)
+    chat = service.http.post("/v1/jobs", json={"prompt": "hi", "max_tokens": 2}).json()["id"]
+    doc = service.http.post("/v1/jobs", json={"prompt": "doc", "max_tokens": 2, "queue": "documents"}).json()
+    lane = f"{service.settings.default_model_id()}:documents"
+    listing = service.http.get("/console/jobs", params={"lane": lane}).text
+    assert doc["id"] in listing and chat not in listing
+    assert service.http.get("/console/jobs", params={"lane": "nope:x"}).status_code == 422
+    with service.session_factory() as session:
+        assert jobs.claim(session, chat, "w1", utcnow()) is not None
+        assert jobs.fail(session, chat, 1, code="engine_error", message="boom", now=utcnow())
+    overview = service.http.get("/console").text
+    assert f'href="/console/jobs?lane={lane.replace(":", "%3A")}"' in overview
+    assert "on time (1 h)" in overview
+    assert "Failures by code" in overview and "engine_error" in overview
