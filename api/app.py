@@ -11,8 +11,8 @@ from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 from sqlalchemy.orm import Session, sessionmaker
 
+from api import console
 from api.admission import AdmissionGauge
-from api.console import routes as console
 from api.deps import Services
 from api.errors import install_error_handlers
 from api.metrics import Metrics
@@ -105,7 +105,8 @@ def create_app(
                    embeddings.router, files.router, batches.router, scaling.router, vllm.router, lora.router):
         app.include_router(router)
     if settings.console_enabled:
-        app.include_router(console.router)
+        for console_router in console.ROUTERS:
+            app.include_router(console_router)
         app.add_exception_handler(console.SignInRequired, console.to_sign_in)
     # add_middleware wraps: the last one added runs first.
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)

@@ -1,20 +1,17 @@
-"""/console: the overview of every queue, the jobs, one job, and the actions on it (cancel, retry), each
-behind a confirmation page and a CSRF-checked POST. Pages are rendered on the server (Jinja2, autoescaped:
-a prompt holding HTML shows as text); nothing here is in the OpenAPI document."""
+"""The console's overview of every queue, its jobs, one job, and the actions on a job (cancel, retry), each
+behind a confirmation page and a CSRF-checked POST."""
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Form, Query, Request
-from fastapi.responses import HTMLResponse, RedirectResponse, Response
-from fastapi.templating import Jinja2Templates
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import RedirectResponse, Response
 from sqlalchemy.orm import Session
 
 from api import cursor, job_retries
-from api.console import viewer as viewers
+from api.console.pages import CsrfField, ViewerDep, check_csrf, page
 from api.console.viewer import Viewer
 from api.deps import Services, ServicesDep, SessionDep
 from api.errors import ApiError, can_be_stored_id
@@ -24,79 +21,9 @@ from core.lifecycle import JOB_STATUSES, RETRYABLE_STATUSES, WAITING_STATUSES
 from core.store import job_tallies, jobs, outcome_counts, webhooks, workers
 from core.views import JobPublic
 
-router = APIRouter(prefix="/console", include_in_schema=False)  # included only with console_enabled
-templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
+router = APIRouter(prefix="/console", include_in_schema=False)
 PAGE = 50  # jobs per page
 GOODPUT_WINDOW = timedelta(hours=1)  # the overview's on-time share: jobs with a deadline that ended in it
-
-
-class SignInRequired(Exception):
-    """No valid session (auth on): the page answers with a redirect to the sign-in form."""
-
-
-def to_sign_in(_request: Request, _exc: Exception) -> Response:
-    return RedirectResponse("/console/sign-in", status_code=303)
-
-
-def current_viewer(request: Request, services: ServicesDep, session: SessionDep) -> Viewer:
-    if not services.settings.auth_enabled:
-        return viewers.EVERYONE
-    viewer = viewers.viewer_of_cookie(session, request.cookies.get(viewers.SESSION_COOKIE), viewers.now_s())
-    if viewer is None:
-        raise SignInRequired
-    return viewer
-
-
-ViewerDep = Annotated[Viewer, Depends(current_viewer)]
-CsrfField = Annotated[str | None, Form(alias="csrf")]
-
-
-def page(request: Request, template: str, viewer: Viewer | None, **context: Any) -> HTMLResponse:
-    """A page with the CSRF token its forms carry (the cookie is set when missing)."""
-    token = viewers.csrf_token(request)
-    response = templates.TemplateResponse(request, template,
-                                          {"viewer": viewer, "csrf": token, **context})
-    viewers.keep_csrf(request, response, token)
-    response.headers["Cache-Control"] = "no-store"
-    return response
-
-
-def check_csrf(request: Request, submitted: str | None) -> None:
-    if not viewers.csrf_ok(request, submitted):
-        message = "csrf: the form's token is missing or stale; reload the page"
-        raise ApiError(403, "csrf_failed", message, "csrf")
-
-
-# --- signing in ----------------------------------------------------------------------------------------
-
-
-@router.get("/sign-in")
-def sign_in_form(request: Request) -> Response:
-    return page(request, "sign_in.html", None, error=None)
-
-
-@router.post("/sign-in")
-def sign_in(request: Request, session: SessionDep, key: Annotated[str, Form(max_length=200)],
-            csrf: CsrfField = None) -> Response:
-    check_csrf(request, csrf)
-    found = viewers.key_for_plaintext(session, key.strip())
-    if found is None:
-        return page(request, "sign_in.html", None, error="That key is unknown or revoked.")
-    response = RedirectResponse("/console", status_code=303)
-    signed = viewers.signed_session(found, viewers.now_s())
-    viewers.set_cookie(request, response, viewers.SESSION_COOKIE, signed, viewers.SESSION_S)
-    return response
-
-
-@router.post("/sign-out")
-def sign_out(request: Request, csrf: CsrfField = None) -> Response:
-    check_csrf(request, csrf)
-    response = RedirectResponse("/console/sign-in", status_code=303)
-    response.delete_cookie(viewers.SESSION_COOKIE, path="/console")
-    return response
-
-
-# --- pages ---------------------------------------------------------------------------------------------
 
 
 @router.get("")
@@ -226,17 +153,3 @@ def _visible_job(session: Session, viewer: Viewer, job_id: str) -> Any:
 def _without_query(url: str) -> str:
     """A webhook target as shown: its query string may hold a token, so it is left out."""
     return url.split("?", 1)[0]
-
-
-def seconds(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return f"{value:.1f} s" if value < 120 else str(timedelta(seconds=round(value)))
-
-
-def when(value: datetime | None) -> str:
-    return value.strftime("%Y-%m-%d %H:%M:%S UTC") if value is not None else "-"
-
-
-templates.env.filters["seconds"] = seconds
-templates.env.filters["when"] = when

@@ -1,0 +1,79 @@
+"""What every console page shares: the templates (Jinja2, autoescaped: a prompt holding HTML shows as text),
+who is looking (a redirect to sign in when nobody is), the CSRF token each form carries and each POST must
+return, and the filters the templates format with."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import Depends, Form, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.templating import Jinja2Templates
+
+from api.console import viewer as viewers
+from api.console.viewer import Viewer
+from api.deps import ServicesDep, SessionDep
+from api.errors import ApiError
+
+templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
+
+
+class SignInRequired(Exception):
+    """No valid session (auth on): the page answers with a redirect to the sign-in form."""
+
+
+def to_sign_in(_request: Request, _exc: Exception) -> Response:
+    return RedirectResponse("/console/sign-in", status_code=303)
+
+
+def current_viewer(request: Request, services: ServicesDep, session: SessionDep) -> Viewer:
+    if not services.settings.auth_enabled:
+        return viewers.EVERYONE
+    viewer = viewers.viewer_of_cookie(session, request.cookies.get(viewers.SESSION_COOKIE), viewers.now_s())
+    if viewer is None:
+        raise SignInRequired
+    return viewer
+
+
+def current_admin(viewer: Annotated[Viewer, Depends(current_viewer)]) -> Viewer:
+    """The fleet's pages (workers, tenants, purges) are every tenant's business: an admin's only."""
+    if viewer.tenant is not None:
+        raise ApiError(403, "admin_only", "this page needs an admin key (or auth off)", None)
+    return viewer
+
+
+ViewerDep = Annotated[Viewer, Depends(current_viewer)]
+AdminDep = Annotated[Viewer, Depends(current_admin)]
+CsrfField = Annotated[str | None, Form(alias="csrf")]
+
+
+def page(request: Request, template: str, viewer: Viewer | None, **context: Any) -> HTMLResponse:
+    """A page with the CSRF token its forms carry (the cookie is set when missing)."""
+    token = viewers.csrf_token(request)
+    response = templates.TemplateResponse(request, template,
+                                          {"viewer": viewer, "csrf": token, **context})
+    viewers.keep_csrf(request, response, token)
+    response.headers["Cache-Control"] = "no-store"
+    return response
+
+
+def check_csrf(request: Request, submitted: str | None) -> None:
+    if not viewers.csrf_ok(request, submitted):
+        message = "csrf: the form's token is missing or stale; reload the page"
+        raise ApiError(403, "csrf_failed", message, "csrf")
+
+
+def seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.1f} s" if value < 120 else str(timedelta(seconds=round(value)))
+
+
+def when(value: datetime | None) -> str:
+    return value.strftime("%Y-%m-%d %H:%M:%S UTC") if value is not None else "-"
+
+
+templates.env.filters["seconds"] = seconds
+templates.env.filters["when"] = when
