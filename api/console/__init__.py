@@ -1,12 +1,13 @@
 """The operator console: server-rendered pages under /console, served by the API process itself when
 `console_enabled` is set (off by default). Who may see what: viewer.py; what every page shares: pages.py;
-the pages: sign_in.py, jobs.py; the HTML: templates/ (Jinja2, every value escaped)."""
+the pages: sign_in.py, jobs.py, batches.py and fleet.py (workers, tenants, purges: an admin's); the HTML:
+templates/ (Jinja2, every value escaped)."""
 
 from __future__ import annotations
 
-from api.console import jobs, sign_in
+from api.console import batches, fleet, jobs, sign_in
 from api.console.pages import SignInRequired, to_sign_in
 
-ROUTERS = (sign_in.router, jobs.router)
+ROUTERS = (sign_in.router, jobs.router, batches.router, fleet.router)
 
 __all__ = ["ROUTERS", "SignInRequired", "to_sign_in"]

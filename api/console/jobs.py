@@ -11,7 +11,7 @@ from fastapi.responses import RedirectResponse, Response
 from sqlalchemy.orm import Session
 
 from api import cursor, job_retries
-from api.console.pages import CsrfField, ViewerDep, check_csrf, page
+from api.console.pages import CsrfField, ViewerDep, check_csrf, confirmation, page
 from api.console.viewer import Viewer
 from api.deps import Services, ServicesDep, SessionDep
 from api.errors import ApiError, can_be_stored_id
@@ -27,7 +27,9 @@ GOODPUT_WINDOW = timedelta(hours=1)  # the overview's on-time share: jobs with a
 
 
 @router.get("")
-def overview(request: Request, viewer: ViewerDep, services: ServicesDep, session: SessionDep) -> Response:
+def overview(request: Request, viewer: ViewerDep, services: ServicesDep, session: SessionDep,
+             purged: Annotated[int | None, Query(ge=0)] = None,
+             purged_lane: Annotated[str | None, Query(alias="lane", max_length=200)] = None) -> Response:
     now = utcnow()
     counts = job_tallies.queue_counts(session, now, viewer.tenant, may_fold=True)
     scheduled = jobs.count_scheduled(session, viewer.tenant)
@@ -42,7 +44,8 @@ def overview(request: Request, viewer: ViewerDep, services: ServicesDep, session
                      "scheduled": scheduled.get(lane, 0), "workers": live.get(lane, 0),
                      "oldest_s": (now - c.oldest_queued_at).total_seconds() if c.oldest_queued_at else None,
                      "on_time": _on_time_share(deadlines.get(lane, {}))})
-    return page(request, "overview.html", viewer, queues=rows, failures=_failures(session, viewer))
+    return page(request, "overview.html", viewer, queues=rows, failures=_failures(session, viewer),
+                purged=purged, purged_lane=purged_lane)
 
 
 def _on_time_share(by_tier: dict[str, dict[str, int]]) -> float | None:
@@ -115,8 +118,9 @@ def confirm_action(request: Request, job_id: str, action: str, viewer: ViewerDep
     job = _visible_job(session, viewer, job_id)
     if action not in ACTIONS:
         raise ApiError(404, "not_found", f"no console action {action!r}", None)
-    return page(request, "confirm.html", viewer, job_id=job.id, action=action, verb=ACTIONS[action],
-                tenant=job.tenant_id)
+    verb = ACTIONS[action]
+    return confirmation(request, viewer, f"{verb} job {job.id}?", f"Tenant {job.tenant_id}.",
+                        f"/console/jobs/{job.id}/{action}", verb, f"/console/jobs/{job.id}")
 
 
 @router.post("/jobs/{job_id}/{action}")

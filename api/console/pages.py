@@ -59,6 +59,14 @@ def page(request: Request, template: str, viewer: Viewer | None, **context: Any)
     return response
 
 
+def confirmation(request: Request, viewer: Viewer, question: str, detail: str, action_url: str, button: str,
+                 back_url: str, **fields: str) -> HTMLResponse:
+    """The page every action goes through: what it will do, and the one form (with its CSRF token) that
+    does it."""
+    return page(request, "confirm.html", viewer, question=question, detail=detail, action_url=action_url,
+                button=button, back_url=back_url, fields=fields)
+
+
 def check_csrf(request: Request, submitted: str | None) -> None:
     if not viewers.csrf_ok(request, submitted):
         message = "csrf: the form's token is missing or stale; reload the page"

@@ -12,6 +12,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query
 from fastapi.security import HTTPAuthorizationCredentials
 
+from api import queue_purge
 from api.auth import CurrentTenant, bearer_scheme
 from api.deps import ServicesDep, SessionDep
 from api.errors import ApiError
@@ -26,7 +27,6 @@ from core.store.tenants import TenantLimits
 
 router = APIRouter(prefix="/v1/queues", tags=["queues"])
 GOODPUT_WINDOW = timedelta(hours=1)
-PURGE_CHUNK = 500  # jobs cancelled per transaction by a purge: row locks held briefly, webhooks in step
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)]
 
 
@@ -79,8 +79,8 @@ def purge_queue(name: str, session: SessionDep, services: ServicesDep, caller: C
                 credentials: Credentials, model: ModelQuery = None) -> Purged:
     """Cancels every queued and scheduled job of the caller in the queue `name` (of every served model, or
     of `?model=`); with an admin key (or auth off), every tenant's. Running jobs are left alone (cancel them
-    one by one). In chunks of PURGE_CHUNK jobs, each committed with its effects: a cancelled webhook per job,
-    as if cancelled one by one."""
+    one by one). In chunks (api/queue_purge.py), each committed with its effects: a cancelled webhook per
+    job, as if cancelled one by one."""
     admin = not services.settings.auth_enabled or (
         credentials is not None and keys.is_admin_key(session, credentials.credentials))
     try:
@@ -91,14 +91,7 @@ def purge_queue(name: str, session: SessionDep, services: ServicesDep, caller: C
     if not lanes:
         raise ApiError(404, "unknown_queue", f"name: no served model has a queue {name!r}", "name")
     tenant = None if admin else caller
-    cancelled = 0
-    while True:
-        ids = jobs.cancel_queued(session, lanes, tenant, utcnow(), PURGE_CHUNK)
-        if ids and services.finished is not None:  # wake their waiters here and in other API processes
-            services.finished.finished(ids)
-        cancelled += len(ids)
-        if len(ids) < PURGE_CHUNK:
-            return Purged(queue=name, cancelled=cancelled, tenant=tenant)
+    return Purged(queue=name, cancelled=queue_purge.purge(session, services, lanes, tenant), tenant=tenant)
 
 
 def listed_tenant(caller: str, admin: bool, asked: str | None) -> str:

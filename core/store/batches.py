@@ -94,6 +94,14 @@ def page(session: Session, tenant_id: str, *, limit: int, after: str | None = No
     return page_after_id(session, query, Batch, tenant_id, limit=limit, after=after)
 
 
+def newest(session: Session, tenant_id: str | None, limit: int) -> list[Batch]:
+    """The newest batches, of one tenant or (None) of every tenant (the console's admin view)."""
+    query = select(Batch).order_by(Batch.created_at.desc(), Batch.id.desc()).limit(limit)
+    if tenant_id is not None:
+        query = query.where(Batch.tenant_id == tenant_id)
+    return list(session.execute(query).scalars())
+
+
 # --- cancel and job outcomes ------------------------------------------------------------------------
 
 

@@ -46,6 +46,11 @@ def mark_stopped(session: Session, worker_id: str, now: datetime) -> None:
     session.commit()
 
 
+def recent(session: Session, limit: int) -> list[Worker]:
+    """The workers heard from last, first (live, silent and stopped alike, until pruned)."""
+    return list(session.execute(select(Worker).order_by(Worker.last_seen_at.desc()).limit(limit)).scalars())
+
+
 def live_workers(session: Session, *, now: datetime, dead_after_s: float) -> list[Worker]:
     """Workers not stopped whose last heartbeat is recent."""
     cutoff = now - timedelta(seconds=dead_after_s)

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from datetime import timedelta
 
 from fastapi.testclient import TestClient
 
 from core.clock import utcnow
-from core.store import jobs, keys
+from core.store import batches, jobs, keys, workers
 from tests.support.service import Service
 
 XSS = "<script>alert(1)</script>"
@@ -144,3 +145,44 @@ def test_the_jobs_of_one_queue_and_the_overviews_figures(make_service: Callable[
     assert f'href="/console/jobs?lane={lane.replace(":", "%3A")}"' in overview
     assert "on time (1 h)" in overview
     assert "Failures by code" in overview and "engine_error" in overview
+
+
+def test_workers_tenants_and_purges_are_an_admins(make_service: Callable[..., Service]) -> None:
+    service = make_service(console_enabled=True)
+    waiting = [submit(service, "alice", "a"), submit(service, "bob", "b")]
+    with service.session_factory() as session:
+        workers.register(session, "w-1", hostname="gpu-7", pid=42, queues=service.settings.lanes(),
+                         now=utcnow())
+    alice = signed_in(service, key_of(service, "alice"))
+    for path in ("/console/workers", "/console/tenants", "/console/purge?lane=x"):
+        assert alice.get(path).status_code == 403, path
+    admin = signed_in(service, key_of(service, "ops", admin=True))
+    assert "gpu-7 (42)" in admin.get("/console/workers").text
+    tenants_page = admin.get("/console/tenants").text
+    assert "alice" in tenants_page and "bob" in tenants_page
+
+    lane = f"{service.settings.default_model_id()}:interactive"
+    confirm = admin.get("/console/purge", params={"lane": lane})
+    assert confirm.status_code == 200 and f"Purge {lane}?" in confirm.text
+    assert admin.post("/console/purge", data={"lane": lane}).status_code == 403  # no CSRF token
+    assert all(service.job(j).status == "queued" for j in waiting)
+    done = admin.post("/console/purge", data={"lane": lane, "csrf": csrf_of(confirm.text)})
+    assert done.status_code == 200 and "Purged 2 job(s)" in done.text
+    assert all(service.job(j).status == "cancelled" for j in waiting)
+
+
+def test_a_batch_page_shows_its_progress_and_cancels_it(make_service: Callable[..., Service]) -> None:
+    service = make_service(console_enabled=True)
+    with service.session_factory() as session:
+        mine = batches.create(session, tenant_id="alice", input_url="s3://b/in.jsonl", output_url=None,
+                              queue="documents", now=utcnow(), run_at=utcnow() + timedelta(hours=1))
+        theirs = batches.create(session, tenant_id="bob", input_url="s3://b/x.jsonl", output_url=None,
+                                queue="documents", now=utcnow())
+    alice = signed_in(service, key_of(service, "alice"))
+    listing = alice.get("/console/batches").text
+    assert mine.id in listing and theirs.id not in listing and "<progress" in listing
+    assert alice.get(f"/console/batches/{theirs.id}").status_code == 404
+    confirm = alice.get(f"/console/batches/{mine.id}/cancel")
+    assert "Cancel batch" in confirm.text
+    done = alice.post(f"/console/batches/{mine.id}/cancel", data={"csrf": csrf_of(confirm.text)})
+    assert done.status_code == 200 and "cancelling" in done.text

@@ -1,0 +1,87 @@
+"""The console's pages about the whole fleet, an admin's only: the workers (heartbeat age, model, queues,
+the engine pace each one publishes), the tenants (their limits and what they use now), and purging a queue
+(its scheduled and queued jobs cancelled, behind a confirmation page)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, Form, Query, Request
+from fastapi.responses import RedirectResponse, Response
+from sqlalchemy.orm import Session
+
+from api import queue_purge
+from api.console.pages import AdminDep, CsrfField, check_csrf, confirmation, page
+from api.deps import ServicesDep, SessionDep
+from api.errors import ApiError
+from core.clock import utcnow
+from core.lanes import split_lane
+from core.store import job_tallies, tenants, token_usage, workers
+from core.store.tenants import TenantLimits
+
+router = APIRouter(prefix="/console", include_in_schema=False)
+WORKERS_SHOWN = 200
+TENANTS_SHOWN = 200
+
+
+@router.get("/workers")
+def worker_list(request: Request, viewer: AdminDep, services: ServicesDep, session: SessionDep) -> Response:
+    now, dead_after_s = utcnow(), services.settings.worker_dead_after_s
+    rows = []
+    for worker in workers.recent(session, WORKERS_SHOWN):
+        age = (now - worker.last_seen_at).total_seconds()
+        state = "stopped" if worker.stopped_at else ("live" if age <= dead_after_s else "silent")
+        rows.append({"worker": worker, "age_s": age, "state": state,
+                     "models": sorted({split_lane(lane)[0] for lane in worker.queues}),
+                     "queues": sorted({split_lane(lane)[1] for lane in worker.queues}),
+                     "pace": _pace(worker.rates)})
+    return page(request, "workers.html", viewer, workers=rows, dead_after_s=dead_after_s)
+
+
+def _pace(rates: dict[str, Any] | None) -> str:
+    """The engine figures a worker publishes with its heartbeat (engine/pace.py), as `name=value` pairs."""
+    if not rates:
+        return "-"
+    return ", ".join(f"{name}={value:.4g}" if isinstance(value, float) else f"{name}={value}"
+                     for name, value in sorted(rates.items()))
+
+
+@router.get("/tenants")
+def tenant_list(request: Request, viewer: AdminDep, services: ServicesDep, session: SessionDep) -> Response:
+    now, defaults = utcnow(), TenantLimits.defaults(services.settings)
+    rows = [{"id": tenant.id, "limits": tenants.effective_limits(session, tenant.id, defaults),
+             "counts": _counts(session, tenant.id, now),
+             "tokens_last_minute": token_usage.tokens_used(session, tenant.id, now)}
+            for tenant in tenants.list_tenants(session)[:TENANTS_SHOWN]]
+    return page(request, "tenants.html", viewer, tenants=rows)
+
+
+def _counts(session: Session, tenant_id: str, now: Any) -> tuple[int, int]:
+    """(queued, running) of the tenant across every queue."""
+    counts = job_tallies.queue_counts(session, now, tenant_id).values()
+    return sum(c.queued for c in counts), sum(c.running for c in counts)
+
+
+@router.get("/purge")
+def confirm_purge(request: Request, viewer: AdminDep, services: ServicesDep,
+                  lane: Annotated[str, Query(max_length=200)]) -> Response:
+    _check_lane(services.settings.lanes(), lane)
+    detail = ("Every tenant's scheduled and queued jobs of this queue are cancelled, each with its "
+              "cancelled webhook; running jobs are left alone.")
+    return confirmation(request, viewer, f"Purge {lane}?", detail, "/console/purge", "Purge the queue",
+                        "/console", lane=lane)
+
+
+@router.post("/purge")
+def purge(request: Request, viewer: AdminDep, services: ServicesDep, session: SessionDep,
+          lane: Annotated[str, Form(max_length=200)], csrf: CsrfField = None) -> Response:
+    check_csrf(request, csrf)
+    _check_lane(services.settings.lanes(), lane)
+    cancelled = queue_purge.purge(session, services, [lane], None)
+    return RedirectResponse(f"/console?{urlencode({'purged': cancelled, 'lane': lane})}", status_code=303)
+
+
+def _check_lane(lanes: list[str], lane: str) -> None:
+    if lane not in lanes:
+        raise ApiError(404, "unknown_queue", f"lane: no queue {lane!r}", "lane")
