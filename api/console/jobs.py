@@ -4,7 +4,7 @@ behind a confirmation page and a CSRF-checked POST."""
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import RedirectResponse, Response
@@ -19,6 +19,7 @@ from core.clock import utcnow
 from core.lanes import split_lane
 from core.lifecycle import JOB_STATUSES, RETRYABLE_STATUSES, WAITING_STATUSES
 from core.store import job_tallies, jobs, outcome_counts, webhooks, workers
+from core.store.tables import Delivery, Job
 from core.views import JobPublic
 
 router = APIRouter(prefix="/console", include_in_schema=False)
@@ -101,7 +102,7 @@ def _before(cursor_: str | None) -> tuple[datetime, str] | None:
 @router.get("/jobs/{job_id}")
 def job_page(request: Request, job_id: str, viewer: ViewerDep, session: SessionDep) -> Response:
     job = _visible_job(session, viewer, job_id)
-    deliveries = [{"event_type": d.event_type, "status": d.status, "attempts": d.attempts,
+    deliveries = [{"id": d.id, "event_type": d.event_type, "status": d.status, "attempts": d.attempts,
                    "target": _without_query(d.url), "created_at": d.created_at}
                   for d in webhooks.for_subject(session, job.tenant_id, "job", job.id)]
     return page(request, "job.html", viewer, job=JobPublic.from_row(job), row=job, deliveries=deliveries,
@@ -137,6 +138,34 @@ def do_action(request: Request, job_id: str, action: str, viewer: ViewerDep, ser
     return RedirectResponse(f"/console/jobs/{job.id}", status_code=303)
 
 
+@router.get("/jobs/{job_id}/deliveries/{delivery_id}/resend")
+def confirm_resend(request: Request, job_id: str, delivery_id: str, viewer: ViewerDep, session: SessionDep,
+                   ) -> Response:
+    job = _visible_job(session, viewer, job_id)
+    delivery = _delivery_of(session, job, delivery_id)
+    detail = f"To {_without_query(delivery.url)}, with the same webhook-id, on a fresh retry schedule."
+    return confirmation(request, viewer, f"Send {delivery.event_type} again?", detail,
+                        f"/console/jobs/{job.id}/deliveries/{delivery.id}/resend", "Resend",
+                        f"/console/jobs/{job.id}")
+
+
+@router.post("/jobs/{job_id}/deliveries/{delivery_id}/resend")
+def resend(request: Request, job_id: str, delivery_id: str, viewer: ViewerDep, session: SessionDep,
+           csrf: CsrfField = None) -> Response:
+    check_csrf(request, csrf)
+    job = _visible_job(session, viewer, job_id)
+    webhooks.resend(session, job.tenant_id, _delivery_of(session, job, delivery_id).id, utcnow())
+    return RedirectResponse(f"/console/jobs/{job.id}", status_code=303)
+
+
+def _delivery_of(session: Session, job: Job, delivery_id: str) -> Delivery:
+    """One of the job's own deliveries; another's (or none) is a 404."""
+    delivery = webhooks.delivery(session, job.tenant_id, delivery_id)
+    if delivery is None or delivery.subject_type != "job" or delivery.subject_id != job.id:
+        raise ApiError(404, "not_found", f"id: job {job.id} has no delivery {delivery_id}", "id")
+    return delivery
+
+
 def _cancel(session: Session, services: Services, job_id: str, tenant: str) -> None:
     cancelled = jobs.cancel(session, job_id, tenant, utcnow())
     if cancelled is None or cancelled.status != "cancelled":
@@ -146,7 +175,7 @@ def _cancel(session: Session, services: Services, job_id: str, tenant: str) -> N
         services.finished.finished([job_id])
 
 
-def _visible_job(session: Session, viewer: Viewer, job_id: str) -> Any:
+def _visible_job(session: Session, viewer: Viewer, job_id: str) -> Job:
     """The job if the viewer may see it; else the same 404 as for a job that does not exist."""
     job = jobs.get(session, job_id, viewer.tenant) if can_be_stored_id(job_id) else None
     if job is None:

@@ -9,9 +9,11 @@ from collections.abc import Callable
 from datetime import timedelta
 
 from fastapi.testclient import TestClient
+from sqlalchemy import update
 
 from core.clock import utcnow
 from core.store import batches, jobs, keys, workers
+from core.store.tables import Delivery
 from tests.support.service import Service
 
 XSS = "<script>alert(1)</script>"
@@ -186,3 +188,25 @@ def test_a_batch_page_shows_its_progress_and_cancels_it(make_service: Callable[.
     assert "Cancel batch" in confirm.text
     done = alice.post(f"/console/batches/{mine.id}/cancel", data={"csrf": csrf_of(confirm.text)})
     assert done.status_code == 200 and "cancelling" in done.text
+
+
+def test_a_delivery_is_resent_from_its_jobs_page(make_service: Callable[..., Service]) -> None:
+    service = make_service(console_enabled=True, webhook_allowlist=["127.0.0.1"])
+    alice_api = service.client("alice")
+    job_id = alice_api.post("/v1/jobs", json={"prompt": "hi", "max_tokens": 2,
+                                              "webhook": "http://127.0.0.1:9/hook?token=s3cret"}).json()["id"]
+    alice_api.post(f"/v1/jobs/{job_id}/cancel")
+    [delivery] = alice_api.get(f"/v1/jobs/{job_id}/deliveries").json()["data"]
+    with service.session_factory() as session:  # as if its attempts had run out
+        session.execute(update(Delivery).where(Delivery.id == delivery["id"]).values(status="failed"))
+        session.commit()
+    alice = signed_in(service, key_of(service, "alice"))
+    job_page = alice.get(f"/console/jobs/{job_id}").text
+    assert "job.cancelled" in job_page and "s3cret" not in job_page  # the target without its query
+    confirm = alice.get(f"/console/jobs/{job_id}/deliveries/{delivery['id']}/resend")
+    assert "Send job.cancelled again?" in confirm.text
+    assert alice.get(f"/console/jobs/{job_id}/deliveries/dlv_nope/resend").status_code == 404
+    done = alice.post(f"/console/jobs/{job_id}/deliveries/{delivery['id']}/resend",
+                      data={"csrf": csrf_of(confirm.text)}, follow_redirects=False)
+    assert done.status_code == 303
+    assert alice_api.get(f"/v1/jobs/{job_id}/deliveries").json()["data"][0]["status"] == "pending"
