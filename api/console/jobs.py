@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 from typing import Annotated
+from urllib.parse import quote
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import RedirectResponse, Response
@@ -71,19 +72,24 @@ def job_list(request: Request, viewer: ViewerDep, services: ServicesDep, session
              status: Annotated[str | None, Query(max_length=16)] = None,
              tenant: Annotated[str | None, Query(max_length=64)] = None,
              lane: Annotated[str | None, Query(max_length=200)] = None,
+             batch: Annotated[str | None, Query(max_length=40)] = None,
+             find: Annotated[str | None, Query(max_length=64)] = None,
              cursor_: Annotated[str | None, Query(alias="cursor", max_length=200)] = None) -> Response:
     shown_tenant = viewer.tenant if viewer.tenant is not None else (tenant or None)
     status = status or None
     if status is not None and status not in JOB_STATUSES:
         raise ApiError(422, "invalid_request", f"status: one of {', '.join(JOB_STATUSES)}", "status")
+    if find:  # a job id: straight to its page (a 404 there when the viewer may not see it)
+        return RedirectResponse(f"/console/jobs/{quote(find.strip(), safe='')}", status_code=303)
     if lane and lane not in services.settings.lanes():
         raise ApiError(422, "unknown_queue", f"lane: no queue {lane!r}", "lane")
     before = _before(cursor_)
     rows = jobs.page(session, shown_tenant, limit=PAGE + 1, status=status, before=before,
-                     lanes=[lane] if lane else None)
+                     lanes=[lane] if lane else None, batch_id=batch or None)
     shown, more = rows[:PAGE], len(rows) > PAGE
     return page(request, "jobs.html", viewer, jobs=[JobPublic.from_row(j) for j in shown],
                 tenants={j.id: j.tenant_id for j in shown}, status=status, tenant=shown_tenant, lane=lane,
+                batch=batch,
                 statuses=JOB_STATUSES, next_cursor=cursor.encode(shown[-1]) if more else None)
 
 

@@ -176,6 +176,7 @@ def page(
     status: str | None = None,
     lanes: list[str] | None = None,
     before: tuple[datetime, str] | None = None,
+    batch_id: str | None = None,
 ) -> list[Job]:
     """Newest first by (created_at, id); `before` is the last (created_at, id) of the previous page;
     `lanes`: only jobs of these (core/lanes.py); `tenant_id` None: every tenant's (the console's admin view:
@@ -187,6 +188,8 @@ def page(
         query = query.where(Job.status == status)
     if lanes is not None:
         query = query.where(Job.queue.in_(lanes))
+    if batch_id is not None:
+        query = query.where(Job.batch_id == batch_id)
     return list(session.execute(newest_first(query, Job, limit=limit, before=before)).scalars())
 
 

@@ -210,3 +210,16 @@ def test_a_delivery_is_resent_from_its_jobs_page(make_service: Callable[..., Ser
                       data={"csrf": csrf_of(confirm.text)}, follow_redirects=False)
     assert done.status_code == 303
     assert alice_api.get(f"/v1/jobs/{job_id}/deliveries").json()["data"][0]["status"] == "pending"
+
+
+def test_a_job_is_found_by_its_id_and_a_batchs_jobs_listed(make_service: Callable[..., Service]) -> None:
+    service = make_service(console_enabled=True, auth_enabled=False)
+    job_id = service.http.post("/v1/jobs", json={"prompt": "hi", "max_tokens": 2}).json()["id"]
+    found = service.http.get("/console/jobs", params={"find": f" {job_id} "}, follow_redirects=False)
+    assert found.status_code == 303 and found.headers["location"] == f"/console/jobs/{job_id}"
+    assert service.http.get("/console/jobs", params={"find": "job_nope"}).status_code == 404
+    with service.session_factory() as session:
+        batch = batches.create(session, tenant_id="default", input_url="s3://b/in.jsonl", output_url=None,
+                               queue="documents", now=utcnow())
+    listing = service.http.get("/console/jobs", params={"batch": batch.id}).text
+    assert job_id not in listing and "No jobs." in listing  # not a line of that batch
