@@ -1,7 +1,8 @@
 """The operator console in a real browser: headless Chromium (Debian's, installed by .ci/browser) driven by
 Selenium against a live `conveyor serve` with auth on. An admin signs in, sees a job submitted through the
-API appear, opens it, and cancels a waiting one through its confirmation page. A screenshot of each page is
-kept under test-artifacts/console/ (docs/assets/console-overview.png is the overview's)."""
+API appear, opens it, cancels a waiting one through its confirmation page, sees a batch's progress, and the
+workers and tenants. A screenshot of each page is kept under test-artifacts/console/
+(docs/assets/console-overview.png is the overview's)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 from selenium import webdriver
 from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service as ChromeService
+from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support import expected_conditions
@@ -42,11 +44,20 @@ def browser(tmp_path: Path) -> Iterator[WebDriver]:
     options.binary_location = chromium
     for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'chromium'}"):
         options.add_argument(flag)
-    driver = webdriver.Chrome(service=ChromeService(executable_path=driver_path), options=options)
+    driver = _started(driver_path, options)
     try:
         yield driver
     finally:
         driver.quit()
+
+
+def _started(driver_path: str, options: Options) -> WebDriver:
+    """Chromium, started once more if its first start fails: a cold start on a loaded machine can miss
+    chromedriver's wait for it (DevToolsActivePort)."""
+    try:
+        return webdriver.Chrome(service=ChromeService(executable_path=driver_path), options=options)
+    except WebDriverException:
+        return webdriver.Chrome(service=ChromeService(executable_path=driver_path), options=options)
 
 
 @pytest.fixture
@@ -111,3 +122,18 @@ def test_an_admin_signs_in_sees_a_job_opens_it_and_cancels_another(serve: Serve,
     wait_text(browser, "cancelled")
     shot(browser, "cancelled")
     assert api.get(f"/v1/jobs/{later['id']}").json()["status"] == "cancelled"
+
+
+    batch = api.post("/v1/batches", json={"input": "s3://nightly/in.jsonl", "output": "s3://nightly/out/",
+                                          "delay_s": 3600}).json()
+    browser.get(f"{serve.url}/console/batches")
+    wait_text(browser, batch["id"])
+    assert browser.find_elements(By.TAG_NAME, "progress")
+    shot(browser, "batches")
+    browser.find_element(By.LINK_TEXT, batch["id"]).click()
+    wait_text(browser, "line(s)")
+    shot(browser, "batch")
+    for name in ("workers", "tenants"):
+        browser.get(f"{serve.url}/console/{name}")
+        wait_text(browser, "alice" if name == "tenants" else "live")
+        shot(browser, name)
