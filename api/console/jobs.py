@@ -26,6 +26,7 @@ from core.views import JobPublic
 router = APIRouter(prefix="/console", include_in_schema=False)
 PAGE = 50  # jobs per page
 GOODPUT_WINDOW = timedelta(hours=1)  # the overview's on-time share: jobs with a deadline that ended in it
+SPARK_MINUTES = 30  # the overview's throughput line: jobs succeeded per minute, this many minutes back
 
 
 @router.get("")
@@ -42,10 +43,11 @@ def overview(request: Request, viewer: ViewerDep, services: ServicesDep, session
     for lane in services.settings.lanes():
         c = counts.get(lane, job_tallies.QueueCounts(0, 0, None))
         model, queue = split_lane(lane)
+        oldest_s = (now - c.oldest_queued_at).total_seconds() if c.oldest_queued_at else None
+        per_minute = jobs.succeeded_per_minute(session, lane, now, SPARK_MINUTES, viewer.tenant)
         rows.append({"model": model, "queue": queue, "lane": lane, "queued": c.queued, "running": c.running,
-                     "scheduled": scheduled.get(lane, 0), "workers": live.get(lane, 0),
-                     "oldest_s": (now - c.oldest_queued_at).total_seconds() if c.oldest_queued_at else None,
-                     "on_time": _on_time_share(deadlines.get(lane, {}))})
+                     "scheduled": scheduled.get(lane, 0), "workers": live.get(lane, 0), "oldest_s": oldest_s,
+                     "on_time": _on_time_share(deadlines.get(lane, {})), "per_minute": per_minute})
     return page(request, "overview.html", viewer, queues=rows, failures=_failures(session, viewer),
                 purged=purged, purged_lane=purged_lane)
 

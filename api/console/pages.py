@@ -11,6 +11,7 @@ from typing import Annotated, Any
 from fastapi import Depends, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
+from markupsafe import Markup
 
 from api.console import viewer as viewers
 from api.console.viewer import Viewer
@@ -83,5 +84,17 @@ def when(value: datetime | None) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%S UTC") if value is not None else "-"
 
 
+def sparkline(counts: list[int], width: int = 120, height: int = 24) -> Markup:
+    """An inline SVG line of `counts` (the overview's throughput), scaled to its own maximum."""
+    top = max(counts, default=0) or 1
+    step = width / max(len(counts) - 1, 1)
+    points = " ".join(f"{i * step:.1f},{height - 1 - (n / top) * (height - 2):.1f}"
+                      for i, n in enumerate(counts))
+    return Markup(f'<svg class="spark" width="{width}" height="{height}" role="img" '
+                  f'aria-label="jobs succeeded per minute, at most {top}"><polyline fill="none" '
+                  f'stroke="#2e90fa" stroke-width="1.5" points="{points}"/></svg>')
+
+
 templates.env.filters["seconds"] = seconds
+templates.env.filters["sparkline"] = sparkline
 templates.env.filters["when"] = when

@@ -214,6 +214,22 @@ def count_queued(session: Session, queue: str, tenant_id: str | None = None, *, 
     return int(session.execute(select(func.count()).select_from(rows.subquery())).scalar_one())
 
 
+def succeeded_per_minute(session: Session, lane: str, now: datetime, minutes: int,
+                         tenant_id: str | None = None) -> list[int]:
+    """The lane's jobs that succeeded in each of the last `minutes` minutes, oldest first; with `tenant_id`,
+    that tenant's only. One statement of `minutes` counts, each a range of ix_jobs_succeeded_finished."""
+    def in_minute(ago: int) -> ColumnElement[int]:
+        end = now - timedelta(minutes=ago)
+        rows = select(func.count()).where(status_is(SUCCEEDED), Job.queue == lane, Job.finished_at <= end,
+                                          Job.finished_at > end - timedelta(minutes=1))
+        if tenant_id is not None:
+            rows = rows.where(Job.tenant_id == tenant_id)
+        return rows.scalar_subquery()
+
+    counts = session.execute(select(*(in_minute(ago) for ago in range(minutes - 1, -1, -1)))).one()
+    return [int(n) for n in counts]
+
+
 DeadlineCounts = dict[str, dict[str, dict[str, int]]]  # queue -> goodput tier -> outcome -> jobs
 
 

@@ -438,3 +438,16 @@ def test_expiry_runs_in_batches_earliest_first_until_every_overdue_job_is_expire
     assert set(expired[:2]) == set(overdue[3:])  # the first batch: the two earliest expiries
     assert {jobs.get(session, job_id).status for job_id in overdue} == {"expired"}  # type: ignore[union-attr]
     assert jobs.get(session, later).status == "queued"  # type: ignore[union-attr]
+
+
+def test_succeeded_per_minute_counts_each_of_the_last_minutes(session: Session) -> None:
+    finished = [T0 + timedelta(seconds=s) for s in (-150, -61, -59, -1, 0)]  # minutes -2, -1, 0, 0, 0
+    keys.ensure_tenant(session, "alice", T0)
+    session.commit()
+    for i, at in enumerate(finished):
+        job_id = add_job(session, at=at - timedelta(seconds=1), tenant="alice" if i else DEFAULT_TENANT)
+        assert jobs.claim(session, job_id, "w1", at) is not None
+        assert complete(session, job_id, 1, at=at)
+    assert jobs.succeeded_per_minute(session, "interactive", T0, 3) == [1, 1, 3]
+    assert jobs.succeeded_per_minute(session, "interactive", T0, 3, "alice") == [0, 1, 3]
+    assert jobs.succeeded_per_minute(session, "documents", T0, 2) == [0, 0]
