@@ -26,6 +26,7 @@ from core.views import JobPublic
 router = APIRouter(prefix="/console", include_in_schema=False)
 PAGE = 50  # jobs per page
 GOODPUT_WINDOW = timedelta(hours=1)  # the overview's on-time share: jobs with a deadline that ended in it
+MAX_HOURS = 24 * 366  # the jobs listing's "created in the last hours" filter
 SPARK_MINUTES = 30  # the overview's throughput line: jobs succeeded per minute, this many minutes back
 
 
@@ -76,6 +77,9 @@ def job_list(request: Request, viewer: ViewerDep, services: ServicesDep, session
              lane: Annotated[str | None, Query(max_length=200)] = None,
              batch: Annotated[str | None, Query(max_length=40)] = None,
              find: Annotated[str | None, Query(max_length=64)] = None,
+             model: Annotated[str | None, Query(max_length=128)] = None,
+             hours: Annotated[str | None, Query(max_length=8, description="the last HOURS")] = None,
+             meta: Annotated[str | None, Query(max_length=300, description="KEY=VALUE")] = None,
              cursor_: Annotated[str | None, Query(alias="cursor", max_length=200)] = None) -> Response:
     shown_tenant = viewer.tenant if viewer.tenant is not None else (tenant or None)
     status = status or None
@@ -83,16 +87,50 @@ def job_list(request: Request, viewer: ViewerDep, services: ServicesDep, session
         raise ApiError(422, "invalid_request", f"status: one of {', '.join(JOB_STATUSES)}", "status")
     if find:  # a job id: straight to its page (a 404 there when the viewer may not see it)
         return RedirectResponse(f"/console/jobs/{quote(find.strip(), safe='')}", status_code=303)
-    if lane and lane not in services.settings.lanes():
-        raise ApiError(422, "unknown_queue", f"lane: no queue {lane!r}", "lane")
-    before = _before(cursor_)
-    rows = jobs.page(session, shown_tenant, limit=PAGE + 1, status=status, before=before,
-                     lanes=[lane] if lane else None, batch_id=batch or None)
+    lanes = _lanes(services.settings.lanes(), lane or None, model or None)
+    since = utcnow() - timedelta(hours=_hours(hours)) if hours else None
+    rows = jobs.page(session, shown_tenant, limit=PAGE + 1, status=status, before=_before(cursor_),
+                     lanes=lanes, batch_id=batch or None, since=since, metadata=_metadata(meta))
     shown, more = rows[:PAGE], len(rows) > PAGE
     return page(request, "jobs.html", viewer, jobs=[JobPublic.from_row(j) for j in shown],
                 tenants={j.id: j.tenant_id for j in shown}, status=status, tenant=shown_tenant, lane=lane,
-                batch=batch,
+                batch=batch, model=model, hours=hours, meta=meta,
                 statuses=JOB_STATUSES, next_cursor=cursor.encode(shown[-1]) if more else None)
+
+
+def _lanes(known: list[str], lane: str | None, model: str | None) -> list[str] | None:
+    """The lanes a listing covers: one, a model's, or (None) all."""
+    if lane is not None and lane not in known:
+        raise ApiError(422, "unknown_queue", f"lane: no queue {lane!r}", "lane")
+    if lane is not None:
+        return [lane]
+    if model is None:
+        return None
+    of_model = [name for name in known if split_lane(name)[0] == model]
+    if not of_model:
+        raise ApiError(422, "unknown_model", f"model: no served model {model!r}", "model")
+    return of_model
+
+
+def _hours(text: str) -> float:
+    """The form's `hours` (its "any time" sends it empty, handled by the caller)."""
+    try:
+        hours = float(text)
+    except ValueError:
+        hours = -1.0
+    if not 0 < hours <= MAX_HOURS:
+        raise ApiError(422, "invalid_request", f"hours: a number of hours, above 0 and at most {MAX_HOURS}",
+                       "hours")
+    return hours
+
+
+def _metadata(meta: str | None) -> tuple[str, str] | None:
+    if not meta:
+        return None
+    key, equals, value = meta.partition("=")
+    if not equals or not key.strip():
+        raise ApiError(422, "invalid_request", "meta: KEY=VALUE, e.g. doc=42", "meta")
+    return key.strip(), value.strip()
 
 
 def _before(cursor_: str | None) -> tuple[datetime, str] | None:

@@ -177,9 +177,12 @@ def page(
     lanes: list[str] | None = None,
     before: tuple[datetime, str] | None = None,
     batch_id: str | None = None,
+    since: datetime | None = None,
+    metadata: tuple[str, str] | None = None,
 ) -> list[Job]:
     """Newest first by (created_at, id); `before` is the last (created_at, id) of the previous page;
-    `lanes`: only jobs of these (core/lanes.py); `tenant_id` None: every tenant's (the console's admin view:
+    `lanes`: only jobs of these (core/lanes.py); `since`: created after it; `metadata` (key, value): whose
+    metadata has that key with that text value; `tenant_id` None: every tenant's (the console's admin view:
     no index serves it, so it reads the table's newest rows through a sort)."""
     query = select(Job)
     if tenant_id is not None:
@@ -190,6 +193,10 @@ def page(
         query = query.where(Job.queue.in_(lanes))
     if batch_id is not None:
         query = query.where(Job.batch_id == batch_id)
+    if since is not None:
+        query = query.where(Job.created_at > since)
+    if metadata is not None:
+        query = query.where(Job.meta[metadata[0]].as_string() == metadata[1])
     return list(session.execute(newest_first(query, Job, limit=limit, before=before)).scalars())
 
 

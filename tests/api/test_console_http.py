@@ -224,3 +224,16 @@ def test_a_job_is_found_by_its_id_and_a_batchs_jobs_listed(make_service: Callabl
                                queue="documents", now=utcnow())
     listing = service.http.get("/console/jobs", params={"batch": batch.id}).text
     assert job_id not in listing and "No jobs." in listing  # not a line of that batch
+
+
+def test_jobs_are_filtered_by_model_time_and_metadata(make_service: Callable[..., Service]) -> None:
+    service = make_service(console_enabled=True, auth_enabled=False)
+    tagged = service.http.post("/v1/jobs", json={"prompt": "a", "max_tokens": 2, "metadata": {"doc": "42"}})
+    other = service.http.post("/v1/jobs", json={"prompt": "b", "max_tokens": 2, "metadata": {"doc": "7"}})
+    tagged_id, other_id = tagged.json()["id"], other.json()["id"]
+    by_meta = service.http.get("/console/jobs", params={"meta": "doc=42", "hours": "", "status": ""}).text
+    assert tagged_id in by_meta and other_id not in by_meta
+    recent = service.http.get("/console/jobs", params={"hours": "1", "model": service.settings.default_model_id()})
+    assert tagged_id in recent.text and other_id in recent.text
+    for bad in ({"hours": "-3"}, {"hours": "soon"}, {"meta": "no-equals"}, {"model": "nope"}):
+        assert service.http.get("/console/jobs", params=bad).status_code == 422, bad
