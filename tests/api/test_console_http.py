@@ -233,7 +233,8 @@ def test_jobs_are_filtered_by_model_time_and_metadata(make_service: Callable[...
     tagged_id, other_id = tagged.json()["id"], other.json()["id"]
     by_meta = service.http.get("/console/jobs", params={"meta": "doc=42", "hours": "", "status": ""}).text
     assert tagged_id in by_meta and other_id not in by_meta
-    recent = service.http.get("/console/jobs", params={"hours": "1", "model": service.settings.default_model_id()})
+    model = service.settings.default_model_id()
+    recent = service.http.get("/console/jobs", params={"hours": "1", "model": model})
     assert tagged_id in recent.text and other_id in recent.text
     for bad in ({"hours": "-3"}, {"hours": "soon"}, {"meta": "no-equals"}, {"model": "nope"}):
         assert service.http.get("/console/jobs", params=bad).status_code == 422, bad
