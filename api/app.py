@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from api import console
 from api.admission import AdmissionGauge
 from api.deps import Services
-from api.errors import install_error_handlers
+from api.errors import ApiError, install_error_handlers
 from api.metrics import Metrics
 from api.middleware import AllowedMethods, BodySizeLimit, MetricsAuth, ResponseCounter, UnhandledErrors
 from api.openapi_doc import install_truthful_openapi
@@ -108,6 +108,7 @@ def create_app(
         for console_router in console.ROUTERS:
             app.include_router(console_router)
         app.add_exception_handler(console.SignInRequired, console.to_sign_in)
+        app.add_exception_handler(ApiError, console.api_error)  # pages under /console; JSON elsewhere
     # add_middleware wraps: the last one added runs first.
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(UploadSizeLimit, max_bytes=settings.files_max_bytes)

@@ -16,7 +16,7 @@ from markupsafe import Markup
 from api.console import viewer as viewers
 from api.console.viewer import Viewer
 from api.deps import ServicesDep, SessionDep
-from api.errors import ApiError
+from api.errors import ApiError, error_response
 
 templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
 
@@ -27,6 +27,16 @@ class SignInRequired(Exception):
 
 def to_sign_in(_request: Request, _exc: Exception) -> Response:
     return RedirectResponse("/console/sign-in", status_code=303)
+
+
+async def api_error(request: Request, exc: Exception) -> Response:
+    """An ApiError as a page under /console (what went wrong, in words), and as the API's JSON elsewhere."""
+    assert isinstance(exc, ApiError)
+    if not request.url.path.startswith("/console"):
+        return error_response(exc.status, exc.code, exc.message, exc.field, exc.headers)
+    return templates.TemplateResponse(request, "error.html", {"viewer": None, "status": exc.status,
+                                                              "message": exc.message},
+                                      status_code=exc.status, headers=exc.headers)
 
 
 def current_viewer(request: Request, services: ServicesDep, session: SessionDep) -> Viewer:

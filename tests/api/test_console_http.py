@@ -86,7 +86,8 @@ def test_a_tenants_key_never_shows_another_tenants_job(make_service: Callable[..
     alice = signed_in(service, key_of(service, "alice"))
     listing = alice.get("/console/jobs", params={"tenant": "bob"}).text  # the filter cannot widen it
     assert mine in listing and theirs not in listing
-    assert alice.get(f"/console/jobs/{theirs}").status_code == 404
+    hidden = alice.get(f"/console/jobs/{theirs}")
+    assert hidden.status_code == 404 and "Not found" in hidden.text and "another tenant" in hidden.text
     assert alice.post(f"/console/jobs/{theirs}/cancel", data={"csrf": csrf_of(listing)}).status_code == 404
     assert service.job(theirs).status == "queued"
 
@@ -130,6 +131,8 @@ def test_with_auth_off_it_opens_without_signing_in(make_service: Callable[..., S
     job_id = service.http.post("/v1/jobs", json={"prompt": "hi", "max_tokens": 2}).json()["id"]
     listing = service.http.get("/console/jobs")
     assert listing.status_code == 200 and job_id in listing.text and "auth off" in listing.text
+    api_404 = service.http.get("/v1/jobs/job_0123456789abcdef0123456789abcdef")
+    assert api_404.status_code == 404 and api_404.json()["error"]["code"] == "not_found"  # the API's JSON
 
 
 def test_the_jobs_of_one_queue_and_the_overviews_figures(make_service: Callable[..., Service]) -> None:
