@@ -19,6 +19,11 @@ from api.deps import ServicesDep, SessionDep
 from api.errors import ApiError, error_response
 
 templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
+# No caching of what a viewer saw; no script at all, and no framing (a confirmation page cannot be clicked
+# through from another site's frame).
+PAGE_HEADERS = {"Cache-Control": "no-store", "X-Frame-Options": "DENY", "X-Content-Type-Options": "nosniff",
+                "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'; "
+                                           "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"}
 
 
 class SignInRequired(Exception):
@@ -36,7 +41,7 @@ async def api_error(request: Request, exc: Exception) -> Response:
         return error_response(exc.status, exc.code, exc.message, exc.field, exc.headers)
     return templates.TemplateResponse(request, "error.html", {"viewer": None, "status": exc.status,
                                                               "message": exc.message},
-                                      status_code=exc.status, headers=exc.headers)
+                                      status_code=exc.status, headers={**(exc.headers or {}), **PAGE_HEADERS})
 
 
 def current_viewer(request: Request, services: ServicesDep, session: SessionDep) -> Viewer:
@@ -66,7 +71,7 @@ def page(request: Request, template: str, viewer: Viewer | None, **context: Any)
     response = templates.TemplateResponse(request, template,
                                           {"viewer": viewer, "csrf": token, **context})
     viewers.keep_csrf(request, response, token)
-    response.headers["Cache-Control"] = "no-store"
+    response.headers.update(PAGE_HEADERS)
     return response
 
 

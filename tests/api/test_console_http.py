@@ -75,8 +75,12 @@ def test_an_admin_sees_every_tenant_and_a_prompt_of_html_shows_as_text(make_serv
     assert mine in listing and theirs in listing
     page = admin.get(f"/console/jobs/{mine}").text
     assert XSS not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
-    overview = admin.get("/console").text
+    answer = admin.get("/console")
+    overview = answer.text
     assert "interactive" in overview and "every tenant" in overview
+    assert answer.headers["X-Frame-Options"] == "DENY" and "frame-ancestors 'none'" in (
+        answer.headers["Content-Security-Policy"])
+    assert "<script" not in overview  # the console runs no script at all
     assert admin_key not in overview + listing + page  # only its public prefix, as `conveyor keys list`
 
 
