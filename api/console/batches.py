@@ -19,6 +19,7 @@ from core.views import batch_public
 
 router = APIRouter(prefix="/console", include_in_schema=False)
 BATCHES_SHOWN = 50
+FAILED_LINES_SHOWN = 50
 
 
 @router.get("/batches")
@@ -30,8 +31,9 @@ def batch_list(request: Request, viewer: ViewerDep, session: SessionDep) -> Resp
 @router.get("/batches/{batch_id}")
 def batch_page(request: Request, batch_id: str, viewer: ViewerDep, session: SessionDep) -> Response:
     row = _visible_batch(session, viewer, batch_id)
+    failed = batches.failed_lines(session, row.id, FAILED_LINES_SHOWN)
     return page(request, "batch.html", viewer, batch=batch_public(row), row=row, done=_done(row),
-                cancellable=row.status in ("validating", "in_progress"),
+                failed=failed, cancellable=row.status in ("validating", "in_progress"),
                 open=row.status in OPEN_BATCH_STATUSES)
 
 

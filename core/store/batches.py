@@ -102,6 +102,29 @@ def newest(session: Session, tenant_id: str | None, limit: int) -> list[Batch]:
     return list(session.execute(query).scalars())
 
 
+@dataclass(frozen=True)
+class FailedLine:
+    line: int
+    custom_id: str | None
+    code: str
+    message: str
+
+
+def failed_lines(session: Session, batch_id: str, limit: int) -> list[FailedLine]:
+    """The batch's first `limit` failed lines, in line order, each with why: its own error (an invalid
+    line) or its job's."""
+    query = (select(BatchLine.line, BatchLine.custom_id, BatchLine.error, Job.error_code, Job.error_message)
+             .outerjoin(Job, Job.id == BatchLine.job_id)
+             .where(BatchLine.batch_id == batch_id, BatchLine.status == LINE_FAILED)
+             .order_by(BatchLine.line).limit(limit))
+    failed = []
+    for line, custom_id, error, job_code, job_message in session.execute(query):
+        code = (error or {}).get("code") or job_code or "unknown"
+        message = (error or {}).get("message") or job_message or ""
+        failed.append(FailedLine(line, custom_id or (error or {}).get("custom_id"), str(code), str(message)))
+    return failed
+
+
 # --- cancel and job outcomes ------------------------------------------------------------------------
 
 

@@ -13,7 +13,7 @@ from sqlalchemy import update
 
 from core.clock import utcnow
 from core.store import batches, jobs, keys, workers
-from core.store.tables import Delivery
+from core.store.tables import BatchLine, Delivery
 from tests.support.service import Service
 
 XSS = "<script>alert(1)</script>"
@@ -188,7 +188,12 @@ def test_a_batch_page_shows_its_progress_and_cancels_it(make_service: Callable[.
                               queue="documents", now=utcnow(), run_at=utcnow() + timedelta(hours=1))
         theirs = batches.create(session, tenant_id="bob", input_url="s3://b/x.jsonl", output_url=None,
                                 queue="documents", now=utcnow())
+        session.add(BatchLine(batch_id=mine.id, line=3, custom_id="req-3", status="failed",
+                              error={"code": "invalid_request", "message": "max_tokens: <too> large"}))
+        session.commit()
     alice = signed_in(service, key_of(service, "alice"))
+    detail = alice.get(f"/console/batches/{mine.id}").text
+    assert "Failed lines" in detail and "req-3" in detail and "max_tokens: &lt;too&gt; large" in detail
     listing = alice.get("/console/batches").text
     assert mine.id in listing and theirs.id not in listing and "<progress" in listing
     assert alice.get(f"/console/batches/{theirs.id}").status_code == 404
