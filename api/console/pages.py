@@ -19,11 +19,13 @@ from api.deps import ServicesDep, SessionDep
 from api.errors import ApiError, error_response
 
 templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
-# No caching of what a viewer saw; no script at all, and no framing (a confirmation page cannot be clicked
-# through from another site's frame).
+# No caching of what a viewer saw; no script but the console's own file (static/console.js), and no framing
+# (a confirmation page cannot be clicked through from another site's frame).
 PAGE_HEADERS = {"Cache-Control": "no-store", "X-Frame-Options": "DENY", "X-Content-Type-Options": "nosniff",
-                "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'; "
-                                           "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"}
+                "Content-Security-Policy": "default-src 'none'; script-src 'self'; connect-src 'self'; "
+                                           "style-src 'unsafe-inline'; img-src 'self'; form-action 'self'; "
+                                           "frame-ancestors 'none'; base-uri 'none'"}
+STATIC = Path(__file__).parent / "static"
 
 
 class SignInRequired(Exception):

@@ -1,17 +1,25 @@
-"""Signing in to the console with an API key, and out (api/console/viewer.py: what the session holds)."""
+"""Signing in to the console with an API key, and out (api/console/viewer.py: what the session holds); and
+the console's one script, which every page (the sign-in form too) loads."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
 from fastapi import APIRouter, Form, Request
-from fastapi.responses import RedirectResponse, Response
+from fastapi.responses import FileResponse, RedirectResponse, Response
 
 from api.console import viewer as viewers
-from api.console.pages import CsrfField, check_csrf, page
+from api.console.pages import STATIC, CsrfField, check_csrf, page
 from api.deps import SessionDep
 
 router = APIRouter(prefix="/console", include_in_schema=False)
+
+
+@router.get("/static/console.js")
+def script() -> Response:
+    """The console's one script (static/console.js), for signed-in and anonymous pages alike."""
+    return FileResponse(STATIC / "console.js", media_type="text/javascript",
+                        headers={"Cache-Control": "max-age=300", "X-Content-Type-Options": "nosniff"})
 
 
 @router.get("/sign-in")

@@ -133,6 +133,12 @@ def test_an_admin_signs_in_sees_a_job_opens_it_and_cancels_another(serve: Serve,
     browser.find_element(By.LINK_TEXT, batch["id"]).click()
     wait_text(browser, "line(s)")
     shot(browser, "batch")
+    browser.get(f"{serve.url}/console")  # the queues refresh themselves (static/console.js)
+    queues = browser.find_element(By.CSS_SELECTOR, "[data-refresh]")
+    before = queues.text
+    api.post("/v1/jobs", json={"prompt": "Later again", "max_tokens": 4, "delay_s": 3600})
+    WebDriverWait(browser, WAIT_S).until(
+        lambda driver: driver.find_element(By.CSS_SELECTOR, "[data-refresh]").text != before)
     for name in ("workers", "tenants"):
         browser.get(f"{serve.url}/console/{name}")
         wait_text(browser, "alice" if name == "tenants" else "live")

@@ -80,7 +80,9 @@ def test_an_admin_sees_every_tenant_and_a_prompt_of_html_shows_as_text(make_serv
     assert "interactive" in overview and "every tenant" in overview
     assert answer.headers["X-Frame-Options"] == "DENY" and "frame-ancestors 'none'" in (
         answer.headers["Content-Security-Policy"])
-    assert "<script" not in overview  # the console runs no script at all
+    assert '<script src="/console/static/console.js" defer></script>' in overview  # its one script
+    script = admin.get("/console/static/console.js")
+    assert script.status_code == 200 and script.headers["content-type"].startswith("text/javascript")
     assert admin_key not in overview + listing + page  # only its public prefix, as `conveyor keys list`
 
 
