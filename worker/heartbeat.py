@@ -30,7 +30,8 @@ class Heartbeat:
         self, sessions: sessionmaker[Session], worker_id: str, queues: list[str], interval_s: float,
         pace: Callable[[], Pace | None] = lambda: None,
     ) -> None:
-        """`pace`: the engine's current pace (None before it measured one), published with every beat."""
+        """`pace`: the engine's current pace and load (WorkerServices._engine_pace; None before the engine is
+        loaded), published with every beat."""
         self.worker_id = worker_id
         self._sessions = sessions
         self._queues = queues

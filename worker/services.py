@@ -85,11 +85,15 @@ class WorkerServices:
         return self._runner
 
     def _engine_pace(self) -> dict[str, float] | None:
-        """The engine's pace once it measured one (engine/pace.py); None before."""
+        """What the heartbeat publishes of the engine: its pace once it measured one (engine/pace.py: deadline
+        forecasts read it), and its load now (KV blocks in use, running and waiting requests, preemptions
+        so far: the console's workers page shows them); None before the engine is loaded."""
         if self._host is None:
             return None
-        pace = self._host.stats().get("pace")
-        return pace if isinstance(pace, dict) and pace.get("step_s") else None
+        stats = self._host.stats()
+        pace = stats.get("pace")
+        published = dict(pace) if isinstance(pace, dict) and pace.get("step_s") else {}
+        return {**published, **engine_load(stats)}
 
     def _held_attempts(self) -> set[tuple[str, int]]:
         return self._runner.held_attempts() if self._runner is not None else set()
@@ -155,3 +159,20 @@ class WorkerServices:
         if self._host is not None:
             self._host.shutdown()
         log.info("worker %s stopped", self.worker_id)
+
+
+def engine_load(stats: dict[str, object]) -> dict[str, float]:
+    """The engine's load now, from EngineHost.stats(): the share of KV blocks in use, requests running and
+    waiting (every class together), preemptions so far."""
+    used, total = stats.get("kv_blocks_used"), stats.get("kv_blocks_total")
+    running, waiting = stats.get("running"), stats.get("waiting")
+    load: dict[str, float] = {}
+    if isinstance(used, int) and isinstance(total, int) and total:
+        load["kv_used"] = round(used / total, 4)
+    if isinstance(running, dict) and isinstance(waiting, dict):
+        load["running"] = float(sum(running.values()))
+        load["waiting"] = float(sum(waiting.values()))
+    preemptions = stats.get("preemptions_total")
+    if isinstance(preemptions, int):
+        load["preemptions"] = float(preemptions)
+    return load

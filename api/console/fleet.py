@@ -35,16 +35,22 @@ def worker_list(request: Request, viewer: AdminDep, services: ServicesDep, sessi
         rows.append({"worker": worker, "age_s": age, "state": state,
                      "models": sorted({split_lane(lane)[0] for lane in worker.queues}),
                      "queues": sorted({split_lane(lane)[1] for lane in worker.queues}),
-                     "pace": _pace(worker.rates)})
+                     "engine": _engine_figures(worker.rates)})
     return page(request, "workers.html", viewer, workers=rows, dead_after_s=dead_after_s)
 
 
-def _pace(rates: dict[str, Any] | None) -> str:
-    """The engine figures a worker publishes with its heartbeat (engine/pace.py), as `name=value` pairs."""
+def _engine_figures(rates: dict[str, Any] | None) -> str:
+    """What a worker publishes of its engine with each heartbeat (worker/services.py _engine_pace): KV use,
+    running and waiting requests, preemptions, and its pace once measured."""
     if not rates:
         return "-"
-    return ", ".join(f"{name}={value:.4g}" if isinstance(value, float) else f"{name}={value}"
-                     for name, value in sorted(rates.items()))
+    shown = []
+    if "kv_used" in rates:
+        shown.append(f"KV {rates['kv_used'] * 100:.0f}%")
+    shown += [f"{rates[name]:.0f} {name}" for name in ("running", "waiting", "preemptions") if name in rates]
+    if rates.get("step_s"):
+        shown.append(f"{rates['step_s'] * 1000:.1f} ms/step")
+    return ", ".join(shown) or "-"
 
 
 @router.get("/tenants")

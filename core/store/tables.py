@@ -205,7 +205,8 @@ class Worker(Base):
     started_at: Mapped[datetime] = mapped_column(UTCDateTime())
     last_seen_at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
     stopped_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
-    # Its engine's pace (engine/pace.py Pace.to_json()), published with its heartbeat; NULL: not yet.
+    # Its engine's pace (engine/pace.py Pace.to_json(), once measured) and load (kv_used, running, waiting,
+    # preemptions: worker/services.py engine_load), published with its heartbeat; NULL: not yet.
     rates: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
 

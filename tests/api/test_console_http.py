@@ -165,11 +165,14 @@ def test_workers_tenants_and_purges_are_an_admins(make_service: Callable[..., Se
     with service.session_factory() as session:
         workers.register(session, "w-1", hostname="gpu-7", pid=42, queues=service.settings.lanes(),
                          now=utcnow())
+        workers.heartbeat(session, "w-1", utcnow(), {"kv_used": 0.5, "running": 3.0, "waiting": 1.0,
+                                                     "preemptions": 2.0, "step_s": 0.0125})
     alice = signed_in(service, key_of(service, "alice"))
     for path in ("/console/workers", "/console/tenants", "/console/purge?lane=x"):
         assert alice.get(path).status_code == 403, path
     admin = signed_in(service, key_of(service, "ops", admin=True))
-    assert "gpu-7 (42)" in admin.get("/console/workers").text
+    fleet = admin.get("/console/workers").text
+    assert "gpu-7 (42)" in fleet and "KV 50%, 3 running, 1 waiting, 2 preemptions, 12.5 ms/step" in fleet
     tenants_page = admin.get("/console/tenants").text
     assert "alice" in tenants_page and "bob" in tenants_page
 

@@ -104,3 +104,12 @@ def test_a_worker_of_one_pool_takes_and_registers_only_its_queues(
     services.start()
     assert services.runner.limits == {"m:documents": settings.queues["documents"].max_running}
     assert registered == [["m:documents"]]
+
+
+def test_the_heartbeat_publishes_the_engines_load_beside_its_pace() -> None:
+    from worker.services import engine_load
+
+    stats = {"kv_blocks_used": 30, "kv_blocks_total": 120, "running": {"interactive": 2, "documents": 1},
+             "waiting": {"interactive": 0, "documents": 4}, "preemptions_total": 5}
+    assert engine_load(stats) == {"kv_used": 0.25, "running": 3.0, "waiting": 4.0, "preemptions": 5.0}
+    assert engine_load({"kv_blocks_total": 0}) == {}  # an encoder has no KV cache
