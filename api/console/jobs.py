@@ -19,7 +19,7 @@ from api.errors import ApiError, can_be_stored_id
 from core.clock import utcnow
 from core.lanes import split_lane
 from core.lifecycle import JOB_STATUSES, RETRYABLE_STATUSES, WAITING_STATUSES
-from core.store import job_tallies, jobs, outcome_counts, webhooks, workers
+from core.store import job_tallies, jobs, webhooks, workers
 from core.store.tables import Delivery, Job
 from core.views import JobPublic
 
@@ -49,7 +49,7 @@ def overview(request: Request, viewer: ViewerDep, services: ServicesDep, session
         rows.append({"model": model, "queue": queue, "lane": lane, "queued": c.queued, "running": c.running,
                      "scheduled": scheduled.get(lane, 0), "workers": live.get(lane, 0), "oldest_s": oldest_s,
                      "on_time": _on_time_share(deadlines.get(lane, {})), "per_minute": per_minute})
-    return page(request, "overview.html", viewer, queues=rows, failures=_failures(session, viewer),
+    return page(request, "overview.html", viewer, queues=rows, failures=_failures(session, viewer, now),
                 purged=purged, purged_lane=purged_lane)
 
 
@@ -60,14 +60,9 @@ def _on_time_share(by_tier: dict[str, dict[str, int]]) -> float | None:
     return sum(n for kind, n in outcomes if kind == "on_time") / total if total else None
 
 
-def _failures(session: Session, viewer: Viewer) -> list[tuple[str, str, int]]:
-    """(lane, code, count) of the failed and expired jobs since the counts began (the store's metric
-    counters: every tenant's together, so an admin's view only)."""
-    if viewer.tenant is not None:
-        return []
-    rows = outcome_counts.series_of(outcome_counts.all_counts(session), outcome_counts.JOB_FAILURES)
-    return sorted(((row.queue, row.label, int(row.count)) for row in rows if row.count),
-                  key=lambda failure: -failure[2])
+def _failures(session: Session, viewer: Viewer, now: datetime) -> list[tuple[str, str, int]]:
+    """(lane, code, count) of the viewer's jobs that failed or expired in the last hour."""
+    return jobs.failures_since(session, now - GOODPUT_WINDOW, viewer.tenant)
 
 
 @router.get("/jobs")

@@ -237,6 +237,19 @@ def succeeded_per_minute(session: Session, lane: str, now: datetime, minutes: in
     return [int(n) for n in counts]
 
 
+def failures_since(session: Session, since: datetime, tenant_id: str | None = None,
+                   ) -> list[tuple[str, str, int]]:
+    """(lane, error code, jobs) of the jobs that failed or expired since `since`, the most first; with
+    `tenant_id`, that tenant's only (ix_jobs_failed_finished: the failures of that time, not the table)."""
+    failed = Job.status.in_((literal_column("'failed'"), literal_column("'expired'")))
+    code = func.coalesce(Job.error_code, "unknown")
+    query = (select(Job.queue, code, func.count()).where(failed, Job.finished_at >= since)
+             .group_by(Job.queue, code).order_by(func.count().desc(), Job.queue, code))
+    if tenant_id is not None:
+        query = query.where(Job.tenant_id == tenant_id)
+    return [(lane, str(error), int(n)) for lane, error, n in session.execute(query)]
+
+
 DeadlineCounts = dict[str, dict[str, dict[str, int]]]  # queue -> goodput tier -> outcome -> jobs
 
 

@@ -109,6 +109,8 @@ PARTIAL_INDEXES: dict[str, tuple[list[str], str]] = {
     "ix_jobs_deadline_finished": (["finished_at"], "deadline_at IS NOT NULL"),
     # The scheduler's due sweep, earliest first (worker/scheduler.py; migration 0020).
     "ix_jobs_scheduled": (["run_at", "id"], "status = 'scheduled'"),
+    # The console's failures of the last hour (api/console/jobs.py; migration 0021).
+    "ix_jobs_failed_finished": (["finished_at"], "status IN ('failed', 'expired')"),
 }
 
 

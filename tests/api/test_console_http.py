@@ -155,7 +155,7 @@ def test_the_jobs_of_one_queue_and_the_overviews_figures(make_service: Callable[
     overview = service.http.get("/console").text
     assert f'href="/console/jobs?lane={lane.replace(":", "%3A")}"' in overview
     assert "on time (1 h)" in overview
-    assert "Failures by code" in overview and "engine_error" in overview
+    assert "Failures in the last hour, by code" in overview and "engine_error" in overview
     assert overview.count('<svg class="spark"') == len(service.settings.lanes())  # succeeded per minute
 
 

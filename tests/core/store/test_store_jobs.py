@@ -451,3 +451,20 @@ def test_succeeded_per_minute_counts_each_of_the_last_minutes(session: Session) 
     assert jobs.succeeded_per_minute(session, "interactive", T0, 3) == [1, 1, 3]
     assert jobs.succeeded_per_minute(session, "interactive", T0, 3, "alice") == [0, 1, 3]
     assert jobs.succeeded_per_minute(session, "documents", T0, 2) == [0, 0]
+
+
+def test_failures_since_counts_the_failed_and_expired_jobs_by_code(session: Session) -> None:
+    keys.ensure_tenant(session, "alice", T0)
+    session.commit()
+    for at, code, tenant in ((T0 - timedelta(hours=2), "engine_error", DEFAULT_TENANT),
+                             (T0, "engine_error", DEFAULT_TENANT), (T0, "engine_error", "alice"),
+                             (T0, "timeout", "alice")):
+        job_id = add_job(session, at=at, tenant=tenant)
+        assert jobs.claim(session, job_id, "w1", at) is not None
+        assert jobs.fail(session, job_id, 1, code=code, message="x", now=at)
+    expired = add_job(session, ttl_s=1, at=T0 - timedelta(seconds=5))
+    assert jobs.expire_overdue(session, T0) == [expired]
+    assert jobs.failures_since(session, T0 - timedelta(hours=1)) == [
+        ("interactive", "engine_error", 2), ("interactive", "expired", 1), ("interactive", "timeout", 1)]
+    assert jobs.failures_since(session, T0 - timedelta(hours=1), "alice") == [
+        ("interactive", "engine_error", 1), ("interactive", "timeout", 1)]
