@@ -447,10 +447,11 @@ def test_a_group_whose_write_fails_is_written_one_by_one_and_only_the_culprit_fa
 ) -> None:
     real = jobs.record_step
 
-    def refuse_groups_with_the_poison(session: Session, first_tokens: Any, outcomes: Any, now: Any) -> Any:
+    def refuse_groups_with_the_poison(session: Session, first_tokens: Any, outcomes: Any, now: Any,
+                                      *rest: Any) -> Any:
         if any(isinstance(o, jobs.Completion) and o.job_id == poison for o in outcomes):
             raise ValueError("this result cannot be stored")  # not the database being away
-        return real(session, first_tokens, outcomes, now)
+        return real(session, first_tokens, outcomes, now, *rest)
 
     monkeypatch.setattr(jobs, "record_step", refuse_groups_with_the_poison)
     runner = JobRunner(host, sessions, "isolating-worker", cancel_poll_s=0.05)
