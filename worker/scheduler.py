@@ -12,7 +12,6 @@ due order, by the first worker back.
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -66,8 +65,6 @@ class Scheduler:
                 self.run_once()
                 wait_s = self._wait_s()
             except Exception as exc:  # the store or the broker is down: try again next round
-                if sys.is_finalizing():  # a daemon thread of a process that is exiting: nothing to retry
-                    return
                 log.warning("scheduler round failed (%s: %s); trying again in %s s", type(exc).__name__, exc,
                             self._poll_s)
             stop.wait(wait_s)

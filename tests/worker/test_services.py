@@ -59,7 +59,8 @@ def log(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     calls: list[str] = []
     recorder = Recorder(calls)
     for attribute, name in [("Heartbeat", "heartbeat"), ("Reconciler", "reconciler"),
-                            ("WebhookSender", "webhooks"), ("EngineHost", "host"), ("JobRunner", "runner")]:
+                            ("Scheduler", "scheduler"), ("WebhookSender", "webhooks"), ("EngineHost", "host"),
+                            ("JobRunner", "runner")]:
         monkeypatch.setattr(worker.services, attribute, recorder.part(name))
     monkeypatch.setattr(worker.services, "make_batch_runner", lambda *args: recorder.part("batches")())
     return calls
@@ -76,10 +77,11 @@ def test_start_loads_the_engine_once_then_starts_every_service_and_stop_runs_in_
 
     started = log[log.index("host.load /models/m"):log.index("batches.start") + 1]
     assert [entry for entry in started if entry.endswith(".start")] == [
-        "heartbeat.start", "runner.start", "reconciler.start", "webhooks.start", "batches.start"]
+        "heartbeat.start", "runner.start", "reconciler.start", "scheduler.start", "webhooks.start",
+        "batches.start"]
     assert [entry for entry in log if entry.endswith((".stop", ".shutdown"))] == [
-        "batches.stop", "reconciler.stop", "runner.shutdown", "webhooks.stop", "heartbeat.stop",
-        "host.shutdown"]
+        "batches.stop", "reconciler.stop", "scheduler.stop", "runner.shutdown", "webhooks.stop",
+        "heartbeat.stop", "host.shutdown"]
     assert log.count("host.load /models/m") == 1
     limits = services.runner.limits  # the per-lane hold: each of the model's queues' max_running
     assert limits == {"m:interactive": settings.queues["interactive"].max_running, "m:documents": 3}
