@@ -75,7 +75,7 @@ def _submit(
     wanted = prompt_tokens + request.choices * request.max_tokens  # each choice may write max_tokens
     _refuse(admission.tokens_refusal(session, quota, tenant_id, wanted, now, request.reserved))
     deadline_s = _deadline_s(body, queue)
-    run_at = _due_at(body, now)
+    run_at = body.due_at(now)
     forecast = finish_times.Forecast(None, None)  # a scheduled job's backlog then is unknown now
     if run_at is None or run_at <= now:
         forecast = _forecast(session, services, lane, body, request, deadline_s, prompt_tokens, now)
@@ -117,13 +117,6 @@ def admit_retry(session: Session, services: Services, tenant_id: str, lane: str)
     quota = tenants.effective_limits(session, tenant_id, TenantLimits.defaults(services.settings))
     _refuse(admission.queued_refusal(session, services.admission, quota, tenant_id, lane,
                                      services.settings.retry_after_s))
-
-
-def _due_at(body: AnyJobCreate, now: datetime) -> datetime | None:
-    try:
-        return body.due_at(now)
-    except ValueError as exc:
-        raise ApiError(422, "invalid_request", str(exc), "run_at") from None
 
 
 LATER_FIELDS = ("run_at", "delay_s", "max_retries")  # hashed only when set (issue 36 added them)

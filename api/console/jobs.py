@@ -11,10 +11,10 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import RedirectResponse, Response
 from sqlalchemy.orm import Session
 
-from api import cursor, job_retries
+from api import cursor, job_actions
 from api.console.pages import CsrfField, ViewerDep, check_csrf, confirmation, page
 from api.console.viewer import Viewer
-from api.deps import Services, ServicesDep, SessionDep
+from api.deps import ServicesDep, SessionDep
 from api.errors import ApiError, can_be_stored_id
 from core.clock import utcnow
 from core.lanes import split_lane
@@ -171,9 +171,9 @@ def do_action(request: Request, job_id: str, action: str, viewer: ViewerDep, ser
     check_csrf(request, csrf)
     job = _visible_job(session, viewer, job_id)
     if action == "cancel":
-        _cancel(session, services, job.id, job.tenant_id)
+        job_actions.cancel(session, services, job.tenant_id, job.id)
     elif action == "retry":
-        job_retries.retry(session, services, job.tenant_id, job.id, utcnow())
+        job_actions.retry(session, services, job.tenant_id, job.id, utcnow())
     else:
         raise ApiError(404, "not_found", f"no console action {action!r}", None)
     return RedirectResponse(f"/console/jobs/{job.id}", status_code=303)
@@ -205,15 +205,6 @@ def _delivery_of(session: Session, job: Job, delivery_id: str) -> Delivery:
     if delivery is None or delivery.subject_type != "job" or delivery.subject_id != job.id:
         raise ApiError(404, "not_found", f"id: job {job.id} has no delivery {delivery_id}", "id")
     return delivery
-
-
-def _cancel(session: Session, services: Services, job_id: str, tenant: str) -> None:
-    cancelled = jobs.cancel(session, job_id, tenant, utcnow())
-    if cancelled is None or cancelled.status != "cancelled":
-        now_is = cancelled.status if cancelled is not None else "deleted"
-        raise ApiError(409, "not_cancellable", f"id: job {job_id} is already {now_is}", "id")
-    if services.finished is not None:
-        services.finished.finished([job_id])
 
 
 def _visible_job(session: Session, viewer: Viewer, job_id: str) -> Job:

@@ -4,7 +4,6 @@ shape."""
 from __future__ import annotations
 
 import json
-from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Query
@@ -53,16 +52,10 @@ def create_batch(body: BatchCreate, session: SessionDep, services: ServicesDep, 
         session, tenant_id=tenant, input_url=input_url, input_file_id=body.input_file_id,
         output_url=body.output, queue=body.queue, endpoint=body.endpoint,
         completion_window_s=body.completion_window_s, meta=body.metadata, now=utcnow(),
-        webhook=webhook, run_at=_due_at(body),
+        webhook=webhook, run_at=body.due_at(utcnow()),
     )
     return _public(batch)
 
-
-def _due_at(body: BatchCreate) -> datetime | None:
-    try:
-        return body.due_at(utcnow())
-    except ValueError as exc:
-        raise ApiError(422, "invalid_request", str(exc), "run_at") from None
 
 
 @router.get("/{batch_id}", response_model=BatchPublic, responses=error_responses(401, 404))

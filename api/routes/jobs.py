@@ -10,7 +10,7 @@ import anyio
 from fastapi import APIRouter, Body, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
-from api import cursor, job_retries, job_waits
+from api import cursor, job_actions, job_waits
 from api.auth import CurrentTenant, WaitingTenant
 from api.deps import Services, ServicesDep, SessionDep
 from api.errors import ApiError, can_be_stored_id, lookup_id, not_found, raise_problem
@@ -23,7 +23,7 @@ from api.schemas.scheduling import RetryRequest
 from api.submit import submit
 from core.clock import utcnow
 from core.job_kinds import GENERATION
-from core.lifecycle import CANCELLED, TERMINAL_STATUSES
+from core.lifecycle import TERMINAL_STATUSES
 from core.request_limits import idempotency_key_problem
 from core.settings import UnknownModelError
 from core.store import jobs
@@ -165,14 +165,7 @@ def _listed_lanes(services: Services, model_id: str | None, queue: str | None) -
 @router.post("/{job_id}/cancel", response_model=JobPublic, responses=error_responses(401, 404, 409))
 def cancel_job(job_id: str, session: SessionDep, services: ServicesDep, tenant: CurrentTenant) -> JobPublic:
     """Cancels a scheduled, queued or running job (a running one is aborted in the engine within a step)."""
-    job = jobs.cancel(session, lookup_id("job", job_id), tenant, utcnow())
-    if job is None:
-        raise not_found("job", job_id)
-    if job.status != CANCELLED:
-        raise ApiError(409, "not_cancellable", f"id: job {job_id} already {job.status}", "id")
-    if services.finished is not None:  # committed: wake this job's waiters here and in other API processes
-        services.finished.finished([job.id])
-    return JobPublic.from_row(job)
+    return JobPublic.from_row(job_actions.cancel(session, services, tenant, lookup_id("job", job_id)))
 
 
 @router.post("/{job_id}/retry", response_model=JobPublic,
@@ -193,11 +186,8 @@ def retry_job(
     now = utcnow()
     if idempotency_key is not None:
         raise_problem(idempotency_key_problem(idempotency_key))
-    try:
-        run_at = (body or RetryRequest()).due_at(now)
-    except ValueError as exc:
-        raise ApiError(422, "invalid_request", str(exc), "run_at") from None
-    job, replayed = job_retries.retry(session, services, tenant, lookup_id("job", job_id), now,
+    run_at = (body or RetryRequest()).due_at(now)
+    job, replayed = job_actions.retry(session, services, tenant, lookup_id("job", job_id), now,
                                       key=idempotency_key, run_at=run_at)
     return model_response(JobPublic.from_row(job), 200 if replayed else 202)
 

@@ -8,6 +8,8 @@ from datetime import datetime, timedelta
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from core.clock import utcnow
+
 MAX_SCHEDULE_S = 30 * 24 * 3600.0  # how far ahead a job may be scheduled
 
 
@@ -20,19 +22,18 @@ class ScheduleFields(BaseModel):
                                   description="seconds from now before which it must not start")
 
     @model_validator(mode="after")
-    def _one_way(self) -> ScheduleFields:
+    def _one_way_and_not_too_far(self) -> ScheduleFields:
         if self.run_at is not None and self.delay_s is not None:
             raise PydanticCustomError("schedule_conflict", "give run_at or delay_s, not both")
+        if self.run_at is not None and self.run_at - utcnow() > timedelta(seconds=MAX_SCHEDULE_S):
+            raise PydanticCustomError("schedule_too_far",
+                                      f"run_at: at most {MAX_SCHEDULE_S / 86400:g} days ahead")
         return self
 
     def due_at(self, now: datetime) -> datetime | None:
-        """When it is due; None: at once. A run_at beyond MAX_SCHEDULE_S from `now` is a ValueError."""
+        """When it is due; None: at once."""
         if self.delay_s is not None:
             return now + timedelta(seconds=self.delay_s)
-        if self.run_at is None:
-            return None
-        if self.run_at - now > timedelta(seconds=MAX_SCHEDULE_S):
-            raise ValueError(f"run_at: at most {MAX_SCHEDULE_S / 86400:g} days ahead")
         return self.run_at
 
 

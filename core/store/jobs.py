@@ -561,9 +561,10 @@ def retry(session: Session, job_id: str, tenant_id: str, now: datetime, *, key: 
     already makes this a replay. Committed."""
     query = select(Job).where(Job.id == job_id, Job.tenant_id == tenant_id).with_for_update()
     job = session.execute(query.execution_options(populate_existing=True)).scalar_one_or_none()
-    if job is None or job.status not in RETRYABLE_STATUSES or used_retry_key(job, key):
+    replayed = job is not None and used_retry_key(job, key)
+    if job is None or job.status not in RETRYABLE_STATUSES or replayed:
         session.rollback()
-        return RetryResult(job, replayed=job is not None and used_retry_key(job, key))
+        return RetryResult(job, replayed=replayed)
     batch_id = open_batch_of(session, job_id)
     if batch_id is not None:
         session.rollback()

@@ -62,13 +62,8 @@ def _started(driver_path: str, options: Options) -> WebDriver:
 
 @pytest.fixture
 def serve(tmp_path: Path, demo_model_dir: Path) -> Iterator[Serve]:
-    server = Serve(tmp_path, demo_model_dir, AUTH_ENABLED="true", CONSOLE_ENABLED="true")
-    try:
+    with Serve(tmp_path, demo_model_dir, AUTH_ENABLED="true", CONSOLE_ENABLED="true") as server:
         yield server
-    finally:
-        if server.proc is not None and server.proc.poll() is None:
-            server.proc.kill()
-            server.proc.wait(30)
 
 
 def new_key(database_url: str, tenant: str, *, admin: bool = False) -> str:

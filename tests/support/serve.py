@@ -47,6 +47,14 @@ class Serve:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(30)
 
+    def __enter__(self) -> Serve:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        """Whatever the test did, no process is left behind."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.kill()
+
     def _answers(self) -> bool:
         assert self.proc is not None
         assert self.proc.poll() is None, self.log.read_text()[-3000:]

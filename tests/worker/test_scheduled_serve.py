@@ -24,13 +24,8 @@ from tests.support.serve import START_S, Serve
 
 @pytest.fixture
 def serve(tmp_path: Path, demo_model_dir: Path) -> Iterator[Serve]:
-    server = Serve(tmp_path, demo_model_dir, SCHEDULE_POLL_S="0.2", WEBHOOK_ALLOWLIST='["127.0.0.1"]')
-    try:
+    with Serve(tmp_path, demo_model_dir, SCHEDULE_POLL_S="0.2", WEBHOOK_ALLOWLIST='["127.0.0.1"]') as server:
         yield server
-    finally:
-        if server.proc is not None and server.proc.poll() is None:
-            server.proc.kill()
-            server.proc.wait(30)
 
 
 def test_scheduled_jobs_start_in_due_order_across_a_restart(serve: Serve) -> None:

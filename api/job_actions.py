@@ -1,5 +1,6 @@
-"""Running a job again under its id (POST /v1/jobs/{id}/retry, and the console's retry): admitted as a
-submission is, then core/store/jobs.py retry, then published unless it waits for a later time."""
+"""What a client or an operator does to one job, for the API's routes and the console alike: cancel it
+(its waiters woken), or run it again under its id (admitted as a submission is, then published unless it
+waits for a later time)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,23 @@ from sqlalchemy.orm import Session
 from api.deps import Services
 from api.errors import ApiError, not_found
 from api.submit import admit_retry
-from core.lifecycle import QUEUED, RETRYABLE_STATUSES
+from core.clock import utcnow
+from core.lifecycle import CANCELLED, QUEUED, RETRYABLE_STATUSES
 from core.store import jobs
 from core.store.tables import Job
+
+
+def cancel(session: Session, services: Services, tenant: str, job_id: str) -> Job:
+    """The job, cancelled now (404 when the tenant has none, 409 when it had already ended); committed, its
+    waiters here and in other API processes are woken."""
+    job = jobs.cancel(session, job_id, tenant, utcnow())
+    if job is None:
+        raise not_found("job", job_id)
+    if job.status != CANCELLED:
+        raise ApiError(409, "not_cancellable", f"id: job {job_id} already {job.status}", "id")
+    if services.finished is not None:
+        services.finished.finished([job.id])
+    return job
 
 
 def retry(session: Session, services: Services, tenant: str, job_id: str, now: datetime, *,
