@@ -1,5 +1,9 @@
 """Owns the paged KV cache's blocks: a free list, reference counts, every sequence's block table, and (when
-prefix caching is on) the prefix cache that lets sequences share the full blocks of a common prefix."""
+prefix caching is on) the prefix cache that lets sequences share the full blocks of a common prefix.
+
+Sliding-window models (every layer attends within the same window W) release a running sequence's blocks
+that lie entirely before the window of its next query: no later query reads them.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,8 @@ from collections import deque
 
 from engine.prefix_cache import PrefixCache, block_hashes
 from engine.sequence import Sequence
+
+RELEASED = -1  # the table entry of a block released early (free_outside_window)
 
 
 class BlockManager:
@@ -18,13 +24,20 @@ class BlockManager:
     a successful step computed are cached; a sequence's last, partial block is always private.
 
     A sequence's table covers exactly ceil(tokens / block_size) blocks, so only its last block has unused
-    slots.
+    slots. With a sliding window, its first `seq.num_released_blocks` entries may be RELEASED: the table keeps
+    its length, since a token's slot is found by its logical block index.
     """
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
+                 sliding_window: int | None = None) -> None:
         assert num_blocks >= 1 and block_size >= 1
+        if sliding_window is not None and sliding_window < 1:
+            raise ValueError(f"sliding_window must be None or >= 1, got {sliding_window}")
         self.num_blocks = num_blocks
         self.block_size = block_size
+        # The window W every layer attends within; None: some layer attends to the whole context (Gemma's
+        # global layers, or a model without windows), so every block stays held.
+        self.sliding_window = sliding_window
         self._free: deque[int] = deque(range(num_blocks))
         self._ref_counts = [0] * num_blocks
         self.prefix_cache = PrefixCache() if enable_prefix_caching else None
@@ -118,6 +131,8 @@ class BlockManager:
         num_full = seq.num_computed_tokens // self.block_size
         if self.prefix_cache is None or num_full <= seq.num_registered_blocks:
             return
+        # free_outside_window releases registered blocks only, so no RELEASED entry is ever registered.
+        assert seq.num_released_blocks <= seq.num_registered_blocks, seq.request_id
         hashes = block_hashes(seq, self.block_size, num_full)
         for i in range(seq.num_registered_blocks, num_full):
             self.prefix_cache.insert(seq.block_table[i], hashes[i])  # False: a copy is cached already
@@ -125,18 +140,33 @@ class BlockManager:
 
     def free(self, seq: Sequence) -> None:
         """Releases every block of seq, the last block first: among equally old cached blocks, a deeper one
-        (less likely to be shared) is evicted before its parent."""
-        for block in reversed(seq.block_table):
-            assert self._ref_counts[block] > 0, f"block {block} of {seq.request_id} freed twice"
-            self._ref_counts[block] -= 1
-            if self._ref_counts[block] > 0:
-                continue
-            if self.prefix_cache is not None and self.prefix_cache.is_cached(block):
-                self.prefix_cache.release(block)
-            else:
-                self._free.append(block)
+        (less likely to be shared) is evicted before its parent. Blocks released early are skipped."""
+        for block in reversed(seq.block_table[seq.num_released_blocks :]):
+            self._release(block, seq.request_id)
         seq.block_table.clear()
         seq.num_registered_blocks = 0
+        seq.num_released_blocks = 0
+
+    def free_outside_window(self, seq: Sequence) -> int:
+        """Releases the blocks of seq that lie entirely before the window of its next query; returns how many
+        it released now (0 without a sliding window).
+
+        Each is released as `free` releases it: a cached block nobody else holds becomes evictable (still a
+        prefix-cache hit for others until evicted), a shared one stays held by its other holders. Its entry
+        becomes RELEASED. Call it after cache_computed_blocks, for a sequence whose step succeeded: a released
+        block must already be registered (or it would be lost to the cache), and its K/V complete.
+        """
+        start, end = seq.num_released_blocks, self._num_blocks_before_window(seq)
+        if end <= start:
+            return 0
+        assert end <= len(seq.block_table), (seq.request_id, end, len(seq.block_table))
+        assert self.prefix_cache is None or end <= seq.num_registered_blocks, (
+            f"{seq.request_id}: blocks released before cache_computed_blocks registered them")
+        for i in reversed(range(start, end)):  # the deepest first, as `free` does
+            self._release(seq.block_table[i], seq.request_id)
+            seq.block_table[i] = RELEASED
+        seq.num_released_blocks = end
+        return end - start
 
     def reset_prefix_cache(self) -> int:
         """Forgets the content of every cached block no sequence holds (now free); returns how many."""
@@ -160,6 +190,32 @@ class BlockManager:
         return self.prefix_cache.evictable_ids() if self.prefix_cache is not None else []
 
     # --- internals -----------------------------------------------------------------------------------
+
+    def _num_blocks_before_window(self, seq: Sequence) -> int:
+        """How many leading blocks of seq no query of it reads from now on.
+
+        The next query is at position c = num_computed_tokens, and every later one after it. A query at p
+        reads keys k with p - W < k <= p, so no key before c - W + 1 is read again. Block i holds positions
+        i * bs .. (i + 1) * bs - 1: it is never read again iff (i + 1) * bs - 1 < c - W + 1, that is
+        (i + 1) * bs <= c - W + 1. That holds for i = 0 .. n - 1 with n = (c - W + 1) // bs (floored; 0 while
+        c - W + 1 < bs). E.g. W = 5, bs = 4: c = 8 or 9 frees block 0 (query 8 reads 4..8), c = 12 block 1.
+        """
+        if self.sliding_window is None:
+            return 0
+        return max(0, (seq.num_computed_tokens - self.sliding_window + 1) // self.block_size)
+
+    def _release(self, block: int, request_id: str) -> None:
+        """One holder fewer; a block nobody holds becomes evictable if cached (content kept), else free."""
+        # NOTE: a RELEASED (-1) entry reaching here would silently index the last block's count.
+        assert 0 <= block < self.num_blocks, f"block {block} of {request_id} is not a block"
+        assert self._ref_counts[block] > 0, f"block {block} of {request_id} freed twice"
+        self._ref_counts[block] -= 1
+        if self._ref_counts[block] > 0:
+            return
+        if self.prefix_cache is not None and self.prefix_cache.is_cached(block):
+            self.prefix_cache.release(block)
+        else:
+            self._free.append(block)
 
     def _hold(self, block: int) -> None:
         """One more holder for a cached block (a hit); an evictable one is taken off the eviction order."""

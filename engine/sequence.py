@@ -64,8 +64,8 @@ class Sequence:
     A pooling request (params: PoolingParams) is prefill only: it generates nothing (max_tokens 0) and
     finishes once its last input token is computed, with the vector its hidden states pooled into.
 
-    `block_table`, `block_hashes` and `num_registered_blocks` are read by everyone but changed only by the
-    BlockManager (and engine.prefix_cache.block_hashes).
+    `block_table`, `block_hashes`, `num_registered_blocks` and `num_released_blocks` are read by everyone but
+    changed only by the BlockManager (and engine.prefix_cache.block_hashes).
     """
 
     request_id: str
@@ -97,6 +97,9 @@ class Sequence:
     # it computed and registered).
     block_hashes: list[bytes] = field(default_factory=list)
     num_registered_blocks: int = 0
+    # Sliding-window models: how many blocks at the head of block_table were released because no later query
+    # reads them (their entries are -1; BlockManager.free_outside_window).
+    num_released_blocks: int = 0
     num_cached_tokens: int | None = None  # prompt tokens found in the prefix cache at its first admission
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None
