@@ -59,7 +59,9 @@ class Runner(Protocol):
     engine.encoder_runner.EncoderRunner, or a test double).
 
     An embedding runner also has `task` "embed", `pooling` (PoolingConfig) and `embedding_size`, and returns
-    RunnerOutput.pooled; an encoder's has `is_encoder` True. A runner without them generates text.
+    RunnerOutput.pooled; an encoder's has `is_encoder` True. A runner without them generates text. One whose
+    every layer attends within the same sliding window has `kv_sliding_window` (that window; None or absent:
+    some layer attends to the whole context).
     """
 
     num_kv_blocks: int
@@ -90,9 +92,12 @@ class LLMEngine:
         self.task = "embed" if self.pooling is not None else "generate"
         self.embedding_size: int | None = getattr(runner, "embedding_size", None)  # None: generates text
         is_encoder = bool(getattr(runner, "is_encoder", False))
+        # The window every layer of the model attends within (None: some layer attends globally): blocks
+        # before a sequence's window are released as it runs.
         self.block_manager = BlockManager(
             runner.num_kv_blocks, runner.block_size,
             enable_prefix_caching=config.enable_prefix_caching and not is_encoder,
+            sliding_window=getattr(runner, "kv_sliding_window", None),
         )
         self.scheduler = Scheduler(config, self.block_manager, self.max_model_len, chunked=not is_encoder)
         self.sampler = Sampler(runner.device, config.seed)
@@ -307,10 +312,14 @@ class LLMEngine:
 
     def _cache_computed_blocks(self, sched: SchedulerOutput, failures: Failures) -> None:
         """Registers the full blocks the forward computed in the prefix cache, before any request finishes
-        (and frees its blocks). A failed chunk's blocks may be half written: they are not registered."""
+        (and frees its blocks). A failed chunk's blocks may be half written: they are not registered.
+
+        Then (sliding-window models) releases the blocks no later query reads: only once registered, so the
+        prefix cache keeps them, and not a failed request's (it is aborted and frees all of them)."""
         for seq in sched.seqs:
             if seq not in failures:
                 self.block_manager.cache_computed_blocks(seq)
+                self.block_manager.free_outside_window(seq)
 
     def _fail(self, failures: Failures) -> list[RequestOutput]:
         """Aborts requests that failed alone; returns their final outputs and lists them in last_failures."""

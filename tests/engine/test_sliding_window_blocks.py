@@ -1,0 +1,367 @@
+"""Sliding-window models release the KV blocks no later query reads (BlockManager.free_outside_window).
+
+With window W, a query at p reads keys p - W < k <= p, so after c computed tokens nothing reads a position
+before c - W + 1 and block i is released once (i + 1) * block_size <= c - W + 1. The block-level tests use
+W = 5 and block_size 4 (block 0 goes at c = 8, block 1 at c = 12) and assert exact ids; the engine-level
+ones run a runner double whose next token depends on the window only, read back through the block table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.block_manager import RELEASED, BlockManager
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.outputs import RequestMetrics
+from engine.sampling_params import SamplingParams
+from engine.scheduled_chunk import RunnerOutput, ScheduledChunk
+from engine.sequence import Sequence
+from engine.tokenizer import Tokenizer
+from tests.support.fake_runner import FakeRunner, next_token
+
+BS = 4
+W = 5
+X = RELEASED
+VOCAB = 64
+
+
+def make_seq(request_id: str, tokens: list[int]) -> Sequence:
+    return Sequence(
+        request_id=request_id,
+        prompt_token_ids=list(tokens),
+        params=SamplingParams(),
+        request_class="default",
+        priority=0,
+        arrival_order=0,
+        metrics=RequestMetrics(arrival_time=0.0),
+    )
+
+
+def admit(bm: BlockManager, seq: Sequence) -> list[int]:
+    """What the scheduler and engine do for a request computed in one step: hits, blocks, registration, then
+    the early release; returns its cache hits."""
+    hits = bm.cached_prefix(seq)
+    bm.allocate(seq, seq.num_tokens - len(hits) * BS, hits)
+    seq.num_computed_tokens = seq.num_tokens
+    bm.cache_computed_blocks(seq)
+    bm.free_outside_window(seq)
+    return hits
+
+
+def compute(bm: BlockManager, seq: Sequence, num_computed_tokens: int) -> int:
+    """A step that brought seq to num_computed_tokens (its table already covers them); returns the blocks
+    released."""
+    seq.num_computed_tokens = num_computed_tokens
+    bm.cache_computed_blocks(seq)
+    return bm.free_outside_window(seq)
+
+
+# --- the block manager ---------------------------------------------------------------------------------
+
+
+def test_blocks_are_released_exactly_when_they_leave_the_window() -> None:
+    bm = BlockManager(num_blocks=8, block_size=BS, sliding_window=W)
+    seq = make_seq("a", list(range(10, 26)))  # 16 tokens, 4 blocks
+    bm.allocate(seq, 16)
+    assert seq.block_table == [0, 1, 2, 3]
+    # The query at 7 reads keys 3..7: position 3 is block 0's last.
+    assert compute(bm, seq, 7) == 0 and seq.block_table == [0, 1, 2, 3]
+    # The query at 8 reads 4..8: block 0 (0..3) is read no more.
+    assert compute(bm, seq, 8) == 1 and seq.block_table == [X, 1, 2, 3]
+    assert bm.ref_count(0) == 0 and bm.free_block_ids() == [4, 5, 6, 7, 0]
+    # The query at 9 reads 5..9, and 11 reads 7..11: both still read block 1 (4..7).
+    assert compute(bm, seq, 9) == 0 and compute(bm, seq, 11) == 0
+    assert seq.block_table == [X, 1, 2, 3]
+    # The query at 12 reads 8..12.
+    assert compute(bm, seq, 12) == 1 and seq.block_table == [X, X, 2, 3]
+    assert seq.num_released_blocks == 2
+    assert (bm.num_used_blocks, bm.num_free_blocks) == (2, 6)
+    assert bm.free_block_ids() == [4, 5, 6, 7, 0, 1]
+
+
+def test_a_long_step_releases_several_blocks_the_deepest_first() -> None:
+    bm = BlockManager(num_blocks=6, block_size=BS, sliding_window=W)
+    seq = make_seq("a", list(range(10, 27)))  # 17 tokens, 5 blocks
+    bm.allocate(seq, 17)
+    assert compute(bm, seq, 17) == 3  # (17 - 5 + 1) // 4: the query at 17 reads 13..17
+    assert seq.block_table == [X, X, X, 3, 4]
+    assert bm.free_block_ids() == [5, 2, 1, 0]
+
+
+def test_the_table_keeps_its_length_and_grows_at_its_logical_end() -> None:
+    bm = BlockManager(num_blocks=4, block_size=BS, sliding_window=W)
+    seq = make_seq("a", list(range(10, 18)))
+    bm.allocate(seq, 8)
+    compute(bm, seq, 8)
+    assert seq.block_table == [X, 1]
+    assert bm.num_new_blocks(seq, 1) == 1  # position 8 is in logical block 2
+    bm.append_slots(seq, 1)
+    assert seq.block_table == [X, 1, 2]
+    assert bm.free_block_ids() == [3, 0]
+
+
+def test_the_final_free_releases_each_held_block_once_and_leaks_none() -> None:
+    bm = BlockManager(num_blocks=8, block_size=BS, sliding_window=W)
+    a, b = make_seq("a", list(range(10, 26))), make_seq("b", list(range(30, 35)))
+    bm.allocate(a, 16)
+    bm.allocate(b, 5)
+    compute(bm, a, 12)
+    compute(bm, b, 5)  # (5 - 5 + 1) // 4 = 0: b keeps both blocks
+    assert (a.block_table, b.block_table) == ([X, X, 2, 3], [4, 5])
+    bm.free(a)
+    assert a.block_table == [] and a.num_released_blocks == 0
+    assert bm.free_block_ids() == [6, 7, 1, 0, 3, 2]
+    bm.free(b)
+    assert bm.num_free_blocks == 8 and bm.num_used_blocks == 0
+    assert all(bm.ref_count(i) == 0 for i in range(8))
+
+
+def test_a_released_cached_block_is_revived_by_a_hit_and_released_again() -> None:
+    bm = BlockManager(num_blocks=8, block_size=BS, enable_prefix_caching=True, sliding_window=W)
+    prefix = list(range(10, 18))  # two full blocks
+    a, b = make_seq("a", [*prefix, 1]), make_seq("b", [*prefix, 3, 4, 5])
+    assert admit(bm, a) == []
+    assert a.block_table == [X, 1, 2], "at 9 tokens: the query at 9 reads 5..9"
+    assert bm.evictable_block_ids() == [0]
+    assert admit(bm, b) == [0, 1]  # the hit revived block 0; b let go of it again at 11 tokens
+    assert b.block_table == [X, 1, 3]
+    assert [bm.ref_count(i) for i in range(4)] == [0, 2, 1, 1]
+    assert bm.evictable_block_ids() == [0] and bm.num_used_blocks == 3
+    bm.free(a)
+    assert bm.ref_count(1) == 1, "b still holds block 1"
+    assert bm.cached_prefix(make_seq("c", [*prefix, 7])) == [0, 1]
+
+
+def test_a_shared_block_released_by_one_holder_stays_held_by_the_other() -> None:
+    bm = BlockManager(num_blocks=8, block_size=BS, enable_prefix_caching=True, sliding_window=W)
+    prefix = list(range(10, 18))
+    a = make_seq("a", [*prefix, 1, 2, 3])  # 11 tokens: block 0 released at once
+    b = make_seq("b", [*prefix, 4])
+    hits_a = bm.cached_prefix(a)
+    bm.allocate(a, 11, hits_a)
+    a.num_computed_tokens = 11
+    bm.cache_computed_blocks(a)  # registered, not yet released
+    assert admit(bm, b) == [0, 1]  # b releases its hold on block 0 at 9 tokens
+    assert bm.ref_count(0) == 1, "a still holds block 0"
+    assert bm.free_outside_window(a) == 1
+    assert bm.ref_count(0) == 0 and bm.evictable_block_ids() == [0]
+    assert bm.cached_prefix(make_seq("c", [*prefix, 9])) == [0, 1], "still a hit"
+
+
+def test_a_released_cached_block_is_evictable_and_found_by_a_new_sequence() -> None:
+    bm = BlockManager(num_blocks=6, block_size=BS, enable_prefix_caching=True, sliding_window=W)
+    a = make_seq("a", list(range(10, 23)))  # 3 full blocks + 1 token
+    admit(bm, a)
+    assert a.block_table == [X, X, 2, 3]  # (13 - 5 + 1) // 4 = 2
+    assert bm.evictable_block_ids() == [1, 0] and bm.num_used_blocks == 2
+    c = make_seq("c", [*range(10, 18), 99])
+    hits = bm.cached_prefix(c)
+    assert hits == [0, 1]
+    bm.allocate(c, 1, hits)
+    assert c.block_table == [0, 1, 4]
+    assert bm.evictable_block_ids() == [] and [bm.ref_count(i) for i in range(5)] == [1, 1, 1, 1, 1]
+
+
+def test_preemption_after_a_release_frees_once_and_readmission_takes_the_cached_blocks_back() -> None:
+    bm = BlockManager(num_blocks=6, block_size=BS, enable_prefix_caching=True, sliding_window=W)
+    seq = make_seq("a", list(range(10, 23)))
+    admit(bm, seq)
+    assert seq.block_table == [X, X, 2, 3]
+    bm.free(seq)  # what Scheduler._preempt does, then it zeroes num_computed_tokens
+    seq.num_computed_tokens = 0
+    assert seq.num_released_blocks == 0 and seq.num_registered_blocks == 0
+    assert bm.free_block_ids() == [4, 5, 3, 1, 0, 2] and bm.num_used_blocks == 0
+    hits = bm.cached_prefix(seq)
+    assert hits == [0, 1, 2]
+    bm.allocate(seq, 1, hits)
+    assert seq.block_table == [0, 1, 2, 4]
+    seq.num_computed_tokens = 12
+    assert compute(bm, seq, 13) == 2 and seq.block_table == [X, X, 2, 4]
+
+
+def test_preemption_without_prefix_caching_starts_from_a_full_table() -> None:
+    bm = BlockManager(num_blocks=4, block_size=BS, sliding_window=W)
+    seq = make_seq("a", list(range(10, 23)))
+    admit(bm, seq)
+    bm.free(seq)
+    seq.num_computed_tokens = 0
+    assert bm.free_block_ids() == [1, 0, 3, 2]
+    bm.allocate(seq, 8)
+    assert seq.block_table == [1, 0] and seq.num_released_blocks == 0
+
+
+def test_a_block_is_released_only_once_registered_in_the_prefix_cache() -> None:
+    bm = BlockManager(num_blocks=4, block_size=BS, enable_prefix_caching=True, sliding_window=W)
+    seq = make_seq("a", list(range(10, 18)))
+    bm.allocate(seq, 8)
+    seq.num_computed_tokens = 8
+    with pytest.raises(AssertionError, match="before cache_computed_blocks registered them"):
+        bm.free_outside_window(seq)
+    assert seq.block_table == [0, 1] and bm.num_used_blocks == 2
+
+
+def test_without_a_window_nothing_is_released() -> None:
+    bm = BlockManager(num_blocks=8, block_size=BS)
+    seq = make_seq("a", list(range(10, 26)))
+    bm.allocate(seq, 16)
+    assert compute(bm, seq, 16) == 0
+    assert seq.block_table == [0, 1, 2, 3] and bm.num_used_blocks == 4
+
+
+@pytest.mark.parametrize("window", [0, -4])
+def test_the_window_is_at_least_one_token(window: int) -> None:
+    with pytest.raises(ValueError, match="sliding_window must be None or >= 1"):
+        BlockManager(num_blocks=8, block_size=BS, sliding_window=window)
+
+
+def test_a_window_of_one_releases_every_full_block() -> None:
+    bm = BlockManager(num_blocks=4, block_size=BS, sliding_window=1)
+    seq = make_seq("a", list(range(10, 18)))
+    bm.allocate(seq, 8)
+    assert compute(bm, seq, 8) == 2 and seq.block_table == [X, X]  # the query at 8 reads 8 alone
+    bm.free(seq)
+    assert bm.num_free_blocks == 4
+
+
+# --- the engine ----------------------------------------------------------------------------------------
+
+
+class WindowRunner(FakeRunner):
+    """A FakeRunner for a model whose every layer attends within `window`: the next token depends on the
+    last `window` tokens only, read back through the block table, and reading or writing a released block
+    fails the step."""
+
+    def __init__(self, window: int, **kwargs: int) -> None:
+        super().__init__(**kwargs)
+        self.kv_sliding_window = window
+        self.max_blocks_in_a_table = 0  # the most blocks any chunk's table held
+
+    def execute(self, chunks: list[ScheduledChunk]) -> RunnerOutput:
+        self.steps.append(chunks)
+        rows = []
+        for chunk in chunks:
+            held = [b for b in chunk.block_table if b != RELEASED]
+            assert len(chunk.block_table) == -(-chunk.seq_len // self.block_size), chunk.block_table
+            assert len(set(held)) == len(held), chunk.block_table
+            self.max_blocks_in_a_table = max(self.max_blocks_in_a_table, len(held))
+            for i, token in enumerate(chunk.token_ids):
+                self._write(chunk.block_table, chunk.start_pos + i, token)
+            if chunk.sample:  # the query at seq_len - 1 reads keys seq_len - window .. seq_len - 1
+                first = max(0, chunk.seq_len - self.kv_sliding_window)
+                history = [self._read(chunk.block_table, p) for p in range(first, chunk.seq_len)]
+                row = torch.zeros(self.vocab_size)
+                row[next_token(history, self.vocab_size)] = 20.0
+                rows.append(row)
+        logits = torch.stack(rows) if rows else torch.zeros(0, self.vocab_size)
+        return RunnerOutput(logits, [None] * len(chunks))
+
+    def _block(self, table: list[int], pos: int) -> int:
+        block = table[pos // self.block_size]
+        assert block != RELEASED, f"position {pos} is in a released block: {table}"
+        return block
+
+    def _write(self, table: list[int], pos: int, token: int) -> None:
+        self.cache[self._block(table, pos), pos % self.block_size] = token
+
+    def _read(self, table: list[int], pos: int) -> int:
+        return int(self.cache[self._block(table, pos), pos % self.block_size])
+
+
+def windowed_reference(prompt: list[int], max_tokens: int, window: int) -> list[int]:
+    tokens = list(prompt)
+    for _ in range(max_tokens):
+        tokens.append(next_token(tokens[-window:], VOCAB))
+    return tokens[len(prompt) :]
+
+
+def prompt(n: int, salt: int = 0) -> list[int]:
+    return [3 + (i * 7 + salt) % (VOCAB - 3) for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(llama_dir: Path) -> Tokenizer:
+    return Tokenizer(llama_dir)
+
+
+def make_engine(tokenizer: Tokenizer, runner: FakeRunner, *, max_num_batched_tokens: int = 2048,
+                long_prefill_token_threshold: int = 512) -> LLMEngine:
+    cfg = EngineConfig(model="unused", block_size=runner.block_size, num_kv_blocks=runner.num_kv_blocks,
+                       max_num_batched_tokens=max_num_batched_tokens,
+                       long_prefill_token_threshold=long_prefill_token_threshold)
+    return LLMEngine(cfg, runner=runner, tokenizer=tokenizer)
+
+
+def run(engine: LLMEngine, requests: dict[str, tuple[list[int], int]], on_step: Callable[[], None]
+        ) -> dict[str, list[int]]:
+    for rid, (tokens, max_tokens) in requests.items():
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+        engine.add_request(rid, tokens, params)
+    outputs: dict[str, list[int]] = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            outputs[out.request_id] = out.token_ids
+        on_step()
+    return outputs
+
+
+def test_a_long_generation_holds_only_the_windows_blocks(tokenizer: Tokenizer) -> None:
+    runner = WindowRunner(window=12, num_kv_blocks=32, block_size=8, max_model_len=128, vocab_size=VOCAB)
+    engine = make_engine(tokenizer, runner)
+    used: list[int] = []
+    outputs = run(engine, {"a": (prompt(20), 100)}, lambda: used.append(engine.block_manager.num_used_blocks))
+    assert outputs == {"a": windowed_reference(prompt(20), 100, 12)}
+    # After a step at c tokens, blocks (c - 11) // 8 .. ceil(c / 8) - 1 are held: at most 3, the blocks that
+    # 12 positions can touch (15 without the release); so does a step's table, positions c - 11 .. c.
+    assert max(used[:-1]) == 3 and used[-1] == 0
+    assert runner.max_blocks_in_a_table == 3
+    assert engine.block_manager.num_free_blocks == 32
+
+
+def test_windowed_requests_share_a_prefix_and_survive_preemption_after_a_release(
+        tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
+    runner = WindowRunner(window=12, num_kv_blocks=10, block_size=8, max_model_len=128, vocab_size=VOCAB)
+    engine = make_engine(tokenizer, runner, max_num_batched_tokens=16, long_prefill_token_threshold=8)
+    released_at_preemption: list[int] = []
+    preempt = engine.scheduler._preempt
+
+    def recording_preempt(seq: Sequence) -> None:
+        released_at_preemption.append(seq.num_released_blocks)
+        preempt(seq)
+
+    monkeypatch.setattr(engine.scheduler, "_preempt", recording_preempt)
+    shared = prompt(16)
+    requests = {f"r{i}": ([*shared, *prompt(8 + 4 * i, i)], 40) for i in range(4)}
+    outputs = run(engine, requests, lambda: None)
+    assert outputs == {rid: windowed_reference(p, n, 12) for rid, (p, n) in requests.items()}
+    assert released_at_preemption == [1], "the victim had released a block"
+    assert engine.totals.prefix_cache_hits > 0
+    assert engine.block_manager.num_used_blocks == 0
+
+
+def test_a_runner_without_a_window_keeps_every_block(tokenizer: Tokenizer) -> None:
+    runner = FakeRunner(num_kv_blocks=32, block_size=8, max_model_len=128, vocab_size=VOCAB)
+    engine = make_engine(tokenizer, runner)
+    assert engine.block_manager.sliding_window is None
+    used: list[int] = []
+    run(engine, {"a": (prompt(20), 40)}, lambda: used.append(engine.block_manager.num_used_blocks))
+    assert max(used) == 8  # ceil(60 / 8), held to the end
+
+
+def test_a_real_sliding_window_model_holds_a_bounded_number_of_blocks(
+        tiny_model_dir: Callable[..., Path]) -> None:
+    path = tiny_model_dir("MistralForCausalLM", sliding_window=12, max_position_embeddings=256)
+    engine = LLMEngine(EngineConfig(model=str(path), device="cpu", dtype="float32", block_size=8,
+                                    num_kv_blocks=64, max_model_len=128, enable_prefix_caching=False))
+    if getattr(engine.runner, "kv_sliding_window", None) is None:
+        pytest.skip("the model runner does not expose kv_sliding_window yet")
+    assert engine.block_manager.sliding_window == 12
+    used: list[int] = []
+    outputs = run(engine, {"a": (list(range(3, 23)), 60)},
+                  lambda: used.append(engine.block_manager.num_used_blocks))
+    assert len(outputs["a"]) == 60
+    assert max(used[:-1]) == 3, "an 80-token sequence would hold 10 blocks without the release"
