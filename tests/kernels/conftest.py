@@ -106,9 +106,73 @@ def build_paged_batch(
     )
 
 
+def dense_attention(
+    batch: PagedBatch, window: int | None = None, softcap: float | None = None
+) -> torch.Tensor:
+    """[T, Hq, D] in q's dtype: the independent oracle, nothing shared with the backends. Each sequence's
+    whole K/V is copied out of the cache (fp64), every score computed (`scale * q.k`), soft-capped
+    (`softcap * tanh(score / softcap)`, transformers' Gemma 2 eager order), masked (causal, and with a window
+    transformers' `sliding_window_causal_mask_function`: the query at p sees keys k with p - window < k <= p)
+    and softmaxed. Reads every block of every sequence: call it before freeing any."""
+    out = torch.zeros(batch.q.shape, dtype=torch.float64)
+    block_size = batch.k_cache.shape[1]
+    group = batch.q.shape[1] // batch.k_cache.shape[2]
+    starts = batch.query_start_loc.tolist()
+    for s, seq_len in enumerate(batch.seq_lens.tolist()):
+        begin, end = starts[s], starts[s + 1]
+        if begin == end:
+            continue
+        keys = torch.arange(seq_len)  # [L] positions
+        blocks = batch.block_tables[s, keys // block_size].long()
+        k = batch.k_cache[blocks, keys % block_size].double().repeat_interleave(group, dim=1)  # [L, Hq, D]
+        v = batch.v_cache[blocks, keys % block_size].double().repeat_interleave(group, dim=1)
+        scores = torch.einsum("qhd,khd->hqk", batch.q[begin:end].double(), k) * batch.scale  # [Hq, Q, L]
+        if softcap is not None:
+            scores = softcap * torch.tanh(scores / softcap)
+        queries = seq_len - (end - begin) + torch.arange(end - begin)  # [Q] positions
+        visible = keys[None, :] <= queries[:, None]  # [Q, L]
+        if window is not None:
+            visible &= keys[None, :] > queries[:, None] - window
+        probs = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1)  # [Hq, Q, L]
+        out[begin:end] = torch.einsum("hqk,khd->qhd", probs, v)
+    return out.to(batch.q.dtype)
+
+
+def free_blocks_before_window(batch: PagedBatch, window: int, poison: bool = False) -> int:
+    """Overwrites, as the engine may once it frees them, the block-table entries of blocks wholly before each
+    sequence's window (no query of the step sees a key in them) with -1, or with `poison` the id of a block
+    appended to both caches and full of NaN: a backend that loads one shows NaN. Returns how many."""
+    block_size, starts = batch.k_cache.shape[1], batch.query_start_loc.tolist()
+    stale = -1
+    if poison:
+        stale = batch.k_cache.shape[0]
+        nan_block = torch.full_like(batch.k_cache[:1], float("nan"))  # [1, block_size, Hkv, D]
+        batch.k_cache = torch.cat([batch.k_cache, nan_block])
+        batch.v_cache = torch.cat([batch.v_cache, nan_block])
+    freed = 0
+    for s, seq_len in enumerate(batch.seq_lens.tolist()):
+        first_query = seq_len - (starts[s + 1] - starts[s])
+        unseen_blocks = max(0, first_query - window + 1) // block_size
+        batch.block_tables[s, :unseen_blocks] = stale
+        freed += unseen_blocks
+    return freed
+
+
 @pytest.fixture
 def paged_batch() -> Callable[..., PagedBatch]:
     return build_paged_batch
+
+
+@pytest.fixture
+def dense_oracle() -> Callable[..., torch.Tensor]:
+    """`dense_attention(batch, window=None, softcap=None)`: the oracle of sliding windows and soft-capping."""
+    return dense_attention
+
+
+@pytest.fixture
+def free_blocks() -> Callable[..., int]:
+    """`free_blocks_before_window(batch, window, poison=False) -> count`."""
+    return free_blocks_before_window
 
 
 @pytest.fixture

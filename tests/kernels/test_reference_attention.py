@@ -154,3 +154,97 @@ def test_fresh_prefills_run_as_plain_causal_attention_with_the_masked_result(pag
     got = paged_attention_ref(*batch.args(plan=plan))
     assert torch.equal(got, paged_attention_ref(*batch.args(plan=masked_plan)))
     assert (got - naive_paged_attention(batch)).abs().max().item() <= 2e-5
+
+
+# Sliding windows and soft-capping, against the dense oracle (conftest.dense_attention).
+WINDOW_CASES = {
+    # name: (query_lens, seq_lens, Hq, Hkv, D, block_size, window, softcap)
+    "decodes_and_chunks_window_5_unaligned": ([1, 6, 1, 3, 0, 1], [40, 6, 23, 30, 9, 5], 4, 2, 32, 8, 5,
+                                              None),
+    "window_above_every_context": ([1, 4, 1], [12, 20, 7], 4, 2, 32, 8, 64, None),
+    "window_1": ([1, 5, 2], [17, 5, 30], 4, 2, 32, 8, 1, None),
+    "gqa4_window_13_across_blocks": ([3, 1, 9], [35, 50, 9], 8, 2, 32, 16, 13, None),
+    "fresh_prefills_window_below_chunk": ([20, 9], [20, 9], 4, 4, 32, 16, 6, None),
+    "softcap_alone": ([1, 7, 1], [33, 7, 12], 4, 2, 32, 8, None, 0.3),
+    "softcap_and_window": ([1, 7, 4, 1], [33, 7, 26, 12], 8, 2, 32, 8, 7, 0.4),
+}
+
+
+def features_matter(batch, window: int | None, softcap: float | None) -> bool:
+    """Whether the window hides a key from some query, or a softcap is set: the case can catch their loss."""
+    query_lens = (batch.query_start_loc[1:] - batch.query_start_loc[:-1]).tolist()
+    longest_seen = max(n for n, q in zip(batch.seq_lens.tolist(), query_lens, strict=True) if q)
+    return softcap is not None or (window is not None and window < longest_seen)
+
+
+@pytest.mark.parametrize("budget", [reference.GROUP_BUDGET_ELEMENTS, 1], ids=["grouped", "one_per_group"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("case", WINDOW_CASES.values(), ids=WINDOW_CASES.keys())
+def test_reference_window_and_softcap_match_the_dense_oracle(
+        paged_batch, dense_oracle, tolerance, monkeypatch, case, dtype, budget) -> None:
+    monkeypatch.setattr(reference, "GROUP_BUDGET_ELEMENTS", budget)
+    *shape, window, softcap = case
+    batch = paged_batch(*shape, dtype=dtype)
+    expected = dense_oracle(batch, window, softcap)
+    if features_matter(batch, window, softcap):  # the case fails if the window or the cap is dropped
+        assert (expected.float() - dense_oracle(batch).float()).abs().max().item() > 1e-2
+    got = paged_attention_ref(*batch.args(), window=window, softcap=softcap)
+    assert got.dtype == dtype
+    err = (got.float() - expected.float()).abs().max().item()
+    assert err <= tolerance[dtype], f"max abs error {err:.3g}"
+    # A plan built once for the window gives the same result.
+    plan = reference.plan_paged_attention_ref(batch.k_cache, batch.meta(), batch.q.shape[1], window=window)
+    assert plan.window == window
+    assert torch.equal(paged_attention_ref(*batch.args(plan=plan), window=window, softcap=softcap), got)
+
+
+@pytest.mark.parametrize("poison", [False, True], ids=["minus_one", "stale_nan_block"])
+def test_reference_never_reads_blocks_before_the_window(
+        paged_batch, dense_oracle, free_blocks, poison) -> None:
+    window, softcap = 11, 0.5
+    batch = paged_batch([1, 4, 1, 2], [70, 30, 12, 41], num_kv_heads=2, head_dim=32, block_size=8)
+    expected = dense_oracle(batch, window, softcap)
+    before = paged_attention_ref(*batch.args(), window=window, softcap=softcap)
+    assert free_blocks(batch, window, poison=poison) >= 10
+    got = paged_attention_ref(*batch.args(), window=window, softcap=softcap)
+    assert torch.equal(got, before)
+    assert (got - expected).abs().max().item() <= 2e-5
+
+
+def test_reference_gathers_from_the_window_and_keeps_the_causal_shortcut_only_when_it_covers_all(
+        paged_batch) -> None:
+    batch = paged_batch([20, 9, 1], [20, 9, 100], head_dim=16, block_size=8)
+    covering = reference.plan_paged_attention_ref(batch.k_cache, batch.meta(), 4, window=20)
+    prefill = next(g for g in covering.groups if g.max_q > 1)
+    assert prefill.causal and prefill.mask is None and covering.window == 20
+    narrower = reference.plan_paged_attention_ref(batch.k_cache, batch.meta(), 4, window=19)
+    prefill = next(g for g in narrower.groups if g.max_q > 1)
+    assert not prefill.causal and prefill.mask is not None  # sorted by length: the 20-token chunk is second
+    assert not prefill.mask[1, 0, 19, 0] and prefill.mask[1, 0, 19, 1:].all()
+    # The decode at position 99 with window 19 sees keys 81..99: blocks 10..12 of 13, keys from 80 on.
+    decode = next(g for g in narrower.groups if g.max_q == 1)
+    assert decode.max_kv == 20 and decode.blocks.tolist() == batch.block_tables[2, 10:13].tolist()
+    assert decode.mask is not None and decode.mask[0, 0, 0].tolist() == [False] + [True] * 19
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [({"window": 0}, "window"), ({"window": -4}, "window"), ({"window": 2.5}, "window"),
+     ({"window": True}, "window"), ({"softcap": -1.0}, "softcap"), ({"softcap": 0.0}, "softcap"),
+     ({"softcap": float("nan")}, "softcap"), ({"softcap": "30"}, "softcap")],
+)
+def test_bad_window_or_softcap_is_a_value_error_naming_it(paged_batch, kwargs, name) -> None:
+    batch = paged_batch([2, 1], [5, 9])
+    with pytest.raises(ValueError, match=name):
+        paged_attention_ref(*batch.args(), **kwargs)
+    if name == "window":
+        with pytest.raises(ValueError, match=name):
+            reference.plan_paged_attention_ref(batch.k_cache, batch.meta(), 4, **kwargs)
+
+
+@pytest.mark.parametrize(("planned", "asked"), [(4, None), (None, 4), (4, 8)])
+def test_a_plan_for_another_window_is_refused(paged_batch, planned, asked) -> None:
+    batch = paged_batch([2, 1], [5, 9])
+    plan = reference.plan_paged_attention_ref(batch.k_cache, batch.meta(), 4, window=planned)
+    with pytest.raises(ValueError, match=rf"plan: built for window {planned}.* window {asked}"):
+        paged_attention_ref(*batch.args(plan=plan), window=asked)
