@@ -7,6 +7,10 @@ decode tokens (one query against the whole context) that copy is most of the wor
 (online softmax, fp32 accumulation), over torch's intra-op threads. Prefill chunks, which are matmul-bound,
 still go through the reference's gather and SDPA.
 
+Sliding windows and soft-capping: the kernel starts each decode sequence at its window's first key (blocks
+before it are never read, nor checked: their table entries may be -1 or stale) and caps the scaled scores
+with tanh before the softmax; the prefill chunks get both from the reference.
+
 The kernel is part of the C++ CPU extension (`kernels.cpu_extension`), built once per machine.
 """
 
@@ -21,6 +25,7 @@ from kernels.cpu_extension import cpu_kernels
 from kernels.metadata import AttentionMetadata
 from kernels.reference import (
     AttentionPlan,
+    check_window_softcap,
     paged_attention_ref,
     plan_paged_attention_ref,
     reshape_and_cache_ref,
@@ -35,23 +40,27 @@ class CpuAttentionPlan:
     decode_tables: torch.Tensor  # [Sd, max_blocks] int32, contiguous
     decode_seq_lens: torch.Tensor  # [Sd] int32
     rest: AttentionPlan  # the reference's plan for the prefill chunks (and decodes the kernel cannot take)
+    window: int | None = None  # the sliding window it was built for (rest's too); None: none
 
 
 def plan_paged_attention_cpu(
-    k_cache: torch.Tensor, meta: AttentionMetadata, num_heads: int
+    k_cache: torch.Tensor, meta: AttentionMetadata, num_heads: int, *, window: int | None = None
 ) -> CpuAttentionPlan:
-    """Decode sequences (query length 1) go to the kernel, unless head_dim is not a multiple of its lanes."""
+    """Decode sequences (query length 1) go to the kernel, unless head_dim is not a multiple of its lanes.
+    `window`: the sliding window of the layers the plan serves (None: none); it serves that window only."""
+    check_window_softcap(window, None)
     module = cpu_kernels().module
     assert module is not None, "the cpu backend is resolved only where the kernel builds"
     query_lens = meta.query_start_loc[1:] - meta.query_start_loc[:-1]  # [S]
     kernel_takes = k_cache.shape[3] % module.lanes == 0
     decodes = (query_lens == 1).nonzero().flatten() if kernel_takes else query_lens.new_zeros(0).long()
-    rest = plan_paged_attention_ref(k_cache, meta, num_heads, include_decodes=not kernel_takes)
+    rest = plan_paged_attention_ref(k_cache, meta, num_heads, include_decodes=not kernel_takes, window=window)
     return CpuAttentionPlan(
         decode_rows=meta.query_start_loc.index_select(0, decodes).long(),
         decode_tables=meta.block_tables.index_select(0, decodes).to(torch.int32).contiguous(),
         decode_seq_lens=meta.seq_lens.index_select(0, decodes).to(torch.int32).contiguous(),
         rest=rest,
+        window=window,
     )
 
 
@@ -62,8 +71,13 @@ def paged_attention_cpu(
     meta: AttentionMetadata,
     scale: float,
     out: torch.Tensor | None = None,
+    *,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
-    """`meta.plan`: from `plan_paged_attention_cpu` on this step's metadata; built here when None."""
+    """`meta.plan`: from `plan_paged_attention_cpu` on this step's metadata for the same `window`; built here
+    when None. `window`, `softcap`: as in `kernels.paged_attention` (None: none)."""
+    check_window_softcap(window, softcap)
     check_paged_attention(q, k_cache, v_cache, meta, out)
     if q.device.type != "cpu":
         raise ValueError(f"backend 'cpu' needs CPU tensors, got q on {q.device}")
@@ -74,15 +88,20 @@ def paged_attention_cpu(
         raise ValueError("backend 'cpu': q and out need a contiguous last (head_dim) dimension")
     plan = meta.plan
     if plan is None:
-        plan = plan_paged_attention_cpu(k_cache, meta, q.shape[1])
+        plan = plan_paged_attention_cpu(k_cache, meta, q.shape[1], window=window)
     elif not isinstance(plan, CpuAttentionPlan):
         raise ValueError(f"plan: built for another backend ({type(plan).__name__}), not for 'cpu'")
+    elif plan.window != window:
+        raise ValueError(f"plan: built for window {plan.window}, but attention was asked with window "
+                         f"{window}: plan once per window")
     if plan.decode_rows.numel():
         module = cpu_kernels().module
         assert module is not None, "backend 'cpu' was chosen without a kernel (resolve_backend checks)"
+        # The kernel's "none": window 0, softcap 0.
         module.paged_decode(q, k_cache, v_cache, plan.decode_tables, plan.decode_seq_lens, plan.decode_rows,
-                            scale, out)
-    return paged_attention_ref(q, k_cache, v_cache, replace(meta, plan=plan.rest), scale, out)
+                            scale, window or 0, float(softcap or 0.0), out)
+    return paged_attention_ref(q, k_cache, v_cache, replace(meta, plan=plan.rest), scale, out, window=window,
+                               softcap=softcap)
 
 
 def reshape_and_cache_cpu(

@@ -2,7 +2,8 @@
 #include "cpu_kernels.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode", &paged_decode, "decode attention over the paged KV cache");
+  // paged_decode(q, k_cache, v_cache, block_tables, seq_lens, q_rows, scale, window, softcap, out)
+  m.def("paged_decode", &paged_decode, "decode attention over the paged KV cache (sliding window, soft-cap)");
   m.attr("lanes") = paged_decode_lanes();  // paged_decode: head_dim must be a multiple of it
   m.def("reshape_and_cache", &reshape_and_cache, "new K/V rows into their paged cache slots");
   m.def("rms_norm", &rms_norm, "RMSNorm of x [T, H] rows");

@@ -6,7 +6,7 @@
 // paged_decode_cpu.cpp
 void paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                   const at::Tensor& block_tables, const at::Tensor& seq_lens, const at::Tensor& q_rows,
-                  double scale, at::Tensor out);
+                  double scale, int64_t window, double softcap, at::Tensor out);  // window, softcap: 0 = none
 int64_t paged_decode_lanes();
 
 // fused_cpu.cpp

@@ -5,6 +5,11 @@
 // block at a time and keeps an online softmax (running max, running sum, unnormalised accumulator) for every
 // query head, so each K and V block is read from memory once for all heads (query heads of one KV head share
 // its rows). Scores and accumulation are fp32 whatever the cache dtype.
+//
+// Sliding window (Hugging Face's convention: the query at position p sees keys k with p - window < k <= p):
+// the walk starts at the first key in the window, mid-block if need be, so the blocks before it are never
+// read, nor their table entries checked (the engine may have freed them: -1 or stale). Soft-capping
+// (Gemma 2): each scaled score becomes softcap * tanh(score / softcap) before the softmax.
 #include "cpu_kernels.h"
 
 #include <ATen/Dispatch.h>
@@ -146,6 +151,16 @@ void score_block(const scalar_t* k_block, int64_t rows, const Shapes& s, Scratch
   }
 }
 
+// Gemma 2's logit soft-capping of one block's scaled scores: softcap * tanh(score / softcap).
+void cap_block(int64_t rows, float softcap, const Shapes& s, Scratch& w) {
+  const float inverse = 1.f / softcap;
+  for (int64_t h = 0; h < s.num_heads; ++h) {
+    float* scores = w.scores.data() + h * s.block_size;
+#pragma omp simd
+    for (int64_t r = 0; r < rows; ++r) scores[r] = softcap * std::tanh(scores[r] * inverse);
+  }
+}
+
 // Rescales each head's running state to the block's new max and turns its scores into weights.
 void softmax_block(int64_t rows, const Shapes& s, Scratch& w) {
   const int64_t D = s.head_dim, B = s.block_size;
@@ -180,24 +195,36 @@ void accumulate_block(const scalar_t* v_block, int64_t rows, const Shapes& s, Sc
   }
 }
 
-// One decode sequence, every head: its context is read once, block by block, in cache order.
+// The first key a decode query (at position seq_len - 1) sees: seq_len - window, or 0 (window <= 0: none).
+inline int64_t first_key(int64_t seq_len, int64_t window) {
+  return window > 0 ? std::max<int64_t>(0, seq_len - window) : 0;
+}
+
+// One decode sequence, every head: its visible keys are read once, block by block, in cache order.
 template <typename scalar_t>
 void attend_one(const scalar_t* q, const scalar_t* k_cache, const scalar_t* v_cache, const int32_t* table,
-                int64_t seq_len, float scale, const Shapes& s, Scratch& w, scalar_t* out) {
-  const int64_t D = s.head_dim, B = s.block_size, block_elements = B * s.num_kv_heads * D;
+                int64_t seq_len, int64_t window, float scale, float softcap, const Shapes& s, Scratch& w,
+                scalar_t* out) {
+  const int64_t D = s.head_dim, B = s.block_size, row_elements = s.num_kv_heads * D,
+                block_elements = B * row_elements;
   for (int64_t h = 0; h < s.num_heads; ++h) {
     for (int64_t i = 0; i < D; ++i) w.q[h * D + i] = static_cast<float>(q[h * s.q_head_stride + i]) * scale;
   }
   std::fill(w.acc.begin(), w.acc.end(), 0.f);
   std::fill(w.max.begin(), w.max.end(), -std::numeric_limits<float>::max());
   std::fill(w.sum.begin(), w.sum.end(), 0.f);
-  for (int64_t start = 0; start < seq_len; start += B) {
-    const int64_t rows = std::min(B, seq_len - start), offset = table[start / B] * block_elements;
-    if (start + B < seq_len) {
-      const int64_t next = table[start / B + 1] * block_elements;
+  // Keys [start, end) of one block at a time; only the first may start mid-block (the window's first key).
+  for (int64_t start = first_key(seq_len, window), end; start < seq_len; start = end) {
+    const int64_t block = start / B;
+    end = std::min((block + 1) * B, seq_len);
+    const int64_t rows = end - start;
+    const int64_t offset = table[block] * block_elements + (start - block * B) * row_elements;
+    if (end < seq_len) {
+      const int64_t next = table[block + 1] * block_elements;
       prefetch(k_cache + next, block_elements), prefetch(v_cache + next, block_elements);
     }
     score_block(k_cache + offset, rows, s, w);
+    if (softcap > 0.f) cap_block(rows, softcap, s, w);
     softmax_block(rows, s, w);
     accumulate_block(v_cache + offset, rows, s, w);
   }
@@ -207,14 +234,16 @@ void attend_one(const scalar_t* q, const scalar_t* k_cache, const scalar_t* v_ca
   }
 }
 
-void check_blocks(const at::Tensor& block_tables, const at::Tensor& seq_lens, const Shapes& s) {
+// The blocks a sequence's walk reads lie in the cache; those before its window are not read, so not checked.
+void check_blocks(const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t window,
+                  const Shapes& s) {
   const int32_t* table = block_tables.data_ptr<int32_t>();
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
   for (int64_t seq = 0; seq < seq_lens.size(0); ++seq) {
     const int64_t used = (lens[seq] + s.block_size - 1) / s.block_size;
     TORCH_CHECK(lens[seq] >= 1 && used <= block_tables.size(1), "seq_lens[", seq, "] = ", lens[seq],
                 " needs 1..", block_tables.size(1) * s.block_size, " cached tokens");
-    for (int64_t b = 0; b < used; ++b) {
+    for (int64_t b = first_key(lens[seq], window) / s.block_size; b < used; ++b) {
       const int32_t block = table[seq * s.table_stride + b];
       TORCH_CHECK(block >= 0 && block < s.num_blocks, "block_tables[", seq, ", ", b, "] = ", block,
                   " is outside the cache's ", s.num_blocks, " blocks");
@@ -237,10 +266,11 @@ std::vector<int64_t> longest_first(const int32_t* lens, int64_t num_seqs) {
 
 // q, out [T, Hq, D] (head dim contiguous); caches [num_blocks, block_size, Hkv, D] contiguous, q's dtype;
 // block_tables [S, max_blocks] int32 and seq_lens [S] int32, one row per decode sequence; q_rows [S] int64:
-// each decode sequence's row of q and out. Writes only those rows of out.
+// each decode sequence's row of q and out. window: keys a query sees, itself included (0 or -1: all);
+// softcap: the tanh cap of the scaled scores (0: none). Writes only those rows of out.
 void paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                   const at::Tensor& block_tables, const at::Tensor& seq_lens, const at::Tensor& q_rows,
-                  double scale, at::Tensor out) {
+                  double scale, int64_t window, double softcap, at::Tensor out) {
   TORCH_CHECK(q.device().is_cpu() && k_cache.device().is_cpu(), "paged_decode runs on CPU tensors");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "the caches must be contiguous");
   TORCH_CHECK(q.stride(2) == 1 && out.stride(2) == 1, "q and out need a contiguous head dimension");
@@ -249,10 +279,12 @@ void paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tens
                   q_rows.scalar_type() == at::kLong, "block_tables, seq_lens: int32; q_rows: int64");
   TORCH_CHECK(block_tables.stride(1) == 1 && seq_lens.is_contiguous() && q_rows.is_contiguous(),
               "block_tables rows, seq_lens and q_rows must be contiguous");
+  TORCH_CHECK(window >= -1, "window must be >= 1, or 0 or -1 for none, got ", window);
+  TORCH_CHECK(softcap >= 0.0, "softcap must be > 0, or 0 for none, got ", softcap);
   const Shapes s{k_cache.size(0), k_cache.size(1), q.size(1), k_cache.size(2), k_cache.size(3),
                  q.size(1) / k_cache.size(2), q.stride(0), q.stride(1), out.stride(0), out.stride(1),
                  block_tables.stride(0)};
-  check_blocks(block_tables, seq_lens, s);
+  check_blocks(block_tables, seq_lens, window, s);
   const int64_t num_seqs = seq_lens.size(0);
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
   const int64_t* rows = q_rows.data_ptr<int64_t>();
@@ -270,7 +302,8 @@ void paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tens
       for (int64_t i = next++; i < num_seqs; i = next++) {
         const int64_t seq = order[i];
         attend_one(q_ptr + rows[seq] * s.q_token_stride, k_ptr, v_ptr, tables + seq * s.table_stride,
-                   lens[seq], static_cast<float>(scale), s, w, out_ptr + rows[seq] * s.out_token_stride);
+                   lens[seq], window, static_cast<float>(scale), static_cast<float>(softcap), s, w,
+                   out_ptr + rows[seq] * s.out_token_stride);
       }
     });
   });

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import kernels
-from kernels.cpu_paged_attention import CpuAttentionPlan
+from kernels.cpu_paged_attention import CpuAttentionPlan, paged_attention_cpu, plan_paged_attention_cpu
 
 STEPS = {
     "decodes only": ([1, 1, 1, 1], [5, 40, 17, 300]),
@@ -98,6 +98,87 @@ def test_non_contiguous_caches_are_refused(built, paged_batch) -> None:
 
 
 
+
+
+WINDOW_STEPS = {
+    # name: (query_lens, seq_lens, Hq, Hkv, D, block_size, window, softcap); D: a multiple of the lanes
+    "decodes_and_chunks_window_5_unaligned": ([1, 6, 1, 3, 0, 1], [40, 6, 23, 30, 9, 5], 4, 2, 32, 8, 5,
+                                              None),
+    "window_above_every_context": ([1, 4, 1], [12, 20, 7], 4, 2, 32, 8, 64, None),
+    "window_1": ([1, 5, 1], [17, 5, 30], 4, 2, 32, 8, 1, None),
+    "window_on_a_block_boundary": ([1, 1], [48, 33], 4, 2, 32, 16, 16, None),
+    "gqa4_window_13": ([1, 1, 9], [35, 50, 9], 8, 2, 64, 16, 13, None),
+    "softcap_alone": ([1, 7, 1], [33, 7, 12], 4, 2, 32, 8, None, 0.3),
+    "softcap_and_window": ([1, 7, 1, 1], [33, 7, 26, 12], 8, 2, 32, 8, 7, 0.4),
+}
+
+
+@pytest.mark.parametrize("step", WINDOW_STEPS.values(), ids=WINDOW_STEPS.keys())
+def test_window_and_softcap_match_the_dense_oracle(built, paged_batch, dense_oracle, tolerance, step) -> None:
+    *shape, window, softcap = step
+    batch = paged_batch(*shape, seed=3)
+    expected = dense_oracle(batch, window, softcap)
+    plan = plan_paged_attention_cpu(batch.k_cache, batch.meta(), batch.q.shape[1], window=window)
+    assert plan.window == window and plan.decode_rows.numel() >= 1  # the C++ kernel takes the decodes
+    got = paged_attention_cpu(*batch.args(plan), window=window, softcap=softcap)
+    err = (got - expected).abs().max().item()
+    assert err <= tolerance[torch.float32], f"max abs error {err:.3g}"
+    unplanned = paged_attention_cpu(*batch.args(), window=window, softcap=softcap)
+    assert torch.equal(unplanned, got)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_window_and_softcap_in_half_precision(built, paged_batch, dense_oracle, dtype) -> None:
+    batch = paged_batch([1, 3, 1], [70, 9, 33], dtype=dtype)
+    got = paged_attention_cpu(*batch.args(), window=20, softcap=0.5)
+    expected = dense_oracle(batch, 20, 0.5)
+    torch.testing.assert_close(got.float(), expected.float(), atol=2e-3 if dtype == torch.float16 else 1e-2,
+                               rtol=0)
+
+
+@pytest.mark.parametrize("poison", [False, True], ids=["minus_one", "stale_nan_block"])
+def test_blocks_before_the_window_are_never_read(
+        built, paged_batch, dense_oracle, free_blocks, poison) -> None:
+    window, softcap = 11, 0.5
+    batch = paged_batch([1, 4, 1, 1], [70, 30, 12, 41], head_dim=32, block_size=8)
+    expected = dense_oracle(batch, window, softcap)
+    before = paged_attention_cpu(*batch.args(), window=window, softcap=softcap)
+    assert free_blocks(batch, window, poison=poison) >= 10  # -1 would fail the kernel's block check if read
+    got = paged_attention_cpu(*batch.args(), window=window, softcap=softcap)
+    assert torch.equal(got, before)
+    assert (got - expected).abs().max().item() <= 2e-5
+
+
+def test_the_kernel_reads_window_0_or_minus_1_and_softcap_0_as_none(built, paged_batch) -> None:
+    batch = paged_batch([1, 1], [40, 7], head_dim=32)
+    plan = plan_paged_attention_cpu(batch.k_cache, batch.meta(), 4)
+    outs = []
+    for window in (0, -1):
+        out = torch.zeros_like(batch.q)
+        built.module.paged_decode(batch.q, batch.k_cache, batch.v_cache, plan.decode_tables,
+                                  plan.decode_seq_lens, plan.decode_rows, batch.scale, window, 0.0, out)
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1])
+    torch.testing.assert_close(outs[0], kernels.paged_attention(*batch.args(), backend="torch"))
+    with pytest.raises(RuntimeError, match="softcap"):
+        built.module.paged_decode(batch.q, batch.k_cache, batch.v_cache, plan.decode_tables,
+                                  plan.decode_seq_lens, plan.decode_rows, batch.scale, 0, -1.0,
+                                  torch.zeros_like(batch.q))
+
+
+@pytest.mark.parametrize(("kwargs", "name"), [({"window": 0}, "window"), ({"softcap": -2.0}, "softcap")])
+def test_bad_window_or_softcap_is_a_value_error_naming_it(built, paged_batch, kwargs, name) -> None:
+    batch = paged_batch([1, 3], [10, 3], head_dim=32)
+    with pytest.raises(ValueError, match=name):
+        paged_attention_cpu(*batch.args(), **kwargs)
+
+
+@pytest.mark.parametrize(("planned", "asked"), [(4, None), (None, 4), (4, 8)])
+def test_a_plan_for_another_window_is_refused(built, paged_batch, planned, asked) -> None:
+    batch = paged_batch([1, 3], [10, 3], head_dim=32)
+    plan = plan_paged_attention_cpu(batch.k_cache, batch.meta(), 4, window=planned)
+    with pytest.raises(ValueError, match=rf"plan: built for window {planned}.* window {asked}"):
+        paged_attention_cpu(*batch.args(plan), window=asked)
 
 
 def test_threads_share_a_batch_of_uneven_contexts(built, paged_batch) -> None:
