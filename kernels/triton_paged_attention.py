@@ -12,6 +12,14 @@ the keys visible to its tile and writes a partial result (normalised output + lo
 kernel merges the slices by log-sum-exp. `choose_num_splits` uses it for decode batches with too few
 (sequence, KV head) programs to fill the GPU; tests force it with `num_splits=`.
 
+Sliding window (WINDOW, Hugging Face's convention: the query at position p sees keys k with
+`p - window < k <= p`): a tile's key loop starts at the first key its first row sees, so blocks wholly before
+the window are never loaded (their table entries may be -1 or stale), and the visibility mask adds the window
+for the later rows; split-KV divides only that visible range. Soft-capping (SOFTCAP, Gemma 2): the
+natural-scale score `scale * q.k` becomes `softcap * tanh(scale * q.k / softcap)`, then moves to the log2
+domain (tanh as `2 * sigmoid(2x) - 1`, which the interpreter and CUDA both have). Without either flag the
+kernel compiles as before.
+
 Any head dim up to 256 (padded to a power of two >= 16 and masked) and any block size work; softmax in fp32
 (exp2 with the scale folded into log2(e)); fp32 inputs use IEEE dots, fp16/bf16 use the tensor cores.
 """
@@ -24,10 +32,12 @@ import triton.language as tl
 
 from kernels.checks import check_paged_attention
 from kernels.metadata import AttentionMetadata
+from kernels.reference import check_window_softcap
 
 MAX_HEAD_DIM = 256
 MAX_SPLITS = 64
 MIN_KEYS_PER_SPLIT = 256
+LOG2_E = 1.4426950408889634
 
 
 @triton.jit
@@ -53,11 +63,13 @@ def _find_sequence(query_start_loc_ptr, num_seqs, tile, BLOCK_Q: tl.constexpr):
 
 
 # Integer arguments equal to 1 would otherwise become compile-time constants (and change loop types).
-@triton.jit(do_not_specialize=["num_seqs", "num_blocks", "max_blocks"])
+@triton.jit(do_not_specialize=["num_seqs", "num_blocks", "max_blocks", "window"])
 def _paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, lse_ptr,
     block_table_ptr, seq_lens_ptr, query_start_loc_ptr,
     num_seqs, num_blocks, max_blocks, scale_log2,
+    # Read under WINDOW / SOFTCAP only: cap_in = scale / softcap, cap_out = softcap * log2(e).
+    window, cap_in, cap_out,
     stride_qt, stride_qh, stride_qd,
     stride_kb, stride_kt, stride_kh, stride_kd,
     stride_vb, stride_vt, stride_vh, stride_vd,
@@ -67,7 +79,7 @@ def _paged_attention_kernel(
     QUERIES_PER_KV: tl.constexpr, GROUP_P2: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_P2: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -94,12 +106,15 @@ def _paged_attention_kernel(
     q_offs = (q_start + row_query).to(tl.int64)[:, None] * stride_qt + row_head[:, None] * stride_qh
     q = tl.load(q_ptr + q_offs + dims[None, :] * stride_qd, mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
 
-    kv_end = context + tl.minimum(first_row + BLOCK_Q, q_len)  # keys [0, kv_end) are visible to some row
-    kv_lo = 0
+    kv_end = context + tl.minimum(first_row + BLOCK_Q, q_len)  # keys [kv_start, kv_end): visible to some row
+    kv_start = 0
+    if WINDOW:  # the tile's first row (position context + first_row) sees the earliest keys
+        kv_start = tl.maximum(context + first_row - window + 1, 0)
+    kv_lo = kv_start
     kv_hi = kv_end
     if SPLIT:
-        per_split = tl.cdiv(tl.cdiv(kv_end, tl.num_programs(2)), BLOCK_N) * BLOCK_N
-        kv_lo = split * per_split
+        per_split = tl.cdiv(tl.cdiv(kv_end - kv_start, tl.num_programs(2)), BLOCK_N) * BLOCK_N
+        kv_lo = kv_start + split * per_split
         kv_hi = tl.minimum(kv_lo + per_split, kv_end)
 
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)  # finite: exp2(m_i - m_new) never sees -inf - -inf
@@ -115,8 +130,12 @@ def _paged_attention_kernel(
         slot_v = block.to(tl.int64) * stride_vb + (keys % BLOCK_SIZE) * stride_vt + kv_head * stride_vh
         k = tl.load(k_cache_ptr + slot_k[None, :] + dims[:, None] * stride_kd,
                     mask=key_ok[None, :] & dim_ok[:, None], other=0.0)  # [D, BLOCK_N]
-        s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale_log2  # [BLOCK_M, BLOCK_N], log2 domain
+        qk = tl.dot(q, k, input_precision=DOT_PRECISION)  # [BLOCK_M, BLOCK_N]
+        # Log2 domain; soft-capped: softcap * tanh(scale * qk / softcap) on the natural scale, times log2(e).
+        s = (2.0 * tl.sigmoid(2.0 * (qk * cap_in)) - 1.0) * cap_out if SOFTCAP else qk * scale_log2
         visible = key_ok[None, :] & (keys[None, :] <= row_pos[:, None])
+        if WINDOW:
+            visible = visible & (keys[None, :] > row_pos[:, None] - window)
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
@@ -170,10 +189,13 @@ def paged_attention_triton(
     scale: float,
     out: torch.Tensor | None = None,
     *,
+    window: int | None = None,
+    softcap: float | None = None,
     num_splits: int | None = None,
 ) -> torch.Tensor:
-    """Same contract as `kernels.paged_attention` (`meta.plan` ignored); `num_splits` forces the split-KV
-    factor (1 = no split)."""
+    """Same contract as `kernels.paged_attention` (`meta.plan` ignored, so any window works without a plan);
+    `num_splits` forces the split-KV factor (1 = no split)."""
+    check_window_softcap(window, softcap)
     check_paged_attention(q, k_cache, v_cache, meta, out)
     _check_triton_inputs(q, num_splits)
     block_tables, max_query_len = meta.block_tables, meta.max_query_len
@@ -183,7 +205,8 @@ def paged_attention_triton(
     if num_tokens == 0 or num_seqs == 0:
         return out
     if num_splits is None:
-        num_splits = choose_num_splits(num_seqs, num_kv_heads, max_query_len, meta.max_seq_len, q.device)
+        num_splits = choose_num_splits(num_seqs, num_kv_heads, max_query_len, meta.max_seq_len, q.device,
+                                       window=window)
 
     group = num_heads // num_kv_heads
     group_p2 = triton.next_power_of_2(group)
@@ -205,13 +228,15 @@ def paged_attention_triton(
     _paged_attention_kernel[(num_tiles, num_kv_heads, num_splits)](
         q, k_cache, v_cache, target, lse,
         block_tables, seq_lens, query_start_loc,
-        num_seqs, k_cache.shape[0], block_tables.shape[1], scale * 1.4426950408889634,  # log2(e)
+        num_seqs, k_cache.shape[0], block_tables.shape[1], scale * LOG2_E,
+        window or 0, scale / softcap if softcap else 0.0, softcap * LOG2_E if softcap else 0.0,
         *q.stride(), *k_cache.stride()[:4], *v_cache.stride()[:4], *target.stride(), *lse.stride(),
         *block_tables.stride(),
         QUERIES_PER_KV=group, GROUP_P2=group_p2,
         HEAD_DIM=head_dim, HEAD_DIM_P2=head_dim_p2, BLOCK_SIZE=k_cache.shape[1],
         BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n,
         SPLIT=split, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        WINDOW=window is not None, SOFTCAP=softcap is not None,
         num_warps=8 if head_dim_p2 > 128 else 4,
     )
     if split:
@@ -224,15 +249,18 @@ def paged_attention_triton(
 
 
 def choose_num_splits(
-    num_seqs: int, num_kv_heads: int, max_query_len: int, max_seq_len: int, device: torch.device
+    num_seqs: int, num_kv_heads: int, max_query_len: int, max_seq_len: int, device: torch.device,
+    *, window: int | None = None,
 ) -> int:
-    """Split-KV factor: > 1 only for decode batches whose (sequence, KV head) programs cannot fill the GPU."""
+    """Split-KV factor: > 1 only for decode batches whose (sequence, KV head) programs cannot fill the GPU.
+    A decode sees at most `window` keys: splits are sized by the keys it sees."""
     if device.type != "cuda" or max_query_len > 1:
         return 1
     sm_count = torch.cuda.get_device_properties(device).multi_processor_count
     programs = num_seqs * num_kv_heads
     wanted = -(-4 * sm_count // programs)  # about four programs per SM keep the memory system busy
-    return max(1, min(wanted, max_seq_len // MIN_KEYS_PER_SPLIT, MAX_SPLITS))
+    keys = max_seq_len if window is None else min(max_seq_len, window)
+    return max(1, min(wanted, keys // MIN_KEYS_PER_SPLIT, MAX_SPLITS))
 
 
 def _check_triton_inputs(q: torch.Tensor, num_splits: int | None) -> None:
