@@ -7,22 +7,33 @@ Contract (every backend, same signatures):
   - `slot_mapping` [T]: `block_id * block_size + offset` of each new token, read only by the cache write.
   - `block_tables` [S, max_blocks], `seq_lens` [S], `query_start_loc` [S + 1]: int32 (int64 accepted), on
     q's device. `seq_lens[s]` counts the cached tokens of sequence s including this step's (already written
-    by `reshape_and_cache`). Block-table entries past a sequence's last block are ignored.
+    by `reshape_and_cache`). Block-table entries past a sequence's last block are ignored, and so are those
+    of blocks wholly before its window (every key in them older than the window of the step's first query of
+    the sequence, with `window` given): the engine may free such blocks early, so they may be -1 or stale.
+    No backend reads them: the Triton and C++ kernels start their key loops in the window's first block, the
+    reference gathers from it on (a backend that gathered them would have to clamp and mask them).
   - `max_query_len`, `max_seq_len`: Python ints, upper bounds of the query lengths and `seq_lens`.
   - `plan`: the step's `AttentionPlan` from `plan_paged_attention`, or None (the default).
-- `paged_attention(q, k_cache, v_cache, meta, scale, out=None, *, backend=None) -> out`
+- `paged_attention(q, k_cache, v_cache, meta, scale, out=None, *, window=None, softcap=None, backend=None)
+  -> out`
   - `q` [T, Hq, D]: every query token of the step, sequences concatenated in `meta.query_start_loc` order.
   - `k_cache`, `v_cache` [num_blocks, block_size, Hkv, D], same dtype as `q`; `Hq` a multiple of `Hkv`
     (query head h reads KV head h // (Hq // Hkv)).
-  - Query token i of sequence s sits at position `seq_lens[s] - query_len(s) + i` and attends to every
-    cached key at or before it. Output [T, Hq, D] in q's dtype (written into `out` when given); softmax in
-    fp32.
-- `plan_paged_attention(k_cache, meta, num_heads, *, backend=None) -> AttentionPlan | CpuAttentionPlan |
-  None`: the step's layer-independent work (the reference's sequence groups, index tensors and visibility
-  masks; the cpu backend's decode rows and block tables besides), built once per step and stored as
-  `dataclasses.replace(meta, plan=plan)` for every layer's `paged_attention`; with `meta.plan` None the
-  torch and cpu backends build their own on each call. Triton plans nothing (None) and ignores `meta.plan`.
-  A plan is valid for the backend and metadata it was built from and caches of that shape.
+  - Query token i of sequence s sits at position `p = seq_lens[s] - query_len(s) + i` and attends to every
+    cached key at or before it; with `window` (an int >= 1; Hugging Face transformers' sliding window,
+    `sliding_window_causal_mask_function`) only to keys k with `p - window < k <= p`: at most `window` keys,
+    itself included. Output [T, Hq, D] in q's dtype (written into `out` when given); softmax in fp32.
+  - `softcap` (a float > 0; Gemma 2's attention logit soft-capping, as transformers' eager attention): each
+    score `scale * q.k` becomes `softcap * tanh(scale * q.k / softcap)` before masking and softmax.
+  - A window < 1 or a softcap <= 0 (or not a number) is a ValueError naming the argument; None: neither.
+- `plan_paged_attention(k_cache, meta, num_heads, *, window=None, backend=None) -> AttentionPlan |
+  CpuAttentionPlan | None`: the step's layer-independent work (the reference's sequence groups, index
+  tensors and visibility masks; the cpu backend's decode rows and block tables besides), built once per step
+  and stored as `dataclasses.replace(meta, plan=plan)` for every layer's `paged_attention`; with `meta.plan`
+  None the torch and cpu backends build their own on each call. Triton plans nothing (None) and ignores
+  `meta.plan`. A plan is valid for the backend and metadata it was built from, caches of that shape and the
+  one `window` it records (the masks depend on it): a model whose layers differ in window builds one plan
+  per window, and `paged_attention` with another window than its plan's is a ValueError.
 - `reshape_and_cache(k, v, k_cache, v_cache, slot_mapping, *, backend=None)`: writes `k`, `v` [T, Hkv, D]
   in place at `slot_mapping[t] = block_id * block_size + offset` (int32 or int64; `meta.slot_mapping` in a
   step); a negative slot is skipped. It takes the slots alone: a cache write needs nothing else.
@@ -58,6 +69,7 @@ from kernels.cpu_paged_attention import (
 from kernels.metadata import AttentionMetadata
 from kernels.reference import (
     AttentionPlan,
+    check_window_softcap,
     paged_attention_ref,
     plan_paged_attention_ref,
     reshape_and_cache_ref,
@@ -97,16 +109,20 @@ def paged_attention(
     scale: float,
     out: torch.Tensor | None = None,
     *,
+    window: int | None = None,
+    softcap: float | None = None,
     backend: str | None = None,
 ) -> torch.Tensor:
+    """Attention of the step's queries over the paged cache (see the module docstring); `window`: sliding
+    window in keys (None: the whole context), `softcap`: tanh cap of the scaled scores (None: none)."""
     chosen = resolve_backend(backend, q.device)
     if chosen == "torch":
-        return paged_attention_ref(q, k_cache, v_cache, meta, scale, out)
+        return paged_attention_ref(q, k_cache, v_cache, meta, scale, out, window=window, softcap=softcap)
     if chosen == "cpu":
-        return paged_attention_cpu(q, k_cache, v_cache, meta, scale, out)
+        return paged_attention_cpu(q, k_cache, v_cache, meta, scale, out, window=window, softcap=softcap)
     from kernels.triton_paged_attention import paged_attention_triton
 
-    return paged_attention_triton(q, k_cache, v_cache, meta, scale, out)
+    return paged_attention_triton(q, k_cache, v_cache, meta, scale, out, window=window, softcap=softcap)
 
 
 def plan_paged_attention(
@@ -114,15 +130,18 @@ def plan_paged_attention(
     meta: AttentionMetadata,
     num_heads: int,
     *,
+    window: int | None = None,
     backend: str | None = None,
 ) -> AttentionPlan | CpuAttentionPlan | None:
-    """The step's attention plan, to store in `meta.plan` for every layer's `paged_attention`; None where the
-    backend (Triton) plans nothing on the host. `meta.plan` itself is not read."""
+    """The step's attention plan for the layers of sliding window `window` (None: none), to store in
+    `meta.plan` for each such layer's `paged_attention`; None where the backend (Triton) plans nothing on the
+    host. `meta.plan` itself is not read."""
+    check_window_softcap(window, None)
     chosen = resolve_backend(backend, k_cache.device)
     if chosen == "torch":
-        return plan_paged_attention_ref(k_cache, meta, num_heads)
+        return plan_paged_attention_ref(k_cache, meta, num_heads, window=window)
     if chosen == "cpu":
-        return plan_paged_attention_cpu(k_cache, meta, num_heads)
+        return plan_paged_attention_cpu(k_cache, meta, num_heads, window=window)
     return None
 
 

@@ -26,11 +26,16 @@ class AttentionMetadata:
     """
 
     slot_mapping: torch.Tensor  # [T]: block_id * block_size + offset of each new token; negative: not written
-    block_tables: torch.Tensor  # [S, max_blocks]: each sequence's cache blocks; entries past its last ignored
+    # [S, max_blocks]: each sequence's cache blocks. Ignored, so they may be -1 or stale: entries past its
+    # last block and, with a sliding window, those of blocks wholly before the window of the sequence's first
+    # query this step (no query of the step sees their keys, so the engine may free them early; the Triton and
+    # C++ kernels never load them, the reference never gathers them).
+    block_tables: torch.Tensor
     seq_lens: torch.Tensor  # [S]: cached tokens per sequence, this step's included
     query_start_loc: torch.Tensor  # [S + 1]: offset of each sequence's first query token in the step
     max_query_len: int  # upper bound of the query lengths (differences of query_start_loc)
     max_seq_len: int  # upper bound of seq_lens
     # The torch or cpu backend's layer-independent work for this step (`plan_paged_attention`), built once and
-    # read by every layer's `paged_attention`; None: those backends plan on each call, Triton needs none.
+    # read by every layer's `paged_attention` of the window it was planned for (one plan per window);
+    # None: those backends plan on each call, Triton needs none.
     plan: AttentionPlan | CpuAttentionPlan | None = None

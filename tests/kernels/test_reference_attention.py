@@ -248,3 +248,22 @@ def test_a_plan_for_another_window_is_refused(paged_batch, planned, asked) -> No
     plan = reference.plan_paged_attention_ref(batch.k_cache, batch.meta(), 4, window=planned)
     with pytest.raises(ValueError, match=rf"plan: built for window {planned}.* window {asked}"):
         paged_attention_ref(*batch.args(plan=plan), window=asked)
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpu", "triton"])
+def test_the_dispatcher_passes_window_and_softcap_to_every_backend(
+        paged_batch, dense_oracle, tolerance, request, backend) -> None:
+    if backend == "cpu":
+        request.getfixturevalue("built")  # skips where the C++ kernels cannot be built
+    batch = paged_batch([1, 5, 1], [40, 5, 23], head_dim=32, block_size=8)
+    plan = kernels.plan_paged_attention(batch.k_cache, batch.meta(), 4, window=6, backend=backend)
+    assert plan is None if backend == "triton" else plan.window == 6
+    got = kernels.paged_attention(*batch.args(plan=plan), window=6, softcap=0.5, backend=backend)
+    assert (got - dense_oracle(batch, 6, 0.5)).abs().max().item() <= tolerance[torch.float32]
+    with pytest.raises(ValueError, match="window"):
+        kernels.plan_paged_attention(batch.k_cache, batch.meta(), 4, window=0, backend=backend)
+    with pytest.raises(ValueError, match="softcap"):
+        kernels.paged_attention(*batch.args(), softcap=0.0, backend=backend)
+    if plan is not None:
+        with pytest.raises(ValueError, match="plan: built for window 6"):
+            kernels.paged_attention(*batch.args(plan=plan), backend=backend)
