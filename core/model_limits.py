@@ -16,28 +16,15 @@ from core.settings import QueueSettings
 
 
 def model_context_length(model_folder: Path) -> int | None:
-    """The model's own context length: its max_position_embeddings, capped to its sliding window when it
-    has one (as engine/model_runner.resolve_max_model_len does: sliding attention is not implemented).
-    None when the folder has no readable config.json (a demo model not built yet)."""
+    """The model's own context length: its max_position_embeddings (as engine/model_runner
+    resolve_max_model_len; a sliding window does not shorten it). None when the folder has no readable
+    config.json (a demo model not built yet)."""
     try:
         config: dict[str, Any] = json.loads((model_folder / "config.json").read_text())
     except (OSError, ValueError):
         return None
     limit = config.get("max_position_embeddings")
-    if not isinstance(limit, int):
-        return None
-    window = _sliding_window(config)
-    return min(limit, window) if window is not None else limit
-
-
-def _sliding_window(config: dict[str, Any]) -> int | None:
-    window = config.get("sliding_window")
-    if not isinstance(window, int) or not window or config.get("use_sliding_window") is False:
-        return None
-    layer_types = config.get("layer_types")
-    if layer_types and "sliding_attention" not in layer_types:
-        return None
-    return window
+    return limit if isinstance(limit, int) else None
 
 
 def served_max_model_len(configured: int | None, model_length: int | None) -> int | None:

@@ -13,7 +13,15 @@ from typing import Any
 
 import torch
 
-SUPPORTED_ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+SUPPORTED_ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                   "Phi3ForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "MixtralForCausalLM",
+                   "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
+# Small expert layers for the MoE families (overridable): 4 experts of half the dense width, 2 per token.
+MOE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "MixtralForCausalLM": {"num_local_experts": 4, "num_experts_per_tok": 2},
+    "Qwen2MoeForCausalLM": {"num_experts": 4, "num_experts_per_tok": 2, "norm_topk_prob": False},
+    "Qwen3MoeForCausalLM": {"num_experts": 4, "num_experts_per_tok": 2, "norm_topk_prob": True},
+}
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>")  # ids 0, 1, 2
 # Some tokenizer classes add tokens on load (transformers' Qwen2Tokenizer adds an unk token): keep room.
 TOKENIZER_HEADROOM = 8
@@ -122,10 +130,18 @@ def _make_config(arch: str, kwargs: dict[str, Any]) -> Any:
         # transformers 5 keeps rope settings (theta included) under `rope_parameters`.
         theta = kwargs.pop("rope_theta", 10000.0)
         kwargs["rope_parameters"] = {"rope_theta": theta, **kwargs.pop("rope_scaling")}
-    if arch == "Qwen3ForCausalLM":
+    if arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"):
         # Qwen3 decouples head_dim from hidden_size / heads (e.g. Qwen3-0.6B: 1024 / 16 heads, head_dim 128).
         kwargs.setdefault("head_dim", 2 * kwargs["hidden_size"] // kwargs["num_attention_heads"])
-    config_class = getattr(transformers, arch.replace("ForCausalLM", "Config"))
+    for key, value in MOE_DEFAULTS.get(arch, {}).items():
+        kwargs.setdefault(key, value)
+    if arch in ("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"):
+        kwargs.setdefault("moe_intermediate_size", kwargs["intermediate_size"] // 2)
+    if arch == "Qwen2MoeForCausalLM":
+        kwargs.setdefault("shared_expert_intermediate_size", kwargs["intermediate_size"])
+    # Gemma 3's text-only model has its own config class (Gemma3Config is the multimodal one).
+    name = "Gemma3TextConfig" if arch == "Gemma3ForCausalLM" else arch.replace("ForCausalLM", "Config")
+    config_class = getattr(transformers, name)
     return config_class(**kwargs)
 
 

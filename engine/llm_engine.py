@@ -214,7 +214,9 @@ class LLMEngine:
         if sched.chunks:
             outputs += self._run(sched)
             forward_seconds = self.runner.last_forward_seconds
-        self.last_step = StepStats.of_step(sched, time.perf_counter() - start, forward_seconds, evictions)
+        expert_tokens = self.runner.take_expert_load() if hasattr(self.runner, "take_expert_load") else []
+        self.last_step = StepStats.of_step(sched, time.perf_counter() - start, forward_seconds, evictions,
+                                           expert_tokens)
         self.totals.add_step(self.last_step)
         self.pace_meter.observe(self.last_step)
         return outputs

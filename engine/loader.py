@@ -1,7 +1,8 @@
 """Load a model from a local Hugging Face folder: config.json, *.safetensors (one file or shards), tokenizer.
 
-Weights stream from the safetensors files straight into the model's (uninitialised) parameters, q/k/v and
-gate/up into their fused slices. Every parameter must be filled and every tensor must find a home;
+Weights stream from the safetensors files straight into the model's (uninitialised) parameters, q/k/v,
+gate/up and each expert's projections into their slices of the fused parameters
+(engine/models/checkpoint_names.py). Every parameter must be filled and every tensor must find a home;
 otherwise a ValueError names the culprits.
 
 What the engine serves decides what must be there (engine/pooling.py resolve_task): a generation engine
@@ -22,7 +23,8 @@ import torch
 from safetensors import safe_open
 
 from engine.models import Model, build_model
-from engine.models.llama import PACKED_PARAMS, LlamaForCausalLM
+from engine.models.checkpoint_names import Part, checkpoint_target, expected_parts, param_slice
+from engine.models.llama import LlamaForCausalLM
 from engine.pooling import resolve_task
 
 logger = logging.getLogger("engine")
@@ -148,33 +150,47 @@ def is_encoder_config(hf_config: dict[str, Any]) -> bool:
 
 @torch.no_grad()
 def load_weights(model: LlamaForCausalLM, files: list[Path]) -> None:
+    """Fills every parameter from the checkpoint's tensors (engine/models/checkpoint_names.py says which
+    part of which parameter each one fills); a ValueError names whatever is missing or left over."""
     params = dict(model.named_parameters())  # a tied lm_head appears once, as model.embed_tokens.weight
-    shard_sizes = model.packed_shard_sizes()
-    expected = {(name, shard) for name, param in params.items()
-                for shard in range(len(shard_sizes.get(_packed_kind(name), [None])))}
-    loaded: set[tuple[str, int]] = set()
+    sizes = model.packed_shard_sizes()
+    expected = {(name, part) for name, param in params.items() for part in expected_parts(name, param, sizes)}
+    loaded: set[tuple[str, Part]] = set()
     unexpected: list[str] = []
     for file in files:
         with safe_open(file, framework="pt", device="cpu") as f:
             for ckpt_name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
                 if _ignorable(ckpt_name, model):
                     continue
-                name, shard = _our_name(ckpt_name)
-                if name not in params and f"model.{name}" in params:
-                    name = f"model.{name}"  # a decoder saved without its head: names without "model."
-                if name not in params:
+                name, part = _target(ckpt_name, params)
+                if name not in params or (part != () and (name, part) not in expected):
                     unexpected.append(ckpt_name)
                     continue
-                _copy_into(params[name], shard, shard_sizes.get(_packed_kind(name)), f.get_tensor(ckpt_name),
-                           ckpt_name)
-                loaded.add((name, shard))
-    missing = sorted(f"{name}[{shard}]" if _packed_kind(name) else name for name, shard in expected - loaded)
+                _copy_into(param_slice(name, params[name], part, sizes), f.get_tensor(ckpt_name), ckpt_name)
+                filled = expected_parts(name, params[name], sizes) if part == () else {part}
+                loaded.update((name, p) for p in filled)
+    missing = sorted(f"{name}{list(part) if part else ''}" for name, part in expected - loaded)
     if "lm_head.weight" in missing:
         raise ValueError("model weights: the checkpoint has no LM head (lm_head.weight), so it cannot "
                          "generate text; serve it for embeddings (task='embed')")
     if missing or unexpected:
         raise ValueError(
-            f"model weights: missing {missing or 'none'}; unexpected {sorted(unexpected) or 'none'}")
+            f"model weights: missing {_listed(missing)}; unexpected {_listed(sorted(unexpected))}")
+
+
+def _target(ckpt_name: str, params: dict[str, torch.nn.Parameter]) -> tuple[str, Part]:
+    name, part = checkpoint_target(ckpt_name)
+    if name not in params and f"model.{name}" in params:
+        name = f"model.{name}"  # a decoder saved without its head: names without "model."
+    return name, part
+
+
+def _listed(names: list[str], most: int = 20) -> str:
+    """At most `most` names (an MoE checkpoint of the wrong shape would list thousands)."""
+    if not names:
+        return "none"
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return f"{names[:most]}{more}"
 
 
 def _ignorable(ckpt_name: str, model: LlamaForCausalLM) -> bool:
@@ -185,26 +201,7 @@ def _ignorable(ckpt_name: str, model: LlamaForCausalLM) -> bool:
     return ckpt_name == "lm_head.weight" and (model.settings.tie_word_embeddings or model.lm_head is None)
 
 
-def _our_name(ckpt_name: str) -> tuple[str, int]:
-    """Checkpoint tensor name -> (our parameter name, shard index inside a fused parameter, else 0)."""
-    for part, (fused, shard) in PACKED_PARAMS.items():
-        if f".{part}." in ckpt_name:
-            return ckpt_name.replace(f".{part}.", f".{fused}."), shard
-    return ckpt_name, 0
-
-
-def _packed_kind(name: str) -> str | None:
-    """"qkv_proj" / "gate_up_proj" for a fused parameter's name, else None."""
-    return next((fused for fused, _ in PACKED_PARAMS.values() if f".{fused}." in name), None)
-
-
-def _copy_into(
-    param: torch.Tensor, shard: int, sizes: list[int] | None, tensor: torch.Tensor, ckpt_name: str
-) -> None:
-    target = param
-    if sizes is not None:  # a fused parameter: the shard's rows
-        start = sum(sizes[:shard])
-        target = param.narrow(0, start, sizes[shard])
+def _copy_into(target: torch.Tensor, tensor: torch.Tensor, ckpt_name: str) -> None:
     if target.shape != tensor.shape:
         raise ValueError(f"model weights: {ckpt_name} has shape {tuple(tensor.shape)}, "
                          f"expected {tuple(target.shape)}")

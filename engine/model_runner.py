@@ -21,12 +21,13 @@ from typing import Any
 import torch
 
 import kernels
-from engine.attention import KVCache, with_attention_plan
+from engine.attention import KVCache, attention_metas
 from engine.config import EngineConfig
 from engine.kv_cache import KVCacheLayout, allocate_kv_cache, cuda_kv_budget_bytes, plan_num_blocks
 from engine.loader import LoadTimings, check_tokenizer_files, load_model, resolve_device, resolve_dtype
 from engine.lora.batch import LoRABatch
 from engine.lora.manager import LoRAManager
+from engine.models.layer_config import uniform_window
 from engine.models.llama import LlamaForCausalLM
 from engine.pooling import PoolingConfig, chunk_rows, embedding_max_len, pooling_config
 from engine.prompt_logprobs import score_prompt_chunks
@@ -69,6 +70,9 @@ class ModelRunner:
         self.vocab_size: int = settings.vocab_size
         self.block_size: int = config.block_size
         self.max_model_len: int = resolve_max_model_len(config.max_model_len, self.hf_config)
+        # The window every layer uses (None: some layer attends globally): blocks before it are released.
+        self.kv_sliding_window: int | None = uniform_window(settings.layer_windows)
+        self.attention_windows: set[int | None] = set(settings.layer_windows)
         # Embedding engines: how hidden states are pooled, the vector size, the longest input embedded.
         self.pooling: PoolingConfig | None = None
         self.embedding_size: int | None = None
@@ -87,6 +91,7 @@ class ModelRunner:
         self.kv_caches = allocate_kv_cache(layout, self.num_kv_blocks, self.device)
         self.load_timings = LoadTimings(weights_s=weights_s, kv_cache_s=time.perf_counter() - started,
                                         attention_s=attention_s)
+        self.take_expert_load()  # the profiling forward's routing is not a step's
         self.last_forward_seconds: float = 0.0  # model forward + logits of the last step, inputs prepared
         logger.info("model runner ready: device=%s dtype=%s attention=%s max_model_len=%d", self.device,
                     self.dtype, self.attention_backend, self.max_model_len)
@@ -121,12 +126,17 @@ class ModelRunner:
                  ) -> tuple[torch.Tensor, torch.Tensor]:
         """The hidden states [T, H] and the logits at the sampled rows [N, V] fp32 (none when embedding:
         the model has no LM head)."""
-        meta = with_attention_plan(step.meta, kv_caches[0][0], self.model.settings.num_heads,
-                                   self.attention_backend)
-        hidden = self.model(step.input_ids, step.positions, meta, kv_caches, lora)  # [T, H]
+        metas = attention_metas(step.meta, kv_caches[0][0], self.model.settings.num_heads,
+                                self.attention_backend, self.attention_windows)
+        hidden = self.model(step.input_ids, step.positions, metas, kv_caches, lora)  # [T, H]
         if self.pooling is not None:
             return hidden, torch.empty(0, self.vocab_size, device=hidden.device)
         return hidden, self.model.compute_logits(hidden[step.sample_indices])
+
+    def take_expert_load(self) -> list[int]:
+        """MoE models: tokens routed to each expert since the last call (summed over MoE layers); else []."""
+        load = self.model.expert_load
+        return load.take() if load is not None else []
 
     def _lora_manager(self) -> LoRAManager:
         c = self.config
@@ -230,30 +240,9 @@ def profiling_chunks(num_tokens: int, max_num_seqs: int, max_model_len: int, blo
 
 
 def resolve_max_model_len(requested: int | None, hf_config: dict[str, Any]) -> int:
-    """`requested`, or the model's max_position_embeddings when None; never beyond it.
-
-    NOTE: sliding-window attention is not implemented. A model whose window is shorter than max_model_len is
-    served with max_model_len capped to the window (a warning says so), where full attention and sliding
-    attention agree, rather than silently computing something the model was not trained for.
-    """
+    """`requested`, or the model's max_position_embeddings when None; never beyond it. (Sliding-window
+    layers attend within their window at any length: the window does not cap the context.)"""
     limit = int(hf_config["max_position_embeddings"])
     if requested is not None and requested > limit:
         raise ValueError(f"max_model_len={requested} exceeds the model's max_position_embeddings={limit}")
-    max_len = requested if requested is not None else limit
-    window = sliding_window(hf_config)
-    if window is not None and window < max_len:
-        logger.warning("max_model_len capped from %d to the model's sliding_window=%d (sliding-window "
-                       "attention is not implemented)", max_len, window)
-        max_len = window
-    return max_len
-
-
-def sliding_window(hf_config: dict[str, Any]) -> int | None:
-    """The attention window the checkpoint uses, or None when every layer attends to the full context."""
-    window = hf_config.get("sliding_window")
-    if not window or hf_config.get("use_sliding_window") is False:
-        return None
-    layer_types = hf_config.get("layer_types")
-    if layer_types and "sliding_attention" not in layer_types:
-        return None
-    return int(window)
+    return requested if requested is not None else limit

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -22,10 +22,13 @@ class StepStats:
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     prefix_cache_evictions: int = 0
+    # MoE models: tokens routed to each expert this step, summed over the MoE layers (load balance); else [].
+    expert_tokens: list[int] = field(default_factory=list)
 
     @classmethod
     def of_step(
-        cls, sched: SchedulerOutput, step_seconds: float, forward_seconds: float, evictions: int
+        cls, sched: SchedulerOutput, step_seconds: float, forward_seconds: float, evictions: int,
+        expert_tokens: list[int] | None = None,
     ) -> StepStats:
         return cls(
             num_seqs=len(sched.seqs),
@@ -37,6 +40,7 @@ class StepStats:
             prefix_cache_queries=sched.num_lookup_tokens,
             prefix_cache_hits=sched.num_cached_tokens,
             prefix_cache_evictions=evictions,
+            expert_tokens=expert_tokens or [],
         )
 
 
@@ -56,6 +60,7 @@ class EngineTotals:
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     prefix_cache_evictions: int = 0
+    expert_tokens: list[int] = field(default_factory=list)  # per expert, summed over steps and MoE layers
 
     def add_step(self, step: StepStats) -> None:
         self.steps += 1
@@ -65,6 +70,9 @@ class EngineTotals:
         self.prefix_cache_queries += step.prefix_cache_queries
         self.prefix_cache_hits += step.prefix_cache_hits
         self.prefix_cache_evictions += step.prefix_cache_evictions
+        if step.expert_tokens:
+            totals = self.expert_tokens or [0] * len(step.expert_tokens)
+            self.expert_tokens = [a + b for a, b in zip(totals, step.expert_tokens, strict=True)]
 
 
 def hit_rate(hits: int, queries: int) -> float | None:
