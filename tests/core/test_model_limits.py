@@ -32,6 +32,7 @@ from engine.model_runner import resolve_max_model_len
 def test_the_context_length_is_the_one_the_engine_serves(tmp_path: Path, config: dict[str, Any]) -> None:
     (tmp_path / "config.json").write_text(json.dumps(config))
     assert model_context_length(tmp_path) == resolve_max_model_len(None, config)
+    assert model_context_length(tmp_path) == 4096  # sliding windows are attended within, not a cap
 
 
 def test_a_folder_without_a_config_has_no_known_length(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM
 from engine.config import EngineConfig
 from engine.model_runner import ModelRunner
 from engine.scheduled_chunk import ScheduledChunk
+from tests.engine.model_families import FAMILIES
 
 TOL = 1e-4
 BLOCK_SIZE = 16
@@ -27,6 +28,7 @@ CASES = {
     "mistral": ("MistralForCausalLM", {}),
     "qwen2": ("Qwen2ForCausalLM", {}),
     "qwen3": ("Qwen3ForCausalLM", {}),  # head_dim 32 != hidden / heads = 16, q/k norms
+    **FAMILIES,
 }
 
 
@@ -117,8 +119,9 @@ def test_two_sequences_mixing_prefill_chunks_and_decode(model_dir, backend):
     torch.testing.assert_close(step2[1], hf_last_logits(model_dir, [*a, a_next]), atol=TOL, rtol=0)
 
 
-@pytest.mark.parametrize("case", ["llama", "qwen3"])
+@pytest.mark.parametrize("case", ["llama", "qwen3", "gemma2", "mixtral"])
 def test_triton_backend_under_the_interpreter(tiny_model_dir, case):
+    """gemma2: windows and soft-capping in the Triton kernel; mixtral: the fused Triton MoE kernel too."""
     arch, kwargs = CASES[case]
     path = tiny_model_dir(arch, **kwargs)
     runner = make_runner(path, backend="triton")
