@@ -22,7 +22,7 @@ from bench.experiment import DEFAULT_CONCURRENCY, ENGINE_FIELDS, BenchOptions, b
 from bench.workload import LONG, PROFILES, SHORT, Range, WorkloadSpec
 from engine.cpu_threads import choose_cpu_threads, hidden_size_of, runs_on_cpu
 
-# Random-weight Llama-shaped models the bench can build for itself: `--model preset:NAME`.
+# Random-weight models the bench can build for itself: `--model preset:NAME` (Llama-shaped unless `arch`).
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {},  # engine.demo.build_tiny_model's defaults (~0.1M parameters)
     "llama-25m": dict(
@@ -41,6 +41,34 @@ PRESETS: dict[str, dict[str, Any]] = {
         num_attention_heads=32,
         num_key_value_heads=8,
         intermediate_size=8192,
+        vocab_size=32000,
+        max_position_embeddings=4096,
+    ),
+    "mixtral-tiny": dict(arch="MixtralForCausalLM"),  # the tiny defaults, 4 experts of which 2 per token
+    # A small mixture of experts: llama-25m's attention, and in every layer 8 Mixtral experts of width 704
+    # (half of llama-25m's MLP) of which each token uses 2: 64.8 M parameters, ~22 M active per token.
+    "mixtral-65m": dict(
+        arch="MixtralForCausalLM",
+        hidden_size=512,
+        num_hidden_layers=6,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        intermediate_size=704,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        vocab_size=8000,
+        max_position_embeddings=2048,
+    ),
+    # The same MoE on a GPU, at the scale the GPU check runs (bf16): ~0.93 B parameters, ~0.31 B active.
+    "mixtral-1b": dict(
+        arch="MixtralForCausalLM",
+        hidden_size=1024,
+        num_hidden_layers=12,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        intermediate_size=2816,
+        num_local_experts=8,
+        num_experts_per_tok=2,
         vocab_size=32000,
         max_position_embeddings=4096,
     ),

@@ -28,7 +28,8 @@ def report_markdown(report: dict[str, Any]) -> str:
         "",
         stages_table(report["stages"]),
     ]
-    sections = {"kernels": kernel_section, "engine": engine_section, "service": service_section}
+    sections = {"kernels": kernel_section, "engine": engine_section, "moe": engine_section,
+                "service": service_section}
     for name, section in sections.items():
         figures = stages.get(name, {}).get("figures")
         if figures and figures.get("problems") is not None:

@@ -1,6 +1,6 @@
-"""The GPU check's three stages (bench/gpu_check.py runs each in a child process of its own): the kernel
-bench against the device's copy bandwidth, the engine against transformers on a ~1B Llama-shaped model, and
-the service bench against `conveyor serve`.
+"""The GPU check's four stages (bench/gpu_check.py runs each in a child process of its own): the kernel
+bench against the device's copy bandwidth, the engine against transformers on a ~1B Llama-shaped model and
+on a Mixtral-shaped mixture of experts, and the service bench against `conveyor serve`.
 
 Each stage takes the check's `Plan` and returns its figures: a JSON-able dict with `ok` (False when a check
 inside it failed: a kernel disagreeing with its reference, a request not completed) and `problems` (why).
@@ -39,6 +39,8 @@ class Plan:
     service_concurrency: int
     service_model: str  # "preset": the stage's model in the server | "demo": the server's demo model
     kernel_iters: int
+    moe_preset: str = "mixtral-tiny"  # the MoE stage's model
+    moe_args: tuple[str, ...] = ()  # its `conveyor bench` arguments; () runs the engine stage's
 
     @property
     def device(self) -> str:
@@ -58,7 +60,15 @@ def gpu_plan(out_dir: Path, model_cache: Path, service_model: str = "preset") ->
         *("--set", "max_num_seqs=64", "--set", "num_kv_blocks=8192", "--set", "dtype=bfloat16"),
         *("--peer", "hf"),
     )
-    return Plan("gpu", out_dir, model_cache, "llama-1b", engine_args, 2000, 32, service_model, 20)
+    moe_args = (
+        *("--profile", "mixed", "-n", "64", "--seed", "0"),
+        *("--short-prompt", "32:128", "--short-output", "64:128"),
+        *("--long-prompt", "512:1024", "--long-output", "64:128"),
+        *("--set", "max_num_seqs=64", "--set", "num_kv_blocks=4096", "--set", "dtype=bfloat16"),
+        *("--peer", "hf"),
+    )
+    return Plan("gpu", out_dir, model_cache, "llama-1b", engine_args, 2000, 32, service_model, 20,
+                "mixtral-1b", moe_args)
 
 
 def cpu_plan(out_dir: Path, model_cache: Path, service_model: str = "preset") -> Plan:
@@ -125,21 +135,31 @@ def copy_bandwidth(device: Any, nbytes: int) -> dict[str, Any]:
     return {"bytes": nbytes, "ms": ms, "timing": how, "gbps": 2 * nbytes / ms / 1e6}
 
 
-# --- (b) the engine against transformers -------------------------------------------------------------
+# --- (b, c) the engine against transformers, dense and MoE -----------------------------------------
 
 
 def engine_stage(plan: Plan) -> dict[str, Any]:
     """`conveyor bench --peer hf`, called in-process: the engine, then hf-static and hf-cb, same requests."""
+    return _against_transformers(plan.preset, plan.engine_args, plan, "engine")
+
+
+def moe_stage(plan: Plan) -> dict[str, Any]:
+    """The same comparison on a mixture of experts (Mixtral-shaped): the grouped experts (fused Triton MoE
+    on CUDA) against transformers' own MoE, same requests."""
+    return _against_transformers(plan.moe_preset, plan.moe_args or plan.engine_args, plan, "moe")
+
+
+def _against_transformers(preset: str, args: tuple[str, ...], plan: Plan, out_name: str) -> dict[str, Any]:
     from bench.cli import build_parser, options, resolve_model
     from bench.experiment import bench
 
-    model = resolve_model(f"preset:{plan.preset}", plan.model_cache)
+    model = resolve_model(f"preset:{preset}", plan.model_cache)
     assert model is not None
-    out = plan.out_dir / "engine"
-    argv = ["--model", model, *plan.engine_args, "--no-progress", "--out", str(out)]
+    out = plan.out_dir / out_name
+    argv = ["--model", model, *args, "--no-progress", "--out", str(out)]
     report = bench(options(build_parser().parse_args(argv)), Console(width=180))
     figures = engine_figures(report, " ".join(["conveyor bench", *argv]), out / "report.json")
-    return {**figures, "model": model_record(plan.preset, model)}
+    return {**figures, "model": model_record(preset, model)}
 
 
 def engine_figures(report: dict[str, Any], command: str, path: Path) -> dict[str, Any]:
@@ -192,7 +212,7 @@ def _counts(systems: dict[str, dict[str, Any]]) -> str:
     return ", ".join(f"{name} {s['output_tokens']}" for name, s in systems.items())
 
 
-# --- (c) the service ---------------------------------------------------------------------------------
+# --- (d) the service ---------------------------------------------------------------------------------
 
 
 def service_stage(plan: Plan) -> dict[str, Any]:

@@ -28,33 +28,41 @@ class ModelShape:
     heads: int
     kv_heads: int
     head_dim: int
-    intermediate: int
+    intermediate: int  # of the MLP; of each expert in a mixture of experts
     vocab: int
+    num_experts: int = 1  # a dense MLP is one expert that every token uses
+    experts_per_token: int = 1
 
     @classmethod
     def from_config(cls, model_path: str | Path) -> ModelShape:
         c = json.loads((Path(model_path) / "config.json").read_text())
         heads = c["num_attention_heads"]
+        experts = c.get("num_local_experts") or c.get("num_experts") or 1
         return cls(
             hidden=c["hidden_size"],
             layers=c["num_hidden_layers"],
             heads=heads,
             kv_heads=c.get("num_key_value_heads") or heads,
             head_dim=c.get("head_dim") or c["hidden_size"] // heads,
-            intermediate=c["intermediate_size"],
+            intermediate=(c.get("moe_intermediate_size") or c["intermediate_size"]) if experts > 1
+            else c["intermediate_size"],
             vocab=c["vocab_size"],
+            num_experts=experts,
+            experts_per_token=(c.get("num_experts_per_tok") or 1) if experts > 1 else 1,
         )
 
     @property
     def layer_linear_params(self) -> int:
+        """The linear weights one token goes through in a layer: attention and its experts' MLPs."""
         h, d = self.hidden, self.head_dim
         attn = h * (self.heads + 2 * self.kv_heads) * d + self.heads * d * h
-        return attn + 3 * h * self.intermediate
+        return attn + 3 * h * self.intermediate * self.experts_per_token
 
     @property
     def num_params(self) -> int:
-        """Linear weights of all layers, plus the embedding and the LM head (untied count)."""
-        return self.layers * self.layer_linear_params + 2 * self.vocab * self.hidden
+        """Linear weights of all layers (every expert), plus the embedding and the LM head (untied count)."""
+        idle_experts = 3 * self.hidden * self.intermediate * (self.num_experts - self.experts_per_token)
+        return self.layers * (self.layer_linear_params + idle_experts) + 2 * self.vocab * self.hidden
 
     def linear_shapes(self, tokens: int, sampled: int) -> list[tuple[int, int, int]]:
         """(M, K, N) of every matmul in one step: per layer qkv, o, gate_up, down; then the LM head."""
@@ -62,8 +70,9 @@ class ModelShape:
         per_layer = [
             (tokens, h, (self.heads + 2 * self.kv_heads) * d),
             (tokens, self.heads * d, h),
-            (tokens, h, 2 * self.intermediate),
-            (tokens, self.intermediate, h),
+            # An MoE layer's experts multiply tokens x experts_per_token rows in all (split among experts).
+            (tokens * self.experts_per_token, h, 2 * self.intermediate),
+            (tokens * self.experts_per_token, self.intermediate, h),
         ]
         return per_layer * self.layers + [(max(sampled, 1), h, self.vocab)]
 

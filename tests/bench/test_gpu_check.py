@@ -31,7 +31,7 @@ def test_defaults_and_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
         False,
         "preset",
     )
-    assert gpu_check.parse_stages(args.stages) == ["kernels", "engine", "service"]
+    assert gpu_check.parse_stages(args.stages) == ["kernels", "engine", "moe", "service"]
     assert gpu_check.parse_stages("service, kernels") == ["service", "kernels"]
     assert sum(gpu_check.GPU_BUDGETS.values()) <= gpu_check.DEFAULT_BUDGET_S < 600  # under 10 minutes
     budgets = gpu_check.parse_budgets(["engine=30", "service=4.5"], gpu_check.CPU_BUDGETS)
@@ -93,6 +93,24 @@ def test_the_gpu_plan_is_bf16_on_the_1b_model_with_a_fixed_kv_cache(llama_dir: P
     longest = opts.spec.long_prompt.hi + opts.spec.long_output.hi
     assert longest <= PRESETS["llama-1b"]["max_position_embeddings"]
     assert cpu_plan(tmp_path, tmp_path, "demo").service_model == "demo"
+
+
+def test_the_moe_stage_runs_the_mixtral_preset_and_counts_every_expert(tiny_model_dir, tmp_path: Path
+                                                                         ) -> None:
+    from transformers import AutoModelForCausalLM
+
+    plan = gpu_plan(tmp_path, tmp_path)
+    assert plan.moe_preset == "mixtral-1b" and PRESETS["mixtral-1b"]["arch"] == "MixtralForCausalLM"
+    mixtral = tiny_model_dir("MixtralForCausalLM")
+    opts = options(build_parser().parse_args(["--model", str(mixtral), *plan.moe_args]))
+    assert opts.peers == ["hf"] and opts.engine_config().dtype == "bfloat16"
+    longest = opts.spec.long_prompt.hi + opts.spec.long_output.hi
+    assert longest <= PRESETS["mixtral-1b"]["max_position_embeddings"]
+    # Parameters: every expert's matrices (3-D stacks in transformers), the router left out like the norms.
+    model = AutoModelForCausalLM.from_pretrained(mixtral)
+    matrices = sum(p.numel() for name, p in model.named_parameters() if p.dim() >= 2 and ".gate." not in name)
+    shape = ModelShape.from_config(mixtral)
+    assert shape.num_params == matrices and (shape.num_experts, shape.experts_per_token) == (4, 2)
 
 
 # --- the report --------------------------------------------------------------------------------------

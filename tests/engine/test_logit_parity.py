@@ -16,6 +16,10 @@ from engine.scheduled_chunk import ScheduledChunk
 from tests.engine.model_families import FAMILIES
 
 TOL = 1e-4
+# The expert sums (and Qwen2-MoE's shared expert on top) add fp32 rounding in another order than
+# transformers' loop: their logits (magnitudes ~10 here) agree to a few 1e-5 relative.
+MOE_TOL = 2e-4
+MOE_ARCHS = ("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
 BLOCK_SIZE = 16
 NUM_BLOCKS = 48
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -42,6 +46,11 @@ def backend(request) -> str:
 def model_dir(request, tiny_model_dir) -> Path:
     arch, kwargs = CASES[request.param]
     return tiny_model_dir(arch, **kwargs)
+
+
+def tol(path: Path) -> float:
+    """tiny_model_dir names each folder after its architecture."""
+    return MOE_TOL if path.name in MOE_ARCHS else TOL
 
 
 @cache
@@ -90,14 +99,14 @@ def test_whole_prompt_in_one_chunk(model_dir, backend):
     logits = runner.execute([ScheduledChunk(ids, 0, [7, 3, 11], sample=True)]).logits
     assert logits.dtype == torch.float32
     assert logits.shape == (1, runner.vocab_size)
-    torch.testing.assert_close(logits[0], hf_last_logits(model_dir, ids), atol=TOL, rtol=0)
+    torch.testing.assert_close(logits[0], hf_last_logits(model_dir, ids), atol=tol(model_dir), rtol=0)
 
 
 def test_prompt_in_chunks_through_a_shuffled_block_table(model_dir, backend):
     runner = make_runner(model_dir, backend)
     ids = prompt(70, seed=2)
     logits = run_in_chunks(runner, ids, [5, 16, 1, 30, 17, 1], shuffled_blocks(5, seed=3))
-    torch.testing.assert_close(logits, hf_last_logits(model_dir, ids), atol=TOL, rtol=0)
+    torch.testing.assert_close(logits, hf_last_logits(model_dir, ids), atol=tol(model_dir), rtol=0)
 
 
 def test_two_sequences_mixing_prefill_chunks_and_decode(model_dir, backend):
@@ -109,14 +118,14 @@ def test_two_sequences_mixing_prefill_chunks_and_decode(model_dir, backend):
     step1 = runner.execute([ScheduledChunk(a, 0, blocks_a, True),
                             ScheduledChunk(b[:25], 0, blocks_b, False)]).logits
     assert step1.shape == (1, runner.vocab_size)
-    torch.testing.assert_close(step1[0], hf_last_logits(model_dir, a), atol=TOL, rtol=0)
+    torch.testing.assert_close(step1[0], hf_last_logits(model_dir, a), atol=tol(model_dir), rtol=0)
     # Step 2: the rest of b (samples), listed first, + one decode token of a.
     a_next = int(step1[0].argmax())
     step2 = runner.execute([ScheduledChunk(b[25:], 25, blocks_b, True),
                             ScheduledChunk([a_next], 21, blocks_a, True)]).logits
     assert step2.shape == (2, runner.vocab_size)
-    torch.testing.assert_close(step2[0], hf_last_logits(model_dir, b), atol=TOL, rtol=0)
-    torch.testing.assert_close(step2[1], hf_last_logits(model_dir, [*a, a_next]), atol=TOL, rtol=0)
+    torch.testing.assert_close(step2[0], hf_last_logits(model_dir, b), atol=tol(model_dir), rtol=0)
+    torch.testing.assert_close(step2[1], hf_last_logits(model_dir, [*a, a_next]), atol=tol(model_dir), rtol=0)
 
 
 @pytest.mark.parametrize("case", ["llama", "qwen3", "gemma2", "mixtral"])
@@ -131,5 +140,5 @@ def test_triton_backend_under_the_interpreter(tiny_model_dir, case):
     runner.execute([ScheduledChunk(a[:12], 0, blocks_a, False)])
     logits = runner.execute([ScheduledChunk(a[12:], 12, blocks_a, True),
                              ScheduledChunk(b, 0, blocks_b, True)]).logits
-    torch.testing.assert_close(logits[0], hf_last_logits(path, a), atol=TOL, rtol=0)
-    torch.testing.assert_close(logits[1], hf_last_logits(path, b), atol=TOL, rtol=0)
+    torch.testing.assert_close(logits[0], hf_last_logits(path, a), atol=tol(path), rtol=0)
+    torch.testing.assert_close(logits[1], hf_last_logits(path, b), atol=tol(path), rtol=0)
