@@ -15,6 +15,7 @@ from engine.config import EngineConfig
 from engine.llm import LLM
 from engine.loader import ModelFolderError, load_model, read_hf_config, resolve_dtype, safetensors_files
 from engine.model_runner import ModelRunner
+from engine.models import MODEL_REGISTRY
 
 CPU = torch.device("cpu")
 
@@ -64,8 +65,30 @@ def test_unsupported_architecture_is_named_with_the_supported_ones(tmp_path, lla
     config = json.loads((path / "config.json").read_text())
     config["architectures"] = ["GPT2LMHeadModel"]
     (path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match=r"GPT2LMHeadModel.*LlamaForCausalLM"):
+    with pytest.raises(ValueError, match=r"GPT2LMHeadModel.*LlamaForCausalLM") as raised:
         load(path)
+    message = str(raised.value)
+    assert "\n" not in message, "one line"
+    assert all(arch in message for arch in MODEL_REGISTRY)
+    for family in ("MixtralForCausalLM", "Qwen3MoeForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM",
+                   "Phi3ForCausalLM"):
+        assert family in message
+
+
+@pytest.mark.parametrize("arch", ["MixtralForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM"])
+def test_a_checkpoint_missing_an_expert_or_with_a_stray_one_is_named(tmp_path, tiny_model_dir, arch):
+    """Per-expert tensors are checked like any other: a missing one and an extra one are both named."""
+    from safetensors.torch import load_file, save_file
+
+    path = copy_of(tiny_model_dir(arch), tmp_path / "m")
+    weights = load_file(path / "model.safetensors")
+    victim = next(name for name in sorted(weights) if ".experts.1." in name or ".q_norm." in name)
+    stray = victim.replace(".1.", ".9.") if ".experts." in victim else f"{victim}_stray"  # expert 9 of 4
+    weights[stray] = weights.pop(victim)
+    save_file(weights, path / "model.safetensors")
+    with pytest.raises(ValueError, match="missing") as raised:
+        load(path)
+    assert "unexpected ['model.layers" in str(raised.value)
 
 
 @pytest.mark.parametrize(("change", "named"), [

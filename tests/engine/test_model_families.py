@@ -22,20 +22,37 @@ PROMPT_LENGTHS = [3, 70, 17, 41, 9, 88, 25, 56]
 MAX_TOKENS = [14, 9, 21, 6, 17, 11, 25, 8]
 
 
-def make_requests(vocab_size: int) -> list[tuple[str, list[int], int]]:
+Request = tuple[str, list[int], int]  # id, prompt ids, max_tokens
+
+
+def make_requests(vocab_size: int) -> list[Request]:
     rng = random.Random(38)
     return [(f"req{i}", [rng.randrange(3, vocab_size) for _ in range(n)], m)
             for i, (n, m) in enumerate(zip(PROMPT_LENGTHS, MAX_TOKENS, strict=True))]
 
 
+def prefix_requests(vocab_size: int) -> list[Request]:
+    """Requests sharing prefixes longer than the window (56 and 37 tokens), and a whole repeated prompt."""
+    rng = random.Random(39)
+
+    def draw(n: int) -> list[int]:
+        return [rng.randrange(3, vocab_size) for _ in range(n)]
+
+    long, mid = draw(56), draw(37)
+    return [("long-a", long + draw(9), 12), ("mid-a", mid + draw(30), 10), ("long-b", long + draw(25), 9),
+            ("long-whole", long, 7), ("mid-b", mid + draw(3), 15), ("long-c", long + draw(1), 11),
+            ("mid-whole", mid, 6), ("long-whole-2", long, 13)]
+
+
 @cache
-def hf_reference(path: Path) -> dict[str, list[int]]:
+def hf_reference(path: Path, requests: str = "plain") -> dict[str, list[int]]:
     """transformers' greedy generate per request (eager attention: the only one that soft-caps)."""
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
     model.eval()
     model.generation_config.eos_token_id = None
     reference = {}
-    for rid, prompt, max_tokens in make_requests(model.config.vocab_size):
+    make = prefix_requests if requests == "prefix" else make_requests
+    for rid, prompt, max_tokens in make(model.config.vocab_size):
         with torch.no_grad():
             ids = torch.tensor([prompt])
             out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
@@ -70,6 +87,21 @@ def test_preemption_under_a_tiny_kv_cache(family_dir: Path, backend: str) -> Non
     done = run_staggered(engine, make_requests(engine.vocab_size), first=8, then=0)
     assert engine.stats()["preemptions_total"] > 0
     assert done == hf_reference(family_dir)
+
+
+@pytest.mark.parametrize("case", ["mistral-window", "gemma2"])
+@pytest.mark.parametrize("num_kv_blocks", [128, 14])
+def test_prefix_caching_stays_exact_with_windows(tiny_model_dir, case: str, num_kv_blocks: int) -> None:
+    """Every layer windowed (blocks before the window released, cached ones evictable) and sliding layers
+    beside global ones; with room to spare, and in a cache small enough to evict and preempt."""
+    arch, kwargs = FAMILIES[case]
+    path = tiny_model_dir(arch, **kwargs)
+    engine = LLMEngine(EngineConfig(model=str(path), num_kv_blocks=num_kv_blocks, max_model_len=128,
+                                    max_num_batched_tokens=48, attention_backend="cpu"))
+    done = run_staggered(engine, prefix_requests(engine.vocab_size), first=2, then=1)
+    assert done == hf_reference(path, "prefix")
+    stats = engine.stats()["prefix_cache"]
+    assert isinstance(stats, dict) and stats["hits_total"] > 0
 
 
 def test_an_moe_step_reports_tokens_per_expert(tiny_model_dir) -> None:
