@@ -403,6 +403,7 @@ def run_summary(opts: BenchOptions, result: RunResult, bound: Any = None) -> dic
         "duration_s": result.duration_s,
         "preemptions_total": result.preemptions_total,
         "prefix_cache": result.prefix_cache,
+        "expert_tokens": result.expert_tokens,
         "decode_steps": full_batch_decode_steps(result.samples) if result.target == "engine" else None,
         "structured": structured_figures(result),
         "metrics": metrics,

@@ -78,6 +78,7 @@ class _OfflineRun:
         self.start = time.time()
         preemptions_before = self.engine.scheduler.num_preemptions
         cache_before = prefix_cache_counts(self.engine)
+        experts_before = list(self.engine.totals.expert_tokens)
         while self.pending or self.engine.has_unfinished_requests():
             if timeout_s is not None and time.time() - self.start > timeout_s:
                 self._give_up(timeout_s)
@@ -97,6 +98,7 @@ class _OfflineRun:
             preemptions_total=self.engine.scheduler.num_preemptions - preemptions_before,
             notes=self.notes,
             prefix_cache=prefix_cache_delta(cache_before, prefix_cache_counts(self.engine)),
+            expert_tokens=expert_tokens_delta(experts_before, self.engine.totals.expert_tokens),
         )
 
     def _inject_due(self) -> None:
@@ -233,6 +235,14 @@ def prefix_cache_counts(engine: LLMEngine) -> tuple[int, int, int] | None:
         return None
     t = engine.totals
     return t.prefix_cache_queries, t.prefix_cache_hits, t.prefix_cache_evictions
+
+
+def expert_tokens_delta(before: list[int], after: list[int]) -> list[int] | None:
+    """Tokens per expert routed during the run; None for a dense model (no expert counts at all)."""
+    if not after:
+        return None
+    before = before or [0] * len(after)
+    return [a - b for a, b in zip(after, before, strict=True)]
 
 
 def prefix_cache_delta(

@@ -90,6 +90,9 @@ class RunResult:
     server: dict[str, Any] | None = None
     # In-process engine: prefix cache tokens looked up / found and blocks evicted during the run (None: off).
     prefix_cache: dict[str, Any] | None = None
+    # In-process engine on a mixture of experts: tokens routed to each expert during the run (all MoE
+    # layers summed); None for a dense model.
+    expert_tokens: list[int] | None = None
 
     @property
     def duration_s(self) -> float:

@@ -204,6 +204,14 @@ def prefix_cache_text(cache: dict[str, Any] | None) -> str:
     )
 
 
+def expert_load_text(counts: list[int]) -> str:
+    """Load balance of a mixture of experts: the busiest expert's tokens against the mean (1.00 = even)."""
+    mean = sum(counts) / len(counts)
+    busiest = max(counts) / mean if mean else 0.0
+    return (f"{len(counts)} experts, tokens per expert {min(counts)}-{max(counts)} (busiest {busiest:.2f}x "
+            "the mean)")
+
+
 def structured_line(figures: dict[str, Any]) -> str:
     """The constrained and the unconstrained requests of a run (--structured-share), side by side."""
     parts = []
@@ -222,6 +230,8 @@ def run_line(name: str, run: dict[str, Any]) -> str:
     line = f"{name}: wall time {run['duration_s']:.2f} s"
     if run.get("target") == "engine":
         line += f"; prefix cache {prefix_cache_text(run.get('prefix_cache'))}"
+    if run.get("expert_tokens"):
+        line += f"; {expert_load_text(run['expert_tokens'])}"
     if run.get("decode_steps"):
         d = run["decode_steps"]
         line += (
@@ -267,7 +277,8 @@ def report_markdown(report: dict[str, Any]) -> str:
                 f" Prefix cache: {prefix_cache_text(run.get('prefix_cache'))}."
                 if run.get("target") == "engine"
                 else ""
-            ),
+            )
+            + (f" Experts: {expert_load_text(run['expert_tokens'])}." if run.get("expert_tokens") else ""),
             "",
             metrics_markdown(run["metrics"]),
         ]

@@ -237,6 +237,23 @@ def test_peer_hf_runs_the_same_work(llama_dir: Path, tmp_path: Path) -> None:
         assert len(rounds) == 2 and run["metrics"]["all"]["output_tokens_per_s"] == pytest.approx(max(rounds))
 
 
+def test_an_moe_model_against_transformers_with_its_expert_load(tiny_model_dir, tmp_path: Path) -> None:
+    out = tmp_path / "moe"
+    mixtral = tiny_model_dir("MixtralForCausalLM")
+    run_cli(["--model", str(mixtral), *SMALL, "-n", "4", "--out", str(out), "--peer", "hf"])
+    report = load(out / "report.json")
+    useful = {name: run["metrics"]["all"]["output_tokens"] for name, run in report["runs"].items()}
+    assert len(set(useful.values())) == 1, useful
+    engine = report["runs"]["engine"]
+    experts = engine["expert_tokens"]
+    # Every computed token goes to 2 of the 4 experts in each of the 2 layers.
+    metrics = engine["metrics"]["all"]
+    computed = metrics["prompt_tokens"] + metrics["output_tokens"] - metrics["completed"]
+    assert len(experts) == 4 and sum(experts) == computed * 2 * 2
+    assert "4 experts, tokens per expert" in (out / "report.md").read_text()
+    assert report["runs"]["hf-cb"]["expert_tokens"] is None
+
+
 def test_bad_arguments_are_reported_not_raised(llama_dir: Path, tmp_path: Path) -> None:
     assert main(["--model", str(llama_dir), "--compare", "no_such_param=3", "--out", str(tmp_path)]) == 2
     assert main(["--model", str(llama_dir), "--rate", "batch=2", "--out", str(tmp_path)]) == 2
