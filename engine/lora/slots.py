@@ -48,9 +48,12 @@ class SlotState:
 class LoRASlots:
     def __init__(self, max_loras: int, max_rank: int, shapes: dict[str, TargetShape], num_layers: int,
                  dtype: torch.dtype, device: torch.device) -> None:
-        assert max_loras >= 1 and max_rank >= 1 and set(shapes) == set(TARGETS)
+        assert max_loras >= 1 and max_rank >= 1 and set(shapes) <= set(TARGETS)
         self.max_rank = max_rank
-        self.groups = {group: _parts(targets, shapes) for group, targets in GROUPS.items()}
+        # The groups whose projections the model lets adapters target (an MoE model: attention only).
+        self.groups = {group: _parts(targets, shapes) for group, targets in GROUPS.items()
+                       if all(target in shapes for target in targets)}
+        assert {t for targets in (GROUPS[g] for g in self.groups) for t in targets} == set(shapes), shapes
         # (layer, group) -> A [max_loras, parts * max_rank, in], B [max_loras, out, parts * max_rank]
         self.a: dict[tuple[int, str], torch.Tensor] = {}
         self.b: dict[tuple[int, str], torch.Tensor] = {}

@@ -274,6 +274,7 @@ class DecoderLayer(nn.Module):
             self.mlp = SparseMoE(s.hidden_size, s.moe, s.dtype, experts_backend, load)
         else:
             self.mlp = MLP(s, fused, layer)
+        self.mlp_takes_lora = s.moe is None
 
     def forward(
         self, x: torch.Tensor, rotation: Rotation, kv_cache: KVCache, metas: StepAttention,
@@ -281,7 +282,10 @@ class DecoderLayer(nn.Module):
     ) -> torch.Tensor:  # [T, H]
         x = x + self.self_attn(self.input_layernorm(x), rotation, kv_cache, metas, lora)
         hidden = self.post_attention_layernorm(x)
-        return x + (self.mlp(hidden) if isinstance(self.mlp, SparseMoE) else self.mlp(hidden, lora))
+        if isinstance(self.mlp, SparseMoE):
+            return x + self.mlp(hidden)
+        # An MoE model's adapters target attention only, its dense layers' MLPs included.
+        return x + self.mlp(hidden, lora if self.mlp_takes_lora else None)
 
 
 class LlamaModel(nn.Module):

@@ -90,9 +90,9 @@ def expert_weights(experts: int, out_features: int, in_features: int, dtype: tor
                    ) -> nn.Parameter:
     """[E, out, in] (F.linear's layout per expert); `transposed`: stored as [E, in, out] in memory.
 
-    NOTE: on CPU an expert multiplies a few rows per step (tokens / E * K), and the matmul over weights laid out
-    [in, out] runs about 1.7x faster at those sizes than over [out, in] (kernels/moe_reference.py), so the CPU
-    engine keeps them transposed in memory; the loader fills the [E, out, in] view either way.
+    NOTE: on CPU an expert multiplies a few rows per step (tokens * K / E), and the matmul over weights laid
+    out [in, out] runs about 1.7x faster at those sizes than over [out, in] (kernels/moe_reference.py), so
+    the CPU engine keeps them transposed in memory; the loader fills the [E, out, in] view either way.
     """
     if transposed:
         return nn.Parameter(torch.empty(experts, in_features, out_features, dtype=dtype).transpose(1, 2))

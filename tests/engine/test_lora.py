@@ -265,3 +265,23 @@ def test_a_slot_reused_by_an_adapter_of_fewer_layers_keeps_nothing_of_the_last(
     engine.add_request("after", prompt, params, lora="first")
     got = drain(engine)["after"].token_ids
     assert got == peft_greedy(llama_dir, first_layer, [prompt], [10])[0]
+
+
+def test_an_moe_model_serves_attention_adapters_and_refuses_expert_ones(tiny_model_dir, tmp_path: Path
+                                                                         ) -> None:
+    """On Mixtral the attention projections take adapters (PEFT's tokens); its experts are no LoRA target."""
+    base = tiny_model_dir("MixtralForCausalLM")
+    attention = save_peft_adapter(base, tmp_path / "attn", rank=4, alpha=8.0, targets=["q_proj", "o_proj"],
+                                  seed=3)
+    prompts, max_tokens = [[5, 9, 33, 7, 81, 12], list(range(3, 40))], [9, 6]
+    expected = peft_greedy(base, attention, prompts, max_tokens)
+    engine = LLMEngine(EngineConfig(model=str(base), max_loras=1, num_kv_blocks=64, max_model_len=256))
+    engine.add_lora("attn", attention)
+    for i, (prompt, n) in enumerate(zip(prompts, max_tokens, strict=True)):
+        engine.add_request(f"r{i}", prompt, SamplingParams(max_tokens=n, temperature=0, ignore_eos=True),
+                           lora="attn")
+    assert [out.token_ids for _, out in sorted(drain(engine).items())] == expected
+    experts = save_peft_adapter(base, tmp_path / "experts", rank=4, alpha=8.0, targets=["q_proj", "w1", "w3"],
+                                seed=4)
+    with pytest.raises(ValueError, match="LoRA adapter"):  # PEFT saves per-module ranks for fused experts
+        engine.add_lora("experts", experts)
