@@ -224,6 +224,16 @@ def _engine_families(stats: dict[str, Any]) -> Iterator[Metric]:
         PREFIX + "kv_cache_blocks", "KV cache blocks in all", value=stats["kv_blocks_total"]
     )
     yield from _prefix_cache_families(stats["prefix_cache"])
+    yield _expert_family(stats["totals"]["expert_tokens"])
+
+
+def _expert_family(expert_tokens: list[int]) -> Metric:
+    """Tokens routed to each expert since the engine started, over its MoE layers (a dense model: none)."""
+    help_text = "Tokens routed to each expert, summed over the MoE layers"
+    family = CounterMetricFamily(PREFIX + "expert_tokens", help_text, labels=["expert"])
+    for expert, tokens in enumerate(expert_tokens):
+        family.add_metric([str(expert)], tokens)
+    return family
 
 
 def _prefix_cache_families(cache: dict[str, Any]) -> Iterator[Metric]:
