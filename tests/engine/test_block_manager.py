@@ -2,9 +2,11 @@ from __future__ import annotations
 
 import pytest
 
-from engine.block_manager import BlockManager
+from engine.block_manager import BlockManager, max_blocks_held, max_chunk_tokens
+from engine.config import EngineConfig
 from engine.outputs import RequestMetrics
 from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
 from engine.sequence import Sequence
 
 
@@ -79,3 +81,59 @@ def test_double_free_is_caught() -> None:
     a.block_table.extend(stale)  # a corrupted table pointing at a freed block
     with pytest.raises(AssertionError, match="freed twice"):
         bm.free(a)
+
+
+# --- the most blocks a sequence holds at once ------------------------------------------------------------
+
+
+def most_held_by_brute_force(max_tokens: int, block_size: int, window: int, step: int) -> list[int]:
+    """most[t]: the most blocks a sequence of t tokens holds at once, over every step it could run (c tokens
+    computed, n <= step more, c + n <= t). During it, block i is held iff it exists (i * bs < c + n) and is
+    not wholly before the window of the query at c ((i + 1) * bs > c - W + 1: those were released)."""
+    most = [0] * (max_tokens + 1)
+    for end in range(1, max_tokens + 1):  # end = c + n
+        here = 0
+        for n in range(1, min(step, end) + 1):
+            c = end - n
+            first = c - window + 1  # the first key the query at c reads
+            held = sum(1 for i in range(end) if i * block_size < end and (i + 1) * block_size > first)
+            here = max(here, held)
+        most[end] = max(most[end - 1], here)
+    return most
+
+
+@pytest.mark.parametrize("block_size", [1, 2, 3, 4, 5])
+def test_the_bound_is_the_most_blocks_held_for_every_alignment(block_size: int) -> None:
+    for window in range(1, 10):
+        for step in range(1, 7):
+            most = most_held_by_brute_force(36, block_size, window, step)
+            for num_tokens in range(1, 37):
+                assert max_blocks_held(num_tokens, block_size, window, step) == most[num_tokens], (
+                    num_tokens, block_size, window, step)
+
+
+def test_the_bound_without_a_window_is_every_block() -> None:
+    for num_tokens in range(1, 50):
+        assert max_blocks_held(num_tokens, 16) == -(-num_tokens // 16)
+        assert max_blocks_held(num_tokens, 4, None, 3) == -(-num_tokens // 4)
+
+
+def test_the_bound_of_a_long_sequence_is_the_window_and_one_chunk() -> None:
+    # L = W - 1 + 64 positions touch at most 1 + ceil((L - 1) / 16) blocks.
+    assert max_blocks_held(500, 16, 16, 64) == 6  # L = 79: 1 + 5
+    assert max_blocks_held(500, 16, 18, 64) == 6  # L = 81 = 5 * 16 + 1: 1 + 5 (ceil(L / 16) + 1 says 7)
+    assert max_blocks_held(500, 16, 19, 64) == 7  # L = 82: 1 + 6
+    assert max_blocks_held(40, 16, 4096, 64) == 3  # never more than the sequence's own blocks
+
+
+@pytest.mark.parametrize(("max_batched", "threshold", "expected"),
+                         [(64, 512, 64), (2048, 32, 32), (48, 0, 48)])
+def test_max_chunk_tokens_is_the_largest_chunk_the_scheduler_gives_one_sequence(
+        max_batched: int, threshold: int, expected: int) -> None:
+    config = EngineConfig(model="unused", max_num_batched_tokens=max_batched,
+                          long_prefill_token_threshold=threshold)
+    assert max_chunk_tokens(config) == expected
+    scheduler = Scheduler(config, BlockManager(num_blocks=512, block_size=16), max_model_len=4096)
+    seq = make_seq("a", 3000)
+    scheduler.add(seq)
+    assert [len(c.token_ids) for c in scheduler.schedule().chunks] == [expected]

@@ -4,6 +4,8 @@ With window W, a query at p reads keys p - W < k <= p, so after c computed token
 before c - W + 1 and block i is released once (i + 1) * block_size <= c - W + 1. The block-level tests use
 W = 5 and block_size 4 (block 0 goes at c = 8, block 1 at c = 12) and assert exact ids; the engine-level
 ones run a runner double whose next token depends on the window only, read back through the block table.
+
+A new sequence takes only the cached prefix blocks its first query reads (the others are RELEASED at once).
 """
 
 from __future__ import annotations
@@ -124,33 +126,35 @@ def test_the_final_free_releases_each_held_block_once_and_leaks_none() -> None:
 def test_a_released_cached_block_is_revived_by_a_hit_and_released_again() -> None:
     bm = BlockManager(num_blocks=8, block_size=BS, enable_prefix_caching=True, sliding_window=W)
     prefix = list(range(10, 18))  # two full blocks
-    a, b = make_seq("a", [*prefix, 1]), make_seq("b", [*prefix, 3, 4, 5])
+    a, b = make_seq("a", [*prefix, 1]), make_seq("b", [*prefix[:4], 3, 4, 5, 6, 7])
     assert admit(bm, a) == []
     assert a.block_table == [X, 1, 2], "at 9 tokens: the query at 9 reads 5..9"
     assert bm.evictable_block_ids() == [0]
-    assert admit(bm, b) == [0, 1]  # the hit revived block 0; b let go of it again at 11 tokens
-    assert b.block_table == [X, 1, 3]
-    assert [bm.ref_count(i) for i in range(4)] == [0, 2, 1, 1]
-    assert bm.evictable_block_ids() == [0] and bm.num_used_blocks == 3
+    # b shares block 0 only: its first query (at 4) reads 0..4, so the hit revives block 0; b lets go of it
+    # again at 9 tokens.
+    assert admit(bm, b) == [0]
+    assert b.block_table == [X, 3, 4]
+    assert [bm.ref_count(i) for i in range(5)] == [0, 1, 1, 1, 1]
+    assert bm.evictable_block_ids() == [0] and bm.num_used_blocks == 4
     bm.free(a)
-    assert bm.ref_count(1) == 1, "b still holds block 1"
-    assert bm.cached_prefix(make_seq("c", [*prefix, 7])) == [0, 1]
+    assert bm.cached_prefix(make_seq("c", [*prefix, 7])) == [X, 1]
+    assert bm.cached_prefix(make_seq("d", [*prefix[:4], 7])) == [0]
 
 
 def test_a_shared_block_released_by_one_holder_stays_held_by_the_other() -> None:
     bm = BlockManager(num_blocks=8, block_size=BS, enable_prefix_caching=True, sliding_window=W)
     prefix = list(range(10, 18))
     a = make_seq("a", [*prefix, 1, 2, 3])  # 11 tokens: block 0 released at once
-    b = make_seq("b", [*prefix, 4])
+    b = make_seq("b", [*prefix[:4], 4, 5, 6, 7, 8])  # shares block 0, whose keys its first query reads
     hits_a = bm.cached_prefix(a)
     bm.allocate(a, 11, hits_a)
     a.num_computed_tokens = 11
     bm.cache_computed_blocks(a)  # registered, not yet released
-    assert admit(bm, b) == [0, 1]  # b releases its hold on block 0 at 9 tokens
+    assert admit(bm, b) == [0]  # b releases its hold on block 0 at 9 tokens
     assert bm.ref_count(0) == 1, "a still holds block 0"
     assert bm.free_outside_window(a) == 1
     assert bm.ref_count(0) == 0 and bm.evictable_block_ids() == [0]
-    assert bm.cached_prefix(make_seq("c", [*prefix, 9])) == [0, 1], "still a hit"
+    assert bm.cached_prefix(make_seq("c", [*prefix[:4], 9])) == [0], "still a hit"
 
 
 def test_a_released_cached_block_is_evictable_and_found_by_a_new_sequence() -> None:
@@ -161,10 +165,10 @@ def test_a_released_cached_block_is_evictable_and_found_by_a_new_sequence() -> N
     assert bm.evictable_block_ids() == [1, 0] and bm.num_used_blocks == 2
     c = make_seq("c", [*range(10, 18), 99])
     hits = bm.cached_prefix(c)
-    assert hits == [0, 1]
+    assert hits == [X, 1], "the query at 8 reads 4..8: block 0 is not taken"
     bm.allocate(c, 1, hits)
-    assert c.block_table == [0, 1, 4]
-    assert bm.evictable_block_ids() == [] and [bm.ref_count(i) for i in range(5)] == [1, 1, 1, 1, 1]
+    assert c.block_table == [X, 1, 4] and c.num_released_blocks == 1
+    assert bm.evictable_block_ids() == [0] and [bm.ref_count(i) for i in range(5)] == [0, 1, 1, 1, 1]
 
 
 def test_preemption_after_a_release_frees_once_and_readmission_takes_the_cached_blocks_back() -> None:
@@ -177,11 +181,13 @@ def test_preemption_after_a_release_frees_once_and_readmission_takes_the_cached_
     assert seq.num_released_blocks == 0 and seq.num_registered_blocks == 0
     assert bm.free_block_ids() == [4, 5, 3, 1, 0, 2] and bm.num_used_blocks == 0
     hits = bm.cached_prefix(seq)
-    assert hits == [0, 1, 2]
+    assert hits == [X, X, 2], "the query at 12 reads 8..12"
     bm.allocate(seq, 1, hits)
-    assert seq.block_table == [0, 1, 2, 4]
+    assert seq.block_table == [X, X, 2, 4] and seq.num_released_blocks == 2
     seq.num_computed_tokens = 12
-    assert compute(bm, seq, 13) == 2 and seq.block_table == [X, X, 2, 4]
+    assert compute(bm, seq, 13) == 0 and seq.block_table == [X, X, 2, 4]
+    bm.free(seq)
+    assert bm.num_used_blocks == 0 and all(bm.ref_count(i) == 0 for i in range(6))
 
 
 def test_preemption_without_prefix_caching_starts_from_a_full_table() -> None:
@@ -203,6 +209,106 @@ def test_a_block_is_released_only_once_registered_in_the_prefix_cache() -> None:
     with pytest.raises(AssertionError, match="before cache_computed_blocks registered them"):
         bm.free_outside_window(seq)
     assert seq.block_table == [0, 1] and bm.num_used_blocks == 2
+
+
+# --- a new sequence's cached prefix: only the window's blocks are taken ------------------------------------
+
+W9 = 9  # with BS = 4, the query at 4h reads 4h - 8 .. 4h: a prefix of h blocks needs blocks h - 2 and h - 1
+
+
+def test_a_long_cached_prefix_is_taken_from_the_window_of_its_first_query_on() -> None:
+    bm = BlockManager(num_blocks=12, block_size=BS, enable_prefix_caching=True, sliding_window=W9)
+    tokens = list(range(10, 34))  # six full blocks
+    a = make_seq("a", [*tokens, 1])
+    admit(bm, a)
+    assert a.block_table == [X, X, X, X, 4, 5, 6]  # (25 - 9 + 1) // 4 = 4 released
+    bm.free(a)
+    assert bm.evictable_block_ids() == [3, 2, 1, 0, 5, 4]
+    b = make_seq("b", [*tokens, 2, 3])
+    hits = bm.cached_prefix(b)
+    assert hits == [X, X, X, X, 4, 5], "the query at 24 reads 16..24: blocks 4 and 5"
+    assert bm.can_allocate(2, hits)
+    bm.allocate(b, 2, hits)
+    assert b.block_table == [X, X, X, X, 4, 5, 7]
+    assert (b.num_released_blocks, b.num_registered_blocks) == (4, 6)
+    assert [bm.ref_count(i) for i in range(8)] == [0, 0, 0, 0, 1, 1, 0, 1]
+    assert bm.evictable_block_ids() == [3, 2, 1, 0], "the skipped hits stay cached, and evictable"
+    assert compute(bm, b, 26) == 0  # nothing new to register (insert would fail on a cached block) or release
+    assert b.block_table == [X, X, X, X, 4, 5, 7]
+    bm.free(b)
+    assert bm.num_used_blocks == 0 and all(bm.ref_count(i) == 0 for i in range(12))
+    free = bm.free_block_ids()
+    assert sorted(free) == list(range(12)), "every block once: none leaked, none freed twice"
+
+
+def test_registration_continues_after_the_skipped_hits() -> None:
+    bm = BlockManager(num_blocks=12, block_size=BS, enable_prefix_caching=True, sliding_window=W9)
+    tokens = list(range(10, 26))  # four full blocks
+    admit(bm, make_seq("a", [*tokens, 1]))
+    b = make_seq("b", [*tokens, *range(40, 50)])  # 26 tokens: blocks 4 and 5 are b's own
+    assert admit(bm, b) == [X, X, 2, 3]
+    assert b.num_registered_blocks == 6 and b.block_table[:6] == [X, X, X, X, 5, 6]
+    cache = bm.prefix_cache
+    assert cache is not None and [cache.hash_of(i) for i in (5, 6)] == b.block_hashes[4:6]
+    assert bm.cached_prefix(make_seq("c", [*tokens, *range(40, 50), 7])) == [X, X, X, X, 5, 6]
+
+
+def test_a_prefix_whose_head_was_evicted_is_still_a_hit() -> None:
+    bm = BlockManager(num_blocks=7, block_size=BS, enable_prefix_caching=True, sliding_window=W9)
+    tokens = list(range(10, 34))
+    a = make_seq("a", [*tokens, 1])
+    admit(bm, a)
+    bm.free(a)
+    other = make_seq("x", list(range(50, 66)))
+    bm.allocate(other, 16)  # takes free block 6, then evicts 3, 2 and 1 (the least recently released)
+    assert other.block_table == [6, 3, 2, 1] and bm.evictable_block_ids() == [0, 5, 4]
+    b = make_seq("b", [*tokens, 2, 3])
+    hits = bm.cached_prefix(b)
+    assert hits == [X, X, X, X, 4, 5]
+    # 3 blocks are free (all evictable): blocks 4 and 5 and one new block, none of the 6 the hits span.
+    assert bm.num_free_blocks == 3 and bm.can_allocate(2, hits) and not bm.can_allocate(5, hits)
+    bm.allocate(b, 2, hits)
+    assert b.block_table == [X, X, X, X, 4, 5, 0] and bm.num_free_blocks == 0
+
+
+def test_a_block_missing_in_the_window_shortens_the_hit() -> None:
+    bm = BlockManager(num_blocks=6, block_size=BS, enable_prefix_caching=True, sliding_window=W9)
+    tokens = list(range(10, 30))  # five full blocks
+    a = make_seq("a", [*tokens, 1])
+    admit(bm, a)
+    bm.free(a)
+    assert bm.evictable_block_ids() == [2, 1, 0, 4, 3] and bm.free_block_ids()[0] == 5
+    # Blocks 0..3 held by hits while one more block is taken: block 4 is evicted.
+    y = make_seq("y", [*tokens[:16], 77])
+    z = make_seq("z", [*tokens[:8], 55])
+    assert admit(bm, y) == [X, X, 2, 3] and admit(bm, z) == [0, 1]
+    assert z.block_table == [0, 1, 4] and bm.prefix_cache is not None
+    assert bm.prefix_cache.hash_of(4) is None, "block 4 was evicted for z"
+    bm.free(y)
+    bm.free(z)
+    # Five blocks would need blocks 3 and 4; four need 2 and 3, still cached.
+    assert bm.cached_prefix(make_seq("q", [*tokens, 88])) == [X, X, 2, 3]
+
+
+def test_a_one_token_window_needs_no_block_but_hits_only_what_was_computed() -> None:
+    bm = BlockManager(num_blocks=6, block_size=BS, enable_prefix_caching=True, sliding_window=1)
+    tokens = list(range(10, 18))
+    assert bm.cached_prefix(make_seq("a", [*tokens, 1])) == [], "an empty cache gives no hits"
+    admit(bm, make_seq("a", [*tokens, 1]))
+    b = make_seq("b", [*tokens, 2])
+    hits = bm.cached_prefix(b)
+    assert hits == [X, X], "the query at 8 reads position 8 alone"
+    bm.allocate(b, 1, hits)
+    assert b.block_table == [X, X, 3] and b.num_released_blocks == 2
+
+
+def test_without_a_window_every_hit_is_taken_from_block_0() -> None:
+    bm = BlockManager(num_blocks=8, block_size=BS, enable_prefix_caching=True)
+    tokens = list(range(10, 26))
+    admit(bm, make_seq("a", [*tokens, 1]))
+    b = make_seq("b", [*tokens, 2])
+    assert admit(bm, b) == [0, 1, 2, 3]
+    assert b.block_table == [0, 1, 2, 3, 5] and b.num_released_blocks == 0
 
 
 def test_without_a_window_nothing_is_released() -> None:
@@ -338,7 +444,8 @@ def test_windowed_requests_share_a_prefix_and_survive_preemption_after_a_release
     requests = {f"r{i}": ([*shared, *prompt(8 + 4 * i, i)], 40) for i in range(4)}
     outputs = run(engine, requests, lambda: None)
     assert outputs == {rid: windowed_reference(p, n, 12) for rid, (p, n) in requests.items()}
-    assert released_at_preemption == [1], "the victim had released a block"
+    # Each victim had released blocks; readmitted, it takes back only its window's cached blocks.
+    assert released_at_preemption and all(n >= 1 for n in released_at_preemption), released_at_preemption
     assert engine.totals.prefix_cache_hits > 0
     assert engine.block_manager.num_used_blocks == 0
 
@@ -365,3 +472,4 @@ def test_a_real_sliding_window_model_holds_a_bounded_number_of_blocks(
                   lambda: used.append(engine.block_manager.num_used_blocks))
     assert len(outputs["a"]) == 60
     assert max(used[:-1]) == 3, "an 80-token sequence would hold 10 blocks without the release"
+
