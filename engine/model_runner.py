@@ -87,7 +87,8 @@ class ModelRunner:
                                num_kv_heads=settings.num_kv_heads, head_dim=settings.head_dim,
                                dtype=self.dtype)
         cuda_free = self._profile_cuda_free_bytes(layout) if self._needs_profiling() else None
-        self.num_kv_blocks: int = plan_num_blocks(config, layout, self.max_model_len, cuda_free)
+        self.num_kv_blocks: int = plan_num_blocks(config, layout, self.max_model_len, cuda_free,
+                                                  sliding_window=self.kv_sliding_window)
         self.kv_caches = allocate_kv_cache(layout, self.num_kv_blocks, self.device)
         self.load_timings = LoadTimings(weights_s=weights_s, kv_cache_s=time.perf_counter() - started,
                                         attention_s=attention_s)

@@ -78,6 +78,35 @@ def test_logs_blocks_tokens_bytes_and_sequences_that_fit(caplog):
     assert "fits 5 sequences of max_model_len=100" in message  # 40 // ceil(100 / 16)
 
 
+def test_a_windowed_model_needs_only_the_blocks_a_sequence_holds_at_once(caplog):
+    # Window 16, chunks of 64: a sequence holds at most 1 + ceil((15 + 64 - 1) / 16) = 6 blocks of 16, though
+    # max_model_len=1024 spans 64.
+    cfg = config(num_kv_blocks=6, max_num_batched_tokens=64)
+    with caplog.at_level(logging.INFO, logger="engine"):
+        assert plan_num_blocks(cfg, LAYOUT, 1024, sliding_window=16) == 6
+    assert "fits 1 sequences of max_model_len=1024, 6 blocks each at once (sliding window 16" in caplog.text
+    with pytest.raises(ValueError, match=r"5 blocks.*max_model_len=1024 sequence, which needs 6 blocks at "
+                                         r"once \(sliding window 16, chunks up to 64 tokens\)"):
+        plan_num_blocks(config(num_kv_blocks=5, max_num_batched_tokens=64), LAYOUT, 1024, sliding_window=16)
+    with pytest.raises(ValueError, match=r"which needs 64 blocks \("):
+        plan_num_blocks(cfg, LAYOUT, 1024)  # no window: every block of the sequence
+
+
+def test_a_windowed_bound_follows_the_longest_chunk():
+    # long_prefill_token_threshold=32 caps a chunk below the step's 2048 tokens: 1 + ceil(46 / 16) = 4.
+    assert plan_num_blocks(config(num_kv_blocks=4, long_prefill_token_threshold=32), LAYOUT, 1024,
+                           sliding_window=16) == 4
+    with pytest.raises(ValueError, match="needs 6 blocks"):  # 0: no cap, so the step's 64 tokens
+        plan_num_blocks(config(num_kv_blocks=4, max_num_batched_tokens=64, long_prefill_token_threshold=0),
+                        LAYOUT, 1024, sliding_window=16)
+
+
+def test_cpu_default_fits_max_num_seqs_windowed_sequences():
+    # 4 sequences x 6 blocks (window 16, chunks of 64), not 4 x 64.
+    assert plan_num_blocks(config(max_num_seqs=4, max_num_batched_tokens=64), LAYOUT, 1024,
+                           sliding_window=16) == 24
+
+
 def test_allocated_tensors_have_the_paged_layout():
     caches = allocate_kv_cache(LAYOUT, 9, torch.device("cpu"))
     assert len(caches) == LAYOUT.num_layers
@@ -98,3 +127,13 @@ def test_runner_allocates_what_it_planned(llama_dir):
 def test_runner_refuses_a_cache_too_small_for_max_model_len(llama_dir):
     with pytest.raises(ValueError, match="max_model_len=1024"):
         ModelRunner(EngineConfig(model=str(llama_dir), num_kv_blocks=10))
+
+
+def test_runner_of_a_windowed_model_sizes_the_cache_by_the_window(tiny_model_dir):
+    path = tiny_model_dir("MistralForCausalLM", sliding_window=16, max_position_embeddings=1024)
+    runner = ModelRunner(EngineConfig(model=str(path), num_kv_blocks=6, max_num_batched_tokens=64,
+                                      max_model_len=1024, block_size=16))
+    assert runner.kv_sliding_window == 16 and runner.num_kv_blocks == 6
+    with pytest.raises(ValueError, match=r"needs 6 blocks at once \(sliding window 16"):
+        ModelRunner(EngineConfig(model=str(path), num_kv_blocks=5, max_num_batched_tokens=64,
+                                 max_model_len=1024, block_size=16))
