@@ -1,8 +1,10 @@
 """Input processing: a request validated (ValueError naming the field) into a Sequence, before it touches
 any engine state, so a bad request disturbs nothing.
 
-NOTE: prompt + max_tokens must fit max_model_len (and the whole KV cache); we reject rather than silently
-shorten max_tokens, so a caller never gets a surprise "length" finish.
+NOTE: prompt + max_tokens must fit max_model_len, and the KV cache must hold the most blocks the sequence
+ever holds at once (engine.block_manager.max_blocks_held: all of them, or with a sliding window only those
+of the window and one step's chunk); we reject rather than silently shorten max_tokens, so a caller never
+gets a surprise "length" finish.
 
 An embedding engine takes PoolingParams requests only, and a generation engine SamplingParams only. Its text
 inputs are tokenized as sentence-transformers does (its default prompt first, lower-cased when its config
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import time
 
-from engine.block_manager import BlockManager
+from engine.block_manager import BlockManager, max_blocks_held, max_chunk_tokens
 from engine.config import EngineConfig
 from engine.lora.manager import LoRAManager
 from engine.outputs import RequestMetrics
@@ -127,10 +129,7 @@ class InputProcessor:
             raise ValueError(f"dimensions must be at most the model's embedding size ({size}), got "
                              f"{params.dimensions}")
         ids = self._embedding_token_ids(prompt, params.truncate)
-        needed = self.block_manager.blocks_for_tokens(len(ids))
-        if needed > self.block_manager.num_blocks:
-            raise ValueError(f"input ({len(ids)} tokens) needs {needed} KV blocks; the cache has "
-                             f"{self.block_manager.num_blocks}")
+        self._check_blocks(len(ids), f"input ({len(ids)} tokens) needs")
         return Sequence(
             request_id=request_id,
             prompt_token_ids=ids,
@@ -206,12 +205,20 @@ class InputProcessor:
                 f"max_tokens ({max_tokens}) + prompt ({num_prompt_tokens} tokens) must be <= max_model_len "
                 f"({self.max_model_len})"
             )
-        needed = self.block_manager.blocks_for_tokens(num_prompt_tokens + max_tokens)
-        if needed > self.block_manager.num_blocks:
-            raise ValueError(
-                f"max_tokens ({max_tokens}) + prompt ({num_prompt_tokens} tokens) need {needed} KV blocks; "
-                f"the cache has {self.block_manager.num_blocks}"
-            )
+        self._check_blocks(num_prompt_tokens + max_tokens,
+                           f"max_tokens ({max_tokens}) + prompt ({num_prompt_tokens} tokens) need")
+
+    def _check_blocks(self, num_tokens: int, subject: str) -> None:
+        """ValueError unless the cache holds the most blocks a sequence of num_tokens holds at once: else it
+        could never run, even alone (one that fits always can: alone, it finds every block free).
+        `subject`: the message's start, up to its verb."""
+        bm = self.block_manager
+        window, step = bm.sliding_window, max_chunk_tokens(self.config)
+        needed = max_blocks_held(num_tokens, bm.block_size, window, step)
+        if needed <= bm.num_blocks:
+            return
+        at_once = "" if window is None else f" at once (sliding window {window}, chunks up to {step} tokens)"
+        raise ValueError(f"{subject} {needed} KV blocks{at_once}; the cache has {bm.num_blocks}")
 
 
 def _is_token_id(value: object, vocab_size: int) -> bool:

@@ -5,21 +5,28 @@ before c - W + 1 and block i is released once (i + 1) * block_size <= c - W + 1.
 W = 5 and block_size 4 (block 0 goes at c = 8, block 1 at c = 12) and assert exact ids; the engine-level
 ones run a runner double whose next token depends on the window only, read back through the block table.
 
-A new sequence takes only the cached prefix blocks its first query reads (the others are RELEASED at once).
+A sequence holds at most engine.block_manager.max_blocks_held blocks at once (the window's and one chunk's):
+a new one takes only the cached prefix blocks its first query reads, so the engine, the cache's size and the
+requests it accepts all follow that bound; a real windowed model runs a context far longer than its cache.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import cache
 from pathlib import Path
 
 import pytest
 import torch
 
-from engine.block_manager import RELEASED, BlockManager
+from engine.block_manager import RELEASED, BlockManager, max_blocks_held, max_chunk_tokens
 from engine.config import EngineConfig
+from engine.input_processor import InputProcessor
 from engine.llm_engine import LLMEngine
-from engine.outputs import RequestMetrics
+from engine.outputs import RequestMetrics, RequestOutput
+from engine.pooling import PoolingConfig
+from engine.pooling_params import PoolingParams
+from engine.sampler import Sampler
 from engine.sampling_params import SamplingParams
 from engine.scheduled_chunk import RunnerOutput, ScheduledChunk
 from engine.sequence import Sequence
@@ -473,3 +480,141 @@ def test_a_real_sliding_window_model_holds_a_bounded_number_of_blocks(
     assert len(outputs["a"]) == 60
     assert max(used[:-1]) == 3, "an 80-token sequence would hold 10 blocks without the release"
 
+
+# --- memory bounds that follow the window ----------------------------------------------------------------
+
+
+def bound_of(window: int, block_size: int, num_tokens: int, max_batched: int, threshold: int) -> int:
+    config = EngineConfig(model="unused", max_num_batched_tokens=max_batched,
+                          long_prefill_token_threshold=threshold)
+    return max_blocks_held(num_tokens, block_size, window, max_chunk_tokens(config))
+
+
+@pytest.mark.parametrize(("window", "block_size", "max_batched", "threshold"),
+                         [(12, 8, 16, 8), (7, 8, 9, 0), (20, 16, 64, 512), (1, 8, 5, 0)])
+def test_a_lone_long_sequence_runs_in_a_cache_of_exactly_its_bound(
+        tokenizer: Tokenizer, window: int, block_size: int, max_batched: int, threshold: int) -> None:
+    bound = bound_of(window, block_size, 210, max_batched, threshold)
+    assert bound < -(-210 // block_size)
+    runner = WindowRunner(window, num_kv_blocks=bound, block_size=block_size, max_model_len=256,
+                          vocab_size=VOCAB)
+    engine = make_engine(tokenizer, runner, max_num_batched_tokens=max_batched,
+                         long_prefill_token_threshold=threshold)
+    tokens = prompt(150)
+    # The first leaves its prompt's last blocks cached; the second takes the window's of them, and generates
+    # 60 tokens (210 in all) in a cache never emptier than its bound.
+    for rid, max_tokens in (("first", 1), ("again", 60)):
+        assert run(engine, {rid: (tokens, max_tokens)}, lambda: None) == {
+            rid: windowed_reference(tokens, max_tokens, window)}
+        assert engine.block_manager.num_used_blocks == 0
+    assert engine.scheduler.num_preemptions == 0
+    assert engine.totals.prefix_cache_hits > 0
+    assert runner.max_blocks_in_a_table <= bound
+
+
+def test_long_sequences_sharing_a_cache_of_one_bound_preempt_and_all_finish(tokenizer: Tokenizer) -> None:
+    bound = bound_of(12, 8, 256, 16, 8)
+    runner = WindowRunner(12, num_kv_blocks=bound, block_size=8, max_model_len=256, vocab_size=VOCAB)
+    engine = make_engine(tokenizer, runner, max_num_batched_tokens=16, long_prefill_token_threshold=8)
+    requests = {f"r{i}": ([*prompt(40), *prompt(60 + 10 * i, i)], 30) for i in range(3)}
+    outputs = run(engine, requests, lambda: None)
+    assert outputs == {rid: windowed_reference(p, n, 12) for rid, (p, n) in requests.items()}
+    assert engine.scheduler.num_preemptions > 0
+    assert runner.max_blocks_in_a_table <= bound and engine.block_manager.num_used_blocks == 0
+
+
+def make_inputs(tokenizer: Tokenizer, bm: BlockManager, *, pooling: PoolingConfig | None = None,
+                **config: int) -> InputProcessor:
+    return InputProcessor(EngineConfig(model="unused", **config), tokenizer, bm, Sampler("cpu"),
+                          max_model_len=1024, vocab_size=VOCAB, pooling=pooling,
+                          embedding_size=64 if pooling is not None else None)
+
+
+def test_a_windowed_engine_accepts_a_request_longer_than_its_cache_when_the_bound_fits(
+        tokenizer: Tokenizer) -> None:
+    # 500 tokens are 32 blocks of 16; with window 16 and chunks of 64, at most 1 + ceil(78 / 16) = 6 at once.
+    params = SamplingParams(max_tokens=100)
+    windowed = make_inputs(tokenizer, BlockManager(6, 16, sliding_window=16), max_num_batched_tokens=64)
+    assert windowed.make_sequence("a", prompt(400), params).num_tokens == 400
+    too_small = make_inputs(tokenizer, BlockManager(5, 16, sliding_window=16), max_num_batched_tokens=64)
+    with pytest.raises(ValueError, match=r"max_tokens \(100\) \+ prompt \(400 tokens\) need 6 KV blocks "
+                                         r"at once \(sliding window 16, chunks up to 64 tokens\); the cache "
+                                         r"has 5"):
+        too_small.make_sequence("a", prompt(400), params)
+    # long_prefill_token_threshold caps a chunk too: 32 tokens, 1 + ceil(46 / 16) = 4 blocks.
+    capped = make_inputs(tokenizer, BlockManager(4, 16, sliding_window=16), long_prefill_token_threshold=32)
+    assert capped.make_sequence("a", prompt(400), params).num_tokens == 400
+
+
+def test_without_a_window_a_request_needs_all_its_blocks(tokenizer: Tokenizer) -> None:
+    params = SamplingParams(max_tokens=100)
+    assert make_inputs(tokenizer, BlockManager(32, 16)).make_sequence("a", prompt(400), params)
+    with pytest.raises(ValueError, match=r"need 32 KV blocks; the cache has 31"):
+        make_inputs(tokenizer, BlockManager(31, 16)).make_sequence("a", prompt(400), params)
+
+
+def test_a_windowed_embedding_input_is_sized_by_the_bound(tokenizer: Tokenizer) -> None:
+    pooling = PoolingConfig(method="last", normalize=True, max_length=None)
+    fits = make_inputs(tokenizer, BlockManager(6, 16, sliding_window=16), pooling=pooling,
+                       max_num_batched_tokens=64)
+    assert fits.make_sequence("e", prompt(500), PoolingParams()).num_tokens == 500
+    too_small = make_inputs(tokenizer, BlockManager(5, 16, sliding_window=16), pooling=pooling,
+                            max_num_batched_tokens=64)
+    with pytest.raises(ValueError, match=r"input \(500 tokens\) needs 6 KV blocks at once \(sliding window"):
+        too_small.make_sequence("e", prompt(500), PoolingParams())
+
+
+@pytest.mark.parametrize("backend", ["cpu", "torch"])
+def test_a_real_windowed_model_runs_a_long_context_in_a_small_cache_exactly(
+        tiny_model_dir: Callable[..., Path], backend: str) -> None:
+    """400 prompt tokens and 100 generated ones (32 blocks of 16) in a cache of 12 blocks; a sequence holds 6
+    at most (window 16, chunks of 64): token for token transformers' generate. The same prompt again takes
+    its cached prefix (the window's blocks of it, the head is evicted by then) and generates the same."""
+    path = tiny_model_dir("MistralForCausalLM", sliding_window=16, max_position_embeddings=1024)
+    engine = LLMEngine(EngineConfig(model=str(path), device="cpu", dtype="float32", num_kv_blocks=12,
+                                    block_size=16, max_model_len=1024, max_num_batched_tokens=64,
+                                    attention_backend=backend))
+    assert engine.block_manager.sliding_window == 16 and engine.block_manager.prefix_cache is not None
+    tokens = [3 + (i * 37) % (engine.vocab_size - 3) for i in range(400)]
+    held: list[int] = []
+    execute = engine.runner.execute
+
+    def recording_execute(chunks: list[ScheduledChunk]) -> RunnerOutput:
+        held.append(max(sum(b != RELEASED for b in c.block_table) for c in chunks))
+        return execute(chunks)
+
+    engine.runner.execute = recording_execute  # type: ignore[method-assign]
+    first, again = (generate(engine, rid, tokens, 100) for rid in ("first", "again"))
+    assert first.token_ids == hf_greedy(path, tuple(tokens), 100)
+    # 5 here: the prefill chunks start on block boundaries (positions c - 15 .. c + 63 touch 5 blocks); 6 for
+    # the worst alignment. 500 tokens would need 32 blocks.
+    assert max(held) <= 6
+    assert first.num_cached_tokens == 0 and again.num_cached_tokens == 384  # 24 blocks; 16 tokens recomputed
+    assert again.token_ids == first.token_ids
+    assert engine.block_manager.num_used_blocks == 0
+
+
+def generate(engine: LLMEngine, request_id: str, tokens: list[int], max_tokens: int) -> RequestOutput:
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    engine.add_request(request_id, tokens, params)
+    final = None
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                final = out
+    assert final is not None and final.finish_reason == "length"
+    return final
+
+
+@cache
+def hf_greedy(path: Path, tokens: tuple[int, ...], max_tokens: int) -> list[int]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
+    model.eval()
+    model.generation_config.eos_token_id = None
+    ids = torch.tensor([tokens])
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
+                             do_sample=False, pad_token_id=0)
+    return out[0, len(tokens) :].tolist()
