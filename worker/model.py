@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from core.settings import Settings
+from engine.block_manager import max_blocks_held, max_chunk_tokens
 from engine.config import EngineConfig, RequestClassConfig
 from engine.cpu_threads import ThreadChoice, choose_cpu_threads, hidden_size_of, runs_on_cpu
 from engine.host import EngineHost
@@ -76,7 +77,10 @@ def describe_engine(host: EngineHost, *, demo: bool) -> str:
     model = f"demo model ({host.config.model})" if demo else host.config.model
     kv_bytes = sum(t.numel() * t.element_size() for pair in getattr(runner, "kv_caches", []) for t in pair)
     tokens = runner.num_kv_blocks * runner.block_size
-    fits = runner.num_kv_blocks // -(-runner.max_model_len // runner.block_size)  # whole blocks per sequence
+    # A windowed model holds only its window's and one chunk's blocks per sequence (engine/block_manager).
+    window = getattr(runner, "kv_sliding_window", None)
+    held = max_blocks_held(runner.max_model_len, runner.block_size, window, max_chunk_tokens(host.config))
+    fits = runner.num_kv_blocks // held
     dtype = str(getattr(runner, "dtype", "")).removeprefix("torch.")
     return (f"{model} on {runner.device} {dtype}; KV cache {runner.num_kv_blocks} blocks x "
             f"{runner.block_size} = {tokens} tokens, {kv_bytes / 2**20:.1f} MiB, fits {fits} sequences of "

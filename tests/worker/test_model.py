@@ -92,3 +92,19 @@ def test_an_explicit_thread_count_or_a_gpu_is_not_measured(make_settings: Callab
     assert explicit.num_threads == 3
     on_gpu = engine_config(make_settings(device="cuda"), "/models/m", choose_threads=chooser)
     assert on_gpu.num_threads is None  # torch's default: intra-op threads hardly matter next to the GPU
+
+
+def test_the_start_line_counts_a_windowed_models_sequences_by_the_blocks_they_hold(
+    tiny_model_dir: Callable[..., Path],
+) -> None:
+    """Mistral with a 16-token window: a 1024-token sequence holds at most 1 + ceil((15 + 63) / 16) = 6
+    blocks at once (chunks of 64), so 12 blocks fit 2 such sequences, not 0."""
+    from types import SimpleNamespace
+
+    from engine.model_runner import ModelRunner
+    from worker.model import describe_engine
+
+    path = tiny_model_dir("MistralForCausalLM", sliding_window=16)
+    config = EngineConfig(model=str(path), num_kv_blocks=12, max_model_len=1024, max_num_batched_tokens=64)
+    host = SimpleNamespace(engine=SimpleNamespace(runner=ModelRunner(config)), config=config)
+    assert "fits 2 sequences of max_model_len=1024" in describe_engine(host, demo=False)  # type: ignore[arg-type]
