@@ -55,8 +55,8 @@ def _phi3(cfg: dict[str, Any], dtype: torch.dtype, attention_backend: str) -> Ll
 def _mixtral(cfg: dict[str, Any], dtype: torch.dtype, attention_backend: str) -> LlamaForCausalLM:
     # Softmax over the experts, top-k, the k weights renormalised (always, in Mixtral).
     moe = MoESettings(num_experts=_required(cfg, "num_local_experts"),
-                      top_k=_required(cfg, "num_experts_per_tok"), intermediate_size=cfg["intermediate_size"],
-                      renormalize=True)
+                      top_k=_required(cfg, "num_experts_per_tok"),
+                      intermediate_size=_required(cfg, "intermediate_size"), renormalize=True)
     settings = LlamaSettings.from_hf(cfg, dtype, qkv_bias=False, o_bias=False, mlp_bias=False, qk_norm=False,
                                      moe=moe)
     return LlamaForCausalLM(settings, attention_backend)
@@ -66,7 +66,7 @@ def _qwen_moe(cfg: dict[str, Any], dtype: torch.dtype, attention_backend: str, *
               shared_expert: bool) -> LlamaForCausalLM:
     # Softmax, top-k, renormalised only with norm_topk_prob; the layers in mlp_only_layers, and those off the
     # decoder_sparse_step, keep a dense MLP of intermediate_size.
-    num_layers, step = cfg["num_hidden_layers"], cfg.get("decoder_sparse_step", 1) or 1
+    num_layers, step = cfg.get("num_hidden_layers") or 0, cfg.get("decoder_sparse_step", 1) or 1
     dense = set(cfg.get("mlp_only_layers") or [])
     # transformers 5 writes num_local_experts where the published checkpoints say num_experts.
     experts_key = "num_experts" if "num_experts" in cfg else "num_local_experts"

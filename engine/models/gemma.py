@@ -33,6 +33,7 @@ from engine.models.llama import (
     RotaryEmbedding,
     Rotation,
     parse_rope,
+    require_keys,
 )
 
 
@@ -47,6 +48,7 @@ class GemmaSettings:
 def gemma_settings(cfg: dict[str, Any], dtype: torch.dtype, *, qk_norm: bool) -> tuple[LlamaSettings,
                                                                                         GemmaSettings]:
     """(the shared decoder settings, Gemma's own) from config.json, legacy spellings normalised."""
+    require_keys(cfg)
     cfg = normalised_config(cfg)
     rope = cfg.get("rope_parameters") or {}
     per_type = isinstance(rope.get(FULL), dict)  # Gemma 3: rope_parameters per layer type

@@ -67,9 +67,7 @@ class LlamaSettings:
                 moe_layers: tuple[bool, ...] = (), windows: tuple[int | None, ...] | None = None,
                 ) -> LlamaSettings:
         """windows: each layer's attention window when the caller has read them (Gemma); else from cfg."""
-        missing = [key for key in REQUIRED_KEYS if key not in cfg]
-        if missing:
-            raise ValueError(f"config.json: missing key(s) {missing}")
+        require_keys(cfg)
         # Gemma names it hidden_activation (its hidden_act, when present, is a legacy alias).
         hidden_act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "silu"
         if hidden_act not in ACTIVATIONS:
@@ -80,8 +78,9 @@ class LlamaSettings:
                              "supported (only 1.0: RoPE over the whole head)")
         num_heads, num_layers = cfg["num_attention_heads"], cfg["num_hidden_layers"]
         rope_theta, rope_scaling = parse_rope(cfg)
-        if moe is not None and len(moe_layers) != num_layers:
-            moe_layers = (True,) * num_layers
+        if moe is not None and not moe_layers:
+            moe_layers = (True,) * num_layers  # every layer's MLP is a mixture of experts (Mixtral)
+        assert moe is None or len(moe_layers) == num_layers, (len(moe_layers), num_layers)
         return cls(
             vocab_size=cfg["vocab_size"],
             hidden_size=cfg["hidden_size"],
@@ -105,6 +104,14 @@ class LlamaSettings:
             moe=moe,
             moe_layers=moe_layers,
         )
+
+
+def require_keys(cfg: dict[str, Any]) -> None:
+    """The keys every decoder's config.json must name (checked before transformers' config classes fill in
+    their defaults)."""
+    missing = [key for key in REQUIRED_KEYS if key not in cfg]
+    if missing:
+        raise ValueError(f"config.json: missing key(s) {missing}")
 
 
 def parse_rope(cfg: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:

@@ -91,6 +91,28 @@ def test_a_checkpoint_missing_an_expert_or_with_a_stray_one_is_named(tmp_path, t
     assert "unexpected ['model.layers" in str(raised.value)
 
 
+@pytest.mark.parametrize(("arch", "change", "named"), [
+    ("Gemma2ForCausalLM", {"hidden_size": None}, "hidden_size"),  # not filled in by Gemma2Config's default
+    ("Gemma3ForCausalLM", {"layer_types": ["sliding_attention", "chunked_attention"]}, "chunked_attention"),
+    ("MixtralForCausalLM", {"num_experts_per_tok": 5}, "num_experts_per_tok=5"),
+    ("MixtralForCausalLM", {"num_local_experts": 0}, "num_local_experts"),
+    ("Qwen3MoeForCausalLM", {"moe_intermediate_size": None}, "moe_intermediate_size"),
+    ("Phi3ForCausalLM", {"partial_rotary_factor": 0.75}, "partial_rotary_factor"),
+    ("Phi3ForCausalLM", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, "longrope"),
+])
+def test_bad_family_configs_are_named(tmp_path, tiny_model_dir, arch, change, named):
+    path = copy_of(tiny_model_dir(arch), tmp_path / "m")
+    config = json.loads((path / "config.json").read_text())
+    for key, value in change.items():
+        if value is None:
+            del config[key]
+        else:
+            config[key] = value
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=named):
+        load(path)
+
+
 @pytest.mark.parametrize(("change", "named"), [
     ({"num_hidden_layers": None}, "num_hidden_layers"),
     ({"hidden_act": "gelu"}, "hidden_act"),
