@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-import logging
-
 import pytest
 import torch
 
@@ -13,7 +11,6 @@ from engine.model_runner import (
     prepare_step,
     profiling_chunks,
     resolve_max_model_len,
-    sliding_window,
 )
 from engine.scheduled_chunk import ScheduledChunk
 from kernels import reference
@@ -46,16 +43,10 @@ def test_max_model_len_beyond_the_model_is_refused(llama_dir):
         ModelRunner(EngineConfig(model=str(llama_dir), num_kv_blocks=200, max_model_len=2048))
 
 
-def test_sliding_window_caps_max_model_len(caplog):
+def test_a_sliding_window_does_not_cap_max_model_len():
     mistral = {"max_position_embeddings": 4096, "sliding_window": 1024}
-    with caplog.at_level(logging.WARNING, logger="engine"):
-        assert resolve_max_model_len(None, mistral) == 1024
-    assert "sliding_window=1024" in caplog.text
+    assert resolve_max_model_len(None, mistral) == 4096
     assert resolve_max_model_len(512, mistral) == 512
-    qwen2_off = {"max_position_embeddings": 4096, "sliding_window": 1024, "use_sliding_window": False}
-    assert sliding_window(qwen2_off) is None
-    full_layers = {"sliding_window": 1024, "layer_types": ["full_attention", "full_attention"]}
-    assert sliding_window(full_layers) is None
 
 
 def test_prepare_step_flattens_chunks_into_tensors():
