@@ -98,8 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     target.add_argument(
         "--model",
-        help="model folder, or preset:tiny / preset:llama-25m / preset:llama-1b (built once, random "
-        "weights); over HTTP only its tokenizer is used, to send synthesised prompts as text",
+        help="model folder, or preset:NAME, built once with random weights: tiny, llama-25m, llama-1b, and "
+        "the mixtures of experts mixtral-tiny, mixtral-65m, mixtral-1b; over HTTP only its tokenizer is "
+        "used, to send synthesised prompts as text",
     )
     target.add_argument(
         "--model-cache", type=Path, default=DEFAULT_MODEL_CACHE, help="where presets are built"
