@@ -3,25 +3,11 @@
 from __future__ import annotations
 
 from engine.block_manager import BlockManager
-from engine.outputs import RequestMetrics
 from engine.prefix_cache import ROOT_HASH, block_hashes, hash_block, salt_root
-from engine.sampling_params import SamplingParams
 from engine.sequence import Sequence
+from tests.support.engine import make_seq
 
 BS = 4
-
-
-def make_seq(request_id: str, tokens: list[int], cache_salt: str | None = None) -> Sequence:
-    return Sequence(
-        request_id=request_id,
-        prompt_token_ids=list(tokens),
-        params=SamplingParams(),
-        request_class="default",
-        priority=0,
-        arrival_order=0,
-        metrics=RequestMetrics(arrival_time=0.0),
-        cache_salt=cache_salt,
-    )
 
 
 def admit(bm: BlockManager, seq: Sequence) -> list[int]:

@@ -23,7 +23,7 @@ from engine.block_manager import RELEASED, BlockManager, max_blocks_held, max_ch
 from engine.config import EngineConfig
 from engine.input_processor import InputProcessor
 from engine.llm_engine import LLMEngine
-from engine.outputs import RequestMetrics, RequestOutput
+from engine.outputs import RequestOutput
 from engine.pooling import PoolingConfig
 from engine.pooling_params import PoolingParams
 from engine.sampler import Sampler
@@ -31,24 +31,13 @@ from engine.sampling_params import SamplingParams
 from engine.scheduled_chunk import RunnerOutput, ScheduledChunk
 from engine.sequence import Sequence
 from engine.tokenizer import Tokenizer
+from tests.support.engine import make_seq
 from tests.support.fake_runner import FakeRunner, next_token
 
 BS = 4
 W = 5
 X = RELEASED
 VOCAB = 64
-
-
-def make_seq(request_id: str, tokens: list[int]) -> Sequence:
-    return Sequence(
-        request_id=request_id,
-        prompt_token_ids=list(tokens),
-        params=SamplingParams(),
-        request_class="default",
-        priority=0,
-        arrival_order=0,
-        metrics=RequestMetrics(arrival_time=0.0),
-    )
 
 
 def admit(bm: BlockManager, seq: Sequence) -> list[int]:
@@ -471,8 +460,7 @@ def test_a_real_sliding_window_model_holds_a_bounded_number_of_blocks(
     path = tiny_model_dir("MistralForCausalLM", sliding_window=12, max_position_embeddings=256)
     engine = LLMEngine(EngineConfig(model=str(path), device="cpu", dtype="float32", block_size=8,
                                     num_kv_blocks=64, max_model_len=128, enable_prefix_caching=False))
-    if getattr(engine.runner, "kv_sliding_window", None) is None:
-        pytest.skip("the model runner does not expose kv_sliding_window yet")
+    assert engine.runner.kv_sliding_window == 12  # type: ignore[attr-defined]
     assert engine.block_manager.sliding_window == 12
     used: list[int] = []
     outputs = run(engine, {"a": (list(range(3, 23)), 60)},

@@ -1,8 +1,25 @@
-"""Shared by the engine tests: stepping an engine until every request has finished."""
+"""Shared by the engine tests: a bare sequence for the block manager, and stepping an engine until every
+request has finished."""
 
 from __future__ import annotations
 
 from engine import LLMEngine, RequestOutput, SamplingParams
+from engine.outputs import RequestMetrics
+from engine.sequence import Sequence
+
+
+def make_seq(request_id: str, tokens: list[int], cache_salt: str | None = None) -> Sequence:
+    """A sequence of `tokens` as the block manager sees it (default class, default sampling)."""
+    return Sequence(
+        request_id=request_id,
+        prompt_token_ids=list(tokens),
+        params=SamplingParams(),
+        request_class="default",
+        priority=0,
+        arrival_order=0,
+        metrics=RequestMetrics(arrival_time=0.0),
+        cache_salt=cache_salt,
+    )
 
 
 def drain(engine: LLMEngine) -> dict[str, RequestOutput]:
