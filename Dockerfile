@@ -23,10 +23,11 @@ RUN groupadd --gid 10001 conveyor \
 
 WORKDIR /app
 
-# --- source: the code both targets install (bench/, tests/ and deploy/ stay out) ---
+# --- source: the `conveyor` package both targets install (tests/, docs/ and deploy/ stay out) ---
 FROM base AS source
-COPY pyproject.toml README.md alembic.ini ./
+COPY pyproject.toml README.md alembic.ini __init__.py __main__.py ./
 COPY api ./api
+COPY bench ./bench
 COPY cli ./cli
 COPY core ./core
 COPY worker ./worker
@@ -42,8 +43,8 @@ FROM base AS api
 # tokens), so its log stays at errors.
 ENV TRANSFORMERS_VERBOSITY=error
 COPY --from=source /app /app
-# Editable: alembic finds migrations/ next to core/ (core/store/migrate.py resolves it from the source tree).
-RUN pip install -e .
+# The wheel, as users install it: one top-level package, `conveyor`, with its migrations inside.
+RUN pip install .
 USER 10001:10001
 VOLUME ["/data"]
 EXPOSE 8000
@@ -73,10 +74,10 @@ ENV TRITON_CACHE_DIR=/data/triton \
 # Pin with e.g. --build-arg TORCH_SPEC=torch==2.13.0 to match the version the tests ran with.
 RUN pip install --index-url "${TORCH_INDEX_URL}" "${TORCH_SPEC}"
 COPY --from=source /app /app
-RUN pip install -e '.[engine,structured]'
+RUN pip install '.[engine,structured]'
 # Both instruction sets the kernels take, as the image runs on CPUs other than the builder's (one the builder
 # lacks is built in a child process; 1-2 minutes in all). Without this every pod's first start would compile.
-RUN python -m kernels.prebuild --isa AVX2 --isa AVX512
+RUN python -m conveyor.kernels.prebuild --isa AVX2 --isa AVX512
 USER 10001:10001
 VOLUME ["/data"]
 ENTRYPOINT ["conveyor"]

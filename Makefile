@@ -28,7 +28,7 @@ $(VENV)/.serve: pyproject.toml
 # engine start compiles. Once per machine and source change; a failed build is not fatal: the engine then
 # falls back to the gather path and eager ops, and logs why.
 kernels:
-	@$(PY) -m kernels.prebuild || echo "the CPU kernels did not build (above: why); the engine will use the slower gather path and eager ops"
+	@$(PY) -m conveyor.kernels.prebuild || echo "the CPU kernels did not build (above: why); the engine will use the slower gather path and eager ops"
 
 $(VENV)/.test: $(VENV)/.serve
 	@echo "adding the test tools to $(VENV)"
@@ -62,7 +62,7 @@ $(VENV)/.gpu-check: $(VENV)/.serve
 	@touch $@
 
 gpu-check: $(VENV)/.gpu-check
-	$(PY) -m bench.gpu_check $(ARGS)
+	$(PY) -m conveyor.bench.gpu_check $(ARGS)
 
 # The documentation site (mkdocs.yml, docs/): built into site/ with --strict, so a broken link, a missing
 # snippet or a page left out of the navigation fails. The reference pages are rendered from the code.

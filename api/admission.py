@@ -25,9 +25,9 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session
 
-from core.lanes import describe_lane
-from core.store import jobs, token_usage
-from core.store.tenants import TenantLimits
+from conveyor.core.lanes import describe_lane
+from conveyor.core.store import jobs, token_usage
+from conveyor.core.store.tenants import TenantLimits
 
 REFRESH_S = 0.5
 

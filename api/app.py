@@ -11,22 +11,40 @@ from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 from sqlalchemy.orm import Session, sessionmaker
 
-from api import console
-from api.admission import AdmissionGauge
-from api.deps import Services
-from api.errors import ApiError, install_error_handlers
-from api.metrics import Metrics
-from api.middleware import AllowedMethods, BodySizeLimit, MetricsAuth, ResponseCounter, UnhandledErrors
-from api.openapi_doc import install_truthful_openapi
-from api.prompt_tokenizer import PromptTokenizer
-from api.routes import batches, embeddings, files, health, jobs, lora, openai, queues, scaling, vllm, webhooks
-from api.served_models import ServedModels, store_adapters
-from api.uploads import UploadSizeLimit
-from core.dispatch import DispatchRelay, JobPublisher
-from core.finish_notifications import FinishedSink, FinishedWatch
-from core.settings import Settings
-from core.store.database import make_db_engine, make_session_factory
-from core.token_stream import TokenStream
+from conveyor.api import console
+from conveyor.api.admission import AdmissionGauge
+from conveyor.api.deps import Services
+from conveyor.api.errors import ApiError, install_error_handlers
+from conveyor.api.metrics import Metrics
+from conveyor.api.middleware import (
+    AllowedMethods,
+    BodySizeLimit,
+    MetricsAuth,
+    ResponseCounter,
+    UnhandledErrors,
+)
+from conveyor.api.openapi_doc import install_truthful_openapi
+from conveyor.api.prompt_tokenizer import PromptTokenizer
+from conveyor.api.routes import (
+    batches,
+    embeddings,
+    files,
+    health,
+    jobs,
+    lora,
+    openai,
+    queues,
+    scaling,
+    vllm,
+    webhooks,
+)
+from conveyor.api.served_models import ServedModels, store_adapters
+from conveyor.api.uploads import UploadSizeLimit
+from conveyor.core.dispatch import DispatchRelay, JobPublisher
+from conveyor.core.finish_notifications import FinishedSink, FinishedWatch
+from conveyor.core.settings import Settings
+from conveyor.core.store.database import make_db_engine, make_session_factory
+from conveyor.core.token_stream import TokenStream
 
 log = logging.getLogger(__name__)
 

@@ -10,11 +10,11 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import SecretStr
 
-from api.deps import Services, ServicesDep
-from api.errors import ApiError
-from core.settings import Settings
-from core.store import keys
-from core.store.tables import DEFAULT_TENANT
+from conveyor.api.deps import Services, ServicesDep
+from conveyor.api.errors import ApiError
+from conveyor.core.settings import Settings
+from conveyor.core.store import keys
+from conveyor.core.store.tables import DEFAULT_TENANT
 
 bearer_scheme = HTTPBearer(auto_error=False, description="Authorization: Bearer <API key>")
 

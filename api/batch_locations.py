@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from api.errors import ApiError
+from conveyor.api.errors import ApiError
 
 _UNSAFE_SEGMENTS = (".", "..")  # S3 keeps them literally, but some gateways normalise them away
 

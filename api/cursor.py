@@ -6,7 +6,7 @@ import base64
 import json
 from datetime import datetime
 
-from core.store.tables import Job
+from conveyor.core.store.tables import Job
 
 
 def encode(job: Job) -> str:

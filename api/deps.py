@@ -10,14 +10,14 @@ from fastapi import Depends, Request
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from api.admission import AdmissionGauge
-from api.job_reads import JobReads
-from api.metrics import Metrics
-from api.served_models import ServedModels
-from core.dispatch import Dispatcher, JobPublisher
-from core.finish_notifications import FinishedSink, FinishedWatch
-from core.settings import Settings
-from core.store.finish_times import QueueRates
+from conveyor.api.admission import AdmissionGauge
+from conveyor.api.job_reads import JobReads
+from conveyor.api.metrics import Metrics
+from conveyor.api.served_models import ServedModels
+from conveyor.core.dispatch import Dispatcher, JobPublisher
+from conveyor.core.finish_notifications import FinishedSink, FinishedWatch
+from conveyor.core.settings import Settings
+from conveyor.core.store.finish_times import QueueRates
 
 
 @dataclass(frozen=True)

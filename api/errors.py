@@ -12,8 +12,8 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from core.field_errors import FieldProblem, untagged, validation_message
-from core.request_rules import text_problem
+from conveyor.core.field_errors import FieldProblem, untagged, validation_message
+from conveyor.core.request_rules import text_problem
 
 # pydantic's error types at loc ("body",) that mean the body is not an object at all.
 WHOLE_BODY_ERRORS = frozenset({"missing", "model_attributes_type", "model_type", "dict_type"})

@@ -8,13 +8,13 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session
 
-from api.deps import Services
-from api.errors import ApiError, not_found
-from api.submit import admit_retry
-from core.clock import utcnow
-from core.lifecycle import CANCELLED, QUEUED, RETRYABLE_STATUSES
-from core.store import jobs
-from core.store.tables import Job
+from conveyor.api.deps import Services
+from conveyor.api.errors import ApiError, not_found
+from conveyor.api.submit import admit_retry
+from conveyor.core.clock import utcnow
+from conveyor.core.lifecycle import CANCELLED, QUEUED, RETRYABLE_STATUSES
+from conveyor.core.store import jobs
+from conveyor.core.store.tables import Job
 
 
 def cancel(session: Session, services: Services, tenant: str, job_id: str) -> Job:

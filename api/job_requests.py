@@ -7,21 +7,27 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from api.admission import EMBEDDING_TOKENS, Reserved
-from api.errors import ApiError, problem_error, raise_problem
-from api.schemas.jobs import AnyJobCreate, EmbeddingJobCreate, JobCreate
-from api.served_models import ServedModel
-from core.chat_options import job_params
-from core.embedding_rules import embedded_tokens, input_lengths, inputs_problem, lengths_problem, task_problem
-from core.job_kinds import EMBEDDING
-from core.request_limits import (
+from conveyor.api.admission import EMBEDDING_TOKENS, Reserved
+from conveyor.api.errors import ApiError, problem_error, raise_problem
+from conveyor.api.schemas.jobs import AnyJobCreate, EmbeddingJobCreate, JobCreate
+from conveyor.api.served_models import ServedModel
+from conveyor.core.chat_options import job_params
+from conveyor.core.embedding_rules import (
+    embedded_tokens,
+    input_lengths,
+    inputs_problem,
+    lengths_problem,
+    task_problem,
+)
+from conveyor.core.job_kinds import EMBEDDING
+from conveyor.core.request_limits import (
     RequestLimits,
     RequestSize,
     size_problem,
     tokenizer_problem,
     tokens_problem,
 )
-from core.settings import QueueSettings
+from conveyor.core.settings import QueueSettings
 
 
 class JobRequest(Protocol):

@@ -14,12 +14,12 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
 
-from api.deps import Services
-from api.errors import lookup_id, not_found
-from core.finish_notifications import FinishedWaiter
-from core.lifecycle import TERMINAL_STATUSES
-from core.token_stream import Subscription, TokenEvent
-from core.views import JobPublic
+from conveyor.api.deps import Services
+from conveyor.api.errors import lookup_id, not_found
+from conveyor.core.finish_notifications import FinishedWaiter
+from conveyor.core.lifecycle import TERMINAL_STATUSES
+from conveyor.core.token_stream import Subscription, TokenEvent
+from conveyor.core.views import JobPublic
 
 MAX_WAIT_S = 60.0  # a long poll's longest wait: below common proxy and load-balancer idle timeouts
 # Store reads while watched: a lost notification delays an answer by at most this. Not shorter: with hundreds

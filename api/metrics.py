@@ -18,12 +18,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.clock import utcnow
-from core.lanes import split_lane
-from core.metric_buckets import LATENCY_BUCKETS_S
-from core.settings import Settings
-from core.store import job_tallies, jobs, outcome_counts, workers
-from core.store.tables import MetricCount
+from conveyor.core.clock import utcnow
+from conveyor.core.lanes import split_lane
+from conveyor.core.metric_buckets import LATENCY_BUCKETS_S
+from conveyor.core.settings import Settings
+from conveyor.core.store import job_tallies, jobs, outcome_counts, workers
+from conveyor.core.store.tables import MetricCount
 
 log = logging.getLogger(__name__)
 LANE_LABELS = ["model", "queue"]  # every per-queue series is per model too (core/lanes.py)

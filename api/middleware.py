@@ -11,11 +11,11 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.auth import metrics_authorized
-from api.errors import error_response
-from api.metrics import Metrics
-from api.uploads import is_upload
-from core.settings import Settings
+from conveyor.api.auth import metrics_authorized
+from conveyor.api.errors import error_response
+from conveyor.api.metrics import Metrics
+from conveyor.api.uploads import is_upload
+from conveyor.core.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ class ResponseCounter:
 
 
 class MetricsAuth:
-    """Guards /metrics with the metrics token (api.auth.metrics_authorized says when it is needed).
+    """Guards /metrics with the metrics token (conveyor.api.auth.metrics_authorized says when it is needed).
 
     Checked here, before routing, rather than as a route dependency: a refused scrape never reaches the
     route, whose collector queries the store, and the rule cannot be lost by a change to the route.

@@ -20,9 +20,9 @@ from fastapi.routing import APIRoute
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from api.errors import ApiError, body_problem, parse_failure
-from core.field_errors import validation_message
-from core.openai_request import Refusal
+from conveyor.api.errors import ApiError, body_problem, parse_failure
+from conveyor.core.field_errors import validation_message
+from conveyor.core.openai_request import Refusal
 
 CODES = {401: "invalid_api_key", 404: "not_found"}
 log = logging.getLogger(__name__)

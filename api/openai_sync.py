@@ -18,16 +18,16 @@ from typing import Any, Protocol
 import anyio
 from starlette.concurrency import run_in_threadpool
 
-from api.deps import Services
-from api.openai_errors import OpenAIError
-from api.schemas.jobs import AnyJobCreate
-from api.submit import submit
-from core.clock import utcnow
-from core.dispatch import Dispatcher
-from core.lifecycle import TERMINAL_STATUSES
-from core.store import jobs
-from core.store.tables import Job
-from core.token_stream import Subscription, TokenEvent, TokenStream
+from conveyor.api.deps import Services
+from conveyor.api.openai_errors import OpenAIError
+from conveyor.api.schemas.jobs import AnyJobCreate
+from conveyor.api.submit import submit
+from conveyor.core.clock import utcnow
+from conveyor.core.dispatch import Dispatcher
+from conveyor.core.lifecycle import TERMINAL_STATUSES
+from conveyor.core.store import jobs
+from conveyor.core.store.tables import Job
+from conveyor.core.token_stream import Subscription, TokenEvent, TokenStream
 
 log = logging.getLogger(__name__)
 

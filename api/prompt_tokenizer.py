@@ -6,9 +6,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from core.chat_options import ChatOptions
-from core.model_limits import model_context_length
-from core.tools import template_messages
+from conveyor.core.chat_options import ChatOptions
+from conveyor.core.model_limits import model_context_length
+from conveyor.core.tools import template_messages
 
 
 class PromptTokenizer:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from api.deps import Services
-from core.clock import utcnow
-from core.store import jobs
+from conveyor.api.deps import Services
+from conveyor.core.clock import utcnow
+from conveyor.core.store import jobs
 
 PURGE_CHUNK = 500  # jobs cancelled per transaction: row locks held briefly, webhooks in step
 

@@ -14,14 +14,14 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.prompt_tokenizer import PromptTokenizer
-from core.chat_options import ToolParser, tool_parser_for
-from core.embedding_rules import EmbeddingLimits
-from core.lanes import lane_of
-from core.model_limits import served_max_model_len
-from core.model_task import ModelTask, model_task
-from core.settings import Settings
-from core.store import lora_adapters
+from conveyor.api.prompt_tokenizer import PromptTokenizer
+from conveyor.core.chat_options import ToolParser, tool_parser_for
+from conveyor.core.embedding_rules import EmbeddingLimits
+from conveyor.core.lanes import lane_of
+from conveyor.core.model_limits import served_max_model_len
+from conveyor.core.model_task import ModelTask, model_task
+from conveyor.core.settings import Settings
+from conveyor.core.store import lora_adapters
 
 
 @dataclass(frozen=True)

@@ -11,22 +11,22 @@ from typing import Any
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from api import admission
-from api.deps import Services
-from api.errors import ApiError, raise_problem
-from api.job_requests import JobRequest, job_request
-from api.schemas.jobs import AnyJobCreate, JobCreate
-from api.served_models import ServedModel
-from api.webhook_targets import check_job_webhook
-from core.lanes import describe_lane, split_lane
-from core.lifecycle import QUEUED
-from core.model_adapters import with_lora
-from core.request_limits import idempotency_key_problem, metadata_problem
-from core.service_tiers import PriorityNotPermitted, takes_default_deadline
-from core.settings import QueueSettings, UnknownModelError
-from core.store import finish_times, jobs, tenants
-from core.store.tables import Job
-from core.store.tenants import TenantLimits
+from conveyor.api import admission
+from conveyor.api.deps import Services
+from conveyor.api.errors import ApiError, raise_problem
+from conveyor.api.job_requests import JobRequest, job_request
+from conveyor.api.schemas.jobs import AnyJobCreate, JobCreate
+from conveyor.api.served_models import ServedModel
+from conveyor.api.webhook_targets import check_job_webhook
+from conveyor.core.lanes import describe_lane, split_lane
+from conveyor.core.lifecycle import QUEUED
+from conveyor.core.model_adapters import with_lora
+from conveyor.core.request_limits import idempotency_key_problem, metadata_problem
+from conveyor.core.service_tiers import PriorityNotPermitted, takes_default_deadline
+from conveyor.core.settings import QueueSettings, UnknownModelError
+from conveyor.core.store import finish_times, jobs, tenants
+from conveyor.core.store.tables import Job
+from conveyor.core.store.tenants import TenantLimits
 
 
 def submit(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.errors import ApiError, error_response
+from conveyor.api.errors import ApiError, error_response
 
 UPLOAD_ROUTES = frozenset({("POST", "/v1/files")})  # BodySizeLimit lets these through unbuffered
 

@@ -11,9 +11,9 @@ import ipaddress
 
 import httpx
 
-from api.errors import ApiError
-from core.settings import Settings
-from core.webhooks.ssrf import (
+from conveyor.api.errors import ApiError
+from conveyor.core.settings import Settings
+from conveyor.core.webhooks.ssrf import (
     METADATA_HOSTS,
     Resolver,
     SsrfPolicy,

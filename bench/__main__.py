@@ -1,9 +1,9 @@
-"""`python -m bench ...` — the same as `conveyor bench ...`."""
+"""`python -m conveyor.bench ...` — the same as `conveyor bench ...`."""
 
 from __future__ import annotations
 
 import sys
 
-from bench.cli import main
+from conveyor.bench.cli import main
 
 sys.exit(main())

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from bench.procfs import threads, tree
+from conveyor.bench.procfs import threads, tree
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""`conveyor bench` / `python -m bench`: argument parsing onto BenchOptions, then the bench or an
+"""`conveyor bench` / `python -m conveyor.bench`: argument parsing onto BenchOptions, then the bench or an
 experiment. See docs/benchmarks/index.md for examples."""
 
 from __future__ import annotations
@@ -15,16 +15,23 @@ from typing import Any, TypeVar
 import torch
 from rich.console import Console
 
-from bench import plots
-from bench.affinity import parse_cpus
-from bench.embed import DEFAULT_BATCH_SIZES, EmbedOptions
-from bench.experiment import DEFAULT_CONCURRENCY, ENGINE_FIELDS, BenchOptions, bench, experiment, parse_value
-from bench.workload import LONG, PROFILES, SHORT, Range, WorkloadSpec
-from engine.cpu_threads import choose_cpu_threads, hidden_size_of, runs_on_cpu
+from conveyor.bench import plots
+from conveyor.bench.affinity import parse_cpus
+from conveyor.bench.embed import DEFAULT_BATCH_SIZES, EmbedOptions
+from conveyor.bench.experiment import (
+    DEFAULT_CONCURRENCY,
+    ENGINE_FIELDS,
+    BenchOptions,
+    bench,
+    experiment,
+    parse_value,
+)
+from conveyor.bench.workload import LONG, PROFILES, SHORT, Range, WorkloadSpec
+from conveyor.engine.cpu_threads import choose_cpu_threads, hidden_size_of, runs_on_cpu
 
 # Random-weight models the bench can build for itself: `--model preset:NAME` (Llama-shaped unless `arch`).
 PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": {},  # engine.demo.build_tiny_model's defaults (~0.1M parameters)
+    "tiny": {},  # conveyor.engine.demo.build_tiny_model's defaults (~0.1M parameters)
     "llama-25m": dict(
         hidden_size=512,
         num_hidden_layers=6,
@@ -437,7 +444,7 @@ def resolve_model(model: str | None, cache: Path) -> str | None:
         raise ValueError(f"model: unknown preset {name!r}; known: {sorted(PRESETS)}")
     path = cache / name
     if not (path / "config.json").is_file():
-        from engine.demo import build_tiny_model
+        from conveyor.engine.demo import build_tiny_model
 
         # Built aside and renamed when complete: a build killed halfway must not look like a model.
         partial = cache / f".{name}.partial"
@@ -506,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def lora_bench(args: argparse.Namespace, console: Console) -> int:
     """The lora profile (bench/lora.py): in-process only, the engine against itself and transformers+PEFT."""
-    from bench import lora
+    from conveyor.bench import lora
 
     if args.target != "engine":
         raise ValueError("--profile lora runs the engine in-process; --target http is not supported")
@@ -530,7 +537,7 @@ def lora_bench(args: argparse.Namespace, console: Console) -> int:
 
 def embed_bench(args: argparse.Namespace, console: Console) -> int:
     """The embed profile (bench/embed.py): in-process only, the engine against sentence-transformers."""
-    from bench import embed
+    from conveyor.bench import embed
 
     if args.target != "engine":
         raise ValueError("--profile embed runs the engine in-process; --target http is not supported")

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from bench.report import SERVICE_COLUMNS, fmt, pinning_text, service_cells
+from conveyor.bench.report import SERVICE_COLUMNS, fmt, pinning_text, service_cells
 
 
 @contextmanager

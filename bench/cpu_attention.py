@@ -1,7 +1,7 @@
 """Decode attention on CPU: the cpu backend's C++ kernel against the torch backend's gather + SDPA.
 
-    python -m bench.cpu_attention                     # the shapes of docs/benchmarks/results.md, one thread
-    python -m bench.cpu_attention --threads 2 --seqs 64 --context 100:1000
+    python -m conveyor.bench.cpu_attention             # the shapes of docs/benchmarks/results.md, one thread
+    python -m conveyor.bench.cpu_attention --threads 2 --seqs 64 --context 100:1000
 
 One step of S decode sequences (contexts drawn uniformly from --context, seed fixed) over --layers separate
 caches, as a model's layers are: each timed call reads every layer once, so the caches are not hot in the
@@ -22,8 +22,8 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-import kernels
-from kernels import AttentionMetadata
+from conveyor.kernels.metadata import AttentionMetadata
+from conveyor.kernels.paged_attention import paged_attention, plan_paged_attention, resolve_backend
 
 BACKENDS = ("torch", "cpu")
 
@@ -63,11 +63,11 @@ def build_step(seqs: int, context: tuple[int, int], heads: tuple[int, int], head
 
 def run_layers(step: DecodeStep, backend: str, out: torch.Tensor) -> None:
     """One step's attention in every layer, the plan built once as the engine does."""
-    plan = kernels.plan_paged_attention(step.caches[0][0], step.meta, step.q.shape[1], backend=backend)
+    plan = plan_paged_attention(step.caches[0][0], step.meta, step.q.shape[1], backend=backend)
     meta = replace(step.meta, plan=plan)
     scale = step.q.shape[2] ** -0.5
     for k_cache, v_cache in step.caches:
-        kernels.paged_attention(step.q, k_cache, v_cache, meta, scale, out, backend=backend)
+        paged_attention(step.q, k_cache, v_cache, meta, scale, out, backend=backend)
 
 
 def time_backends(step: DecodeStep, rounds: int) -> dict[str, list[float]]:
@@ -107,7 +107,8 @@ def parse_heads(text: str) -> tuple[int, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.cpu_attention", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m conveyor.bench.cpu_attention",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("--seqs", type=int, default=64)
     parser.add_argument("--context", type=parse_range, default=(100, 1000), help="LOW:HIGH tokens")
     parser.add_argument("--heads", type=parse_heads, default=(8, 4), help="QUERY:KV heads")
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     console = Console()
-    if kernels.resolve_backend(None, torch.device("cpu")) != "cpu":
+    if resolve_backend(None, torch.device("cpu")) != "cpu":
         console.print("the C++ decode kernel cannot be built here (the log says why): nothing to compare")
         return 0
     step = build_step(args.seqs, args.context, args.heads, args.head_dim, args.block_size, args.layers)

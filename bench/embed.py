@@ -214,7 +214,7 @@ def _mm_seconds(rows: int, k: int, n: int) -> float:
 
 def _engine(folder: Path, opts: EmbedOptions) -> Callable[[list[str]], np.ndarray]:
     """The engine's embed call (vectors [N, D] in input order), warmed up."""
-    from engine.llm import LLM
+    from conveyor.engine.llm import LLM
 
     config = {"max_num_seqs": 256, "max_num_batched_tokens": 16384, **(opts.engine or {})}
     llm = LLM(str(folder), task="embed", num_threads=torch.get_num_threads(), **config)

@@ -12,22 +12,21 @@ from typing import Any
 
 from rich.console import Console
 
-import kernels
-from bench import plots
-from bench.affinity import CpuSplit, pinned, split_cpus, usable_cpus
-from bench.console import progress_bar, refusal_lines, server_lines, service_table, summary_table
-from bench.decision import Condition, decide, default_conditions, default_hypothesis
-from bench.inventory import inventory
-from bench.load import LoadPlan, burst, check_load, mix_weights, scaled_rates
-from bench.metrics import count_check, full_batch_decode_steps, summarize
-from bench.prompt_text import token_decoder
-from bench.records import RunResult
-from bench.report import run_line, wall_time_ratio, write_decision, write_report
-from bench.roofline import ModelShape, efficiency, matmul_bound
-from bench.server_cpu import CpuWindow
-from bench.service import service_figures
-from bench.structured import STRUCTURED_SHARE, check_share, constrained_ids, structured_figures
-from bench.workload import (
+from conveyor.bench import plots
+from conveyor.bench.affinity import CpuSplit, pinned, split_cpus, usable_cpus
+from conveyor.bench.console import progress_bar, refusal_lines, server_lines, service_table, summary_table
+from conveyor.bench.decision import Condition, decide, default_conditions, default_hypothesis
+from conveyor.bench.inventory import inventory
+from conveyor.bench.load import LoadPlan, burst, check_load, mix_weights, scaled_rates
+from conveyor.bench.metrics import count_check, full_batch_decode_steps, summarize
+from conveyor.bench.prompt_text import token_decoder
+from conveyor.bench.records import RunResult
+from conveyor.bench.report import run_line, wall_time_ratio, write_decision, write_report
+from conveyor.bench.roofline import ModelShape, efficiency, matmul_bound
+from conveyor.bench.server_cpu import CpuWindow
+from conveyor.bench.service import service_figures
+from conveyor.bench.structured import STRUCTURED_SHARE, check_share, constrained_ids, structured_figures
+from conveyor.bench.workload import (
     BenchRequest,
     Group,
     WorkloadSpec,
@@ -38,9 +37,10 @@ from bench.workload import (
     save_trace,
     trace_groups,
 )
-from engine.config import EngineConfig, RequestClassConfig
-from engine.cpu_threads import ThreadChoice
-from engine.loader import read_hf_config, resolve_device, resolve_dtype
+from conveyor.engine.config import EngineConfig, RequestClassConfig
+from conveyor.engine.cpu_threads import ThreadChoice
+from conveyor.engine.loader import read_hf_config, resolve_device, resolve_dtype
+from conveyor.kernels.paged_attention import resolve_backend
 
 ENGINE_FIELDS = {f.name for f in dataclasses.fields(EngineConfig)} - {"model", "request_classes"}
 DEFAULT_CONCURRENCY = 32  # the service profile's closed loop when neither it nor a submit rate is given
@@ -178,7 +178,7 @@ class BenchOptions:
             config = self.engine_config()
             params["engine"] = dataclasses.asdict(config)
             # What "auto" became here (the engine resolves it the same way): cpu, torch or triton.
-            params["attention_backend"] = kernels.resolve_backend(config.attention_backend,
+            params["attention_backend"] = resolve_backend(config.attention_backend,
                                                                   resolve_device(config.device))
         else:
             params.update(url=self.url, poll_s=self.poll_s, wait_s=self.wait_s, concurrency=self.concurrency)
@@ -349,8 +349,8 @@ def run_target(opts: BenchOptions, requests: list[BenchRequest], console: Consol
     """Runs the workload on the configured target; returns the result and the engine (None over HTTP)."""
     if opts.target == "http":
         return run_http_target(opts, requests, console), None
-    from bench.offline import run_engine, warm_up
-    from engine.llm_engine import LLMEngine
+    from conveyor.bench.offline import run_engine, warm_up
+    from conveyor.engine.llm_engine import LLMEngine
 
     engine = LLMEngine(opts.engine_config())
     warm_up(engine, requests)
@@ -370,7 +370,7 @@ def run_target(opts: BenchOptions, requests: list[BenchRequest], console: Consol
 def run_http_target(opts: BenchOptions, requests: list[BenchRequest], console: Console) -> RunResult:
     """The workload over HTTP, the bench and the server's processes pinned apart (bench/affinity.py), and
     the server's CPU time measured around the run (bench/server_cpu.py)."""
-    from bench.http_target import run_http
+    from conveyor.bench.http_target import run_http
 
     decode = token_decoder(opts.model) if opts.model else None
     split, reason = opts.cpu_split()
@@ -477,7 +477,7 @@ def bench(opts: BenchOptions, console: Console) -> dict[str, Any]:
         runs[name]["rounds_output_tokens_per_s"] = [output_rate(r) for r in rounds[name]]
         runs[name]["plots"] = run_plots(result, opts.out_dir, "" if name == opts.target else f"{name}-")
     if opts.torch_profile_steps and engine is not None:
-        from bench.profile import profile_steps
+        from conveyor.bench.profile import profile_steps
 
         runs[opts.target]["profile"] = profile_steps(engine, requests, opts, opts.out_dir / "profile.txt")
     report: dict[str, Any] = {
@@ -544,7 +544,7 @@ class HFPeers:
     def __init__(self, opts: BenchOptions, requests: list[BenchRequest], kv_blocks: int) -> None:
         from transformers import AutoTokenizer
 
-        from bench.peers import load_hf_model, token_ids
+        from conveyor.bench.peers import load_hf_model, token_ids
 
         assert opts.model is not None
         self.opts = opts
@@ -557,7 +557,7 @@ class HFPeers:
         _hf_warm_up(self.model, self.prompts)
 
     def run_round(self, console: Console) -> dict[str, RunResult]:
-        from bench.peers import run_hf_cb, run_hf_static
+        from conveyor.bench.peers import run_hf_cb, run_hf_static
 
         n, cfg = len(self.requests), self.cfg
         with progress_bar(console, "hf-static", n, self.opts.progress) as advance:

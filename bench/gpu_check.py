@@ -1,5 +1,6 @@
-"""`make gpu-check` / `python -m bench.gpu_check`: the GPU check in one command, under 10 minutes on a CUDA
-machine. Four stages, each in a child process of its own with its own time budget, inside a total budget:
+"""`make gpu-check` / `python -m conveyor.bench.gpu_check`: the GPU check in one command, under 10 minutes on
+a CUDA machine. Four stages, each in a child process of its own with its own time budget, inside a total
+budget:
 
 - kernels: bench/kernels.py's paged-attention cases, with achieved bandwidth against a measured device copy;
 - engine: `conveyor bench --peer hf` on the ~1.1B-parameter `llama-1b` preset in bf16 (the engine against
@@ -34,8 +35,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from bench.gpu_check_report import report_markdown
-from bench.gpu_check_stages import (
+from conveyor.bench.gpu_check_report import report_markdown
+from conveyor.bench.gpu_check_stages import (
     Plan,
     cpu_plan,
     engine_stage,
@@ -55,12 +56,13 @@ CPU_BUDGETS = {"kernels": 60.0, "engine": 120.0, "moe": 90.0, "service": 90.0}
 MIN_STAGE_S = 5.0  # a stage that would get less than this of the total budget is skipped
 STOP_GRACE_S = 10.0  # after SIGTERM, before SIGKILL: time for a stage to stop the server it started
 CPU_TORCH = (
-    "bench.gpu_check: nvidia-smi is here but torch {version} sees no CUDA device: install a CUDA build of "
-    "torch into .venv (docs/benchmarks/gpu-check.md), or check the driver; --cpu runs the CPU rehearsal."
+    "conveyor.bench.gpu_check: nvidia-smi is here but torch {version} sees no CUDA device: install a CUDA "
+    "build of torch into .venv (docs/benchmarks/gpu-check.md), or check the driver; --cpu runs the CPU "
+    "rehearsal."
 )
 NO_CUDA = (
-    "bench.gpu_check: no CUDA device, so nothing is measured. `--cpu` (make gpu-check ARGS=--cpu) rehearses "
-    "the whole check with tiny shapes on the CPU."
+    "conveyor.bench.gpu_check: no CUDA device, so nothing is measured. `--cpu` (make gpu-check ARGS=--cpu) "
+    "rehearses the whole check with tiny shapes on the CPU."
 )
 
 
@@ -79,7 +81,8 @@ class StageOutcome:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bench.gpu_check", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m conveyor.bench.gpu_check",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--cpu", action="store_true", help="the CPU rehearsal: tiny shapes, fp32, same pipeline")
     p.add_argument("--out", type=Path, default=Path("bench-out/gpu-check"), help="report folder")
     p.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S, metavar="SECONDS", help="whole run")
@@ -244,7 +247,7 @@ def build_report(
         "title": "GPU check" if plan.mode == "gpu" else "GPU check, CPU rehearsal (tiny shapes)",
         "mode": plan.mode,
         "ok": all(o.passed for o in outcomes),
-        "command": shlex.join(["python", "-m", "bench.gpu_check", *argv]),
+        "command": shlex.join(["python", "-m", "conveyor.bench.gpu_check", *argv]),
         "budget_s": total_s,
         "seconds": seconds,
         "plan": {k: str(v) if isinstance(v, Path) else v for k, v in dataclasses.asdict(plan).items()},
@@ -254,7 +257,7 @@ def build_report(
 
 
 def write_report(report: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
-    from bench.report import write_json_and_markdown
+    from conveyor.bench.report import write_json_and_markdown
 
     return write_json_and_markdown(report, report_markdown(report), out_dir, "gpu-check")
 
@@ -263,7 +266,7 @@ def device_inventory() -> dict[str, Any]:
     """The bench's inventory (version, commit, host, torch), plus the device and its software stack."""
     import torch
 
-    from bench.inventory import inventory
+    from conveyor.bench.inventory import inventory
 
     inv = inventory(None, {})
     del inv["parameters"], inv["model"]
@@ -305,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.budget <= 0:
             raise ValueError(f"--budget: must be > 0, got {args.budget}")
     except ValueError as exc:
-        print(f"bench.gpu_check: {exc}", file=sys.stderr)
+        print(f"conveyor.bench.gpu_check: {exc}", file=sys.stderr)
         return 2
     import torch
 
@@ -320,7 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.cpu:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     elif os.environ.pop("TRITON_INTERPRET", None):
-        print("bench.gpu_check: TRITON_INTERPRET is set; unset for the stages, so the kernels run compiled")
+        print("conveyor.bench.gpu_check: TRITON_INTERPRET is set; unset for the stages, so the kernels run "
+              "compiled")
     make_plan = cpu_plan if args.cpu else gpu_plan
     plan = make_plan(args.out, args.model_cache, args.service_model)
     start = time.monotonic()

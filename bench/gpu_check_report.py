@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.report import fmt
+from conveyor.bench.report import fmt
 
 # The rows of docs/benchmarks/results.md, in its order.
 SYSTEM_LABELS = {

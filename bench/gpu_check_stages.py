@@ -91,7 +91,7 @@ def kernel_stage(plan: Plan) -> dict[str, Any]:
     """bench/kernels.py's cases, each one's achieved bandwidth also as a share of a measured device copy."""
     import torch
 
-    from bench import kernels as kb
+    from conveyor.bench import kernels as kb
 
     device = torch.device(plan.device)
     name, peak_tflops, peak_gbps = kb.device_peaks(device)
@@ -127,7 +127,7 @@ def copy_bandwidth(device: Any, nbytes: int) -> dict[str, Any]:
     a memory-bound kernel is measured against (the spec sheet's peak is rarely reachable)."""
     import torch
 
-    from bench.kernels import time_ms
+    from conveyor.bench.kernels import time_ms
 
     src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
@@ -150,8 +150,8 @@ def moe_stage(plan: Plan) -> dict[str, Any]:
 
 
 def _against_transformers(preset: str, args: tuple[str, ...], plan: Plan, out_name: str) -> dict[str, Any]:
-    from bench.cli import build_parser, options, resolve_model
-    from bench.experiment import bench
+    from conveyor.bench.cli import build_parser, options, resolve_model
+    from conveyor.bench.experiment import bench
 
     model = resolve_model(f"preset:{preset}", plan.model_cache)
     assert model is not None
@@ -187,7 +187,7 @@ def engine_figures(report: dict[str, Any], command: str, path: Path) -> dict[str
 def model_record(preset: str, path: str) -> dict[str, Any]:
     """The model's shape and parameter count (linear weights, embeddings and an untied LM head; the norms'
     few thousand are left out), from its config.json."""
-    from bench.roofline import ModelShape
+    from conveyor.bench.roofline import ModelShape
 
     shape = ModelShape.from_config(path)
     return {"preset": preset, "path": path, "parameters": shape.num_params, **dataclasses.asdict(shape)}
@@ -217,8 +217,8 @@ def _counts(systems: dict[str, dict[str, Any]]) -> str:
 
 def service_stage(plan: Plan) -> dict[str, Any]:
     """`conveyor serve` on a free port, the service profile's one-token jobs in a closed loop, then stop."""
-    from bench.cli import build_parser, options, resolve_model
-    from bench.experiment import bench
+    from conveyor.bench.cli import build_parser, options, resolve_model
+    from conveyor.bench.experiment import bench
 
     out = plan.out_dir / "service"
     out.mkdir(parents=True, exist_ok=True)
@@ -254,7 +254,7 @@ def start_server(plan: Plan, model: str | None, out: Path) -> tuple[str, subproc
     if model is not None:
         env["CONVEYOR_MODEL"] = model
     log = (out / "serve.log").open("wb")
-    cmd = [sys.executable, "-c", "from cli.main import app; app()", "serve", "--port", str(port)]
+    cmd = [sys.executable, "-c", "from conveyor.cli.main import app; app()", "serve", "--port", str(port)]
     server = subprocess.Popen(cmd, cwd=CHECKOUT, env=env, stdout=log, stderr=subprocess.STDOUT)
     log.close()  # the child has its own copy
     url = f"http://127.0.0.1:{port}"

@@ -1,10 +1,10 @@
 """The HTTP stack's floor: what one job's two requests cost the server with nothing behind them.
 
-`python -m bench.http_floor --port P` serves `POST /v1/jobs` and `GET /v1/jobs/{id}` on the service's own
-stack (FastAPI; uvicorn with uvloop and httptools, access log off) with routes that validate a small body and
-answer a finished job at once: no store, no queue, no engine. `conveyor bench --target http --profile service
---server-pid server=PID` against it measures the server CPU per job that the service cannot go below while it
-answers each job over these two requests (docs/benchmarks/results.md, issue 32).
+`python -m conveyor.bench.http_floor --port P` serves `POST /v1/jobs` and `GET /v1/jobs/{id}` on the
+service's own stack (FastAPI; uvicorn with uvloop and httptools, access log off) with routes that validate a
+small body and answer a finished job at once: no store, no queue, no engine. `conveyor bench --target http
+--profile service --server-pid server=PID` against it measures the server CPU per job that the service cannot
+go below while it answers each job over these two requests (docs/benchmarks/results.md, issue 32).
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ def floor_app() -> FastAPI:
 def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
-    parser = argparse.ArgumentParser(prog="python -m bench.http_floor", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m conveyor.bench.http_floor",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=8000)
     args = parser.parse_args(argv)
     uvicorn.run(floor_app(), host="127.0.0.1", port=args.port, loop="uvloop", http="httptools",

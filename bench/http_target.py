@@ -29,10 +29,10 @@ from typing import Any
 
 import httpx
 
-from bench.http_lanes import Lanes
-from bench.records import RequestRecord, RunResult, StepSample
-from bench.service import refusal_notes
-from bench.workload import BenchRequest
+from conveyor.bench.http_lanes import Lanes
+from conveyor.bench.records import RequestRecord, RunResult, StepSample
+from conveyor.bench.service import refusal_notes
+from conveyor.bench.workload import BenchRequest
 
 TERMINAL = {"succeeded", "failed", "cancelled", "expired"}
 ProgressFn = Callable[[int], None]

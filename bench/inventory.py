@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from engine.cpu_threads import ThreadChoice, cpu_budget
+from conveyor.engine.cpu_threads import ThreadChoice, cpu_budget
 
 CHECKOUT = Path(__file__).resolve().parents[1]  # bench/inventory.py -> the repository root
 

@@ -1,9 +1,9 @@
 """GPU check for the Triton paged attention: correctness at realistic shapes, speed against the device's peak
 and against SDPA over the same data laid out contiguously.
 
-    python -m bench.kernels              # needs CUDA; prints a message and exits 0 without it
-    python -m bench.kernels --cpu-smoke  # tiny fp32 shapes through the Triton interpreter on the CPU
-    python -m bench.kernels --json k.json  # also each case's figures as JSON (for scripts)
+    python -m conveyor.bench.kernels              # needs CUDA; prints a message and exits 0 without it
+    python -m conveyor.bench.kernels --cpu-smoke  # tiny fp32 shapes through the Triton interpreter on the CPU
+    python -m conveyor.bench.kernels --json k.json  # also each case's figures as JSON (for scripts)
 
 Exit status 1 when any case disagrees with the PyTorch reference.
 """
@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from rich.console import Console
 from rich.table import Table
 
-from kernels.metadata import AttentionMetadata
+from conveyor.kernels.metadata import AttentionMetadata
 
 # (name substring, bf16 dense TFLOP/s, memory TB/s); the first match wins, so specific names come first.
 PEAKS: tuple[tuple[str, float, float], ...] = (
@@ -279,8 +279,8 @@ def _bench_case(
     case: Case, shape: Shape, device: torch.device, warmup: int, iters: int,
     peak_tflops: float | None, peak_gbps: float | None,
 ) -> tuple[list[str], bool, dict[str, Any]]:
-    from kernels import paged_attention_ref
-    from kernels.triton_paged_attention import choose_num_splits, paged_attention_triton
+    from conveyor.kernels.reference import paged_attention_ref
+    from conveyor.kernels.triton_paged_attention import choose_num_splits, paged_attention_triton
 
     inputs = build_inputs(case, shape, device)
     args = inputs.args()
@@ -326,7 +326,8 @@ def _fmt(value: float | None, unit: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.kernels", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m conveyor.bench.kernels",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--cpu-smoke", action="store_true",
                         help="without CUDA: run tiny fp32 cases through the Triton interpreter")
     parser.add_argument("--iters", type=int, default=20)
@@ -338,8 +339,9 @@ def main(argv: list[str] | None = None) -> int:
         _write_json(opts.json, results, ok)
         return 0 if ok else 1
     if not opts.cpu_smoke:
-        print("bench.kernels: no CUDA device; GPU speed is unmeasured here (use --cpu-smoke for a tiny "
-              "interpreter run).")
+        print("conveyor.bench.kernels: no CUDA device; GPU speed is unmeasured here (use --cpu-smoke for a "
+              "tiny interpreter "
+              "run).")
         return 0
     os.environ["TRITON_INTERPRET"] = "1"  # before the first import of the Triton kernels
     ok = run(cpu_smoke_cases(), CPU_SMOKE_SHAPE, torch.device("cpu"), warmup=0, iters=1, results=results)

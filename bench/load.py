@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from bench.workload import BenchRequest, WorkloadSpec
+from conveyor.bench.workload import BenchRequest, WorkloadSpec
 
 FLAG = "load (--load)"
 

@@ -117,8 +117,8 @@ def _prompts(opts: LoraOptions) -> list[list[int]]:
 def _engine_run(opts: LoraOptions, adapters: list[Path], prompts: list[list[int]], count: int
                 ) -> Callable[[], None]:
     """The engine serving `count` adapters in turn over the requests (0: the base model alone); warmed up."""
-    from engine.llm import LLM
-    from engine.sampling_params import SamplingParams
+    from conveyor.engine.llm import LLM
+    from conveyor.engine.sampling_params import SamplingParams
 
     config = {"max_num_seqs": 64, "max_num_batched_tokens": 2048, "max_lora_rank": opts.rank,
               **(opts.engine or {})}

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.records import RequestRecord, RunResult, StepSample
+from conveyor.bench.records import RequestRecord, RunResult, StepSample
 
 PERCENTILES = (50, 90, 95, 99)
 LATENCIES = ("queue_time", "ttft", "itl", "e2e")

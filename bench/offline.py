@@ -12,14 +12,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bench.records import RequestRecord, RunResult, StepSample
-from bench.structured import BENCH_SCHEMA
-from bench.workload import BenchRequest
-from engine.llm_engine import LLMEngine, StepError
-from engine.outputs import RequestOutput
-from engine.sampling_params import SamplingParams
-from engine.sequence import Urgency
-from engine.structured_output import StructuredOutput
+from conveyor.bench.records import RequestRecord, RunResult, StepSample
+from conveyor.bench.structured import BENCH_SCHEMA
+from conveyor.bench.workload import BenchRequest
+from conveyor.engine.llm_engine import LLMEngine, StepError
+from conveyor.engine.outputs import RequestOutput
+from conveyor.engine.sampling_params import SamplingParams
+from conveyor.engine.sequence import Urgency
+from conveyor.engine.structured_output import StructuredOutput
 
 ProgressFn = Callable[[int], None]  # called with the number of requests that just ended
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from bench.records import RequestRecord, RunResult
-from bench.workload import BenchRequest
+from conveyor.bench.records import RequestRecord, RunResult
+from conveyor.bench.workload import BenchRequest
 
 ProgressFn = Callable[[int], None]
 PEER_MODES = ("hf-cb", "hf-static")

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bench.records import RunResult
+from conveyor.bench.records import RunResult
 
 CDF_LATENCIES = (("ttft", "time to first token"), ("e2e", "end-to-end"))
 

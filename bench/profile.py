@@ -12,8 +12,8 @@ from typing import Any
 
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from bench.offline import bench_params
-from bench.workload import BenchRequest
+from conveyor.bench.offline import bench_params
+from conveyor.bench.workload import BenchRequest
 
 
 def profile_steps(

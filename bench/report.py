@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench.metrics import LATENCIES, PERCENTILES
+from conveyor.bench.metrics import LATENCIES, PERCENTILES
 
 COUNT_COLUMNS = (
     ("submitted", "submitted"),

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from bench.records import RequestRecord, StepSample
+from conveyor.bench.records import RequestRecord, StepSample
 
 
 @dataclass(frozen=True)

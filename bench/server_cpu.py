@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from bench.procfs import ProcKey, ProcTimes, read_times, tree
+from conveyor.bench.procfs import ProcKey, ProcTimes, read_times, tree
 
 TreeSample = dict[ProcKey, ProcTimes]
 UNKNOWN_NO_PID = (

@@ -24,9 +24,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from bench.metrics import percentiles
-from bench.records import RequestRecord, RunResult
-from bench.server_cpu import server_figures
+from conveyor.bench.metrics import percentiles
+from conveyor.bench.records import RequestRecord, RunResult
+from conveyor.bench.server_cpu import server_figures
 
 EXAMPLE_IDS = 5  # request ids named per kind of refusal
 

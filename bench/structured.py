@@ -12,9 +12,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from bench.metrics import request_metrics
-from bench.records import RunResult
-from bench.workload import BenchRequest
+from conveyor.bench.metrics import request_metrics
+from conveyor.bench.records import RunResult
+from conveyor.bench.workload import BenchRequest
 
 STRUCTURED_SHARE = "structured_share"  # the option's name, also a --compare / --sweep parameter
 BENCH_SCHEMA: dict[str, Any] = {

@@ -4,7 +4,8 @@ Tenant B (the victim) submits a group of short jobs and waits for them all, a fe
 rounds while tenant A's costly job (a JSON schema of many optional integer properties, which takes seconds
 to minutes to compile) is in the worker. The report is each round's wall time and A's job as it ended:
 
-    python -m bench.tenant_isolation --url http://127.0.0.1:8000 --victim-key cvk_... --hostile-key cvk_...
+    python -m conveyor.bench.tenant_isolation --url http://127.0.0.1:8000 \
+        --victim-key cvk_... --hostile-key cvk_...
 
 Needs two API keys of different tenants (`conveyor keys create --tenant ...`). "One tenant's schema cannot
 stall the others" in docs/guides/structured-outputs.md quotes it.
@@ -95,7 +96,7 @@ def _rounded(values: list[float]) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.tenant_isolation",
+    parser = argparse.ArgumentParser(prog="python -m conveyor.bench.tenant_isolation",
                                      description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--url", required=True, help="the service's base URL")
     parser.add_argument("--victim-key", required=True, help="an API key of tenant B")

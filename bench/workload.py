@@ -28,8 +28,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from bench.metrics import ALL
-from bench.prompt_text import word_prompt
+from conveyor.bench.metrics import ALL
+from conveyor.bench.prompt_text import word_prompt
 
 PROFILES = ("short", "long", "mixed", "deadlines", "shared-prefix", "service")
 

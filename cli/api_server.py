@@ -17,18 +17,18 @@ import os
 from pathlib import Path
 from typing import Any
 
-from core.settings import CONFIG_FILE_ENV, Settings, load_settings
+from conveyor.core.settings import CONFIG_FILE_ENV, Settings, load_settings
 
-FACTORY = "cli.api_server:app_from_environment"
+FACTORY = "conveyor.cli.api_server:app_from_environment"
 
 
 def build_api_app(settings: Settings) -> tuple[Any, list[Any]]:
     """The app and what to close when the process ends (the Redis connection of the finished sink)."""
-    from api.app import create_app
-    from api.finish_subscriber import RedisFinishedWatch
-    from api.token_subscriptions import RedisTokenStream
-    from core.broker import BrokerPublisher
-    from core.finish_notifications import RedisFinishedSink
+    from conveyor.api.app import create_app
+    from conveyor.api.finish_subscriber import RedisFinishedWatch
+    from conveyor.api.token_subscriptions import RedisTokenStream
+    from conveyor.core.broker import BrokerPublisher
+    from conveyor.core.finish_notifications import RedisFinishedSink
 
     broker = settings.broker_url or ""
     pubsub = broker.startswith("redis")  # without it, streamed completions and long polls read the store
@@ -44,7 +44,7 @@ def build_api_app(settings: Settings) -> tuple[Any, list[Any]]:
 def load_tokenizers(settings: Settings) -> dict[str, Any]:
     """Each served model's tokenizer (api/prompt_tokenizer.py), by id: the API judges each request with its
     own model's."""
-    from api.prompt_tokenizer import PromptTokenizer
+    from conveyor.api.prompt_tokenizer import PromptTokenizer
 
     return {model_id: PromptTokenizer(model_settings.model_folder())
             for model_id, model_settings in settings.served().items()}
@@ -60,7 +60,7 @@ def pass_down(config: Path | None, host: str | None, port: int | None, workers: 
 
 def app_from_environment() -> Any:
     """uvicorn's factory in each worker process."""
-    from core.log_setup import configure_logging
+    from conveyor.core.log_setup import configure_logging
 
     settings = load_settings()
     configure_logging(settings, debug=False)

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import typer
 from typer.core import TyperGroup
 
-from core.log_setup import masked_url
+from conveyor.core.log_setup import masked_url
 
 EXIT_SETUP = 2  # like a usage error: the command never got to do its work
 CAUSE_DEPTH = 5  # how far down __cause__/__context__ a known error is looked for (wrapped by a library)
@@ -31,7 +31,7 @@ DATABASE_ERRORS = (("sqlalchemy.exc", "OperationalError"), ("sqlalchemy.exc", "I
 MISSING_TABLE_ERRORS = (("psycopg.errors", "UndefinedTable"),)
 BROKER_ERRORS = (("redis.exceptions", "ConnectionError"), ("redis.exceptions", "TimeoutError"),
                  ("kombu.exceptions", "OperationalError"))
-MODEL_ERRORS = (("engine.loader", "ModelFolderError"),)
+MODEL_ERRORS = (("conveyor.engine.loader", "ModelFolderError"),)
 MODEL_FIX = ("set CONVEYOR_MODEL to a Hugging Face model folder (config.json, *.safetensors, tokenizer "
              "files), or unset it to use the demo model")
 

@@ -16,10 +16,10 @@ from typing import Annotated, Any, NoReturn
 import typer
 from pydantic import ValidationError
 
-from cli.errors import ConveyorGroup, debug_enabled, remember_settings
-from cli.tenants import tenants_app
-from core.log_setup import configure_logging, masked_url
-from core.settings import Settings, load_settings
+from conveyor.cli.errors import ConveyorGroup, debug_enabled, remember_settings
+from conveyor.cli.tenants import tenants_app
+from conveyor.core.log_setup import configure_logging, masked_url
+from conveyor.core.settings import Settings, load_settings
 
 # ConveyorGroup: a command that cannot reach its database or broker says so in one line (cli/errors.py).
 app = typer.Typer(cls=ConveyorGroup, no_args_is_help=True,
@@ -59,13 +59,13 @@ def serve(ctx: typer.Context, host: HostOpt = None, port: PortOpt = None, config
         _fail(f"api_workers: serve runs one process (one SQLite writer, an in-process queue), not "
               f"{settings.api_workers}; for several, run `conveyor api --workers N` and `conveyor worker` on "
               "PostgreSQL and Redis")
-    from api.app import create_app
-    from cli.api_server import load_tokenizers
-    from core.store.migrate import upgrade
-    from engine.loader import check_model_folder
-    from worker.cold_start import ColdStart
-    from worker.embedded import EmbeddedRuntime
-    from worker.model import resolve_model
+    from conveyor.api.app import create_app
+    from conveyor.cli.api_server import load_tokenizers
+    from conveyor.core.store.migrate import upgrade
+    from conveyor.engine.loader import check_model_folder
+    from conveyor.worker.cold_start import ColdStart
+    from conveyor.worker.embedded import EmbeddedRuntime
+    from conveyor.worker.model import resolve_model
 
     cold_start = ColdStart()  # the imports are done: migrating and the demo model count in the rest
     log.info(upgrade(settings.database_url, default_model=settings.default_model_id()).describe())
@@ -94,8 +94,8 @@ def api(ctx: typer.Context, host: HostOpt = None, port: PortOpt = None, config: 
         _fail(f"api_workers: {settings.api_workers} processes need PostgreSQL (CONVEYOR_DATABASE_URL="
               "postgresql+psycopg://...): SQLite takes one writer at a time, and each process would queue "
               "its writes apart")
-    from cli.api_server import FACTORY, build_api_app, pass_down
-    from cli.preflight import check_broker, check_database
+    from conveyor.cli.api_server import FACTORY, build_api_app, pass_down
+    from conveyor.cli.preflight import check_broker, check_database
 
     _check_tokenizer_files(settings)
     check_database(settings.database_url)
@@ -123,10 +123,10 @@ def worker(ctx: typer.Context, config: ConfigOpt = None, model: ModelOpt = None)
         served = settings.for_model(settings.worker_model_id())
     except ValueError as exc:
         _fail(str(exc))
-    from cli.preflight import check_broker, check_database
-    from engine.loader import check_model_folder
-    from worker.celery_worker import run_worker
-    from worker.cold_start import ColdStart
+    from conveyor.cli.preflight import check_broker, check_database
+    from conveyor.engine.loader import check_model_folder
+    from conveyor.worker.celery_worker import run_worker
+    from conveyor.worker.cold_start import ColdStart
 
     cold_start = ColdStart()  # the imports are done; the checks below count in the rest of the cold start
     if served.model:  # else the demo model, built by the worker when missing
@@ -139,7 +139,7 @@ def worker(ctx: typer.Context, config: ConfigOpt = None, model: ModelOpt = None)
 @app.command()
 def migrate(ctx: typer.Context, config: ConfigOpt = None) -> None:
     """Upgrades the database to the latest schema (alembic upgrade head)."""
-    from core.store.migrate import upgrade
+    from conveyor.core.store.migrate import upgrade
 
     settings = _settings(ctx, config)
     _configure_logging(ctx, settings)
@@ -151,8 +151,8 @@ def keys_create(ctx: typer.Context, tenant: Annotated[str, typer.Option(help="te
                 admin: Annotated[bool, typer.Option(help="also sees totals across tenants")] = False,
                 config: ConfigOpt = None) -> None:
     """Creates a key (and the tenant if new). The key is printed once; only its hash is stored."""
-    from core.clock import utcnow
-    from core.store import keys
+    from conveyor.core.clock import utcnow
+    from conveyor.core.store import keys
 
     with _session(ctx, config) as session:
         try:
@@ -165,8 +165,8 @@ def keys_create(ctx: typer.Context, tenant: Annotated[str, typer.Option(help="te
 @keys_app.command("revoke")
 def keys_revoke(ctx: typer.Context, key_id: str, config: ConfigOpt = None) -> None:
     """Revokes a key by id; requests with it get 401 from then on."""
-    from core.clock import utcnow
-    from core.store import keys
+    from conveyor.core.clock import utcnow
+    from conveyor.core.store import keys
 
     with _session(ctx, config) as session:
         if not keys.revoke_key(session, key_id, utcnow()):
@@ -180,7 +180,7 @@ def keys_list(ctx: typer.Context, config: ConfigOpt = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from core.store import keys
+    from conveyor.core.store import keys
 
     table = Table("id", "tenant", "prefix", "created", "revoked", "admin")
     with _session(ctx, config) as session:
@@ -295,7 +295,7 @@ def top(
     once: Annotated[bool, typer.Option(help="print one frame (rates over one interval) and exit")] = False,
 ) -> None:
     """Queues, workers and engines in a refreshing terminal view, read from the metrics (like htop)."""
-    from cli.top import run_top
+    from conveyor.cli.top import run_top
 
     run_top(url, worker or [], metrics_token, interval, once)
 
@@ -306,7 +306,7 @@ PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
 @app.command(context_settings=PASSTHROUGH, add_help_option=False)
 def bench(ctx: typer.Context) -> None:
     """Benchmark the engine or a running service (`conveyor bench --help` lists its options)."""
-    from bench.cli import main
+    from conveyor.bench.cli import main
 
     raise typer.Exit(main(list(ctx.args)))
 
@@ -335,7 +335,7 @@ def bench_store(
 ) -> None:
     """Times every per-job and per-round store operation on PostgreSQL with a backlog and a history of
     given sizes (filled with bulk SQL): median / p90 ms per scale."""
-    from cli.store_bench import options_args, run_store_bench
+    from conveyor.cli.store_bench import options_args, run_store_bench
 
     try:
         args = options_args(scale, queued, history, tenants=tenants, repeat=repeat, queue=queue,
@@ -428,13 +428,13 @@ def _check_model_tokenizer(settings: Settings) -> None:
 
 
 def _session(ctx: typer.Context, config: Path | None) -> Any:
-    from core.store.database import make_db_engine, make_session_factory
+    from conveyor.core.store.database import make_db_engine, make_session_factory
 
     return make_session_factory(make_db_engine(_settings(ctx, config).database_url))()
 
 
 def _print_call(url: str, api_key: str | None, call: Any) -> dict[str, Any]:
-    from cli.http_client import ClientError, ConveyorClient
+    from conveyor.cli.http_client import ClientError, ConveyorClient
 
     client = ConveyorClient.connect(url, api_key)
     try:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import logging
 
-from cli.errors import SetupError
-from core.log_setup import masked_url
+from conveyor.cli.errors import SetupError
+from conveyor.core.log_setup import masked_url
 
 log = logging.getLogger("conveyor")
 
@@ -19,7 +19,7 @@ BROKER_CHECK_TIMEOUT_S = 2.0
 
 def check_database(database_url: str) -> None:
     """Connects (errors are OperationalError, for cli/errors.py), then compares the schema revision."""
-    from core.store.migrate import current_revision, head_revision
+    from conveyor.core.store.migrate import current_revision, head_revision
 
     revision, head = current_revision(database_url), head_revision()
     if revision is None:

@@ -32,14 +32,14 @@ from rich.table import Table
 from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
 
-from cli.store_fill import TENANT_PREFIX, fill, foreign_rows
-from cli.store_operations import OPERATIONS, RETENTION_DAYS, Bench, Operation, open_bench
-from cli.store_plans import ExplainedStatement, Statement, captured_statements, explain_statements
-from core.clock import utcnow
-from core.lanes import lane_of
-from core.settings import Settings
-from core.store.database import make_db_engine, make_session_factory
-from core.store.migrate import upgrade
+from conveyor.cli.store_fill import TENANT_PREFIX, fill, foreign_rows
+from conveyor.cli.store_operations import OPERATIONS, RETENTION_DAYS, Bench, Operation, open_bench
+from conveyor.cli.store_plans import ExplainedStatement, Statement, captured_statements, explain_statements
+from conveyor.core.clock import utcnow
+from conveyor.core.lanes import lane_of
+from conveyor.core.settings import Settings
+from conveyor.core.store.database import make_db_engine, make_session_factory
+from conveyor.core.store.migrate import upgrade
 
 DEFAULT_SCALES = "1k:0,100k:0,100k:1M"
 DEFAULT_SERVER = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"

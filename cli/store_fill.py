@@ -24,10 +24,10 @@ from datetime import datetime
 from sqlalchemy import Engine, TextClause, inspect, text
 from sqlalchemy.orm import Session
 
-from core.lanes import lane_of, model_of, queue_of
-from core.metric_buckets import LATENCY_BUCKETS_S
-from core.store import job_tallies
-from core.store.outcome_counts import INF_LABEL
+from conveyor.core.lanes import lane_of, model_of, queue_of
+from conveyor.core.metric_buckets import LATENCY_BUCKETS_S
+from conveyor.core.store import job_tallies
+from conveyor.core.store.outcome_counts import INF_LABEL
 
 TENANT_PREFIX = "bench-t"
 WORKER_ID = "bench-worker"

@@ -17,20 +17,20 @@ from typing import Any
 from sqlalchemy import Engine, delete, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.metrics import StoreCollector
-from api.routes.queues import GOODPUT_WINDOW
-from cli.store_fill import WORKER_ID
-from cli.store_plans import Statement, captured_statements
-from core.clock import utcnow
-from core.dispatch import publish_and_mark
-from core.lanes import queue_of
-from core.lifecycle import QUEUED, RUNNING
-from core.settings import Settings
-from core.store import finish_times, job_tallies, jobs, outcome_counts, tenants, token_usage, workers
-from core.store.fair_share import FairState, claim_fair
-from core.store.tables import Job
-from core.store.tenants import TenantLimits
-from worker.reconciler import Reconciler
+from conveyor.api.metrics import StoreCollector
+from conveyor.api.routes.queues import GOODPUT_WINDOW
+from conveyor.cli.store_fill import WORKER_ID
+from conveyor.cli.store_plans import Statement, captured_statements
+from conveyor.core.clock import utcnow
+from conveyor.core.dispatch import publish_and_mark
+from conveyor.core.lanes import queue_of
+from conveyor.core.lifecycle import QUEUED, RUNNING
+from conveyor.core.settings import Settings
+from conveyor.core.store import finish_times, job_tallies, jobs, outcome_counts, tenants, token_usage, workers
+from conveyor.core.store.fair_share import FairState, claim_fair
+from conveyor.core.store.tables import Job
+from conveyor.core.store.tenants import TenantLimits
+from conveyor.worker.reconciler import Reconciler
 
 RETENTION_DAYS = 30  # the purge's retention: longer than the history, so a purge round deletes nothing
 CLAIM = 16  # jobs per claim, per step's writes, per dispatch group: a worker's usual batch

@@ -17,8 +17,8 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from cli.errors import remember_settings
-from core.settings import Settings, load_settings
+from conveyor.cli.errors import remember_settings
+from conveyor.core.settings import Settings, load_settings
 
 tenants_app = typer.Typer(no_args_is_help=True,
                           help="Per-tenant limits: fair-share weight, quotas, retention, cache namespace.")
@@ -47,8 +47,8 @@ def tenants_set(
     config: ConfigOpt = None,
 ) -> None:
     """Sets a tenant's own limits (creating the tenant if new) and prints them as JSON."""
-    from core.clock import utcnow
-    from core.store import tenants
+    from conveyor.core.clock import utcnow
+    from conveyor.core.store import tenants
 
     given = dict(weight=weight, max_queued=max_queued, max_running=max_running,
                  tokens_per_minute=tokens_per_minute, retention_days=retention_days,
@@ -77,7 +77,7 @@ def tenants_show(
     ctx: typer.Context, tenant: Annotated[str, typer.Argument(help="tenant id")], config: ConfigOpt = None
 ) -> None:
     """Prints a tenant's own limits (null: the default) and the limits in effect, as JSON."""
-    from core.store.tables import Tenant
+    from conveyor.core.store.tables import Tenant
 
     settings = _settings(ctx, config)
     with _session(settings) as session:
@@ -93,7 +93,7 @@ def tenants_list(ctx: typer.Context, config: ConfigOpt = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from core.store import tenants
+    from conveyor.core.store import tenants
 
     settings = _settings(ctx, config)
     table = Table("tenant", *tenants.LIMIT_FIELDS, "cache_namespace")
@@ -107,13 +107,13 @@ def tenants_list(ctx: typer.Context, config: ConfigOpt = None) -> None:
 
 
 def _describe(row: Any, settings: Settings) -> dict[str, Any]:
-    from core.store import tenants
+    from conveyor.core.store import tenants
 
     return {"tenant": row.id, "overrides": tenants.overrides_of(row), "effective": _effective(row, settings)}
 
 
 def _effective(row: Any, settings: Settings) -> dict[str, Any]:
-    from core.store.tenants import TenantLimits, cache_salt
+    from conveyor.core.store.tenants import TenantLimits, cache_salt
 
     limits = asdict(TenantLimits.defaults(settings).with_overrides(row))
     return {**limits, "cache_salt": cache_salt(row.id, row.cache_namespace)}
@@ -134,7 +134,7 @@ def _settings(ctx: typer.Context, config: Path | None) -> Settings:
 
 
 def _session(settings: Settings) -> Any:
-    from core.store.database import make_db_engine, make_session_factory
+    from conveyor.core.store.database import make_db_engine, make_session_factory
 
     return make_session_factory(make_db_engine(settings.database_url))()
 

@@ -16,7 +16,7 @@ import redis
 from kombu import Connection, Exchange, Queue
 from kombu.pools import ProducerPool
 
-from core.settings import Settings
+from conveyor.core.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
-from core.tools import Tool, ToolChoice, choice_json, constrained_schema, tools_problem
+from conveyor.core.tools import Tool, ToolChoice, choice_json, constrained_schema, tools_problem
 
 ToolParser = Literal["hermes", "llama3_json", "mistral"]
 TOOL_PARSERS: tuple[ToolParser, ...] = ("hermes", "llama3_json", "mistral")

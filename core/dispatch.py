@@ -22,9 +22,9 @@ from typing import Protocol
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.background import BackgroundLoop
-from core.clock import utcnow
-from core.store import jobs
+from conveyor.core.background import BackgroundLoop
+from conveyor.core.clock import utcnow
+from conveyor.core.store import jobs
 
 log = logging.getLogger(__name__)
 

@@ -4,8 +4,8 @@ inputs, each a string or a list of token ids (`as_inputs`)."""
 
 from __future__ import annotations
 
-from core.request_fields import MAX_INT32
-from core.request_rules import text_problem
+from conveyor.core.request_fields import MAX_INT32
+from conveyor.core.request_rules import text_problem
 
 EmbeddingInput = str | list[int] | list[str | list[int]]  # the job's form: list[str | list[int]]
 SHAPES = "a string, a list of strings, a list of token ids or a list of token-id lists"

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from core.embedding_vectors import decode_vector
+from conveyor.core.embedding_vectors import decode_vector
 
 
 class EmbeddingObject(BaseModel):

@@ -16,10 +16,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
-from core.embedding_input import as_inputs, input_problem
-from core.field_errors import validation_message
-from core.openai_request import Refusal
-from core.request_fields import (
+from conveyor.core.embedding_input import as_inputs, input_problem
+from conveyor.core.field_errors import validation_message
+from conveyor.core.openai_request import Refusal
+from conveyor.core.request_fields import (
     MAX_INT32,
     DeadlineSeconds,
     NonEmptyText,
@@ -28,7 +28,7 @@ from core.request_fields import (
     StoredText,
     StrictFlag,
 )
-from core.service_tiers import ServiceTier
+from conveyor.core.service_tiers import ServiceTier
 
 EMBEDDINGS = "/v1/embeddings"
 EncodingFormat = Literal["float", "base64"]

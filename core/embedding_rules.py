@@ -17,11 +17,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from core.field_errors import FieldProblem
-from core.model_limits import served_max_model_len
-from core.model_task import ModelTask, Task
-from core.request_rules import PROMPT_BYTES_PER_TOKEN, utf8_length
-from core.settings import Settings
+from conveyor.core.field_errors import FieldProblem
+from conveyor.core.model_limits import served_max_model_len
+from conveyor.core.model_task import ModelTask, Task
+from conveyor.core.request_rules import PROMPT_BYTES_PER_TOKEN, utf8_length
+from conveyor.core.settings import Settings
 
 Inputs = list[str | list[int]]
 

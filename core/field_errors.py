@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from core.request_rules import SURROGATE, text_problem
+from conveyor.core.request_rules import SURROGATE, text_problem
 
 LOCATIONS = ("body", "query", "path", "header", "cookie")
 _LEADING_FIELD = re.compile(r"^([A-Za-z_][\w]*(?:\[\d+\]|\.[A-Za-z_]\w*)*): ")

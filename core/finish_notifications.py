@@ -22,7 +22,7 @@ from typing import Protocol
 
 import redis
 
-from core.background import BackgroundLoop
+from conveyor.core.background import BackgroundLoop
 
 log = logging.getLogger(__name__)
 

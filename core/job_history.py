@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from core.store.tables import Job
+from conveyor.core.store.tables import Job
 
 
 def outcome_entry(job: Job, *, status: str | None = None, error_code: str | None = None,

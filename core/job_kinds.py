@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from core.model_task import Task
+from conveyor.core.model_task import Task
 
 GENERATION, EMBEDDING = "generation", "embedding"
 JobKind = Literal["generation", "embedding"]

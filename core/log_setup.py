@@ -1,11 +1,11 @@
-"""Process-wide logging for the `conveyor` commands and `python -m worker`, from the settings."""
+"""Process-wide logging for the `conveyor` commands and `python -m conveyor.worker`, from the settings."""
 
 from __future__ import annotations
 
 import logging
 from urllib.parse import urlsplit, urlunsplit
 
-from core.settings import Settings
+from conveyor.core.settings import Settings
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # Libraries that narrate their own start at INFO (alembic's plugin set-up and context lines on every start,

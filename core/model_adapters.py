@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.lanes import model_of
+from conveyor.core.lanes import model_of
 
 LORA_PARAM = "lora"  # a job's params key: the adapter id its engine request runs with
 

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from core.settings import QueueSettings
+from conveyor.core.settings import QueueSettings
 
 
 def model_context_length(model_folder: Path) -> int | None:

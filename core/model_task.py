@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from core.model_limits import model_context_length
+from conveyor.core.model_limits import model_context_length
 
 Task = Literal["generate", "embed"]
 TaskSetting = Literal["auto", "generate", "embed"]

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any
 
-from core.chat_options import ChatOptions
-from core.tool_calls import choice_seed, read_output
+from conveyor.core.chat_options import ChatOptions
+from conveyor.core.tool_calls import choice_seed, read_output
 
 FINISH_REASONS = ("stop", "length")
 TOOL_CALLS = "tool_calls"  # the finish_reason of an answer that calls tools

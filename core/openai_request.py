@@ -17,10 +17,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
-from core.chat_options import ChatOptions, ToolParser, chat_options, tool_parser_for
-from core.field_errors import validation_message
-from core.openai_objects import PromptView
-from core.request_fields import (
+from conveyor.core.chat_options import ChatOptions, ToolParser, chat_options, tool_parser_for
+from conveyor.core.field_errors import validation_message
+from conveyor.core.openai_objects import PromptView
+from conveyor.core.request_fields import (
     ChatRole,
     ChoiceCount,
     Count,
@@ -44,11 +44,11 @@ from core.request_fields import (
     TopK,
     TopP,
 )
-from core.request_rules import output_problem
-from core.service_tiers import ServiceTier
-from core.settings import Settings
-from core.structured_rules import MAX_CHOICES, structured_from_response_format, structured_problem
-from core.tools import ToolCallIn, ToolChoice, Tools, history_problem
+from conveyor.core.request_rules import output_problem
+from conveyor.core.service_tiers import ServiceTier
+from conveyor.core.settings import Settings
+from conveyor.core.structured_rules import MAX_CHOICES, structured_from_response_format, structured_problem
+from conveyor.core.tools import ToolCallIn, ToolChoice, Tools, history_problem
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"

@@ -17,7 +17,7 @@ from pydantic import AfterValidator, Field, GetCoreSchemaHandler, GetJsonSchemaH
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema, PydanticCustomError, core_schema
 
-from core.request_rules import (
+from conveyor.core.request_rules import (
     MAX_LOGPROBS,
     MAX_N,
     MAX_PRIORITY,

@@ -18,9 +18,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from core.field_errors import FieldProblem
-from core.request_rules import PROMPT_BYTES_PER_TOKEN, text_problem, utf8_length
-from core.settings import QueueSettings
+from conveyor.core.field_errors import FieldProblem
+from conveyor.core.request_rules import PROMPT_BYTES_PER_TOKEN, text_problem, utf8_length
+from conveyor.core.settings import QueueSettings
 
 MAX_IDEMPOTENCY_KEY_CHARS = 255  # the store's column
 

@@ -18,7 +18,7 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_TOKEN_IDS = 64
 MAX_LOGPROBS = 20  # alternatives per generated token
 # A job's priority (lower first, vLLM's meaning): a signed 32-bit integer, as the engine takes it
-# (engine.sequence.MAX_PRIORITY; core cannot import the engine, a test checks they agree).
+# (conveyor.engine.sequence.MAX_PRIORITY; core cannot import the engine, a test checks they agree).
 MAX_PRIORITY = 2**31 - 1
 # Choices per job (`n`): each is a sequence of its own in the engine, beside the queue's running jobs.
 MAX_N = 16

@@ -32,9 +32,9 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from core.lanes import LANE_MAX_CHARS, LANE_SEPARATOR, lane_of
-from core.request_rules import MAX_TTL_S
-from core.retry_policy import Backoff
+from conveyor.core.lanes import LANE_MAX_CHARS, LANE_SEPARATOR, lane_of
+from conveyor.core.request_rules import MAX_TTL_S
+from conveyor.core.retry_policy import Backoff
 
 log = logging.getLogger(__name__)
 

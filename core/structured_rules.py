@@ -18,9 +18,10 @@ from typing import Any
 
 import jsonschema
 
-from core.request_rules import MAX_JSON_DEPTH, json_problem, json_shape_problem
+from conveyor.core.request_rules import MAX_JSON_DEPTH, json_problem, json_shape_problem
 
-# Must equal engine.structured_output.MAX_STRUCTURED_BYTES (core cannot import engine; a test checks it).
+# Must equal the engine's MAX_STRUCTURED_BYTES (engine/structured_output.py; core cannot import the engine, a
+# test checks they agree).
 MAX_STRUCTURED_BYTES = 64 * 1024
 MAX_CHOICES = 1024
 # A schema is stored two levels down in the job's params (params.structured.json_schema), which must stay

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.chat_options import ChatOptions
-from core.tool_calls import HERMES_OPEN, MISTRAL_MARK, call_id, read_output
+from conveyor.core.chat_options import ChatOptions
+from conveyor.core.tool_calls import HERMES_OPEN, MISTRAL_MARK, call_id, read_output
 
 
 class StreamDivergedError(ValueError):

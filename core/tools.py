@@ -17,8 +17,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from core.request_fields import StoredText, StrictFlag
-from core.structured_rules import structured_problem
+from conveyor.core.request_fields import StoredText, StrictFlag
+from conveyor.core.structured_rules import structured_problem
 
 MAX_TOOLS = 128  # OpenAI's limit
 FUNCTION_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"  # OpenAI's rule for function names

@@ -11,15 +11,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from core.chat_options import ChatOptions
-from core.embedding_objects import EmbeddingList, embedding_list
-from core.job_kinds import GENERATION, JobKind
-from core.lanes import split_lane
-from core.lifecycle import BATCH_CANCELLED, BATCH_EXPIRED, BATCH_FAILED, COMPLETED, TERMINAL_STATUSES
-from core.model_adapters import job_model_id
-from core.store.outcome_counts import due_since
-from core.store.tables import Batch, Job
-from core.tool_calls import choice_seed, read_output
+from conveyor.core.chat_options import ChatOptions
+from conveyor.core.embedding_objects import EmbeddingList, embedding_list
+from conveyor.core.job_kinds import GENERATION, JobKind
+from conveyor.core.lanes import split_lane
+from conveyor.core.lifecycle import BATCH_CANCELLED, BATCH_EXPIRED, BATCH_FAILED, COMPLETED, TERMINAL_STATUSES
+from conveyor.core.model_adapters import job_model_id
+from conveyor.core.store.outcome_counts import due_since
+from conveyor.core.store.tables import Batch, Job
+from conveyor.core.tool_calls import choice_seed, read_output
 
 JobStatus = Literal["scheduled", "queued", "running", "succeeded", "failed", "cancelled", "expired"]
 

@@ -1,6 +1,6 @@
 """Conveyor's inference engine: continuous batching over a paged KV cache.
 
-    from engine import LLM, SamplingParams
+    from conveyor.engine import LLM, SamplingParams
     outputs = LLM("path/to/model").generate(["Hello"], SamplingParams(max_tokens=8))
     vectors = [out.embedding for out in LLM("path/to/embedding-model").embed(["Hello"], PoolingParams())]
 
@@ -12,18 +12,19 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from engine.config import EngineConfig, RequestClassConfig
-from engine.outputs import RequestMetrics, RequestOutput
-from engine.pooling_params import PoolingParams
-from engine.sampling_params import SamplingParams
-from engine.structured_output import StructuredOutput
+from conveyor.engine.config import EngineConfig, RequestClassConfig
+from conveyor.engine.outputs import RequestMetrics, RequestOutput
+from conveyor.engine.pooling_params import PoolingParams
+from conveyor.engine.sampling_params import SamplingParams
+from conveyor.engine.structured_output import StructuredOutput
 
 if TYPE_CHECKING:
-    from engine.host import EngineHost
-    from engine.llm import LLM
-    from engine.llm_engine import LLMEngine
+    from conveyor.engine.host import EngineHost
+    from conveyor.engine.llm import LLM
+    from conveyor.engine.llm_engine import LLMEngine
 
-_LAZY = {"LLM": "engine.llm", "LLMEngine": "engine.llm_engine", "EngineHost": "engine.host"}
+_LAZY = {"LLM": "conveyor.engine.llm", "LLMEngine": "conveyor.engine.llm_engine",
+         "EngineHost": "conveyor.engine.host"}
 
 __all__ = [
     "LLM",
@@ -42,4 +43,4 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'engine' has no attribute {name!r}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""`python -m engine --model PATH --prompt "..."`: generate from the command line.
+"""`python -m conveyor.engine --model PATH --prompt "..."`: generate from the command line.
 
 `--demo` builds a tiny random-weight model in a temporary folder when no --model is given (gibberish text,
 but the whole engine runs).
@@ -10,14 +10,14 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from engine.sampling_params import SamplingParams
+from conveyor.engine.sampling_params import SamplingParams
 
 
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model or _demo_model(Path(tmp), args.demo)
-        from engine.llm import LLM
+        from conveyor.engine.llm import LLM
 
         llm = LLM(model, device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
                   num_kv_blocks=args.num_kv_blocks, max_model_len=args.max_model_len)
@@ -38,13 +38,13 @@ def main(argv: list[str] | None = None) -> None:
 def _demo_model(folder: Path, demo: bool) -> str:
     if not demo:
         raise SystemExit("error: --model is required (or pass --demo for a tiny random model)")
-    from engine.demo import build_tiny_model
+    from conveyor.engine.demo import build_tiny_model
 
     return str(build_tiny_model(folder / "tiny-llama"))
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m engine", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m conveyor.engine", description=__doc__.splitlines()[0])
     p.add_argument("--model", help="local Hugging Face model folder")
     p.add_argument("--demo", action="store_true", help="build a tiny random model when --model is absent")
     p.add_argument("--prompt", action="append", help="a prompt (repeat for a batch)")

@@ -1,8 +1,8 @@
 """Paged attention as the model layers see it: the step's attention plan and one module per layer.
 
 The layer writes the step's new K/V into its cache slots, then attends over the cache through the block
-tables. Both calls go to `kernels`, with the step's `kernels.AttentionMetadata` and a backend resolved once,
-when the model is built.
+tables. Both calls go to `kernels/paged_attention.py`, with the step's `AttentionMetadata` and a backend
+resolved once, when the model is built.
 """
 
 from __future__ import annotations
@@ -12,8 +12,13 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-import kernels
-from kernels import AttentionMetadata
+from conveyor.kernels.metadata import AttentionMetadata
+from conveyor.kernels.paged_attention import (
+    BACKENDS,
+    paged_attention,
+    plan_paged_attention,
+    reshape_and_cache,
+)
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # K and V, each [num_blocks, block_size, Hkv, D]
 # One step's metadata per attention window the model's layers use (None: full attention), each with its plan.
@@ -25,7 +30,7 @@ def attention_metas(
 ) -> StepAttention:
     """`meta` with its attention plan for each window, built once per step (a plan's visibility masks
     depend on the window, not on the layer; every layer's cache has `k_cache`'s shape)."""
-    return {window: replace(meta, plan=kernels.plan_paged_attention(k_cache, meta, num_heads, window=window,
+    return {window: replace(meta, plan=plan_paged_attention(k_cache, meta, num_heads, window=window,
                                                                      backend=backend))
             for window in windows}
 
@@ -41,7 +46,7 @@ class PagedAttention(nn.Module):
                  window: int | None = None, softcap: float | None = None, scale: float | None = None) -> None:
         super().__init__()
         assert num_heads % num_kv_heads == 0, (num_heads, num_kv_heads)
-        assert backend in kernels.BACKENDS, backend
+        assert backend in BACKENDS, backend
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
@@ -59,6 +64,6 @@ class PagedAttention(nn.Module):
     ) -> torch.Tensor:  # [T, Hq, D]
         k_cache, v_cache = kv_cache
         meta = metas[self.window]
-        kernels.reshape_and_cache(k, v, k_cache, v_cache, meta.slot_mapping, backend=self.backend)
-        return kernels.paged_attention(q, k_cache, v_cache, meta, self.scale, window=self.window,
+        reshape_and_cache(k, v, k_cache, v_cache, meta.slot_mapping, backend=self.backend)
+        return paged_attention(q, k_cache, v_cache, meta, self.scale, window=self.window,
                                        softcap=self.softcap, backend=self.backend)

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections import deque
 
-from engine.config import EngineConfig
-from engine.prefix_cache import PrefixCache, block_hashes
-from engine.sequence import Sequence
+from conveyor.engine.config import EngineConfig
+from conveyor.engine.prefix_cache import PrefixCache, block_hashes
+from conveyor.engine.sequence import Sequence
 
 RELEASED = -1  # the table entry of a block released early (free_outside_window) or never taken (allocate)
 

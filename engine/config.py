@@ -57,8 +57,8 @@ class EngineConfig:
     seed: int = 0
     # torch intra-op threads, set once when the runner is built (process-wide); None: leave torch's setting.
     # On a shared CPU fewer threads can be faster (each op waits for its slowest thread). The engine applies
-    # only this explicit count; callers that want a measured one use engine.cpu_threads.choose_cpu_threads
-    # (the service and the bench do, on CPU, when no count is given).
+    # only this explicit count; callers that want a measured one use engine/cpu_threads.py's
+    # choose_cpu_threads (the service and the bench do, on CPU, when no count is given).
     num_threads: int | None = None
     # Structured outputs: a constraint not seen before is test-compiled in a child process killed after this
     # long (or when it allocates more than grammar_compile_memory_bytes), so one costly schema fails alone

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from engine.loader import resolve_device
+from conveyor.engine.loader import resolve_device
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 DECODE_BATCH = 16  # rows of the timed matmul: a decode step of a moderately busy engine

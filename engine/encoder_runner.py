@@ -15,14 +15,20 @@ import time
 
 import torch
 
-from engine.config import EngineConfig
-from engine.loader import LoadTimings, check_tokenizer_files, load_model, resolve_device, resolve_dtype
-from engine.model_runner import prepare_step
-from engine.models.bert import BertEncoder
-from engine.pooling import PoolingConfig, chunk_rows, embedding_max_len, pooling_config
-from engine.scheduled_chunk import RunnerOutput, ScheduledChunk
+from conveyor.engine.config import EngineConfig
+from conveyor.engine.loader import (
+    LoadTimings,
+    check_tokenizer_files,
+    load_model,
+    resolve_device,
+    resolve_dtype,
+)
+from conveyor.engine.model_runner import prepare_step
+from conveyor.engine.models.bert import BertEncoder
+from conveyor.engine.pooling import PoolingConfig, chunk_rows, embedding_max_len, pooling_config
+from conveyor.engine.scheduled_chunk import RunnerOutput, ScheduledChunk
 
-logger = logging.getLogger("engine")
+logger = logging.getLogger("conveyor.engine")
 
 
 class EncoderRunner:

@@ -20,8 +20,8 @@ from collections import OrderedDict
 
 import xgrammar as xgr
 
-from engine.grammar_probe import GrammarProbe
-from engine.structured_output import StructuredOutput
+from conveyor.engine.grammar_probe import GrammarProbe
+from conveyor.engine.structured_output import StructuredOutput
 
 MAX_REFUSED = 1024  # refused constraints remembered (their messages only)
 

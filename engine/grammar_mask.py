@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.sequence import Sequence
+from conveyor.engine.sequence import Sequence
 
 
 def apply_grammar_masks(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:

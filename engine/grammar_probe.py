@@ -26,12 +26,12 @@ import threading
 import weakref
 from typing import IO, Any
 
-from engine.structured_output import GrammarLimitError, StructuredOutput
+from conveyor.engine.structured_output import GrammarLimitError, StructuredOutput
 
 log = logging.getLogger(__name__)
 
 STARTUP_TIMEOUT_S = 120.0  # the child imports xgrammar (and torch with it): seconds on a busy machine
-CHILD_MODULE = "engine.grammar_probe"
+CHILD_MODULE = "conveyor.engine.grammar_probe"
 
 
 class _Child:
@@ -166,7 +166,7 @@ class GrammarProbe:
 def _serve(stdin: IO[str], stdout: IO[str]) -> None:
     import xgrammar as xgr
 
-    from engine.grammar import compile_structured
+    from conveyor.engine.grammar import compile_structured
 
     setup = json.loads(stdin.readline())
     info = xgr.TokenizerInfo.deserialize_json(setup["tokenizer_info"])

@@ -15,7 +15,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.sequence import Sequence
+from conveyor.engine.sequence import Sequence
 
 log = logging.getLogger(__name__)
 

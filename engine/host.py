@@ -17,14 +17,14 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from engine.config import EngineConfig
-from engine.grammar_queue import GrammarQueue
-from engine.llm_engine import LLMEngine
-from engine.outputs import RequestOutput
-from engine.pooling_params import PoolingParams
-from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence, Urgency
-from engine.tokenizer import Tokenizer
+from conveyor.engine.config import EngineConfig
+from conveyor.engine.grammar_queue import GrammarQueue
+from conveyor.engine.llm_engine import LLMEngine
+from conveyor.engine.outputs import RequestOutput
+from conveyor.engine.pooling_params import PoolingParams
+from conveyor.engine.sampling_params import SamplingParams
+from conveyor.engine.sequence import Sequence, Urgency
+from conveyor.engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 

@@ -2,9 +2,9 @@
 any engine state, so a bad request disturbs nothing.
 
 NOTE: prompt + max_tokens must fit max_model_len, and the KV cache must hold the most blocks the sequence
-ever holds at once (engine.block_manager.max_blocks_held: all of them, or with a sliding window only those
-of the window and one step's chunk); we reject rather than silently shorten max_tokens, so a caller never
-gets a surprise "length" finish.
+ever holds at once (conveyor.engine.block_manager.max_blocks_held: all of them, or with a sliding window only
+those of the window and one step's chunk); we reject rather than silently shorten max_tokens, so a caller
+never gets a surprise "length" finish.
 
 An embedding engine takes PoolingParams requests only, and a generation engine SamplingParams only. Its text
 inputs are tokenized as sentence-transformers does (its default prompt first, lower-cased when its config
@@ -16,17 +16,17 @@ from __future__ import annotations
 
 import time
 
-from engine.block_manager import BlockManager, max_blocks_held, max_chunk_tokens
-from engine.config import EngineConfig
-from engine.lora.manager import LoRAManager
-from engine.outputs import RequestMetrics
-from engine.pooling import PoolingConfig
-from engine.pooling_params import PoolingParams
-from engine.sampler import Sampler
-from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence, Urgency
-from engine.structured_output_manager import check_structured_supported
-from engine.tokenizer import IncrementalDetokenizer, Tokenizer
+from conveyor.engine.block_manager import BlockManager, max_blocks_held, max_chunk_tokens
+from conveyor.engine.config import EngineConfig
+from conveyor.engine.lora.manager import LoRAManager
+from conveyor.engine.outputs import RequestMetrics
+from conveyor.engine.pooling import PoolingConfig
+from conveyor.engine.pooling_params import PoolingParams
+from conveyor.engine.sampler import Sampler
+from conveyor.engine.sampling_params import SamplingParams
+from conveyor.engine.sequence import Sequence, Urgency
+from conveyor.engine.structured_output_manager import check_structured_supported
+from conveyor.engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
 
 class InputProcessor:

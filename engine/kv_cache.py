@@ -9,9 +9,10 @@ How many blocks, in order of precedence:
    DEFAULT_CPU_KV_CACHE_BYTES (1 GiB) so a long-context model does not swallow the host's memory.
 The engine refuses to start when one `max_model_len` sequence cannot fit.
 
-What one sequence needs is the most blocks it ever holds at once (engine.block_manager.max_blocks_held):
-all of its blocks, or for a model whose every layer attends within a sliding window, only those of the window
-and one step's chunk (it releases the others), so a long context fits a small cache.
+What one sequence needs is the most blocks it ever holds at once
+(conveyor.engine.block_manager.max_blocks_held): all of its blocks, or for a model whose every layer attends
+within a sliding window, only those of the window and one step's chunk (it releases the others), so a long
+context fits a small cache.
 """
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.attention import KVCache
-from engine.block_manager import max_blocks_held, max_chunk_tokens
-from engine.config import EngineConfig
+from conveyor.engine.attention import KVCache
+from conveyor.engine.block_manager import max_blocks_held, max_chunk_tokens
+from conveyor.engine.config import EngineConfig
 
-logger = logging.getLogger("engine")
+logger = logging.getLogger("conveyor.engine")
 
 DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
-from engine.outputs import RequestOutput
-from engine.pooling_params import PoolingParams
-from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence
-from engine.tokenizer import Tokenizer
+from conveyor.engine.config import EngineConfig
+from conveyor.engine.llm_engine import LLMEngine
+from conveyor.engine.outputs import RequestOutput
+from conveyor.engine.pooling_params import PoolingParams
+from conveyor.engine.sampling_params import SamplingParams
+from conveyor.engine.sequence import Sequence
+from conveyor.engine.tokenizer import Tokenizer
 
 Prompt = str | list[int]
 Messages = list[dict[str, str]]

@@ -20,21 +20,21 @@ from typing import TYPE_CHECKING, Protocol, cast
 
 import torch
 
-from engine.block_manager import BlockManager
-from engine.config import EngineConfig
-from engine.input_processor import InputProcessor
-from engine.lora.manager import LoRAManager
-from engine.outputs import RequestOutput, request_output
-from engine.pace import PaceMeter
-from engine.pooling import PoolingConfig, accumulate, finish_embeddings
-from engine.pooling_params import PoolingParams
-from engine.sampler import Sampler
-from engine.sampling_params import SamplingParams
-from engine.scheduled_chunk import RunnerOutput, ScheduledChunk
-from engine.scheduler import Scheduler, SchedulerOutput
-from engine.sequence import Sequence, Urgency
-from engine.stats import EngineTotals, StepStats, stats_dict
-from engine.step_isolation import (
+from conveyor.engine.block_manager import BlockManager
+from conveyor.engine.config import EngineConfig
+from conveyor.engine.input_processor import InputProcessor
+from conveyor.engine.lora.manager import LoRAManager
+from conveyor.engine.outputs import RequestOutput, request_output
+from conveyor.engine.pace import PaceMeter
+from conveyor.engine.pooling import PoolingConfig, accumulate, finish_embeddings
+from conveyor.engine.pooling_params import PoolingParams
+from conveyor.engine.sampler import Sampler
+from conveyor.engine.sampling_params import SamplingParams
+from conveyor.engine.scheduled_chunk import RunnerOutput, ScheduledChunk
+from conveyor.engine.scheduler import Scheduler, SchedulerOutput
+from conveyor.engine.sequence import Sequence, Urgency
+from conveyor.engine.stats import EngineTotals, StepStats, stats_dict
+from conveyor.engine.step_isolation import (
     Failures,
     PromptLogprobs,
     StepError,
@@ -42,12 +42,12 @@ from engine.step_isolation import (
     forward_isolated,
     sample_isolated,
 )
-from engine.stop_rules import stop_reason
-from engine.structured_output_manager import StructuredOutputManager
-from engine.tokenizer import Tokenizer
+from conveyor.engine.stop_rules import stop_reason
+from conveyor.engine.structured_output_manager import StructuredOutputManager
+from conveyor.engine.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
-    from engine.grammar import GrammarCompiler
+    from conveyor.engine.grammar import GrammarCompiler
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +55,8 @@ __all__ = ["LLMEngine", "Runner", "StepError"]
 
 
 class Runner(Protocol):
-    """What the engine needs from the model runner (engine.model_runner.ModelRunner,
-    engine.encoder_runner.EncoderRunner, or a test double).
+    """What the engine needs from the model runner (conveyor.engine.model_runner.ModelRunner,
+    conveyor.engine.encoder_runner.EncoderRunner, or a test double).
 
     An embedding runner also has `task` "embed", `pooling` (PoolingConfig) and `embedding_size`, and returns
     RunnerOutput.pooled; an encoder's has `is_encoder` True. A runner without them generates text. One whose
@@ -393,13 +393,13 @@ class LLMEngine:
 def make_runner(config: EngineConfig) -> Runner:
     """The runner for config.model, its weights loaded: an EncoderRunner for an encoder (BERT, XLM-R),
     else a ModelRunner (paged KV cache)."""
-    from engine.loader import is_encoder_config, read_hf_config
+    from conveyor.engine.loader import is_encoder_config, read_hf_config
 
     if is_encoder_config(read_hf_config(config.model)):
-        from engine.encoder_runner import EncoderRunner
+        from conveyor.engine.encoder_runner import EncoderRunner
 
         return EncoderRunner(config)
-    from engine.model_runner import ModelRunner
+    from conveyor.engine.model_runner import ModelRunner
 
     return ModelRunner(config)
 

@@ -22,12 +22,12 @@ from typing import Any, NamedTuple
 import torch
 from safetensors import safe_open
 
-from engine.models import Model, build_model
-from engine.models.checkpoint_names import Part, checkpoint_target, expected_parts, param_slice
-from engine.models.llama import LlamaForCausalLM
-from engine.pooling import resolve_task
+from conveyor.engine.models import Model, build_model
+from conveyor.engine.models.checkpoint_names import Part, checkpoint_target, expected_parts, param_slice
+from conveyor.engine.models.llama import LlamaForCausalLM
+from conveyor.engine.pooling import resolve_task
 
-logger = logging.getLogger("engine")
+logger = logging.getLogger("conveyor.engine")
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")  # any one of them will do
 IGNORED_TENSOR_SUFFIXES = ("rotary_emb.inv_freq",)  # recomputed, saved only by old checkpoints
@@ -41,7 +41,7 @@ class LoadTimings:
     weights_s: float  # config, model skeleton and every weight on the device
     kv_cache_s: float  # sizing (on CUDA: a profiling forward) and allocating the KV cache
     # Resolving the attention backend: on CPU, loading the C++ CPU kernels (kernels/cpu_extension.py), or
-    # compiling them first (20-40 s) where `python -m kernels.prebuild` did not build them ahead.
+    # compiling them first (20-40 s) where `python -m conveyor.kernels.prebuild` did not build them ahead.
     attention_s: float = 0.0
 
 

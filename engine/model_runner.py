@@ -3,7 +3,7 @@
 A step is a list of ScheduledChunk (prefill chunks and decode tokens of different sequences). The runner
 concatenates their tokens into one batch of T tokens, derives positions and cache slots with tensor ops,
 runs the model once, and computes logits only at the last token of each chunk that samples, and at the
-positions of the chunks that score their prompt (engine.prompt_logprobs).
+positions of the chunks that score their prompt (conveyor.engine.prompt_logprobs).
 
 An embedding engine's runner (task "embed") computes no logits (its model has no LM head): it returns, per
 chunk, the row that pooling needs of the chunk's hidden states (engine/pooling.py chunk_rows). Encoders
@@ -20,21 +20,27 @@ from typing import Any
 
 import torch
 
-import kernels
-from engine.attention import KVCache, attention_metas
-from engine.config import EngineConfig
-from engine.kv_cache import KVCacheLayout, allocate_kv_cache, cuda_kv_budget_bytes, plan_num_blocks
-from engine.loader import LoadTimings, check_tokenizer_files, load_model, resolve_device, resolve_dtype
-from engine.lora.batch import LoRABatch
-from engine.lora.manager import LoRAManager
-from engine.models.layer_config import uniform_window
-from engine.models.llama import LlamaForCausalLM
-from engine.pooling import PoolingConfig, chunk_rows, embedding_max_len, pooling_config
-from engine.prompt_logprobs import score_prompt_chunks
-from engine.scheduled_chunk import RunnerOutput, ScheduledChunk
-from kernels import AttentionMetadata
+from conveyor.engine.attention import KVCache, attention_metas
+from conveyor.engine.config import EngineConfig
+from conveyor.engine.kv_cache import KVCacheLayout, allocate_kv_cache, cuda_kv_budget_bytes, plan_num_blocks
+from conveyor.engine.loader import (
+    LoadTimings,
+    check_tokenizer_files,
+    load_model,
+    resolve_device,
+    resolve_dtype,
+)
+from conveyor.engine.lora.batch import LoRABatch
+from conveyor.engine.lora.manager import LoRAManager
+from conveyor.engine.models.layer_config import uniform_window
+from conveyor.engine.models.llama import LlamaForCausalLM
+from conveyor.engine.pooling import PoolingConfig, chunk_rows, embedding_max_len, pooling_config
+from conveyor.engine.prompt_logprobs import score_prompt_chunks
+from conveyor.engine.scheduled_chunk import RunnerOutput, ScheduledChunk
+from conveyor.kernels.metadata import AttentionMetadata
+from conveyor.kernels.paged_attention import resolve_backend
 
-logger = logging.getLogger("engine")
+logger = logging.getLogger("conveyor.engine")
 
 
 @dataclass(frozen=True)
@@ -56,7 +62,7 @@ class ModelRunner:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         started = time.perf_counter()  # timed for the worker's cold-start report (LoadTimings)
-        self.attention_backend = kernels.resolve_backend(config.attention_backend, self.device)
+        self.attention_backend = resolve_backend(config.attention_backend, self.device)
         attention_s = time.perf_counter() - started
         check_tokenizer_files(config.model)
         started = time.perf_counter()

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from engine.sequence import Sequence
+    from conveyor.engine.sequence import Sequence
 
 FinishReason = Literal["stop", "length", "abort"]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.stats import StepStats
+from conveyor.engine.stats import StepStats
 
 SMOOTHING = 0.1  # weight of the newest step in the moving averages (about the last 20 steps count)
 

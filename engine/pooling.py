@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from engine.config import POOLING_METHODS, TASKS
+from conveyor.engine.config import POOLING_METHODS, TASKS
 
 # sentence-transformers' Pooling modes we compute, as its config names them: `pooling_mode_<name>: true` keys,
 # or a newer `pooling_mode` string. Any other mode (max, weightedmean, ...) is refused by name.

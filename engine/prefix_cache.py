@@ -23,7 +23,7 @@ import hashlib
 from array import array
 from collections import OrderedDict
 
-from engine.sequence import Sequence
+from conveyor.engine.sequence import Sequence
 
 ROOT_HASH = b""  # the parent of an unsalted sequence's first block
 

@@ -15,8 +15,8 @@ from itertools import accumulate, chain
 
 import torch
 
-from engine.scheduled_chunk import ChunkPromptLogprobs, ScheduledChunk
-from engine.sequence import Sequence
+from conveyor.engine.scheduled_chunk import ChunkPromptLogprobs, ScheduledChunk
+from conveyor.engine.sequence import Sequence
 
 ComputeLogits = Callable[[torch.Tensor], torch.Tensor]  # hidden [n, H] -> logits [n, V] fp32
 

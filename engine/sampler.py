@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.grammar_mask import apply_grammar_masks
-from engine.sequence import Sequence
+from conveyor.engine.grammar_mask import apply_grammar_masks
+from conveyor.engine.sequence import Sequence
 
 
 @dataclass

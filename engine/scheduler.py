@@ -9,11 +9,11 @@ at every step (a deadline passing moves a request back to its arrival's place), 
 one preempted when blocks run out.
 
 Prefix caching: a request admitted from the waiting queue first takes the longest chain of cached full
-blocks that starts its tokens (engine.prefix_cache); those tokens count as computed and spend none of the
-step's budget. A preempted request frees its blocks into the cache and gets back, when readmitted, whatever is
-still there. Blocks computed by a step are registered by LLMEngine once the step has succeeded. A request
-that still collects prompt logprobs takes no hits (every prompt position must be computed to be scored), but
-its computed blocks are registered for others all the same.
+blocks that starts its tokens (conveyor.engine.prefix_cache); those tokens count as computed and spend none
+of the step's budget. A preempted request frees its blocks into the cache and gets back, when readmitted,
+whatever is still there. Blocks computed by a step are registered by LLMEngine once the step has succeeded. A
+request that still collects prompt logprobs takes no hits (every prompt position must be computed to be
+scored), but its computed blocks are registered for others all the same.
 
 Pooling requests (embeddings) are prompts that generate nothing: scheduled like any prefill, finished by
 LLMEngine once their input is computed. One whose pooling reads every position (mean, cls) takes no hits,
@@ -28,14 +28,14 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from engine.block_manager import BlockManager
-from engine.config import EngineConfig
-from engine.outputs import FinishReason
-from engine.prefix_cache import block_hashes
-from engine.prompt_logprobs import chunk_prompt_targets, reset_prompt_logprobs
-from engine.scheduled_chunk import ScheduledChunk
-from engine.sequence import Sequence, SequenceStatus
-from engine.waiting_queue import WaitingQueue
+from conveyor.engine.block_manager import BlockManager
+from conveyor.engine.config import EngineConfig
+from conveyor.engine.outputs import FinishReason
+from conveyor.engine.prefix_cache import block_hashes
+from conveyor.engine.prompt_logprobs import chunk_prompt_targets, reset_prompt_logprobs
+from conveyor.engine.scheduled_chunk import ScheduledChunk
+from conveyor.engine.sequence import Sequence, SequenceStatus
+from conveyor.engine.waiting_queue import WaitingQueue
 
 
 @dataclass

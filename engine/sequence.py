@@ -9,15 +9,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engine.outputs import FinishReason, RequestMetrics
-from engine.pace import Pace
-from engine.pooling_params import PoolingParams
-from engine.sampling_params import SamplingParams
+from conveyor.engine.outputs import FinishReason, RequestMetrics
+from conveyor.engine.pace import Pace
+from conveyor.engine.pooling_params import PoolingParams
+from conveyor.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     import xgrammar
 
-    from engine.tokenizer import IncrementalDetokenizer
+    from conveyor.engine.tokenizer import IncrementalDetokenizer
 
 
 class SequenceStatus(enum.Enum):
@@ -65,7 +65,7 @@ class Sequence:
     finishes once its last input token is computed, with the vector its hidden states pooled into.
 
     `block_table`, `block_hashes`, `num_registered_blocks` and `num_released_blocks` are read by everyone but
-    changed only by the BlockManager (and engine.prefix_cache.block_hashes).
+    changed only by the BlockManager (and conveyor.engine.prefix_cache.block_hashes).
     """
 
     request_id: str
@@ -81,9 +81,9 @@ class Sequence:
     pace: Pace = field(default_factory=Pace)
     generator: torch.Generator | None = None  # only for seeded requests
     prompt: str | None = None
-    # Seeds the prefix cache's hash chain (engine.prefix_cache.salt_root): requests with different salts
-    # never share cached blocks (the service gives each tenant its own, or its cache namespace's, so a hit
-    # cannot reveal what another tenant asked). None: unsalted.
+    # Seeds the prefix cache's hash chain (conveyor.engine.prefix_cache.salt_root): requests with different
+    # salts never share cached blocks (the service gives each tenant its own, or its cache namespace's, so a
+    # hit cannot reveal what another tenant asked). None: unsalted.
     cache_salt: str | None = None
     # The LoRA adapter it runs with (its name, and the key of its registration: engine/lora/manager.py); None:
     # the base model.

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from engine.scheduler import SchedulerOutput
+    from conveyor.engine.scheduler import SchedulerOutput
 
 
 @dataclass

@@ -12,10 +12,10 @@ from typing import TypeVar
 
 import torch
 
-from engine.sampler import SamplerOutput
-from engine.scheduled_chunk import ChunkPromptLogprobs, RunnerOutput, ScheduledChunk
-from engine.scheduler import SchedulerOutput
-from engine.sequence import Sequence
+from conveyor.engine.sampler import SamplerOutput
+from conveyor.engine.scheduled_chunk import ChunkPromptLogprobs, RunnerOutput, ScheduledChunk
+from conveyor.engine.scheduler import SchedulerOutput
+from conveyor.engine.sequence import Sequence
 
 T = TypeVar("T")
 X = TypeVar("X")

@@ -6,8 +6,8 @@ Before min_tokens only a completed grammar or max_tokens stop it (the sampler ma
 
 from __future__ import annotations
 
-from engine.outputs import FinishReason
-from engine.sequence import Sequence
+from conveyor.engine.outputs import FinishReason
+from conveyor.engine.sequence import Sequence
 
 
 def stop_reason(seq: Sequence, token: int, delta: str, eos_token_ids: frozenset[int]) -> FinishReason | None:

@@ -1,7 +1,7 @@
 """What a constrained request asks for: exactly one of a JSON Schema, any JSON object, a regex or a choice.
 
-Plain data, no grammar library: SamplingParams validates it, engine.grammar compiles it. `cache_key` is
-canonical JSON, so the same schema written with other key order or spacing compiles once.
+Plain data, no grammar library: SamplingParams validates it, conveyor.engine.grammar compiles it. `cache_key`
+is canonical JSON, so the same schema written with other key order or spacing compiles once.
 """
 
 from __future__ import annotations

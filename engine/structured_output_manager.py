@@ -11,13 +11,13 @@ import importlib.util
 import threading
 from typing import TYPE_CHECKING
 
-from engine.config import EngineConfig
-from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence
-from engine.tokenizer import Tokenizer
+from conveyor.engine.config import EngineConfig
+from conveyor.engine.sampling_params import SamplingParams
+from conveyor.engine.sequence import Sequence
+from conveyor.engine.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
-    from engine.grammar import GrammarCompiler
+    from conveyor.engine.grammar import GrammarCompiler
 
 GRAMMAR_BACKEND = "xgrammar"
 MISSING_EXTRA = (
@@ -68,7 +68,7 @@ class StructuredOutputManager:
         compiled = compiler.compile(structured) if compile else compiler.cached(structured)
         if compiled is None:
             return False
-        from engine.grammar import xgrammar_matcher  # imported by self.compiler already
+        from conveyor.engine.grammar import xgrammar_matcher  # imported by self.compiler already
 
         seq.matcher = xgrammar_matcher(compiled)
         return True
@@ -81,7 +81,7 @@ class StructuredOutputManager:
 
     def _build(self) -> GrammarCompiler:
         try:
-            from engine.grammar import GrammarCompiler
+            from conveyor.engine.grammar import GrammarCompiler
         except ModuleNotFoundError as exc:
             if exc.name != GRAMMAR_BACKEND:
                 raise

@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterator
 
-from engine.sequence import Sequence
+from conveyor.engine.sequence import Sequence
 
 _Key = tuple[int, int, float, int]
 

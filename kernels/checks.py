@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.metadata import AttentionMetadata
+from conveyor.kernels.metadata import AttentionMetadata
 
 INDEX_DTYPES = (torch.int32, torch.int64)
 

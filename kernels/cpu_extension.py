@@ -5,8 +5,8 @@
 each) make one extension (`csrc/bindings_cpu.cpp` binds them), compiled with torch's C++ extension builder
 (the system's C++ compiler and ninja) for the instruction set torch detected on this CPU.
 
-Built ahead of time: `python -m kernels.prebuild` (run by `make serve`'s setup and by the worker image's
-build) compiles it into torch's extensions folder (`TORCH_EXTENSIONS_DIR`, read by torch; default
+Built ahead of time: `python -m conveyor.kernels.prebuild` (run by `make serve`'s setup and by the worker
+image's build) compiles it into torch's extensions folder (`TORCH_EXTENSIONS_DIR`, read by torch; default
 `~/.cache/torch_extensions/<python>_<accelerator>`). Each build has its own folder, named by a hash of what
 makes the binary (the sources and headers, the flags, torch's and Python's versions), so a process that finds
 its library there imports it in milliseconds, without ninja or torch's build lock (the folder may be
@@ -141,7 +141,7 @@ def _load_built(build: KernelBuild) -> CpuKernels | None:
 
 def _compile(build: KernelBuild, sources: tuple[Path, ...]) -> CpuKernels:
     log.info("compiling the C++ CPU kernels for %s into %s (once per machine and source change: %s; "
-             "`python -m kernels.prebuild` builds them ahead of time)", build.isa, build.directory,
+             "`python -m conveyor.kernels.prebuild` builds them ahead of time)", build.isa, build.directory,
              COMPILE_TIME)
     from torch.utils import cpp_extension  # imports setuptools: only when a build is wanted
 

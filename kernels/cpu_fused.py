@@ -10,7 +10,7 @@ from types import ModuleType
 
 import torch
 
-from kernels.cpu_extension import cpu_kernels
+from conveyor.kernels.cpu_extension import cpu_kernels
 
 
 def rms_norm_cpu(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:  # [T, H] -> [T, H]

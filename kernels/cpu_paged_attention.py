@@ -11,7 +11,7 @@ Sliding windows and soft-capping: the kernel starts each decode sequence at its 
 before it are never read, nor checked: their table entries may be -1 or stale) and caps the scaled scores
 with tanh before the softmax; the prefill chunks get both from the reference.
 
-The kernel is part of the C++ CPU extension (`kernels.cpu_extension`), built once per machine.
+The kernel is part of the C++ CPU extension (`conveyor.kernels.cpu_extension`), built once per machine.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from kernels.checks import check_paged_attention, check_reshape_and_cache
-from kernels.cpu_extension import cpu_kernels
-from kernels.metadata import AttentionMetadata
-from kernels.reference import (
+from conveyor.kernels.checks import check_paged_attention, check_reshape_and_cache
+from conveyor.kernels.cpu_extension import cpu_kernels
+from conveyor.kernels.metadata import AttentionMetadata
+from conveyor.kernels.reference import (
     AttentionPlan,
     check_window_softcap,
     paged_attention_ref,
@@ -76,7 +76,7 @@ def paged_attention_cpu(
     softcap: float | None = None,
 ) -> torch.Tensor:
     """`meta.plan`: from `plan_paged_attention_cpu` on this step's metadata for the same `window`; built here
-    when None. `window`, `softcap`: as in `kernels.paged_attention` (None: none)."""
+    when None. `window`, `softcap`: as in `conveyor.kernels.paged_attention` (None: none)."""
     check_window_softcap(window, softcap)
     check_paged_attention(q, k_cache, v_cache, meta, out)
     if q.device.type != "cpu":

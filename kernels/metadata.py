@@ -2,7 +2,7 @@
 
 S sequences contribute T query tokens to the step, concatenated in `query_start_loc` order. Index tensors
 are int32 (int64 accepted) on the device of the step's q and caches; the kernels check shapes, dtypes and
-devices, never values on the device (see `kernels.checks`).
+devices, never values on the device (see `conveyor.kernels.checks`).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:  # the planners import this module: a runtime import would be circular
-    from kernels.cpu_paged_attention import CpuAttentionPlan
-    from kernels.reference import AttentionPlan
+    from conveyor.kernels.cpu_paged_attention import CpuAttentionPlan
+    from conveyor.kernels.reference import AttentionPlan
 
 
 @dataclass(frozen=True)

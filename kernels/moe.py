@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.moe_reference import expert_token_counts, fused_moe_ref
+from conveyor.kernels.moe_reference import expert_token_counts, fused_moe_ref
 
 MOE_BACKENDS = ("triton", "torch")
 
@@ -62,6 +62,6 @@ def fused_moe(
     """out [T, H] in x's dtype: see the module docstring."""
     if resolve_moe_backend(backend, x.device) == "torch":
         return fused_moe_ref(x, w_gate_up, w_down, topk_weights, topk_ids)
-    from kernels.triton_moe import fused_moe_triton
+    from conveyor.kernels.triton_moe import fused_moe_triton
 
     return fused_moe_triton(x, w_gate_up, w_down, topk_weights, topk_ids)

@@ -1,4 +1,5 @@
-"""`python -m kernels.prebuild`: builds the C++ CPU kernels ahead of time, where the engine loads them from.
+"""`python -m conveyor.kernels.prebuild`: builds the C++ CPU kernels ahead of time, where the engine loads
+them from.
 
 Run by `make serve`'s setup (this CPU's instruction set) and by the worker image's build (`--isa AVX2 --isa
 AVX512`: the image runs on machines other than the one that built it), so that no engine start compiles.
@@ -14,11 +15,11 @@ from collections.abc import Sequence
 
 import torch
 
-from kernels.cpu_extension import COMPILE_TIME, ISA_FLAGS, build_cpu_kernels, plan_build
+from conveyor.kernels.cpu_extension import COMPILE_TIME, ISA_FLAGS, build_cpu_kernels, plan_build
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kernels.prebuild",
+    parser = argparse.ArgumentParser(prog="python -m conveyor.kernels.prebuild",
                                      description="Builds the C++ CPU kernels into torch's extensions folder "
                                                  "(TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions).")
     parser.add_argument("--isa", action="append", choices=sorted(ISA_FLAGS),
@@ -50,7 +51,8 @@ def build_here(isa: str) -> bool:
 def build_elsewhere(isa: str) -> bool:
     """Builds for an instruction set this CPU may lack, in a child process: once the library is built, the
     child's import of it may die of an illegal instruction, which must not take this process with it."""
-    subprocess.run([sys.executable, "-m", "kernels.prebuild", "--in-process", "--isa", isa], check=False)
+    subprocess.run([sys.executable, "-m", "conveyor.kernels.prebuild", "--in-process", "--isa", isa],
+                   check=False)
     build = plan_build(isa)
     built = build.is_built()
     print(f"CPU kernels for {isa}: {'built' if built else 'NOT built'} ({build.library})", flush=True)

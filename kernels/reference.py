@@ -27,8 +27,8 @@ from itertools import pairwise
 
 import torch
 
-from kernels.checks import check_paged_attention, check_reshape_and_cache
-from kernels.metadata import AttentionMetadata
+from conveyor.kernels.checks import check_paged_attention, check_reshape_and_cache
+from conveyor.kernels.metadata import AttentionMetadata
 
 GROUP_BUDGET_ELEMENTS = 1 << 21  # fp32 elements of padded K/V, scores and mask per group (8 MiB)
 

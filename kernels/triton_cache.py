@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.checks import check_reshape_and_cache
+from conveyor.kernels.checks import check_reshape_and_cache
 
 
 @triton.jit

@@ -1,8 +1,8 @@
 """Triton mixture-of-experts expert computation: a grouped GEMM over the step's (token, k) pairs sorted by
 expert, every expert of the step in one launch of each of two kernels.
 
-Same contract as `kernels.moe_reference.fused_moe_ref` (x [T, H], w_gate_up [E, 2I, H], w_down [E, H, I],
-topk_weights / topk_ids [T, K] -> out [T, H] in x's dtype).
+Same contract as `conveyor.kernels.moe_reference.fused_moe_ref` (x [T, H], w_gate_up [E, 2I, H], w_down [E,
+H, I], topk_weights / topk_ids [T, K] -> out [T, H] in x's dtype).
 
 Host side (torch ops, no loop over tokens, no host sync): the P = T * K pairs `t * K + k` are sorted by
 expert and each expert's segment is padded to a multiple of BLOCK_M, so that every tile of BLOCK_M sorted
@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.moe_reference import check_fused_moe, sort_by_expert
+from conveyor.kernels.moe_reference import check_fused_moe, sort_by_expert
 
 BLOCK_N = 64
 BLOCK_K = 64

@@ -30,9 +30,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.checks import check_paged_attention
-from kernels.metadata import AttentionMetadata
-from kernels.reference import check_window_softcap
+from conveyor.kernels.checks import check_paged_attention
+from conveyor.kernels.metadata import AttentionMetadata
+from conveyor.kernels.reference import check_window_softcap
 
 MAX_HEAD_DIM = 256
 MAX_SPLITS = 64
@@ -193,8 +193,8 @@ def paged_attention_triton(
     softcap: float | None = None,
     num_splits: int | None = None,
 ) -> torch.Tensor:
-    """Same contract as `kernels.paged_attention` (`meta.plan` ignored, so any window works without a plan);
-    `num_splits` forces the split-KV factor (1 = no split)."""
+    """Same contract as `conveyor.kernels.paged_attention` (`meta.plan` ignored, so any window works without
+    a plan); `num_splits` forces the split-KV factor (1 = no split)."""
     check_window_softcap(window, softcap)
     check_paged_attention(q, k_cache, v_cache, meta, out)
     _check_triton_inputs(q, num_splits)

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from alembic import context
 
-from core.store.database import make_db_engine
-from core.store.tables import Base
+from conveyor.core.store.database import make_db_engine
+from conveyor.core.store.tables import Base
 
 
 def _database_url() -> str:
     url = context.config.get_main_option("sqlalchemy.url")
     if url:
         return url
-    from core.settings import load_settings
+    from conveyor.core.settings import load_settings
 
     return load_settings().database_url
 

@@ -22,14 +22,14 @@ from fastapi.testclient import TestClient
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.app import create_app
-from api.prompt_tokenizer import PromptTokenizer
-from core.settings import Settings
-from core.store.database import make_db_engine, make_session_factory
-from core.store.migrate import upgrade
-from core.store.tables import Base
-from core.webhooks.signing import generate_secret
-from engine.demo import build_tiny_model
+from conveyor.api.app import create_app
+from conveyor.api.prompt_tokenizer import PromptTokenizer
+from conveyor.core.settings import Settings
+from conveyor.core.store.database import make_db_engine, make_session_factory
+from conveyor.core.store.migrate import upgrade
+from conveyor.core.store.tables import Base
+from conveyor.core.webhooks.signing import generate_secret
+from conveyor.engine.demo import build_tiny_model
 from tests.support.live_server import SpareRedis
 from tests.support.redis_claim import claimed_database
 from tests.support.service import RecordingPublisher, Service

@@ -18,21 +18,22 @@ from typing import Any
 
 import pytest
 
-from core.store.migrate import upgrade
+from conveyor.core.store.migrate import upgrade
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 REDIS_SERVER = os.environ.get("CONVEYOR_TEST_REDIS", "redis://127.0.0.1:6379")  # as tests/conftest.py
-HEAVY = ("torch", "triton", "engine", "kernels", "worker", "celery", "bench")
+HEAVY = ("torch", "triton", "celery", "conveyor.engine", "conveyor.kernels", "conveyor.worker",
+         "conveyor.bench")
 
 # Runs `conveyor api` through the CLI; records the heavy modules after the CLI's own imports, just before
-# the prompt tokenizer is built (every import of the command and of api.app done by then), and when the
-# built app would be served.
+# the prompt tokenizer is built (every import of the command and of conveyor.api.app done by then), and when
+# the built app would be served.
 PROBE = f"""
 import json, sys
 heavy = lambda: [name for name in {HEAVY!r} if sys.modules.get(name) is not None]
 report = {{}}
 import uvicorn
-import api.prompt_tokenizer as prompt_tokenizer
+import conveyor.api.prompt_tokenizer as prompt_tokenizer
 def serve(app, **_options):
     report["served"] = type(app).__name__
     report["serving"] = heavy()
@@ -42,7 +43,7 @@ def before_tokenizer(self, path):
     report["before_tokenizer"] = heavy()
     build_tokenizer(self, path)
 prompt_tokenizer.PromptTokenizer.__init__ = before_tokenizer
-from cli.main import app
+from conveyor.cli.main import app
 report["cli_imported"] = heavy()
 report["exit"] = app(["api"], prog_name="conveyor", standalone_mode=False)
 print(json.dumps(report))

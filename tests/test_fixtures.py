@@ -5,11 +5,20 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import func, select
 
-from core.clock import utcnow
-from core.store import batches, job_tallies, jobs, keys, lora_adapters, outcome_counts, webhooks, workers
-from core.store.database import make_db_engine, make_session_factory
-from core.store.files import new_file_id
-from core.store.tables import Attempt, Base, BatchLine, File
+from conveyor.core.clock import utcnow
+from conveyor.core.store import (
+    batches,
+    job_tallies,
+    jobs,
+    keys,
+    lora_adapters,
+    outcome_counts,
+    webhooks,
+    workers,
+)
+from conveyor.core.store.database import make_db_engine, make_session_factory
+from conveyor.core.store.files import new_file_id
+from conveyor.core.store.tables import Attempt, Base, BatchLine, File
 
 
 def _fill_every_table(url: str) -> None:

@@ -1,10 +1,11 @@
-"""`python -m worker`: the Celery worker with settings from CONVEYOR_* (same as `conveyor worker`)."""
+"""`python -m conveyor.worker`: the Celery worker with settings from CONVEYOR_* (same as `conveyor
+worker`)."""
 
 from __future__ import annotations
 
-from core.log_setup import configure_logging
-from core.settings import load_settings
-from worker.celery_worker import run_worker
+from conveyor.core.log_setup import configure_logging
+from conveyor.core.settings import load_settings
+from conveyor.worker.celery_worker import run_worker
 
 if __name__ == "__main__":
     settings = load_settings()

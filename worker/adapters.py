@@ -14,11 +14,11 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.s3 import make_s3_client, parse_s3_prefix_url
-from core.settings import Settings
-from core.store import lora_adapters
-from engine.host import EngineHost
-from engine.lora.adapter import CONFIG_FILE, WEIGHTS_FILE
+from conveyor.core.s3 import make_s3_client, parse_s3_prefix_url
+from conveyor.core.settings import Settings
+from conveyor.core.store import lora_adapters
+from conveyor.engine.host import EngineHost
+from conveyor.engine.lora.adapter import CONFIG_FILE, WEIGHTS_FILE
 
 log = logging.getLogger(__name__)
 LOAD_TIMEOUT_S = 600.0  # reading one adapter (a few hundred MB at most) into host memory and checking it

@@ -12,13 +12,13 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from core.job_kinds import EMBEDDING
-from core.model_adapters import LORA_PARAM
-from core.store.tables import Job
-from engine.outputs import RequestOutput
-from engine.sequence import Urgency
-from worker.choices import choice_request_ids
-from worker.engine_requests import EngineRequests
+from conveyor.core.job_kinds import EMBEDDING
+from conveyor.core.model_adapters import LORA_PARAM
+from conveyor.core.store.tables import Job
+from conveyor.engine.outputs import RequestOutput
+from conveyor.engine.sequence import Urgency
+from conveyor.worker.choices import choice_request_ids
+from conveyor.worker.engine_requests import EngineRequests
 
 OnDone = Callable[[], None]  # called once per started attempt, after its outcome is stored (the caller acks)
 # What the engine gives back for an attempt: its output, or each request's when it has several (a job's n > 1

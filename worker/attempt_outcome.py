@@ -9,14 +9,14 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from core.embedding_vectors import encode_vector
-from core.retry_policy import OUT_OF_MEMORY
-from core.store import jobs
-from engine.outputs import RequestOutput
-from engine.tokenizer import Tokenizer
-from worker.attempt import ENGINE_ERROR, INVALID_REQUEST, TIMEOUT, Attempt, EngineFuture
-from worker.logprobs import job_logprobs, job_prompt_logprobs
-from worker.transient import is_transient
+from conveyor.core.embedding_vectors import encode_vector
+from conveyor.core.retry_policy import OUT_OF_MEMORY
+from conveyor.core.store import jobs
+from conveyor.engine.outputs import RequestOutput
+from conveyor.engine.tokenizer import Tokenizer
+from conveyor.worker.attempt import ENGINE_ERROR, INVALID_REQUEST, TIMEOUT, Attempt, EngineFuture
+from conveyor.worker.logprobs import job_logprobs, job_prompt_logprobs
+from conveyor.worker.transient import is_transient
 
 log = logging.getLogger(__name__)
 

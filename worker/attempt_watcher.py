@@ -9,12 +9,12 @@ import time
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.background import BackgroundLoop
-from core.lifecycle import CANCELLED, RUNNING
-from core.store import jobs
-from engine.host import EngineHost
-from worker.attempt import CANCELLED_REASON, SUPERSEDED, TIMEOUT, Attempt
-from worker.in_flight import InFlight
+from conveyor.core.background import BackgroundLoop
+from conveyor.core.lifecycle import CANCELLED, RUNNING
+from conveyor.core.store import jobs
+from conveyor.engine.host import EngineHost
+from conveyor.worker.attempt import CANCELLED_REASON, SUPERSEDED, TIMEOUT, Attempt
+from conveyor.worker.in_flight import InFlight
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The worker's Celery app, on the broker settings of core/broker.py (which the API publishes with).
 
-Job queues are consumed by worker.consumer.JobConsumerStep (one channel per queue); Celery's own task
+Job queues are consumed by conveyor.worker.consumer.JobConsumerStep (one channel per queue); Celery's own task
 consumer only listens on a control queue kept for service tasks.
 """
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from celery import Celery
 
-from core.broker import CONNECT_TIMEOUT_S, POOL_LIMIT, TRANSPORT_OPTIONS
-from core.settings import Settings
+from conveyor.core.broker import CONNECT_TIMEOUT_S, POOL_LIMIT, TRANSPORT_OPTIONS
+from conveyor.core.settings import Settings
 
 CONTROL_QUEUE = "conveyor.control"
 

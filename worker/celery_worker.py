@@ -15,22 +15,22 @@ from typing import Any
 from celery import signals
 from celery.exceptions import SecurityWarning
 
-import engine.model_runner  # noqa: F401  (imported with the rest: "imports" in the cold-start figures)
-from core.broker import BrokerPublisher
-from core.finish_notifications import RedisFinishedSink
-from core.log_setup import masked_url
-from core.settings import Settings
-from core.store.database import make_db_engine, make_session_factory
-from engine.host import EngineHost
-from worker.celery_app import CONTROL_QUEUE, make_celery_app
-from worker.cold_start import ColdStart
-from worker.consumer import JobConsumerStep, JobFeed, worker_options
-from worker.engine_metrics import by_model
-from worker.heartbeat import new_worker_id
-from worker.metrics_server import serve_metrics
-from worker.model import describe_engine
-from worker.services import WorkerServices
-from worker.token_sinks import RedisTokenSink
+import conveyor.engine.model_runner  # noqa: F401  (imported with the rest: "imports" in the cold-start figures)
+from conveyor.core.broker import BrokerPublisher
+from conveyor.core.finish_notifications import RedisFinishedSink
+from conveyor.core.log_setup import masked_url
+from conveyor.core.settings import Settings
+from conveyor.core.store.database import make_db_engine, make_session_factory
+from conveyor.engine.host import EngineHost
+from conveyor.worker.celery_app import CONTROL_QUEUE, make_celery_app
+from conveyor.worker.cold_start import ColdStart
+from conveyor.worker.consumer import JobConsumerStep, JobFeed, worker_options
+from conveyor.worker.engine_metrics import by_model
+from conveyor.worker.heartbeat import new_worker_id
+from conveyor.worker.metrics_server import serve_metrics
+from conveyor.worker.model import describe_engine
+from conveyor.worker.services import WorkerServices
+from conveyor.worker.token_sinks import RedisTokenSink
 
 log = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from core.chat_options import ChatOptions
-from core.tools import template_messages
+from conveyor.core.chat_options import ChatOptions
+from conveyor.core.tools import template_messages
 
 
 class ChatTemplate(Protocol):

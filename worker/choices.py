@@ -18,8 +18,8 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 
-from engine.outputs import RequestOutput
-from engine.sampling_params import MAX_SEED, MIN_SEED, SamplingParams
+from conveyor.engine.outputs import RequestOutput
+from conveyor.engine.sampling_params import MAX_SEED, MIN_SEED, SamplingParams
 
 SubmitChoice = Callable[[int], Future[RequestOutput]]
 

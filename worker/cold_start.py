@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.host import EngineHost
-from engine.loader import LoadTimings
+from conveyor.engine.host import EngineHost
+from conveyor.engine.loader import LoadTimings
 
 log = logging.getLogger("conveyor.cold_start")
 

@@ -39,9 +39,9 @@ from celery.bootsteps import CLOSE
 from kombu import Consumer
 from kombu.message import Message
 
-from core.broker import job_queue
-from core.dispatch import Publish
-from worker.job_runner import JobRunner, RunnerStoppedError
+from conveyor.core.broker import job_queue
+from conveyor.core.dispatch import Publish
+from conveyor.worker.job_runner import JobRunner, RunnerStoppedError
 
 log = logging.getLogger(__name__)
 

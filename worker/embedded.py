@@ -22,19 +22,19 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.background import BackgroundLoop
-from core.finish_notifications import LocalFinishedHub
-from core.settings import Settings
-from core.store import jobs
-from core.store.database import make_db_engine, make_session_factory
-from engine.host import EngineHost
-from worker.cold_start import ColdStart
-from worker.engine_metrics import by_model
-from worker.heartbeat import new_worker_id
-from worker.in_process_queue import InProcessPublisher
-from worker.job_runner import RunnerStoppedError
-from worker.services import WorkerServices
-from worker.token_sinks import InProcessTokenStream
+from conveyor.core.background import BackgroundLoop
+from conveyor.core.finish_notifications import LocalFinishedHub
+from conveyor.core.settings import Settings
+from conveyor.core.store import jobs
+from conveyor.core.store.database import make_db_engine, make_session_factory
+from conveyor.engine.host import EngineHost
+from conveyor.worker.cold_start import ColdStart
+from conveyor.worker.engine_metrics import by_model
+from conveyor.worker.heartbeat import new_worker_id
+from conveyor.worker.in_process_queue import InProcessPublisher
+from conveyor.worker.job_runner import RunnerStoppedError
+from conveyor.worker.services import WorkerServices
+from conveyor.worker.token_sinks import InProcessTokenStream
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ class EmbeddedRuntime:
     @property
     def metrics_registry(self) -> CollectorRegistry:
         """Every model's engine metrics, labelled by model, served on the embedded server's own /metrics
-        (api.app's MetricsSource)."""
+        (conveyor.api.app's MetricsSource)."""
         return self._metrics
 
     def start(self) -> None:

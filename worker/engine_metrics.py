@@ -23,10 +23,10 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from core.metric_buckets import LATENCY_BUCKETS_S, STEP_BUCKETS_S, STEP_TOKEN_BUCKETS
-from engine.host import EngineHost
-from engine.outputs import RequestOutput
-from worker.cold_start import ColdStart
+from conveyor.core.metric_buckets import LATENCY_BUCKETS_S, STEP_BUCKETS_S, STEP_TOKEN_BUCKETS
+from conveyor.engine.host import EngineHost
+from conveyor.engine.outputs import RequestOutput
+from conveyor.worker.cold_start import ColdStart
 
 PREFIX = "conveyor:"
 

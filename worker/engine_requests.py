@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from engine.pooling_params import PoolingParams
-from engine.sampling_params import SamplingParams
-from worker.choices import choice_params
+from conveyor.engine.pooling_params import PoolingParams
+from conveyor.engine.sampling_params import SamplingParams
+from conveyor.worker.choices import choice_params
 
 EngineParams = SamplingParams | PoolingParams
 

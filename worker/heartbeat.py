@@ -11,9 +11,9 @@ from collections.abc import Callable
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.background import BackgroundLoop
-from core.clock import utcnow
-from core.store import workers
+from conveyor.core.background import BackgroundLoop
+from conveyor.core.clock import utcnow
+from conveyor.core.store import workers
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 
-from core.clock import utcnow
-from worker.attempt import Attempt
+from conveyor.core.clock import utcnow
+from conveyor.worker.attempt import Attempt
 
 IDLE_TICK_S = 0.1  # how often wait_idle calls its tick while attempts remain
 

@@ -29,37 +29,37 @@ from functools import partial
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.clock import utcnow
-from core.dispatch import Publish, publish_and_mark
-from core.finish_notifications import FinishedSink
-from core.job_kinds import EMBEDDING
-from core.lanes import queue_of
-from core.retry_policy import MODEL_UNAVAILABLE, Backoff
-from core.store import fair_share, jobs, tenants
-from core.store.fair_share import FairState
-from core.store.tables import Job
-from core.store.tenants import TenantLimits
-from core.token_stream import TokenSink
-from engine.host import EngineHost
-from engine.outputs import RequestOutput
-from worker.adapters import RuntimeAdapters
-from worker.attempt import ENGINE_ERROR, INVALID_REQUEST, SHUTDOWN, Attempt, EngineFuture, OnDone
-from worker.attempt_outcome import describe, to_datetime
-from worker.attempt_watcher import AttemptWatcher
-from worker.chat_prompt import chat_prompt_ids
-from worker.choices import gather_choices
-from worker.engine_requests import (
+from conveyor.core.clock import utcnow
+from conveyor.core.dispatch import Publish, publish_and_mark
+from conveyor.core.finish_notifications import FinishedSink
+from conveyor.core.job_kinds import EMBEDDING
+from conveyor.core.lanes import queue_of
+from conveyor.core.retry_policy import MODEL_UNAVAILABLE, Backoff
+from conveyor.core.store import fair_share, jobs, tenants
+from conveyor.core.store.fair_share import FairState
+from conveyor.core.store.tables import Job
+from conveyor.core.store.tenants import TenantLimits
+from conveyor.core.token_stream import TokenSink
+from conveyor.engine.host import EngineHost
+from conveyor.engine.outputs import RequestOutput
+from conveyor.worker.adapters import RuntimeAdapters
+from conveyor.worker.attempt import ENGINE_ERROR, INVALID_REQUEST, SHUTDOWN, Attempt, EngineFuture, OnDone
+from conveyor.worker.attempt_outcome import describe, to_datetime
+from conveyor.worker.attempt_watcher import AttemptWatcher
+from conveyor.worker.chat_prompt import chat_prompt_ids
+from conveyor.worker.choices import gather_choices
+from conveyor.worker.engine_requests import (
     EngineRequests,
     embedding_requests,
     generation_requests,
     pooling_params_from_json,
 )
-from worker.in_flight import InFlight
-from worker.outcome_writer import OutcomeWriter
-from worker.queue_room import QueueRoom
-from worker.sampling import sampling_params_from_json
-from worker.streamer import JobStreamer
-from worker.transient import is_transient
+from conveyor.worker.in_flight import InFlight
+from conveyor.worker.outcome_writer import OutcomeWriter
+from conveyor.worker.queue_room import QueueRoom
+from conveyor.worker.sampling import sampling_params_from_json
+from conveyor.worker.streamer import JobStreamer
+from conveyor.worker.transient import is_transient
 
 log = logging.getLogger(__name__)
 

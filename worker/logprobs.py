@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.tokenizer import Tokenizer
+from conveyor.engine.tokenizer import Tokenizer
 
 
 def job_logprobs(

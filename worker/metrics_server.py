@@ -22,7 +22,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from core.settings import Settings
+from conveyor.core.settings import Settings
 
 log = logging.getLogger(__name__)
 

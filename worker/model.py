@@ -16,11 +16,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from core.settings import Settings
-from engine.block_manager import max_blocks_held, max_chunk_tokens
-from engine.config import EngineConfig, RequestClassConfig
-from engine.cpu_threads import ThreadChoice, choose_cpu_threads, hidden_size_of, runs_on_cpu
-from engine.host import EngineHost
+from conveyor.core.settings import Settings
+from conveyor.engine.block_manager import max_blocks_held, max_chunk_tokens
+from conveyor.engine.config import EngineConfig, RequestClassConfig
+from conveyor.engine.cpu_threads import ThreadChoice, choose_cpu_threads, hidden_size_of, runs_on_cpu
+from conveyor.engine.host import EngineHost
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ def _build_demo_model(path: Path) -> None:
     """Builds in a private folder, then renames it into place: no process ever sees half a model."""
     from transformers.utils import logging as hf_logging
 
-    from engine.demo import build_tiny_model
+    from conveyor.engine.demo import build_tiny_model
 
     staging = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)

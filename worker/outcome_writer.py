@@ -22,14 +22,14 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from tenacity import Retrying, retry_if_exception_type, wait_exponential
 
-from core.background import BackgroundLoop
-from core.clock import utcnow
-from core.finish_notifications import FinishedSink
-from core.retry_policy import Backoff
-from core.store import jobs
-from engine.tokenizer import Tokenizer
-from worker.attempt import ENGINE_ERROR, Attempt, EngineFuture
-from worker.attempt_outcome import Ended, describe, outcome
+from conveyor.core.background import BackgroundLoop
+from conveyor.core.clock import utcnow
+from conveyor.core.finish_notifications import FinishedSink
+from conveyor.core.retry_policy import Backoff
+from conveyor.core.store import jobs
+from conveyor.engine.tokenizer import Tokenizer
+from conveyor.worker.attempt import ENGINE_ERROR, Attempt, EngineFuture
+from conveyor.worker.attempt_outcome import Ended, describe, outcome
 
 log = logging.getLogger(__name__)
 

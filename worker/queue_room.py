@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import sys
 
-from worker.attempt import Attempt
-from worker.in_flight import InFlight
+from conveyor.worker.attempt import Attempt
+from conveyor.worker.in_flight import InFlight
 
 
 class QueueRoom:

@@ -33,12 +33,12 @@ from typing import Protocol
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.background import BackgroundLoop
-from core.clock import utcnow
-from core.dispatch import publish_and_mark
-from core.finish_notifications import FinishedSink
-from core.settings import Settings
-from core.store import job_tallies, jobs, retention, workers
+from conveyor.core.background import BackgroundLoop
+from conveyor.core.clock import utcnow
+from conveyor.core.dispatch import publish_and_mark
+from conveyor.core.finish_notifications import FinishedSink
+from conveyor.core.settings import Settings
+from conveyor.core.store import job_tallies, jobs, retention, workers
 
 log = logging.getLogger(__name__)
 

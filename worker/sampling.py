@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from core.model_adapters import LORA_PARAM
-from engine.sampling_params import SamplingParams
-from engine.structured_output import StructuredOutput
+from conveyor.core.model_adapters import LORA_PARAM
+from conveyor.engine.sampling_params import SamplingParams
+from conveyor.engine.structured_output import StructuredOutput
 
 
 def sampling_params_from_json(params: dict[str, Any]) -> SamplingParams:

@@ -16,10 +16,10 @@ import threading
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.background import BackgroundLoop
-from core.clock import utcnow
-from core.dispatch import Publish, publish_and_mark
-from core.store import jobs
+from conveyor.core.background import BackgroundLoop
+from conveyor.core.clock import utcnow
+from conveyor.core.dispatch import Publish, publish_and_mark
+from conveyor.core.store import jobs
 
 log = logging.getLogger(__name__)
 

@@ -19,23 +19,23 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.background import BackgroundLoop
-from core.finish_notifications import FinishedSink
-from core.lanes import lane_of
-from core.model_limits import limits_beyond_model
-from core.settings import Settings
-from core.store.tenants import TenantLimits
-from core.token_stream import TokenSink
-from engine.host import EngineHost
-from worker.adapters import RuntimeAdapters, load_adapters
-from worker.batches.runner import BatchRunner, make_batch_runner
-from worker.engine_metrics import WorkerMetrics
-from worker.heartbeat import Heartbeat
-from worker.job_runner import JobRunner
-from worker.model import engine_config, resolve_model
-from worker.reconciler import Broker, Local, Reconciler
-from worker.scheduler import Scheduler
-from worker.webhooks.sender import WebhookSender
+from conveyor.core.background import BackgroundLoop
+from conveyor.core.finish_notifications import FinishedSink
+from conveyor.core.lanes import lane_of
+from conveyor.core.model_limits import limits_beyond_model
+from conveyor.core.settings import Settings
+from conveyor.core.store.tenants import TenantLimits
+from conveyor.core.token_stream import TokenSink
+from conveyor.engine.host import EngineHost
+from conveyor.worker.adapters import RuntimeAdapters, load_adapters
+from conveyor.worker.batches.runner import BatchRunner, make_batch_runner
+from conveyor.worker.engine_metrics import WorkerMetrics
+from conveyor.worker.heartbeat import Heartbeat
+from conveyor.worker.job_runner import JobRunner
+from conveyor.worker.model import engine_config, resolve_model
+from conveyor.worker.reconciler import Broker, Local, Reconciler
+from conveyor.worker.scheduler import Scheduler
+from conveyor.worker.webhooks.sender import WebhookSender
 
 log = logging.getLogger(__name__)
 LORA_PRUNE_S = 2.0  # how soon an adapter unloaded at run time leaves the engine (once no request holds it)

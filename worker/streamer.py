@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from core.token_stream import TokenEvent, TokenSink
-from engine.outputs import RequestOutput
+from conveyor.core.token_stream import TokenEvent, TokenSink
+from conveyor.engine.outputs import RequestOutput
 
 STREAM_EVERY_TOKENS = 4
 STREAM_EVERY_S = 0.05

@@ -5,8 +5,8 @@ templates/ (Jinja2, every value escaped)."""
 
 from __future__ import annotations
 
-from api.console import batches, fleet, jobs, sign_in
-from api.console.pages import SignInRequired, api_error, to_sign_in
+from conveyor.api.console import batches, fleet, jobs, sign_in
+from conveyor.api.console.pages import SignInRequired, api_error, to_sign_in
 
 ROUTERS = (sign_in.router, jobs.router, batches.router, fleet.router)
 

@@ -7,15 +7,15 @@ from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 from sqlalchemy.orm import Session
 
-from api.console.pages import CsrfField, ViewerDep, check_csrf, confirmation, page
-from api.console.viewer import Viewer
-from api.deps import SessionDep
-from api.errors import ApiError, can_be_stored_id
-from core.clock import utcnow
-from core.lifecycle import OPEN_BATCH_STATUSES
-from core.store import batches
-from core.store.tables import Batch
-from core.views import batch_public
+from conveyor.api.console.pages import CsrfField, ViewerDep, check_csrf, confirmation, page
+from conveyor.api.console.viewer import Viewer
+from conveyor.api.deps import SessionDep
+from conveyor.api.errors import ApiError, can_be_stored_id
+from conveyor.core.clock import utcnow
+from conveyor.core.lifecycle import OPEN_BATCH_STATUSES
+from conveyor.core.store import batches
+from conveyor.core.store.tables import Batch
+from conveyor.core.views import batch_public
 
 router = APIRouter(prefix="/console", include_in_schema=False)
 BATCHES_SHOWN = 50

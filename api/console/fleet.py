@@ -11,14 +11,14 @@ from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import RedirectResponse, Response
 from sqlalchemy.orm import Session
 
-from api import queue_purge
-from api.console.pages import AdminDep, CsrfField, check_csrf, confirmation, page
-from api.deps import ServicesDep, SessionDep
-from api.errors import ApiError
-from core.clock import utcnow
-from core.lanes import split_lane
-from core.store import job_tallies, tenants, token_usage, workers
-from core.store.tenants import TenantLimits
+from conveyor.api import queue_purge
+from conveyor.api.console.pages import AdminDep, CsrfField, check_csrf, confirmation, page
+from conveyor.api.deps import ServicesDep, SessionDep
+from conveyor.api.errors import ApiError
+from conveyor.core.clock import utcnow
+from conveyor.core.lanes import split_lane
+from conveyor.core.store import job_tallies, tenants, token_usage, workers
+from conveyor.core.store.tenants import TenantLimits
 
 router = APIRouter(prefix="/console", include_in_schema=False)
 WORKERS_SHOWN = 200

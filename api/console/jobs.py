@@ -11,17 +11,17 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import RedirectResponse, Response
 from sqlalchemy.orm import Session
 
-from api import cursor, job_actions
-from api.console.pages import CsrfField, ViewerDep, check_csrf, confirmation, page
-from api.console.viewer import Viewer
-from api.deps import ServicesDep, SessionDep
-from api.errors import ApiError, can_be_stored_id
-from core.clock import utcnow
-from core.lanes import split_lane
-from core.lifecycle import JOB_STATUSES, RETRYABLE_STATUSES, WAITING_STATUSES
-from core.store import job_tallies, jobs, webhooks, workers
-from core.store.tables import Delivery, Job
-from core.views import JobPublic
+from conveyor.api import cursor, job_actions
+from conveyor.api.console.pages import CsrfField, ViewerDep, check_csrf, confirmation, page
+from conveyor.api.console.viewer import Viewer
+from conveyor.api.deps import ServicesDep, SessionDep
+from conveyor.api.errors import ApiError, can_be_stored_id
+from conveyor.core.clock import utcnow
+from conveyor.core.lanes import split_lane
+from conveyor.core.lifecycle import JOB_STATUSES, RETRYABLE_STATUSES, WAITING_STATUSES
+from conveyor.core.store import job_tallies, jobs, webhooks, workers
+from conveyor.core.store.tables import Delivery, Job
+from conveyor.core.views import JobPublic
 
 router = APIRouter(prefix="/console", include_in_schema=False)
 PAGE = 50  # jobs per page

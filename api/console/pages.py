@@ -13,10 +13,10 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from markupsafe import Markup
 
-from api.console import viewer as viewers
-from api.console.viewer import Viewer
-from api.deps import ServicesDep, SessionDep
-from api.errors import ApiError, error_response
+from conveyor.api.console import viewer as viewers
+from conveyor.api.console.viewer import Viewer
+from conveyor.api.deps import ServicesDep, SessionDep
+from conveyor.api.errors import ApiError, error_response
 
 templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
 # No caching of what a viewer saw; no script but the console's own file (static/console.js), and no framing

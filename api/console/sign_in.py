@@ -8,9 +8,9 @@ from typing import Annotated
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import FileResponse, RedirectResponse, Response
 
-from api.console import viewer as viewers
-from api.console.pages import STATIC, CsrfField, check_csrf, page
-from api.deps import SessionDep
+from conveyor.api.console import viewer as viewers
+from conveyor.api.console.pages import STATIC, CsrfField, check_csrf, page
+from conveyor.api.deps import SessionDep
 
 router = APIRouter(prefix="/console", include_in_schema=False)
 

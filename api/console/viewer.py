@@ -22,8 +22,8 @@ from fastapi import Request, Response
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from core.store import keys
-from core.store.tables import ApiKey
+from conveyor.core.store import keys
+from conveyor.core.store.tables import ApiKey
 
 SESSION_COOKIE, CSRF_COOKIE = "conveyor_console", "conveyor_console_csrf"
 SESSION_S = 12 * 3600  # a sign-in lasts this long

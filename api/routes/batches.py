@@ -9,20 +9,20 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from sqlalchemy.orm import Session
 
-from api.auth import CurrentTenant
-from api.batch_locations import check_batch_location
-from api.deps import ServicesDep, SessionDep
-from api.errors import ApiError, can_be_stored_id, lookup_id, not_found
-from api.schemas.batches import BatchCreate, BatchList, BatchPublic
-from api.schemas.deleted import Deleted
-from api.schemas.errors import error_responses
-from api.schemas.jobs import webhook_json
-from api.webhook_targets import check_job_webhook
-from core.clock import utcnow
-from core.lifecycle import BATCH_CANCELLED, CANCELLING, OPEN_BATCH_STATUSES
-from core.store import batches, blobs, files
-from core.store.tables import Batch
-from core.views import batch_public
+from conveyor.api.auth import CurrentTenant
+from conveyor.api.batch_locations import check_batch_location
+from conveyor.api.deps import ServicesDep, SessionDep
+from conveyor.api.errors import ApiError, can_be_stored_id, lookup_id, not_found
+from conveyor.api.schemas.batches import BatchCreate, BatchList, BatchPublic
+from conveyor.api.schemas.deleted import Deleted
+from conveyor.api.schemas.errors import error_responses
+from conveyor.api.schemas.jobs import webhook_json
+from conveyor.api.webhook_targets import check_job_webhook
+from conveyor.core.clock import utcnow
+from conveyor.core.lifecycle import BATCH_CANCELLED, CANCELLING, OPEN_BATCH_STATUSES
+from conveyor.core.store import batches, blobs, files
+from conveyor.core.store.tables import Batch
+from conveyor.core.views import batch_public
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
 

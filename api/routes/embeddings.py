@@ -11,18 +11,18 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
-from api import openai_sync
-from api.auth import WaitingTenant
-from api.deps import ServicesDep
-from api.openai_errors import OpenAIRoute, from_validation_error
-from api.routes.openai import QUEUE, model_of
-from api.schemas.errors import openai_error_responses
-from api.schemas.jobs import EmbeddingJobCreate
-from api.served_models import ServedModel
-from core.embedding_objects import EmbeddingList, embedding_list
-from core.embedding_request import EmbeddingCreate, EmbeddingFields
-from core.job_kinds import EMBEDDING
-from core.token_stream import TokenStream
+from conveyor.api import openai_sync
+from conveyor.api.auth import WaitingTenant
+from conveyor.api.deps import ServicesDep
+from conveyor.api.openai_errors import OpenAIRoute, from_validation_error
+from conveyor.api.routes.openai import QUEUE, model_of
+from conveyor.api.schemas.errors import openai_error_responses
+from conveyor.api.schemas.jobs import EmbeddingJobCreate
+from conveyor.api.served_models import ServedModel
+from conveyor.core.embedding_objects import EmbeddingList, embedding_list
+from conveyor.core.embedding_request import EmbeddingCreate, EmbeddingFields
+from conveyor.core.job_kinds import EMBEDDING
+from conveyor.core.token_stream import TokenStream
 
 router = APIRouter(prefix="/v1", tags=["openai"], route_class=OpenAIRoute)
 RESPONSES = openai_error_responses(400, 401, 403, 404, 409, 413, 429, 504)

@@ -11,15 +11,15 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
-from api.auth import CurrentTenant
-from api.deps import Services, ServicesDep, SessionDep
-from api.errors import ApiError, can_be_stored_id, lookup_id, not_found
-from api.schemas.deleted import Deleted
-from api.schemas.errors import error_responses
-from api.schemas.files import UPLOAD_BODY, FileList, FilePublic
-from core.clock import utcnow
-from core.store import blobs, files
-from core.store.tables import File
+from conveyor.api.auth import CurrentTenant
+from conveyor.api.deps import Services, ServicesDep, SessionDep
+from conveyor.api.errors import ApiError, can_be_stored_id, lookup_id, not_found
+from conveyor.api.schemas.deleted import Deleted
+from conveyor.api.schemas.errors import error_responses
+from conveyor.api.schemas.files import UPLOAD_BODY, FileList, FilePublic
+from conveyor.core.clock import utcnow
+from conveyor.core.store import blobs, files
+from conveyor.core.store.tables import File
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
 MAX_FILENAME_CHARS = 255

@@ -12,10 +12,10 @@ from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from api.deps import Services, ServicesDep
-from api.schemas.errors import error_responses
-from api.schemas.health import Check, Health, Readiness
-from core.store import database
+from conveyor.api.deps import Services, ServicesDep
+from conveyor.api.schemas.errors import error_responses
+from conveyor.api.schemas.health import Check, Health, Readiness
+from conveyor.core.store import database
 
 router = APIRouter(tags=["health"])
 

@@ -10,25 +10,25 @@ import anyio
 from fastapi import APIRouter, Body, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
-from api import cursor, job_actions, job_waits
-from api.auth import CurrentTenant, WaitingTenant
-from api.deps import Services, ServicesDep, SessionDep
-from api.errors import ApiError, can_be_stored_id, lookup_id, not_found, raise_problem
-from api.job_waits import EVENTS_MAX_S, KEEPALIVE_S, MAX_WAIT_S
-from api.model_responses import model_response
-from api.schemas.deleted import Deleted
-from api.schemas.errors import error_responses, sse_schema
-from api.schemas.jobs import JobList, JobSubmission
-from api.schemas.scheduling import RetryRequest
-from api.submit import submit
-from core.clock import utcnow
-from core.job_kinds import GENERATION
-from core.lifecycle import TERMINAL_STATUSES
-from core.request_limits import idempotency_key_problem
-from core.settings import UnknownModelError
-from core.store import jobs
-from core.token_stream import Subscription, TokenStream
-from core.views import JobPublic, JobStatus
+from conveyor.api import cursor, job_actions, job_waits
+from conveyor.api.auth import CurrentTenant, WaitingTenant
+from conveyor.api.deps import Services, ServicesDep, SessionDep
+from conveyor.api.errors import ApiError, can_be_stored_id, lookup_id, not_found, raise_problem
+from conveyor.api.job_waits import EVENTS_MAX_S, KEEPALIVE_S, MAX_WAIT_S
+from conveyor.api.model_responses import model_response
+from conveyor.api.schemas.deleted import Deleted
+from conveyor.api.schemas.errors import error_responses, sse_schema
+from conveyor.api.schemas.jobs import JobList, JobSubmission
+from conveyor.api.schemas.scheduling import RetryRequest
+from conveyor.api.submit import submit
+from conveyor.core.clock import utcnow
+from conveyor.core.job_kinds import GENERATION
+from conveyor.core.lifecycle import TERMINAL_STATUSES
+from conveyor.core.request_limits import idempotency_key_problem
+from conveyor.core.settings import UnknownModelError
+from conveyor.core.store import jobs
+from conveyor.core.token_stream import Subscription, TokenStream
+from conveyor.core.views import JobPublic, JobStatus
 
 log = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ RUNTIME_TTL_S on every API replica), and each worker of its base model reads it 
 it: they finish, or are cancelled, first; the workers then drop it from their engines. Adapters declared in
 the configuration are neither loaded nor unloaded here.
 
-The routes take the admin token (api.auth admin_authorized), never a tenant's key: an adapter changes what
-every tenant may be served.
+The routes take the admin token (conveyor.api.auth admin_authorized), never a tenant's key: an adapter
+changes what every tenant may be served.
 """
 
 from __future__ import annotations
@@ -18,16 +18,16 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from api.auth import admin_authorized
-from api.deps import Services, ServicesDep, SessionDep
-from api.errors import ApiError
-from api.schemas.errors import error_responses
-from api.schemas.lora import LoadLoraAdapter, LoraAdapterPublic, UnloadLoraAdapter
-from core.clock import utcnow
-from core.s3 import parse_s3_prefix_url
-from core.settings import UnknownModelError
-from core.store import lora_adapters
-from core.store.tables import LoraAdapter
+from conveyor.api.auth import admin_authorized
+from conveyor.api.deps import Services, ServicesDep, SessionDep
+from conveyor.api.errors import ApiError
+from conveyor.api.schemas.errors import error_responses
+from conveyor.api.schemas.lora import LoadLoraAdapter, LoraAdapterPublic, UnloadLoraAdapter
+from conveyor.core.clock import utcnow
+from conveyor.core.s3 import parse_s3_prefix_url
+from conveyor.core.settings import UnknownModelError
+from conveyor.core.store import lora_adapters
+from conveyor.core.store.tables import LoraAdapter
 
 admin_bearer = HTTPBearer(auto_error=False, scheme_name="AdminToken",
                           description="Authorization: Bearer <admin token> (CONVEYOR_ADMIN_TOKEN)")

@@ -20,20 +20,26 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from api import openai_sync
-from api.auth import WaitingTenant
-from api.deps import Services, ServicesDep
-from api.openai_errors import OpenAIError, OpenAIRoute, from_refusal, from_validation_error
-from api.openai_sync import ClientGoneError, FollowedJob, JobOutcome
-from api.schemas.errors import openai_error_responses, sse_schema
-from api.schemas.jobs import JobCreate
-from api.schemas.openai import ChatCompletionCreate, CompletionCreate, ModelCard, ModelList, OpenAIRequest
-from api.served_models import ServedModel
-from core.chat_options import ChatOptions, ToolParser
-from core.clock import utcnow
-from core.embedding_rules import task_problem
-from core.model_task import Task
-from core.openai_objects import (
+from conveyor.api import openai_sync
+from conveyor.api.auth import WaitingTenant
+from conveyor.api.deps import Services, ServicesDep
+from conveyor.api.openai_errors import OpenAIError, OpenAIRoute, from_refusal, from_validation_error
+from conveyor.api.openai_sync import ClientGoneError, FollowedJob, JobOutcome
+from conveyor.api.schemas.errors import openai_error_responses, sse_schema
+from conveyor.api.schemas.jobs import JobCreate
+from conveyor.api.schemas.openai import (
+    ChatCompletionCreate,
+    CompletionCreate,
+    ModelCard,
+    ModelList,
+    OpenAIRequest,
+)
+from conveyor.api.served_models import ServedModel
+from conveyor.core.chat_options import ChatOptions, ToolParser
+from conveyor.core.clock import utcnow
+from conveyor.core.embedding_rules import task_problem
+from conveyor.core.model_task import Task
+from conveyor.core.openai_objects import (
     ChunkHeader,
     GenerationResult,
     PromptView,
@@ -43,15 +49,15 @@ from core.openai_objects import (
     running_usage,
     usage_chunk,
 )
-from core.openai_objects import chat_completion as chat_body
-from core.openai_objects import text_completion as text_body
-from core.openai_request import Refusal, Served, check_request
-from core.request_limits import RequestLimits, RequestSize, prompt_bytes_problem
-from core.settings import UnknownModelError
-from core.store import workers
-from core.token_stream import TokenStream
-from core.tool_calls import choice_seed
-from core.tool_stream import ContentStream, StreamDivergedError, ToolCallStream, answer_stream
+from conveyor.core.openai_objects import chat_completion as chat_body
+from conveyor.core.openai_objects import text_completion as text_body
+from conveyor.core.openai_request import Refusal, Served, check_request
+from conveyor.core.request_limits import RequestLimits, RequestSize, prompt_bytes_problem
+from conveyor.core.settings import UnknownModelError
+from conveyor.core.store import workers
+from conveyor.core.token_stream import TokenStream
+from conveyor.core.tool_calls import choice_seed
+from conveyor.core.tool_stream import ContentStream, StreamDivergedError, ToolCallStream, answer_stream
 
 router = APIRouter(prefix="/v1", tags=["openai"], route_class=OpenAIRoute)
 COMPLETION_RESPONSES = {

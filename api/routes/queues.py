@@ -12,18 +12,18 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query
 from fastapi.security import HTTPAuthorizationCredentials
 
-from api import queue_purge
-from api.auth import CurrentTenant, bearer_scheme
-from api.deps import ServicesDep, SessionDep
-from api.errors import ApiError
-from api.schemas.errors import error_responses
-from api.schemas.queues import DeadlineCounts, Purged, QueueList, QueuePublic, TenantQueueLimits
-from core.clock import utcnow
-from core.model_limits import clamp_queue_limits
-from core.request_rules import text_problem
-from core.settings import UnknownModelError
-from core.store import job_tallies, jobs, keys, tenants, token_usage, workers
-from core.store.tenants import TenantLimits
+from conveyor.api import queue_purge
+from conveyor.api.auth import CurrentTenant, bearer_scheme
+from conveyor.api.deps import ServicesDep, SessionDep
+from conveyor.api.errors import ApiError
+from conveyor.api.schemas.errors import error_responses
+from conveyor.api.schemas.queues import DeadlineCounts, Purged, QueueList, QueuePublic, TenantQueueLimits
+from conveyor.core.clock import utcnow
+from conveyor.core.model_limits import clamp_queue_limits
+from conveyor.core.request_rules import text_problem
+from conveyor.core.settings import UnknownModelError
+from conveyor.core.store import job_tallies, jobs, keys, tenants, token_usage, workers
+from conveyor.core.store.tenants import TenantLimits
 
 router = APIRouter(prefix="/v1/queues", tags=["queues"])
 GOODPUT_WINDOW = timedelta(hours=1)

@@ -5,8 +5,8 @@ Load is queued + running, counted in the store (the source of truth) rather than
 job a worker holds unacknowledged is `running` there, so scaling down never takes a busy worker for an
 idle one, and a queue's load reaches 0 only when its last job has finished. Two cheap queries per poll.
 
-It is cluster-wide, like /metrics, so it takes the same credential: the metrics token (api.auth), never a
-tenant's key.
+It is cluster-wide, like /metrics, so it takes the same credential: the metrics token (conveyor.api.auth),
+never a tenant's key.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from api.auth import metrics_authorized
-from api.deps import ServicesDep, SessionDep
-from api.errors import ApiError
-from api.schemas.errors import error_responses
-from api.schemas.scaling import ModelScaling, QueueScaling, Scaling
-from core.clock import utcnow
-from core.store import job_tallies, workers
+from conveyor.api.auth import metrics_authorized
+from conveyor.api.deps import ServicesDep, SessionDep
+from conveyor.api.errors import ApiError
+from conveyor.api.schemas.errors import error_responses
+from conveyor.api.schemas.scaling import ModelScaling, QueueScaling, Scaling
+from conveyor.core.clock import utcnow
+from conveyor.core.store import job_tallies, workers
 
 SCALING_PATH = "/v1/scaling"
 

@@ -15,12 +15,12 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from api.auth import WaitingTenant
-from api.deps import ServicesDep
-from api.openai_errors import OpenAIError, OpenAIRoute, from_refusal
-from api.routes.openai import model_of
-from api.schemas.errors import openai_error_responses
-from api.schemas.vllm import (
+from conveyor.api.auth import WaitingTenant
+from conveyor.api.deps import ServicesDep
+from conveyor.api.openai_errors import OpenAIError, OpenAIRoute, from_refusal
+from conveyor.api.routes.openai import model_of
+from conveyor.api.schemas.errors import openai_error_responses
+from conveyor.api.schemas.vllm import (
     Detokenize,
     DetokenizeResponse,
     TokenizeChat,
@@ -28,11 +28,11 @@ from api.schemas.vllm import (
     TokenizeResponse,
     Version,
 )
-from api.served_models import ServedModel
-from core.chat_options import chat_options
-from core.clock import utcnow
-from core.openai_request import ChatRoles, Refusal, plain_messages
-from core.store import workers
+from conveyor.api.served_models import ServedModel
+from conveyor.core.chat_options import chat_options
+from conveyor.core.clock import utcnow
+from conveyor.core.openai_request import ChatRoles, Refusal, plain_messages
+from conveyor.core.store import workers
 
 router = APIRouter(tags=["vllm"], route_class=OpenAIRoute)
 PACKAGE = "conveyor"

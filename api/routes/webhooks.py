@@ -7,11 +7,11 @@ from datetime import timedelta
 from fastapi import APIRouter, Response
 from sqlalchemy.orm import Session
 
-from api.auth import CurrentTenant
-from api.deps import ServicesDep, SessionDep
-from api.errors import lookup_id, not_found
-from api.schemas.errors import error_responses
-from api.schemas.webhooks import (
+from conveyor.api.auth import CurrentTenant
+from conveyor.api.deps import ServicesDep, SessionDep
+from conveyor.api.errors import lookup_id, not_found
+from conveyor.api.schemas.errors import error_responses
+from conveyor.api.schemas.webhooks import (
     DeliveryList,
     DeliveryPublic,
     SecretRotated,
@@ -20,9 +20,9 @@ from api.schemas.webhooks import (
     WebhookList,
     WebhookPublic,
 )
-from api.webhook_targets import check_webhook_target
-from core.clock import utcnow
-from core.store import batches, jobs, webhooks
+from conveyor.api.webhook_targets import check_webhook_target
+from conveyor.core.clock import utcnow
+from conveyor.core.store import batches, jobs, webhooks
 
 router = APIRouter(tags=["webhooks"])
 BY_ID = error_responses(401, 404)

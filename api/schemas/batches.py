@@ -8,9 +8,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from api.schemas.fields import STORABLE, StoredJsonObject
-from api.schemas.jobs import WebhookTarget, exactly_one_of
-from api.schemas.scheduling import ScheduleFields
+from conveyor.api.schemas.fields import STORABLE, StoredJsonObject
+from conveyor.api.schemas.jobs import WebhookTarget, exactly_one_of
+from conveyor.api.schemas.scheduling import ScheduleFields
 
 Endpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
 # The same patterns in the JSON schema and here, applied as JSON schema validators written in Python apply

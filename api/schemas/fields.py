@@ -4,7 +4,7 @@ place."""
 
 from __future__ import annotations
 
-from core.request_fields import (
+from conveyor.core.request_fields import (
     MAX_INT32,
     MAX_OPENAI_PENALTY,
     MAX_REPETITION_PENALTY,

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from core.store.tables import File
+from conveyor.core.store.tables import File
 
 # The OpenAPI request body of POST /v1/files, whose route reads the form itself (streamed to the file store).
 UPLOAD_BODY: dict[str, Any] = {

@@ -19,7 +19,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from api.schemas.fields import (
+from conveyor.api.schemas.fields import (
     STORABLE,
     ChatRole,
     ChoiceCount,
@@ -42,17 +42,17 @@ from api.schemas.fields import (
     TopK,
     TopP,
 )
-from api.schemas.scheduling import ScheduleFields
-from core.embedding_request import EmbeddingFields
-from core.job_kinds import EMBEDDING, GENERATION
-from core.openai_request import CHAT_FIELDS, ChatFields
-from core.request_rules import MAX_TIMEOUT_S, MAX_TTL_S, json_problem, output_problem
-from core.service_tiers import ServiceTier
-from core.structured_rules import MAX_CHOICES, structured_from_response_format, structured_problem
-from core.tools import ToolCallIn, history_problem
-from core.views import JobPublic
-from core.webhooks.events import validate_filter
-from core.webhooks.ssrf import url_problem
+from conveyor.api.schemas.scheduling import ScheduleFields
+from conveyor.core.embedding_request import EmbeddingFields
+from conveyor.core.job_kinds import EMBEDDING, GENERATION
+from conveyor.core.openai_request import CHAT_FIELDS, ChatFields
+from conveyor.core.request_rules import MAX_TIMEOUT_S, MAX_TTL_S, json_problem, output_problem
+from conveyor.core.service_tiers import ServiceTier
+from conveyor.core.structured_rules import MAX_CHOICES, structured_from_response_format, structured_problem
+from conveyor.core.tools import ToolCallIn, history_problem
+from conveyor.core.views import JobPublic
+from conveyor.core.webhooks.events import validate_filter
+from conveyor.core.webhooks.ssrf import url_problem
 
 MAX_RETRIES = 10
 SAMPLING_FIELDS = (

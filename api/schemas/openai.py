@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from core.openai_request import ChatCompletionCreate, CompletionCreate, OpenAIRequest
+from conveyor.core.openai_request import ChatCompletionCreate, CompletionCreate, OpenAIRequest
 
 __all__ = ["ChatCompletionCreate", "CompletionCreate", "ModelCard", "ModelList", "OpenAIRequest"]
 

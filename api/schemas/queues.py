@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from core.settings import QueueSettings
+from conveyor.core.settings import QueueSettings
 
 
 class TenantQueueLimits(BaseModel):

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
-from core.clock import utcnow
+from conveyor.core.clock import utcnow
 
 MAX_SCHEDULE_S = 30 * 24 * 3600.0  # how far ahead a job may be scheduled
 

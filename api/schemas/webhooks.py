@@ -8,10 +8,10 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from api.schemas.fields import STORABLE
-from api.schemas.jobs import event_filter
-from core.store.tables import Attempt, Delivery, Subscription
-from core.webhooks.events import EVENT_TYPES
+from conveyor.api.schemas.fields import STORABLE
+from conveyor.api.schemas.jobs import event_filter
+from conveyor.core.store.tables import Attempt, Delivery, Subscription
+from conveyor.core.webhooks.events import EVENT_TYPES
 
 # What event_filter accepts, told in the schema: each type, each `<group>.*`, and `*`.
 EVENT_FILTERS = ["*", *sorted({f"{t.split('.')[0]}.*" for t in EVENT_TYPES}), *EVENT_TYPES]

@@ -10,10 +10,10 @@ import json
 
 import typer
 
-from cli.reference.cli_page import cli_page
-from cli.reference.http_page import http_page, openapi_document
-from cli.reference.metrics_page import exported_metrics, metrics_page
-from cli.reference.settings_page import settings_page
+from conveyor.cli.reference.cli_page import cli_page
+from conveyor.cli.reference.http_page import http_page, openapi_document
+from conveyor.cli.reference.metrics_page import exported_metrics, metrics_page
+from conveyor.cli.reference.settings_page import settings_page
 
 SETTINGS_PAGE = "reference/settings.md"
 HTTP_PAGE = "reference/http-api.md"

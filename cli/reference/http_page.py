@@ -8,10 +8,10 @@ from typing import Any
 
 from pydantic import SecretStr
 
-from api.app import create_app
-from api.prompt_tokenizer import PromptTokenizer
-from cli.reference.markdown import cell
-from core.settings import Settings
+from conveyor.api.app import create_app
+from conveyor.api.prompt_tokenizer import PromptTokenizer
+from conveyor.cli.reference.markdown import cell
+from conveyor.core.settings import Settings
 
 HTTP_METHODS = ("get", "post", "put", "patch", "delete")
 

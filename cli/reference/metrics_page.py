@@ -8,15 +8,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
-from api.metrics import Metrics
-from cli.reference.markdown import cell
-from core.settings import Settings, default_queues
-from core.store.database import make_db_engine, make_session_factory
-from core.store.migrate import upgrade
-from engine.host import EngineHost
-from engine.stats import EngineTotals, StepStats, stats_dict
-from worker.cold_start import ColdStart
-from worker.engine_metrics import WorkerMetrics
+from conveyor.api.metrics import Metrics
+from conveyor.cli.reference.markdown import cell
+from conveyor.core.settings import Settings, default_queues
+from conveyor.core.store.database import make_db_engine, make_session_factory
+from conveyor.core.store.migrate import upgrade
+from conveyor.engine.host import EngineHost
+from conveyor.engine.stats import EngineTotals, StepStats, stats_dict
+from conveyor.worker.cold_start import ColdStart
+from conveyor.worker.engine_metrics import WorkerMetrics
 
 
 @dataclass(frozen=True)

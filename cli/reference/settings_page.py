@@ -10,10 +10,10 @@ from typing import Any
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from cli.reference.markdown import cell
-from core.settings import QueueSettings, Settings, default_queues
-from engine.config import EngineConfig
-from worker.model import engine_fields
+from conveyor.cli.reference.markdown import cell
+from conveyor.core.settings import QueueSettings, Settings, default_queues
+from conveyor.engine.config import EngineConfig
+from conveyor.worker.model import engine_fields
 
 ENV_PREFIX = "CONVEYOR_"
 

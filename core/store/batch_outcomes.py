@@ -13,8 +13,8 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from core.lifecycle import CANCELLED, LINE_OUTCOME, LINE_QUEUED, SUCCEEDED
-from core.store.tables import Batch, BatchLine, Job
+from conveyor.core.lifecycle import CANCELLED, LINE_OUTCOME, LINE_QUEUED, SUCCEEDED
+from conveyor.core.store.tables import Batch, BatchLine, Job
 
 
 def record_outcomes(session: Session, job_ids: list[str], status: str, now: datetime) -> None:

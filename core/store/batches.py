@@ -21,7 +21,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, case, delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
-from core.lifecycle import (
+from conveyor.core.lifecycle import (
     BATCH_CANCELLED,
     BATCH_EXPIRED,
     BATCH_FAILED,
@@ -40,10 +40,10 @@ from core.lifecycle import (
     STOP_FAILED,
     VALIDATING,
 )
-from core.store import files, jobs, webhooks
-from core.store.final_status_effects import record_finished
-from core.store.paging import page_after_id
-from core.store.tables import Batch, BatchLine, Job
+from conveyor.core.store import files, jobs, webhooks
+from conveyor.core.store.final_status_effects import record_finished
+from conveyor.core.store.paging import page_after_id
+from conveyor.core.store.tables import Batch, BatchLine, Job
 
 
 @dataclass(frozen=True)

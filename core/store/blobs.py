@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from core.s3 import make_s3_client, parse_s3_object_url
-from core.settings import Settings
+from conveyor.core.s3 import make_s3_client, parse_s3_object_url
+from conveyor.core.settings import Settings
 
 CHUNK_BYTES = 1 << 20
 

@@ -36,11 +36,11 @@ from datetime import datetime
 from sqlalchemy import bindparam, func, select, text
 from sqlalchemy.orm import Session
 
-from core.lifecycle import RUNNING
-from core.store import queued_streams, webhook_events
-from core.store.jobs import claim_ids
-from core.store.tables import Job, Tenant
-from core.store.tenants import TenantLimits
+from conveyor.core.lifecycle import RUNNING
+from conveyor.core.store import queued_streams, webhook_events
+from conveyor.core.store.jobs import claim_ids
+from conveyor.core.store.tables import Job, Tenant
+from conveyor.core.store.tenants import TenantLimits
 
 CLAIM_LOCK_SPACE = 0x636F6E76  # the first key of the claim locks ("conv"); the second is the queue's crc32
 MAX_SERVED_ENTRIES = 4096  # tenants and streams a worker remembers serving (the oldest are forgotten)

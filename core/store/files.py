@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from core.lifecycle import OPEN_BATCH_STATUSES
-from core.store.paging import page_after_id
-from core.store.tables import Batch, File
+from conveyor.core.lifecycle import OPEN_BATCH_STATUSES
+from conveyor.core.store.paging import page_after_id
+from conveyor.core.store.tables import Batch, File
 
 BATCH, BATCH_OUTPUT = "batch", "batch_output"
 FILE_PURPOSES = (BATCH, BATCH_OUTPUT)

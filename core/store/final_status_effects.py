@@ -12,8 +12,8 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from core.store import batch_outcomes, outcome_counts, webhook_events
-from core.store.tables import Job
+from conveyor.core.store import batch_outcomes, outcome_counts, webhook_events
+from conveyor.core.store.tables import Job
 
 # What the effects read of each finished job, in one query for all of them.
 FINISHED_COLUMNS = (Job.id, Job.tenant_id, Job.webhook, Job.batch_id, Job.queue, Job.created_at,

@@ -31,10 +31,10 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from core.lifecycle import SUCCEEDED
-from core.store import job_tallies, workers
-from core.store.jobs import status_is
-from core.store.tables import Job
+from conveyor.core.lifecycle import SUCCEEDED
+from conveyor.core.store import job_tallies, workers
+from conveyor.core.store.jobs import status_is
+from conveyor.core.store.tables import Job
 
 RATE_WINDOW = timedelta(minutes=5)
 RATE_REFRESH_S = 1.0  # how long a process reuses its read of a queue's rate and work ahead (QueueRates)

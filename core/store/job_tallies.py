@@ -20,9 +20,9 @@ from datetime import datetime
 from sqlalchemy import func, literal, select, text, union_all
 from sqlalchemy.orm import Session
 
-from core.lifecycle import QUEUED, RUNNING
-from core.store import queued_streams
-from core.store.tables import JobTally, JobTallyDelta
+from conveyor.core.lifecycle import QUEUED, RUNNING
+from conveyor.core.store import queued_streams
+from conveyor.core.store.tables import JobTally, JobTallyDelta
 
 FOLD_AT = 2000  # deltas a read may meet before it folds them
 FOLD_LOCK = (0x636F6E76, zlib.crc32(b"job_tallies") - (1 << 31))  # one folder at a time (PostgreSQL)

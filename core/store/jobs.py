@@ -35,10 +35,10 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
-from core.job_history import outcome_entry, with_entry
-from core.job_kinds import GENERATION
-from core.lanes import lane_of, queue_of
-from core.lifecycle import (
+from conveyor.core.job_history import outcome_entry, with_entry
+from conveyor.core.job_kinds import GENERATION
+from conveyor.core.lanes import lane_of, queue_of
+from conveyor.core.lifecycle import (
     CANCELLED,
     EXPIRED,
     FAILED,
@@ -53,13 +53,13 @@ from core.lifecycle import (
     TERMINAL_STATUSES,
     WAITING_STATUSES,
 )
-from core.retry_policy import DEFAULT_MAX_RETRIES, RETRYABLE_CODES, WORKER_LOST, Backoff
-from core.service_tiers import goodput_tier
-from core.store import outcome_counts, webhook_events, webhooks
-from core.store.final_status_effects import record_finished
-from core.store.paging import newest_first
-from core.store.tables import Batch, BatchLine, Job, JobTallyDelta
-from core.store.token_usage import DEFAULT_MAX_TOKENS
+from conveyor.core.retry_policy import DEFAULT_MAX_RETRIES, RETRYABLE_CODES, WORKER_LOST, Backoff
+from conveyor.core.service_tiers import goodput_tier
+from conveyor.core.store import outcome_counts, webhook_events, webhooks
+from conveyor.core.store.final_status_effects import record_finished
+from conveyor.core.store.paging import newest_first
+from conveyor.core.store.tables import Batch, BatchLine, Job, JobTallyDelta
+from conveyor.core.store.token_usage import DEFAULT_MAX_TOKENS
 
 EXPIRE_BATCH = 500  # queued jobs past their ttl expired per statement (expire_overdue)
 

@@ -9,7 +9,7 @@ from datetime import datetime
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from core.store.tables import ApiKey, Tenant
+from conveyor.core.store.tables import ApiKey, Tenant
 
 KEY_PREFIX = "cvk_"
 DISPLAY_PREFIX_CHARS = 12

@@ -10,9 +10,9 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from core.lifecycle import QUEUED, RUNNING, SCHEDULED
-from core.model_adapters import LORA_PARAM
-from core.store.tables import Job, LoraAdapter
+from conveyor.core.lifecycle import QUEUED, RUNNING, SCHEDULED
+from conveyor.core.model_adapters import LORA_PARAM
+from conveyor.core.store.tables import Job, LoraAdapter
 
 
 class AdapterExists(ValueError):

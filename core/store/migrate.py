@@ -8,7 +8,7 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 
-from core.log_setup import masked_url
+from conveyor.core.log_setup import masked_url
 
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 
@@ -53,7 +53,7 @@ def current_revision(database_url: str) -> str | None:
     """The database's schema revision; None when it has none (empty, never migrated)."""
     from alembic.migration import MigrationContext
 
-    from core.store.database import make_db_engine
+    from conveyor.core.store.database import make_db_engine
 
     db_engine = make_db_engine(database_url)
     try:

@@ -34,10 +34,10 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from core.lifecycle import EXPIRED, FAILED, LINE_OUTCOME, SUCCEEDED
-from core.metric_buckets import LATENCY_BUCKETS_S
-from core.service_tiers import goodput_tier
-from core.store.tables import BatchLine, Job, MetricCount
+from conveyor.core.lifecycle import EXPIRED, FAILED, LINE_OUTCOME, SUCCEEDED
+from conveyor.core.metric_buckets import LATENCY_BUCKETS_S
+from conveyor.core.service_tiers import goodput_tier
+from conveyor.core.store.tables import BatchLine, Job, MetricCount
 
 QUEUE_TIME, TTFT, E2E = "job_queue_time_seconds", "job_time_to_first_token_seconds", "job_e2e_seconds"
 LATENESS = "job_lateness_seconds"

@@ -30,9 +30,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
-from core.lifecycle import QUEUED
-from core.store.jobs import status_is
-from core.store.tables import Job
+from conveyor.core.lifecycle import QUEUED
+from conveyor.core.store.jobs import status_is
+from conveyor.core.store.tables import Job
 
 # The statements' parameters, bound by name at each execution.
 _QUEUE = bindparam("queue", type_=Job.queue.type)

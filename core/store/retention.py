@@ -24,10 +24,10 @@ from datetime import datetime, timedelta
 from sqlalchemy import Select, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.lifecycle import DELIVERY_PENDING, OPEN_BATCH_STATUSES, TERMINAL_STATUSES
-from core.settings import Settings
-from core.store import batches, blobs, files, jobs, webhooks
-from core.store.tables import Batch, BatchLine, Delivery, File, Job, Tenant
+from conveyor.core.lifecycle import DELIVERY_PENDING, OPEN_BATCH_STATUSES, TERMINAL_STATUSES
+from conveyor.core.settings import Settings
+from conveyor.core.store import batches, blobs, files, jobs, webhooks
+from conveyor.core.store.tables import Batch, BatchLine, Delivery, File, Job, Tenant
 
 log = logging.getLogger(__name__)
 

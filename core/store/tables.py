@@ -28,7 +28,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.sql import false, text
 from sqlalchemy.types import TypeDecorator
 
-from core.job_kinds import GENERATION
+from conveyor.core.job_kinds import GENERATION
 
 DEFAULT_TENANT = "default"  # created by the first migration; the tenant of every request when auth is off
 

@@ -18,13 +18,13 @@ from typing import Any
 from sqlalchemy import Row, bindparam, select, update
 from sqlalchemy.orm import Session
 
-from core.lifecycle import QUEUED
-from core.request_fields import MAX_PRIORITY
-from core.service_tiers import PriorityRange
-from core.settings import Settings
-from core.store import jobs
-from core.store.keys import ensure_tenant
-from core.store.tables import Job, Tenant
+from conveyor.core.lifecycle import QUEUED
+from conveyor.core.request_fields import MAX_PRIORITY
+from conveyor.core.service_tiers import PriorityRange
+from conveyor.core.settings import Settings
+from conveyor.core.store import jobs
+from conveyor.core.store.keys import ensure_tenant
+from conveyor.core.store.tables import Job, Tenant
 
 LIMIT_FIELDS = ("weight", "max_queued", "max_running", "tokens_per_minute", "retention_days", "min_priority",
                 "max_priority")

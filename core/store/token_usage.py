@@ -16,8 +16,8 @@ from datetime import datetime, timedelta
 from sqlalchemy import Integer, case, cast, func, select
 from sqlalchemy.orm import Session
 
-from core.lifecycle import QUEUED, RUNNING
-from core.store.tables import Job
+from conveyor.core.lifecycle import QUEUED, RUNNING
+from conveyor.core.store.tables import Job
 
 WINDOW = timedelta(seconds=60)
 DEFAULT_MAX_TOKENS = 16  # the engine's default, for batch lines that set none

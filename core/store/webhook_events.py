@@ -15,10 +15,10 @@ from typing import Any
 from sqlalchemy import Row, select
 from sqlalchemy.orm import Session
 
-from core.store import webhooks
-from core.store.tables import Job, Subscription
-from core.views import JobPublic
-from core.webhooks.events import JOB_STARTED, build_event, matches
+from conveyor.core.store import webhooks
+from conveyor.core.store.tables import Job, Subscription
+from conveyor.core.views import JobPublic
+from conveyor.core.webhooks.events import JOB_STARTED, build_event, matches
 
 JOB_STATUS_EVENTS = {s: f"job.{s}" for s in ("succeeded", "failed", "cancelled", "expired")}
 

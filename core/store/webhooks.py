@@ -16,11 +16,11 @@ from typing import Any, NamedTuple
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
-from core.lifecycle import DELIVERY_DELIVERED, DELIVERY_FAILED, DELIVERY_PENDING
-from core.store import outcome_counts
-from core.store.tables import Attempt, Delivery, SigningSecret, Subscription
-from core.webhooks.attempt import AttemptResult
-from core.webhooks.signing import generate_secret
+from conveyor.core.lifecycle import DELIVERY_DELIVERED, DELIVERY_FAILED, DELIVERY_PENDING
+from conveyor.core.store import outcome_counts
+from conveyor.core.store.tables import Attempt, Delivery, SigningSecret, Subscription
+from conveyor.core.webhooks.attempt import AttemptResult
+from conveyor.core.webhooks.signing import generate_secret
 
 
 def _new_id(prefix: str) -> str:

@@ -14,10 +14,10 @@ from datetime import datetime, timedelta
 from sqlalchemy import bindparam, delete, select, text, update
 from sqlalchemy.orm import Session
 
-from core.lanes import LANE_SEPARATOR, model_of
-from core.lifecycle import RUNNING
-from core.store.database import postgres_session_name
-from core.store.tables import Job, Worker
+from conveyor.core.lanes import LANE_SEPARATOR, model_of
+from conveyor.core.lifecycle import RUNNING
+from conveyor.core.store.database import postgres_session_name
+from conveyor.core.store.tables import Job, Worker
 
 
 def register(

@@ -6,8 +6,8 @@ from typing import Any
 
 from mkdocs.structure.files import File, Files
 
-from cli.main import app
-from cli.reference import pages
+from conveyor.cli.main import app
+from conveyor.cli.reference import pages
 
 
 def on_files(files: Files, config: Any) -> Files:

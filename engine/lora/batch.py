@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.lora.slots import LoRASlots
+from conveyor.engine.lora.slots import LoRASlots
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,7 @@ class LoRABatch:
         out.index_add_(0, padded.index, delta.view(-1, delta.shape[2]))
 
     def _apply_triton(self, layer: int, group: str, x: torch.Tensor, out: torch.Tensor) -> None:
-        from kernels.triton_lora import lora_delta_triton
+        from conveyor.kernels.triton_lora import lora_delta_triton
 
         assert self.rows is not None
         states = [self.slots.states[seg.slot] for seg in self.segments]

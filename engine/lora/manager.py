@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from engine.lora.adapter import LoRAAdapter, TargetShape, load_adapter
-from engine.lora.batch import LoRABatch
-from engine.lora.slots import LoRASlots
+from conveyor.engine.lora.adapter import LoRAAdapter, TargetShape, load_adapter
+from conveyor.engine.lora.batch import LoRABatch
+from conveyor.engine.lora.slots import LoRASlots
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.lora.adapter import TARGETS, LoRAAdapter, TargetShape
+from conveyor.engine.lora.adapter import TARGETS, LoRAAdapter, TargetShape
 
 # A fused projection of the decoder -> the PEFT projections inside it, in order along its output rows.
 GROUPS: dict[str, tuple[str, ...]] = {"qkv": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",),

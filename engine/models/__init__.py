@@ -14,10 +14,10 @@ from typing import Any
 
 import torch
 
-from engine.models.bert import BertEncoder, bert_settings, xlm_roberta_settings
-from engine.models.gemma import GemmaForCausalLM, gemma_settings
-from engine.models.llama import LlamaForCausalLM, LlamaSettings
-from engine.models.moe import MoESettings
+from conveyor.engine.models.bert import BertEncoder, bert_settings, xlm_roberta_settings
+from conveyor.engine.models.gemma import GemmaForCausalLM, gemma_settings
+from conveyor.engine.models.llama import LlamaForCausalLM, LlamaSettings
+from conveyor.engine.models.moe import MoESettings
 
 Model = LlamaForCausalLM | BertEncoder
 ModelBuilder = Callable[[dict[str, Any], torch.dtype, str], Model]

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from torch import nn
 
-from engine.models.llama import Embedding, Linear
+from conveyor.engine.models.llama import Embedding, Linear
 
 # checkpoint name fragment -> (our fused parameter fragment, shard index within it)
 PACKED_PARAMS: dict[str, tuple[str, int]] = {

@@ -20,10 +20,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.attention import KVCache, StepAttention
-from engine.lora.batch import LoRABatch
-from engine.models.layer_config import FULL, SLIDING, layer_windows, normalised_config
-from engine.models.llama import (
+from conveyor.engine.attention import KVCache, StepAttention
+from conveyor.engine.lora.batch import LoRABatch
+from conveyor.engine.models.layer_config import FULL, SLIDING, layer_windows, normalised_config
+from conveyor.engine.models.llama import (
     MLP,
     Attention,
     Embedding,

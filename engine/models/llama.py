@@ -20,12 +20,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.attention import KVCache, PagedAttention, StepAttention
-from engine.lora.adapter import TargetShape
-from engine.lora.batch import LoRABatch
-from engine.models.layer_config import layer_windows, normalised_config
-from engine.models.moe import ExpertLoad, MoESettings, SparseMoE
-from kernels.cpu_fused import rms_norm_cpu, rotate_half_cpu_, silu_and_mul_cpu
+from conveyor.engine.attention import KVCache, PagedAttention, StepAttention
+from conveyor.engine.lora.adapter import TargetShape
+from conveyor.engine.lora.batch import LoRABatch
+from conveyor.engine.models.layer_config import layer_windows, normalised_config
+from conveyor.engine.models.moe import ExpertLoad, MoESettings, SparseMoE
+from conveyor.kernels.cpu_fused import rms_norm_cpu, rotate_half_cpu_, silu_and_mul_cpu
 
 ROPE_TYPES = ("default", "llama3", "linear")
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")

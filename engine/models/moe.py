@@ -1,6 +1,6 @@
 """The mixture-of-experts feed-forward block: a router picks each token's top-k experts, the experts run
-grouped (`kernels.moe.fused_moe`: tokens sorted by expert, each expert's rows in one matmul; fused Triton on
-CUDA), an optional shared expert runs for every token.
+grouped (`conveyor.kernels.moe.fused_moe`: tokens sorted by expert, each expert's rows in one matmul; fused
+Triton on CUDA), an optional shared expert runs for every token.
 
 Routing as the families define it, all through `MoESettings`:
 - Mixtral: softmax over every expert, top-k, the k weights renormalised to sum to 1.
@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.moe import expert_token_counts, fused_moe
+from conveyor.kernels.moe import expert_token_counts, fused_moe
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ def _default_model() -> str:
     given = context.config.attributes.get("default_model")
     if given:
         return str(given)
-    from core.settings import load_settings
+    from conveyor.core.settings import load_settings
 
     return load_settings().default_model_id()
 

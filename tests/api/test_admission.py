@@ -8,9 +8,9 @@ from datetime import datetime, timezone
 
 from sqlalchemy.orm import Session
 
-from api.admission import AdmissionGauge
-from core.store import jobs
-from core.store.tables import DEFAULT_TENANT
+from conveyor.api.admission import AdmissionGauge
+from conveyor.core.store import jobs
+from conveyor.core.store.tables import DEFAULT_TENANT
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
 REFRESH_S = 0.5

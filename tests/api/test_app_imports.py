@@ -9,12 +9,13 @@ import sys
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-HEAVY = ("torch", "triton", "engine", "kernels", "worker", "celery", "bench", "cli")
+HEAVY = ("torch", "triton", "celery", "conveyor.engine", "conveyor.kernels", "conveyor.worker",
+         "conveyor.bench", "conveyor.cli")
 
 
 def test_importing_the_api_app_leaves_torch_the_engine_and_the_worker_unloaded() -> None:
     probe = (
-        "import json, sys; import api.app; "
+        "import json, sys; import conveyor.api.app; "
         f"print(json.dumps([name for name in {HEAVY!r} if name in sys.modules]))"
     )
     result = subprocess.run([sys.executable, "-c", probe], cwd=REPO_ROOT, capture_output=True, text=True,

@@ -8,10 +8,10 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
-from core.clock import utcnow
-from core.settings import Settings
-from core.store import keys
-from core.store.tables import DEFAULT_TENANT, ApiKey
+from conveyor.core.clock import utcnow
+from conveyor.core.settings import Settings
+from conveyor.core.store import keys
+from conveyor.core.store.tables import DEFAULT_TENANT, ApiKey
 from tests.support.service import Service, error_of
 
 
@@ -54,7 +54,7 @@ def test_auth_off_means_default_tenant(make_service: Callable[..., Service]) -> 
     r = svc.http.post("/v1/jobs", json={"prompt": "x"})
     assert r.status_code == 202
     with svc.session_factory() as s:
-        from core.store import jobs
+        from conveyor.core.store import jobs
 
         job = jobs.get(s, r.json()["id"])
         assert job is not None and job.tenant_id == DEFAULT_TENANT

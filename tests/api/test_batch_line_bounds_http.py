@@ -11,10 +11,10 @@ from typing import Any
 
 from sqlalchemy import select
 
-from core.request_rules import MAX_STOP_STRINGS, PROMPT_BYTES_PER_TOKEN
-from core.store.tables import BatchLine, Job
+from conveyor.core.request_rules import MAX_STOP_STRINGS, PROMPT_BYTES_PER_TOKEN
+from conveyor.core.store.tables import BatchLine, Job
+from conveyor.worker.batches.runner import BatchRunner
 from tests.support.service import Service
-from worker.batches.runner import BatchRunner
 
 MAX_PROMPT_TOKENS = 8  # the documents queue's, in this test: prompts over 8 x 32 bytes are refused unread
 

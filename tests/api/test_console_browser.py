@@ -21,9 +21,9 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
 
-from core.clock import utcnow
-from core.store import keys
-from core.store.migrate import upgrade
+from conveyor.core.clock import utcnow
+from conveyor.core.store import keys
+from conveyor.core.store.migrate import upgrade
 from tests.support.fault_stack import REPO_ROOT
 from tests.support.fault_store import store_engine
 from tests.support.serve import Serve

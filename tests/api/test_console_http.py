@@ -11,9 +11,9 @@ from datetime import timedelta
 from fastapi.testclient import TestClient
 from sqlalchemy import update
 
-from core.clock import utcnow
-from core.store import batches, jobs, keys, workers
-from core.store.tables import BatchLine, Delivery
+from conveyor.core.clock import utcnow
+from conveyor.core.store import batches, jobs, keys, workers
+from conveyor.core.store.tables import BatchLine, Delivery
 from tests.support.service import Service
 
 XSS = "<script>alert(1)</script>"

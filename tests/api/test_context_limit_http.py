@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from core.store.tables import Job
+from conveyor.core.store.tables import Job
 from tests.support.service import Service, error_of
 
 MODEL_LEN = 1024  # engine/demo.py's max_position_embeddings

@@ -16,10 +16,10 @@ from openai.types import FileDeleted
 from sqlalchemy import update
 from test_files_batches_http import moto_url, s3  # noqa: F401 (the shared moto server and bucket)
 
-from core.clock import utcnow
-from core.lifecycle import IN_PROGRESS
-from core.store import batches
-from core.store.tables import Batch, BatchLine, File, Job
+from conveyor.core.clock import utcnow
+from conveyor.core.lifecycle import IN_PROGRESS
+from conveyor.core.store import batches
+from conveyor.core.store.tables import Batch, BatchLine, File, Job
 from tests.support.deletion import attempts_of, count, deliveries_of, delivery, ended_batch, finished_job
 from tests.support.service import Service, error_of
 

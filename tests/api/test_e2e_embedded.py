@@ -15,9 +15,9 @@ import pytest
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
-from api.app import create_app
-from api.prompt_tokenizer import PromptTokenizer
-from core.settings import Settings
+from conveyor.api.app import create_app
+from conveyor.api.prompt_tokenizer import PromptTokenizer
+from conveyor.core.settings import Settings
 from tests.support.live_server import free_port
 
 ENGINE = dict(max_num_seqs=8, max_num_batched_tokens=256, num_kv_blocks=192, block_size=16, dtype="float32",
@@ -28,7 +28,7 @@ WAIT_S = 120.0  # a hang guard, not a speed assertion
 
 @pytest.fixture(scope="module")
 def offline(demo_model_dir: Path) -> Any:
-    from engine import LLM
+    from conveyor.engine import LLM
 
     return LLM(str(demo_model_dir), **ENGINE)
 
@@ -38,7 +38,7 @@ def embedded(
     database_url: str, make_settings: Callable[..., Settings], demo_model_dir: Path,
     prompt_tokenizer: PromptTokenizer,
 ) -> Iterator[TestClient]:
-    from worker.embedded import EmbeddedRuntime
+    from conveyor.worker.embedded import EmbeddedRuntime
 
     settings = make_settings(database_url=database_url, model=str(demo_model_dir), auth_enabled=False,
                              **ENGINE)
@@ -59,7 +59,7 @@ def wait_until(client: TestClient, job_id: str, statuses: set[str]) -> dict[str,
 
 
 def test_jobs_in_both_queues_complete_with_offline_text(embedded: TestClient, offline: Any) -> None:
-    from engine import SamplingParams
+    from conveyor.engine import SamplingParams
 
     prompt = "The queue holds jobs until a worker is free."
     messages = [{"role": "user", "content": "Write a haiku about queues."}]
@@ -91,8 +91,8 @@ def test_jobs_in_both_queues_complete_with_offline_text(embedded: TestClient, of
 def test_logprobs_hold_three_alternatives_and_the_offline_sampled_logprob(
     embedded: TestClient, offline: Any, demo_model_dir: Path,
 ) -> None:
-    from engine import SamplingParams
-    from engine.tokenizer import Tokenizer
+    from conveyor.engine import SamplingParams
+    from conveyor.engine.tokenizer import Tokenizer
 
     prompt = "Logprobs tell how sure the model was."
     plain = embedded.post("/v1/jobs", json={"prompt": prompt, **GREEDY}).json()
@@ -135,9 +135,9 @@ def test_cli_client_against_a_real_server(
 ) -> None:
     import uvicorn
 
-    from cli.main import app as cli
-    from core.store.migrate import upgrade
-    from worker.embedded import EmbeddedRuntime
+    from conveyor.cli.main import app as cli
+    from conveyor.core.store.migrate import upgrade
+    from conveyor.worker.embedded import EmbeddedRuntime
 
     upgrade(sqlite_url)
     settings = make_settings(database_url=sqlite_url, model=str(demo_model_dir), auth_enabled=False, **ENGINE)

@@ -22,13 +22,13 @@ import numpy as np
 import openai
 import pytest
 
-from api.app import create_app
-from cli.api_server import load_tokenizers
-from core.clock import utcnow
-from core.settings import Settings
-from core.store import tenants
-from core.store.database import make_db_engine, make_session_factory
-from core.store.migrate import upgrade
+from conveyor.api.app import create_app
+from conveyor.cli.api_server import load_tokenizers
+from conveyor.core.clock import utcnow
+from conveyor.core.settings import Settings
+from conveyor.core.store import tenants
+from conveyor.core.store.database import make_db_engine, make_session_factory
+from conveyor.core.store.migrate import upgrade
 from tests.support.embedding_models import build_decoder_st_folder
 from tests.support.encoder_models import build_encoder_st_folder
 from tests.support.live_server import WAIT_S, new_api_key, serving
@@ -92,7 +92,7 @@ def s3_url() -> Iterator[str]:
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory, folders: dict[str, Path], s3_url: str,
             ) -> Iterator[Service]:
-    from worker.embedded import EmbeddedRuntime
+    from conveyor.worker.embedded import EmbeddedRuntime
 
     tmp = tmp_path_factory.mktemp("embeddings-embedded")
     url = f"sqlite:///{tmp / 'conveyor.db'}"

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from core.settings import Settings
+from conveyor.core.settings import Settings
 from tests.support.service import Service, error_of
 
 TOKEN = "metrics-token-9f2c41d7e8b3"
@@ -120,10 +120,10 @@ def test_the_token_is_never_logged_or_echoed(
 def test_auth_on_without_a_token_warns_once_at_startup(
     make_service: Callable[..., Service], caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="api.app"):
+    with caplog.at_level(logging.WARNING, logger="conveyor.api.app"):
         make_service()
         make_service(metrics_token=TOKEN)
         make_service(auth_enabled=False)
-    assert [r.getMessage() for r in caplog.records if r.name == "api.app"] == [
+    assert [r.getMessage() for r in caplog.records if r.name == "conveyor.api.app"] == [
         "authentication is on and CONVEYOR_METRICS_TOKEN is unset: /metrics answers 401"
     ]

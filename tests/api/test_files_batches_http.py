@@ -15,11 +15,11 @@ import httpx
 import openai
 import pytest
 
-from api.app import create_app
-from api.prompt_tokenizer import PromptTokenizer
-from core.settings import Settings
-from core.store.migrate import upgrade
-from core.structured_rules import MAX_STRUCTURED_DEPTH
+from conveyor.api.app import create_app
+from conveyor.api.prompt_tokenizer import PromptTokenizer
+from conveyor.core.settings import Settings
+from conveyor.core.store.migrate import upgrade
+from conveyor.core.structured_rules import MAX_STRUCTURED_DEPTH
 from tests.support.live_server import new_api_key, serving, wait_for
 from tests.support.s3_server import moto_server, use_dummy_credentials
 from tests.support.service import Service, error_of
@@ -58,7 +58,7 @@ def s3(moto_url: str, monkeypatch: pytest.MonkeyPatch) -> Any:
 def embedded(sqlite_url: str, make_settings: Callable[..., Settings], demo_model_dir: Path,
              prompt_tokenizer: PromptTokenizer, moto_url: str, s3: Any) -> Iterator[tuple[str, str, str]]:
     """(base URL, alice's key, bob's key) of an embedded server with auth on."""
-    from worker.embedded import EmbeddedRuntime
+    from conveyor.worker.embedded import EmbeddedRuntime
 
     upgrade(sqlite_url)
     settings = make_settings(database_url=sqlite_url, model=str(demo_model_dir), batch_window_jobs=4,
@@ -315,7 +315,7 @@ def _forget_batches(service: Service) -> None:
     """These batches name buckets that do not exist: keep them away from later tests' batch runners."""
     from sqlalchemy import delete
 
-    from core.store.tables import Batch
+    from conveyor.core.store.tables import Batch
 
     with service.session_factory() as session:
         session.execute(delete(Batch))

@@ -10,9 +10,9 @@ from collections.abc import Callable
 
 import pytest
 
-from api import finish_subscriber
-from api.finish_subscriber import RedisFinishedWatch
-from core.finish_notifications import RedisFinishedSink
+from conveyor.api import finish_subscriber
+from conveyor.api.finish_subscriber import RedisFinishedWatch
+from conveyor.core.finish_notifications import RedisFinishedSink
 from tests.support.live_server import SpareRedis
 
 SUBSCRIBE_S = 10.0
@@ -50,7 +50,7 @@ async def test_the_watch_subscribes_again_after_a_redis_restart_and_says_so_once
     spare_redis: SpareRedis, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(finish_subscriber, "RETRY_MAX_S", 0.5)
-    caplog.set_level(logging.INFO, logger="api.finish_subscriber")
+    caplog.set_level(logging.INFO, logger="conveyor.api.finish_subscriber")
     spare_redis.start()
     watch = RedisFinishedWatch(spare_redis.url)
     sink = RedisFinishedSink(spare_redis.url)

@@ -13,12 +13,12 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy.orm import Session
 
-from core.clock import utcnow
-from core.settings import Settings
-from core.store import jobs, workers
-from core.store.database import make_db_engine, make_session_factory
-from core.store.outcome_counts import JOB_DEADLINES
-from core.store.tables import MetricCount
+from conveyor.core.clock import utcnow
+from conveyor.core.settings import Settings
+from conveyor.core.store import jobs, workers
+from conveyor.core.store.database import make_db_engine, make_session_factory
+from conveyor.core.store.outcome_counts import JOB_DEADLINES
+from conveyor.core.store.tables import MetricCount
 from tests.support.service import RecordingPublisher, Service
 
 METRICS_TOKEN = "metrics-token-for-these-tests"

@@ -14,11 +14,11 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.prompt_tokenizer import PromptTokenizer
-from api.schemas import fields
-from core import request_rules
-from core.request_rules import MAX_JSON_DEPTH, PROMPT_BYTES_PER_TOKEN
-from core.store.tables import Batch, Job, Subscription
+from conveyor.api.prompt_tokenizer import PromptTokenizer
+from conveyor.api.schemas import fields
+from conveyor.core import request_rules
+from conveyor.core.request_rules import MAX_JSON_DEPTH, PROMPT_BYTES_PER_TOKEN
+from conveyor.core.store.tables import Batch, Job, Subscription
 from tests.support.service import CancelOnPublish, Service, error_of
 
 BIG = 2**70  # the operator's top_k: past every integer column and tensor type
@@ -137,8 +137,8 @@ def test_values_at_the_bounds_are_accepted_and_read_back(alice: TestClient) -> N
 
 def test_api_bounds_are_the_engines() -> None:
     """The API cannot import the engine (import-linter); its copies of the bounds must agree."""
-    from engine import sampling_params as engine
-    from engine import sequence
+    from conveyor.engine import sampling_params as engine
+    from conveyor.engine import sequence
 
     assert (fields.MAX_INT32, fields.MAX_TOP_K) == (engine.MAX_INT32, engine.MAX_TOP_K)
     assert request_rules.MAX_PRIORITY == sequence.MAX_PRIORITY

@@ -10,10 +10,10 @@ import pytest
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from api import job_reads
-from api.job_reads import JobReads
-from core.clock import utcnow
-from core.store import jobs, keys
+from conveyor.api import job_reads
+from conveyor.api.job_reads import JobReads
+from conveyor.core.clock import utcnow
+from conveyor.core.store import jobs, keys
 from tests.support.worker import add_job
 
 

@@ -16,14 +16,19 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
-from api import job_waits
-from api.app import create_app
-from api.finish_subscriber import RedisFinishedWatch
-from api.prompt_tokenizer import PromptTokenizer
-from core.clock import utcnow
-from core.finish_notifications import FinishedSink, FinishedWatch, LocalFinishedHub, RedisFinishedSink
-from core.settings import Settings
-from core.store import jobs
+from conveyor.api import job_waits
+from conveyor.api.app import create_app
+from conveyor.api.finish_subscriber import RedisFinishedWatch
+from conveyor.api.prompt_tokenizer import PromptTokenizer
+from conveyor.core.clock import utcnow
+from conveyor.core.finish_notifications import (
+    FinishedSink,
+    FinishedWatch,
+    LocalFinishedHub,
+    RedisFinishedSink,
+)
+from conveyor.core.settings import Settings
+from conveyor.core.store import jobs
 from tests.support.live_server import serving
 from tests.support.service import RecordingPublisher, Service, error_of
 

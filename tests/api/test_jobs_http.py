@@ -12,8 +12,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 from transformers import AutoTokenizer
 
-from core.clock import utcnow
-from core.store import jobs, keys, workers
+from conveyor.core.clock import utcnow
+from conveyor.core.store import jobs, keys, workers
 from tests.support.live_server import wait_for
 from tests.support.service import RecordingPublisher, Service, error_of
 

@@ -18,11 +18,11 @@ import httpx
 import openai
 import pytest
 
-from api.app import create_app
-from cli.api_server import load_tokenizers
-from core.settings import Settings
-from core.store.migrate import upgrade
-from engine import LLM, SamplingParams
+from conveyor.api.app import create_app
+from conveyor.cli.api_server import load_tokenizers
+from conveyor.core.settings import Settings
+from conveyor.core.store.migrate import upgrade
+from conveyor.engine import LLM, SamplingParams
 from tests.support.live_server import WAIT_S, new_api_key, serving
 from tests.support.lora_adapters import save_peft_adapter
 from tests.support.openai_batches import run_batch
@@ -66,7 +66,7 @@ def adapters(llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory, llama_dir: Path, adapters: dict[str, Path],
             ) -> Iterator[Service]:
-    from worker.embedded import EmbeddedRuntime
+    from conveyor.worker.embedded import EmbeddedRuntime
 
     tmp = tmp_path_factory.mktemp("lora-embedded")
     url = f"sqlite:///{tmp / 'conveyor.db'}"
@@ -161,8 +161,8 @@ def test_batch_lines_name_adapters(service: Service, offline: dict[str | None, s
 def test_a_worker_refuses_to_start_with_an_adapter_that_does_not_fit(tmp_path: Path, llama_dir: Path,
                                                                       tiny_model_dir: Callable[..., Path],
                                                                       ) -> None:
-    from engine import EngineConfig, EngineHost, LLMEngine
-    from worker.adapters import load_adapters
+    from conveyor.engine import EngineConfig, EngineHost, LLMEngine
+    from conveyor.worker.adapters import load_adapters
 
     other = tiny_model_dir("LlamaForCausalLM", hidden_size=48)
     stranger = save_peft_adapter(other, tmp_path / "stranger", rank=4, alpha=4, targets=["q_proj"], seed=3)
@@ -183,10 +183,10 @@ def admin(service: Service, path: str, body: dict[str, Any], token: str = ADMIN)
 
 def park_a_job_naming(service: Service, lora: str) -> str:
     """A queued job that runs with `lora`, in a queue no worker consumes; returns its id."""
-    from core.clock import utcnow
-    from core.lanes import lane_of
-    from core.store import jobs
-    from core.store.database import make_db_engine, make_session_factory
+    from conveyor.core.clock import utcnow
+    from conveyor.core.lanes import lane_of
+    from conveyor.core.store import jobs
+    from conveyor.core.store.database import make_db_engine, make_session_factory
 
     db_engine = make_db_engine(service.database_url)
     try:
@@ -203,7 +203,7 @@ def park_a_job_naming(service: Service, lora: str) -> str:
 def cancel_parked(service: Service, job_id: str) -> None:
     from sqlalchemy import text
 
-    from core.store.database import make_db_engine
+    from conveyor.core.store.database import make_db_engine
 
     db_engine = make_db_engine(service.database_url)
     try:

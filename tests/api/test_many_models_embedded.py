@@ -15,9 +15,9 @@ import torch
 from fastapi.testclient import TestClient
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from api.app import create_app
-from cli.api_server import load_tokenizers
-from core.settings import load_settings
+from conveyor.api.app import create_app
+from conveyor.cli.api_server import load_tokenizers
+from conveyor.core.settings import load_settings
 
 ENGINE = {"max_num_seqs": 8, "max_num_batched_tokens": 128, "num_kv_blocks": 64, "block_size": 16,
           "dtype": "float32", "device": "cpu", "attention_backend": "torch"}
@@ -35,7 +35,7 @@ def model_dirs(tiny_model_dir: Callable[..., Path]) -> dict[str, Path]:
 
 @pytest.fixture
 def client(tmp_path: Path, migrated_sqlite_url: str, model_dirs: dict[str, Path]) -> Iterator[TestClient]:
-    from worker.embedded import EmbeddedRuntime
+    from conveyor.worker.embedded import EmbeddedRuntime
 
     config = tmp_path / "conveyor.toml"
     config.write_text(

@@ -18,12 +18,12 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.openai_request import CHAT, COMPLETIONS
-from core.request_rules import PROMPT_BYTES_PER_TOKEN
-from core.store.tables import BatchLine, Job
-from engine.tokenizer import Tokenizer
+from conveyor.core.openai_request import CHAT, COMPLETIONS
+from conveyor.core.request_rules import PROMPT_BYTES_PER_TOKEN
+from conveyor.core.store.tables import BatchLine, Job
+from conveyor.engine.tokenizer import Tokenizer
+from conveyor.worker.batches.runner import BatchRunner
 from tests.support.service import CancelOnPublish, Service, error_of
-from worker.batches.runner import BatchRunner
 
 MAX_PROMPT_TOKENS = 40
 MAX_OUTPUT_TOKENS = 8

@@ -14,13 +14,13 @@ import httpx
 import openai
 import pytest
 
-from api.app import create_app
-from api.prompt_tokenizer import PromptTokenizer
-from core.clock import utcnow
-from core.settings import Settings
-from core.store import jobs
-from core.store.database import make_db_engine, make_session_factory
-from core.store.migrate import upgrade
+from conveyor.api.app import create_app
+from conveyor.api.prompt_tokenizer import PromptTokenizer
+from conveyor.core.clock import utcnow
+from conveyor.core.settings import Settings
+from conveyor.core.store import jobs
+from conveyor.core.store.database import make_db_engine, make_session_factory
+from conveyor.core.store.migrate import upgrade
 from tests.support.live_server import WAIT_S, new_api_key, serving, wait_for
 from tests.support.service import RecordingPublisher
 
@@ -60,7 +60,7 @@ class Server:
 def embedded(
     tmp_path_factory: pytest.TempPathFactory, demo_model_dir: Path, prompt_tokenizer: PromptTokenizer
 ) -> Iterator[Server]:
-    from worker.embedded import EmbeddedRuntime
+    from conveyor.worker.embedded import EmbeddedRuntime
 
     tmp = tmp_path_factory.mktemp("openai-embedded")
     url = f"sqlite:///{tmp / 'conveyor.db'}"

@@ -18,13 +18,13 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.clock import utcnow
-from core.openai_request import CHAT, COMPLETIONS
-from core.store import jobs
-from core.store.tables import BatchLine
-from engine.tokenizer import Tokenizer
+from conveyor.core.clock import utcnow
+from conveyor.core.openai_request import CHAT, COMPLETIONS
+from conveyor.core.store import jobs
+from conveyor.core.store.tables import BatchLine
+from conveyor.engine.tokenizer import Tokenizer
+from conveyor.worker.batches.runner import BatchRunner
 from tests.support.service import RecordingPublisher, Service, error_of
-from worker.batches.runner import BatchRunner
 
 USER = {"role": "user", "content": "hi"}
 TOOL = {"type": "function", "function": {"name": "add", "description": "a + b", "parameters": {

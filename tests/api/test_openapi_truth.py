@@ -13,12 +13,12 @@ from fastapi.testclient import TestClient
 from jsonschema import Draft202012Validator
 from sqlalchemy.exc import OperationalError
 
-from api.app import create_app
-from api.prompt_tokenizer import PromptTokenizer
-from core.clock import utcnow
-from core.request_rules import MAX_TTL_S
-from core.settings import Settings
-from core.store import jobs
+from conveyor.api.app import create_app
+from conveyor.api.prompt_tokenizer import PromptTokenizer
+from conveyor.core.clock import utcnow
+from conveyor.core.request_rules import MAX_TTL_S
+from conveyor.core.settings import Settings
+from conveyor.core.store import jobs
 from tests.support.service import RecordingPublisher, Service
 
 CHAT = [{"role": "user", "content": "hi"}]
@@ -194,7 +194,7 @@ def test_openai_routes_answer_a_store_outage_in_openai_shape(service: Service, s
     def unreachable(*_: Any) -> str:
         raise OperationalError("SELECT 1", {}, ConnectionRefusedError("db-host:5432"))
 
-    monkeypatch.setattr("api.auth.tenant_of_key", unreachable)  # behind every route
+    monkeypatch.setattr("conveyor.api.auth.tenant_of_key", unreachable)  # behind every route
     r = service.client("alice").get("/v1/models")
     assert r.status_code == 503 and r.headers["Retry-After"] == "1"
     assert r.json()["error"]["code"] == "store_unavailable" and "db-host" not in r.text

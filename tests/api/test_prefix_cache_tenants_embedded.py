@@ -16,10 +16,10 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.prompt_tokenizer import PromptTokenizer
-from core.clock import utcnow
-from core.settings import Settings
-from core.store import tenants
+from conveyor.api.prompt_tokenizer import PromptTokenizer
+from conveyor.core.clock import utcnow
+from conveyor.core.settings import Settings
+from conveyor.core.store import tenants
 from tests.support.service import embedded_tenants
 
 ENGINE = dict(max_num_seqs=8, max_num_batched_tokens=256, num_kv_blocks=192, block_size=16, dtype="float32",

@@ -13,7 +13,7 @@ import pytest
 import torch
 from test_openai_chat_sdk import MESSAGES, Server, embedded  # noqa: F401 (the module-scoped fixture)
 
-from api.prompt_tokenizer import PromptTokenizer
+from conveyor.api.prompt_tokenizer import PromptTokenizer
 from tests.support.openai_batches import run_batch
 
 PROMPT = "The queue holds jobs until a worker is free."

@@ -9,9 +9,9 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from api.app import create_app
-from api.prompt_tokenizer import PromptTokenizer
-from core.settings import Settings
+from conveyor.api.app import create_app
+from conveyor.api.prompt_tokenizer import PromptTokenizer
+from conveyor.core.settings import Settings
 from tests.support.live_server import serving
 from tests.support.service import RecordingPublisher, Service, error_of
 
@@ -70,7 +70,7 @@ def test_a_500_is_logged_with_its_traceback(failing_app: FastAPI, caplog: pytest
     with TestClient(failing_app) as client:  # raise_server_exceptions stays on: nothing reaches it
         r = client.get("/test-only/boom")
     assert r.status_code == 500
-    record = next(r for r in caplog.records if r.name == "api.middleware")
+    record = next(r for r in caplog.records if r.name == "conveyor.api.middleware")
     assert record.exc_info is not None and SECRET in str(record.exc_info[1])
     assert "GET /test-only/boom" in record.getMessage()
 

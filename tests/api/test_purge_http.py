@@ -6,11 +6,11 @@ from __future__ import annotations
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from core.clock import utcnow
-from core.lanes import lane_of
-from core.lifecycle import CANCELLED, QUEUED, RUNNING
-from core.store import jobs, keys
-from core.store.tables import Job
+from conveyor.core.clock import utcnow
+from conveyor.core.lanes import lane_of
+from conveyor.core.lifecycle import CANCELLED, QUEUED, RUNNING
+from conveyor.core.store import jobs, keys
+from conveyor.core.store.tables import Job
 from tests.support.service import Service, error_of
 
 

@@ -11,8 +11,8 @@ import httpx
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
-from core.clock import utcnow
-from core.store import jobs, keys, tenants
+from conveyor.core.clock import utcnow
+from conveyor.core.store import jobs, keys, tenants
 from tests.support.service import Service, error_of
 
 

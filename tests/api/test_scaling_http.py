@@ -12,11 +12,11 @@ import httpx
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
-from api.routes.scaling import SCALING_PATH
-from core.clock import utcnow
-from core.settings import QueueSettings
-from core.store import jobs, workers
-from core.store.database import make_db_engine, make_session_factory
+from conveyor.api.routes.scaling import SCALING_PATH
+from conveyor.core.clock import utcnow
+from conveyor.core.settings import QueueSettings
+from conveyor.core.store import jobs, workers
+from conveyor.core.store.database import make_db_engine, make_session_factory
 from tests.support.service import Service, error_of
 
 TOKEN = "metrics-token-for-scaling"

@@ -14,9 +14,9 @@ from typing import Any
 import httpx
 import pytest
 
-from api.app import create_app
-from api.prompt_tokenizer import PromptTokenizer
-from core.settings import Settings
+from conveyor.api.app import create_app
+from conveyor.api.prompt_tokenizer import PromptTokenizer
+from conveyor.core.settings import Settings
 from tests.support.live_server import serving, wait_for
 
 ENGINE = dict(max_num_seqs=8, max_num_batched_tokens=256, num_kv_blocks=192, block_size=16, dtype="float32",
@@ -27,7 +27,7 @@ WAIT_S = 120.0  # a hang guard, not a speed assertion
 @pytest.fixture
 def http(database_url: str, make_settings: Callable[..., Settings], demo_model_dir: Path,
          prompt_tokenizer: PromptTokenizer) -> Iterator[httpx.Client]:
-    from worker.embedded import EmbeddedRuntime
+    from conveyor.worker.embedded import EmbeddedRuntime
 
     settings = make_settings(database_url=database_url, model=str(demo_model_dir), auth_enabled=False,
                              schedule_poll_s=0.2, webhook_allowlist=["127.0.0.1"], **ENGINE)

@@ -20,14 +20,14 @@ from schemathesis import Case
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.types import Receive, Scope, Send
 
-from api.app import create_app
-from api.prompt_tokenizer import PromptTokenizer
-from api.routes.scaling import SCALING_PATH
-from cli.reference.http_page import openapi_document
-from core.clock import utcnow
-from core.settings import Settings
-from core.store import jobs, keys, workers
-from core.store.database import make_db_engine, make_session_factory
+from conveyor.api.app import create_app
+from conveyor.api.prompt_tokenizer import PromptTokenizer
+from conveyor.api.routes.scaling import SCALING_PATH
+from conveyor.cli.reference.http_page import openapi_document
+from conveyor.core.clock import utcnow
+from conveyor.core.settings import Settings
+from conveyor.core.store import jobs, keys, workers
+from conveyor.core.store.database import make_db_engine, make_session_factory
 
 SEED = 20261130
 MAX_EXAMPLES = 25

@@ -9,9 +9,9 @@ from datetime import timedelta
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
-from api.prompt_tokenizer import PromptTokenizer
-from core.clock import utcnow
-from core.store import workers
+from conveyor.api.prompt_tokenizer import PromptTokenizer
+from conveyor.core.clock import utcnow
+from conveyor.core.store import workers
 from tests.support.service import Service
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}]

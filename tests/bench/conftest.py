@@ -42,7 +42,7 @@ def service_process(llama_dir: Path, tmp_path: Path) -> Iterator[tuple[str, int]
     env.update(CONVEYOR_DATA_DIR=str(tmp_path / "data"), CONVEYOR_MODEL=str(llama_dir))
     log = (tmp_path / "serve.log").open("w")
     proc = subprocess.Popen(
-        [sys.executable, "-c", "from cli.main import app; app()", "serve", "--port", str(port)],
+        [sys.executable, "-c", "from conveyor.cli.main import app; app()", "serve", "--port", str(port)],
         cwd=REPO,
         env=env,
         stdout=log,

@@ -11,12 +11,12 @@ import pytest
 import torch
 from PIL import Image
 
-import kernels
-from bench.cli import main
-from bench.decision import Condition, decide
-from bench.metrics import LATENCIES, PERCENTILES, summarize
-from bench.records import RequestRecord, RunResult, StepSample
-from bench.workload import Range, WorkloadSpec, generate, load_trace
+from conveyor.bench.cli import main
+from conveyor.bench.decision import Condition, decide
+from conveyor.bench.metrics import LATENCIES, PERCENTILES, summarize
+from conveyor.bench.records import RequestRecord, RunResult, StepSample
+from conveyor.bench.workload import Range, WorkloadSpec, generate, load_trace
+from conveyor.kernels.paged_attention import resolve_backend
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 GROUP_METRICS = (
@@ -113,7 +113,7 @@ def test_offline_bench_reports_every_metric_and_counts_cancellations(llama_dir: 
     inv = report["inventory"]
     assert inv["model"]["config_sha256"] and inv["torch_version"] and inv["git_commit"] is not None
     assert inv["parameters"]["engine"]["max_num_seqs"] == 4
-    assert inv["parameters"]["attention_backend"] == kernels.resolve_backend(None, torch.device("cpu"))
+    assert inv["parameters"]["attention_backend"] == resolve_backend(None, torch.device("cpu"))
     assert [c["name"] for c in inv["parameters"]["engine"]["request_classes"]] == ["interactive", "documents"]
     for name in ("latency_cdf.png", "timeline.png"):
         assert_png(out / name)
@@ -375,7 +375,7 @@ def test_approval_conditions() -> None:
 
 
 def test_matmul_bound_weights_each_step_by_its_own_shape() -> None:
-    from bench.roofline import ModelShape, matmul_bound, step_linear_flops
+    from conveyor.bench.roofline import ModelShape, matmul_bound, step_linear_flops
 
     shape = ModelShape(hidden=32, layers=2, heads=4, kv_heads=2, head_dim=8, intermediate=64, vocab=300)
     samples = [

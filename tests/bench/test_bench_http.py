@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.cli import main
-from bench.http_target import _queue_sample
+from conveyor.bench.cli import main
+from conveyor.bench.http_target import _queue_sample
 
 
 def test_http_target_against_the_embedded_service(service: str, llama_dir: Path, tmp_path: Path) -> None:

@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from bench.cli import main
-from bench.http_lanes import Lanes
-from bench.http_target import run_http
-from bench.report import service_markdown
-from bench.service import service_figures
-from bench.workload import BenchRequest, WorkloadSpec, generate, service_requests
+from conveyor.bench.cli import main
+from conveyor.bench.http_lanes import Lanes
+from conveyor.bench.http_target import run_http
+from conveyor.bench.report import service_markdown
+from conveyor.bench.service import service_figures
+from conveyor.bench.workload import BenchRequest, WorkloadSpec, generate, service_requests
 from tests.support.bench_fake_service import FakeService
 
 URL = "http://service"

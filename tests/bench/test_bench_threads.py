@@ -11,11 +11,11 @@ import pytest
 import torch
 from rich.console import Console
 
-from bench import cli
-from bench.cli import apply_threads, main
-from bench.experiment import BenchOptions
-from bench.inventory import inventory
-from engine.cpu_threads import ThreadChoice
+from conveyor.bench import cli
+from conveyor.bench.cli import apply_threads, main
+from conveyor.bench.experiment import BenchOptions
+from conveyor.bench.inventory import inventory
+from conveyor.engine.cpu_threads import ThreadChoice
 
 CHOICE = ThreadChoice(1, "fastest", {1: 3.1, 2: 5.4}, 2, 2, None)
 

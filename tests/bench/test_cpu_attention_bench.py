@@ -1,4 +1,4 @@
-"""`python -m bench.cpu_attention`: both CPU backends over the same step, compared, agreeing."""
+"""`python -m conveyor.bench.cpu_attention`: both CPU backends over the same step, compared, agreeing."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 import pytest
 import torch
 
-from bench import cpu_attention
+from conveyor.bench import cpu_attention
 
 
 def test_a_small_run_prints_both_backends_and_agrees(capsys) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from bench.embed import EmbedOptions, build_corpus, resolve_model, run
+from conveyor.bench.embed import EmbedOptions, build_corpus, resolve_model, run
 
 
 def test_the_engine_and_sentence_transformers_embed_the_corpus_alike(tmp_path: Path) -> None:

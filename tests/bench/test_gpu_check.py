@@ -14,11 +14,11 @@ import pytest
 import torch
 
 import tests.support.gpu_check_fakes as fakes
-from bench import gpu_check
-from bench.cli import PRESETS, build_parser, options
-from bench.gpu_check import StageOutcome, build_report, run_stages, write_report
-from bench.gpu_check_stages import cpu_plan, gpu_plan
-from bench.roofline import ModelShape
+from conveyor.bench import gpu_check
+from conveyor.bench.cli import PRESETS, build_parser, options
+from conveyor.bench.gpu_check import StageOutcome, build_report, run_stages, write_report
+from conveyor.bench.gpu_check_stages import cpu_plan, gpu_plan
+from conveyor.bench.roofline import ModelShape
 
 # --- arguments ---------------------------------------------------------------------------------------
 
@@ -184,7 +184,8 @@ def test_the_report_is_one_json_file_and_one_markdown_file_in_the_readme_formats
         ("service", "timed out"),
     ]
     assert saved["stages"][1]["figures"]["systems"]["engine"]["output_tokens_per_s"] == 3000.0
-    assert saved["plan"]["preset"] == "llama-1b" and saved["command"].startswith("python -m bench.gpu_check")
+    assert saved["plan"]["preset"] == "llama-1b"
+    assert saved["command"].startswith("python -m conveyor.bench.gpu_check")
     inv = saved["inventory"]
     assert {"device", "torch_version", "triton_version", "cuda_version", "git_commit"} <= set(inv)
     md = md_path.read_text()

@@ -11,10 +11,10 @@ from typing import Any
 import httpx
 import pytest
 
-from bench.cli import build_parser, main, options
-from bench.experiment import BenchOptions, with_param
-from bench.http_target import run_http
-from bench.workload import LONG, SHORT, BenchRequest, Range, WorkloadSpec, generate
+from conveyor.bench.cli import build_parser, main, options
+from conveyor.bench.experiment import BenchOptions, with_param
+from conveyor.bench.http_target import run_http
+from conveyor.bench.workload import LONG, SHORT, BenchRequest, Range, WorkloadSpec, generate
 
 QUICK = ["--no-progress", "--no-matmul-bound"]
 
@@ -157,9 +157,9 @@ def test_the_deadlines_profile_sets_its_groups_apart_by_deadline_only() -> None:
 def test_offline_requests_carry_their_groups_deadline_into_the_engine(
     llama_dir: Path, scheduling: str, first: str
 ) -> None:
-    from bench.offline import run_engine
-    from engine.config import EngineConfig, RequestClassConfig
-    from engine.llm_engine import LLMEngine
+    from conveyor.bench.offline import run_engine
+    from conveyor.engine.config import EngineConfig, RequestClassConfig
+    from conveyor.engine.llm_engine import LLMEngine
 
     classes = [RequestClassConfig(name, max_running=1) for name in ("documents", "interactive")]
     engine = LLMEngine(EngineConfig(model=str(llama_dir), max_num_seqs=1, request_classes=classes,

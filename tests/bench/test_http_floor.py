@@ -6,10 +6,10 @@ from __future__ import annotations
 import httpx
 from fastapi.testclient import TestClient
 
-from bench.http_floor import floor_app
-from bench.http_target import run_http
-from bench.service import service_figures
-from bench.workload import WorkloadSpec, service_requests
+from conveyor.bench.http_floor import floor_app
+from conveyor.bench.http_target import run_http
+from conveyor.bench.service import service_figures
+from conveyor.bench.workload import WorkloadSpec, service_requests
 
 
 def test_the_service_bench_completes_every_job_against_the_floor() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from bench import kernels as kernel_bench
+from conveyor.bench import kernels as kernel_bench
 
 
 def test_flops_and_bytes_count_causal_work() -> None:

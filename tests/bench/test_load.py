@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-import bench.experiment as experiment_module
-from bench.cli import build_parser, main, options
-from bench.experiment import BenchOptions, apply_load, build_workload
-from bench.load import mix_weights, scaled_rates
-from bench.records import RequestRecord, RunResult
-from bench.workload import BenchRequest, Range, WorkloadSpec, generate
+import conveyor.bench.experiment as experiment_module
+from conveyor.bench.cli import build_parser, main, options
+from conveyor.bench.experiment import BenchOptions, apply_load, build_workload
+from conveyor.bench.load import mix_weights, scaled_rates
+from conveyor.bench.records import RequestRecord, RunResult
+from conveyor.bench.workload import BenchRequest, Range, WorkloadSpec, generate
 
 QUICK = ["--no-progress", "--no-matmul-bound"]
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from bench.lora import LoraOptions, run
+from conveyor.bench.lora import LoraOptions, run
 
 
 def test_adapters_mixed_against_the_base_alone_and_peft(tmp_path: Path, llama_dir: Path) -> None:

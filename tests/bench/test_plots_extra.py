@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.cli import main
+from conveyor.bench.cli import main
 
 
 def test_missing_matplotlib_names_the_extra(

@@ -9,10 +9,10 @@ import unicodedata
 import pytest
 from transformers import AutoTokenizer
 
-from bench.cli import resolve_model
-from bench.experiment import vocab_ids
-from bench.prompt_text import FALLBACK, WORDS, safe_text, token_decoder, word_prompt
-from bench.workload import Range, WorkloadSpec, generate
+from conveyor.bench.cli import resolve_model
+from conveyor.bench.experiment import vocab_ids
+from conveyor.bench.prompt_text import FALLBACK, WORDS, safe_text, token_decoder, word_prompt
+from conveyor.bench.workload import Range, WorkloadSpec, generate
 
 SEEDS = range(200)
 

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from bench.affinity import CpuSplit, parse_cpus, pinned, split_cpus, tree_threads
-from bench.cli import main, server_pids
-from bench.procfs import ProcTimes, descendants, parents, read_times, tree
-from bench.report import pinning_text, server_cpu_markdown
-from bench.server_cpu import CpuWindow, cpu_figures, server_figures, tree_cpu_s
+from conveyor.bench.affinity import CpuSplit, parse_cpus, pinned, split_cpus, tree_threads
+from conveyor.bench.cli import main, server_pids
+from conveyor.bench.procfs import ProcTimes, descendants, parents, read_times, tree
+from conveyor.bench.report import pinning_text, server_cpu_markdown
+from conveyor.bench.server_cpu import CpuWindow, cpu_figures, server_figures, tree_cpu_s
 
 ROOT, CHILD, LATE = (100, 5), (101, 7), (102, 900)
 

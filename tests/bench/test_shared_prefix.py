@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.cli import main
-from bench.experiment import parse_value
-from bench.workload import WorkloadSpec, generate
+from conveyor.bench.cli import main
+from conveyor.bench.experiment import parse_value
+from conveyor.bench.workload import WorkloadSpec, generate
 
 
 def test_the_shared_prefix_profile_gives_every_request_one_prefix_and_its_own_suffix() -> None:

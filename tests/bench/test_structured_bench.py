@@ -8,13 +8,13 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from bench.cli import main
-from bench.experiment import BenchOptions, with_param
-from bench.metrics import full_batch_decode_steps
-from bench.records import StepSample
-from bench.report import run_line
-from bench.structured import BENCH_SCHEMA, constrained_ids
-from bench.workload import BenchRequest
+from conveyor.bench.cli import main
+from conveyor.bench.experiment import BenchOptions, with_param
+from conveyor.bench.metrics import full_batch_decode_steps
+from conveyor.bench.records import StepSample
+from conveyor.bench.report import run_line
+from conveyor.bench.structured import BENCH_SCHEMA, constrained_ids
+from conveyor.bench.workload import BenchRequest
 
 
 def _requests(n: int) -> list[BenchRequest]:

@@ -1,5 +1,6 @@
-"""bench.tenant_isolation over real HTTP against an embedded service (uvicorn, SQLite, the demo model): it
-times the victim's rounds and reports how the hostile job ended. The figures themselves live in the README."""
+"""conveyor.bench.tenant_isolation over real HTTP against an embedded service (uvicorn, SQLite, the demo
+model): it times the victim's rounds and reports how the hostile job ended. The figures themselves live in
+the README."""
 
 from __future__ import annotations
 
@@ -7,10 +8,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from api.app import create_app
-from api.prompt_tokenizer import PromptTokenizer
-from bench.tenant_isolation import main, run
-from core.store.migrate import upgrade
+from conveyor.api.app import create_app
+from conveyor.api.prompt_tokenizer import PromptTokenizer
+from conveyor.bench.tenant_isolation import main, run
+from conveyor.core.store.migrate import upgrade
 from tests.support.live_server import new_api_key, serving
 
 ENGINE = dict(max_num_seqs=8, max_num_batched_tokens=256, num_kv_blocks=192, dtype="float32", device="cpu",
@@ -21,7 +22,7 @@ def test_the_victims_rounds_are_timed_and_the_costly_job_reported(
     sqlite_url: str, make_settings: Callable[..., Any], demo_model_dir: Path,
     prompt_tokenizer: PromptTokenizer, capsys: Any,
 ) -> None:
-    from worker.embedded import EmbeddedRuntime
+    from conveyor.worker.embedded import EmbeddedRuntime
 
     upgrade(sqlite_url)
     settings = make_settings(database_url=sqlite_url, model=str(demo_model_dir),

@@ -15,8 +15,8 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
-from core.store.migrate import upgrade
+from conveyor.cli.main import app
+from conveyor.core.store.migrate import upgrade
 from tests.support.live_server import free_port, wait_for
 
 runner = CliRunner()
@@ -75,7 +75,7 @@ def test_several_processes_serve_one_port_and_wake_each_others_long_polls(
     env.update(CONVEYOR_MODEL=str(_tokenizer_only(demo_model_dir, tmp_path / "tokenizer-only")),
                CONVEYOR_BROKER_URL=redis_url, CONVEYOR_DATABASE_URL=fresh_postgres_url,
                CONVEYOR_DATA_DIR=str(tmp_path), PYTHONPATH=str(REPO_ROOT))
-    proc = subprocess.Popen([sys.executable, "-m", "cli", "api", "--port", str(port), "--workers", "2"],
+    proc = subprocess.Popen([sys.executable, "-m", "conveyor", "api", "--port", str(port), "--workers", "2"],
                             env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:

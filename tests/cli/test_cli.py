@@ -19,14 +19,14 @@ import pytest
 from fastapi import FastAPI, Request
 from typer.testing import CliRunner
 
-from api.app import create_app
-from api.prompt_tokenizer import PromptTokenizer
-from cli.http_client import ClientError, ConveyorClient
-from cli.main import app
-from core.clock import utcnow
-from core.finish_notifications import LocalFinishedHub
-from core.store import jobs
-from core.store.migrate import upgrade
+from conveyor.api.app import create_app
+from conveyor.api.prompt_tokenizer import PromptTokenizer
+from conveyor.cli.http_client import ClientError, ConveyorClient
+from conveyor.cli.main import app
+from conveyor.core.clock import utcnow
+from conveyor.core.finish_notifications import LocalFinishedHub
+from conveyor.core.store import jobs
+from conveyor.core.store.migrate import upgrade
 from tests.support.live_server import free_port, new_api_key, serving, wait_for
 from tests.support.service import RecordingPublisher, Service
 
@@ -100,8 +100,8 @@ def test_api_serves_with_only_the_tokenizer_files_of_the_model(
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")}
     env.update(CONVEYOR_MODEL=str(folder), CONVEYOR_BROKER_URL=redis_url, CONVEYOR_DATA_DIR=str(tmp_path),
                PYTHONPATH=str(REPO_ROOT))
-    proc = subprocess.Popen([sys.executable, "-m", "cli", "api", "--port", str(port)], env=env, cwd=REPO_ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen([sys.executable, "-m", "conveyor", "api", "--port", str(port)], env=env,
+                            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         wait_for(lambda: _answers(f"http://127.0.0.1:{port}/healthz"), "conveyor api to start")
         models = httpx.get(f"http://127.0.0.1:{port}/v1/models").json()
@@ -247,7 +247,7 @@ def test_serve_runs_every_model_of_the_registry(tmp_path: Path, tiny_model_dir: 
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")}
     env.update(CONVEYOR_DATA_DIR=str(tmp_path), PYTHONPATH=str(REPO_ROOT))
-    command = [sys.executable, "-m", "cli", "serve", "--port", str(port), "--config", str(config)]
+    command = [sys.executable, "-m", "conveyor", "serve", "--port", str(port), "--config", str(config)]
     proc = subprocess.Popen(command, env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cli.errors import one_line
-from cli.main import app
-from core.store.migrate import upgrade
+from conveyor.cli.errors import one_line
+from conveyor.cli.main import app
+from conveyor.core.store.migrate import upgrade
 from tests.support.live_server import free_port
 
 runner = CliRunner()
@@ -26,8 +26,8 @@ def _conveyor(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     """The real command in a subprocess: its stderr is exactly what a user sees."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")}
     clean.update(env, PYTHONPATH=str(REPO_ROOT))
-    return subprocess.run([sys.executable, "-m", "cli", *args], env=clean, capture_output=True, text=True,
-                          timeout=120, cwd=REPO_ROOT)
+    return subprocess.run([sys.executable, "-m", "conveyor", *args], env=clean, capture_output=True,
+                          text=True, timeout=120, cwd=REPO_ROOT)
 
 
 def _url_with_role(role: str, password: str = "") -> str:

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from cli.main import app
-from cli.reference import pages
-from cli.reference.cli_page import cli_page, command_paths
-from cli.reference.http_page import http_page, openapi_document, routes
-from cli.reference.metrics_page import exported_metrics, metrics_page
-from cli.reference.settings_page import engine_defaults, settings_page
-from core.settings import QueueSettings, Settings
-from worker.model import engine_fields
+from conveyor.cli.main import app
+from conveyor.cli.reference import pages
+from conveyor.cli.reference.cli_page import cli_page, command_paths
+from conveyor.cli.reference.http_page import http_page, openapi_document, routes
+from conveyor.cli.reference.metrics_page import exported_metrics, metrics_page
+from conveyor.cli.reference.settings_page import engine_defaults, settings_page
+from conveyor.core.settings import QueueSettings, Settings
+from conveyor.worker.model import engine_fields
 
 
 @pytest.fixture(scope="module")

@@ -14,14 +14,14 @@ import pytest
 from sqlalchemy.engine import make_url
 from typer.testing import CliRunner
 
-from cli.main import app
-from cli.store_bench import parse_count, parse_scales
-from cli.store_operations import OPERATIONS
-from cli.store_plans import Statement, plan_nodes, seq_scans, table_scans
-from core.clock import utcnow
-from core.store import jobs
-from core.store.database import make_db_engine, make_session_factory
-from core.store.migrate import upgrade
+from conveyor.cli.main import app
+from conveyor.cli.store_bench import parse_count, parse_scales
+from conveyor.cli.store_operations import OPERATIONS
+from conveyor.cli.store_plans import Statement, plan_nodes, seq_scans, table_scans
+from conveyor.core.clock import utcnow
+from conveyor.core.store import jobs
+from conveyor.core.store.database import make_db_engine, make_session_factory
+from conveyor.core.store.migrate import upgrade
 
 runner = CliRunner()
 FIGURES = re.compile(r"\d+(\.\d+)? / \d+(\.\d+)?")

@@ -8,7 +8,7 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import app
+from conveyor.cli.main import app
 from tests.support.service import Service
 
 runner = CliRunner()

@@ -11,8 +11,8 @@ from fastapi.responses import PlainTextResponse
 from rich.console import Console
 from typer.testing import CliRunner
 
-from cli.main import app
-from cli.top import Frame, Source, on_time_ratio, quantile, rate, read, render, run_top
+from conveyor.cli.main import app
+from conveyor.cli.top import Frame, Source, on_time_ratio, quantile, rate, read, render, run_top
 from tests.support.live_server import free_port, serving
 
 API_TEXT = """\

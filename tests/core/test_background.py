@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from core.background import BackgroundLoop
+from conveyor.core.background import BackgroundLoop
 
 WAIT_S = 10.0
 

@@ -10,10 +10,10 @@ import pytest
 import redis
 from kombu.exceptions import OperationalError
 
-from core.broker import BrokerPublisher
-from core.settings import Settings
+from conveyor.core.broker import BrokerPublisher
+from conveyor.core.settings import Settings
+from conveyor.worker.in_process_queue import InProcessPublisher
 from tests.support.live_server import SpareRedis
-from worker.in_process_queue import InProcessPublisher
 
 
 def test_broker_publisher_sends_only_the_job_id_to_the_named_queue(spare_redis: SpareRedis) -> None:

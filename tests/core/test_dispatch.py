@@ -11,9 +11,9 @@ from datetime import datetime, timezone
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.dispatch import DispatchRelay
-from core.store import jobs
-from core.store.tables import DEFAULT_TENANT
+from conveyor.core.dispatch import DispatchRelay
+from conveyor.core.store import jobs
+from conveyor.core.store.tables import DEFAULT_TENANT
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
 WAIT_S = 10.0

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from core.embedding_input import as_inputs, input_problem
-from core.embedding_objects import EmbeddingList, embedding_list
-from core.embedding_request import EmbeddingCreate, parse_embedding_body
-from core.embedding_rules import (
+from conveyor.core.embedding_input import as_inputs, input_problem
+from conveyor.core.embedding_objects import EmbeddingList, embedding_list
+from conveyor.core.embedding_request import EmbeddingCreate, parse_embedding_body
+from conveyor.core.embedding_rules import (
     EmbeddingLimits,
     embedded_tokens,
     input_lengths,
@@ -20,9 +20,9 @@ from core.embedding_rules import (
     lengths_problem,
     task_problem,
 )
-from core.embedding_vectors import decode_vector, encode_vector
-from core.model_task import ModelTask
-from core.openai_request import Refusal
+from conveyor.core.embedding_vectors import decode_vector, encode_vector
+from conveyor.core.model_task import ModelTask
+from conveyor.core.openai_request import Refusal
 
 LIMITS = EmbeddingLimits(max_inputs=4, vocab_size=100, max_input_tokens=8, embedding_size=32)
 

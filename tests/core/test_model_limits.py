@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
-from core.model_limits import (
+from conveyor.core.model_limits import (
     clamp_queue_limits,
     limits_beyond_model,
     model_context_length,
     served_max_model_len,
 )
-from core.settings import default_queues
-from engine.model_runner import resolve_max_model_len
+from conveyor.core.settings import default_queues
+from conveyor.engine.model_runner import resolve_max_model_len
 
 
 @pytest.mark.parametrize(

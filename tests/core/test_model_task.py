@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from core.model_task import ModelTask, model_task
+from conveyor.core.model_task import ModelTask, model_task
 from tests.support.encoder_models import build_encoder_st_folder
 
 
@@ -72,7 +72,7 @@ def test_a_real_sentence_transformers_folder(tmp_path: Path) -> None:
 def test_the_api_reads_a_folder_as_the_engine_does(tmp_path: Path) -> None:
     """The engine's reading (engine/pooling.py), which the API may not import: the same maximum length,
     default prompt and lowercasing."""
-    from engine.pooling import read_sentence_transformers_config
+    from conveyor.engine.pooling import read_sentence_transformers_config
 
     path = build_encoder_st_folder(tmp_path / "bert-st", max_seq_length=48)
     settings = path / "config_sentence_transformers.json"

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from core.openai_request import (
+from conveyor.core.openai_request import (
     CHAT,
     COMPLETIONS,
     ChatCompletionCreate,

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.s3 import S3Location, make_s3_client, parse_s3_object_url, parse_s3_prefix_url
+from conveyor.core.s3 import S3Location, make_s3_client, parse_s3_object_url, parse_s3_prefix_url
 
 
 def test_object_url() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from core.settings import Settings, default_queues, load_settings
+from conveyor.core.settings import Settings, default_queues, load_settings
 
 
 def test_defaults(tmp_path: Path) -> None:
@@ -149,8 +149,8 @@ def test_a_bad_registry_is_refused_naming_what_is_wrong(given: dict[str, object]
 
 
 def test_every_engine_setting_may_be_set_per_model() -> None:
-    from core.settings import PER_MODEL_FIELDS
-    from worker.model import engine_fields
+    from conveyor.core.settings import PER_MODEL_FIELDS
+    from conveyor.worker.model import engine_fields
 
     assert set(PER_MODEL_FIELDS) == {*engine_fields(), "tool_call_parser"}
 
@@ -166,7 +166,7 @@ def test_one_models_settings_never_leak_into_anothers() -> None:
 
 
 def test_a_models_task_reaches_its_engine_and_a_wrong_one_is_refused() -> None:
-    from worker.model import engine_config
+    from conveyor.worker.model import engine_config
 
     registry = {"e5": {"path": "/e5", "task": "embed", "pooling": "mean"}, "chat": {"path": "/c"}}
     settings = Settings(models=registry, device="cpu", num_threads=1)

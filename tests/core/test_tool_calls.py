@@ -9,10 +9,10 @@ from typing import Any
 import jsonschema
 import pytest
 
-from core.chat_options import ChatOptions, chat_options, tool_parser_for
-from core.tool_calls import call_id, read_output
-from core.tool_stream import StreamDivergedError, ToolCallStream, answer_stream
-from core.tools import NamedToolChoice, Tool, constrained_schema, history_problem
+from conveyor.core.chat_options import ChatOptions, chat_options, tool_parser_for
+from conveyor.core.tool_calls import call_id, read_output
+from conveyor.core.tool_stream import StreamDivergedError, ToolCallStream, answer_stream
+from conveyor.core.tools import NamedToolChoice, Tool, constrained_schema, history_problem
 
 ADD = {"type": "function", "function": {"name": "add", "parameters": {
     "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}

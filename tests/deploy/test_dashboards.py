@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from cli.reference.metrics_page import exported_metrics
+from conveyor.cli.reference.metrics_page import exported_metrics
 from tests.support.metrics import documented_metrics, family_name
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,9 +1,9 @@
 """The Kubernetes manifests (deploy/kubernetes) as `kubectl kustomize` renders them, and the Dockerfile.
 
-Checked against the code they deploy: the queue names come from core.settings, the scaling path from
-api.routes.scaling, so renaming either without the manifests fails here. Core objects are validated against
-the Kubernetes schemas (kubernetes-validate, strict: unknown fields fail too). kubectl is required: without
-it the test fails, since the manifests would otherwise go unchecked.
+Checked against the code they deploy: the queue names come from conveyor.core.settings, the scaling path from
+conveyor.api.routes.scaling, so renaming either without the manifests fails here. Core objects are validated
+against the Kubernetes schemas (kubernetes-validate, strict: unknown fields fail too). kubectl is required:
+without it the test fails, since the manifests would otherwise go unchecked.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from api.routes.scaling import SCALING_PATH
-from api.schemas.scaling import QueueScaling
-from core.settings import Settings, default_queues
+from conveyor.api.routes.scaling import SCALING_PATH
+from conveyor.api.schemas.scaling import QueueScaling
+from conveyor.core.settings import Settings, default_queues
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -393,7 +393,7 @@ def test_worker_image_builds_the_cpu_kernels_outside_the_data_volume() -> None:
     env = " ".join(line for line in lines if line.startswith(("ENV", "TORCH_EXTENSIONS_DIR")))
     folder = re.search(r"TORCH_EXTENSIONS_DIR=(\S+)", env)
     assert folder and not folder.group(1).startswith("/data"), env
-    build = next(i for i, line in enumerate(lines) if "python -m kernels.prebuild" in line)
+    build = next(i for i, line in enumerate(lines) if "python -m conveyor.kernels.prebuild" in line)
     assert "AVX2" in lines[build] and "AVX512" in lines[build]
     install = max(i for i, line in enumerate(lines) if re.search(r"pip install (-e )?'\.\[engine", line))
     user = next(i for i, line in enumerate(lines) if line.startswith("USER"))

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from core.lifecycle import JOB_TRANSITIONS
+from conveyor.core.lifecycle import JOB_TRANSITIONS
 from tests.support.doc_pages import RUN_PAGES
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -27,7 +27,8 @@ else:  # pytest itself depends on tomli before 3.11
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = "conveyor"
 EXTRA = "engine"
-IMPORTED = ["engine", "engine.llm_engine", "engine.host", "worker.model", "worker.job_runner", "cli.main"]
+IMPORTED = ["conveyor.engine", "conveyor.engine.llm_engine", "conveyor.engine.host", "conveyor.worker.model",
+            "conveyor.worker.job_runner", "conveyor.cli.main"]
 
 
 def claimed_requirements() -> list[Requirement]:
@@ -85,7 +86,7 @@ def main(model_dir: str) -> None:
     blocked = block_unclaimed(installed_closure(claimed_requirements()) | {PROJECT})
     for name in IMPORTED:
         importlib.import_module(name)
-    from engine import EngineConfig, EngineHost, LLMEngine, SamplingParams, StructuredOutput
+    from conveyor.engine import EngineConfig, EngineHost, LLMEngine, SamplingParams, StructuredOutput
 
     config = EngineConfig(model=model_dir, device="cpu", attention_backend="torch", num_kv_blocks=32,
                           max_model_len=128)

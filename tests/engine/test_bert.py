@@ -11,8 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.models import bert
-from engine.models.bert import BertEncoder, bert_settings, xlm_roberta_settings
+from conveyor.engine.models import bert
+from conveyor.engine.models.bert import BertEncoder, bert_settings, xlm_roberta_settings
 from tests.support.encoder_models import save_encoder_checkpoint
 
 VOCAB = 300

@@ -2,12 +2,12 @@ from __future__ import annotations
 
 import pytest
 
-from engine.block_manager import BlockManager, max_blocks_held, max_chunk_tokens
-from engine.config import EngineConfig
-from engine.outputs import RequestMetrics
-from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
-from engine.sequence import Sequence
+from conveyor.engine.block_manager import BlockManager, max_blocks_held, max_chunk_tokens
+from conveyor.engine.config import EngineConfig
+from conveyor.engine.outputs import RequestMetrics
+from conveyor.engine.sampling_params import SamplingParams
+from conveyor.engine.scheduler import Scheduler
+from conveyor.engine.sequence import Sequence
 
 
 def make_seq(request_id: str, num_prompt_tokens: int) -> Sequence:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.cpu_threads import (
+from conveyor.engine.cpu_threads import (
     DEFAULT_HIDDEN,
     ROUNDS,
     CpuBudget,

@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
-from engine.demo import SUPPORTED_ARCHS, build_tiny_model
+from conveyor.engine.demo import SUPPORTED_ARCHS, build_tiny_model
 
 
 @pytest.mark.parametrize("arch", SUPPORTED_ARCHS)

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import LLM, EngineConfig, EngineHost, LLMEngine, PoolingParams, SamplingParams
-from engine.scheduled_chunk import RunnerOutput, ScheduledChunk
+from conveyor.engine import LLM, EngineConfig, EngineHost, LLMEngine, PoolingParams, SamplingParams
+from conveyor.engine.scheduled_chunk import RunnerOutput, ScheduledChunk
 from tests.support.embedding_models import build_decoder_st_folder
 from tests.support.encoder_models import build_encoder_st_folder
 from tests.support.engine import drain

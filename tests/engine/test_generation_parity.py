@@ -14,9 +14,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
-from engine.scheduled_chunk import ScheduledChunk
+from conveyor.engine.config import EngineConfig
+from conveyor.engine.llm_engine import LLMEngine
+from conveyor.engine.scheduled_chunk import ScheduledChunk
 from tests.support.engine import run_staggered as staggered
 
 PROMPT_LENGTHS = [1, 2, 5, 15, 16, 17, 31, 33, 64, 100, 128, 150, 200, 257, 301, 320, 7, 45]

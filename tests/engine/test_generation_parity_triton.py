@@ -7,9 +7,9 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
-from engine.sampling_params import SamplingParams
+from conveyor.engine.config import EngineConfig
+from conveyor.engine.llm_engine import LLMEngine
+from conveyor.engine.sampling_params import SamplingParams
 
 # Prompt lengths straddle block boundaries; the small budget mixes prefill chunks with decodes.
 REQUESTS = [("a", 5, 6), ("b", 17, 4), ("c", 40, 5), ("d", 1, 7)]

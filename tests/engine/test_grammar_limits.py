@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from engine import EngineConfig, EngineHost, LLMEngine, SamplingParams, StructuredOutput
-from engine.grammar import GrammarCompiler
-from engine.sequence import Sequence
-from engine.structured_output import GrammarLimitError
+from conveyor.engine import EngineConfig, EngineHost, LLMEngine, SamplingParams, StructuredOutput
+from conveyor.engine.grammar import GrammarCompiler
+from conveyor.engine.sequence import Sequence
+from conveyor.engine.structured_output import GrammarLimitError
 
 SMALL = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 

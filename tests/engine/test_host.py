@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from engine import EngineConfig, EngineHost, LLMEngine, RequestOutput, SamplingParams
-from engine.config import RequestClassConfig
-from engine.host import EngineShutdownError
-from engine.sequence import Sequence
-from engine.tokenizer import Tokenizer
+from conveyor.engine import EngineConfig, EngineHost, LLMEngine, RequestOutput, SamplingParams
+from conveyor.engine.config import RequestClassConfig
+from conveyor.engine.host import EngineShutdownError
+from conveyor.engine.sequence import Sequence
+from conveyor.engine.tokenizer import Tokenizer
 from tests.support.fake_runner import FailingRunner, FakeRunner, reference
 from tests.support.poison_runner import PoisonRunner
 

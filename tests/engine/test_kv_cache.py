@@ -5,15 +5,15 @@ import logging
 import pytest
 import torch
 
-from engine.config import EngineConfig
-from engine.kv_cache import (
+from conveyor.engine.config import EngineConfig
+from conveyor.engine.kv_cache import (
     DEFAULT_CPU_KV_CACHE_BYTES,
     KVCacheLayout,
     allocate_kv_cache,
     cuda_kv_budget_bytes,
     plan_num_blocks,
 )
-from engine.model_runner import ModelRunner
+from conveyor.engine.model_runner import ModelRunner
 
 # The default tiny Llama: 2 layers, 2 KV heads of dim 16, fp32 -> 2 * 2 * 16 * 2 * 16 * 4 = 8192 B per block.
 LAYOUT = KVCacheLayout(num_layers=2, block_size=16, num_kv_heads=2, head_dim=16, dtype=torch.float32)
@@ -70,7 +70,7 @@ def test_refuses_when_one_max_model_len_sequence_cannot_fit():
 
 
 def test_logs_blocks_tokens_bytes_and_sequences_that_fit(caplog):
-    with caplog.at_level(logging.INFO, logger="engine"):
+    with caplog.at_level(logging.INFO, logger="conveyor.engine"):
         plan_num_blocks(config(num_kv_blocks=40), LAYOUT, 100)
     message = caplog.text
     assert "40 blocks" in message and "640 tokens" in message
@@ -82,7 +82,7 @@ def test_a_windowed_model_needs_only_the_blocks_a_sequence_holds_at_once(caplog)
     # Window 16, chunks of 64: a sequence holds at most 1 + ceil((15 + 64 - 1) / 16) = 6 blocks of 16, though
     # max_model_len=1024 spans 64.
     cfg = config(num_kv_blocks=6, max_num_batched_tokens=64)
-    with caplog.at_level(logging.INFO, logger="engine"):
+    with caplog.at_level(logging.INFO, logger="conveyor.engine"):
         assert plan_num_blocks(cfg, LAYOUT, 1024, sliding_window=16) == 6
     assert "fits 1 sequences of max_model_len=1024, 6 blocks each at once (sliding window 16" in caplog.text
     with pytest.raises(ValueError, match=r"5 blocks.*max_model_len=1024 sequence, which needs 6 blocks at "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.models.layer_config import layer_windows, normalised_config, uniform_window
+from conveyor.engine.models.layer_config import layer_windows, normalised_config, uniform_window
 
 MISTRAL = {"max_position_embeddings": 4096, "sliding_window": 1024}
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from engine import LLM, EngineConfig, LLMEngine, RequestOutput, SamplingParams, input_processor
-from engine.tokenizer import Tokenizer
+from conveyor.engine import LLM, EngineConfig, LLMEngine, RequestOutput, SamplingParams, input_processor
+from conveyor.engine.tokenizer import Tokenizer
 from tests.support.engine import drain
 
 
@@ -190,7 +190,7 @@ def test_llm_generate_returns_outputs_in_input_order(llama_dir: Path) -> None:
 
 
 def test_command_line_generates(llama_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from engine.__main__ import main
+    from conveyor.engine.__main__ import main
 
     main(["--model", str(llama_dir), "--prompt", "Hello", "--max-tokens", "3", "--ignore-eos",
           "--num-kv-blocks", "32", "--max-model-len", "128"])

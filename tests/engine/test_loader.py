@@ -10,12 +10,18 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-import kernels
-from engine.config import EngineConfig
-from engine.llm import LLM
-from engine.loader import ModelFolderError, load_model, read_hf_config, resolve_dtype, safetensors_files
-from engine.model_runner import ModelRunner
-from engine.models import MODEL_REGISTRY
+from conveyor.engine.config import EngineConfig
+from conveyor.engine.llm import LLM
+from conveyor.engine.loader import (
+    ModelFolderError,
+    load_model,
+    read_hf_config,
+    resolve_dtype,
+    safetensors_files,
+)
+from conveyor.engine.model_runner import ModelRunner
+from conveyor.engine.models import MODEL_REGISTRY
+from conveyor.kernels.paged_attention import resolve_backend
 
 CPU = torch.device("cpu")
 
@@ -203,13 +209,13 @@ def test_a_model_folder_that_does_not_exist_is_named_as_such(tmp_path):
 
 
 def test_the_runner_reports_its_load_timings(llama_dir, monkeypatch):
-    resolve = kernels.resolve_backend
+    resolve = resolve_backend
 
     def slow_resolve(*args, **kwargs):  # as a first start that compiles the C++ CPU kernels
         time.sleep(0.05)
         return resolve(*args, **kwargs)
 
-    monkeypatch.setattr(kernels, "resolve_backend", slow_resolve)
+    monkeypatch.setattr("conveyor.engine.model_runner.resolve_backend", slow_resolve)
     runner = ModelRunner(EngineConfig(model=str(llama_dir), num_kv_blocks=64))
     assert runner.load_timings.weights_s > 0 and runner.load_timings.kv_cache_s > 0
     assert runner.load_timings.attention_s >= 0.05

@@ -10,9 +10,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from engine.config import EngineConfig
-from engine.model_runner import ModelRunner
-from engine.scheduled_chunk import ScheduledChunk
+from conveyor.engine.config import EngineConfig
+from conveyor.engine.model_runner import ModelRunner
+from conveyor.engine.scheduled_chunk import ScheduledChunk
 from tests.engine.model_families import FAMILIES
 
 TOL = 1e-4

@@ -14,8 +14,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine import EngineConfig, LLMEngine, SamplingParams
-from engine.scheduled_chunk import ScheduledChunk
+from conveyor.engine import EngineConfig, LLMEngine, SamplingParams
+from conveyor.engine.scheduled_chunk import ScheduledChunk
 from tests.support.engine import drain
 from tests.support.lora_adapters import peft_greedy, save_peft_adapter
 
@@ -213,7 +213,7 @@ def test_bad_adapters_are_refused_naming_what(llama_dir: Path, adapters: dict[st
 
 def test_the_offline_llm_and_the_engine_host_serve_adapters(llama_dir: Path, adapters: dict[str, Path],
                                                             reference: dict[str, list[int]]) -> None:
-    from engine import LLM, EngineHost
+    from conveyor.engine import LLM, EngineHost
 
     mine = [r for r in requests() if r[3] in (None, "qv8")]
     params = [SamplingParams(max_tokens=r[2], temperature=0, ignore_eos=True) for r in mine]

@@ -13,8 +13,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
+from conveyor.engine.config import EngineConfig
+from conveyor.engine.llm_engine import LLMEngine
 from tests.engine.model_families import FAMILIES
 from tests.support.engine import run_staggered
 

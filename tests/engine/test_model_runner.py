@@ -3,17 +3,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kernels
-from engine.config import EngineConfig
-from engine.kv_cache import KVCacheLayout
-from engine.model_runner import (
+from conveyor.engine.config import EngineConfig
+from conveyor.engine.kv_cache import KVCacheLayout
+from conveyor.engine.model_runner import (
     ModelRunner,
     prepare_step,
     profiling_chunks,
     resolve_max_model_len,
 )
-from engine.scheduled_chunk import ScheduledChunk
-from kernels import reference
+from conveyor.engine.scheduled_chunk import ScheduledChunk
+from conveyor.kernels import reference
+from conveyor.kernels.paged_attention import AttentionMetadata
 
 CPU = torch.device("cpu")
 
@@ -58,7 +58,7 @@ def test_prepare_step_flattens_chunks_into_tensors():
     step = prepare_step(chunks, block_size=16, device=CPU)
     assert step.input_ids.tolist() == [11, 12, 13, 21, 31, 32]
     assert step.positions.tolist() == [0, 1, 2, 17, 15, 16]
-    assert isinstance(step.meta, kernels.AttentionMetadata) and step.meta.plan is None
+    assert isinstance(step.meta, AttentionMetadata) and step.meta.plan is None
     assert step.meta.slot_mapping.tolist() == [64, 65, 66, 7 * 16 + 1, 5 * 16 + 15, 3 * 16 + 0]
     assert step.meta.block_tables.tolist() == [[4, 1, 0], [2, 7, 0], [5, 3, 9]]
     assert step.meta.block_tables.dtype == torch.int32

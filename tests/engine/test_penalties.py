@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 
-from engine.outputs import RequestMetrics
-from engine.sampler import Sampler
-from engine.sampling_params import MAX_OPENAI_PENALTY, MIN_OPENAI_PENALTY, SamplingParams
-from engine.sequence import Sequence
+from conveyor.engine.outputs import RequestMetrics
+from conveyor.engine.sampler import Sampler
+from conveyor.engine.sampling_params import MAX_OPENAI_PENALTY, MIN_OPENAI_PENALTY, SamplingParams
+from conveyor.engine.sequence import Sequence
 
 VOCAB = 8
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from engine.pooling import (
+from conveyor.engine.pooling import (
     PoolingConfig,
     accumulate,
     chunk_rows,

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from engine.block_manager import BlockManager
-from engine.prefix_cache import ROOT_HASH, block_hashes, hash_block, salt_root
-from engine.sequence import Sequence
+from conveyor.engine.block_manager import BlockManager
+from conveyor.engine.prefix_cache import ROOT_HASH, block_hashes, hash_block, salt_root
+from conveyor.engine.sequence import Sequence
 from tests.support.engine import make_seq
 
 BS = 4

@@ -12,10 +12,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from engine.config import EngineConfig
-from engine.llm import LLM
-from engine.llm_engine import LLMEngine
-from engine.sampling_params import SamplingParams
+from conveyor.engine.config import EngineConfig
+from conveyor.engine.llm import LLM
+from conveyor.engine.llm_engine import LLMEngine
+from conveyor.engine.sampling_params import SamplingParams
 from tests.support.engine import run_staggered as staggered
 
 Request = tuple[str, list[int], int]  # id, prompt, max_tokens

@@ -13,11 +13,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
-from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence
-from engine.tokenizer import Tokenizer
+from conveyor.engine.config import EngineConfig
+from conveyor.engine.llm_engine import LLMEngine
+from conveyor.engine.sampling_params import SamplingParams
+from conveyor.engine.sequence import Sequence
+from conveyor.engine.tokenizer import Tokenizer
 from tests.support.fake_runner import FakeRunner, reference
 
 VOCAB = 64

@@ -12,9 +12,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from engine import EngineConfig, LLMEngine, RequestOutput, SamplingParams
-from engine.scheduled_chunk import ChunkPromptLogprobs, RunnerOutput, ScheduledChunk
-from engine.tokenizer import Tokenizer
+from conveyor.engine import EngineConfig, LLMEngine, RequestOutput, SamplingParams
+from conveyor.engine.scheduled_chunk import ChunkPromptLogprobs, RunnerOutput, ScheduledChunk
+from conveyor.engine.tokenizer import Tokenizer
 from tests.support.engine import drain
 from tests.support.fake_runner import FakeRunner
 

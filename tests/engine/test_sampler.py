@@ -6,10 +6,10 @@ import math
 
 import torch
 
-from engine.outputs import RequestMetrics
-from engine.sampler import Sampler
-from engine.sampling_params import SamplingParams
-from engine.sequence import Sequence
+from conveyor.engine.outputs import RequestMetrics
+from conveyor.engine.sampler import Sampler
+from conveyor.engine.sampling_params import SamplingParams
+from conveyor.engine.sequence import Sequence
 
 EOS = frozenset({2})
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.outputs import RequestMetrics
-from engine.sampler import Sampler
-from engine.sampling_params import (
+from conveyor.engine.outputs import RequestMetrics
+from conveyor.engine.sampler import Sampler
+from conveyor.engine.sampling_params import (
     MAX_INT32,
     MAX_REPETITION_PENALTY,
     MAX_SEED,
@@ -16,7 +16,7 @@ from engine.sampling_params import (
     MIN_TEMPERATURE,
     SamplingParams,
 )
-from engine.sequence import Sequence
+from conveyor.engine.sequence import Sequence
 
 # The operator's job: schema-valid, and it failed the 12 requests stepping with it (2**70).
 OVERFLOWING_TOP_K = 1180591620717411303424

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import EngineConfig, RequestClassConfig
-from engine.llm_engine import LLMEngine
-from engine.sampling_params import SamplingParams
-from engine.scheduled_chunk import RunnerOutput, ScheduledChunk
-from engine.tokenizer import Tokenizer
+from conveyor.engine.config import EngineConfig, RequestClassConfig
+from conveyor.engine.llm_engine import LLMEngine
+from conveyor.engine.sampling_params import SamplingParams
+from conveyor.engine.scheduled_chunk import RunnerOutput, ScheduledChunk
+from conveyor.engine.tokenizer import Tokenizer
 from tests.support.fake_runner import FakeRunner, reference
 
 VOCAB = 64

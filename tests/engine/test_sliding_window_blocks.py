@@ -5,9 +5,10 @@ before c - W + 1 and block i is released once (i + 1) * block_size <= c - W + 1.
 W = 5 and block_size 4 (block 0 goes at c = 8, block 1 at c = 12) and assert exact ids; the engine-level
 ones run a runner double whose next token depends on the window only, read back through the block table.
 
-A sequence holds at most engine.block_manager.max_blocks_held blocks at once (the window's and one chunk's):
-a new one takes only the cached prefix blocks its first query reads, so the engine, the cache's size and the
-requests it accepts all follow that bound; a real windowed model runs a context far longer than its cache.
+A sequence holds at most conveyor.engine.block_manager.max_blocks_held blocks at once (the window's and one
+chunk's): a new one takes only the cached prefix blocks its first query reads, so the engine, the cache's
+size and the requests it accepts all follow that bound; a real windowed model runs a context far longer than
+its cache.
 """
 
 from __future__ import annotations
@@ -19,18 +20,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.block_manager import RELEASED, BlockManager, max_blocks_held, max_chunk_tokens
-from engine.config import EngineConfig
-from engine.input_processor import InputProcessor
-from engine.llm_engine import LLMEngine
-from engine.outputs import RequestOutput
-from engine.pooling import PoolingConfig
-from engine.pooling_params import PoolingParams
-from engine.sampler import Sampler
-from engine.sampling_params import SamplingParams
-from engine.scheduled_chunk import RunnerOutput, ScheduledChunk
-from engine.sequence import Sequence
-from engine.tokenizer import Tokenizer
+from conveyor.engine.block_manager import RELEASED, BlockManager, max_blocks_held, max_chunk_tokens
+from conveyor.engine.config import EngineConfig
+from conveyor.engine.input_processor import InputProcessor
+from conveyor.engine.llm_engine import LLMEngine
+from conveyor.engine.outputs import RequestOutput
+from conveyor.engine.pooling import PoolingConfig
+from conveyor.engine.pooling_params import PoolingParams
+from conveyor.engine.sampler import Sampler
+from conveyor.engine.sampling_params import SamplingParams
+from conveyor.engine.scheduled_chunk import RunnerOutput, ScheduledChunk
+from conveyor.engine.sequence import Sequence
+from conveyor.engine.tokenizer import Tokenizer
 from tests.support.engine import make_seq
 from tests.support.fake_runner import FakeRunner, next_token
 

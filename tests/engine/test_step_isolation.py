@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import EngineConfig, LLMEngine, RequestOutput, SamplingParams
-from engine.scheduled_chunk import RunnerOutput, ScheduledChunk
-from engine.tokenizer import Tokenizer
+from conveyor.engine import EngineConfig, LLMEngine, RequestOutput, SamplingParams
+from conveyor.engine.scheduled_chunk import RunnerOutput, ScheduledChunk
+from conveyor.engine.tokenizer import Tokenizer
 from tests.support.engine import drain
 from tests.support.fake_runner import FailingRunner, FakeRunner, reference
 from tests.support.poison_runner import PoisonRunner

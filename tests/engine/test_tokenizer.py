@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.tokenizer import IncrementalDetokenizer, Tokenizer
+from conveyor.engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
 
 @pytest.fixture(scope="module")

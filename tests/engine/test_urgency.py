@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from engine.pace import Pace, PaceMeter
-from engine.sequence import MAX_PRIORITY, Urgency
-from engine.stats import StepStats
-from engine.tokenizer import Tokenizer
-from engine.waiting_queue import WaitingQueue
+from conveyor.engine.pace import Pace, PaceMeter
+from conveyor.engine.sequence import MAX_PRIORITY, Urgency
+from conveyor.engine.stats import StepStats
+from conveyor.engine.tokenizer import Tokenizer
+from conveyor.engine.waiting_queue import WaitingQueue
 from tests.engine.test_scheduler import drain, greedy, make_engine, prompt
 
 

@@ -111,7 +111,7 @@ def fault_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     a quiet machine decoded ~1000 tokens a second (800 tokens were done within a 1 s grace); with 8, a quiet
     machine later ran 4 jobs of 800 tokens in under 2 s and a 4000-token blocker in 6.8 s, both inside
     windows the tests need them to outlast. A step's cost grows with the layers, so 24 gives those 3x."""
-    from engine.demo import build_tiny_model
+    from conveyor.engine.demo import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("fault-model"), max_position_embeddings=4096,
                             num_hidden_layers=24)

@@ -22,16 +22,16 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.app import create_app
-from api.prompt_tokenizer import PromptTokenizer
-from core.clock import utcnow
-from core.settings import Settings
-from core.store import keys
-from core.store.migrate import upgrade
-from core.store.tables import Job
+from conveyor.api.app import create_app
+from conveyor.api.prompt_tokenizer import PromptTokenizer
+from conveyor.core.clock import utcnow
+from conveyor.core.settings import Settings
+from conveyor.core.store import keys
+from conveyor.core.store.migrate import upgrade
+from conveyor.core.store.tables import Job
+from conveyor.worker.embedded import EmbeddedRuntime
+from conveyor.worker.services import WorkerServices
 from tests.support.live_server import wait_for
-from worker.embedded import EmbeddedRuntime
-from worker.services import WorkerServices
 
 ENGINE = dict(max_num_seqs=8, max_num_batched_tokens=256, num_kv_blocks=256, block_size=16, dtype="float32",
               device="cpu", attention_backend="torch")

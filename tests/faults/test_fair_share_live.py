@@ -20,9 +20,9 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from core.clock import utcnow
-from core.store import tenants
-from core.store.tables import Job
+from conveyor.core.clock import utcnow
+from conveyor.core.store import tenants
+from conveyor.core.store.tables import Job
 from tests.support.fault_stack import ApiServer, Proc, Servers, Stack, spawn
 from tests.support.fault_store import SETTLE_S, wait_until
 from tests.support.live_server import new_api_key

@@ -21,23 +21,23 @@ from pathlib import Path
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.clock import utcnow
-from core.lifecycle import FAILED, QUEUED, RUNNING
-from core.settings import Settings
-from core.store import jobs
-from core.store.tables import Job
+from conveyor.core.clock import utcnow
+from conveyor.core.lifecycle import FAILED, QUEUED, RUNNING
+from conveyor.core.settings import Settings
+from conveyor.core.store import jobs
+from conveyor.core.store.tables import Job
+from conveyor.worker.reconciler import Reconciler
 from tests.support.fault_store import WAIT_S
 from tests.support.service import RecordingPublisher
-from worker.reconciler import Reconciler
 
 pytestmark = pytest.mark.faults
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HOLDER = """
 import os, sys, time
-from core.clock import utcnow
-from core.store import jobs, workers
-from core.store.database import make_db_engine, make_session_factory
+from conveyor.core.clock import utcnow
+from conveyor.core.store import jobs, workers
+from conveyor.core.store.database import make_db_engine, make_session_factory
 
 url, job_id, worker_id = sys.argv[1:]
 sessions = make_session_factory(make_db_engine(url))

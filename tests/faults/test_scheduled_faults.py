@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from core.clock import utcnow
+from conveyor.core.clock import utcnow
 from tests.support.fault_stack import Stack
 from tests.support.fault_store import SETTLE_S
 from tests.support.faults import check_exactly_once, running_on

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from kernels import AttentionMetadata, AttentionPlan
-from kernels.cpu_extension import CpuKernels, cpu_kernels
+from conveyor.kernels.cpu_extension import CpuKernels, cpu_kernels
+from conveyor.kernels.metadata import AttentionMetadata
+from conveyor.kernels.reference import AttentionPlan
 
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 2e-3}
 

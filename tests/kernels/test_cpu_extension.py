@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import kernels
-from kernels import cpu_extension, prebuild
-from kernels.cpu_extension import CpuKernels
+from conveyor.kernels import cpu_extension, prebuild
+from conveyor.kernels.cpu_extension import CpuKernels
+from conveyor.kernels.paged_attention import resolve_backend
 
 COMPILING = "compiling the C++ CPU kernels"
 
@@ -24,8 +24,8 @@ def test_the_kernels_build_on_this_machine() -> None:
     built = cpu_extension.cpu_kernels()
     assert built.module is not None, built.detail
     assert {"paged_decode", "rms_norm", "rotate_half_", "silu_and_mul"} <= set(dir(built.module))
-    assert kernels.resolve_backend(None, torch.device("cpu")) == "cpu"
-    assert kernels.resolve_backend("auto", torch.device("cuda")) == "triton"
+    assert resolve_backend(None, torch.device("cpu")) == "cpu"
+    assert resolve_backend("auto", torch.device("cuda")) == "triton"
 
 
 def test_a_failed_build_is_a_result_with_the_reason(tmp_path: Path) -> None:
@@ -42,12 +42,12 @@ def test_without_the_kernels_auto_falls_back_and_forcing_cpu_says_why(monkeypatc
     monkeypatch.setattr(cpu_extension, "build_cpu_kernels", lambda isa: unavailable)
     cpu_extension.cpu_kernels.cache_clear()
     try:
-        with caplog.at_level(logging.WARNING, logger="kernels.cpu_extension"):
-            assert kernels.resolve_backend(None, torch.device("cpu")) == "torch"
+        with caplog.at_level(logging.WARNING, logger="conveyor.kernels.cpu_extension"):
+            assert resolve_backend(None, torch.device("cpu")) == "torch"
         assert "using the gather path and eager ops" in caplog.text and "Ninja is required" in caplog.text
         with pytest.raises(RuntimeError, match=r"attention backend 'cpu'.*Ninja is required"):
-            kernels.resolve_backend("cpu", torch.device("cpu"))
-        from kernels.cpu_fused import rms_norm_cpu
+            resolve_backend("cpu", torch.device("cpu"))
+        from conveyor.kernels.cpu_fused import rms_norm_cpu
 
         with pytest.raises(RuntimeError, match=r"fused CPU ops need the C\+\+ CPU kernels.*Ninja"):
             rms_norm_cpu(torch.ones(2, 4), torch.ones(4), 1e-6)
@@ -59,7 +59,7 @@ def test_the_prebuild_is_what_the_engine_then_loads_without_compiling(capsys, ca
     isa = torch.backends.cpu.get_cpu_capability()
     assert prebuild.main([]) == 0
     assert "CPU kernels: " in capsys.readouterr().out
-    with caplog.at_level(logging.INFO, logger="kernels.cpu_extension"):
+    with caplog.at_level(logging.INFO, logger="conveyor.kernels.cpu_extension"):
         loaded = cpu_extension.build_cpu_kernels(isa)
     assert loaded.module is not None and not loaded.compiled, loaded.detail
     assert "loaded from" in loaded.detail and COMPILING not in caplog.text
@@ -70,7 +70,7 @@ def test_a_missing_build_is_compiled_after_a_line_that_says_so(tmp_path: Path, c
     broken = tmp_path / "broken.cpp"
     broken.write_text("this is not C++\n")
     planned = cpu_extension.plan_build("AVX2", sources=(broken,), build_root=tmp_path / "builds")
-    with caplog.at_level(logging.INFO, logger="kernels.cpu_extension"):
+    with caplog.at_level(logging.INFO, logger="conveyor.kernels.cpu_extension"):
         failed = cpu_extension.build_cpu_kernels("AVX2", sources=(broken,), build_root=tmp_path / "builds")
     assert failed.module is None
     assert cpu_extension.plan_build("AVX2", sources=(broken,), build_root=tmp_path / "builds") == planned
@@ -101,7 +101,7 @@ def test_a_library_that_does_not_load_and_a_stale_lock_do_not_stop_a_compile(tmp
     lock.touch()
     old = time.time() - cpu_extension.STALE_LOCK_S - 60
     os.utime(lock, (old, old))
-    with caplog.at_level(logging.INFO, logger="kernels.cpu_extension"):
+    with caplog.at_level(logging.INFO, logger="conveyor.kernels.cpu_extension"):
         failed = cpu_extension.build_cpu_kernels("AVX2", sources=(broken,), build_root=tmp_path / "builds")
     assert failed.module is None and "does not load" in caplog.text and COMPILING in caplog.text
     assert not build.library.exists()  # the compile failed on the source, not on the lock

@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.models.llama import MLP, LlamaSettings, RMSNorm, apply_rotation
-from kernels.cpu_fused import rms_norm_cpu, rotate_half_cpu_, silu_and_mul_cpu
+from conveyor.engine.models.llama import MLP, LlamaSettings, RMSNorm, apply_rotation
+from conveyor.kernels.cpu_fused import rms_norm_cpu, rotate_half_cpu_, silu_and_mul_cpu
 
 # fp32: a few ulps (one pass rounds once where eager rounds per op); half precision: one unit of the dtype.
 TOLERANCES = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 2e-3), torch.bfloat16: (2e-2, 2e-2)}

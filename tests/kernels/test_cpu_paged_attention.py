@@ -10,8 +10,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kernels
-from kernels.cpu_paged_attention import CpuAttentionPlan, paged_attention_cpu, plan_paged_attention_cpu
+from conveyor.kernels.cpu_paged_attention import (
+    CpuAttentionPlan,
+    paged_attention_cpu,
+    plan_paged_attention_cpu,
+)
+from conveyor.kernels.paged_attention import paged_attention, plan_paged_attention, reshape_and_cache
 
 STEPS = {
     "decodes only": ([1, 1, 1, 1], [5, 40, 17, 300]),
@@ -28,16 +32,16 @@ def test_matches_the_reference(built, paged_batch, step, heads, head_dim, block_
     query_lens, seq_lens = STEPS[step]
     batch = paged_batch(query_lens, seq_lens, num_heads=heads[0], num_kv_heads=heads[1], head_dim=head_dim,
                         block_size=block_size, seed=len(step))
-    expected = kernels.paged_attention(*batch.args(), backend="torch")
-    got = kernels.paged_attention(*batch.args(), backend="cpu")
+    expected = paged_attention(*batch.args(), backend="torch")
+    got = paged_attention(*batch.args(), backend="cpu")
     torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
 
 
 @pytest.mark.parametrize(("dtype", "atol"), [(torch.float16, 2e-3), (torch.bfloat16, 1e-2)])
 def test_half_precision_caches_accumulate_in_fp32(built, paged_batch, dtype, atol) -> None:
     batch = paged_batch([1, 2, 1], [70, 9, 33], dtype=dtype)
-    expected = kernels.paged_attention(*batch.args(), backend="torch")
-    got = kernels.paged_attention(*batch.args(), backend="cpu")
+    expected = paged_attention(*batch.args(), backend="torch")
+    got = paged_attention(*batch.args(), backend="cpu")
     assert got.dtype == dtype
     torch.testing.assert_close(got.float(), expected.float(), atol=atol, rtol=0)
 
@@ -48,53 +52,53 @@ def test_strided_queries_and_a_given_out(built, paged_batch) -> None:
     q = fused[:, : batch.q.shape[1]]
     assert not q.is_contiguous()
     out = torch.full_like(batch.q, float("nan"))
-    result = kernels.paged_attention(q, batch.k_cache, batch.v_cache, batch.meta(), batch.scale, out,
+    result = paged_attention(q, batch.k_cache, batch.v_cache, batch.meta(), batch.scale, out,
                                      backend="cpu")
     assert result is out
-    torch.testing.assert_close(out, kernels.paged_attention(*batch.args(), backend="torch"))
+    torch.testing.assert_close(out, paged_attention(*batch.args(), backend="torch"))
 
 
 def test_the_plan_sends_decodes_to_the_kernel_and_the_rest_to_the_reference(built, paged_batch) -> None:
     batch = paged_batch([1, 5, 1, 0], [30, 5, 7, 3])
-    plan = kernels.plan_paged_attention(batch.k_cache, batch.meta(), batch.q.shape[1], backend="cpu")
+    plan = plan_paged_attention(batch.k_cache, batch.meta(), batch.q.shape[1], backend="cpu")
     assert isinstance(plan, CpuAttentionPlan)
     assert plan.decode_rows.tolist() == [0, 6]  # rows of sequences 0 and 2 in q
     assert plan.decode_seq_lens.tolist() == [30, 7]
     assert [g.num_seqs for g in plan.rest.groups] == [1]  # the prefill chunk alone
-    one_plan = kernels.paged_attention(*batch.args(plan), backend="cpu")
-    torch.testing.assert_close(one_plan, kernels.paged_attention(*batch.args(), backend="torch"))
+    one_plan = paged_attention(*batch.args(plan), backend="cpu")
+    torch.testing.assert_close(one_plan, paged_attention(*batch.args(), backend="torch"))
 
 
 def test_a_head_dim_the_kernel_cannot_vectorise_goes_to_the_reference(built, paged_batch) -> None:
     batch = paged_batch([1, 1], [20, 9], head_dim=12)
-    plan = kernels.plan_paged_attention(batch.k_cache, batch.meta(), batch.q.shape[1], backend="cpu")
+    plan = plan_paged_attention(batch.k_cache, batch.meta(), batch.q.shape[1], backend="cpu")
     assert plan.decode_rows.numel() == 0 and sum(g.num_seqs for g in plan.rest.groups) == 2
-    torch.testing.assert_close(kernels.paged_attention(*batch.args(), backend="cpu"),
-                               kernels.paged_attention(*batch.args(), backend="torch"))
+    torch.testing.assert_close(paged_attention(*batch.args(), backend="cpu"),
+                               paged_attention(*batch.args(), backend="torch"))
 
 
 def test_plans_are_not_interchangeable_between_backends(built, paged_batch) -> None:
     batch = paged_batch([1, 3], [10, 3])
-    reference_plan = kernels.plan_paged_attention(batch.k_cache, batch.meta(), 4, backend="torch")
-    cpu_plan = kernels.plan_paged_attention(batch.k_cache, batch.meta(), 4, backend="cpu")
+    reference_plan = plan_paged_attention(batch.k_cache, batch.meta(), 4, backend="torch")
+    cpu_plan = plan_paged_attention(batch.k_cache, batch.meta(), 4, backend="cpu")
     with pytest.raises(ValueError, match="plan: built for another backend"):
-        kernels.paged_attention(*batch.args(reference_plan), backend="cpu")
+        paged_attention(*batch.args(reference_plan), backend="cpu")
     with pytest.raises(ValueError, match="plan: built for another backend"):
-        kernels.paged_attention(*batch.args(cpu_plan), backend="torch")
+        paged_attention(*batch.args(cpu_plan), backend="torch")
 
 
 def test_a_block_id_beyond_the_cache_is_an_error_not_a_wild_read(built, paged_batch) -> None:
     batch = paged_batch([1], [40])
     batch.block_tables[0, 1] = batch.k_cache.shape[0] + 5
     with pytest.raises(RuntimeError, match=r"block_tables\[0, 1\].*outside the cache"):
-        kernels.paged_attention(*batch.args(), backend="cpu")
+        paged_attention(*batch.args(), backend="cpu")
 
 
 def test_non_contiguous_caches_are_refused(built, paged_batch) -> None:
     batch = paged_batch([1], [20])
     strided = torch.cat([batch.k_cache, batch.k_cache], dim=3)[..., : batch.k_cache.shape[3]]
     with pytest.raises(ValueError, match="contiguous"):
-        kernels.paged_attention(batch.q, strided, batch.v_cache, batch.meta(), batch.scale, backend="cpu")
+        paged_attention(batch.q, strided, batch.v_cache, batch.meta(), batch.scale, backend="cpu")
 
 
 
@@ -159,7 +163,7 @@ def test_the_kernel_reads_window_0_or_minus_1_and_softcap_0_as_none(built, paged
                                   plan.decode_seq_lens, plan.decode_rows, batch.scale, window, 0.0, out)
         outs.append(out)
     assert torch.equal(outs[0], outs[1])
-    torch.testing.assert_close(outs[0], kernels.paged_attention(*batch.args(), backend="torch"))
+    torch.testing.assert_close(outs[0], paged_attention(*batch.args(), backend="torch"))
     with pytest.raises(RuntimeError, match="softcap"):
         built.module.paged_decode(batch.q, batch.k_cache, batch.v_cache, plan.decode_tables,
                                   plan.decode_seq_lens, plan.decode_rows, batch.scale, 0, -1.0,
@@ -185,11 +189,11 @@ def test_threads_share_a_batch_of_uneven_contexts(built, paged_batch) -> None:
     # Long documents first, then short chats, as a step admits them: each thread takes the longest left.
     seq_lens = [900, 700, 800, 650] + [40 + 3 * i for i in range(20)]
     batch = paged_batch([1] * len(seq_lens), seq_lens, seed=3)
-    expected = kernels.paged_attention(*batch.args(), backend="torch")
+    expected = paged_attention(*batch.args(), backend="torch")
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        got = kernels.paged_attention(*batch.args(), backend="cpu")
+        got = paged_attention(*batch.args(), backend="cpu")
     finally:
         torch.set_num_threads(threads)
     torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
@@ -209,8 +213,8 @@ def test_cache_write_matches_the_reference(built, dtype, block_size, num_kv_head
     slots = [block_size * 3 + 5, -1, 0, block_size * 2 - 1, -5, block_size + 2]
     slots = torch.tensor(slots, dtype=slot_dtype)
     expected_k, expected_v = k_cache.clone(), v_cache.clone()
-    kernels.reshape_and_cache(k, v, expected_k, expected_v, slots, backend="torch")
-    kernels.reshape_and_cache(k, v, k_cache, v_cache, slots, backend="cpu")
+    reshape_and_cache(k, v, expected_k, expected_v, slots, backend="torch")
+    reshape_and_cache(k, v, k_cache, v_cache, slots, backend="cpu")
     assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v)
     assert torch.equal(k_cache[3, 5], k[0]) and torch.equal(v_cache[1, block_size - 1], v[3])
 
@@ -218,8 +222,8 @@ def test_cache_write_matches_the_reference(built, dtype, block_size, num_kv_head
 def test_cache_write_takes_any_layout_and_refuses_slots_beyond_the_cache(built) -> None:
     k_cache, v_cache = torch.zeros(2, 16, 2, 16), torch.zeros(2, 16, 2, 16)
     k = torch.randn(2, 16, 2).transpose(1, 2)  # heads of a token not contiguous: the reference's path
-    kernels.reshape_and_cache(k, k, k_cache, v_cache, torch.tensor([17, 3]), backend="cpu")
+    reshape_and_cache(k, k, k_cache, v_cache, torch.tensor([17, 3]), backend="cpu")
     assert torch.equal(k_cache[1, 1], k[0]) and torch.equal(v_cache[0, 3], k[1])
     with pytest.raises(ValueError, match=r"slot_mapping\[1\] = 32 is outside the cache's 32 slots"):
-        kernels.reshape_and_cache(torch.ones(2, 2, 16), torch.ones(2, 2, 16), k_cache, v_cache,
+        reshape_and_cache(torch.ones(2, 2, 16), torch.ones(2, 2, 16), k_cache, v_cache,
                                   torch.tensor([0, 32]), backend="cpu")

@@ -8,19 +8,16 @@ import subprocess
 import sys
 from collections import Counter
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 import triton
 
-import kernels
-import kernels.triton_moe as triton_moe
-from kernels import moe
-from kernels.moe import expert_token_counts, fused_moe, resolve_moe_backend
-from kernels.moe_reference import fused_moe_ref
-from kernels.triton_moe import MoeBlocks, align_by_expert, fused_moe_triton
+from conveyor.kernels import moe, triton_moe
+from conveyor.kernels.moe import expert_token_counts, fused_moe, resolve_moe_backend
+from conveyor.kernels.moe_reference import fused_moe_ref
+from conveyor.kernels.triton_moe import MoeBlocks, align_by_expert, fused_moe_triton
 
 
 @dataclass(frozen=True)
@@ -245,8 +242,8 @@ def test_dispatch_refuses_unknown_backends_and_triton_on_cpu_without_the_interpr
 
 
 def test_importing_the_moe_dispatcher_does_not_import_triton() -> None:
-    code = "import sys, kernels.moe; assert 'triton' not in sys.modules"
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(kernels.__file__).parent.parent)
+    code = "import sys, conveyor.kernels.moe; assert 'triton' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 # input checks

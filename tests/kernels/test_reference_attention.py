@@ -8,8 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import kernels
-from kernels import paged_attention_ref, reference, reshape_and_cache_ref
+from conveyor.kernels import reference
+from conveyor.kernels.paged_attention import AttentionPlan, paged_attention, plan_paged_attention
+from conveyor.kernels.reference import paged_attention_ref, reshape_and_cache_ref
 
 
 def naive_paged_attention(batch) -> torch.Tensor:
@@ -112,8 +113,8 @@ def test_reference_rejects_bad_inputs_naming_the_field(paged_batch, change, fiel
         paged_attention_ref(*batch.args())
 
 
-def plan_for(batch, num_heads: int, backend: str = "torch") -> kernels.AttentionPlan | None:
-    return kernels.plan_paged_attention(batch.k_cache, batch.meta(), num_heads, backend=backend)
+def plan_for(batch, num_heads: int, backend: str = "torch") -> AttentionPlan | None:
+    return plan_paged_attention(batch.k_cache, batch.meta(), num_heads, backend=backend)
 
 
 @pytest.mark.parametrize("budget", [reference.GROUP_BUDGET_ELEMENTS, 1], ids=["grouped", "one_per_group"])
@@ -127,7 +128,7 @@ def test_one_plan_serves_every_layer_with_the_unplanned_result(paged_batch, monk
     plan = plan_for(first, num_heads, backend="torch")
     assert plan is not None
     for batch in (first, second):
-        planned = kernels.paged_attention(*batch.args(plan=plan), backend="torch")
+        planned = paged_attention(*batch.args(plan=plan), backend="torch")
         assert torch.equal(planned, paged_attention_ref(*batch.args()))
 
 
@@ -256,14 +257,14 @@ def test_the_dispatcher_passes_window_and_softcap_to_every_backend(
     if backend == "cpu":
         request.getfixturevalue("built")  # skips where the C++ kernels cannot be built
     batch = paged_batch([1, 5, 1], [40, 5, 23], head_dim=32, block_size=8)
-    plan = kernels.plan_paged_attention(batch.k_cache, batch.meta(), 4, window=6, backend=backend)
+    plan = plan_paged_attention(batch.k_cache, batch.meta(), 4, window=6, backend=backend)
     assert plan is None if backend == "triton" else plan.window == 6
-    got = kernels.paged_attention(*batch.args(plan=plan), window=6, softcap=0.5, backend=backend)
+    got = paged_attention(*batch.args(plan=plan), window=6, softcap=0.5, backend=backend)
     assert (got - dense_oracle(batch, 6, 0.5)).abs().max().item() <= tolerance[torch.float32]
     with pytest.raises(ValueError, match="window"):
-        kernels.plan_paged_attention(batch.k_cache, batch.meta(), 4, window=0, backend=backend)
+        plan_paged_attention(batch.k_cache, batch.meta(), 4, window=0, backend=backend)
     with pytest.raises(ValueError, match="softcap"):
-        kernels.paged_attention(*batch.args(), softcap=0.0, backend=backend)
+        paged_attention(*batch.args(), softcap=0.0, backend=backend)
     if plan is not None:
         with pytest.raises(ValueError, match="plan: built for window 6"):
-            kernels.paged_attention(*batch.args(plan=plan), backend=backend)
+            paged_attention(*batch.args(plan=plan), backend=backend)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import paged_attention_ref
-from kernels.triton_paged_attention import choose_num_splits, paged_attention_triton
+from conveyor.kernels.reference import paged_attention_ref
+from conveyor.kernels.triton_paged_attention import choose_num_splits, paged_attention_triton
 
 CASES = {
     # name: (query_lens, seq_lens, Hq, Hkv, D, block_size); lengths avoid multiples of the block size

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import reshape_and_cache_ref
-from kernels.triton_cache import reshape_and_cache_triton
+from conveyor.kernels.reference import reshape_and_cache_ref
+from conveyor.kernels.triton_cache import reshape_and_cache_triton
 
 
 @pytest.mark.parametrize("slot_dtype", [torch.int32, torch.int64])

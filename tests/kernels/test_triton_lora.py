@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.lora.adapter import LoRAAdapter, TargetShape
-from engine.lora.batch import LoRABatch
-from engine.lora.slots import LoRASlots
-from kernels.triton_lora import lora_delta_triton
+from conveyor.engine.lora.adapter import LoRAAdapter, TargetShape
+from conveyor.engine.lora.batch import LoRABatch
+from conveyor.engine.lora.slots import LoRASlots
+from conveyor.kernels.triton_lora import lora_delta_triton
 
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-2}
 

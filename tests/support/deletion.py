@@ -11,10 +11,10 @@ from datetime import datetime
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from core.lifecycle import COMPLETED, DELIVERY_DELIVERED, LINE_SUCCEEDED, SUCCEEDED
-from core.settings import Settings
-from core.store import batches, blobs, files, jobs, keys, webhooks
-from core.store.tables import Attempt, Batch, BatchLine, Delivery, File, Job
+from conveyor.core.lifecycle import COMPLETED, DELIVERY_DELIVERED, LINE_SUCCEEDED, SUCCEEDED
+from conveyor.core.settings import Settings
+from conveyor.core.store import batches, blobs, files, jobs, keys, webhooks
+from conveyor.core.store.tables import Attempt, Batch, BatchLine, Delivery, File, Job
 
 
 def count(session: Session, table: type, *conditions: object) -> int:

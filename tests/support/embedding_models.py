@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Literal
 
-from engine.demo import build_tiny_model
+from conveyor.engine.demo import build_tiny_model
 
 DecoderArch = Literal["qwen2", "llama"]
 ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}

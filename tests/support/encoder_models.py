@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import torch
 
-from engine.demo import CORPUS
+from conveyor.engine.demo import CORPUS
 
 EncoderArch = Literal["bert", "xlm-roberta"]
 TOKENIZER_VOCAB = 300  # a few hundred pieces: enough for the demo corpus to split into words and pieces

@@ -3,9 +3,9 @@ request has finished."""
 
 from __future__ import annotations
 
-from engine import LLMEngine, RequestOutput, SamplingParams
-from engine.outputs import RequestMetrics
-from engine.sequence import Sequence
+from conveyor.engine import LLMEngine, RequestOutput, SamplingParams
+from conveyor.engine.outputs import RequestMetrics
+from conveyor.engine.sequence import Sequence
 
 
 def make_seq(request_id: str, tokens: list[int], cache_salt: str | None = None) -> Sequence:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.scheduled_chunk import RunnerOutput, ScheduledChunk
+from conveyor.engine.scheduled_chunk import RunnerOutput, ScheduledChunk
 
 
 def next_token(history: list[int], vocab_size: int) -> int:

@@ -90,7 +90,7 @@ def conveyor_command(*args: str) -> list[str]:
     script = Path(sys.executable).with_name("conveyor")
     if script.is_file():
         return [str(script), *args]
-    program = "import sys; from cli.main import app; sys.argv[0] = 'conveyor'; app()"
+    program = "import sys; from conveyor.cli.main import app; sys.argv[0] = 'conveyor'; app()"
     return [sys.executable, "-c", program, *args]
 
 

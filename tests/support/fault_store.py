@@ -10,7 +10,7 @@ from sqlalchemy import create_engine, select
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import sessionmaker
 
-from core.store.tables import DEFAULT_TENANT, Base, Delivery, Job, Tenant, Worker
+from conveyor.core.store.tables import DEFAULT_TENANT, Base, Delivery, Job, Tenant, Worker
 
 POLL_S = 0.25  # how often the suite reads the database while waiting: frugal on a shared 2-core machine
 # Bounds on the suite's waits, generous on purpose: CI's 2-core machine, shared with the rest of the parallel
@@ -74,8 +74,8 @@ class Store:
     def subscribe(self, url: str) -> None:
         """One subscription to every job event of the default tenant: each final transition of a job then
         leaves exactly one delivery row, written in the transition's own transaction."""
-        from core.clock import utcnow
-        from core.store import webhooks
+        from conveyor.core.clock import utcnow
+        from conveyor.core.store import webhooks
 
         with self.sessions() as session:
             webhooks.create_subscription(session, DEFAULT_TENANT, url, ["job.*"], "fault suite", utcnow())

@@ -14,8 +14,8 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from core.lifecycle import TERMINAL_STATUSES
-from core.store.tables import Delivery, Job
+from conveyor.core.lifecycle import TERMINAL_STATUSES
+from conveyor.core.store.tables import Delivery, Job
 from tests.support.fault_stack import Stack
 from tests.support.fault_store import POLL_S, WAIT_S, Store, wait_until
 

@@ -8,7 +8,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from bench.gpu_check_stages import Plan
+    from conveyor.bench.gpu_check_stages import Plan
 
 
 def stage_passes(plan: Plan) -> dict[str, Any]:

@@ -17,9 +17,9 @@ from pathlib import Path
 import uvicorn
 from fastapi import FastAPI
 
-from core.clock import utcnow
-from core.store import keys
-from core.store.database import make_db_engine, make_session_factory
+from conveyor.core.clock import utcnow
+from conveyor.core.store import keys
+from conveyor.core.store.database import make_db_engine, make_session_factory
 
 WAIT_S = 120.0  # a hang guard, not a speed assertion
 

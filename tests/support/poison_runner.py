@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.scheduled_chunk import RunnerOutput, ScheduledChunk
+from conveyor.engine.scheduled_chunk import RunnerOutput, ScheduledChunk
 from tests.support.fake_runner import FakeRunner
 
 

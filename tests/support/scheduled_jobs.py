@@ -9,8 +9,8 @@ from datetime import datetime, timedelta
 
 import httpx
 
-from core.clock import utcnow
-from core.store.tables import Job
+from conveyor.core.clock import utcnow
+from conveyor.core.store.tables import Job
 
 COUNT, SPACING_S, LEAD_S = 30, 1.0, 4.0
 

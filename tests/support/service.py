@@ -11,12 +11,12 @@ from typing import Any
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.app import create_app
-from api.prompt_tokenizer import PromptTokenizer
-from core.clock import utcnow
-from core.settings import Settings
-from core.store import jobs, keys
-from core.store.tables import Job
+from conveyor.api.app import create_app
+from conveyor.api.prompt_tokenizer import PromptTokenizer
+from conveyor.core.clock import utcnow
+from conveyor.core.settings import Settings
+from conveyor.core.store import jobs, keys
+from conveyor.core.store.tables import Job
 from tests.support.live_server import wait_for
 
 
@@ -103,7 +103,7 @@ def embedded_tenants(settings: Settings, tokenizer: PromptTokenizer, sessions: s
                      ) -> Iterator[Callable[[str], TestClient]]:
     """An embedded server (HTTP -> store -> in-process queue -> EmbeddedRuntime -> engine) and a factory of
     tenants' clients, each carrying a fresh API key of its tenant."""
-    from worker.embedded import EmbeddedRuntime
+    from conveyor.worker.embedded import EmbeddedRuntime
 
     runtime = EmbeddedRuntime(settings)
     app = create_app(settings, publisher=runtime.publisher, tokenizer=tokenizer, runtime=runtime)

@@ -10,10 +10,10 @@ from typing import Any
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.clock import utcnow
-from core.settings import Settings
-from core.store import jobs, keys
-from worker.webhooks.sender import WebhookSender
+from conveyor.core.clock import utcnow
+from conveyor.core.settings import Settings
+from conveyor.core.store import jobs, keys
+from conveyor.worker.webhooks.sender import WebhookSender
 
 WEBHOOK_TABLES = ("webhook_attempts", "webhook_deliveries", "webhook_subscriptions", "webhook_secrets")
 

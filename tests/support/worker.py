@@ -1,4 +1,5 @@
-"""Helpers for the worker tests: jobs through the store, polling, and `python -m worker` subprocesses."""
+"""Helpers for the worker tests: jobs through the store, polling, and `python -m conveyor.worker`
+subprocesses."""
 
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.clock import utcnow
-from core.lanes import lane_of
-from core.store import jobs
-from core.store.tables import Job
+from conveyor.core.clock import utcnow
+from conveyor.core.lanes import lane_of
+from conveyor.core.store import jobs
+from conveyor.core.store.tables import Job
 from tests.support.fault_store import WAIT_S
 from tests.support.live_server import wait_for
 
@@ -88,7 +89,8 @@ def wait_generating(sessions: sessionmaker[Session], job_id: str, timeout_s: flo
 def worker_env(
     database_url: str, broker_url: str, model_dir: Path, data_dir: Path, **settings: str
 ) -> dict[str, str]:
-    """Environment for `python -m worker`: CONVEYOR_* settings (nested with __), fast reconciler timings."""
+    """Environment for `python -m conveyor.worker`: CONVEYOR_* settings (nested with __), fast reconciler
+    timings."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONVEYOR_")}
     values = {
         "DATABASE_URL": database_url, "BROKER_URL": broker_url, "MODEL": str(model_dir),
@@ -106,7 +108,7 @@ def worker_env(
 
 
 class WorkerProcesses:
-    """Starts `python -m worker` subprocesses; every one still alive is SIGKILLed at teardown."""
+    """Starts `python -m conveyor.worker` subprocesses; every one still alive is SIGKILLed at teardown."""
 
     def __init__(self, log_dir: Path) -> None:
         self._log_dir = log_dir
@@ -114,7 +116,7 @@ class WorkerProcesses:
 
     def start(self, env: dict[str, str]) -> subprocess.Popen[bytes]:
         log = open(self._log_dir / f"worker-{len(self.procs)}.log", "wb")  # noqa: SIM115 (closed with the process)
-        proc = subprocess.Popen([sys.executable, "-m", "worker"], env=env, cwd=REPO_ROOT, stdout=log,
+        proc = subprocess.Popen([sys.executable, "-m", "conveyor.worker"], env=env, cwd=REPO_ROOT, stdout=log,
                                 stderr=subprocess.STDOUT)
         log.close()
         self.procs.append(proc)

@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.store.database import make_db_engine, make_session_factory
+from conveyor.core.store.database import make_db_engine, make_session_factory
 from tests.support.worker import WorkerProcesses
 
 
 @pytest.fixture(scope="session")
 def worker_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny random-weight demo model, with 4096 positions so a job can run for a few seconds."""
-    from engine.demo import build_tiny_model
+    from conveyor.engine.demo import build_tiny_model
 
     folder = tmp_path_factory.mktemp("worker-model") / "demo-model"  # its id: tests/support/worker.TEST_MODEL
     return build_tiny_model(folder, max_position_embeddings=4096)

@@ -1,5 +1,5 @@
-"""The Celery worker end to end: a real `python -m worker` subprocess, real Redis and Postgres, the real
-engine on the tiny demo model (fp32, CPU). A worker killed (SIGKILL) or stopped (SIGTERM) with jobs in
+"""The Celery worker end to end: a real `python -m conveyor.worker` subprocess, real Redis and Postgres, the
+real engine on the tiny demo model (fp32, CPU). A worker killed (SIGKILL) or stopped (SIGTERM) with jobs in
 flight is the fault suite's part (tests/faults/test_fault_workers.py), under traffic and with a second
 worker."""
 
@@ -11,11 +11,11 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.broker import BrokerPublisher
-from core.dispatch import publish_and_mark
-from core.settings import Settings
-from engine.llm import LLM
-from engine.sampling_params import SamplingParams
+from conveyor.core.broker import BrokerPublisher
+from conveyor.core.dispatch import publish_and_mark
+from conveyor.core.settings import Settings
+from conveyor.engine.llm import LLM
+from conveyor.engine.sampling_params import SamplingParams
 from tests.support.live_server import SpareRedis
 from tests.support.worker import (
     LONG_JOB_TOKENS,

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from engine.sampling_params import MAX_SEED, MIN_SEED, SamplingParams
-from worker.choices import choice_params, choice_request_ids, gather_choices
+from conveyor.engine.sampling_params import MAX_SEED, MIN_SEED, SamplingParams
+from conveyor.worker.choices import choice_params, choice_request_ids, gather_choices
 
 
 class Engine:

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from engine.stats import EngineTotals
-from worker import cold_start
-from worker.cold_start import ColdStart, process_start_monotonic
+from conveyor.engine.stats import EngineTotals
+from conveyor.worker import cold_start
+from conveyor.worker.cold_start import ColdStart, process_start_monotonic
 
 
 def test_the_process_start_comes_from_proc_and_precedes_the_imports() -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from celery.bootsteps import RUN
 
-from worker.consumer import JobConsumerStep, JobFeed, worker_options
+from conveyor.worker.consumer import JobConsumerStep, JobFeed, worker_options
 
 
 class Channel:

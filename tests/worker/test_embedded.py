@@ -10,18 +10,18 @@ from typing import Any
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.clock import utcnow
-from core.dispatch import publish_and_mark
-from core.service_tiers import TIER_PRIORITY
-from core.settings import Settings
-from core.store import finish_times, jobs
-from core.store.database import make_db_engine, make_session_factory
-from engine.llm import LLM
-from engine.sampling_params import SamplingParams
+from conveyor.core.clock import utcnow
+from conveyor.core.dispatch import publish_and_mark
+from conveyor.core.service_tiers import TIER_PRIORITY
+from conveyor.core.settings import Settings
+from conveyor.core.store import finish_times, jobs
+from conveyor.core.store.database import make_db_engine, make_session_factory
+from conveyor.engine.llm import LLM
+from conveyor.engine.sampling_params import SamplingParams
+from conveyor.worker.embedded import EmbeddedRuntime
+from conveyor.worker.job_runner import JobRunner
 from tests.support.live_server import wait_for
 from tests.support.worker import LONG_JOB_TOKENS, add_job, get_job, lane, wait_finished, wait_generating
-from worker.embedded import EmbeddedRuntime
-from worker.job_runner import JobRunner
 
 
 @pytest.fixture

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from api import job_waits
-from api.app import create_app
-from api.prompt_tokenizer import PromptTokenizer
-from core.settings import Settings
-from core.store.migrate import upgrade
-from worker.embedded import EmbeddedRuntime
+from conveyor.api import job_waits
+from conveyor.api.app import create_app
+from conveyor.api.prompt_tokenizer import PromptTokenizer
+from conveyor.core.settings import Settings
+from conveyor.core.store.migrate import upgrade
+from conveyor.worker.embedded import EmbeddedRuntime
 
 
 def test_a_long_poll_is_answered_when_the_embedded_worker_commits_the_job(

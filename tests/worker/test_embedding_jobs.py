@@ -15,17 +15,17 @@ import pytest
 import torch
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.clock import utcnow
-from core.embedding_vectors import decode_vector
-from core.job_kinds import EMBEDDING
-from core.store import jobs
-from core.store.tables import Job
-from engine.config import EngineConfig, RequestClassConfig
-from engine.host import EngineHost
+from conveyor.core.clock import utcnow
+from conveyor.core.embedding_vectors import decode_vector
+from conveyor.core.job_kinds import EMBEDDING
+from conveyor.core.store import jobs
+from conveyor.core.store.tables import Job
+from conveyor.engine.config import EngineConfig, RequestClassConfig
+from conveyor.engine.host import EngineHost
+from conveyor.worker.job_runner import JobRunner
 from tests.support.encoder_models import build_encoder_st_folder
 from tests.support.live_server import wait_for
 from tests.support.worker import add_job, get_job, lane, wait_finished
-from worker.job_runner import JobRunner
 
 TEXTS = ["hello", "The queue holds jobs until a worker is free.", "one more, of another length"]
 MAX_SEQ_LENGTH = 32

@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from api.app import create_app
-from api.prompt_tokenizer import PromptTokenizer
-from core.settings import Settings
-from core.store.migrate import upgrade
+from conveyor.api.app import create_app
+from conveyor.api.prompt_tokenizer import PromptTokenizer
+from conveyor.core.settings import Settings
+from conveyor.core.store.migrate import upgrade
+from conveyor.worker.embedded import EmbeddedRuntime
 from tests.support.metrics import (
     KV,
     Families,
@@ -25,7 +26,6 @@ from tests.support.metrics import (
     run_scenario,
     wait_for,
 )
-from worker.embedded import EmbeddedRuntime
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,9 @@ from pathlib import Path
 import httpx
 from prometheus_client import CollectorRegistry, Gauge
 
-from core.settings import Settings
+from conveyor.core.settings import Settings
+from conveyor.worker.metrics_server import serve_metrics
 from tests.support.live_server import free_port
-from worker.metrics_server import serve_metrics
 
 # What Prometheus 2.x sends: OpenMetrics preferred.
 PROMETHEUS_ACCEPT = (

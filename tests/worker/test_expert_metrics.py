@@ -9,11 +9,11 @@ from typing import Any
 
 from prometheus_client import generate_latest
 
-from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
+from conveyor.engine.config import EngineConfig
+from conveyor.engine.llm_engine import LLMEngine
+from conveyor.worker.engine_metrics import WorkerMetrics
 from tests.support.engine import run_staggered
 from tests.support.metrics import parse, value
-from worker.engine_metrics import WorkerMetrics
 
 
 class StatsHost:

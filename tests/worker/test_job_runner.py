@@ -14,15 +14,15 @@ import pytest
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-import worker.outcome_writer
-from core.clock import utcnow
-from core.store import jobs, keys, tenants
-from engine.config import EngineConfig, RequestClassConfig
-from engine.host import EngineHost
+import conveyor.worker.outcome_writer
+from conveyor.core.clock import utcnow
+from conveyor.core.store import jobs, keys, tenants
+from conveyor.engine.config import EngineConfig, RequestClassConfig
+from conveyor.engine.host import EngineHost
+from conveyor.worker.job_runner import JobRunner
 from tests.support.live_server import wait_for
 from tests.support.service import RecordingPublisher
 from tests.support.worker import LONG_JOB_TOKENS, add_job, get_job, lane, wait_generating
-from worker.job_runner import JobRunner
 
 
 @pytest.fixture(scope="module")
@@ -325,8 +325,9 @@ class OutageStore:
 def test_an_outcome_waits_out_a_store_outage_of_any_length_and_keeps_the_slot_meanwhile(
     host: EngineHost, sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(worker.outcome_writer, "STORE_RETRY_FIRST_WAIT_S", 0.01)
-    monkeypatch.setattr(worker.outcome_writer, "STORE_RETRY_MAX_WAIT_S", 0.05)  # many retries, quickly
+    monkeypatch.setattr(conveyor.worker.outcome_writer, "STORE_RETRY_FIRST_WAIT_S", 0.01)
+    # many retries, quickly
+    monkeypatch.setattr(conveyor.worker.outcome_writer, "STORE_RETRY_MAX_WAIT_S", 0.05)
     store = OutageStore(sessions)
     runner = JobRunner(host, store, "outage-worker", limits={lane("interactive"): 1},  # type: ignore[arg-type]
                        cancel_poll_s=0.05)

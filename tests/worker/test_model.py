@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from engine.config import EngineConfig
-from engine.cpu_threads import ThreadChoice
-from worker.model import engine_config, engine_fields, resolve_model
+from conveyor.engine.config import EngineConfig
+from conveyor.engine.cpu_threads import ThreadChoice
+from conveyor.worker.model import engine_config, engine_fields, resolve_model
 
 
 def choice(threads: int) -> ThreadChoice:
@@ -22,7 +22,7 @@ def test_without_a_model_the_demo_model_is_built_once_and_announced_as_random(
     make_settings: Callable[..., Any], caplog: pytest.LogCaptureFixture
 ) -> None:
     settings = make_settings(model=None)
-    with caplog.at_level(logging.WARNING, logger="worker.model"):
+    with caplog.at_level(logging.WARNING, logger="conveyor.worker.model"):
         path = resolve_model(settings)
     assert path == str(settings.data_dir / "demo-model")
     assert "RANDOM WEIGHTS" in caplog.text
@@ -78,7 +78,7 @@ def test_on_cpu_an_unset_thread_count_is_measured_once_with_the_model_hidden_siz
         asked.append(hidden)
         return choice(1)
 
-    with caplog.at_level(logging.INFO, logger="worker.model"):
+    with caplog.at_level(logging.INFO, logger="conveyor.worker.model"):
         config = engine_config(make_settings(device="cpu"), str(tmp_path), choose_threads=chooser)
     assert asked == [96] and config.num_threads == 1
     assert "torch threads: 1 of 2 CPUs (1: 3.10 ms, 2: 5.40 ms per step-sized matmul; fastest)" in caplog.text
@@ -101,8 +101,8 @@ def test_the_start_line_counts_a_windowed_models_sequences_by_the_blocks_they_ho
     blocks at once (chunks of 64), so 12 blocks fit 2 such sequences, not 0."""
     from types import SimpleNamespace
 
-    from engine.model_runner import ModelRunner
-    from worker.model import describe_engine
+    from conveyor.engine.model_runner import ModelRunner
+    from conveyor.worker.model import describe_engine
 
     path = tiny_model_dir("MistralForCausalLM", sliding_window=16)
     config = EngineConfig(model=str(path), num_kv_blocks=12, max_model_len=1024, max_num_batched_tokens=64)

@@ -13,14 +13,14 @@ import pytest
 import torch
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.clock import utcnow
-from core.retry_policy import Backoff
-from engine.config import EngineConfig, RequestClassConfig
-from engine.host import EngineHost
-from engine.scheduled_chunk import ScheduledChunk
+from conveyor.core.clock import utcnow
+from conveyor.core.retry_policy import Backoff
+from conveyor.engine.config import EngineConfig, RequestClassConfig
+from conveyor.engine.host import EngineHost
+from conveyor.engine.scheduled_chunk import ScheduledChunk
+from conveyor.worker.job_runner import JobRunner
 from tests.support.live_server import wait_for
 from tests.support.worker import add_job, get_job
-from worker.job_runner import JobRunner
 
 
 class FlakyForward:

@@ -1,6 +1,6 @@
 """The OpenAI-compatible routes in Celery mode, driven by the official `openai` SDK: the API (uvicorn on an
-ephemeral port) publishes to Redis, a real `python -m worker` subprocess runs the jobs on Postgres, and
-streamed text travels back over Redis pub/sub on the job's channel."""
+ephemeral port) publishes to Redis, a real `python -m conveyor.worker` subprocess runs the jobs on Postgres,
+and streamed text travels back over Redis pub/sub on the job's channel."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import httpx
 import openai
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.app import create_app
-from api.prompt_tokenizer import PromptTokenizer
-from api.token_subscriptions import RedisTokenStream
-from core.broker import BrokerPublisher
-from core.settings import Settings
+from conveyor.api.app import create_app
+from conveyor.api.prompt_tokenizer import PromptTokenizer
+from conveyor.api.token_subscriptions import RedisTokenStream
+from conveyor.core.broker import BrokerPublisher
+from conveyor.core.settings import Settings
 from tests.support.live_server import serving, wait_for
 from tests.support.worker import LONG_JOB_TOKENS, WorkerProcesses, get_job, worker_env
 

@@ -11,12 +11,12 @@ from typing import Any
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.clock import utcnow
-from core.store import job_tallies, jobs, workers
-from core.store.tables import Job, Worker
+from conveyor.core.clock import utcnow
+from conveyor.core.store import job_tallies, jobs, workers
+from conveyor.core.store.tables import Job, Worker
+from conveyor.worker.reconciler import Local, Reconciler
 from tests.support.service import RecordingPublisher
 from tests.support.worker import add_job, get_job, lane
-from worker.reconciler import Local, Reconciler
 
 
 def _age(sessions: sessionmaker[Session], job_id: str, seconds: float) -> None:

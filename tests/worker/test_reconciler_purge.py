@@ -11,14 +11,14 @@ from typing import Any
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.clock import utcnow
-from core.store import jobs, workers
-from core.store.tables import Job, Worker
+from conveyor.core.clock import utcnow
+from conveyor.core.store import jobs, workers
+from conveyor.core.store.tables import Job, Worker
+from conveyor.worker.reconciler import Reconciler
 from tests.support.deletion import count, finished_job
 from tests.support.live_server import wait_for
 from tests.support.service import RecordingPublisher
 from tests.support.worker import add_job
-from worker.reconciler import Reconciler
 
 
 def _worker(sessions: sessionmaker[Session], worker_id: str, last_seen_ago_s: float) -> None:

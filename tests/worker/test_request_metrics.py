@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
-from engine.outputs import RequestMetrics as Timings
-from engine.outputs import RequestOutput
-from worker.engine_metrics import RequestMetrics
+from conveyor.engine.outputs import RequestMetrics as Timings
+from conveyor.engine.outputs import RequestOutput
+from conveyor.worker.engine_metrics import RequestMetrics
 
 
 def finished(lora: str | None, tokens: int) -> RequestOutput:

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from core.clock import utcnow
-from core.store import webhooks
-from core.store.migrate import upgrade
-from core.store.tables import DEFAULT_TENANT, Delivery
+from conveyor.core.clock import utcnow
+from conveyor.core.store import webhooks
+from conveyor.core.store.migrate import upgrade
+from conveyor.core.store.tables import DEFAULT_TENANT, Delivery
 from tests.support.fault_store import Store, store_engine
 from tests.support.faults import wait_final
 from tests.support.scheduled_jobs import check_due_order, submit_one_per_second

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-import worker.services
+import conveyor.worker.services
+from conveyor.worker.services import WorkerServices
 from tests.support.service import RecordingPublisher
-from worker.services import WorkerServices
 
 
 class Recorder:
@@ -61,8 +61,9 @@ def log(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     for attribute, name in [("Heartbeat", "heartbeat"), ("Reconciler", "reconciler"),
                             ("Scheduler", "scheduler"), ("WebhookSender", "webhooks"), ("EngineHost", "host"),
                             ("JobRunner", "runner")]:
-        monkeypatch.setattr(worker.services, attribute, recorder.part(name))
-    monkeypatch.setattr(worker.services, "make_batch_runner", lambda *args: recorder.part("batches")())
+        monkeypatch.setattr(conveyor.worker.services, attribute, recorder.part(name))
+    monkeypatch.setattr(conveyor.worker.services, "make_batch_runner",
+                        lambda *args: recorder.part("batches")())
     return calls
 
 
@@ -99,7 +100,7 @@ def test_a_worker_of_one_pool_takes_and_registers_only_its_queues(
 
         def start(self) -> None: ...
 
-    monkeypatch.setattr(worker.services, "Heartbeat", Heartbeat)
+    monkeypatch.setattr(conveyor.worker.services, "Heartbeat", Heartbeat)
     settings = make_settings(model="/models/m", broker_url="redis://127.0.0.1:1/0", worker_queues="documents")
     services = WorkerServices(settings, sessions=None, broker=RecordingPublisher(),  # type: ignore[arg-type]
                               worker_id="w", tokens=None, republish_requeued=True)
@@ -109,7 +110,7 @@ def test_a_worker_of_one_pool_takes_and_registers_only_its_queues(
 
 
 def test_the_heartbeat_publishes_the_engines_load_beside_its_pace() -> None:
-    from worker.services import engine_load
+    from conveyor.worker.services import engine_load
 
     stats = {"kv_blocks_used": 30, "kv_blocks_total": 120, "running": {"interactive": 2, "documents": 1},
              "waiting": {"interactive": 0, "documents": 4}, "preemptions_total": 5}

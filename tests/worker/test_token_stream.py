@@ -7,12 +7,12 @@ import asyncio
 import socket
 import threading
 
-from api.token_subscriptions import RedisTokenStream
-from core.token_stream import TokenEvent
-from engine.outputs import RequestMetrics, RequestOutput
+from conveyor.api.token_subscriptions import RedisTokenStream
+from conveyor.core.token_stream import TokenEvent
+from conveyor.engine.outputs import RequestMetrics, RequestOutput
+from conveyor.worker.streamer import STREAM_EVERY_S, STREAM_EVERY_TOKENS, JobStreamer
+from conveyor.worker.token_sinks import UNHEARD_PROBE_S, InProcessTokenStream, RedisTokenSink
 from tests.support.live_server import wait_for
-from worker.streamer import STREAM_EVERY_S, STREAM_EVERY_TOKENS, JobStreamer
-from worker.token_sinks import UNHEARD_PROBE_S, InProcessTokenStream, RedisTokenSink
 
 
 class RecordingSink:

@@ -1,5 +1,5 @@
-"""`python -m worker` starts quietly: Conveyor's own summary instead of Celery's banner, the cold-start lines,
-and a SIGTERM that ends it with status 0 and no traceback."""
+"""`python -m conveyor.worker` starts quietly: Conveyor's own summary instead of Celery's banner, the
+cold-start lines, and a SIGTERM that ends it with status 0 and no traceback."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.broker import BrokerPublisher
-from core.dispatch import publish_and_mark
-from core.settings import Settings
+from conveyor.core.broker import BrokerPublisher
+from conveyor.core.dispatch import publish_and_mark
+from conveyor.core.settings import Settings
 from tests.support.worker import WorkerProcesses, add_job, lane, wait_finished, worker_env
 
 

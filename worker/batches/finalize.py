@@ -27,11 +27,11 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.chat_options import ChatOptions
-from core.clock import utcnow
-from core.embedding_objects import embedding_list
-from core.embedding_request import EMBEDDINGS
-from core.lifecycle import (
+from conveyor.core.chat_options import ChatOptions
+from conveyor.core.clock import utcnow
+from conveyor.core.embedding_objects import embedding_list
+from conveyor.core.embedding_request import EMBEDDINGS
+from conveyor.core.lifecycle import (
     BATCH_CANCELLED,
     BATCH_EXPIRED,
     BATCH_FAILED,
@@ -41,8 +41,8 @@ from core.lifecycle import (
     STOP_EXPIRED,
     STOP_FAILED,
 )
-from core.model_adapters import job_model_id
-from core.openai_objects import (
+from conveyor.core.model_adapters import job_model_id
+from conveyor.core.openai_objects import (
     GenerationResult,
     PromptView,
     batch_error_line,
@@ -51,16 +51,22 @@ from core.openai_objects import (
     new_id,
     text_completion,
 )
-from core.s3 import parse_s3_object_url, parse_s3_prefix_url
-from core.settings import Settings
-from core.store import batches, blobs, files, webhook_events
-from core.store.tables import Batch, BatchLine, File, Job
-from core.views import batch_public
-from worker.batches.lines import CHAT
-from worker.batches.manifest import BatchManifest
-from worker.batches.reader import ReadPosition
-from worker.batches.source import open_input
-from worker.batches.writer import JsonlWriter, LocalFileSink, ObjectSink, S3ObjectSink, open_s3_output
+from conveyor.core.s3 import parse_s3_object_url, parse_s3_prefix_url
+from conveyor.core.settings import Settings
+from conveyor.core.store import batches, blobs, files, webhook_events
+from conveyor.core.store.tables import Batch, BatchLine, File, Job
+from conveyor.core.views import batch_public
+from conveyor.worker.batches.lines import CHAT
+from conveyor.worker.batches.manifest import BatchManifest
+from conveyor.worker.batches.reader import ReadPosition
+from conveyor.worker.batches.source import open_input
+from conveyor.worker.batches.writer import (
+    JsonlWriter,
+    LocalFileSink,
+    ObjectSink,
+    S3ObjectSink,
+    open_s3_output,
+)
 
 log = logging.getLogger(__name__)
 

@@ -25,10 +25,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from core.chat_options import ChatOptions
-from core.chat_options import job_params as chat_job_params
-from core.embedding_request import EMBEDDINGS, EmbeddingCreate, parse_embedding_body
-from core.embedding_rules import (
+from conveyor.core.chat_options import ChatOptions
+from conveyor.core.chat_options import job_params as chat_job_params
+from conveyor.core.embedding_request import EMBEDDINGS, EmbeddingCreate, parse_embedding_body
+from conveyor.core.embedding_rules import (
     EmbeddingLimits,
     embedded_tokens,
     input_lengths,
@@ -36,11 +36,11 @@ from core.embedding_rules import (
     lengths_problem,
     task_problem,
 )
-from core.field_errors import FieldProblem
-from core.job_kinds import EMBEDDING, GENERATION
-from core.model_adapters import with_lora
-from core.model_task import ModelTask
-from core.openai_request import (
+from conveyor.core.field_errors import FieldProblem
+from conveyor.core.job_kinds import EMBEDDING, GENERATION
+from conveyor.core.model_adapters import with_lora
+from conveyor.core.model_task import ModelTask
+from conveyor.core.openai_request import (
     CHAT,
     CHAT_FIELDS,
     COMPLETIONS,
@@ -54,12 +54,18 @@ from core.openai_request import (
     check_request,
     parse_body,
 )
-from core.request_limits import RequestLimits, RequestSize, size_problem, tokenizer_problem, tokens_problem
-from core.request_rules import MAX_INT_DIGITS, text_problem
-from core.service_tiers import PriorityNotPermitted, PriorityRange, ServiceTier
-from worker.batches.reader import OversizeLine, RawLine
-from worker.engine_requests import pooling_params_from_json
-from worker.sampling import sampling_params_from_json
+from conveyor.core.request_limits import (
+    RequestLimits,
+    RequestSize,
+    size_problem,
+    tokenizer_problem,
+    tokens_problem,
+)
+from conveyor.core.request_rules import MAX_INT_DIGITS, text_problem
+from conveyor.core.service_tiers import PriorityNotPermitted, PriorityRange, ServiceTier
+from conveyor.worker.batches.reader import OversizeLine, RawLine
+from conveyor.worker.engine_requests import pooling_params_from_json
+from conveyor.worker.sampling import sampling_params_from_json
 
 log = logging.getLogger(__name__)
 

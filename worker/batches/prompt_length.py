@@ -1,14 +1,14 @@
 """The prompt-length counter `LineLimits.count_tokens` expects, over any tokenizer with the engine
-tokenizer's two methods (engine.tokenizer.Tokenizer)."""
+tokenizer's two methods (conveyor.engine.tokenizer.Tokenizer)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from core.model_task import ModelTask
-from worker.batches.lines import BatchRequest
-from worker.chat_prompt import chat_prompt_ids
+from conveyor.core.model_task import ModelTask
+from conveyor.worker.batches.lines import BatchRequest
+from conveyor.worker.chat_prompt import chat_prompt_ids
 
 
 class ChatTokenizer(Protocol):

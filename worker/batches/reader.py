@@ -17,7 +17,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError, HTTPClientError, IncompleteReadError
 
-from core.s3 import S3Location
+from conveyor.core.s3 import S3Location
 
 DEFAULT_MAX_LINE_BYTES = 4 * 1024 * 1024
 DEFAULT_CHUNK_BYTES = 1024 * 1024

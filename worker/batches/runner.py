@@ -30,12 +30,12 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.background import BackgroundLoop
-from core.clock import utcnow
-from core.dispatch import Publish, publish_and_mark
-from core.embedding_rules import EmbeddingLimits
-from core.lanes import lane_of
-from core.lifecycle import (
+from conveyor.core.background import BackgroundLoop
+from conveyor.core.clock import utcnow
+from conveyor.core.dispatch import Publish, publish_and_mark
+from conveyor.core.embedding_rules import EmbeddingLimits
+from conveyor.core.lanes import lane_of
+from conveyor.core.lifecycle import (
     CANCELLING,
     FINALIZING,
     IN_PROGRESS,
@@ -44,19 +44,19 @@ from core.lifecycle import (
     STOP_EXPIRED,
     STOP_FAILED,
 )
-from core.model_limits import model_context_length, served_max_model_len
-from core.model_task import model_task
-from core.openai_request import Served
-from core.s3 import make_s3_client
-from core.service_tiers import PriorityRange, takes_default_deadline
-from core.settings import Settings
-from core.store import batches, finish_times, jobs, lora_adapters, tenants
-from core.store.tables import Batch, BatchLine, Job
-from core.store.tenants import TenantLimits
-from core.store.token_usage import DEFAULT_MAX_TOKENS
-from engine.tokenizer import Tokenizer
-from worker.batches.finalize import BatchFinalizer, OutputWriteError, describe_error
-from worker.batches.lines import (
+from conveyor.core.model_limits import model_context_length, served_max_model_len
+from conveyor.core.model_task import model_task
+from conveyor.core.openai_request import Served
+from conveyor.core.s3 import make_s3_client
+from conveyor.core.service_tiers import PriorityRange, takes_default_deadline
+from conveyor.core.settings import Settings
+from conveyor.core.store import batches, finish_times, jobs, lora_adapters, tenants
+from conveyor.core.store.tables import Batch, BatchLine, Job
+from conveyor.core.store.tenants import TenantLimits
+from conveyor.core.store.token_usage import DEFAULT_MAX_TOKENS
+from conveyor.engine.tokenizer import Tokenizer
+from conveyor.worker.batches.finalize import BatchFinalizer, OutputWriteError, describe_error
+from conveyor.worker.batches.lines import (
     BatchRequest,
     CustomIdSet,
     LimitsOfModel,
@@ -65,9 +65,9 @@ from worker.batches.lines import (
     LineRejected,
     parse_line,
 )
-from worker.batches.prompt_length import ChatTokenizer, embedding_input_counter, prompt_token_counter
-from worker.batches.reader import LineStream, ReadPosition
-from worker.batches.source import open_input
+from conveyor.worker.batches.prompt_length import ChatTokenizer, embedding_input_counter, prompt_token_counter
+from conveyor.worker.batches.reader import LineStream, ReadPosition
+from conveyor.worker.batches.source import open_input
 
 log = logging.getLogger(__name__)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from core.s3 import parse_s3_object_url
-from worker.batches.reader import LineStream, ReadPosition, open_local_lines, open_s3_lines
+from conveyor.core.s3 import parse_s3_object_url
+from conveyor.worker.batches.reader import LineStream, ReadPosition, open_local_lines, open_s3_lines
 
 
 def open_input(input_url: str, start: ReadPosition, *, s3: Any, max_line_bytes: int) -> LineStream:

@@ -12,8 +12,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 
-from core.s3 import S3Location
-from worker.batches.manifest import BatchManifest
+from conveyor.core.s3 import S3Location
+from conveyor.worker.batches.manifest import BatchManifest
 
 MIN_PART_BYTES = 5 * 1024 * 1024
 DEFAULT_PART_BYTES = 8 * 1024 * 1024

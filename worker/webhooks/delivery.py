@@ -20,11 +20,11 @@ from typing import Any
 
 import httpx
 
-from core.webhooks.attempt import AttemptResult, Outcome
-from core.webhooks.events import encode_event
-from core.webhooks.signing import signature_headers
-from core.webhooks.ssrf import TargetRefused
-from worker.webhooks.backoff import next_attempt_at, parse_retry_after
+from conveyor.core.webhooks.attempt import AttemptResult, Outcome
+from conveyor.core.webhooks.events import encode_event
+from conveyor.core.webhooks.signing import signature_headers
+from conveyor.core.webhooks.ssrf import TargetRefused
+from conveyor.worker.webhooks.backoff import next_attempt_at, parse_retry_after
 
 DEFAULT_TIMEOUT_S = 15.0
 RESPONSE_EXCERPT_BYTES = 1024

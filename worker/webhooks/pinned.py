@@ -12,7 +12,7 @@ import ipaddress
 
 import httpx
 
-from core.webhooks.ssrf import Resolver, SsrfPolicy, check_target, system_resolver
+from conveyor.core.webhooks.ssrf import Resolver, SsrfPolicy, check_target, system_resolver
 
 
 class PinnedTransport(httpx.BaseTransport):

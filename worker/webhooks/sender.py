@@ -26,15 +26,15 @@ from datetime import datetime, timedelta
 import httpx
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.background import BackgroundLoop
-from core.clock import utcnow
-from core.settings import Settings
-from core.store import webhooks
-from core.store.tables import Delivery
-from core.webhooks.attempt import AttemptResult
-from core.webhooks.ssrf import SsrfPolicy
-from worker.webhooks.delivery import deliver, unexpected_error
-from worker.webhooks.pinned import webhook_client
+from conveyor.core.background import BackgroundLoop
+from conveyor.core.clock import utcnow
+from conveyor.core.settings import Settings
+from conveyor.core.store import webhooks
+from conveyor.core.store.tables import Delivery
+from conveyor.core.webhooks.attempt import AttemptResult
+from conveyor.core.webhooks.ssrf import SsrfPolicy
+from conveyor.worker.webhooks.delivery import deliver, unexpected_error
+from conveyor.worker.webhooks.pinned import webhook_client
 
 log = logging.getLogger(__name__)
 

@@ -13,9 +13,9 @@ from sqlalchemy import Engine, event, func, insert, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.store import database, jobs
-from core.store.database import make_db_engine, make_session_factory
-from core.store.tables import DEFAULT_TENANT, Job
+from conveyor.core.store import database, jobs
+from conveyor.core.store.database import make_db_engine, make_session_factory
+from conveyor.core.store.tables import DEFAULT_TENANT, Job
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
 JOIN_S = 10.0  # far longer than any write here takes, far shorter than the lock's 30 s timeout

@@ -10,11 +10,11 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from core.store import batches, jobs, keys, tenants
-from core.store.database import make_db_engine, make_session_factory
-from core.store.fair_share import FairState, ServedOrder, Share, Stream, StreamLoad, claim_fair, plan
-from core.store.tables import Job
-from core.store.tenants import TenantLimits
+from conveyor.core.store import batches, jobs, keys, tenants
+from conveyor.core.store.database import make_db_engine, make_session_factory
+from conveyor.core.store.fair_share import FairState, ServedOrder, Share, Stream, StreamLoad, claim_fair, plan
+from conveyor.core.store.tables import Job
+from conveyor.core.store.tenants import TenantLimits
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
 

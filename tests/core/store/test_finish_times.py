@@ -9,8 +9,8 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from core.store import finish_times, jobs, workers
-from core.store.tables import DEFAULT_TENANT
+from conveyor.core.store import finish_times, jobs, workers
+from conveyor.core.store.tables import DEFAULT_TENANT
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
 

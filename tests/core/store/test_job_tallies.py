@@ -11,9 +11,9 @@ import pytest
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
-from core.lifecycle import QUEUED, RUNNING
-from core.store import job_tallies, jobs, keys
-from core.store.tables import Job, JobTallyDelta
+from conveyor.core.lifecycle import QUEUED, RUNNING
+from conveyor.core.store import job_tallies, jobs, keys
+from conveyor.core.store.tables import Job, JobTallyDelta
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
 

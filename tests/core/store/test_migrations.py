@@ -9,10 +9,10 @@ from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import inspect, text, update
 
-from core.store import job_tallies
-from core.store.database import make_db_engine, make_session_factory
-from core.store.migrate import alembic_config, upgrade
-from core.store.tables import Base, Job
+from conveyor.core.store import job_tallies
+from conveyor.core.store.database import make_db_engine, make_session_factory
+from conveyor.core.store.migrate import alembic_config, upgrade
+from conveyor.core.store.tables import Base, Job
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

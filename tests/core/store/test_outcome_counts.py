@@ -11,9 +11,9 @@ import pytest
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from core.service_tiers import goodput_tier
-from core.store import batches, jobs, outcome_counts
-from core.store.outcome_counts import (
+from conveyor.core.service_tiers import goodput_tier
+from conveyor.core.store import batches, jobs, outcome_counts
+from conveyor.core.store.outcome_counts import (
     BATCH_LINES,
     E2E,
     JOB_DEADLINES,
@@ -26,7 +26,7 @@ from core.store.outcome_counts import (
     TTFT,
     WEBHOOK_DELIVERIES,
 )
-from core.store.tables import DEFAULT_TENANT, BatchLine, Job
+from conveyor.core.store.tables import DEFAULT_TENANT, BatchLine, Job
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
 

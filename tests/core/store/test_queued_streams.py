@@ -8,8 +8,8 @@ from datetime import datetime, timedelta, timezone
 
 from sqlalchemy.orm import Session
 
-from core.store import batches, jobs, keys
-from core.store.queued_streams import QueuedStream, most_urgent, stream_loads
+from conveyor.core.store import batches, jobs, keys
+from conveyor.core.store.queued_streams import QueuedStream, most_urgent, stream_loads
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
 

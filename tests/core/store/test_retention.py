@@ -12,11 +12,11 @@ from threading import Thread
 from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.clock import utcnow
-from core.lifecycle import IN_PROGRESS
-from core.settings import Settings
-from core.store import keys, retention
-from core.store.tables import Attempt, Batch, BatchLine, Delivery, File, Job, Tenant
+from conveyor.core.clock import utcnow
+from conveyor.core.lifecycle import IN_PROGRESS
+from conveyor.core.settings import Settings
+from conveyor.core.store import keys, retention
+from conveyor.core.store.tables import Attempt, Batch, BatchLine, Delivery, File, Job, Tenant
 from tests.support.deletion import count, deliveries_of, delivery, ended_batch, finished_job, stored_file
 
 

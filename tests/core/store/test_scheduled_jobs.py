@@ -9,9 +9,9 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from core.retry_policy import MODEL_UNAVAILABLE, OUT_OF_MEMORY, Backoff
-from core.store import job_tallies, jobs, webhooks
-from core.store.tables import DEFAULT_TENANT, Delivery, Job
+from conveyor.core.retry_policy import MODEL_UNAVAILABLE, OUT_OF_MEMORY, Backoff
+from conveyor.core.store import job_tallies, jobs, webhooks
+from conveyor.core.store.tables import DEFAULT_TENANT, Delivery, Job
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
 

@@ -12,11 +12,11 @@ import pytest
 from sqlalchemy import delete, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.clock import utcnow
-from core.lifecycle import LINE_FAILED, LINE_QUEUED, QUEUED
-from core.store import batches, jobs
-from core.store.batches import ChunkPosition
-from core.store.tables import Batch, BatchLine, Job
+from conveyor.core.clock import utcnow
+from conveyor.core.lifecycle import LINE_FAILED, LINE_QUEUED, QUEUED
+from conveyor.core.store import batches, jobs
+from conveyor.core.store.batches import ChunkPosition
+from conveyor.core.store.tables import Batch, BatchLine, Job
 
 
 @pytest.fixture(autouse=True)

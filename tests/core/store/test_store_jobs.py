@@ -13,9 +13,9 @@ from sqlalchemy import event, select, text, update
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.store import batches, final_status_effects, job_tallies, jobs, keys, webhooks, workers
-from core.store.database import make_db_engine, make_session_factory
-from core.store.tables import DEFAULT_TENANT, BatchLine, Delivery, Job
+from conveyor.core.store import batches, final_status_effects, job_tallies, jobs, keys, webhooks, workers
+from conveyor.core.store.database import make_db_engine, make_session_factory
+from conveyor.core.store.tables import DEFAULT_TENANT, BatchLine, Delivery, Job
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
 T1 = T0 + timedelta(seconds=1)

@@ -9,8 +9,8 @@ import pytest
 from sqlalchemy import event
 from sqlalchemy.orm import Session
 
-from core.store import keys, tenants
-from core.store.tables import Tenant
+from conveyor.core.store import keys, tenants
+from conveyor.core.store.tables import Tenant
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
 

@@ -4,7 +4,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from core.webhooks.events import EVENT_TYPES, build_event, encode_event, matches, validate_filter
+from conveyor.core.webhooks.events import EVENT_TYPES, build_event, encode_event, matches, validate_filter
 
 
 def test_event_types_are_the_documented_nine() -> None:

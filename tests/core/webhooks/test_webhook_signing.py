@@ -8,7 +8,7 @@ import pytest
 from standardwebhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError
 
-from core.webhooks.signing import (
+from conveyor.core.webhooks.signing import (
     SignatureError,
     WebhookSecret,
     active_secrets,

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from core.s3 import make_s3_client
+from conveyor.core.s3 import make_s3_client
 
 _SERVE = """
 import logging

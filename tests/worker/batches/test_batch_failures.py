@@ -19,13 +19,13 @@ from botocore.exceptions import ClientError
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.clock import utcnow
-from core.lifecycle import OPEN_BATCH_STATUSES
-from core.s3 import make_s3_client
-from core.settings import Settings
-from core.store import batches, jobs, webhooks
-from core.store.tables import Batch, BatchLine
-from worker.batches.runner import BatchBackoff, BatchRunner
+from conveyor.core.clock import utcnow
+from conveyor.core.lifecycle import OPEN_BATCH_STATUSES
+from conveyor.core.s3 import make_s3_client
+from conveyor.core.settings import Settings
+from conveyor.core.store import batches, jobs, webhooks
+from conveyor.core.store.tables import Batch, BatchLine
+from conveyor.worker.batches.runner import BatchBackoff, BatchRunner
 
 BACKOFF = BatchBackoff(first_delay_s=0.2, max_delay_s=0.8, max_failures=5)
 BACKED_OFF_S = 0.2 + 0.4 + 0.8 + 0.8  # the waits between the five attempts

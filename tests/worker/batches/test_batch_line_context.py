@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from worker.batches.lines import CHAT, BatchRequest, CustomIdSet, LineError, LineLimits, parse_line
+from conveyor.worker.batches.lines import CHAT, BatchRequest, CustomIdSet, LineError, LineLimits, parse_line
 
 LIMITS = LineLimits(
     max_prompt_tokens=50, count_tokens=lambda request: 10, max_output_tokens=256, max_model_len=64

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from core.s3 import S3Location
-from worker.batches.lines import (
+from conveyor.core.s3 import S3Location
+from conveyor.worker.batches.lines import (
     CHAT,
     COMPLETIONS,
     BatchRequest,
@@ -16,7 +16,7 @@ from worker.batches.lines import (
     LineLimits,
     parse_line,
 )
-from worker.batches.reader import OversizeLine, open_s3_lines
+from conveyor.worker.batches.reader import OversizeLine, open_s3_lines
 
 
 def _words(request: BatchRequest) -> int:
@@ -153,11 +153,11 @@ def test_each_line_is_judged_and_queued_by_the_model_it_names(
 ) -> None:
     """A worker of model `a` reading a batch: a line naming `a` (or none) goes to a's lane, one naming `b`
     whose tokenizer this worker cannot read fails alone, an unknown model is model_not_found."""
-    from core.settings import Settings
-    from core.store.database import make_db_engine, make_session_factory
-    from core.store.tables import Batch
-    from engine.tokenizer import Tokenizer
-    from worker.batches.runner import BatchRunner
+    from conveyor.core.settings import Settings
+    from conveyor.core.store.database import make_db_engine, make_session_factory
+    from conveyor.core.store.tables import Batch
+    from conveyor.engine.tokenizer import Tokenizer
+    from conveyor.worker.batches.runner import BatchRunner
 
     settings = Settings(database_url=migrated_sqlite_url, models={
         "a": {"path": str(demo_model_dir)}, "b": {"path": str(tmp_path / "not-mounted-here")}})

@@ -13,14 +13,14 @@ from typing import Any
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.clock import utcnow
-from core.lifecycle import OPEN_BATCH_STATUSES
-from core.s3 import make_s3_client
-from core.settings import Settings
-from core.store import batches
-from core.store.tables import Batch
+from conveyor.core.clock import utcnow
+from conveyor.core.lifecycle import OPEN_BATCH_STATUSES
+from conveyor.core.s3 import make_s3_client
+from conveyor.core.settings import Settings
+from conveyor.core.store import batches
+from conveyor.core.store.tables import Batch
+from conveyor.worker.batches.runner import BatchRunner
 from tests.support.live_server import wait_for
-from worker.batches.runner import BatchRunner
 
 ENGINE = dict(max_num_seqs=32, max_num_batched_tokens=512, num_kv_blocks=256, block_size=16, dtype="float32",
               device="cpu", attention_backend="torch")
@@ -39,7 +39,7 @@ def _no_batches(pg_url: str) -> None:
     """The session's Postgres database outlives a test: runners here must see only this test's batches."""
     from sqlalchemy import text
 
-    from core.store.database import make_db_engine
+    from conveyor.core.store.database import make_db_engine
 
     db_engine = make_db_engine(pg_url)
     with db_engine.begin() as conn:
@@ -59,10 +59,10 @@ def batch_settings(make_settings: Callable[..., Settings], pg_url: str, demo_mod
 def runtime(batch_settings: Settings, sessions: sessionmaker[Session], s3: Any,
             monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """Engine, job feeders and reconciler; no batch runner of its own."""
-    import worker.services
-    from worker.embedded import EmbeddedRuntime
+    import conveyor.worker.services
+    from conveyor.worker.embedded import EmbeddedRuntime
 
-    monkeypatch.setattr(worker.services, "make_batch_runner", lambda *args: _NoRunner())
+    monkeypatch.setattr(conveyor.worker.services, "make_batch_runner", lambda *args: _NoRunner())
     rt = EmbeddedRuntime(batch_settings, sessions=sessions)
     rt.start()
     yield rt
@@ -92,7 +92,7 @@ def _create(sessions: sessionmaker[Session], bucket: str, key: str, queue: str =
 
 def _events(sessions: sessionmaker[Session], batch_id: str) -> list[dict[str, Any]]:
     """The batch.* events enqueued for the batch's own webhook."""
-    from core.store import webhooks
+    from conveyor.core.store import webhooks
 
     with sessions() as session:
         deliveries = webhooks.for_subject(session, "default", "batch", batch_id)
@@ -245,7 +245,7 @@ def test_a_dead_runner_is_resumed_without_redoing_lines(runtime: Any, batch_sett
     with sessions() as session:
         from sqlalchemy import func, select
 
-        from core.store.tables import Job
+        from conveyor.core.store.tables import Job
 
         jobs_made = session.execute(select(func.count()).select_from(Job)
                                     .where(Job.meta["batch_id"].as_string() == batch_id)).scalar_one()
@@ -254,10 +254,10 @@ def test_a_dead_runner_is_resumed_without_redoing_lines(runtime: Any, batch_sett
 
 _DOOMED_RUNNER = """
 import sys, time
-from core.settings import Settings
-from core.store.database import make_db_engine, make_session_factory
-from worker.batches.runner import BatchRunner
-from core.s3 import make_s3_client
+from conveyor.core.settings import Settings
+from conveyor.core.store.database import make_db_engine, make_session_factory
+from conveyor.worker.batches.runner import BatchRunner
+from conveyor.core.s3 import make_s3_client
 
 database_url, endpoint = sys.argv[1:3]
 settings = Settings(database_url=database_url, s3_endpoint_url=endpoint, s3_region="us-east-1",

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError, ResponseStreamingError
 
-from core.s3 import S3Location
-from worker.batches.reader import (
+from conveyor.core.s3 import S3Location
+from conveyor.worker.batches.reader import (
     LineStream,
     OversizeLine,
     ReadPosition,

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from worker.batches.lines import BatchRequest, CustomIdSet, LineError, parse_line
-from worker.sampling import sampling_params_from_json
+from conveyor.worker.batches.lines import BatchRequest, CustomIdSet, LineError, parse_line
+from conveyor.worker.sampling import sampling_params_from_json
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}}
 

@@ -4,14 +4,21 @@ import json
 
 import pytest
 
-from engine.tokenizer import Tokenizer
-from worker.batches.lines import COMPLETIONS, BatchRequest, CustomIdSet, LineError, LineLimits, parse_line
-from worker.batches.prompt_length import prompt_token_counter
+from conveyor.engine.tokenizer import Tokenizer
+from conveyor.worker.batches.lines import (
+    COMPLETIONS,
+    BatchRequest,
+    CustomIdSet,
+    LineError,
+    LineLimits,
+    parse_line,
+)
+from conveyor.worker.batches.prompt_length import prompt_token_counter
 
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
-    from engine.demo import build_tiny_model
+    from conveyor.engine.demo import build_tiny_model
 
     return Tokenizer(build_tiny_model(tmp_path_factory.mktemp("batch-tokenizer")))
 

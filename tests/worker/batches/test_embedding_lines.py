@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from core.embedding_request import EMBEDDINGS
-from core.embedding_rules import EmbeddingLimits
-from core.job_kinds import EMBEDDING, GENERATION
-from core.model_task import ModelTask
-from core.openai_request import Served
-from worker.batches.lines import (
+from conveyor.core.embedding_request import EMBEDDINGS
+from conveyor.core.embedding_rules import EmbeddingLimits
+from conveyor.core.job_kinds import EMBEDDING, GENERATION
+from conveyor.core.model_task import ModelTask
+from conveyor.core.openai_request import Served
+from conveyor.worker.batches.lines import (
     CHAT,
     COMPLETIONS,
     BatchRequest,

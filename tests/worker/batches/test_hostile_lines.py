@@ -13,15 +13,15 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from core.clock import utcnow
-from core.request_rules import MAX_INT_DIGITS
-from core.store import tenants, workers
-from core.store.tables import Batch, BatchLine, Job
-from core.structured_rules import MAX_STRUCTURED_DEPTH
+from conveyor.core.clock import utcnow
+from conveyor.core.request_rules import MAX_INT_DIGITS
+from conveyor.core.store import tenants, workers
+from conveyor.core.store.tables import Batch, BatchLine, Job
+from conveyor.core.structured_rules import MAX_STRUCTURED_DEPTH
+from conveyor.worker.batches.lines import BatchRequest, CustomIdSet, LineError, LineLimits, parse_line
+from conveyor.worker.batches.runner import BatchRunner
 from tests.support.hostile_schemas import nested_items, nested_objects
 from tests.support.service import Service
-from worker.batches.lines import BatchRequest, CustomIdSet, LineError, LineLimits, parse_line
-from worker.batches.runner import BatchRunner
 
 
 def schema_body(schema: dict[str, Any]) -> dict[str, Any]:
@@ -81,7 +81,7 @@ def test_anything_judging_a_line_raises_is_that_lines_error(error: Exception,
                                                            caplog: pytest.LogCaptureFixture) -> None:
     limits = LineLimits(max_prompt_tokens=100, count_tokens=_counter_raising(error))
     seen = CustomIdSet()
-    with caplog.at_level(logging.ERROR, logger="worker.batches.lines"):
+    with caplog.at_level(logging.ERROR, logger="conveyor.worker.batches.lines"):
         parsed = parse_line(5, line("a", {"prompt": "x"}), seen, limits)
     name = type(error).__name__
     assert parsed == LineError(5, "a", "invalid_line", f"the line could not be judged: {name}")

@@ -14,12 +14,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core.openai_request import ChatCompletionCreate, ChatRoles, CompletionCreate, Served
-from core.request_rules import json_problem, text_problem
-from engine.tokenizer import Tokenizer
-from worker.batches.lines import BatchRequest, CustomIdSet, LineError, LineLimits, parse_line
-from worker.batches.prompt_length import prompt_token_counter
-from worker.batches.reader import LineStream, ReadPosition
+from conveyor.core.openai_request import ChatCompletionCreate, ChatRoles, CompletionCreate, Served
+from conveyor.core.request_rules import json_problem, text_problem
+from conveyor.engine.tokenizer import Tokenizer
+from conveyor.worker.batches.lines import BatchRequest, CustomIdSet, LineError, LineLimits, parse_line
+from conveyor.worker.batches.prompt_length import prompt_token_counter
+from conveyor.worker.batches.reader import LineStream, ReadPosition
 
 FIELDS = sorted({*ChatCompletionCreate.model_fields, *CompletionCreate.model_fields})
 # Placeholders replaced in the line's text after json.dumps, which can neither write an integer over 4,300
@@ -30,7 +30,7 @@ _PLACEHOLDER = re.compile(r'"@@(int|neg|arrays|objects):(\d+)@@"')
 
 @pytest.fixture(scope="module")
 def limits(tmp_path_factory: pytest.TempPathFactory) -> LineLimits:
-    from engine.demo import build_tiny_model
+    from conveyor.engine.demo import build_tiny_model
 
     tokenizer = Tokenizer(build_tiny_model(tmp_path_factory.mktemp("fuzz-tokenizer")))
     served = Served(models=("demo-model",), roles=ChatRoles.of_template(tokenizer.chat_template))

@@ -11,13 +11,13 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
-from core.settings import Settings
-from core.store.database import make_db_engine, make_session_factory
-from core.webhooks.ssrf import SsrfPolicy
+from conveyor.core.settings import Settings
+from conveyor.core.store.database import make_db_engine, make_session_factory
+from conveyor.core.webhooks.ssrf import SsrfPolicy
+from conveyor.worker.webhooks.pinned import webhook_client
+from conveyor.worker.webhooks.sender import WebhookSender
 from tests.support.webhook_receiver import Receiver
 from tests.support.webhook_service import WEBHOOK_TABLES, NullPublisher, WebhookService
-from worker.webhooks.pinned import webhook_client
-from worker.webhooks.sender import WebhookSender
 
 
 @pytest.fixture
@@ -41,8 +41,8 @@ def loopback_client() -> Iterator[httpx.Client]:
 def webhook_service(database_url: str, make_settings: Callable[..., Settings], demo_model_dir: Path,
                     receiver: Receiver) -> Iterator[WebhookService]:
     """The app on SQLite or Postgres with the loopback receiver allowlisted; webhook tables emptied."""
-    from api.app import create_app
-    from api.prompt_tokenizer import PromptTokenizer
+    from conveyor.api.app import create_app
+    from conveyor.api.prompt_tokenizer import PromptTokenizer
 
     settings = make_settings(database_url=database_url, webhook_allowlist=["127.0.0.1"])
     db_engine = make_db_engine(database_url)

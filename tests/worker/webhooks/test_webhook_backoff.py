@@ -6,7 +6,7 @@ from email.utils import format_datetime
 
 import pytest
 
-from worker.webhooks.backoff import (
+from conveyor.worker.webhooks.backoff import (
     JITTER,
     MAX_ATTEMPTS,
     MAX_RETRY_AFTER,

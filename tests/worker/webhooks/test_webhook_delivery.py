@@ -9,13 +9,13 @@ import httpx
 import pytest
 from standardwebhooks import Webhook
 
-from core.webhooks.events import build_event
-from core.webhooks.signing import WebhookSecret, active_secrets, generate_secret
-from core.webhooks.ssrf import SsrfPolicy
+from conveyor.core.webhooks.events import build_event
+from conveyor.core.webhooks.signing import WebhookSecret, active_secrets, generate_secret
+from conveyor.core.webhooks.ssrf import SsrfPolicy
+from conveyor.worker.webhooks.backoff import MAX_ATTEMPTS
+from conveyor.worker.webhooks.delivery import ERROR_TEXT_CHARS, RESPONSE_EXCERPT_BYTES, deliver
+from conveyor.worker.webhooks.pinned import webhook_client
 from tests.support.webhook_receiver import Receiver, Reply
-from worker.webhooks.backoff import MAX_ATTEMPTS
-from worker.webhooks.delivery import ERROR_TEXT_CHARS, RESPONSE_EXCERPT_BYTES, deliver
-from worker.webhooks.pinned import webhook_client
 
 
 def _event() -> dict[str, object]:
@@ -150,7 +150,7 @@ def test_secrets_and_query_tokens_never_reach_the_log(
     deliver(receiver.url + "?token=receiver-token", "msg_12", _event(), [secret], client=loopback_client,
             now=_now())
     # NOTE: httpx's own INFO line shows the full URL: the service's logging keeps `httpx` at WARNING.
-    ours = "\n".join(r.getMessage() for r in caplog.records if r.name.startswith("worker.webhooks"))
+    ours = "\n".join(r.getMessage() for r in caplog.records if r.name.startswith("conveyor.worker.webhooks"))
     assert "msg_12" in ours
     assert secret not in caplog.text and secret not in ours and "receiver-token" not in ours
 

@@ -10,9 +10,9 @@ import pytest
 from sqlalchemy import text
 from standardwebhooks import Webhook
 
-from core.clock import utcnow
-from core.store import batches, webhooks
-from core.store.webhook_events import enqueue_batch_event
+from conveyor.core.clock import utcnow
+from conveyor.core.store import batches, webhooks
+from conveyor.core.store.webhook_events import enqueue_batch_event
 from tests.support.webhook_receiver import Receiver
 from tests.support.webhook_service import WebhookService
 

@@ -13,8 +13,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import text
 from standardwebhooks import Webhook
 
-from core.settings import Settings
-from core.store.database import make_db_engine
+from conveyor.core.settings import Settings
+from conveyor.core.store.database import make_db_engine
 from tests.support.webhook_receiver import Receiver
 from tests.support.webhook_service import WEBHOOK_TABLES
 
@@ -26,9 +26,9 @@ WAIT_S = 120.0   # a hang guard, not a speed assertion
 @pytest.fixture
 def embedded(database_url: str, make_settings: Callable[..., Settings], demo_model_dir: Path,
              receiver: Receiver) -> Iterator[TestClient]:
-    from api.app import create_app
-    from api.prompt_tokenizer import PromptTokenizer
-    from worker.embedded import EmbeddedRuntime
+    from conveyor.api.app import create_app
+    from conveyor.api.prompt_tokenizer import PromptTokenizer
+    from conveyor.worker.embedded import EmbeddedRuntime
 
     _empty(database_url)
     settings = make_settings(database_url=database_url, model=str(demo_model_dir), auth_enabled=False,

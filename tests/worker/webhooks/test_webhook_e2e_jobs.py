@@ -14,9 +14,9 @@ from sqlalchemy import text
 from standardwebhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError
 
-from core.clock import utcnow
-from core.store import jobs
-from core.webhooks.signing import verify
+from conveyor.core.clock import utcnow
+from conveyor.core.store import jobs
+from conveyor.core.webhooks.signing import verify
 from tests.support.webhook_receiver import Receiver, Reply
 from tests.support.webhook_service import WebhookService
 

@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 
-import worker.webhooks.delivery
-from core.clock import utcnow
-from core.store import webhooks
-from core.store.tables import Attempt, Delivery
-from core.webhooks.events import build_event
+import conveyor.worker.webhooks.delivery
+from conveyor.core.clock import utcnow
+from conveyor.core.store import webhooks
+from conveyor.core.store.tables import Attempt, Delivery
+from conveyor.core.webhooks.events import build_event
+from conveyor.worker.webhooks.sender import POLL_S, WebhookSender
 from tests.support.webhook_receiver import Receiver, Reply
 from tests.support.webhook_service import WebhookService
-from worker.webhooks.sender import POLL_S, WebhookSender
 
 # How long the stalled receiver takes to answer each request: far above the scheduling hiccups of a loaded
 # 2-core machine (the other receiver once answered after 2.09 s there, against a 1.5 s bound), so that waiting
@@ -76,14 +76,14 @@ def test_a_payload_that_cannot_be_encoded_fails_for_good_and_the_pass_goes_on(
 def test_an_unexpected_error_is_recorded_against_its_delivery_alone(
     webhook_service: WebhookService, receiver: Receiver, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    real = worker.webhooks.delivery.deliver
+    real = conveyor.worker.webhooks.delivery.deliver
 
     def deliver(url: str, *args: Any, **kwargs: Any) -> Any:
         if url.endswith("?boom"):
             raise RuntimeError("boom")
         return real(url, *args, **kwargs)
 
-    monkeypatch.setattr("worker.webhooks.sender.deliver", deliver)
+    monkeypatch.setattr("conveyor.worker.webhooks.sender.deliver", deliver)
     alice = webhook_service.client("alice")
     broken = _finished_job(webhook_service, alice, webhook=receiver.url + "?boom")
     fine = _finished_job(webhook_service, alice, webhook=receiver.url)

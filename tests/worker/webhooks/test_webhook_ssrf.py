@@ -3,9 +3,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from core.webhooks.ssrf import Resolver, SsrfPolicy, TargetRefused, check_target
+from conveyor.core.webhooks.ssrf import Resolver, SsrfPolicy, TargetRefused, check_target
+from conveyor.worker.webhooks.pinned import PinnedTransport, webhook_client
 from tests.support.webhook_receiver import Receiver
-from worker.webhooks.pinned import PinnedTransport, webhook_client
 
 PUBLIC = "93.184.216.34"
 

@@ -46,8 +46,8 @@ extension (`kernels/cpu_extension.py`) builds on this machine, else "torch" (the
 kernel modules are first imported); "cpu" forces the C++ kernels on CPU tensors and is a RuntimeError where
 they cannot be built; anything else is a ValueError. The Triton modules are imported only when first
 dispatched to, so CPU users need not install triton; the C++ extension is loaded only when first resolved to
-(compiled first, tens of seconds, where `python -m kernels.prebuild` did not build it). The cpu backend
-writes the cache with a C++ row copy.
+(compiled first, tens of seconds, where `python -m conveyor.kernels.prebuild` did not build it). The cpu
+backend writes the cache with a C++ row copy.
 
 Checks: wrong shapes, dtypes or devices raise ValueError naming the field (metadata only, no device sync).
 The reference also checks the length values (it reads them on the host anyway); the Triton path trusts them,
@@ -59,15 +59,15 @@ from __future__ import annotations
 
 import torch
 
-from kernels.cpu_extension import cpu_kernels
-from kernels.cpu_paged_attention import (
+from conveyor.kernels.cpu_extension import cpu_kernels
+from conveyor.kernels.cpu_paged_attention import (
     CpuAttentionPlan,
     paged_attention_cpu,
     plan_paged_attention_cpu,
     reshape_and_cache_cpu,
 )
-from kernels.metadata import AttentionMetadata
-from kernels.reference import (
+from conveyor.kernels.metadata import AttentionMetadata
+from conveyor.kernels.reference import (
     AttentionPlan,
     check_window_softcap,
     paged_attention_ref,
@@ -120,7 +120,7 @@ def paged_attention(
         return paged_attention_ref(q, k_cache, v_cache, meta, scale, out, window=window, softcap=softcap)
     if chosen == "cpu":
         return paged_attention_cpu(q, k_cache, v_cache, meta, scale, out, window=window, softcap=softcap)
-    from kernels.triton_paged_attention import paged_attention_triton
+    from conveyor.kernels.triton_paged_attention import paged_attention_triton
 
     return paged_attention_triton(q, k_cache, v_cache, meta, scale, out, window=window, softcap=softcap)
 
@@ -161,6 +161,6 @@ def reshape_and_cache(
     if chosen == "cpu":
         reshape_and_cache_cpu(k, v, k_cache, v_cache, slot_mapping)
         return
-    from kernels.triton_cache import reshape_and_cache_triton
+    from conveyor.kernels.triton_cache import reshape_and_cache_triton
 
     reshape_and_cache_triton(k, v, k_cache, v_cache, slot_mapping)
