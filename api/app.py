@@ -40,11 +40,11 @@ from conveyor.api.routes import (
 )
 from conveyor.api.served_models import ServedModels, store_adapters
 from conveyor.api.uploads import UploadSizeLimit
-from conveyor.core.dispatch import DispatchRelay, JobPublisher
-from conveyor.core.finish_notifications import FinishedSink, FinishedWatch
+from conveyor.core.seams.dispatch import DispatchRelay, JobPublisher
+from conveyor.core.seams.finish_notifications import FinishedSink, FinishedWatch
+from conveyor.core.seams.token_stream import TokenStream
 from conveyor.core.settings import Settings
 from conveyor.core.store.database import make_db_engine, make_session_factory
-from conveyor.core.token_stream import TokenStream
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ from conveyor.api.admission import AdmissionGauge
 from conveyor.api.job_reads import JobReads
 from conveyor.api.metrics import Metrics
 from conveyor.api.served_models import ServedModels
-from conveyor.core.dispatch import Dispatcher, JobPublisher
-from conveyor.core.finish_notifications import FinishedSink, FinishedWatch
+from conveyor.core.seams.dispatch import Dispatcher, JobPublisher
+from conveyor.core.seams.finish_notifications import FinishedSink, FinishedWatch
 from conveyor.core.settings import Settings
 from conveyor.core.store.finish_times import QueueRates
 

@@ -12,8 +12,8 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from conveyor.core.field_errors import FieldProblem, untagged, validation_message
-from conveyor.core.request_rules import text_problem
+from conveyor.core.protocol.field_errors import FieldProblem, untagged, validation_message
+from conveyor.core.protocol.request_rules import text_problem
 
 # pydantic's error types at loc ("body",) that mean the body is not an object at all.
 WHOLE_BODY_ERRORS = frozenset({"missing", "model_attributes_type", "model_type", "dict_type"})
@@ -40,7 +40,8 @@ class ApiError(Exception):
 
 
 def problem_error(problem: FieldProblem) -> ApiError:
-    """A request rule's problem (core/request_limits.py, core/embedding_rules.py) as the 422 naming it."""
+    """A request rule's problem (core/protocol/request_limits.py, core/protocol/embedding_rules.py) as the
+    422 naming it."""
     return ApiError(422, problem.code, problem.message, problem.field)
 
 

@@ -1,7 +1,7 @@
 """Celery mode: the API side of the finished-jobs seam, ONE Redis subscriber per API process.
 
-The subscriber listens on conveyor.core.finish_notifications.CHANNEL and wakes this process's waiters of the
-ids in each message. It starts with the first waiter (on the app's event loop), and after a Redis restart
+The subscriber listens on conveyor.core.seams.finish_notifications.CHANNEL and wakes this process's waiters of
+the ids in each message. It starts with the first waiter (on the app's event loop), and after a Redis restart
 subscribes again with backoff; meanwhile waiters read the store at their fallback interval.
 """
 
@@ -13,7 +13,7 @@ import logging
 
 from redis import asyncio as aioredis
 
-from conveyor.core.finish_notifications import CHANNEL, FinishedWaiter, LocalFinishedHub, decode
+from conveyor.core.seams.finish_notifications import CHANNEL, FinishedWaiter, LocalFinishedHub, decode
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from conveyor.core.store import jobs
-from conveyor.core.views import JobPublic
+from conveyor.core.views.public import JobPublic
 
 MAX_IN_FLIGHT = 2
 MAX_GROUP = 500  # job ids per query (a burst of thousands of long polls waking at once: several queries)

@@ -1,7 +1,7 @@
 """What differs between the kinds of job at submit (api/submit.py does the rest, the same for both): how a
 body is judged before and after tokenizing, what it may write, and what the job stores. Each rule is core's
-(core/request_limits.py for generation, core/embedding_rules.py for embeddings), answered here as a 422
-naming the field, or the item (`input[2]`)."""
+(core/protocol/request_limits.py for generation, core/protocol/embedding_rules.py for embeddings), answered
+here as a 422 naming the field, or the item (`input[2]`)."""
 
 from __future__ import annotations
 
@@ -11,16 +11,16 @@ from conveyor.api.admission import EMBEDDING_TOKENS, Reserved
 from conveyor.api.errors import ApiError, problem_error, raise_problem
 from conveyor.api.schemas.jobs import AnyJobCreate, EmbeddingJobCreate, JobCreate
 from conveyor.api.served_models import ServedModel
-from conveyor.core.chat_options import job_params
-from conveyor.core.embedding_rules import (
+from conveyor.core.protocol.chat_options import job_params
+from conveyor.core.protocol.embedding_rules import (
     embedded_tokens,
     input_lengths,
     inputs_problem,
     lengths_problem,
     task_problem,
 )
-from conveyor.core.job_kinds import EMBEDDING
-from conveyor.core.request_limits import (
+from conveyor.core.protocol.job_kinds import EMBEDDING
+from conveyor.core.protocol.request_limits import (
     RequestLimits,
     RequestSize,
     size_problem,

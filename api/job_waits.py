@@ -16,10 +16,10 @@ from contextlib import contextmanager
 
 from conveyor.api.deps import Services
 from conveyor.api.errors import lookup_id, not_found
-from conveyor.core.finish_notifications import FinishedWaiter
 from conveyor.core.lifecycle import TERMINAL_STATUSES
-from conveyor.core.token_stream import Subscription, TokenEvent
-from conveyor.core.views import JobPublic
+from conveyor.core.seams.finish_notifications import FinishedWaiter
+from conveyor.core.seams.token_stream import Subscription, TokenEvent
+from conveyor.core.views.public import JobPublic
 
 MAX_WAIT_S = 60.0  # a long poll's longest wait: below common proxy and load-balancer idle timeouts
 # Store reads while watched: a lost notification delays an answer by at most this. Not shorter: with hundreds

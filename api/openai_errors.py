@@ -21,8 +21,8 @@ from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from conveyor.api.errors import ApiError, body_problem, parse_failure
-from conveyor.core.field_errors import validation_message
-from conveyor.core.openai_request import Refusal
+from conveyor.core.protocol.field_errors import validation_message
+from conveyor.core.protocol.openai_request import Refusal
 
 CODES = {401: "invalid_api_key", 404: "not_found"}
 log = logging.getLogger(__name__)
@@ -59,7 +59,8 @@ def from_api_error(exc: ApiError) -> OpenAIError:
 
 
 def from_refusal(refusal: Refusal) -> OpenAIError:
-    """The shared OpenAI rules' refusal (core/openai_request.py): 404 for a model not served, else 400."""
+    """The shared OpenAI rules' refusal (core/protocol/openai_request.py): 404 for a model not served, else
+    400."""
     if refusal.kind == "model_not_found":
         return OpenAIError(404, refusal.message, code="model_not_found", param=refusal.param)
     code = "unsupported_parameter" if refusal.kind == "unsupported" else "invalid_request"

@@ -23,11 +23,11 @@ from conveyor.api.openai_errors import OpenAIError
 from conveyor.api.schemas.jobs import AnyJobCreate
 from conveyor.api.submit import submit
 from conveyor.core.clock import utcnow
-from conveyor.core.dispatch import Dispatcher
 from conveyor.core.lifecycle import TERMINAL_STATUSES
+from conveyor.core.seams.dispatch import Dispatcher
+from conveyor.core.seams.token_stream import Subscription, TokenEvent, TokenStream
 from conveyor.core.store import jobs
 from conveyor.core.store.tables import Job
-from conveyor.core.token_stream import Subscription, TokenEvent, TokenStream
 
 log = logging.getLogger(__name__)
 
@@ -60,11 +60,11 @@ class JobOutcome:
     error_message: str | None
     logprobs: list[dict[str, Any]] | None = None  # as the job stores them
     cached_tokens: int = 0  # prompt tokens from the engine's prefix cache
-    chat: dict[str, Any] | None = None  # how its answer is read (core/chat_options.py)
+    chat: dict[str, Any] | None = None  # how its answer is read (core/protocol/chat_options.py)
     choices: list[dict[str, Any]] | None = None  # every choice of a job with n > 1
     prompt: str | None = None  # a completion's prompt (echo shows it)
     prompt_logprobs: list[dict[str, Any]] | None = None  # as the job stores them
-    embeddings: list[str] | None = None  # an embedding job's vectors (core/embedding_vectors.py)
+    embeddings: list[str] | None = None  # an embedding job's vectors (core/views/embedding_vectors.py)
 
     @classmethod
     def of(cls, job: Job) -> JobOutcome:

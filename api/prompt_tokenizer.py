@@ -6,9 +6,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from conveyor.core.chat_options import ChatOptions
-from conveyor.core.model_limits import model_context_length
-from conveyor.core.tools import template_messages
+from conveyor.core.protocol.chat_options import ChatOptions
+from conveyor.core.protocol.model_limits import model_context_length
+from conveyor.core.protocol.tools import template_messages
 
 
 class PromptTokenizer:
@@ -38,8 +38,8 @@ class PromptTokenizer:
         return len(self.encode_prompt(prompt))
 
     def count_messages(self, messages: list[dict[str, Any]], options: ChatOptions | None = None) -> int:
-        """The tokens the worker's rendering will be (core/chat_options.py: tools and template options).
-        Raises ValueError when the model has no chat template, or when the template refuses them."""
+        """The tokens the worker's rendering will be (core/protocol/chat_options.py: tools and template
+        options). Raises ValueError when the model has no chat template, or when the template refuses them."""
         return len(self.encode_chat(messages, options or ChatOptions()))
 
     def encode_chat(self, messages: list[dict[str, Any]], options: ChatOptions,

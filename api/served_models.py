@@ -15,11 +15,11 @@ from pathlib import Path
 from sqlalchemy.orm import Session, sessionmaker
 
 from conveyor.api.prompt_tokenizer import PromptTokenizer
-from conveyor.core.chat_options import ToolParser, tool_parser_for
-from conveyor.core.embedding_rules import EmbeddingLimits
 from conveyor.core.lanes import lane_of
-from conveyor.core.model_limits import served_max_model_len
-from conveyor.core.model_task import ModelTask, model_task
+from conveyor.core.protocol.chat_options import ToolParser, tool_parser_for
+from conveyor.core.protocol.embedding_rules import EmbeddingLimits
+from conveyor.core.protocol.model_limits import served_max_model_len
+from conveyor.core.protocol.model_task import ModelTask, model_task
 from conveyor.core.settings import Settings
 from conveyor.core.store import lora_adapters
 
@@ -29,7 +29,7 @@ class ServedModel:
     id: str
     settings: Settings  # the deployment's settings as this model sees them
     tokenizer: PromptTokenizer
-    task: ModelTask = field(default_factory=lambda: ModelTask("generate"))  # core/model_task.py
+    task: ModelTask = field(default_factory=lambda: ModelTask("generate"))  # core/protocol/model_task.py
     lora: str | None = None  # a LoRA adapter's id (= id); None: a base model
     parent: str | None = None  # an adapter's base model
     tenants: frozenset[str] | None = None  # an adapter's permitted tenants; None: every tenant
@@ -51,7 +51,7 @@ class ServedModel:
         return served_max_model_len(self.settings.max_model_len, own)
 
     def embedding_limits(self) -> EmbeddingLimits:
-        """What its embeddings requests are held to (core/embedding_rules.py)."""
+        """What its embeddings requests are held to (core/protocol/embedding_rules.py)."""
         return EmbeddingLimits.of_model(self.settings, self.task, self.tokenizer.vocab_size)
 
     def lane(self, queue: str) -> str:

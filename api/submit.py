@@ -1,6 +1,7 @@
-"""Accepting a job of either kind: the request rules (core/request_limits.py and core/embedding_rules.py, the
-same for every door, applied by api/job_requests.py) answered as 4xx, admission, idempotency, insert; the
-dispatch relay publishes it (reconciler scheme, core/dispatch.py)."""
+"""Accepting a job of either kind: the request rules (core/protocol/request_limits.py and
+core/protocol/embedding_rules.py, the same for every door, applied by api/job_requests.py) answered as 4xx,
+admission, idempotency, insert; the dispatch relay publishes it (reconciler scheme,
+core/seams/dispatch.py)."""
 
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ from conveyor.api.webhook_targets import check_job_webhook
 from conveyor.core.lanes import describe_lane, split_lane
 from conveyor.core.lifecycle import QUEUED
 from conveyor.core.model_adapters import with_lora
-from conveyor.core.request_limits import idempotency_key_problem, metadata_problem
-from conveyor.core.service_tiers import PriorityNotPermitted, takes_default_deadline
+from conveyor.core.protocol.request_limits import idempotency_key_problem, metadata_problem
+from conveyor.core.protocol.service_tiers import PriorityNotPermitted, takes_default_deadline
 from conveyor.core.settings import QueueSettings, UnknownModelError
 from conveyor.core.store import finish_times, jobs, tenants
 from conveyor.core.store.tables import Job
@@ -48,7 +49,7 @@ def submit(
         services.metrics.jobs_submitted.labels(served.id, body.queue).inc()
         services.admission.admitted(job.queue, tenant_id)
         services.queue_rates.admitted(job.queue, request.choices * request.max_tokens)
-        if job.status == QUEUED:  # a scheduled one is published when due (worker/scheduler.py)
+        if job.status == QUEUED:  # a scheduled one is published when due (worker/promoter.py)
             services.dispatcher.dispatch(job.id, job.queue)
     return job, created
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from redis import asyncio as aioredis
 
-from conveyor.core.token_stream import TokenEvent, channel
+from conveyor.core.seams.token_stream import TokenEvent, channel
 
 SUBSCRIBE_TIMEOUT_S = 5.0
 

@@ -19,7 +19,7 @@ from conveyor.engine.llm_engine import LLMEngine, StepError
 from conveyor.engine.outputs import RequestOutput
 from conveyor.engine.sampling_params import SamplingParams
 from conveyor.engine.sequence import Urgency
-from conveyor.engine.structured_output import StructuredOutput
+from conveyor.engine.structured_output.constraint import StructuredOutput
 
 ProgressFn = Callable[[int], None]  # called with the number of requests that just ended
 

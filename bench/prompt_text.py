@@ -1,7 +1,7 @@
 """Prompt text the jobs API accepts: synthesised token ids decoded to safe text, and prompts of plain words.
 
-The API refuses a prompt with NUL (U+0000) or lone surrogates (core/request_rules.py `text_problem`: the
-store could not serve them back). Random token ids of a byte-level tokenizer decode to any byte, NUL and
+The API refuses a prompt with NUL (U+0000) or lone surrogates (core/protocol/request_rules.py `text_problem`:
+the store could not serve them back). Random token ids of a byte-level tokenizer decode to any byte, NUL and
 other control characters included, so decoded prompts are made safe here rather than checked: every C0/C1
 control character and lone surrogate becomes a space. So does U+FFFD, what a byte that is not UTF-8 on its
 own decodes to: sent as is, it comes back as three bytes (three tokens for a byte-level tokenizer), and

@@ -27,8 +27,8 @@ def build_api_app(settings: Settings) -> tuple[Any, list[Any]]:
     from conveyor.api.app import create_app
     from conveyor.api.finish_subscriber import RedisFinishedWatch
     from conveyor.api.token_subscriptions import RedisTokenStream
-    from conveyor.core.broker import BrokerPublisher
-    from conveyor.core.finish_notifications import RedisFinishedSink
+    from conveyor.core.seams.broker import BrokerPublisher
+    from conveyor.core.seams.finish_notifications import RedisFinishedSink
 
     broker = settings.broker_url or ""
     pubsub = broker.startswith("redis")  # without it, streamed completions and long polls read the store

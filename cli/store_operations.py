@@ -22,9 +22,9 @@ from conveyor.api.routes.queues import GOODPUT_WINDOW
 from conveyor.cli.store_fill import WORKER_ID
 from conveyor.cli.store_plans import Statement, captured_statements
 from conveyor.core.clock import utcnow
-from conveyor.core.dispatch import publish_and_mark
 from conveyor.core.lanes import queue_of
 from conveyor.core.lifecycle import QUEUED, RUNNING
+from conveyor.core.seams.dispatch import publish_and_mark
 from conveyor.core.settings import Settings
 from conveyor.core.store import finish_times, job_tallies, jobs, outcome_counts, tenants, token_usage, workers
 from conveyor.core.store.fair_share import FairState, claim_fair
@@ -339,7 +339,7 @@ def _cancel(bench: Bench, _prepared: Any) -> list[str]:
 
 
 def _scheduler_round(bench: Bench, _prepared: Any) -> object:
-    """A scheduler's round with nothing due: the due sweep and the next due time (worker/scheduler.py)."""
+    """A scheduler's round with nothing due: the due sweep and the next due time (worker/promoter.py)."""
     with bench.sessions() as session:
         promoted = jobs.promote_due(session, utcnow())
         if promoted:

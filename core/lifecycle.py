@@ -2,10 +2,10 @@
 
 Job: `queued -> running -> succeeded | failed | cancelled`, `queued -> cancelled | expired`, and
 `running -> queued` only when its worker died (attempts + 1 on the next claim). A job given `run_at` or
-`delay_s` starts `scheduled` and becomes `queued` when due (worker/scheduler.py), or is cancelled first. A
+`delay_s` starts `scheduled` and becomes `queued` when due (worker/promoter.py), or is cancelled first. A
 retryable failure with retries left goes `running -> scheduled` (its backoff, core/retry_policy.py), and
 `POST /v1/jobs/{id}/retry` takes a failed, cancelled or expired job back to `queued` (or `scheduled`). The
-store applies each change as one conditional UPDATE (core/store/jobs.py), so a late or duplicate message can
+store applies each change as one conditional UPDATE (core/store/jobs/), so a late or duplicate message can
 never complete a job twice or revive a cancelled one.
 
 Batch (OpenAI's statuses): `validating -> in_progress -> finalizing -> completed | failed | expired`, and

@@ -5,8 +5,8 @@ its one retry on the same worker, worker/transient.py), or the model could not b
 files unreadable for now). The request's own errors (invalid_request, timeout) never are. A job gets
 `max_retries` of them (its own, else its queue's default); each waits an exponential backoff with jitter in
 status `scheduled`, so many jobs failing at once do not come back at once. A job whose worker died is
-requeued at once instead, counted against the same `max_retries` (core/store/jobs.py requeue_orphans): the
-job did nothing wrong, and another worker can take it now.
+requeued at once instead, counted against the same `max_retries` (core/store/jobs/recovery.py
+requeue_orphans): the job did nothing wrong, and another worker can take it now.
 """
 
 from __future__ import annotations

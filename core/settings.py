@@ -33,7 +33,7 @@ from pydantic_settings import (
 )
 
 from conveyor.core.lanes import LANE_MAX_CHARS, LANE_SEPARATOR, lane_of
-from conveyor.core.request_rules import MAX_TTL_S
+from conveyor.core.protocol.request_rules import MAX_TTL_S
 from conveyor.core.retry_policy import Backoff
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from conveyor.engine.config import EngineConfig, RequestClassConfig
 from conveyor.engine.outputs import RequestMetrics, RequestOutput
 from conveyor.engine.pooling_params import PoolingParams
 from conveyor.engine.sampling_params import SamplingParams
-from conveyor.engine.structured_output import StructuredOutput
+from conveyor.engine.structured_output.constraint import StructuredOutput
 
 if TYPE_CHECKING:
     from conveyor.engine.host import EngineHost

@@ -62,7 +62,8 @@ class EngineConfig:
     num_threads: int | None = None
     # Structured outputs: a constraint not seen before is test-compiled in a child process killed after this
     # long (or when it allocates more than grammar_compile_memory_bytes), so one costly schema fails alone
-    # instead of holding a core for minutes (engine/grammar_probe.py). None: compile with no limit, no child.
+    # instead of holding a core for minutes (engine/structured_output/probe.py). None: compile with no limit,
+    # no child.
     grammar_compile_timeout_s: float | None = 5.0
     grammar_compile_memory_bytes: int = 2 * 2**30
     grammar_cache_bytes: int = 512 * 2**20  # compiled grammars kept for reuse, by the memory they hold

@@ -3,9 +3,10 @@
 Only the engine thread touches the engine's state. Callers validate and build their Sequence in their own
 thread (so bad input raises there, synchronously), then hand it over through a lock-protected inbox; the
 engine thread sleeps on a Condition when it has nothing to do. A constrained request whose grammar is not
-cached goes to the inbox only once a compile thread has compiled it (engine/grammar_queue.py): submit never
-compiles, so neither the caller nor the engine thread waits for a costly schema, and a constraint that
-cannot be compiled fails that request's future with a ValueError.
+cached goes to the inbox only once a compile thread has compiled it
+(engine/structured_output/compile_queue.py): submit never compiles, so neither the caller nor the engine
+thread waits for a costly schema, and a constraint that cannot be compiled fails that request's future with a
+ValueError.
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from conveyor.engine.config import EngineConfig
-from conveyor.engine.grammar_queue import GrammarQueue
 from conveyor.engine.llm_engine import LLMEngine
 from conveyor.engine.outputs import RequestOutput
 from conveyor.engine.pooling_params import PoolingParams
 from conveyor.engine.sampling_params import SamplingParams
 from conveyor.engine.sequence import Sequence, Urgency
+from conveyor.engine.structured_output.compile_queue import GrammarQueue
 from conveyor.engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)

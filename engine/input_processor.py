@@ -25,7 +25,7 @@ from conveyor.engine.pooling_params import PoolingParams
 from conveyor.engine.sampler import Sampler
 from conveyor.engine.sampling_params import SamplingParams
 from conveyor.engine.sequence import Sequence, Urgency
-from conveyor.engine.structured_output_manager import check_structured_supported
+from conveyor.engine.structured_output.manager import check_structured_supported
 from conveyor.engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
 

@@ -1,6 +1,6 @@
 """The engine loop: queue validated requests, then step: schedule -> forward -> sample -> stop checks.
 
-Input processing (engine/input_processor.py, engine/structured_output_manager.py), stop rules
+Input processing (engine/input_processor.py, engine/structured_output/manager.py), stop rules
 (engine/stop_rules.py) and failure isolation (engine/step_isolation.py: a step that raises is retried in
 halves, and only the requests that fail alone are aborted, reported in `last_failures`) live beside it.
 
@@ -43,11 +43,11 @@ from conveyor.engine.step_isolation import (
     sample_isolated,
 )
 from conveyor.engine.stop_rules import stop_reason
-from conveyor.engine.structured_output_manager import StructuredOutputManager
+from conveyor.engine.structured_output.manager import StructuredOutputManager
 from conveyor.engine.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
-    from conveyor.engine.grammar import GrammarCompiler
+    from conveyor.engine.structured_output.grammar import GrammarCompiler
 
 log = logging.getLogger(__name__)
 

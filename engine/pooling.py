@@ -55,8 +55,8 @@ def has_sentence_transformers_config(model_dir: str | Path) -> bool:
 
 def resolve_task(requested: str, model_dir: str | Path, *, is_encoder: bool, has_lm_head: bool) -> str:
     """"generate" or "embed": `requested`, or for "auto" embed when the folder is a sentence-transformers
-    one or the model is an encoder (core/model_task.py decides the same without torch). ValueError when a
-    model that cannot generate (an encoder, a decoder saved without its LM head) is to generate."""
+    one or the model is an encoder (core/protocol/model_task.py decides the same without torch). ValueError
+    when a model that cannot generate (an encoder, a decoder saved without its LM head) is to generate."""
     if requested not in TASKS:
         raise ValueError(f"task must be one of {TASKS}, got {requested!r}")
     if requested == "auto":

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from conveyor.engine.grammar_mask import apply_grammar_masks
 from conveyor.engine.sequence import Sequence
+from conveyor.engine.structured_output.mask import apply_grammar_masks
 
 
 @dataclass

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from conveyor.engine.structured_output import StructuredOutput
+from conveyor.engine.structured_output.constraint import StructuredOutput
 
 MAX_INT32 = 2**31 - 1  # max_tokens, min_tokens, logprobs, prompt_logprobs and stop_token_ids
 MAX_TOP_K = MAX_INT32  # larger than the vocabulary means "keep all": the sampler clamps it to V

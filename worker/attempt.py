@@ -12,8 +12,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from conveyor.core.job_kinds import EMBEDDING
 from conveyor.core.model_adapters import LORA_PARAM
+from conveyor.core.protocol.job_kinds import EMBEDDING
 from conveyor.core.store.tables import Job
 from conveyor.engine.outputs import RequestOutput
 from conveyor.engine.sequence import Urgency

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from conveyor.core.embedding_vectors import encode_vector
 from conveyor.core.retry_policy import OUT_OF_MEMORY
 from conveyor.core.store import jobs
+from conveyor.core.views.embedding_vectors import encode_vector
 from conveyor.engine.outputs import RequestOutput
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.worker.attempt import ENGINE_ERROR, INVALID_REQUEST, TIMEOUT, Attempt, EngineFuture
@@ -87,7 +87,7 @@ def _completion(attempt: Attempt, outputs: list[RequestOutput], tokenizer: Token
 
 
 def _choice(index: int, out: RequestOutput, attempt: Attempt, tokenizer: Tokenizer) -> dict[str, Any]:
-    """One choice as a job stores it (core/views.py JobChoice)."""
+    """One choice as a job stores it (core/views/public.py JobChoice)."""
     logprobs = job_logprobs(out.token_ids, out.logprobs, attempt.logprobs, tokenizer)
     return {"index": index, "text": storable(out.text), "finish_reason": str(out.finish_reason),
             "completion_tokens": len(out.token_ids), "logprobs": logprobs}

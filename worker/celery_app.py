@@ -1,4 +1,4 @@
-"""The worker's Celery app, on the broker settings of core/broker.py (which the API publishes with).
+"""The worker's Celery app, on the broker settings of core/seams/broker.py (which the API publishes with).
 
 Job queues are consumed by conveyor.worker.consumer.JobConsumerStep (one channel per queue); Celery's own task
 consumer only listens on a control queue kept for service tasks.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from celery import Celery
 
-from conveyor.core.broker import CONNECT_TIMEOUT_S, POOL_LIMIT, TRANSPORT_OPTIONS
+from conveyor.core.seams.broker import CONNECT_TIMEOUT_S, POOL_LIMIT, TRANSPORT_OPTIONS
 from conveyor.core.settings import Settings
 
 CONTROL_QUEUE = "conveyor.control"

@@ -16,9 +16,9 @@ from celery import signals
 from celery.exceptions import SecurityWarning
 
 import conveyor.engine.model_runner  # noqa: F401  (imported with the rest: "imports" in the cold-start figures)
-from conveyor.core.broker import BrokerPublisher
-from conveyor.core.finish_notifications import RedisFinishedSink
 from conveyor.core.log_setup import masked_url
+from conveyor.core.seams.broker import BrokerPublisher
+from conveyor.core.seams.finish_notifications import RedisFinishedSink
 from conveyor.core.settings import Settings
 from conveyor.core.store.database import make_db_engine, make_session_factory
 from conveyor.engine.host import EngineHost

@@ -1,12 +1,13 @@
 """A chat job's prompt: its messages rendered by the model's chat template with the job's options (tools,
-add_generation_prompt, continue_final_message, the template's own variables; core/chat_options.py)."""
+add_generation_prompt, continue_final_message, the template's own variables;
+core/protocol/chat_options.py)."""
 
 from __future__ import annotations
 
 from typing import Any, Protocol
 
-from conveyor.core.chat_options import ChatOptions
-from conveyor.core.tools import template_messages
+from conveyor.core.protocol.chat_options import ChatOptions
+from conveyor.core.protocol.tools import template_messages
 
 
 class ChatTemplate(Protocol):

@@ -39,8 +39,8 @@ from celery.bootsteps import CLOSE
 from kombu import Consumer
 from kombu.message import Message
 
-from conveyor.core.broker import job_queue
-from conveyor.core.dispatch import Publish
+from conveyor.core.seams.broker import job_queue
+from conveyor.core.seams.dispatch import Publish
 from conveyor.worker.job_runner import JobRunner, RunnerStoppedError
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy.orm import Session, sessionmaker
 
 from conveyor.core.background import BackgroundLoop
-from conveyor.core.finish_notifications import LocalFinishedHub
+from conveyor.core.seams.finish_notifications import LocalFinishedHub
 from conveyor.core.settings import Settings
 from conveyor.core.store import jobs
 from conveyor.core.store.database import make_db_engine, make_session_factory

@@ -39,6 +39,7 @@ def embedding_requests(inputs: list[str | list[int]], params: PoolingParams) -> 
 
 
 def pooling_params_from_json(params: dict[str, Any]) -> PoolingParams:
-    """An embedding job's stored params (core/embedding_request.py job_params) -> the engine's PoolingParams;
-    ValueError naming the field for a value the engine refuses. The model's own normalisation applies."""
+    """An embedding job's stored params (core/protocol/embedding_request.py job_params) -> the engine's
+    PoolingParams; ValueError naming the field for a value the engine refuses. The model's own normalisation
+    applies."""
     return PoolingParams(dimensions=params.get("dimensions"), truncate=bool(params.get("truncate", False)))

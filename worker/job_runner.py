@@ -30,16 +30,16 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from conveyor.core.clock import utcnow
-from conveyor.core.dispatch import Publish, publish_and_mark
-from conveyor.core.finish_notifications import FinishedSink
-from conveyor.core.job_kinds import EMBEDDING
 from conveyor.core.lanes import queue_of
+from conveyor.core.protocol.job_kinds import EMBEDDING
 from conveyor.core.retry_policy import MODEL_UNAVAILABLE, Backoff
+from conveyor.core.seams.dispatch import Publish, publish_and_mark
+from conveyor.core.seams.finish_notifications import FinishedSink
+from conveyor.core.seams.token_stream import TokenSink
 from conveyor.core.store import fair_share, jobs, tenants
 from conveyor.core.store.fair_share import FairState
 from conveyor.core.store.tables import Job
 from conveyor.core.store.tenants import TenantLimits
-from conveyor.core.token_stream import TokenSink
 from conveyor.engine.host import EngineHost
 from conveyor.engine.outputs import RequestOutput
 from conveyor.worker.adapters import RuntimeAdapters

@@ -24,8 +24,8 @@ from tenacity import Retrying, retry_if_exception_type, wait_exponential
 
 from conveyor.core.background import BackgroundLoop
 from conveyor.core.clock import utcnow
-from conveyor.core.finish_notifications import FinishedSink
 from conveyor.core.retry_policy import Backoff
+from conveyor.core.seams.finish_notifications import FinishedSink
 from conveyor.core.store import jobs
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.worker.attempt import ENGINE_ERROR, Attempt, EngineFuture

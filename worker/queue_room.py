@@ -7,7 +7,7 @@ more places than are free still starts when any is, so no job waits forever for 
 NOTE: attempts waiting for their grammar do not count against the limit: a tenant's costly schemas hold up
 no one's start (any cap on them, once reached, would). What bounds them is the claim: fair share hands a
 tenant its share of the claims, its max_running caps its running jobs fleet-wide, and the compile thread
-takes tenants in turn (engine/grammar_queue.py).
+takes tenants in turn (engine/structured_output/compile_queue.py).
 """
 
 from __future__ import annotations

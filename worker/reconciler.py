@@ -35,8 +35,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from conveyor.core.background import BackgroundLoop
 from conveyor.core.clock import utcnow
-from conveyor.core.dispatch import publish_and_mark
-from conveyor.core.finish_notifications import FinishedSink
+from conveyor.core.seams.dispatch import publish_and_mark
+from conveyor.core.seams.finish_notifications import FinishedSink
 from conveyor.core.settings import Settings
 from conveyor.core.store import job_tallies, jobs, retention, workers
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from conveyor.core.model_adapters import LORA_PARAM
 from conveyor.engine.sampling_params import SamplingParams
-from conveyor.engine.structured_output import StructuredOutput
+from conveyor.engine.structured_output.constraint import StructuredOutput
 
 
 def sampling_params_from_json(params: dict[str, Any]) -> SamplingParams:

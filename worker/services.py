@@ -20,12 +20,12 @@ from datetime import datetime
 from sqlalchemy.orm import Session, sessionmaker
 
 from conveyor.core.background import BackgroundLoop
-from conveyor.core.finish_notifications import FinishedSink
 from conveyor.core.lanes import lane_of
-from conveyor.core.model_limits import limits_beyond_model
+from conveyor.core.protocol.model_limits import limits_beyond_model
+from conveyor.core.seams.finish_notifications import FinishedSink
+from conveyor.core.seams.token_stream import TokenSink
 from conveyor.core.settings import Settings
 from conveyor.core.store.tenants import TenantLimits
-from conveyor.core.token_stream import TokenSink
 from conveyor.engine.host import EngineHost
 from conveyor.worker.adapters import RuntimeAdapters, load_adapters
 from conveyor.worker.batches.runner import BatchRunner, make_batch_runner
@@ -33,8 +33,8 @@ from conveyor.worker.engine_metrics import WorkerMetrics
 from conveyor.worker.heartbeat import Heartbeat
 from conveyor.worker.job_runner import JobRunner
 from conveyor.worker.model import engine_config, resolve_model
+from conveyor.worker.promoter import Promoter
 from conveyor.worker.reconciler import Broker, Local, Reconciler
-from conveyor.worker.scheduler import Scheduler
 from conveyor.worker.webhooks.sender import WebhookSender
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ class WorkerServices:
                                     settings.worker_heartbeat_s, self._engine_pace)
         local = Local(worker_id, self._held_attempts, self._claims_since, self._runner_stopping)
         self._reconciler = Reconciler(sessions, broker, settings, local, finished=finished)
-        self._scheduler = Scheduler(sessions, broker.publish, settings.schedule_poll_s)
+        self._promoter = Promoter(sessions, broker.publish, settings.schedule_poll_s)
         self._webhooks = WebhookSender(sessions, settings)
         self.metrics = WorkerMetrics()  # exists before the engine: the embedded API adds its registry early
         self._host: EngineHost | None = None
@@ -128,7 +128,7 @@ class WorkerServices:
             self._lora_prune.start()
         if self._fleet_duties:
             self._reconciler.start()
-            self._scheduler.start()
+            self._promoter.start()
             self._webhooks.start()
             self._batches.start()
 
@@ -149,7 +149,7 @@ class WorkerServices:
         if self._batches is not None:
             self._batches.stop()
         self._reconciler.stop()
-        self._scheduler.stop()
+        self._promoter.stop()
         if self._runner is not None:
             self._runner.shutdown(grace, self._broker.publish if self._republish else None, tick)
         self._webhooks.stop()

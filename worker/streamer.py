@@ -1,5 +1,5 @@
 """Turning the engine's per-step outputs into text deltas of running jobs (the worker side of
-core/token_stream.py).
+core/seams/token_stream.py).
 
 `JobStreamer` publishes at most one delta per STREAM_EVERY_TOKENS tokens or STREAM_EVERY_S seconds per job,
 and only for jobs someone listens to; sinks (worker/token_sinks.py) never block the engine thread.
@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from conveyor.core.token_stream import TokenEvent, TokenSink
+from conveyor.core.seams.token_stream import TokenEvent, TokenSink
 from conveyor.engine.outputs import RequestOutput
 
 STREAM_EVERY_TOKENS = 4

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 
 from conveyor.core.background import BackgroundLoop
-from conveyor.core.token_stream import TokenEvent, channel
+from conveyor.core.seams.token_stream import TokenEvent, channel
 
 log = logging.getLogger(__name__)
 UNHEARD_PROBE_S = 1.0  # a job nobody listened to: how long before its deltas are tried again

@@ -15,7 +15,7 @@ from conveyor.core.clock import utcnow
 from conveyor.core.lifecycle import OPEN_BATCH_STATUSES
 from conveyor.core.store import batches
 from conveyor.core.store.tables import Batch
-from conveyor.core.views import batch_public
+from conveyor.core.views.public import batch_public
 
 router = APIRouter(prefix="/console", include_in_schema=False)
 BATCHES_SHOWN = 50

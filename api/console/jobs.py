@@ -21,7 +21,7 @@ from conveyor.core.lanes import split_lane
 from conveyor.core.lifecycle import JOB_STATUSES, RETRYABLE_STATUSES, WAITING_STATUSES
 from conveyor.core.store import job_tallies, jobs, webhooks, workers
 from conveyor.core.store.tables import Delivery, Job
-from conveyor.core.views import JobPublic
+from conveyor.core.views.public import JobPublic
 
 router = APIRouter(prefix="/console", include_in_schema=False)
 PAGE = 50  # jobs per page

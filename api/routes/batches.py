@@ -22,7 +22,7 @@ from conveyor.core.clock import utcnow
 from conveyor.core.lifecycle import BATCH_CANCELLED, CANCELLING, OPEN_BATCH_STATUSES
 from conveyor.core.store import batches, blobs, files
 from conveyor.core.store.tables import Batch
-from conveyor.core.views import batch_public
+from conveyor.core.views.public import batch_public
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])
 

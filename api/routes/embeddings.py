@@ -19,10 +19,10 @@ from conveyor.api.routes.openai import QUEUE, model_of
 from conveyor.api.schemas.errors import openai_error_responses
 from conveyor.api.schemas.jobs import EmbeddingJobCreate
 from conveyor.api.served_models import ServedModel
-from conveyor.core.embedding_objects import EmbeddingList, embedding_list
-from conveyor.core.embedding_request import EmbeddingCreate, EmbeddingFields
-from conveyor.core.job_kinds import EMBEDDING
-from conveyor.core.token_stream import TokenStream
+from conveyor.core.protocol.embedding_request import EmbeddingCreate, EmbeddingFields
+from conveyor.core.protocol.job_kinds import EMBEDDING
+from conveyor.core.seams.token_stream import TokenStream
+from conveyor.core.views.embedding_objects import EmbeddingList, embedding_list
 
 router = APIRouter(prefix="/v1", tags=["openai"], route_class=OpenAIRoute)
 RESPONSES = openai_error_responses(400, 401, 403, 404, 409, 413, 429, 504)

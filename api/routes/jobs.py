@@ -22,13 +22,13 @@ from conveyor.api.schemas.jobs import JobList, JobSubmission
 from conveyor.api.schemas.scheduling import RetryRequest
 from conveyor.api.submit import submit
 from conveyor.core.clock import utcnow
-from conveyor.core.job_kinds import GENERATION
 from conveyor.core.lifecycle import TERMINAL_STATUSES
-from conveyor.core.request_limits import idempotency_key_problem
+from conveyor.core.protocol.job_kinds import GENERATION
+from conveyor.core.protocol.request_limits import idempotency_key_problem
+from conveyor.core.seams.token_stream import Subscription, TokenStream
 from conveyor.core.settings import UnknownModelError
 from conveyor.core.store import jobs
-from conveyor.core.token_stream import Subscription, TokenStream
-from conveyor.core.views import JobPublic, JobStatus
+from conveyor.core.views.public import JobPublic, JobStatus
 
 log = logging.getLogger(__name__)
 

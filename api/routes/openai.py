@@ -35,11 +35,16 @@ from conveyor.api.schemas.openai import (
     OpenAIRequest,
 )
 from conveyor.api.served_models import ServedModel
-from conveyor.core.chat_options import ChatOptions, ToolParser
 from conveyor.core.clock import utcnow
-from conveyor.core.embedding_rules import task_problem
-from conveyor.core.model_task import Task
-from conveyor.core.openai_objects import (
+from conveyor.core.protocol.chat_options import ChatOptions, ToolParser
+from conveyor.core.protocol.embedding_rules import task_problem
+from conveyor.core.protocol.model_task import Task
+from conveyor.core.protocol.openai_request import Refusal, Served, check_request
+from conveyor.core.protocol.request_limits import RequestLimits, RequestSize, prompt_bytes_problem
+from conveyor.core.seams.token_stream import TokenStream
+from conveyor.core.settings import UnknownModelError
+from conveyor.core.store import workers
+from conveyor.core.views.openai_objects import (
     ChunkHeader,
     GenerationResult,
     PromptView,
@@ -49,15 +54,15 @@ from conveyor.core.openai_objects import (
     running_usage,
     usage_chunk,
 )
-from conveyor.core.openai_objects import chat_completion as chat_body
-from conveyor.core.openai_objects import text_completion as text_body
-from conveyor.core.openai_request import Refusal, Served, check_request
-from conveyor.core.request_limits import RequestLimits, RequestSize, prompt_bytes_problem
-from conveyor.core.settings import UnknownModelError
-from conveyor.core.store import workers
-from conveyor.core.token_stream import TokenStream
-from conveyor.core.tool_calls import choice_seed
-from conveyor.core.tool_stream import ContentStream, StreamDivergedError, ToolCallStream, answer_stream
+from conveyor.core.views.openai_objects import chat_completion as chat_body
+from conveyor.core.views.openai_objects import text_completion as text_body
+from conveyor.core.views.tool_calls import choice_seed
+from conveyor.core.views.tool_stream import (
+    ContentStream,
+    StreamDivergedError,
+    ToolCallStream,
+    answer_stream,
+)
 
 router = APIRouter(prefix="/v1", tags=["openai"], route_class=OpenAIRoute)
 COMPLETION_RESPONSES = {
@@ -168,8 +173,8 @@ def _served(model: ServedModel) -> Served:
 
 
 def _check_request(served: Served, body: OpenAIRequest) -> None:
-    """The rules batch lines follow too (core/openai_request.py): 404 for a model this server does not
-    serve, 400 for a parameter Conveyor cannot honour."""
+    """The rules batch lines follow too (core/protocol/openai_request.py): 404 for a model this server does
+    not serve, 400 for a parameter Conveyor cannot honour."""
     try:
         check_request(body, served)
     except Refusal as refusal:

@@ -19,8 +19,8 @@ from conveyor.api.errors import ApiError
 from conveyor.api.schemas.errors import error_responses
 from conveyor.api.schemas.queues import DeadlineCounts, Purged, QueueList, QueuePublic, TenantQueueLimits
 from conveyor.core.clock import utcnow
-from conveyor.core.model_limits import clamp_queue_limits
-from conveyor.core.request_rules import text_problem
+from conveyor.core.protocol.model_limits import clamp_queue_limits
+from conveyor.core.protocol.request_rules import text_problem
 from conveyor.core.settings import UnknownModelError
 from conveyor.core.store import job_tallies, jobs, keys, tenants, token_usage, workers
 from conveyor.core.store.tenants import TenantLimits

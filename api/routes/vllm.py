@@ -29,9 +29,9 @@ from conveyor.api.schemas.vllm import (
     Version,
 )
 from conveyor.api.served_models import ServedModel
-from conveyor.core.chat_options import chat_options
 from conveyor.core.clock import utcnow
-from conveyor.core.openai_request import ChatRoles, Refusal, plain_messages
+from conveyor.core.protocol.chat_options import chat_options
+from conveyor.core.protocol.openai_request import ChatRoles, Refusal, plain_messages
 from conveyor.core.store import workers
 
 router = APIRouter(tags=["vllm"], route_class=OpenAIRoute)

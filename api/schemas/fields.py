@@ -1,10 +1,10 @@
-"""Field types shared by the request schemas. They live in core/request_fields.py, since the batch line
-parser (worker/) validates with the same types; re-exported here so each schema imports its fields from one
-place."""
+"""Field types shared by the request schemas. They live in core/protocol/request_fields.py, since the batch
+line parser (worker/) validates with the same types; re-exported here so each schema imports its fields from
+one place."""
 
 from __future__ import annotations
 
-from conveyor.core.request_fields import (
+from conveyor.core.protocol.request_fields import (
     MAX_INT32,
     MAX_OPENAI_PENALTY,
     MAX_REPETITION_PENALTY,

@@ -43,14 +43,18 @@ from conveyor.api.schemas.fields import (
     TopP,
 )
 from conveyor.api.schemas.scheduling import ScheduleFields
-from conveyor.core.embedding_request import EmbeddingFields
-from conveyor.core.job_kinds import EMBEDDING, GENERATION
-from conveyor.core.openai_request import CHAT_FIELDS, ChatFields
-from conveyor.core.request_rules import MAX_TIMEOUT_S, MAX_TTL_S, json_problem, output_problem
-from conveyor.core.service_tiers import ServiceTier
-from conveyor.core.structured_rules import MAX_CHOICES, structured_from_response_format, structured_problem
-from conveyor.core.tools import ToolCallIn, history_problem
-from conveyor.core.views import JobPublic
+from conveyor.core.protocol.embedding_request import EmbeddingFields
+from conveyor.core.protocol.job_kinds import EMBEDDING, GENERATION
+from conveyor.core.protocol.openai_request import CHAT_FIELDS, ChatFields
+from conveyor.core.protocol.request_rules import MAX_TIMEOUT_S, MAX_TTL_S, json_problem, output_problem
+from conveyor.core.protocol.service_tiers import ServiceTier
+from conveyor.core.protocol.structured_rules import (
+    MAX_CHOICES,
+    structured_from_response_format,
+    structured_problem,
+)
+from conveyor.core.protocol.tools import ToolCallIn, history_problem
+from conveyor.core.views.public import JobPublic
 from conveyor.core.webhooks.events import validate_filter
 from conveyor.core.webhooks.ssrf import url_problem
 
@@ -306,8 +310,8 @@ class JobCreate(ChatFields, JobPlacement):
 
 class EmbeddingJobCreate(EmbeddingFields, JobPlacement):
     """An embedding job: a vector per input, as POST /v1/embeddings computes them (`input`,
-    `encoding_format`, `dimensions`, `truncate`: the same rules, core/embedding_request.py), queued and kept
-    as any job; its result is OpenAI's embeddings response."""
+    `encoding_format`, `dimensions`, `truncate`: the same rules, core/protocol/embedding_request.py), queued
+    and kept as any job; its result is OpenAI's embeddings response."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -1,6 +1,7 @@
 """OpenAI-compatible request and response bodies. The requests (ChatCompletionCreate, CompletionCreate: what
 the `openai` SDK sends, plus the engine extras it passes through `extra_body`) are defined once in
-core/openai_request.py, since batch lines are validated by the same rules; the model list is the API's own."""
+core/protocol/openai_request.py, since batch lines are validated by the same rules; the model list is the
+API's own."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from conveyor.core.openai_request import ChatCompletionCreate, CompletionCreate, OpenAIRequest
+from conveyor.core.protocol.openai_request import ChatCompletionCreate, CompletionCreate, OpenAIRequest
 
 __all__ = ["ChatCompletionCreate", "CompletionCreate", "ModelCard", "ModelList", "OpenAIRequest"]
 

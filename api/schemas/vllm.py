@@ -7,9 +7,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
-from conveyor.core.openai_request import ChatMessageIn
-from conveyor.core.request_fields import NonEmptyText, StoredText
-from conveyor.core.tools import Tools
+from conveyor.core.protocol.openai_request import ChatMessageIn
+from conveyor.core.protocol.request_fields import NonEmptyText, StoredText
+from conveyor.core.protocol.tools import Tools
 
 MAX_TOKENIZE_IDS = 1_000_000  # a detokenize body is bounded by max_body_bytes too; this names the limit
 

@@ -38,7 +38,7 @@ from sqlalchemy.orm import Session
 
 from conveyor.core.lifecycle import RUNNING
 from conveyor.core.store import queued_streams, webhook_events
-from conveyor.core.store.jobs import claim_ids
+from conveyor.core.store.jobs.claims import claim_ids
 from conveyor.core.store.tables import Job, Tenant
 from conveyor.core.store.tenants import TenantLimits
 

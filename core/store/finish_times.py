@@ -33,7 +33,7 @@ from sqlalchemy.orm import Session
 
 from conveyor.core.lifecycle import SUCCEEDED
 from conveyor.core.store import job_tallies, workers
-from conveyor.core.store.jobs import status_is
+from conveyor.core.store.jobs.transitions import status_is
 from conveyor.core.store.tables import Job
 
 RATE_WINDOW = timedelta(minutes=5)

@@ -13,8 +13,8 @@ Series (`metric` column; histograms keep one non-cumulative row per bucket, `lab
 - job_failures: per queue and error code (failed and expired jobs);
 - job_deadlines: per queue, tier and deadline outcome, for jobs that had a deadline: on_time (succeeded by
   it), late (succeeded after it), missed (ended otherwise: failed, expired or cancelled). The `status`
-  column holds the job's goodput tier (core/service_tiers.py goodput_tier); rows written before tiers were
-  counted have "", read as the default tier (`row_tier`);
+  column holds the job's goodput tier (core/protocol/service_tiers.py goodput_tier); rows written before tiers
+  were counted have "", read as the default tier (`row_tier`);
 - job_lateness_seconds: per queue and final status, how far past its deadline a job ended (late and missed
   jobs whose deadline had passed);
 - batch_lines: per queue and line outcome (lines whose job finished);
@@ -36,7 +36,7 @@ from sqlalchemy.orm import Session
 
 from conveyor.core.lifecycle import EXPIRED, FAILED, LINE_OUTCOME, SUCCEEDED
 from conveyor.core.metric_buckets import LATENCY_BUCKETS_S
-from conveyor.core.service_tiers import goodput_tier
+from conveyor.core.protocol.service_tiers import goodput_tier
 from conveyor.core.store.tables import BatchLine, Job, MetricCount
 
 QUEUE_TIME, TTFT, E2E = "job_queue_time_seconds", "job_time_to_first_token_seconds", "job_e2e_seconds"

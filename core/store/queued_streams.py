@@ -31,7 +31,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session
 
 from conveyor.core.lifecycle import QUEUED
-from conveyor.core.store.jobs import status_is
+from conveyor.core.store.jobs.transitions import status_is
 from conveyor.core.store.tables import Job
 
 # The statements' parameters, bound by name at each execution.

@@ -28,7 +28,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.sql import false, text
 from sqlalchemy.types import TypeDecorator
 
-from conveyor.core.job_kinds import GENERATION
+from conveyor.core.protocol.job_kinds import GENERATION
 
 DEFAULT_TENANT = "default"  # created by the first migration; the tenant of every request when auth is off
 
@@ -93,7 +93,7 @@ class ApiKey(Base):
 
 # Partial indexes over the rows the per-job and per-round queries read (migration 0014): their cost follows
 # the backlog, not the history. A query uses one only when its WHERE implies the index's: see
-# core/store/jobs.py status_is, which writes the status into the SQL for that reason.
+# core/store/jobs/transitions.py status_is, which writes the status into the SQL for that reason.
 PARTIAL_INDEXES: dict[str, tuple[list[str], str]] = {
     "ix_jobs_queued": (["queue", "tenant_id", "batch_id", "created_at", "id"], "status = 'queued'"),
     # A stream's claim in urgency order (core/store/queued_streams.py most_urgent; migration 0015).
@@ -107,7 +107,7 @@ PARTIAL_INDEXES: dict[str, tuple[list[str], str]] = {
                                   "status = 'queued' AND dispatched_at IS NOT NULL"),
     "ix_jobs_succeeded_finished": (["queue", "finished_at"], "status = 'succeeded'"),
     "ix_jobs_deadline_finished": (["finished_at"], "deadline_at IS NOT NULL"),
-    # The scheduler's due sweep, earliest first (worker/scheduler.py; migration 0020).
+    # The scheduler's due sweep, earliest first (worker/promoter.py; migration 0020).
     "ix_jobs_scheduled": (["run_at", "id"], "status = 'scheduled'"),
     # The console's failures of the last hour (api/console/jobs.py; migration 0021).
     "ix_jobs_failed_finished": (["finished_at"], "status IN ('failed', 'expired')"),
@@ -128,15 +128,15 @@ class Job(Base):
     tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
     queue: Mapped[str] = mapped_column(String(64))
     status: Mapped[str] = mapped_column(String(16))
-    # What the job asks of its model (core/job_kinds.py): text from a prompt or messages (generation), or a
-    # vector per input (embedding).
+    # What the job asks of its model (core/protocol/job_kinds.py): text from a prompt or messages
+    # (generation), or a vector per input (embedding).
     kind: Mapped[str] = mapped_column(String(16), default=GENERATION, server_default=GENERATION)
     prompt: Mapped[str | None] = mapped_column(Text, nullable=True)
     # An embedding job's inputs, each a text or a list of token ids; NULL for a generation job.
     inputs: Mapped[list[str | list[int]] | None] = mapped_column(JSON, nullable=True)
     messages: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
     params: Mapped[dict[str, Any]] = mapped_column(JSON)  # SamplingParams keyword arguments
-    # How the messages are rendered and the answer read (core/chat_options.py); NULL: the defaults.
+    # How the messages are rendered and the answer read (core/protocol/chat_options.py); NULL: the defaults.
     chat: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     # `metadata` is reserved on declarative classes, hence the attribute name.
     meta: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON, nullable=True)
@@ -146,7 +146,7 @@ class Job(Base):
     ttl_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     # When a `scheduled` job is due (asked with run_at or delay_s, or a retry's backoff); kept once it ran.
     run_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
-    # Earlier attempts' outcomes, oldest first, kept when the job was retried (core/job_history.py).
+    # Earlier attempts' outcomes, oldest first, kept when the job was retried (core/store/jobs/history.py).
     history: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
     # Automatic retries of retryable failures (core/retry_policy.py): allowed (NULL: the queue's default)
     # and used since submission or the last retry on request.
@@ -184,7 +184,7 @@ class Job(Base):
     # first one's logprob null (nothing precedes it).
     prompt_logprobs: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
     # A succeeded embedding job's vectors, one per input in order, each its float32 components little-endian
-    # and base64-encoded (core/embedding_vectors.py); its usage is prompt_tokens.
+    # and base64-encoded (core/views/embedding_vectors.py); its usage is prompt_tokens.
     embeddings: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
     error_code: Mapped[str | None] = mapped_column(String(64), nullable=True)
     error_message: Mapped[str | None] = mapped_column(Text, nullable=True)

@@ -19,8 +19,8 @@ from sqlalchemy import Row, bindparam, select, update
 from sqlalchemy.orm import Session
 
 from conveyor.core.lifecycle import QUEUED
-from conveyor.core.request_fields import MAX_PRIORITY
-from conveyor.core.service_tiers import PriorityRange
+from conveyor.core.protocol.request_fields import MAX_PRIORITY
+from conveyor.core.protocol.service_tiers import PriorityRange
 from conveyor.core.settings import Settings
 from conveyor.core.store import jobs
 from conveyor.core.store.keys import ensure_tenant

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from conveyor.core.store import webhooks
 from conveyor.core.store.tables import Job, Subscription
-from conveyor.core.views import JobPublic
+from conveyor.core.views.public import JobPublic
 from conveyor.core.webhooks.events import JOB_STARTED, build_event, matches
 
 JOB_STATUS_EVENTS = {s: f"job.{s}" for s in ("succeeded", "failed", "cancelled", "expired")}

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from conveyor.core.lifecycle import DELIVERY_DELIVERED, DELIVERY_FAILED, DELIVERY_PENDING
 from conveyor.core.store import outcome_counts
 from conveyor.core.store.tables import Attempt, Delivery, SigningSecret, Subscription
-from conveyor.core.webhooks.attempt import AttemptResult
+from conveyor.core.webhooks.delivery_attempt import AttemptResult
 from conveyor.core.webhooks.signing import generate_secret
 
 

@@ -111,9 +111,10 @@ _END_IDLE_TRANSACTIONS = text(
 def end_idle_transactions(session: Session, worker_ids: list[str]) -> int:
     """PostgreSQL: ends the sessions of dead workers (named by `make_db_engine(session_name=...)`) that sit
     idle inside a transaction. A worker frozen mid-write (SIGSTOP, a paused VM) holds its rows' locks for as
-    long as it stays frozen, and the sweeps skip locked rows (`jobs._unlocked`), so without this its jobs
-    would stay `running` until it woke. Only sessions of this database role can be ended. The server ends
-    them asynchronously: their rows are free for the next sweep. Returns how many were signalled."""
+    long as it stays frozen, and the sweeps skip locked rows (core/store/jobs/transitions.py `unlocked`), so
+    without this its jobs would stay `running` until it woke. Only sessions of this database role can be
+    ended. The server ends them asynchronously: their rows are free for the next sweep. Returns how many were
+    signalled."""
     if not worker_ids or session.get_bind().dialect.name != "postgresql":
         return 0
     names = sorted({postgres_session_name(worker_id) for worker_id in worker_ids})

@@ -3,7 +3,7 @@
 - jobs.kind: "generation" (every job stored so far: the server default) or "embedding";
 - jobs.inputs: an embedding job's inputs (JSON: each a text or a list of token ids), NULL otherwise;
 - jobs.embeddings: a succeeded embedding job's vectors (JSON: one base64 string of little-endian float32
-  per input, core/embedding_vectors.py), NULL otherwise.
+  per input, core/views/embedding_vectors.py), NULL otherwise.
 
 A downgrade deletes the embedding jobs first (an older release would read them as generation jobs without a
 prompt), with their webhook deliveries and attempts; their batch lines keep no job.

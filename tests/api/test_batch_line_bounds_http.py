@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from conveyor.core.request_rules import MAX_STOP_STRINGS, PROMPT_BYTES_PER_TOKEN
+from conveyor.core.protocol.request_rules import MAX_STOP_STRINGS, PROMPT_BYTES_PER_TOKEN
 from conveyor.core.store.tables import BatchLine, Job
 from conveyor.worker.batches.runner import BatchRunner
 from tests.support.service import Service

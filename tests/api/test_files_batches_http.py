@@ -17,9 +17,9 @@ import pytest
 
 from conveyor.api.app import create_app
 from conveyor.api.prompt_tokenizer import PromptTokenizer
+from conveyor.core.protocol.structured_rules import MAX_STRUCTURED_DEPTH
 from conveyor.core.settings import Settings
 from conveyor.core.store.migrate import upgrade
-from conveyor.core.structured_rules import MAX_STRUCTURED_DEPTH
 from tests.support.live_server import new_api_key, serving, wait_for
 from tests.support.s3_server import moto_server, use_dummy_credentials
 from tests.support.service import Service, error_of

@@ -12,7 +12,7 @@ import pytest
 
 from conveyor.api import finish_subscriber
 from conveyor.api.finish_subscriber import RedisFinishedWatch
-from conveyor.core.finish_notifications import RedisFinishedSink
+from conveyor.core.seams.finish_notifications import RedisFinishedSink
 from tests.support.live_server import SpareRedis
 
 SUBSCRIBE_S = 10.0

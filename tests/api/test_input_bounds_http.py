@@ -16,8 +16,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from conveyor.api.prompt_tokenizer import PromptTokenizer
 from conveyor.api.schemas import fields
-from conveyor.core import request_rules
-from conveyor.core.request_rules import MAX_JSON_DEPTH, PROMPT_BYTES_PER_TOKEN
+from conveyor.core.protocol import request_rules
+from conveyor.core.protocol.request_rules import MAX_JSON_DEPTH, PROMPT_BYTES_PER_TOKEN
 from conveyor.core.store.tables import Batch, Job, Subscription
 from tests.support.service import CancelOnPublish, Service, error_of
 

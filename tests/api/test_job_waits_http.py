@@ -21,7 +21,7 @@ from conveyor.api.app import create_app
 from conveyor.api.finish_subscriber import RedisFinishedWatch
 from conveyor.api.prompt_tokenizer import PromptTokenizer
 from conveyor.core.clock import utcnow
-from conveyor.core.finish_notifications import (
+from conveyor.core.seams.finish_notifications import (
     FinishedSink,
     FinishedWatch,
     LocalFinishedHub,

@@ -18,8 +18,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from conveyor.core.openai_request import CHAT, COMPLETIONS
-from conveyor.core.request_rules import PROMPT_BYTES_PER_TOKEN
+from conveyor.core.protocol.openai_request import CHAT, COMPLETIONS
+from conveyor.core.protocol.request_rules import PROMPT_BYTES_PER_TOKEN
 from conveyor.core.store.tables import BatchLine, Job
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.worker.batches.runner import BatchRunner

@@ -19,7 +19,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from conveyor.core.clock import utcnow
-from conveyor.core.openai_request import CHAT, COMPLETIONS
+from conveyor.core.protocol.openai_request import CHAT, COMPLETIONS
 from conveyor.core.store import jobs
 from conveyor.core.store.tables import BatchLine
 from conveyor.engine.tokenizer import Tokenizer

@@ -16,7 +16,7 @@ from sqlalchemy.exc import OperationalError
 from conveyor.api.app import create_app
 from conveyor.api.prompt_tokenizer import PromptTokenizer
 from conveyor.core.clock import utcnow
-from conveyor.core.request_rules import MAX_TTL_S
+from conveyor.core.protocol.request_rules import MAX_TTL_S
 from conveyor.core.settings import Settings
 from conveyor.core.store import jobs
 from tests.support.service import RecordingPublisher, Service

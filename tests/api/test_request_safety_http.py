@@ -13,8 +13,8 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from conveyor.core.protocol.structured_rules import MAX_STRUCTURED_DEPTH
 from conveyor.core.store.tables import Batch, Job, Subscription
-from conveyor.core.structured_rules import MAX_STRUCTURED_DEPTH
 from tests.support.hostile_schemas import nested_items, nested_objects
 from tests.support.service import CancelOnPublish, Service, error_of
 

@@ -8,8 +8,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from conveyor.api.schemas.jobs import JobCreate
-from conveyor.core.structured_rules import MAX_STRUCTURED_BYTES
-from conveyor.engine.structured_output import MAX_STRUCTURED_BYTES as ENGINE_MAX_STRUCTURED_BYTES
+from conveyor.core.protocol.structured_rules import MAX_STRUCTURED_BYTES
+from conveyor.engine.structured_output.constraint import MAX_STRUCTURED_BYTES as ENGINE_MAX_STRUCTURED_BYTES
 from tests.support.service import error_of
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}

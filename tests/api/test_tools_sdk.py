@@ -16,8 +16,8 @@ import pytest
 from test_openai_chat_sdk import MESSAGES, Server, embedded  # noqa: F401 (the module-scoped fixture)
 
 from conveyor.api.prompt_tokenizer import PromptTokenizer
-from conveyor.core.chat_options import ChatOptions
-from conveyor.core.tools import template_messages
+from conveyor.core.protocol.chat_options import ChatOptions
+from conveyor.core.protocol.tools import template_messages
 from tests.support.openai_batches import run_batch
 
 ADD: dict[str, Any] = {"type": "function", "function": {

@@ -24,7 +24,7 @@ from conveyor.api.prompt_tokenizer import PromptTokenizer
 from conveyor.cli.http_client import ClientError, ConveyorClient
 from conveyor.cli.main import app
 from conveyor.core.clock import utcnow
-from conveyor.core.finish_notifications import LocalFinishedHub
+from conveyor.core.seams.finish_notifications import LocalFinishedHub
 from conveyor.core.store import jobs
 from conveyor.core.store.migrate import upgrade
 from tests.support.live_server import free_port, new_api_key, serving, wait_for

@@ -10,7 +10,7 @@ import pytest
 import redis
 from kombu.exceptions import OperationalError
 
-from conveyor.core.broker import BrokerPublisher
+from conveyor.core.seams.broker import BrokerPublisher
 from conveyor.core.settings import Settings
 from conveyor.worker.in_process_queue import InProcessPublisher
 from tests.support.live_server import SpareRedis

@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from conveyor.core.dispatch import DispatchRelay
+from conveyor.core.seams.dispatch import DispatchRelay
 from conveyor.core.store import jobs
 from conveyor.core.store.tables import DEFAULT_TENANT
 

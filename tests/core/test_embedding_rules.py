@@ -1,5 +1,6 @@
-"""The embeddings request rules every door shares (core/embedding_input.py, core/embedding_rules.py,
-core/embedding_request.py): each refusal names the item, and the vectors' stored form round-trips."""
+"""The embeddings request rules every door shares (core/protocol/embedding_input.py,
+core/protocol/embedding_rules.py, core/protocol/embedding_request.py): each refusal names the item, and the
+vectors' stored form round-trips."""
 
 from __future__ import annotations
 
@@ -9,10 +10,9 @@ from typing import Any
 
 import pytest
 
-from conveyor.core.embedding_input import as_inputs, input_problem
-from conveyor.core.embedding_objects import EmbeddingList, embedding_list
-from conveyor.core.embedding_request import EmbeddingCreate, parse_embedding_body
-from conveyor.core.embedding_rules import (
+from conveyor.core.protocol.embedding_input import as_inputs, input_problem
+from conveyor.core.protocol.embedding_request import EmbeddingCreate, parse_embedding_body
+from conveyor.core.protocol.embedding_rules import (
     EmbeddingLimits,
     embedded_tokens,
     input_lengths,
@@ -20,9 +20,10 @@ from conveyor.core.embedding_rules import (
     lengths_problem,
     task_problem,
 )
-from conveyor.core.embedding_vectors import decode_vector, encode_vector
-from conveyor.core.model_task import ModelTask
-from conveyor.core.openai_request import Refusal
+from conveyor.core.protocol.model_task import ModelTask
+from conveyor.core.protocol.openai_request import Refusal
+from conveyor.core.views.embedding_objects import EmbeddingList, embedding_list
+from conveyor.core.views.embedding_vectors import decode_vector, encode_vector
 
 LIMITS = EmbeddingLimits(max_inputs=4, vocab_size=100, max_input_tokens=8, embedding_size=32)
 

@@ -11,7 +11,13 @@ import time
 import pytest
 import redis
 
-from conveyor.core.finish_notifications import CHANNEL, LocalFinishedHub, RedisFinishedSink, decode, encode
+from conveyor.core.seams.finish_notifications import (
+    CHANNEL,
+    LocalFinishedHub,
+    RedisFinishedSink,
+    decode,
+    encode,
+)
 from tests.support.live_server import SpareRedis, wait_for
 
 
@@ -79,7 +85,7 @@ def test_redis_sink_publishes_one_message_per_call_on_the_shared_channel(spare_r
 def test_redis_sink_never_blocks_nor_raises_while_redis_is_down_and_logs_it_once(
     spare_redis: SpareRedis, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="conveyor.core.finish_notifications")
+    caplog.set_level(logging.INFO, logger="conveyor.core.seams.finish_notifications")
     sink = RedisFinishedSink(spare_redis.url)  # not started: connections are refused
     started = time.monotonic()
     for i in range(20):

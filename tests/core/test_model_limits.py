@@ -1,5 +1,5 @@
-"""core/model_limits.py: the model's context length read from config.json as the engine resolves it, and
-queue limits clamped to it."""
+"""core/protocol/model_limits.py: the model's context length read from config.json as the engine resolves it,
+and queue limits clamped to it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from conveyor.core.model_limits import (
+from conveyor.core.protocol.model_limits import (
     clamp_queue_limits,
     limits_beyond_model,
     model_context_length,

@@ -1,6 +1,6 @@
-"""core/model_task.py: what a model folder serves, read without torch: "auto" resolved as the engine resolves
-it, the embedding size, and the longest input (sentence-transformers' max_seq_length within the positions the
-model can use)."""
+"""core/protocol/model_task.py: what a model folder serves, read without torch: "auto" resolved as the engine
+resolves it, the embedding size, and the longest input (sentence-transformers' max_seq_length within the
+positions the model can use)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from conveyor.core.model_task import ModelTask, model_task
+from conveyor.core.protocol.model_task import ModelTask, model_task
 from tests.support.encoder_models import build_encoder_st_folder
 
 

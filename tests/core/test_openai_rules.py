@@ -1,5 +1,6 @@
-"""The one set of OpenAI request rules (core/openai_request.py) that the synchronous routes and batch lines
-share: chat roles by template, model checks, refusals naming the field, and the job params they produce."""
+"""The one set of OpenAI request rules (core/protocol/openai_request.py) that the synchronous routes and batch
+lines share: chat roles by template, model checks, refusals naming the field, and the job params they
+produce."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from conveyor.core.openai_request import (
+from conveyor.core.protocol.openai_request import (
     CHAT,
     COMPLETIONS,
     ChatCompletionCreate,

@@ -11,8 +11,8 @@ from typing import Any
 import jsonschema
 import pytest
 
-from conveyor.core.request_rules import json_shape_problem
-from conveyor.core.structured_rules import (
+from conveyor.core.protocol.request_rules import json_shape_problem
+from conveyor.core.protocol.structured_rules import (
     MAX_SCHEMA_ERROR_CHARS,
     MAX_STRUCTURED_DEPTH,
     MAX_STRUCTURED_NODES,

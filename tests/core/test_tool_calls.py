@@ -1,5 +1,6 @@
-"""Reading tool calls out of a job's text (core/tool_calls.py), streaming them (core/tool_stream.py), and the
-options and constraint a request's tool fields make (core/chat_options.py, core/tools.py)."""
+"""Reading tool calls out of a job's text (core/views/tool_calls.py), streaming them
+(core/views/tool_stream.py), and the options and constraint a request's tool fields make
+(core/protocol/chat_options.py, core/protocol/tools.py)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ from typing import Any
 import jsonschema
 import pytest
 
-from conveyor.core.chat_options import ChatOptions, chat_options, tool_parser_for
-from conveyor.core.tool_calls import call_id, read_output
-from conveyor.core.tool_stream import StreamDivergedError, ToolCallStream, answer_stream
-from conveyor.core.tools import NamedToolChoice, Tool, constrained_schema, history_problem
+from conveyor.core.protocol.chat_options import ChatOptions, chat_options, tool_parser_for
+from conveyor.core.protocol.tools import NamedToolChoice, Tool, constrained_schema, history_problem
+from conveyor.core.views.tool_calls import call_id, read_output
+from conveyor.core.views.tool_stream import StreamDivergedError, ToolCallStream, answer_stream
 
 ADD = {"type": "function", "function": {"name": "add", "parameters": {
     "type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}

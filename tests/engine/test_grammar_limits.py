@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from conveyor.engine import EngineConfig, EngineHost, LLMEngine, SamplingParams, StructuredOutput
-from conveyor.engine.grammar import GrammarCompiler
 from conveyor.engine.sequence import Sequence
-from conveyor.engine.structured_output import GrammarLimitError
+from conveyor.engine.structured_output.constraint import GrammarLimitError
+from conveyor.engine.structured_output.grammar import GrammarCompiler
 
 SMALL = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 

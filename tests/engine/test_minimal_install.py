@@ -12,7 +12,7 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 
-from conveyor.engine.structured_output_manager import MISSING_EXTRA
+from conveyor.engine.structured_output.manager import MISSING_EXTRA
 
 if sys.version_info >= (3, 11):
     import tomllib

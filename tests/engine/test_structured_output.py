@@ -110,7 +110,7 @@ def test_mask_keeps_only_allowed_tokens(demo_model_dir: Path) -> None:
     engine = _engine(demo_model_dir)
     seq = engine.make_sequence("c", "x", SamplingParams(structured=StructuredOutput(choice=["yes"])))
     free = engine.make_sequence("f", "x", SamplingParams())
-    from conveyor.engine.grammar_mask import apply_grammar_masks
+    from conveyor.engine.structured_output.mask import apply_grammar_masks
 
     logits = torch.zeros(2, engine.vocab_size)
     masked = apply_grammar_masks(logits, [seq, free])
@@ -140,9 +140,14 @@ def test_exactly_one_kind() -> None:
 
 
 def test_bounded_strings_refuse_raw_control_characters() -> None:
-    """xgrammar 0.2.9 lets U+0000-U+001F into maxLength strings; conveyor.engine.grammar narrows that class.
-    If a new xgrammar writes the class differently, this fails instead of the fix silently doing nothing."""
-    from conveyor.engine.grammar import _LOOSE_STRING_CHAR, _STRICT_STRING_CHAR, _json_schema_ebnf
+    """xgrammar 0.2.9 lets U+0000-U+001F into maxLength strings; conveyor.engine.structured_output.grammar
+    narrows that class. If a new xgrammar writes the class differently, this fails instead of the fix silently
+    doing nothing."""
+    from conveyor.engine.structured_output.grammar import (
+        _LOOSE_STRING_CHAR,
+        _STRICT_STRING_CHAR,
+        _json_schema_ebnf,
+    )
 
     ebnf = _json_schema_ebnf({"type": "object", "properties": {"s": {"type": "string", "maxLength": 3}}})
     assert _STRICT_STRING_CHAR in ebnf and _LOOSE_STRING_CHAR not in ebnf
@@ -153,7 +158,7 @@ def test_strings_refuse_encoded_surrogates(demo_model_dir: Path, max_length: int
     """Bytes ED A7 B9 (U+D9F9, a surrogate: not valid UTF-8) decode to three U+FFFD, so a string xgrammar
     counted as 4 characters came back longer than its maxLength from the demo model. A valid two-byte
     character still passes."""
-    from conveyor.engine.grammar import GrammarCompiler
+    from conveyor.engine.structured_output.grammar import GrammarCompiler
 
     engine = _engine(demo_model_dir)
     tokenizer = engine.tokenizer.hf_tokenizer

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from conveyor.core.service_tiers import goodput_tier
+from conveyor.core.protocol.service_tiers import goodput_tier
 
 METRICS_PAGE = Path(__file__).resolve().parents[2] / "docs/operations/metrics.md"
 FINAL = ("succeeded", "failed", "cancelled", "expired")

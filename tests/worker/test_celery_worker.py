@@ -11,8 +11,8 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from conveyor.core.broker import BrokerPublisher
-from conveyor.core.dispatch import publish_and_mark
+from conveyor.core.seams.broker import BrokerPublisher
+from conveyor.core.seams.dispatch import publish_and_mark
 from conveyor.core.settings import Settings
 from conveyor.engine.llm import LLM
 from conveyor.engine.sampling_params import SamplingParams

@@ -11,8 +11,8 @@ import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from conveyor.core.clock import utcnow
-from conveyor.core.dispatch import publish_and_mark
-from conveyor.core.service_tiers import TIER_PRIORITY
+from conveyor.core.protocol.service_tiers import TIER_PRIORITY
+from conveyor.core.seams.dispatch import publish_and_mark
 from conveyor.core.settings import Settings
 from conveyor.core.store import finish_times, jobs
 from conveyor.core.store.database import make_db_engine, make_session_factory

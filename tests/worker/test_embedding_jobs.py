@@ -16,10 +16,10 @@ import torch
 from sqlalchemy.orm import Session, sessionmaker
 
 from conveyor.core.clock import utcnow
-from conveyor.core.embedding_vectors import decode_vector
-from conveyor.core.job_kinds import EMBEDDING
+from conveyor.core.protocol.job_kinds import EMBEDDING
 from conveyor.core.store import jobs
 from conveyor.core.store.tables import Job
+from conveyor.core.views.embedding_vectors import decode_vector
 from conveyor.engine.config import EngineConfig, RequestClassConfig
 from conveyor.engine.host import EngineHost
 from conveyor.worker.job_runner import JobRunner
@@ -65,7 +65,7 @@ def runner(host: EngineHost, sessions: sessionmaker[Session]) -> Iterator[JobRun
 
 def add_embedding_job(sessions: sessionmaker[Session], inputs: list[Any], max_retries: int | None = None,
                       **params: Any) -> str:
-    """An embedding job as the API inserts it (core/embedding_request.py job_params)."""
+    """An embedding job as the API inserts it (core/protocol/embedding_request.py job_params)."""
     new = jobs.NewJob(tenant_id="default", queue=lane("interactive"), prompt=None, messages=None,
                       params={"max_tokens": 0, **params}, meta=None, webhook=None, idempotency_key=None,
                       request_hash="test", prompt_tokens=0, ttl_s=None, timeout_s=None, kind=EMBEDDING,

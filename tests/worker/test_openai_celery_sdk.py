@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from conveyor.api.app import create_app
 from conveyor.api.prompt_tokenizer import PromptTokenizer
 from conveyor.api.token_subscriptions import RedisTokenStream
-from conveyor.core.broker import BrokerPublisher
+from conveyor.core.seams.broker import BrokerPublisher
 from conveyor.core.settings import Settings
 from tests.support.live_server import serving, wait_for
 from tests.support.worker import LONG_JOB_TOKENS, WorkerProcesses, get_job, worker_env

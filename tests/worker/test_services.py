@@ -59,7 +59,7 @@ def log(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     calls: list[str] = []
     recorder = Recorder(calls)
     for attribute, name in [("Heartbeat", "heartbeat"), ("Reconciler", "reconciler"),
-                            ("Scheduler", "scheduler"), ("WebhookSender", "webhooks"), ("EngineHost", "host"),
+                            ("Promoter", "scheduler"), ("WebhookSender", "webhooks"), ("EngineHost", "host"),
                             ("JobRunner", "runner")]:
         monkeypatch.setattr(conveyor.worker.services, attribute, recorder.part(name))
     monkeypatch.setattr(conveyor.worker.services, "make_batch_runner",

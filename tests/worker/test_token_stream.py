@@ -8,7 +8,7 @@ import socket
 import threading
 
 from conveyor.api.token_subscriptions import RedisTokenStream
-from conveyor.core.token_stream import TokenEvent
+from conveyor.core.seams.token_stream import TokenEvent
 from conveyor.engine.outputs import RequestMetrics, RequestOutput
 from conveyor.worker.streamer import STREAM_EVERY_S, STREAM_EVERY_TOKENS, JobStreamer
 from conveyor.worker.token_sinks import UNHEARD_PROBE_S, InProcessTokenStream, RedisTokenSink

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from conveyor.core.broker import BrokerPublisher
-from conveyor.core.dispatch import publish_and_mark
+from conveyor.core.seams.broker import BrokerPublisher
+from conveyor.core.seams.dispatch import publish_and_mark
 from conveyor.core.settings import Settings
 from tests.support.worker import WorkerProcesses, add_job, lane, wait_finished, worker_env
 

@@ -9,5 +9,5 @@ lines          validate one line into a BatchRequest (engine SamplingParams kwar
 prompt_length  the prompt-length counter for LineLimits over the engine tokenizer
 writer         results / errors JSONL and manifest JSON under an S3 prefix (multipart) or a local folder
 manifest       counts, token totals and timings
-(S3 URLs and the client are core/s3.py; the OpenAI line shapes core/openai_objects.py.)
+(S3 URLs and the client are core/s3.py; the OpenAI line shapes core/views/openai_objects.py.)
 """

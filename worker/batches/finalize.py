@@ -27,10 +27,7 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 from sqlalchemy.orm import Session, sessionmaker
 
-from conveyor.core.chat_options import ChatOptions
 from conveyor.core.clock import utcnow
-from conveyor.core.embedding_objects import embedding_list
-from conveyor.core.embedding_request import EMBEDDINGS
 from conveyor.core.lifecycle import (
     BATCH_CANCELLED,
     BATCH_EXPIRED,
@@ -42,7 +39,14 @@ from conveyor.core.lifecycle import (
     STOP_FAILED,
 )
 from conveyor.core.model_adapters import job_model_id
-from conveyor.core.openai_objects import (
+from conveyor.core.protocol.chat_options import ChatOptions
+from conveyor.core.protocol.embedding_request import EMBEDDINGS
+from conveyor.core.s3 import parse_s3_object_url, parse_s3_prefix_url
+from conveyor.core.settings import Settings
+from conveyor.core.store import batches, blobs, files, webhook_events
+from conveyor.core.store.tables import Batch, BatchLine, File, Job
+from conveyor.core.views.embedding_objects import embedding_list
+from conveyor.core.views.openai_objects import (
     GenerationResult,
     PromptView,
     batch_error_line,
@@ -51,11 +55,7 @@ from conveyor.core.openai_objects import (
     new_id,
     text_completion,
 )
-from conveyor.core.s3 import parse_s3_object_url, parse_s3_prefix_url
-from conveyor.core.settings import Settings
-from conveyor.core.store import batches, blobs, files, webhook_events
-from conveyor.core.store.tables import Batch, BatchLine, File, Job
-from conveyor.core.views import batch_public
+from conveyor.core.views.public import batch_public
 from conveyor.worker.batches.lines import CHAT
 from conveyor.worker.batches.manifest import BatchManifest
 from conveyor.worker.batches.reader import ReadPosition

@@ -3,14 +3,15 @@
 Two line shapes are accepted: Conveyor's `{"custom_id", "body"}` and OpenAI's
 `{"custom_id", "method": "POST", "url": "/v1/chat/completions" | "/v1/completions" | "/v1/embeddings",
 "body"}` (without a url, the body says which: `messages`, `prompt` or `input`). The body is held to the rules
-of the synchronous routes, defined once in core/openai_request.py and core/embedding_request.py: the same
-fields, bounds and refusals (`n` > 1, an unknown `model`, a chat role the model's template cannot render, an
-embeddings line to a model that generates text), each a line error naming the field while the rest of the
-batch runs. An embeddings line's inputs are held to the model's limits by core/embedding_rules.py, as
-POST /v1/embeddings holds them. Prompt and output lengths are held to the batch queue's
-limits and the model's context by the request rules every door shares (core/request_limits.py: a prompt is
-refused by its size before it is tokenized). What only a batch adds: `stream` must be false, a line's url
-must match the batch's endpoint, and the engine checks the resulting parameters last.
+of the synchronous routes, defined once in core/protocol/openai_request.py and
+core/protocol/embedding_request.py: the same fields, bounds and refusals (`n` > 1, an unknown `model`, a chat
+role the model's template cannot render, an embeddings line to a model that generates text), each a line error
+naming the field while the rest of the batch runs. An embeddings line's inputs are held to the model's limits
+by core/protocol/embedding_rules.py, as POST /v1/embeddings holds them. Prompt and output lengths are held to
+the batch queue's limits and the model's context by the request rules every door shares
+(core/protocol/request_limits.py: a prompt is refused by its size before it is tokenized). What only a batch
+adds: `stream` must be false, a line's url must match the batch's endpoint, and the engine checks the
+resulting parameters last.
 
 Nothing about one line can fail the batch: an integer literal longer than MAX_INT_DIGITS is refused before
 it is converted, and any other exception while judging a line (a bug, or a tokenizer or chat template
@@ -25,10 +26,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from conveyor.core.chat_options import ChatOptions
-from conveyor.core.chat_options import job_params as chat_job_params
-from conveyor.core.embedding_request import EMBEDDINGS, EmbeddingCreate, parse_embedding_body
-from conveyor.core.embedding_rules import (
+from conveyor.core.model_adapters import with_lora
+from conveyor.core.protocol.chat_options import ChatOptions
+from conveyor.core.protocol.chat_options import job_params as chat_job_params
+from conveyor.core.protocol.embedding_request import EMBEDDINGS, EmbeddingCreate, parse_embedding_body
+from conveyor.core.protocol.embedding_rules import (
     EmbeddingLimits,
     embedded_tokens,
     input_lengths,
@@ -36,11 +38,10 @@ from conveyor.core.embedding_rules import (
     lengths_problem,
     task_problem,
 )
-from conveyor.core.field_errors import FieldProblem
-from conveyor.core.job_kinds import EMBEDDING, GENERATION
-from conveyor.core.model_adapters import with_lora
-from conveyor.core.model_task import ModelTask
-from conveyor.core.openai_request import (
+from conveyor.core.protocol.field_errors import FieldProblem
+from conveyor.core.protocol.job_kinds import EMBEDDING, GENERATION
+from conveyor.core.protocol.model_task import ModelTask
+from conveyor.core.protocol.openai_request import (
     CHAT,
     CHAT_FIELDS,
     COMPLETIONS,
@@ -54,15 +55,15 @@ from conveyor.core.openai_request import (
     check_request,
     parse_body,
 )
-from conveyor.core.request_limits import (
+from conveyor.core.protocol.request_limits import (
     RequestLimits,
     RequestSize,
     size_problem,
     tokenizer_problem,
     tokens_problem,
 )
-from conveyor.core.request_rules import MAX_INT_DIGITS, text_problem
-from conveyor.core.service_tiers import PriorityNotPermitted, PriorityRange, ServiceTier
+from conveyor.core.protocol.request_rules import MAX_INT_DIGITS, text_problem
+from conveyor.core.protocol.service_tiers import PriorityNotPermitted, PriorityRange, ServiceTier
 from conveyor.worker.batches.reader import OversizeLine, RawLine
 from conveyor.worker.engine_requests import pooling_params_from_json
 from conveyor.worker.sampling import sampling_params_from_json
@@ -85,7 +86,7 @@ class BatchRequest:
     messages: list[dict[str, Any]] | None
     prompt: str | list[int] | None  # text (token ids are refused, as on the synchronous route)
     # engine.SamplingParams keyword arguments, only those the line set (an embeddings line: its job's params,
-    # core/embedding_request.py job_params)
+    # core/protocol/embedding_request.py job_params)
     params: dict[str, Any]
     model: str | None
     prompt_tokens: int = 0  # as the queue's tokenizer counts them (0 when the parser was given none)
@@ -99,7 +100,7 @@ class BatchRequest:
 
     @property
     def kind(self) -> str:
-        """The kind of its job (core/job_kinds.py)."""
+        """The kind of its job (core/protocol/job_kinds.py)."""
         return EMBEDDING if self.endpoint == EMBEDDINGS else GENERATION
 
     def size(self) -> RequestSize:
@@ -160,7 +161,7 @@ class LineLimits:
     queue: str | None = None  # the batch's queue, named in nothing but the limits' own messages
     lane: str | None = None  # the line's model's queue of that name (core/lanes.py), where its job goes
     priorities: PriorityRange = field(default_factory=PriorityRange)  # the batch's tenant may ask for
-    task: ModelTask | None = None  # what the model serves (core/model_task.py); None: not judged
+    task: ModelTask | None = None  # what the model serves (core/protocol/model_task.py); None: not judged
     embedding: EmbeddingLimits | None = None  # an embeddings line's inputs are held to; None: not judged
     # The tokens of an embeddings line's text input as the model reads it (special tokens included).
     count_input: Callable[[str], int] | None = None
@@ -314,7 +315,7 @@ def _check_task(endpoint: str, limits: LineLimits) -> None:
 
 def _validated(number: int, custom_id: str, endpoint: str, body: dict[str, Any], served: Served,
                priorities: PriorityRange) -> BatchRequest:
-    """The synchronous route's rules (core/openai_request.py), then what only a batch adds."""
+    """The synchronous route's rules (core/protocol/openai_request.py), then what only a batch adds."""
     request = parse_body(endpoint, body)
     check_request(request, served)
     if request.stream:
@@ -335,7 +336,7 @@ def _validated(number: int, custom_id: str, endpoint: str, body: dict[str, Any],
 
 def _validated_embedding(number: int, custom_id: str, body: dict[str, Any], served: Served,
                          priorities: PriorityRange) -> BatchRequest:
-    """POST /v1/embeddings' rules (core/embedding_request.py), then what only a batch adds."""
+    """POST /v1/embeddings' rules (core/protocol/embedding_request.py), then what only a batch adds."""
     request: EmbeddingCreate = parse_embedding_body(body)
     check_model(request.model, served)
     _check_deadline_miss(request.on_deadline_miss)
@@ -394,7 +395,7 @@ def _line_code(refusal: Refusal) -> str:
 
 
 def _counted(request: BatchRequest, limits: LineLimits) -> BatchRequest:
-    """The request rules every door shares (core/request_limits.py), with the prompt's tokens counted
+    """The request rules every door shares (core/protocol/request_limits.py), with the prompt's tokens counted
     between the two steps; the request carries its count."""
     size, rules = request.size(), limits.request_limits()
     _reject(size_problem(size, rules))
@@ -409,8 +410,9 @@ def _counted(request: BatchRequest, limits: LineLimits) -> BatchRequest:
 
 
 def _counted_inputs(request: BatchRequest, limits: LineLimits) -> BatchRequest:
-    """An embeddings line's inputs judged as POST /v1/embeddings judges them (core/embedding_rules.py): before
-    tokenizing, then each text input's tokens; the request carries the tokens its job will embed."""
+    """An embeddings line's inputs judged as POST /v1/embeddings judges them
+    (core/protocol/embedding_rules.py): before tokenizing, then each text input's tokens; the request carries
+    the tokens its job will embed."""
     assert request.inputs is not None
     rules = limits.embedding
     if rules is None:

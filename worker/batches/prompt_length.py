@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from conveyor.core.model_task import ModelTask
+from conveyor.core.protocol.model_task import ModelTask
 from conveyor.worker.batches.lines import BatchRequest
 from conveyor.worker.chat_prompt import chat_prompt_ids
 

@@ -32,8 +32,6 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from conveyor.core.background import BackgroundLoop
 from conveyor.core.clock import utcnow
-from conveyor.core.dispatch import Publish, publish_and_mark
-from conveyor.core.embedding_rules import EmbeddingLimits
 from conveyor.core.lanes import lane_of
 from conveyor.core.lifecycle import (
     CANCELLING,
@@ -44,11 +42,13 @@ from conveyor.core.lifecycle import (
     STOP_EXPIRED,
     STOP_FAILED,
 )
-from conveyor.core.model_limits import model_context_length, served_max_model_len
-from conveyor.core.model_task import model_task
-from conveyor.core.openai_request import Served
+from conveyor.core.protocol.embedding_rules import EmbeddingLimits
+from conveyor.core.protocol.model_limits import model_context_length, served_max_model_len
+from conveyor.core.protocol.model_task import model_task
+from conveyor.core.protocol.openai_request import Served
+from conveyor.core.protocol.service_tiers import PriorityRange, takes_default_deadline
 from conveyor.core.s3 import make_s3_client
-from conveyor.core.service_tiers import PriorityRange, takes_default_deadline
+from conveyor.core.seams.dispatch import Publish, publish_and_mark
 from conveyor.core.settings import Settings
 from conveyor.core.store import batches, finish_times, jobs, lora_adapters, tenants
 from conveyor.core.store.tables import Batch, BatchLine, Job

@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from conveyor.core.webhooks.attempt import AttemptResult, Outcome
+from conveyor.core.webhooks.delivery_attempt import AttemptResult, Outcome
 from conveyor.core.webhooks.events import encode_event
 from conveyor.core.webhooks.signing import signature_headers
 from conveyor.core.webhooks.ssrf import TargetRefused

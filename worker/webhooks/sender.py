@@ -31,7 +31,7 @@ from conveyor.core.clock import utcnow
 from conveyor.core.settings import Settings
 from conveyor.core.store import webhooks
 from conveyor.core.store.tables import Delivery
-from conveyor.core.webhooks.attempt import AttemptResult
+from conveyor.core.webhooks.delivery_attempt import AttemptResult
 from conveyor.core.webhooks.ssrf import SsrfPolicy
 from conveyor.worker.webhooks.delivery import deliver, unexpected_error
 from conveyor.worker.webhooks.pinned import webhook_client

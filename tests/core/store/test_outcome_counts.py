@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from conveyor.core.service_tiers import goodput_tier
+from conveyor.core.protocol.service_tiers import goodput_tier
 from conveyor.core.store import batches, jobs, outcome_counts
 from conveyor.core.store.outcome_counts import (
     BATCH_LINES,

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from conveyor.core.store import batches, final_status_effects, job_tallies, jobs, keys, webhooks, workers
 from conveyor.core.store.database import make_db_engine, make_session_factory
+from conveyor.core.store.jobs import outcomes
 from conveyor.core.store.tables import DEFAULT_TENANT, BatchLine, Delivery, Job
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
@@ -295,7 +296,7 @@ def test_record_step_runs_follow_on_effects_once_per_status_for_applied_jobs_onl
         calls.append((sorted(job_ids), status))
         final_status_effects.record_finished(s, job_ids, status, now)
 
-    monkeypatch.setattr(jobs, "record_finished", spy)
+    monkeypatch.setattr(outcomes, "record_finished", spy)
     # ok1 reported twice in the step, and stale's dead first attempt reporting late
     step: list[jobs.Outcome] = [done(ok1, 1), boom(bad, 1), done(ok2, 1), done(ok1, 1), done(stale, 1)]
     assert sorted(jobs.record_step(session, [], step, T1)) == sorted([ok1, ok2, bad])

@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from conveyor.core.openai_objects import (
+from conveyor.core.s3 import S3Location
+from conveyor.core.views.openai_objects import (
     GenerationResult,
     batch_error_line,
     batch_result_line,
@@ -15,7 +16,6 @@ from conveyor.core.openai_objects import (
     new_id,
     text_completion,
 )
-from conveyor.core.s3 import S3Location
 from conveyor.worker.batches.manifest import BatchManifest
 from conveyor.worker.batches.writer import (
     MIN_PART_BYTES,

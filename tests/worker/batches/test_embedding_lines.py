@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from conveyor.core.embedding_request import EMBEDDINGS
-from conveyor.core.embedding_rules import EmbeddingLimits
-from conveyor.core.job_kinds import EMBEDDING, GENERATION
-from conveyor.core.model_task import ModelTask
-from conveyor.core.openai_request import Served
+from conveyor.core.protocol.embedding_request import EMBEDDINGS
+from conveyor.core.protocol.embedding_rules import EmbeddingLimits
+from conveyor.core.protocol.job_kinds import EMBEDDING, GENERATION
+from conveyor.core.protocol.model_task import ModelTask
+from conveyor.core.protocol.openai_request import Served
 from conveyor.worker.batches.lines import (
     CHAT,
     COMPLETIONS,

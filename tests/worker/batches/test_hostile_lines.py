@@ -14,10 +14,10 @@ import pytest
 from sqlalchemy import select
 
 from conveyor.core.clock import utcnow
-from conveyor.core.request_rules import MAX_INT_DIGITS
+from conveyor.core.protocol.request_rules import MAX_INT_DIGITS
+from conveyor.core.protocol.structured_rules import MAX_STRUCTURED_DEPTH
 from conveyor.core.store import tenants, workers
 from conveyor.core.store.tables import Batch, BatchLine, Job
-from conveyor.core.structured_rules import MAX_STRUCTURED_DEPTH
 from conveyor.worker.batches.lines import BatchRequest, CustomIdSet, LineError, LineLimits, parse_line
 from conveyor.worker.batches.runner import BatchRunner
 from tests.support.hostile_schemas import nested_items, nested_objects

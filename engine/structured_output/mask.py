@@ -1,0 +1,31 @@
+"""Masks a batch's logits to the tokens each constrained request's grammar allows, in one bitmask.
+
+One int32 bitmask [B, ceil(V / 32)] for the batch is filled on the CPU by each constrained row's matcher,
+copied to the logits' device once, and applied in place there (disallowed tokens become -inf). Rows without
+a matcher are left alone, and a batch without any constrained row skips all of it (and never imports
+xgrammar, which only a constrained request needs: engine/structured_output/manager.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from conveyor.engine.sequence import Sequence
+
+
+def apply_grammar_masks(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    """logits [B, V] fp32, one row per seq; returns them masked (a copy if any row is constrained)."""
+    rows = [i for i, s in enumerate(seqs) if s.matcher is not None]
+    if not rows:
+        return logits
+    import xgrammar as xgr  # a matcher exists, so xgrammar is installed (and imported already)
+
+    vocab = logits.shape[1]
+    bitmask = xgr.allocate_token_bitmask(len(seqs), vocab)  # [B, ceil(V / 32)] int32, all allowed
+    for i in rows:
+        matcher = seqs[i].matcher
+        assert matcher is not None
+        matcher.fill_next_token_bitmask(bitmask, i)
+    logits = logits.clone()  # the caller's tensor may be reused by a retry in halves
+    xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), vocab_size=vocab, indices=rows)
+    return logits
