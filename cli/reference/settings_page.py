@@ -22,7 +22,7 @@ def settings_page() -> str:
     lines = [
         "# Settings",
         "",
-        "Every setting of the one `Settings` object (`core/settings.py`), rendered from its field"
+        "Every setting of the one `Settings` object (`core/settings/`), rendered from its field"
         " descriptions when this site was built. Each is read from the environment variable shown, from"
         " the TOML file (`--config` or `CONVEYOR_CONFIG_FILE`, the name without the prefix, in lower case),"
         " or defaults;"

@@ -1,29 +1,19 @@
 """The service's one configuration object: env vars prefixed CONVEYOR_, an optional TOML file, defaults.
 
 Precedence: keyword arguments > environment > TOML file (CONVEYOR_CONFIG_FILE or `--config`) > defaults.
-Nested values use `__`: CONVEYOR_QUEUES__DOCUMENTS__MAX_RUNNING=1.
+Nested values use `__`: CONVEYOR_QUEUES__DOCUMENTS__MAX_RUNNING=1. The engine's fields are Settings' too
+(core/settings/engine.py); the model registry (registry.py) and the queues (queues.py) are its parts.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import logging
 import os
 import socket
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    PrivateAttr,
-    SecretStr,
-    TypeAdapter,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -32,151 +22,18 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from conveyor.core.lanes import LANE_MAX_CHARS, LANE_SEPARATOR, lane_of
-from conveyor.core.protocol.request_rules import MAX_TTL_S
+from conveyor.core.lanes import lane_of
 from conveyor.core.retry_policy import Backoff
-
-log = logging.getLogger(__name__)
+from conveyor.core.settings.engine import DEFAULT_MAX_LORAS, EngineSettings
+from conveyor.core.settings.queues import QueueSettings, default_queues, renamed_queue_fields
+from conveyor.core.settings.registry import AdapterSettings, ModelSettings, UnknownModelError, check_lane
+from conveyor.core.settings.tenants import TenantDefaults
 
 CONFIG_FILE_ENV = "CONVEYOR_CONFIG_FILE"
 DEMO_MODEL_DIR = "demo-model"  # under data_dir, built by the first worker when no model is set
-# The Settings fields a model of the registry may set for itself ([models.ID] in the config file): how its
-# engine runs and how its tool calls are read. Every other setting is the deployment's.
-PER_MODEL_FIELDS = (
-    "tool_call_parser", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size",
-    "num_kv_blocks", "kv_cache_memory_bytes", "gpu_memory_utilization", "long_prefill_token_threshold",
-    "dtype", "attention_backend", "device", "num_threads", "scheduling", "enable_prefix_caching",
-    "grammar_compile_timeout_s", "grammar_compile_memory_bytes", "grammar_cache_bytes", "task", "pooling",
-    "normalize_embeddings", "max_loras", "max_lora_rank", "max_cpu_loras",
-)
-DEFAULT_MAX_LORAS = 4  # LoRA slots of a model with adapters when max_loras is unset
 
 
-class QueueSettings(BaseModel):
-    """Limits of one queue; each queue maps onto an engine request class of the same name."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _former_names(cls, data: Any) -> Any:
-        return renamed_queue_fields(data) if isinstance(data, dict) else data
-
-    max_queued: int = Field(
-        1000, ge=1,
-        description="submissions beyond this many queued jobs get 429 (approximate: estimated per API "
-        "process, see Admission control)",
-    )
-    max_running: int = Field(16, ge=1, description="jobs of this queue inside one worker's engine at once")
-    max_prompt_tokens: int = Field(
-        2048, ge=1,
-        description="longest prompt accepted (model tokenizer); prompts over 32 bytes per token are refused "
-        "untokenized",
-    )
-    max_output_tokens: int = Field(512, ge=1, description="largest `max_tokens` accepted")
-    priority: int = Field(0, description="engine class priority; lower is served first")
-    default_ttl_s: float | None = Field(
-        None, gt=0, le=MAX_TTL_S, allow_inf_nan=False,
-        description="`ttl` of a job that sets none: a job not started within it expires (formerly "
-        "`deadline_s`, still read, with a warning)",
-    )
-    default_deadline_s: float | None = Field(
-        None, gt=0, le=MAX_TTL_S, allow_inf_nan=False,
-        description="`deadline_s` of a job that sets none (a soft target the schedulers order by); unset: "
-        "such jobs have no deadline",
-    )
-    max_retries: int | None = Field(
-        None, ge=0, le=10,
-        description="`max_retries` of a job that sets none: automatic retries after a worker was lost, the "
-        "engine ran out of memory or the model was not loadable yet; unset: max_attempts - 1 for a lost "
-        "worker, 2 otherwise",
-    )
-
-
-def renamed_queue_fields(given: dict[str, Any]) -> dict[str, Any]:
-    """A queue's fields under their current names: `deadline_s` meant the default ttl, and is read as
-    `default_ttl_s`, with a warning."""
-    if "deadline_s" not in given:
-        return given
-    given = dict(given)
-    value = given.pop("deadline_s")
-    if given.get("default_ttl_s") is not None:
-        raise ValueError("deadline_s: the former name of default_ttl_s; set only default_ttl_s")
-    log.warning("queue setting deadline_s is now named default_ttl_s (a job's default ttl); deadline_s is "
-                "read as default_ttl_s, rename it")
-    return {**given, "default_ttl_s": value}
-
-
-def default_queues() -> dict[str, QueueSettings]:
-    return {
-        "interactive": QueueSettings(max_queued=1000, max_running=16, max_prompt_tokens=2048,
-                                     max_output_tokens=512, priority=0, default_ttl_s=600.0),
-        "documents": QueueSettings(max_queued=10000, max_running=4, max_prompt_tokens=32768,
-                                   max_output_tokens=4096, priority=1, default_ttl_s=86400.0),
-    }
-
-
-class UnknownModelError(LookupError):
-    """A request named a model this deployment does not serve; the message names it and the served ones."""
-
-
-class AdapterSettings(BaseModel):
-    """A LoRA adapter of a registry model (`[models.ID.adapters]`): served under its own id as `model`."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    path: str = Field(min_length=1, description="a PEFT adapter folder, or s3://bucket/prefix/ holding one "
-                      "(downloaded by each worker of the base model when it starts)")
-    tenants: list[str] | None = Field(
-        None, description="the tenants that may use it; unset = every tenant. To others it does not exist "
-        "(404 model_not_found), as an unknown model")
-
-
-class ModelSettings(BaseModel):
-    """One served model of the registry (`[models.ID]`): its folder, and where it differs from the
-    deployment, its engine settings (any of PER_MODEL_FIELDS) and queue limits (partial, as `queues`)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    path: str = Field(min_length=1, description="local Hugging Face folder (or hub id) of this model")
-    queues: dict[str, dict[str, Any]] = Field(
-        default_factory=dict, description="this model's queue limits where they differ from `queues`")
-    adapters: dict[str, AdapterSettings] = Field(
-        default_factory=dict, description="LoRA adapters served on this model, by id (`support = "
-        "\"/adapters/support\"`, or a table with `path` and `tenants`)")
-
-    @field_validator("adapters", mode="before")
-    @classmethod
-    def _adapter_paths(cls, value: Any) -> Any:
-        if not isinstance(value, dict):
-            return value
-        return {name: {"path": spec} if isinstance(spec, str) else spec for name, spec in value.items()}
-
-    @model_validator(mode="after")
-    def _known_overrides(self) -> ModelSettings:
-        for name, value in (self.model_extra or {}).items():
-            if name not in PER_MODEL_FIELDS:
-                raise ValueError(f"{name}: not a per-model setting; a model may set path, queues and "
-                                 f"{', '.join(PER_MODEL_FIELDS)}")
-            info = Settings.model_fields[name]
-            try:
-                checked = TypeAdapter(Annotated[info.annotation, info]).validate_python(value)
-            except ValidationError as exc:
-                raise ValueError(f"{name}: {exc.errors()[0]['msg']}") from None
-            (self.model_extra or {})[name] = checked
-        for name, given in self.queues.items():
-            try:
-                QueueSettings(**renamed_queue_fields(given))  # each field as `queues` checks it
-            except ValidationError as exc:
-                error = exc.errors()[0]
-                where = ".".join(map(str, error["loc"]))
-                raise ValueError(f"queues.{name}.{where}: {error['msg']}") from None
-        return self
-
-    def overrides(self) -> dict[str, Any]:
-        """The per-model settings given, by name."""
-        return dict(self.model_extra or {})
-
-
-class Settings(BaseSettings):
+class Settings(EngineSettings, TenantDefaults, BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="CONVEYOR_", env_nested_delimiter="__", extra="ignore", validate_default=True
     )
@@ -228,10 +85,7 @@ class Settings(BaseSettings):
         "unset = on unless auth is on",
     )
 
-    # Model and engine. Each engine field is the EngineConfig field of the same name, passed on only when
-    # set (worker/model.py derives the EngineConfig): None means the engine's own default, documented once in
-    # the settings reference (docs/, rendered from these descriptions). The API reads max_model_len too
-    # (prompt + max_tokens must fit).
+    # Models (the engine's settings, a model may set its own: core/settings/engine.py)
     model: str | None = Field(
         None, description="local Hugging Face folder of the one model served (its id: the folder's name); "
         "unset, with no `models`, = random-weight demo model")
@@ -245,96 +99,8 @@ class Settings(BaseSettings):
     worker_model: str | None = Field(
         None, description="the model a `conveyor worker` serves (`--model`); required when `models` holds "
         "more than one. The embedded service serves every model")
-    tool_call_parser: Literal["auto", "hermes", "llama3_json", "mistral"] = Field(
-        "auto", description="how tool calls are read from the model's text (tool_choice auto): hermes "
-        "(Hermes, Qwen: <tool_call>), llama3_json, mistral ([TOOL_CALLS]); auto: from the chat template's "
-        "markers, hermes when it has none")
-    max_num_seqs: int | None = Field(None, ge=1, description="sequences in one engine step (the running set)")
-    max_num_batched_tokens: int | None = Field(
-        None, ge=1,
-        description="tokens in one engine step (prefill chunks + decodes)",
-    )
-    max_model_len: int | None = Field(None, ge=1, description="longest prompt + output; unset = the model's")
-    block_size: int | None = Field(None, ge=1, description="tokens per KV cache block")
-    num_kv_blocks: int | None = Field(
-        None, ge=1,
-        description="exact KV cache size in blocks (overrides the two below)",
-    )
-    kv_cache_memory_bytes: int | None = Field(None, ge=1, description="KV cache size in bytes")
-    gpu_memory_utilization: float | None = Field(
-        None, gt=0, le=1,
-        description="on CUDA: share of device memory for weights + activations + KV cache",
-    )
-    long_prefill_token_threshold: int | None = Field(
-        None, ge=0,
-        description="largest prefill chunk of one job per step, so a long document cannot take a whole step "
-        "from the prompts behind it; 0 = no cap",
-    )
-    dtype: str | None = Field(
-        None,
-        description="`auto` (float32 on CPU, bfloat16 on CUDA), `float32`, `float16`, `bfloat16`",
-    )
-    attention_backend: str | None = Field(
-        None,
-        description="`auto` (Triton on CUDA; on CPU `cpu` where its C++ kernels build, else `torch`), `cpu`,"
-        " `torch`, `triton`. `cpu`: decode attention read in place, cache writes and the fused "
-        "RMSNorm/RoPE/SwiGLU in C++; `torch`: eager PyTorch. See \"Decode attention read in "
-        "place\" in docs/benchmarks/results.md",
-    )
-    device: str | None = Field(None, description="`auto`, `cpu`, `cuda`, `cuda:N`")
-    num_threads: int | None = Field(
-        None, ge=1,
-        description="torch intra-op threads of the engine process; unset = measured at start on CPU (see "
-        "\"Torch threads on CPU\" in docs/benchmarks/index.md), torch's default on a GPU. On a shared CPU 1"
-        " can be fastest",
-    )
-    scheduling: Literal["urgency", "arrival"] | None = Field(
-        None, description="how a queue's jobs are ordered, by fleet claims (within a tenant's stream) and by "
-        "the engine: urgency (priority, then the slack to a deadline still ahead, then arrival) or arrival "
-        "(priority and deadline ignored: to compare)")
-    enable_prefix_caching: bool | None = Field(
-        None,
-        description="automatic prefix caching: jobs of one tenant (or one cache namespace) whose prompts "
-        "share a prefix (a batch's instructions, a chat's history) compute its KV blocks once; a"
-        " job's `usage.cached_tokens` (OpenAI: `usage.prompt_tokens_details.cached_tokens`) says"
-        " how many prompt tokens it reused. `false` to compare",
-    )
-    grammar_compile_timeout_s: float | None = Field(
-        None, gt=0,
-        description="a structured-output constraint not seen before is test-compiled in a child process "
-        "killed after this many seconds; past it the job fails `invalid_request` naming this "
-        "setting (see \"One tenant's schema cannot stall the others\")",
-    )
-    grammar_compile_memory_bytes: int | None = Field(
-        None, ge=2**20,
-        description="memory that test compile may allocate (2 GiB); past it, likewise",
-    )
-    grammar_cache_bytes: int | None = Field(
-        None, ge=0,
-        description="memory the compiled grammars kept for reuse may hold (512 MiB), least recently used "
-        "evicted first",
-    )
-    task: Literal["auto", "generate", "embed"] | None = Field(
-        None, description="what the model serves: `generate` (chat and completions), `embed` "
-        "(`/v1/embeddings`, embedding jobs), or `auto`: embed for a sentence-transformers folder (its "
-        "`modules.json`) or a model that cannot generate (an encoder such as BERT or XLM-RoBERTa, a decoder "
-        "saved without its LM head), else generate; unset = auto. A request of the other kind is refused "
-        "with a 400 saying what the model serves")
-    pooling: Literal["cls", "mean", "last"] | None = Field(
-        None, description="how an embedding model pools its token states into one vector; unset = the "
-        "sentence-transformers folder's Pooling module, else the engine's default for the architecture")
-    normalize_embeddings: bool | None = Field(
-        None, description="scale each embedding to unit length; unset = as the sentence-transformers folder "
-        "says (a Normalize module)")
     max_embedding_inputs: int = Field(
         2048, ge=1, description="inputs one embeddings request (or embedding job) may hold (OpenAI's 2048)")
-    max_loras: int | None = Field(
-        None, ge=0, description="LoRA adapters on the device at once (requests for others wait for a slot); "
-        f"unset = the model's adapters, at most {DEFAULT_MAX_LORAS}; 0 = LoRA off")
-    max_lora_rank: int | None = Field(None, ge=1, le=256, description="the largest LoRA rank an adapter may "
-                                      "have (the slots are sized by it); unset = 64")
-    max_cpu_loras: int | None = Field(
-        None, ge=1, description="LoRA adapters kept read in host memory; unset = max_loras")
 
     # Queues
     queues: dict[str, QueueSettings] = Field(
@@ -343,39 +109,6 @@ class Settings(BaseSettings):
         None,
         description="the queues a `conveyor worker` consumes, comma-separated (`documents`: a pool of its "
         "own, scaled on its own queue); unset = every queue. The embedded service always runs every queue",
-    )
-
-    # Tenants: fair share and quotas (defaults; `conveyor tenants set` overrides them per tenant)
-    tenant_weight: float = Field(
-        1.0, gt=0, le=1e6, allow_inf_nan=False,
-        description="a tenant's share of a queue's slots against the other tenants with work in it (see "
-        "[Fair share and quotas](../guides/fair-share.md); `conveyor tenants set T --weight` "
-        "overrides it per tenant)",
-    )
-    tenant_max_queued: int | None = Field(
-        None, ge=1,
-        description="queued jobs one tenant may have in one queue; beyond it 429 `tenant_queue_full` with "
-        "`Retry-After`; unset = only the queue's `max_queued`",
-    )
-    tenant_max_running: int | None = Field(
-        None, ge=1,
-        description="running jobs one tenant may have in one queue across every worker, batch lines "
-        "included; unset = no cap beyond fair share",
-    )
-    tenant_tokens_per_minute: int | None = Field(
-        None, ge=1,
-        description="prompt + output tokens of the jobs one tenant submitted in the last minute; beyond it "
-        "429 `tokens_per_minute_exceeded` with `Retry-After`; unset = no limit",
-    )
-    tenant_min_priority: int | None = Field(
-        None, ge=-(2**31 - 1), le=2**31 - 1,
-        description="the most urgent `priority` a tenant's job may ask for (lower is served first; the "
-        "`priority` service tier is -1); below it 403 `priority_not_permitted`; unset = any",
-    )
-    tenant_max_priority: int | None = Field(
-        None, ge=-(2**31 - 1), le=2**31 - 1,
-        description="the least urgent `priority` a tenant's job may ask for; a job asking none gets 0 "
-        "brought within the range; unset = any",
     )
 
     # Reliability
@@ -540,9 +273,6 @@ class Settings(BaseSettings):
             self.docs_enabled = not self.auth_enabled
         if not self.queues:
             raise ValueError("queues: at least one queue is required")
-        low, high = self.tenant_min_priority, self.tenant_max_priority
-        if low is not None and high is not None and low > high:
-            raise ValueError(f"tenant_min_priority: {low} is above tenant_max_priority {high}")
         if self.retry_backoff_s > self.retry_backoff_max_s:
             raise ValueError(f"retry_backoff_s: {self.retry_backoff_s} is above retry_backoff_max_s "
                              f"{self.retry_backoff_max_s}")
@@ -570,7 +300,7 @@ class Settings(BaseSettings):
                 raise ValueError(f"models: the adapter id {name!r} is taken by another model or adapter")
         for model_id in ids:
             for name in {*self.queues, *(self.models[model_id].queues if self.models else ())}:
-                _check_lane(model_id, name)
+                check_lane(model_id, name)
 
     def retry_backoff(self) -> Backoff:
         """The wait before a retryable failure's next attempt (core/retry_policy.py)."""
@@ -701,17 +431,6 @@ class Settings(BaseSettings):
                 f"host: refusing to listen on non-loopback address {self.host!r} with authentication off; "
                 "enable auth (CONVEYOR_AUTH_ENABLED=true) and create keys with `conveyor keys create`"
             )
-
-
-def _check_lane(model_id: str, queue: str) -> None:
-    """A model's queue makes a lane (core/lanes.py): its name may not hold the separator, and the lane must
-    fit the store's queue columns."""
-    if LANE_SEPARATOR in queue:
-        raise ValueError(f"queues: a queue's name may not hold {LANE_SEPARATOR!r}, got {queue!r}")
-    length = len(model_id) + len(LANE_SEPARATOR) + len(queue)
-    if length > LANE_MAX_CHARS:
-        raise ValueError(f"models: the model {model_id!r} and queue {queue!r} make a name of {length} "
-                         f"characters, beyond {LANE_MAX_CHARS}: shorten the model's id or the queue's name")
 
 
 def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:

@@ -1,0 +1,107 @@
+"""The settings of a model's engine: the ones a model of the registry may set for itself ([models.ID] in the
+config file), every other setting being the deployment's. Each engine field is the EngineConfig field of the
+same name, passed on only when set (worker/model.py derives the EngineConfig): None means the engine's own
+default, documented once in the settings reference (docs/, rendered from these descriptions). The API reads
+max_model_len too (prompt + max_tokens must fit)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+DEFAULT_MAX_LORAS = 4  # LoRA slots of a model with adapters when max_loras is unset
+
+
+class EngineSettings(BaseModel):
+    tool_call_parser: Literal["auto", "hermes", "llama3_json", "mistral"] = Field(
+        "auto", description="how tool calls are read from the model's text (tool_choice auto): hermes "
+        "(Hermes, Qwen: <tool_call>), llama3_json, mistral ([TOOL_CALLS]); auto: from the chat template's "
+        "markers, hermes when it has none")
+    max_num_seqs: int | None = Field(None, ge=1, description="sequences in one engine step (the running set)")
+    max_num_batched_tokens: int | None = Field(
+        None, ge=1,
+        description="tokens in one engine step (prefill chunks + decodes)",
+    )
+    max_model_len: int | None = Field(None, ge=1, description="longest prompt + output; unset = the model's")
+    block_size: int | None = Field(None, ge=1, description="tokens per KV cache block")
+    num_kv_blocks: int | None = Field(
+        None, ge=1,
+        description="exact KV cache size in blocks (overrides the two below)",
+    )
+    kv_cache_memory_bytes: int | None = Field(None, ge=1, description="KV cache size in bytes")
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0, le=1,
+        description="on CUDA: share of device memory for weights + activations + KV cache",
+    )
+    long_prefill_token_threshold: int | None = Field(
+        None, ge=0,
+        description="largest prefill chunk of one job per step, so a long document cannot take a whole step "
+        "from the prompts behind it; 0 = no cap",
+    )
+    dtype: str | None = Field(
+        None,
+        description="`auto` (float32 on CPU, bfloat16 on CUDA), `float32`, `float16`, `bfloat16`",
+    )
+    attention_backend: str | None = Field(
+        None,
+        description="`auto` (Triton on CUDA; on CPU `cpu` where its C++ kernels build, else `torch`), `cpu`,"
+        " `torch`, `triton`. `cpu`: decode attention read in place, cache writes and the fused "
+        "RMSNorm/RoPE/SwiGLU in C++; `torch`: eager PyTorch. See \"Decode attention read in "
+        "place\" in docs/benchmarks/results.md",
+    )
+    device: str | None = Field(None, description="`auto`, `cpu`, `cuda`, `cuda:N`")
+    num_threads: int | None = Field(
+        None, ge=1,
+        description="torch intra-op threads of the engine process; unset = measured at start on CPU (see "
+        "\"Torch threads on CPU\" in docs/benchmarks/index.md), torch's default on a GPU. On a shared CPU 1"
+        " can be fastest",
+    )
+    scheduling: Literal["urgency", "arrival"] | None = Field(
+        None, description="how a queue's jobs are ordered, by fleet claims (within a tenant's stream) and by "
+        "the engine: urgency (priority, then the slack to a deadline still ahead, then arrival) or arrival "
+        "(priority and deadline ignored: to compare)")
+    enable_prefix_caching: bool | None = Field(
+        None,
+        description="automatic prefix caching: jobs of one tenant (or one cache namespace) whose prompts "
+        "share a prefix (a batch's instructions, a chat's history) compute its KV blocks once; a"
+        " job's `usage.cached_tokens` (OpenAI: `usage.prompt_tokens_details.cached_tokens`) says"
+        " how many prompt tokens it reused. `false` to compare",
+    )
+    grammar_compile_timeout_s: float | None = Field(
+        None, gt=0,
+        description="a structured-output constraint not seen before is test-compiled in a child process "
+        "killed after this many seconds; past it the job fails `invalid_request` naming this "
+        "setting (see \"One tenant's schema cannot stall the others\")",
+    )
+    grammar_compile_memory_bytes: int | None = Field(
+        None, ge=2**20,
+        description="memory that test compile may allocate (2 GiB); past it, likewise",
+    )
+    grammar_cache_bytes: int | None = Field(
+        None, ge=0,
+        description="memory the compiled grammars kept for reuse may hold (512 MiB), least recently used "
+        "evicted first",
+    )
+    task: Literal["auto", "generate", "embed"] | None = Field(
+        None, description="what the model serves: `generate` (chat and completions), `embed` "
+        "(`/v1/embeddings`, embedding jobs), or `auto`: embed for a sentence-transformers folder (its "
+        "`modules.json`) or a model that cannot generate (an encoder such as BERT or XLM-RoBERTa, a decoder "
+        "saved without its LM head), else generate; unset = auto. A request of the other kind is refused "
+        "with a 400 saying what the model serves")
+    pooling: Literal["cls", "mean", "last"] | None = Field(
+        None, description="how an embedding model pools its token states into one vector; unset = the "
+        "sentence-transformers folder's Pooling module, else the engine's default for the architecture")
+    normalize_embeddings: bool | None = Field(
+        None, description="scale each embedding to unit length; unset = as the sentence-transformers folder "
+        "says (a Normalize module)")
+    max_loras: int | None = Field(
+        None, ge=0, description="LoRA adapters on the device at once (requests for others wait for a slot); "
+        f"unset = the model's adapters, at most {DEFAULT_MAX_LORAS}; 0 = LoRA off")
+    max_lora_rank: int | None = Field(None, ge=1, le=256, description="the largest LoRA rank an adapter may "
+                                      "have (the slots are sized by it); unset = 64")
+    max_cpu_loras: int | None = Field(
+        None, ge=1, description="LoRA adapters kept read in host memory; unset = max_loras")
+
+
+PER_MODEL_FIELDS = tuple(EngineSettings.model_fields)
