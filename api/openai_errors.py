@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from conveyor.api.errors import ApiError, body_problem, parse_failure
 from conveyor.core.protocol.field_errors import validation_message
-from conveyor.core.protocol.openai_request import Refusal
+from conveyor.core.protocol.refusal import Refusal
 
 CODES = {401: "invalid_api_key", 404: "not_found"}
 log = logging.getLogger(__name__)

@@ -39,7 +39,8 @@ from conveyor.core.clock import utcnow
 from conveyor.core.protocol.chat_options import ChatOptions, ToolParser
 from conveyor.core.protocol.embedding_rules import task_problem
 from conveyor.core.protocol.model_task import Task
-from conveyor.core.protocol.openai_request import Refusal, Served, check_request
+from conveyor.core.protocol.openai_request import Served, check_request
+from conveyor.core.protocol.refusal import Refusal
 from conveyor.core.protocol.request_limits import RequestLimits, RequestSize, prompt_bytes_problem
 from conveyor.core.seams.token_stream import TokenStream
 from conveyor.core.settings import UnknownModelError

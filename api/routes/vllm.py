@@ -30,8 +30,9 @@ from conveyor.api.schemas.vllm import (
 )
 from conveyor.api.served_models import ServedModel
 from conveyor.core.clock import utcnow
+from conveyor.core.protocol.chat_messages import ChatRoles, plain_messages
 from conveyor.core.protocol.chat_options import chat_options
-from conveyor.core.protocol.openai_request import ChatRoles, Refusal, plain_messages
+from conveyor.core.protocol.refusal import Refusal
 from conveyor.core.store import workers
 
 router = APIRouter(tags=["vllm"], route_class=OpenAIRoute)

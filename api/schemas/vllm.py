@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
-from conveyor.core.protocol.openai_request import ChatMessageIn
+from conveyor.core.protocol.chat_messages import ChatMessageIn
 from conveyor.core.protocol.request_fields import NonEmptyText, StoredText
 from conveyor.core.protocol.tools import Tools
 

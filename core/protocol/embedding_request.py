@@ -18,7 +18,7 @@ from pydantic_core import PydanticCustomError
 
 from conveyor.core.protocol.embedding_input import as_inputs, input_problem
 from conveyor.core.protocol.field_errors import validation_message
-from conveyor.core.protocol.openai_request import Refusal
+from conveyor.core.protocol.refusal import Refusal
 from conveyor.core.protocol.request_fields import (
     MAX_INT32,
     DeadlineSeconds,

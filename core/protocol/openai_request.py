@@ -12,15 +12,16 @@ Three steps, each refusing with a `Refusal` that names the field:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from dataclasses import dataclass, field
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
+from conveyor.core.protocol.chat_messages import ChatMessageIn, ChatRoles, plain_messages
 from conveyor.core.protocol.chat_options import ChatOptions, ToolParser, chat_options, tool_parser_for
 from conveyor.core.protocol.field_errors import validation_message
+from conveyor.core.protocol.refusal import Refusal
 from conveyor.core.protocol.request_fields import (
-    ChatRole,
     ChoiceCount,
     Count,
     DeadlineSeconds,
@@ -50,7 +51,7 @@ from conveyor.core.protocol.structured_rules import (
     structured_from_response_format,
     structured_problem,
 )
-from conveyor.core.protocol.tools import ToolCallIn, ToolChoice, Tools, history_problem
+from conveyor.core.protocol.tools import ToolChoice, Tools
 from conveyor.core.settings import Settings
 from conveyor.core.views.openai_objects import PromptView
 
@@ -67,47 +68,13 @@ CHAT_FIELDS = ("tools", "tool_choice", "parallel_tool_calls", "add_generation_pr
                "continue_final_message", "chat_template_kwargs")
 STREAMED_LOGPROBS = "logprobs are not supported with stream=true; send the request without streaming"
 FiniteFloat = Annotated[float, Field(strict=True, allow_inf_nan=False)]
-# What a refusal is; each path turns it into its own answer (api/routes/openai.py: 400 or 404; a batch: a
-# line error code).
-RefusalKind = Literal["invalid", "unsupported", "model_not_found"]
-
-
-class Refusal(ValueError):
-    """A body the rules refuse; `param` names the field and `message` starts with it."""
-
-    def __init__(self, kind: RefusalKind, param: str | None, reason: str) -> None:
-        self.kind, self.param = kind, param
-        self.message = f"{param}: {reason}" if param else reason
-        super().__init__(self.message)
-
-
-@dataclass(frozen=True)
-class ChatRoles:
-    """The optional roles the model's chat template knows, found by their names in its source ('tool' or
-    "tool"): a template that never names a role has no rendering for it made for the model. `developer`
-    without one is sent as `system` (OpenAI's newer name for it); `tool` without one is refused."""
-
-    developer: bool = False
-    tool: bool = False
-
-    @classmethod
-    def of_template(cls, template: object) -> ChatRoles:
-        if not isinstance(template, str):  # no chat template (or several named ones): only the base roles
-            return cls()
-        return cls(developer=_names_role(template, "developer"), tool=_names_role(template, "tool"))
-
-
-def _names_role(template: str, role: str) -> bool:
-    return f"'{role}'" in template or f'"{role}"' in template
-
-
 @dataclass(frozen=True)
 class Served:
     """What this deployment serves: the names `model` may take (none: any, for parsers used without a
     deployment), its chat template's roles, and the parser its tool calls are read with."""
 
     models: tuple[str, ...] = ()
-    roles: ChatRoles = ChatRoles()
+    roles: ChatRoles = field(default_factory=ChatRoles)
     tool_parser: ToolParser = "hermes"
 
     @classmethod
@@ -150,31 +117,6 @@ class StructuredOutputs(BaseModel):
         if len(kinds) != 1:
             raise ValueError(f"set exactly one of json, json_object, regex, choice (got {len(kinds)})")
         return {kinds[0]: given[kinds[0]]}
-
-
-class TextPart(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    type: Literal["text"]
-    text: StoredText
-
-
-class ChatMessageIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    role: ChatRole = Field(
-        description="`developer` is sent as `system` when the chat template has no developer role; `tool` "
-        "only when the chat template has a tool role"
-    )
-    content: StoredText | list[TextPart] | None = Field(description="null only beside tool_calls")
-    name: StoredText | None = Field(None, description="accepted and ignored")
-    tool_calls: list[ToolCallIn] | None = Field(None, description="calls an assistant message made")
-    tool_call_id: StoredText | None = Field(None, description="the call a tool message answers")
-
-    def text(self) -> str | None:
-        if self.content is None or isinstance(self.content, str):
-            return self.content
-        return "".join(p.text for p in self.content)
 
 
 class OpenAISampling(BaseModel):
@@ -399,30 +341,6 @@ class ChatCompletionCreate(OpenAISampling, ChatFields):
 
     def chat_messages(self, roles: ChatRoles) -> list[dict[str, Any]]:
         return plain_messages(self.messages, roles)
-
-
-def plain_messages(messages: list[ChatMessageIn], roles: ChatRoles) -> list[dict[str, Any]]:
-    """{"role", "content"} (plus tool_calls and tool_call_id when sent) for the chat template: text parts
-    joined, `developer` as `system` when the template has no developer role; a tool message without a tool
-    role in the template is refused, and so is a history the template could not be given."""
-    plain: list[dict[str, Any]] = []
-    for index, message in enumerate(messages):
-        role = message.role
-        if role == "tool" and not roles.tool:
-            raise Refusal(
-                "unsupported",
-                f"messages[{index}].role",
-                "the model's chat template has no tool role, so tool messages cannot be rendered",
-            )
-        if role == "developer" and not roles.developer:
-            role = "system"
-        plain.append({"role": role, "content": message.text(),
-                      **message.model_dump(mode="json", include={"tool_calls", "tool_call_id"},
-                                           exclude_none=True)})
-    problem = history_problem(plain)
-    if problem is not None:
-        raise Refusal("invalid", *problem)
-    return plain
 
 
 class CompletionCreate(OpenAISampling):

@@ -21,7 +21,7 @@ from conveyor.core.protocol.embedding_rules import (
     task_problem,
 )
 from conveyor.core.protocol.model_task import ModelTask
-from conveyor.core.protocol.openai_request import Refusal
+from conveyor.core.protocol.refusal import Refusal
 from conveyor.core.views.embedding_objects import EmbeddingList, embedding_list
 from conveyor.core.views.embedding_vectors import decode_vector, encode_vector
 

@@ -8,16 +8,16 @@ from typing import Any
 
 import pytest
 
+from conveyor.core.protocol.chat_messages import ChatRoles
 from conveyor.core.protocol.openai_request import (
     CHAT,
     COMPLETIONS,
     ChatCompletionCreate,
-    ChatRoles,
-    Refusal,
     Served,
     check_request,
     parse_body,
 )
+from conveyor.core.protocol.refusal import Refusal
 
 USER = {"role": "user", "content": "hi"}
 SERVED = Served(models=("demo-model", "/models/demo-model"), roles=ChatRoles())

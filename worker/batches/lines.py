@@ -49,12 +49,12 @@ from conveyor.core.protocol.openai_request import (
     STRUCTURED_FIELDS,
     ChatCompletionCreate,
     OpenAIRequest,
-    Refusal,
     Served,
     check_model,
     check_request,
     parse_body,
 )
+from conveyor.core.protocol.refusal import Refusal
 from conveyor.core.protocol.request_limits import (
     RequestLimits,
     RequestSize,

@@ -14,7 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conveyor.core.protocol.openai_request import ChatCompletionCreate, ChatRoles, CompletionCreate, Served
+from conveyor.core.protocol.chat_messages import ChatRoles
+from conveyor.core.protocol.openai_request import ChatCompletionCreate, CompletionCreate, Served
 from conveyor.core.protocol.request_rules import json_problem, text_problem
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.worker.batches.lines import BatchRequest, CustomIdSet, LineError, LineLimits, parse_line
