@@ -1,13 +1,15 @@
-"""The engine loop: queue validated requests, then step: schedule -> forward -> sample -> stop checks.
+"""The engine loop: queue validated requests, then step: schedule -> forward -> sample -> output processing.
 
-Input processing (engine/input_processor.py, engine/structured_output/manager.py), stop rules
-(engine/stop_rules.py) and failure isolation (engine/step_isolation.py: a step that raises is retried in
-halves, and only the requests that fail alone are aborted, reported in `last_failures`) live beside it.
+Each stage of the data flow lives beside it: the runner seam (engine/runner.py), input processing
+(engine/input_processor.py, engine/structured_output/manager.py), failure isolation (engine/step_isolation.py:
+a step that raises is retried in halves, and only the requests that fail alone are aborted, reported in
+`last_failures`) and output processing (engine/output_processor.py: tokens appended, stop checks by
+engine/stop_rules.py, finished requests into RequestOutputs). Callers' LoRA adapters: engine/lora/served.py.
 
-An embedding engine (task "embed": its runner pools, engine/pooling.py) runs the same loop without sampling:
-its requests (PoolingParams) are prompts whose chunks' pooling rows are combined on their sequence, and
-each finishes ("stop", with its vector) in the step that computes its last input token, freeing its
-blocks at once. An encoder's engine takes whole inputs per step and no prefix cache.
+An embedding engine (task "embed": its runner pools, engine/pooling.py) runs the same loop without sampling
+(engine/pooling_step.py): its requests (PoolingParams) are prompts whose chunks' pooling rows are combined on
+their sequence, and each finishes ("stop", with its vector) in the step that computes its last input token,
+freeing its blocks at once. An encoder's engine takes whole inputs per step and no prefix cache.
 """
 
 from __future__ import annotations
@@ -16,18 +18,20 @@ import itertools
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, cast
-
-import torch
+from typing import TYPE_CHECKING
 
 from conveyor.engine.block_manager import BlockManager
 from conveyor.engine.config import EngineConfig
 from conveyor.engine.input_processor import InputProcessor
 from conveyor.engine.lora.manager import LoRAManager
+from conveyor.engine.lora.served import ServedLoRAs
+from conveyor.engine.output_processor import OutputProcessor, add_prompt_logprobs
 from conveyor.engine.outputs import RequestOutput, request_output
 from conveyor.engine.pace import PaceMeter
-from conveyor.engine.pooling import PoolingConfig, accumulate, finish_embeddings
+from conveyor.engine.pooling import PoolingConfig
 from conveyor.engine.pooling_params import PoolingParams
+from conveyor.engine.pooling_step import embedding_vectors, forward_pooled, pool_rows
+from conveyor.engine.runner import Runner, make_runner
 from conveyor.engine.sampler import Sampler
 from conveyor.engine.sampling_params import SamplingParams
 from conveyor.engine.scheduled_chunk import RunnerOutput, ScheduledChunk
@@ -36,13 +40,11 @@ from conveyor.engine.sequence import Sequence, Urgency
 from conveyor.engine.stats import EngineTotals, StepStats, stats_dict
 from conveyor.engine.step_isolation import (
     Failures,
-    PromptLogprobs,
     StepError,
     advance_grammars,
     forward_isolated,
     sample_isolated,
 )
-from conveyor.engine.stop_rules import stop_reason
 from conveyor.engine.structured_output.manager import StructuredOutputManager
 from conveyor.engine.tokenizer import Tokenizer
 
@@ -52,28 +54,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 __all__ = ["LLMEngine", "Runner", "StepError"]
-
-
-class Runner(Protocol):
-    """What the engine needs from the model runner (conveyor.engine.model_runner.ModelRunner,
-    conveyor.engine.encoder_runner.EncoderRunner, or a test double).
-
-    An embedding runner also has `task` "embed", `pooling` (PoolingConfig) and `embedding_size`, and returns
-    RunnerOutput.pooled; an encoder's has `is_encoder` True. A runner without them generates text. One whose
-    every layer attends within the same sliding window has `kv_sliding_window` (that window; None or absent:
-    some layer attends to the whole context).
-    """
-
-    num_kv_blocks: int
-    block_size: int
-    max_model_len: int
-    vocab_size: int
-    device: torch.device
-    last_forward_seconds: float
-
-    # The logits [num sampling chunks, V] fp32 and the prompt logprobs of the chunks that ask for them; a
-    # double may return the logits alone (it computes no prompt logprobs).
-    def execute(self, chunks: list[ScheduledChunk]) -> RunnerOutput: ...
 
 
 class LLMEngine:
@@ -103,6 +83,7 @@ class LLMEngine:
         self.sampler = Sampler(runner.device, config.seed)
         self.eos_token_ids = self.tokenizer.eos_token_ids
         self.lora: LoRAManager | None = getattr(runner, "lora", None)  # None: LoRA off
+        self._loras = ServedLoRAs(self.lora, self.scheduler.num_unfinished_with_lora)
         self.inputs = InputProcessor(
             config, self.tokenizer, self.block_manager, self.sampler, self.max_model_len, self.vocab_size,
             pooling=self.pooling, embedding_size=self.embedding_size, lora=self.lora,
@@ -113,6 +94,7 @@ class LLMEngine:
         self.last_step = StepStats()
         self.last_failures: list[StepError] = []  # requests the last step failed, until the next step
         self.totals = EngineTotals()
+        self.output_processor = OutputProcessor(self.scheduler, self.totals, self.eos_token_ids)
         self.pace_meter = PaceMeter()  # seconds per step and per prompt token: requests' slack
 
     # --- requests ------------------------------------------------------------------------------------
@@ -155,7 +137,7 @@ class LLMEngine:
     def enqueue(self, seq: Sequence) -> None:
         if self.scheduler.get(seq.request_id) is not None:
             raise ValueError(f"request_id {seq.request_id!r} is already running or waiting")
-        if seq.lora_key is not None and (self.lora is None or not self.lora.is_current(seq.lora_key)):
+        if seq.lora_key is not None and not self._loras.is_current(seq.lora_key):
             raise ValueError(f"lora {seq.lora!r} was removed after the request was made")
         seq.arrival_order = next(self._arrivals)
         seq.pace = self.pace_meter.pace
@@ -175,26 +157,15 @@ class LLMEngine:
     def add_lora(self, name: str, path: str | Path) -> None:
         """Loads the PEFT adapter folder `path` as `name`, for requests that name it; ValueError when LoRA is
         off (max_loras 0), the name is taken, or the adapter does not fit the model (naming what)."""
-        self._lora_manager().add(name, path)
+        self._loras.add(name, path)
 
     def remove_lora(self, name: str) -> None:
         """Unloads `name`. Refused (ValueError) while requests that name it are waiting or running: they
         finish (or are aborted) first; the adapter stays served until then."""
-        manager = self._lora_manager()
-        manager.key_of(name)  # unknown: ValueError
-        holders = self.scheduler.num_unfinished_with_lora(name)
-        if holders:
-            raise ValueError(f"lora {name!r} is used by {holders} unfinished request(s); remove it once they "
-                             "finish, or abort them first")
-        manager.remove(name)
+        self._loras.remove(name)
 
     def list_loras(self) -> list[str]:
-        return self.lora.names() if self.lora is not None else []
-
-    def _lora_manager(self) -> LoRAManager:
-        if self.lora is None:
-            raise ValueError("LoRA is off: this engine was built with max_loras 0 (or embeds)")
-        return self.lora
+        return self._loras.names()
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._pending_outputs)
@@ -222,28 +193,36 @@ class LLMEngine:
         return outputs
 
     def _run(self, sched: SchedulerOutput) -> list[RequestOutput]:
+        """The step's outputs: the requests that ran, then those that failed alone (aborted)."""
         if self.pooling is not None:
-            return self._run_pooling(sched, self.pooling)
+            outputs, failures = self._embed(sched, self.pooling)
+        else:
+            outputs, failures = self._generate(sched)
+        return outputs + self._fail(failures)
+
+    def _generate(self, sched: SchedulerOutput) -> tuple[list[RequestOutput], Failures]:
+        """forward -> prompt logprobs -> sample -> grammars -> tokens appended, stop checks."""
         logits, seqs, prompt_logprobs, failures = forward_isolated(
             self._execute, sched, self.vocab_size, self.runner.device
         )
         self._cache_computed_blocks(sched, failures)
-        _add_prompt_logprobs(prompt_logprobs)
+        add_prompt_logprobs(prompt_logprobs)
         sampled, seqs, sampling_failures = sample_isolated(
             lambda part_logits, part: self.sampler(part_logits, part, self.eos_token_ids), logits, seqs
         )
         sampling_failures |= advance_grammars(seqs, sampled.token_ids)
-        now = time.time()
-        outputs = []
-        for seq, token, logprobs in zip(seqs, sampled.token_ids, sampled.logprobs, strict=True):
-            if seq in sampling_failures:
-                continue
-            self._append_token(seq, token, logprobs, now)
-            outputs.append(request_output(seq, num_new_tokens=1))
-        outputs += self._finish_scored_prompts(sched, failures)
-        if failures or sampling_failures:
-            outputs += self._fail(failures | sampling_failures)
-        return outputs
+        outputs = self.output_processor.append_tokens(seqs, sampled, sampling_failures)
+        outputs += self.output_processor.finish_scored_prompts(sched, failures)
+        return outputs, failures | sampling_failures
+
+    def _embed(self, sched: SchedulerOutput, pooling: PoolingConfig) -> tuple[list[RequestOutput], Failures]:
+        """An embedding engine's step: each chunk's pooling row joins its sequence's, and the requests whose
+        input is complete finish with their vectors."""
+        rows, failures = forward_pooled(self.runner, sched, self.vocab_size)
+        self._cache_computed_blocks(sched, failures)
+        done = pool_rows(sched, rows, failures, pooling.method)
+        vectors = embedding_vectors(done, pooling, self.embedding_size)
+        return self.output_processor.finish_embedded(done, vectors), failures
 
     def _execute(self, chunks: list[ScheduledChunk]) -> RunnerOutput:
         """The runner's output; raises (so the chunks are retried, and a request failing alone is aborted)
@@ -252,65 +231,6 @@ class LLMEngine:
         if any(c.prompt_targets and lp is None for c, lp in zip(chunks, out.prompt_logprobs, strict=True)):
             raise RuntimeError("the model runner returned no prompt logprobs for a chunk that asked for them")
         return out
-
-    def _finish_scored_prompts(self, sched: SchedulerOutput, failures: Failures) -> list[RequestOutput]:
-        """Finishes ("length") the requests with max_tokens=0 whose prompt this step completed: they only
-        wanted its logprobs. Called after _cache_computed_blocks, as finishing frees their blocks."""
-        outputs = []
-        for seq in sched.seqs:
-            if seq.params.max_tokens == 0 and seq not in failures and seq.num_uncomputed_tokens == 0:
-                self.scheduler.finish(seq, "length")
-                self.totals.finished_requests += 1
-                outputs.append(request_output(seq, num_new_tokens=0))
-        return outputs
-
-    def _run_pooling(self, sched: SchedulerOutput, pooling: PoolingConfig) -> list[RequestOutput]:
-        """An embedding engine's step: each chunk's pooling row joins its sequence's, and the requests whose
-        input is complete finish with their vectors."""
-        rows: dict[Sequence, torch.Tensor] = {}  # [H] per sequence whose chunk ran in a successful forward
-        owners = {id(chunk): seq for chunk, seq in zip(sched.chunks, sched.seqs, strict=True)}
-
-        def execute(chunks: list[ScheduledChunk]) -> RunnerOutput:
-            out = self.runner.execute(chunks)
-            if out.pooled is None or out.pooled.shape[0] != len(chunks):
-                raise RuntimeError("the model runner returned no pooling row for some chunk")
-            rows.update((owners[id(chunk)], row) for chunk, row in zip(chunks, out.pooled, strict=True))
-            return out
-
-        _, _, _, failures = forward_isolated(execute, sched, self.vocab_size, self.runner.device)
-        self._cache_computed_blocks(sched, failures)
-        for chunk, seq in zip(sched.chunks, sched.seqs, strict=True):
-            if seq not in failures:
-                seq.pooled = accumulate(seq.pooled, rows[seq], chunk.start_pos, pooling.method)
-        outputs = self._finish_embedded(sched, failures, pooling)
-        if failures:
-            outputs += self._fail(failures)
-        return outputs
-
-    def _finish_embedded(self, sched: SchedulerOutput, failures: Failures, pooling: PoolingConfig
-                         ) -> list[RequestOutput]:
-        """Finishes ("stop") the pooling requests whose input this step completed, with their vectors
-        (computed together). Called after _cache_computed_blocks, as finishing frees their blocks."""
-        done = [seq for seq in sched.seqs if seq not in failures and seq.num_uncomputed_tokens == 0]
-        if not done:
-            return []
-        size = self.embedding_size
-        assert size is not None and all(s.pooling is not None and s.pooled is not None for s in done)
-        params = [cast(PoolingParams, seq.params) for seq in done]
-        vectors = finish_embeddings(
-            torch.stack([cast(torch.Tensor, seq.pooled) for seq in done]),  # [F, H]
-            [seq.num_prompt_tokens for seq in done], pooling.method,
-            [p.dimensions or size for p in params],
-            [pooling.normalize if p.normalize is None else p.normalize for p in params],
-        )
-        outputs = []
-        for seq, vector in zip(done, vectors, strict=True):
-            self.scheduler.finish(seq, "stop")
-            seq.pooled = None
-            outputs.append(request_output(seq, num_new_tokens=0, embedding=vector))
-        self.totals.finished_requests += len(done)
-        self.totals.embedded_requests += len(done)
-        return outputs
 
     def _cache_computed_blocks(self, sched: SchedulerOutput, failures: Failures) -> None:
         """Registers the full blocks the forward computed in the prefix cache, before any request finishes
@@ -335,21 +255,6 @@ class LLMEngine:
             outputs.append(request_output(seq, num_new_tokens=0))
         self.totals.failed_requests += len(failures)
         return outputs
-
-    def _append_token(self, seq: Sequence, token: int, logprobs: dict[int, float] | None, now: float) -> None:
-        seq.output_token_ids.append(token)
-        if seq.metrics.first_token_time is None:
-            seq.metrics.first_token_time = now
-        if seq.logprobs is not None and logprobs is not None:
-            seq.logprobs.append(logprobs)
-        assert seq.detokenizer is not None
-        delta = seq.detokenizer.step(seq.output_token_ids)
-        seq.text += delta
-        reason = stop_reason(seq, token, delta, self.eos_token_ids)
-        if reason is not None:
-            self.scheduler.finish(seq, reason)
-            self.totals.finished_requests += 1
-        self.totals.generated_tokens += 1
 
     # --- grammars ------------------------------------------------------------------------------------
 
@@ -389,24 +294,3 @@ class LLMEngine:
         )
         return {**snapshot, "pace": self.pace_meter.pace.to_json()}
 
-
-def make_runner(config: EngineConfig) -> Runner:
-    """The runner for config.model, its weights loaded: an EncoderRunner for an encoder (BERT, XLM-R),
-    else a ModelRunner (paged KV cache)."""
-    from conveyor.engine.loader import is_encoder_config, read_hf_config
-
-    if is_encoder_config(read_hf_config(config.model)):
-        from conveyor.engine.encoder_runner import EncoderRunner
-
-        return EncoderRunner(config)
-    from conveyor.engine.model_runner import ModelRunner
-
-    return ModelRunner(config)
-
-
-def _add_prompt_logprobs(prompt_logprobs: PromptLogprobs) -> None:
-    """Appends each chunk's prompt logprobs to its sequence (the chunks follow on from what it has)."""
-    for seq, chunk_logprobs in prompt_logprobs.items():
-        assert seq.prompt_logprobs is not None
-        seq.prompt_logprobs.extend(chunk_logprobs.entries())
-        assert len(seq.prompt_logprobs) <= seq.num_prompt_tokens, seq.request_id
