@@ -24,6 +24,7 @@ from conveyor.cli.store_plans import Statement, captured_statements
 from conveyor.core.clock import utcnow
 from conveyor.core.lanes import queue_of
 from conveyor.core.lifecycle import QUEUED, RUNNING
+from conveyor.core.protocol.job_params import JobParams
 from conveyor.core.seams.dispatch import publish_and_mark
 from conveyor.core.settings import Settings
 from conveyor.core.store import finish_times, job_tallies, jobs, outcome_counts, tenants, token_usage, workers
@@ -268,7 +269,7 @@ def _purge(_bench: Bench, reconciler: Reconciler) -> object:
 def new_job(bench: Bench) -> jobs.NewJob:
     request = {"prompt": "Summarize the attached report.", "queue": bench.queue, "max_tokens": 128}
     return jobs.NewJob(tenant_id=bench.tenant, queue=bench.queue, prompt=str(request["prompt"]),
-                       messages=None, params={"max_tokens": 128}, meta=None, webhook=None,
+                       messages=None, params=JobParams(max_tokens=128).stored(), meta=None, webhook=None,
                        idempotency_key=None, request_hash=jobs.request_hash(request), prompt_tokens=8,
                        ttl_s=600.0, timeout_s=None)
 

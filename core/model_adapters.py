@@ -8,13 +8,15 @@ from __future__ import annotations
 from typing import Any
 
 from conveyor.core.lanes import model_of
+from conveyor.core.protocol.job_params import JobParams
 
-LORA_PARAM = "lora"  # a job's params key: the adapter id its engine request runs with
+LORA_PARAM = "lora"  # a job's params key (JobParams.lora): the adapter id its engine request runs with
 
 
 def with_lora(params: dict[str, Any], lora: str | None) -> dict[str, Any]:
-    """The job's params, naming its adapter (unchanged for the base model)."""
-    return params if lora is None else {**params, LORA_PARAM: lora}
+    """The job's stored params (core/protocol/job_params.py), naming its adapter (unchanged for the base
+    model)."""
+    return params if lora is None else JobParams.written({**params, LORA_PARAM: lora})
 
 
 def job_model_id(lane: str, params: dict[str, Any] | None) -> str:

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from conveyor.core.model_adapters import LORA_PARAM
 from conveyor.core.protocol.job_kinds import EMBEDDING
+from conveyor.core.protocol.job_params import JobParams
 from conveyor.core.store.tables import Job
 from conveyor.engine.outputs import RequestOutput
 from conveyor.engine.sequence import Urgency
@@ -62,14 +62,23 @@ class Attempt:
     @classmethod
     def of(cls, job: Job, on_done: OnDone, cache_salt: str, started: float) -> Attempt:
         """The attempt a claim just made of `job` (its attempts counter already raised by the claim)."""
-        params = job.params or {}
+        params = _params_of(job)
         embeds = job.kind == EMBEDDING
-        requests = len(job.inputs or []) if embeds else params.get("n", 1)
+        requests = len(job.inputs or []) if embeds else params.n
         return cls(job.id, job.attempts, job.queue, f"{job.id}#{job.attempts}", job.timeout_s, started,
-                   on_done, logprobs=params.get("logprobs"), cache_salt=cache_salt,
-                   compiling="structured" in params, n=max(requests, 1), embeds=embeds,
-                   prompt_logprobs=params.get("prompt_logprobs"), urgency=urgency_of(job),
-                   lora=params.get(LORA_PARAM))
+                   on_done, logprobs=params.logprobs, cache_salt=cache_salt,
+                   compiling=params.structured is not None, n=max(requests, 1), embeds=embeds,
+                   prompt_logprobs=params.prompt_logprobs, urgency=urgency_of(job), lora=params.lora)
+
+
+def _params_of(job: Job) -> JobParams:
+    """The job's params, or the defaults for a row they cannot be read from: an attempt is made of every
+    claimed job at once, and such a job's submit (worker/attempt_submitter.py) then fails it alone, as an
+    invalid request naming the field (worker/sampling.py)."""
+    try:
+        return JobParams.from_stored(job.params)
+    except ValueError:
+        return JobParams()
 
 
 def urgency_of(job: Job) -> Urgency:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from conveyor.core.protocol.job_params import JobParams
 from conveyor.engine.pooling_params import PoolingParams
 from conveyor.engine.sampling_params import SamplingParams
 from conveyor.worker.choices import choice_params
@@ -38,8 +39,9 @@ def embedding_requests(inputs: list[str | list[int]], params: PoolingParams) -> 
     return EngineRequests(list(inputs), [params] * len(inputs))
 
 
-def pooling_params_from_json(params: dict[str, Any]) -> PoolingParams:
-    """An embedding job's stored params (core/protocol/embedding_request.py job_params) -> the engine's
-    PoolingParams; ValueError naming the field for a value the engine refuses. The model's own normalisation
-    applies."""
-    return PoolingParams(dimensions=params.get("dimensions"), truncate=bool(params.get("truncate", False)))
+def pooling_params_from_json(stored: dict[str, Any]) -> PoolingParams:
+    """An embedding job's stored params (core/protocol/job_params.py, as core/protocol/embedding_request.py
+    job_params writes them) -> the engine's PoolingParams; ValueError naming the field for a value the
+    engine refuses. The model's own normalisation applies."""
+    params = JobParams.from_stored(stored)
+    return PoolingParams(dimensions=params.dimensions, truncate=params.truncate)

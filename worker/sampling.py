@@ -1,25 +1,23 @@
-"""A job's stored params (JSON, engine names) -> the engine's SamplingParams, `structured` included."""
+"""A job's stored params -> the engine's SamplingParams: the worker's one mapping of JobParams' sampling
+fields (core/protocol/job_params.py) onto the engine's, `structured` included. tests/core/test_job_params.py
+holds both to the same fields, each mapped."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from conveyor.core.model_adapters import LORA_PARAM
+from conveyor.core.protocol.job_params import SAMPLING_FIELDS, JobParams, StoredStructured
 from conveyor.engine.sampling_params import SamplingParams
 from conveyor.engine.structured_output.constraint import StructuredOutput
 
 
-def sampling_params_from_json(params: dict[str, Any]) -> SamplingParams:
-    """ValueError naming the field for anything the engine would refuse (unknown names included)."""
-    fields = dict(params)
-    fields.pop("n", None)  # the job's choices: each is a request of its own (worker/choices.py)
-    fields.pop(LORA_PARAM, None)  # its adapter: the engine request's, not a sampling parameter
-    structured = fields.pop("structured", None)
-    try:
-        if structured is not None:
-            if not isinstance(structured, dict):
-                raise ValueError(f"structured must be an object, got {type(structured).__name__}")
-            fields["structured"] = StructuredOutput(**structured)
-        return SamplingParams(**fields)
-    except TypeError as exc:
-        raise ValueError(f"params: {exc}") from exc
+def sampling_params_from_json(stored: dict[str, Any]) -> SamplingParams:
+    """ValueError naming the field for anything the engine would refuse, or a value no writer stores. Keys
+    this release does not know are ignored (JobParams.from_stored); `n` and the adapter are not sampling."""
+    params = JobParams.from_stored(stored)
+    fields = {name: getattr(params, name) for name in SAMPLING_FIELDS - {"structured"}}
+    return SamplingParams(**fields, structured=_structured_output(params.structured))
+
+
+def _structured_output(structured: StoredStructured | None) -> StructuredOutput | None:
+    return None if structured is None else StructuredOutput(**structured.model_dump())

@@ -45,6 +45,7 @@ from conveyor.api.schemas.fields import (
 from conveyor.api.schemas.scheduling import ScheduleFields
 from conveyor.core.protocol.embedding_request import EmbeddingFields
 from conveyor.core.protocol.job_kinds import EMBEDDING, GENERATION
+from conveyor.core.protocol.job_params import JobParams
 from conveyor.core.protocol.openai_request import CHAT_FIELDS, ChatFields
 from conveyor.core.protocol.request_rules import MAX_TIMEOUT_S, MAX_TTL_S, json_problem, output_problem
 from conveyor.core.protocol.service_tiers import ServiceTier
@@ -59,11 +60,6 @@ from conveyor.core.webhooks.events import validate_filter
 from conveyor.core.webhooks.ssrf import url_problem
 
 MAX_RETRIES = 10
-SAMPLING_FIELDS = (
-    "n", "max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
-    "stop_token_ids", "ignore_eos", "repetition_penalty", "presence_penalty", "frequency_penalty", "logprobs",
-    "prompt_logprobs", "skip_special_tokens", "include_stop_str_in_output",
-)
 # Stored only when they differ from their defaults: a job without them keeps the params shape it always had.
 STORED_WHEN_SET = {"n": 1, "prompt_logprobs": None, "presence_penalty": 0.0, "frequency_penalty": 0.0,
                    "skip_special_tokens": True, "include_stop_str_in_output": False}
@@ -295,7 +291,10 @@ class JobCreate(ChatFields, JobPlacement):
         return next((v for v in self._structured_sources().values() if v is not None), None)
 
     def sampling_params(self) -> dict[str, Any]:
-        params = self.model_dump(include=set(SAMPLING_FIELDS), mode="json")
+        """The job's stored params before its chat options and its adapter: the fields it shares with
+        JobParams (the engine's names), the newer ones only when set, and its structured output."""
+        shared = set(JobParams.model_fields) & set(JobCreate.model_fields)
+        params = self.model_dump(include=shared, mode="json")
         for name, default in STORED_WHEN_SET.items():
             if params[name] == default:
                 del params[name]
@@ -305,7 +304,7 @@ class JobCreate(ChatFields, JobPlacement):
         structured = self.structured()
         if structured is not None:
             params["structured"] = structured
-        return params
+        return JobParams.written(params)
 
 
 class EmbeddingJobCreate(EmbeddingFields, JobPlacement):

@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
+from conveyor.core.protocol.job_params import JobParams
 from conveyor.core.protocol.tools import Tool, ToolChoice, choice_json, constrained_schema, tools_problem
 
 ToolParser = Literal["hermes", "llama3_json", "mistral"]
@@ -99,15 +100,15 @@ class ChatOptions:
 
 
 def job_params(params: dict[str, Any], options: ChatOptions) -> dict[str, Any]:
-    """A chat job's sampling params with what its options need: the tool call's constraint (a structured
-    output), and special tokens kept when the parser reads them."""
+    """A chat job's stored params (core/protocol/job_params.py) with what its options need: the tool call's
+    constraint (a structured output), and special tokens kept when the parser reads them."""
     structured = options.structured()
     if structured is not None:
         assert "structured" not in params, "a constrained tool call is refused beside a structured output"
         params = {**params, "structured": structured}
     if options.keeps_special_tokens():
         params = {**params, "skip_special_tokens": False}
-    return params
+    return JobParams.written(params)
 
 
 def chat_options(

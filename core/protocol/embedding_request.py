@@ -11,17 +11,19 @@ naming the same item, on every path.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
 from conveyor.core.protocol.embedding_input import as_inputs, input_problem
 from conveyor.core.protocol.field_errors import validation_message
+from conveyor.core.protocol.job_params import JobParams
 from conveyor.core.protocol.refusal import Refusal
 from conveyor.core.protocol.request_fields import (
     MAX_INT32,
     DeadlineSeconds,
+    EncodingFormat,
     NonEmptyText,
     OnDeadlineMiss,
     Priority,
@@ -31,7 +33,6 @@ from conveyor.core.protocol.request_fields import (
 from conveyor.core.protocol.service_tiers import ServiceTier
 
 EMBEDDINGS = "/v1/embeddings"
-EncodingFormat = Literal["float", "base64"]
 # The job's params of an embedding job. It writes no output: max_tokens 0 makes the queue tallies, the
 # tokens-per-minute quota and the deadline forecasts, which read max_tokens from params, count its prompt
 # tokens only.
@@ -76,7 +77,7 @@ class EmbeddingFields(BaseModel):
         """The job's params: no output, and the fields sent that change the vectors or their format."""
         sent = {name: getattr(self, name) for name in ("dimensions", "encoding_format")
                 if getattr(self, name) is not None}
-        return {**NO_OUTPUT, **sent, **({"truncate": True} if self.truncate else {})}
+        return JobParams.written({**NO_OUTPUT, **sent, **({"truncate": True} if self.truncate else {})})
 
 
 class EmbeddingCreate(EmbeddingFields):

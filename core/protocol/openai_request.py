@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Valida
 from conveyor.core.protocol.chat_messages import ChatMessageIn, ChatRoles, plain_messages
 from conveyor.core.protocol.chat_options import ChatOptions, ToolParser, chat_options, tool_parser_for
 from conveyor.core.protocol.field_errors import validation_message
+from conveyor.core.protocol.job_params import JobParams
 from conveyor.core.protocol.refusal import Refusal
 from conveyor.core.protocol.request_fields import (
     ChoiceCount,
@@ -227,24 +228,7 @@ class OpenAISampling(BaseModel):
     def job_params(self) -> dict[str, Any]:
         """The sent sampling fields under the job's (engine's) names, structured-output fields as sent;
         unsent ones keep the job defaults. max_tokens is left to the caller (each path has its default)."""
-        names = (
-            *QUEUE_FIELDS,
-            "n",
-            "temperature",
-            "top_p",
-            "stop",
-            "seed",
-            "top_k",
-            "min_p",
-            "min_tokens",
-            "repetition_penalty",
-            "presence_penalty",
-            "frequency_penalty",
-            "ignore_eos",
-            "stop_token_ids",
-            "skip_special_tokens",
-            "include_stop_str_in_output",
-        )
+        names = (*QUEUE_FIELDS, *_SAME_NAMED)
         params = {name: getattr(self, name) for name in names if getattr(self, name) is not None}
         if params.get("n") == 1:
             del params["n"]  # one choice: the job's default, not stored
@@ -267,6 +251,13 @@ class OpenAISampling(BaseModel):
         if kind == "json_object":
             return {"response_format": {"type": "json_object"}}
         return {kind: value}
+
+
+# The sampling fields both endpoints send under the job's own names (core/protocol/job_params.py); the rest
+# are translated: max_tokens takes each path's default, prompt_logprobs echo's logprobs too, and logprobs is
+# each endpoint's own.
+_SAME_NAMED = tuple(name for name in JobParams.model_fields if name in OpenAISampling.model_fields
+                    and name not in ("max_tokens", "prompt_logprobs"))
 
 
 class ChatFields(BaseModel):

@@ -110,6 +110,9 @@ OnDeadlineMiss = Annotated[Literal["accept", "reject"], Field(
     description="reject: refuse the job (429 deadline_unattainable, with Retry-After) when its predicted "
     "finish is past its deadline; accept (the default): take it and show the prediction")]
 ChoiceCount = Annotated[int, Field(strict=True, ge=1, le=MAX_N, description="choices from the one prompt")]
+# An embedding's components kept (Matryoshka); the engine holds it to the model's size.
+Dimensions = Annotated[int, Field(strict=True, ge=1, le=MAX_INT32)]
+EncodingFormat = Literal["float", "base64"]
 StrictFlag = Annotated[bool, Field(strict=True)]
 _GREEDY_OR_WARM = Field(json_schema_extra={"anyOf": [{"const": 0}, {"minimum": MIN_TEMPERATURE}]},
                         description="0 = greedy")

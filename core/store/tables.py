@@ -135,7 +135,7 @@ class Job(Base):
     # An embedding job's inputs, each a text or a list of token ids; NULL for a generation job.
     inputs: Mapped[list[str | list[int]] | None] = mapped_column(JSON, nullable=True)
     messages: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
-    params: Mapped[dict[str, Any]] = mapped_column(JSON)  # SamplingParams keyword arguments
+    params: Mapped[dict[str, Any]] = mapped_column(JSON)  # core/protocol/job_params.py JobParams' stored form
     # How the messages are rendered and the answer read (core/protocol/chat_options.py); NULL: the defaults.
     chat: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     # `metadata` is reserved on declarative classes, hence the attribute name.

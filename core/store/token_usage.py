@@ -17,10 +17,10 @@ from sqlalchemy import Integer, case, cast, func, select
 from sqlalchemy.orm import Session
 
 from conveyor.core.lifecycle import QUEUED, RUNNING
+from conveyor.core.protocol.job_params import DEFAULT_MAX_TOKENS
 from conveyor.core.store.tables import Job
 
 WINDOW = timedelta(seconds=60)
-DEFAULT_MAX_TOKENS = 16  # the engine's default, for batch lines that set none
 
 
 @dataclass(frozen=True)

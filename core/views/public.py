@@ -16,6 +16,7 @@ from conveyor.core.lifecycle import BATCH_CANCELLED, BATCH_EXPIRED, BATCH_FAILED
 from conveyor.core.model_adapters import job_model_id
 from conveyor.core.protocol.chat_options import ChatOptions
 from conveyor.core.protocol.job_kinds import GENERATION, JobKind
+from conveyor.core.protocol.job_params import JobParams
 from conveyor.core.store.outcome_counts import due_since
 from conveyor.core.store.tables import Batch, Job
 from conveyor.core.views.embedding_objects import EmbeddingList, embedding_list
@@ -196,8 +197,8 @@ def _history(job: Job) -> list[AttemptRecord]:
 
 def _result(job: Job, model_id: str) -> JobResult | EmbeddingList | None:
     if job.embeddings is not None:
-        params = job.params or {}
-        body = embedding_list(job.embeddings, params.get("encoding_format"), model_id, job.prompt_tokens or 0)
+        encoding_format = JobParams.from_stored(job.params).encoding_format  # read by the worker that ran it
+        body = embedding_list(job.embeddings, encoding_format, model_id, job.prompt_tokens or 0)
         return EmbeddingList.model_validate(body)
     return JobResult.of(job) if job.result_text is not None else None
 

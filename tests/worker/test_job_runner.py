@@ -185,6 +185,22 @@ def test_parameters_the_engine_rejects_fail_the_job_as_invalid_request(
     assert job.error_message is not None and "max_tokens" in job.error_message
 
 
+def test_params_that_cannot_be_read_fail_only_their_job_as_invalid_request(
+    runner: JobRunner, sessions: sessionmaker[Session]
+) -> None:
+    unreadable = add_job(sessions, "Hello", max_tokens=2, logprobs="all")
+    fine = add_job(sessions, "Hi", max_tokens=2)
+    done = [Done(), Done()]
+    assert runner.run_many([(unreadable, done[0]), (fine, done[1])]) == [True, True]
+    for d in done:
+        d.wait()
+
+    job = get_job(sessions, unreadable)
+    assert job.status == "failed" and job.error_code == "invalid_request"
+    assert job.error_message is not None and job.error_message.startswith("logprobs: ")
+    assert get_job(sessions, fine).status == "succeeded"
+
+
 def test_a_grammar_that_cannot_be_compiled_fails_its_job_as_invalid_request(
     runner: JobRunner, sessions: sessionmaker[Session]
 ) -> None:

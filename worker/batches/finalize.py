@@ -41,6 +41,7 @@ from conveyor.core.lifecycle import (
 from conveyor.core.model_adapters import job_model_id
 from conveyor.core.protocol.chat_options import ChatOptions
 from conveyor.core.protocol.embedding_request import EMBEDDINGS
+from conveyor.core.protocol.job_params import JobParams
 from conveyor.core.s3 import parse_s3_object_url, parse_s3_prefix_url
 from conveyor.core.settings import Settings
 from conveyor.core.store import batches, blobs, files, webhook_events
@@ -234,7 +235,7 @@ class BatchFinalizer:
         model = meta.get("model") or job_model_id(job.queue, job.params)
         if meta.get("endpoint") == EMBEDDINGS:
             assert job.embeddings is not None, "a succeeded embedding job holds its vectors"
-            vectors, encoding_format = job.embeddings, job.params.get("encoding_format")
+            vectors, encoding_format = job.embeddings, JobParams.from_stored(job.params).encoding_format
             body = embedding_list(vectors, encoding_format, model, job.prompt_tokens or 0)
             return batch_result_line(custom_id, body, line_id=new_id("batch_req_"), request_id=job.id)
         finished = job.finished_at or utcnow()

@@ -40,6 +40,7 @@ from conveyor.core.protocol.embedding_rules import (
 )
 from conveyor.core.protocol.field_errors import FieldProblem
 from conveyor.core.protocol.job_kinds import EMBEDDING, GENERATION
+from conveyor.core.protocol.job_params import JobParams
 from conveyor.core.protocol.model_task import ModelTask
 from conveyor.core.protocol.openai_request import (
     CHAT,
@@ -85,7 +86,7 @@ class BatchRequest:
     endpoint: str  # CHAT, COMPLETIONS or EMBEDDINGS
     messages: list[dict[str, Any]] | None
     prompt: str | list[int] | None  # text (token ids are refused, as on the synchronous route)
-    # engine.SamplingParams keyword arguments, only those the line set (an embeddings line: its job's params,
+    # its job's stored params (core/protocol/job_params.py), only those the line set (an embeddings line's:
     # core/protocol/embedding_request.py job_params)
     params: dict[str, Any]
     model: str | None
@@ -372,7 +373,7 @@ def _job_params(request: OpenAIRequest) -> dict[str, Any]:
     max_tokens = request.requested_max_tokens()
     if max_tokens is not None:
         params["max_tokens"] = max_tokens
-    return params
+    return JobParams.written(params)
 
 
 def _check_engine_params(request: BatchRequest) -> None:
@@ -417,7 +418,8 @@ def _counted_inputs(request: BatchRequest, limits: LineLimits) -> BatchRequest:
     rules = limits.embedding
     if rules is None:
         return request
-    truncate, dimensions = bool(request.params.get("truncate")), request.params.get("dimensions")
+    params = JobParams.from_stored(request.params)
+    truncate, dimensions = params.truncate, params.dimensions
     _reject(inputs_problem(request.inputs, dimensions, truncate, rules))
     if limits.count_input is None:
         return request

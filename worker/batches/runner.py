@@ -43,6 +43,7 @@ from conveyor.core.lifecycle import (
     STOP_FAILED,
 )
 from conveyor.core.protocol.embedding_rules import EmbeddingLimits
+from conveyor.core.protocol.job_params import JobParams
 from conveyor.core.protocol.model_limits import model_context_length, served_max_model_len
 from conveyor.core.protocol.model_task import model_task
 from conveyor.core.protocol.openai_request import Served
@@ -53,7 +54,6 @@ from conveyor.core.settings import Settings
 from conveyor.core.store import batches, finish_times, jobs, lora_adapters, tenants
 from conveyor.core.store.tables import Batch, BatchLine, Job
 from conveyor.core.store.tenants import TenantLimits
-from conveyor.core.store.token_usage import DEFAULT_MAX_TOKENS
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.worker.batches.finalize import BatchFinalizer, OutputWriteError, describe_error
 from conveyor.worker.batches.lines import (
@@ -410,7 +410,7 @@ def _start_by(request: BatchRequest, deadline_s: float | None, now: datetime, pa
               ) -> datetime | None:
     if deadline_s is None:
         return None
-    max_tokens = int(request.params.get("max_tokens", DEFAULT_MAX_TOKENS))
+    max_tokens = JobParams.from_stored(request.params).max_tokens
     run_s = pace.run_s(request.prompt_tokens, max_tokens) if pace is not None else None
     return finish_times.latest_start(now, deadline_s, run_s)
 
