@@ -210,6 +210,9 @@ def claim_fair(session: Session, queue: str, count: int, worker_id: str, clock: 
             got = _claim_most_urgent(session, queue, stream, n, worker_id, now, by_arrival)
             _took(view, stream, len(got), state, short=len(got) < n)
             running[stream] = running.get(stream, 0) + len(got)
+            # NOTE: a tenant claimed here may queue nothing when the queue is read again, yet it runs now:
+            # its share must outlive the view it came from.
+            running_shares.setdefault(stream.tenant_id, view.shares[stream.tenant_id])
             claimed += got
         if len(claimed) >= count or fresh:
             break

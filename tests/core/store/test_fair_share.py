@@ -244,3 +244,18 @@ def test_claims_by_arrival_ignore_priority_and_deadline(session: Session) -> Non
     claimed = claim_fair(session, "documents", 1, "w1", at_t0, DEFAULTS, FairState(view_s=0.0),
                          by_arrival=True)
     assert [job.id for job in claimed] == [plain] and urgent != plain
+
+
+def test_a_tenant_claimed_out_of_a_reused_view_is_still_planned_when_the_queue_is_read_again(
+        session: Session) -> None:
+    """b's only job is claimed from the reused view, a's planned job is gone (cancelled), so the claim reads
+    the queue again: b no longer queues anything but now runs one, and the plan still knows b's share."""
+    a_jobs = _add(session, "a", 2, T0)
+    _add(session, "b", 1, T0 + timedelta(seconds=1))
+    state = FairState(view_s=3600.0)
+    assert [j.id for j in claim_fair(session, "documents", 1, "w1", at_t0, DEFAULTS, state)] == a_jobs[:1]
+    jobs.cancel(session, a_jobs[1], "a", T0)
+
+    claimed = claim_fair(session, "documents", 2, "w1", at_t0, DEFAULTS, state)
+
+    assert [j.tenant_id for j in claimed] == ["b"]
