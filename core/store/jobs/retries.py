@@ -60,7 +60,10 @@ def retry(session: Session, job_id: str, tenant_id: str, now: datetime, *, key: 
     if job.deadline_at is not None:  # as far after the new start as it was after the old one
         ahead = job.deadline_at - (job.run_at or job.created_at)
         values["deadline_at"] = values["start_by"] = since + ahead
-    applied = conditional_update(session, job.id, (job.status,), None, **values)
+    # NOTE: the row as read, not only its status: SQLite takes no row lock on the read, and another retry
+    # and cancel in between would bring the status back to what was read, under a longer history.
+    unchanged = Job.updated_at == job.updated_at
+    applied = conditional_update(session, job.id, (job.status,), unchanged, **values)
     session.commit()
     return RetryResult(get(session, job_id, tenant_id), applied=applied)
 

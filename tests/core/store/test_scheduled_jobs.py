@@ -7,10 +7,13 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+import pytest
 from sqlalchemy.orm import Session
 
 from conveyor.core.retry_policy import MODEL_UNAVAILABLE, OUT_OF_MEMORY, Backoff
 from conveyor.core.store import job_tallies, jobs, webhooks
+from conveyor.core.store.database import make_db_engine, make_session_factory
+from conveyor.core.store.jobs import retries
 from conveyor.core.store.tables import DEFAULT_TENANT, Delivery, Job
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
@@ -160,3 +163,33 @@ def test_job_started_events_go_only_to_targets_that_ask_for_them(session: Sessio
     assert [(d.subject_id, d.event_type) for d in deliveries] == [(asked, "job.started")]
     assert deliveries[0].payload["data"]["status"] == "running"
     assert webhooks.enabled_subscriptions_of(session, {DEFAULT_TENANT}) == {}
+
+
+def test_a_retry_that_read_the_job_before_another_retry_and_cancel_keeps_every_outcome(
+        migrated_sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between a retry's read and its write, another client retries the job and cancels it again (the
+    status is back to what the first read): the first retry must not write its stale history over the
+    other's. SQLite takes no row lock on the read, so the write itself must notice (on PostgreSQL the read's
+    FOR UPDATE makes the other client wait, so this interleaving cannot happen there)."""
+    db_engine = make_db_engine(migrated_sqlite_url)
+    session_factory = make_session_factory(db_engine)
+    with session_factory() as setup:
+        job_id = add(setup)
+        jobs.cancel(setup, job_id, DEFAULT_TENANT, at(1))
+    real_open_batch_of = retries.open_batch_of
+    interleaved: list[bool] = []
+
+    def another_client_in_between(session: Session, checked_id: str) -> str | None:
+        if not interleaved:
+            interleaved.append(True)
+            with session_factory() as other:
+                assert jobs.retry(other, job_id, DEFAULT_TENANT, at(2)).applied
+                jobs.cancel(other, job_id, DEFAULT_TENANT, at(3))
+        return real_open_batch_of(session, checked_id)
+
+    monkeypatch.setattr(retries, "open_batch_of", another_client_in_between)
+    with session_factory() as first:
+        result = jobs.retry(first, job_id, DEFAULT_TENANT, at(4))
+        history = [entry["status"] for entry in job(first, job_id).history or []]
+    db_engine.dispose()
+    assert history == (["cancelled", "cancelled"] if result.applied else ["cancelled"])
