@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import time
 
-from conveyor.engine.outputs import RequestOutput, request_output
+from conveyor.engine.outputs import FinishReason, RequestOutput, request_output
 from conveyor.engine.sampler import SamplerOutput
 from conveyor.engine.scheduler import Scheduler, SchedulerOutput
 from conveyor.engine.sequence import Sequence
 from conveyor.engine.stats import EngineTotals
 from conveyor.engine.step_isolation import Failures, PromptLogprobs
-from conveyor.engine.stop_rules import stop_reason
+from conveyor.engine.stop_rules import stop_reason, truncate_at_stop_string
 
 
 class OutputProcessor:
@@ -71,9 +71,21 @@ class OutputProcessor:
         seq.text += delta
         reason = stop_reason(seq, token, delta, self._eos_token_ids)
         if reason is not None:
-            self._scheduler.finish(seq, reason)
+            self._scheduler.finish(seq, _with_held_back_text(seq, reason))
             self._totals.finished_requests += 1
         self._totals.generated_tokens += 1
+
+
+def _with_held_back_text(seq: Sequence, reason: FinishReason) -> FinishReason:
+    """The sequence's last text, held back while it ended inside a character, added as a full decode writes
+    it; a stop string in it still stops (and cuts) the text. (A stop string found earlier left nothing held
+    back: it is looked for only in text already released.)"""
+    assert seq.detokenizer is not None
+    tail = seq.detokenizer.flush(seq.output_token_ids)
+    seq.text += tail
+    if tail and truncate_at_stop_string(seq, len(tail)):
+        return "stop"
+    return reason
 
 
 def add_prompt_logprobs(prompt_logprobs: PromptLogprobs) -> None:

@@ -21,14 +21,14 @@ def stop_reason(seq: Sequence, token: int, delta: str, eos_token_ids: frozenset[
             return "stop"
         if token in params.stop_token_ids:
             return "stop"
-        if delta and _truncate_at_stop_string(seq, len(delta)):
+        if delta and truncate_at_stop_string(seq, len(delta)):
             return "stop"
     if seq.num_output_tokens >= params.max_tokens:
         return "length"
     return None
 
 
-def _truncate_at_stop_string(seq: Sequence, delta_len: int) -> bool:
+def truncate_at_stop_string(seq: Sequence, delta_len: int) -> bool:
     """Looks for a stop string ending in the newest text; cuts the text before it (after it, with
     include_stop_str_in_output). True if found."""
     stops = seq.params.stop_strings

@@ -77,11 +77,20 @@ class IncrementalDetokenizer:
         self.text = ""
 
     def step(self, output_ids: list[int]) -> str:
-        """Appends and returns the text newly readable from output_ids (may be "" mid-character)."""
+        """Appends and returns the text newly readable from output_ids: "" while the newest ids end inside a
+        character (its bytes split across tokens), which is held back until it is whole."""
+        return self._advance(output_ids, whole=False)
+
+    def flush(self, output_ids: list[int]) -> str:
+        """At the end of the output: appends and returns what `step` held back, as a full decode writes it
+        (an incomplete character becomes U+FFFD), so that the text equals the decode of every id."""
+        return self._advance(output_ids, whole=True)
+
+    def _advance(self, output_ids: list[int], *, whole: bool) -> str:
         skip = self._skip_special_tokens
         prefix_text = self._tokenizer.decode(output_ids[self._prefix_offset : self._read_offset], skip)
         full_text = self._tokenizer.decode(output_ids[self._prefix_offset :], skip)
-        if len(full_text) <= len(prefix_text) or full_text.endswith("\ufffd"):
+        if len(full_text) <= len(prefix_text) or (full_text.endswith("\ufffd") and not whole):
             return ""
         delta = full_text[len(prefix_text) :]
         self._prefix_offset = self._read_offset

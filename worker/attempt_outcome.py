@@ -16,6 +16,7 @@ from conveyor.engine.outputs import RequestOutput
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.worker.attempt import ENGINE_ERROR, INVALID_REQUEST, TIMEOUT, Attempt, EngineFuture
 from conveyor.worker.logprobs import job_logprobs, job_prompt_logprobs
+from conveyor.worker.storable_text import storable
 from conveyor.worker.transient import is_transient
 
 log = logging.getLogger(__name__)
@@ -66,10 +67,16 @@ def _embeddings(attempt: Attempt, outputs: list[RequestOutput]) -> jobs.Outcome:
 
 
 def _completion(attempt: Attempt, outputs: list[RequestOutput], tokenizer: Tokenizer) -> jobs.Outcome:
-    """Choice 0 is the job's result; with several, every choice is kept too, and usage counts them all."""
+    """Choice 0 is the job's result; with several, every choice is kept too, and usage counts them all. A job
+    whose prompts are token ids or several (`inputs`) keeps every choice, and each prompt as read in the first
+    of its choices (choice c of prompt p is outputs[p * n + c]; only c = 0 scored its prompt)."""
     first = outputs[0]
+    firsts = outputs[:: attempt.choices_per_prompt()]  # each prompt's first choice
     try:
         choices = [_choice(index, out, attempt, tokenizer) for index, out in enumerate(outputs)]
+        if attempt.prompts is not None:
+            for index in range(0, len(outputs), attempt.choices_per_prompt()):
+                choices[index]["prompt"] = _prompt_read(outputs[index], attempt, tokenizer)
         prompt_logprobs = job_prompt_logprobs(first.prompt_token_ids, first.prompt_logprobs,
                                               attempt.prompt_logprobs, tokenizer)
     except Exception as exc:
@@ -77,13 +84,26 @@ def _completion(attempt: Attempt, outputs: list[RequestOutput], tokenizer: Token
         return failure(attempt, ENGINE_ERROR, f"could not store the result: {type(exc).__name__}")
     return jobs.Completion(
         attempt.job_id, attempt.attempt, result_text=choices[0]["text"],
-        finish_reason=str(first.finish_reason), prompt_tokens=len(first.prompt_token_ids),
+        finish_reason=str(first.finish_reason),
+        prompt_tokens=sum(len(out.prompt_token_ids) for out in firsts),
         completion_tokens=sum(len(out.token_ids) for out in outputs),
         preemptions=sum(out.metrics.num_preemptions for out in outputs),
         first_token_at=to_datetime(min(_first_token_times(outputs), default=None)),
-        logprobs=choices[0]["logprobs"], cached_tokens=first.num_cached_tokens,
-        choices=choices if len(choices) > 1 else None, prompt_logprobs=prompt_logprobs,
+        logprobs=choices[0]["logprobs"], cached_tokens=sum(out.num_cached_tokens for out in firsts),
+        choices=choices if len(choices) > 1 or attempt.prompts is not None else None,
+        prompt_logprobs=prompt_logprobs,
     )
+
+
+def _prompt_read(out: RequestOutput, attempt: Attempt, tokenizer: Tokenizer) -> dict[str, Any]:
+    """A prompt as its first choice read it: its text (token ids decoded, special tokens included: what was
+    sent) and, when the job scored prompts, its tokens' logprobs."""
+    text = out.prompt
+    if text is None:
+        text = tokenizer.decode(out.prompt_token_ids, skip_special_tokens=False)
+    logprobs = job_prompt_logprobs(out.prompt_token_ids, out.prompt_logprobs, attempt.prompt_logprobs,
+                                   tokenizer)
+    return {"text": storable(text), "logprobs": logprobs}
 
 
 def _choice(index: int, out: RequestOutput, attempt: Attempt, tokenizer: Tokenizer) -> dict[str, Any]:
@@ -114,11 +134,6 @@ def failure(attempt: Attempt, code: str, message: str, preemptions: int = 0) -> 
 
 def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
-
-
-def storable(text: str) -> str:
-    """Postgres text cannot hold NUL characters, which a random-weight model happily writes."""
-    return text.replace("\x00", "\ufffd")
 
 
 def to_datetime(ts: float | None) -> datetime | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from conveyor.engine.tokenizer import Tokenizer
+from conveyor.worker.storable_text import storable
 
 
 def job_logprobs(
@@ -46,8 +47,7 @@ def _entry(token: int, logprob: float, texts: dict[int, str]) -> dict[str, Any]:
 
 def _token_texts(token_ids: list[int], logprobs: list[dict[int, float]], tokenizer: Tokenizer,
                  ) -> dict[int, str]:
-    """Each distinct token decoded alone, special tokens included (they were generated too). NUL becomes
-    U+FFFD as in the result text: PostgreSQL text cannot hold it."""
+    """Each distinct token decoded alone, special tokens included (they were generated too), storable as the
+    result text is."""
     distinct = set(token_ids).union(*(entry.keys() for entry in logprobs))
-    return {token: tokenizer.decode([token], skip_special_tokens=False).replace("\x00", "\ufffd")
-            for token in distinct}
+    return {token: storable(tokenizer.decode([token], skip_special_tokens=False)) for token in distinct}

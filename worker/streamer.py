@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from conveyor.core.seams.token_stream import TokenEvent, TokenSink
 from conveyor.engine.outputs import RequestOutput
+from conveyor.worker.storable_text import storable
 
 STREAM_EVERY_TOKENS = 4
 STREAM_EVERY_S = 0.05
@@ -45,8 +46,9 @@ class JobStreamer:
         now = self._clock()
         due = progress.unsent_tokens >= STREAM_EVERY_TOKENS or now - progress.last_sent >= STREAM_EVERY_S
         # NOTE: the text may shrink at the end (cut before a stop string); the API holds back enough
-        # characters to cover that and reconciles with the stored text.
-        delta = out.text[progress.sent_chars:]
+        # characters to cover that and reconciles with the stored text. Each piece is storable as the stored
+        # text is, so that the pieces join to it.
+        delta = storable(out.text[progress.sent_chars:])
         if delta and (due or out.finished):
             self._sink.publish(job_id, TokenEvent(attempt, delta, tokens=len(out.token_ids), index=index))
             progress.sent_chars, progress.unsent_tokens, progress.last_sent = len(out.text), 0, now
