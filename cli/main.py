@@ -17,6 +17,7 @@ import typer
 from pydantic import ValidationError
 
 from conveyor.cli.errors import ConveyorGroup, debug_enabled, remember_settings
+from conveyor.cli.preflight import check_port
 from conveyor.cli.tenants import tenants_app
 from conveyor.core.log_setup import configure_logging, masked_url
 from conveyor.core.settings import Settings, load_settings
@@ -59,6 +60,7 @@ def serve(ctx: typer.Context, host: HostOpt = None, port: PortOpt = None, config
         _fail(f"api_workers: serve runs one process (one SQLite writer, an in-process queue), not "
               f"{settings.api_workers}; for several, run `conveyor api --workers N` and `conveyor worker` on "
               "PostgreSQL and Redis")
+    check_port(settings.host, settings.port)
     from conveyor.api.app import create_app
     from conveyor.cli.api_server import load_tokenizers
     from conveyor.core.store.migrate import upgrade
@@ -97,6 +99,7 @@ def api(ctx: typer.Context, host: HostOpt = None, port: PortOpt = None, config: 
     from conveyor.cli.api_server import FACTORY, build_api_app, pass_down
     from conveyor.cli.preflight import check_broker, check_database
 
+    check_port(settings.host, settings.port)
     _check_tokenizer_files(settings)
     check_database(settings.database_url)
     check_broker(settings.broker_url or "")

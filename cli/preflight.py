@@ -1,4 +1,5 @@
-"""Checks a server command runs before it starts: the database, its schema and the broker answer.
+"""Checks a server command runs before it starts: its port is free, the database, its schema and the
+broker answer.
 
 Without them `conveyor api` would start and answer 500s, and `conveyor worker` would load its engine first
 and then fail (Postgres) or retry the broker forever (Celery's retry on start-up). Failing at once, with the
@@ -8,6 +9,7 @@ one line of cli/errors.py, is what a newcomer needs; in Kubernetes the pod resta
 from __future__ import annotations
 
 import logging
+import socket
 
 from conveyor.cli.errors import SetupError
 from conveyor.core.log_setup import masked_url
@@ -37,3 +39,18 @@ def check_broker(broker_url: str) -> None:
     with Connection(broker_url, connect_timeout=BROKER_CHECK_TIMEOUT_S) as connection:
         connection.ensure_connection(max_retries=1)
 
+
+
+def check_port(host: str, port: int) -> None:
+    """The server's address is free, checked before the slow part of a start (migrations, model loads) by
+    binding it for a moment, so that a port in use is said at once, naming it. SO_REUSEADDR as uvicorn binds:
+    a port left in TIME_WAIT by a server that just stopped is free."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise SetupError(f"listening on {host}:{port}", exc.strerror or str(exc),
+                             f"stop what serves port {port}, or choose another port with --port or "
+                             f"CONVEYOR_PORT (e.g. CONVEYOR_PORT={port + 1})") from exc

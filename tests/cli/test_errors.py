@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -121,3 +122,20 @@ def test_a_worker_of_a_registry_must_name_a_served_model(
     assert unknown.exit_code == 2 and "worker_model: unknown model 'medium'" in unknown.stderr, unknown.stderr
     named = runner.invoke(app, ["worker", "--model", "large"])  # its folder is checked before anything loads
     assert named.exit_code == 2 and "model folder /models/large does not exist" in named.stderr, named.stderr
+
+
+@pytest.mark.parametrize("command", ["serve", "api"])
+def test_a_port_in_use_is_said_at_once_naming_it_and_how_to_choose_another(command: str,
+                                                                          tmp_path: Path) -> None:
+    """Before the migrations, the model and the worker's registration: nothing of the start happens (no
+    database file is even created), and the line names the port and CONVEYOR_PORT."""
+    with socket.socket() as other_server:
+        other_server.bind(("127.0.0.1", 0))
+        other_server.listen()
+        port = other_server.getsockname()[1]
+        broker = {"CONVEYOR_BROKER_URL": "redis://127.0.0.1:6379/15"} if command == "api" else {}
+        done = _conveyor(command, "--port", str(port), CONVEYOR_DATA_DIR=str(tmp_path), **broker)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"127.0.0.1:{port}" in lines[0] and "CONVEYOR_PORT" in lines[0], done.stderr
+    assert not (tmp_path / "conveyor.db").exists()
