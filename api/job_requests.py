@@ -23,6 +23,7 @@ from conveyor.core.protocol.job_kinds import EMBEDDING
 from conveyor.core.protocol.request_limits import (
     RequestLimits,
     RequestSize,
+    prompt_sizes,
     size_problem,
     tokenizer_problem,
     tokens_problem,
@@ -56,37 +57,50 @@ def job_request(body: AnyJobCreate, served: ServedModel, queue: QueueSettings) -
 class GenerationRequest:
     def __init__(self, body: JobCreate, served: ServedModel, queue: QueueSettings) -> None:
         self.body, self.served = body, served
-        self.max_tokens, self.choices, self.reserved = body.max_tokens, body.n, Reserved()
-        self.limits = RequestLimits.of_queue(body.queue, queue, served.max_model_len())
+        self.max_tokens, self.choices, self.reserved = body.max_tokens, body.choice_count(), Reserved()
+        self.limits = RequestLimits.of_queue(body.queue, queue, served.max_model_len(), served.vocab_size())
         self.options = body.chat_options(served.tool_parser)
-        # The lengths the request rules judge: the prompt or the messages as stored (with the tools and
-        # template variables the template adds), max_tokens, min_tokens.
-        self.size = RequestSize(body.prompt, body.stored_messages(), body.max_tokens, body.min_tokens,
-                                self.options.template_bytes())
+        self.prompts = body.prompts()
+        # The lengths the request rules judge: each prompt (a sequence of its own in the engine), or the
+        # messages as stored (with the tools and template variables the template adds); max_tokens and
+        # min_tokens.
+        self.sizes = [RequestSize(None, body.stored_messages(), body.max_tokens, body.min_tokens,
+                                  self.options.template_bytes())]
+        if self.prompts is not None:
+            self.sizes = prompt_sizes(self.prompts, body.max_tokens, body.min_tokens)
 
     def check(self) -> None:
         raise_problem(task_problem(self.served.id, self.served.task, "generate"))
         if (self.body.prompt is None) == (self.body.messages is None):
             message = "prompt: exactly one of `prompt` or `messages` is required"
             raise ApiError(422, "invalid_request", message, "prompt")
-        raise_problem(size_problem(self.size, self.limits))
+        for size in self.sizes:
+            raise_problem(size_problem(size, self.limits))
 
     def count_prompt_tokens(self) -> int:
+        """Every prompt's tokens (each judged on its own): what the job's usage will say."""
+        return sum(self._counted(size) for size in self.sizes)
+
+    def _counted(self, size: RequestSize) -> int:
         tokenizer = self.served.tokenizer
         try:
-            if self.size.messages is not None:
-                prompt_tokens = tokenizer.count_messages(self.size.messages, self.options)
+            if size.messages is not None:
+                prompt_tokens = tokenizer.count_messages(size.messages, self.options)
+            elif size.token_ids is not None:
+                prompt_tokens = len(size.token_ids)  # read as sent
             else:
-                assert self.size.prompt is not None
-                prompt_tokens = tokenizer.count_prompt(self.size.prompt)
+                assert size.prompt is not None
+                prompt_tokens = tokenizer.count_prompt(size.prompt)
         except ValueError as exc:
-            raise problem_error(tokenizer_problem(self.size, exc)) from exc
-        raise_problem(tokens_problem(self.size, prompt_tokens, self.limits))
+            raise problem_error(tokenizer_problem(size, exc)) from exc
+        raise_problem(tokens_problem(size, prompt_tokens, self.limits))
         return prompt_tokens
 
     def job_fields(self) -> dict[str, Any]:
         chat = self.options.to_json() if self.body.messages is not None else None
-        return dict(prompt=self.body.prompt, messages=self.size.messages, chat=chat,
+        prompts = self.prompts
+        stored = (prompts.stored_prompt(), prompts.stored_inputs()) if prompts is not None else (None, None)
+        return dict(prompt=stored[0], inputs=stored[1], messages=self.body.stored_messages(), chat=chat,
                     params=job_params(self.body.sampling_params(), self.options))
 
 

@@ -61,8 +61,8 @@ class JobOutcome:
     logprobs: list[dict[str, Any]] | None = None  # as the job stores them
     cached_tokens: int = 0  # prompt tokens from the engine's prefix cache
     chat: dict[str, Any] | None = None  # how its answer is read (core/protocol/chat_options.py)
-    choices: list[dict[str, Any]] | None = None  # every choice of a job with n > 1
-    prompt: str | None = None  # a completion's prompt (echo shows it)
+    choices: list[dict[str, Any]] | None = None  # every choice of a job with n > 1 or inputs prompts
+    prompt: str | None = None  # a completion's one text prompt (echo shows it)
     prompt_logprobs: list[dict[str, Any]] | None = None  # as the job stores them
     embeddings: list[str] | None = None  # an embedding job's vectors (core/views/embedding_vectors.py)
 

@@ -50,6 +50,11 @@ class ServedModel:
         own = self.task.max_input_tokens if self.task.embeds else self.tokenizer.context_length
         return served_max_model_len(self.settings.max_model_len, own)
 
+    def vocab_size(self) -> int | None:
+        """The token ids a prompt may hold: an embedding model's vocabulary (its config's), else its
+        tokenizer's (as vLLM holds token-id prompts to it)."""
+        return self.task.vocab_size or self.tokenizer.vocab_size
+
     def embedding_limits(self) -> EmbeddingLimits:
         """What its embeddings requests are held to (core/protocol/embedding_rules.py)."""
         return EmbeddingLimits.of_model(self.settings, self.task, self.tokenizer.vocab_size)

@@ -49,7 +49,10 @@ class Attempt:
     # Waiting for its grammar to compile, outside the engine: not counted in its queue's room
     # (worker/queue_room.py), so a costly schema holds up no other job's start.
     compiling: bool = False
-    n: int = 1  # its requests in the engine: choices from the one prompt, or an embedding job's inputs
+    n: int = 1  # its requests in the engine: the choices of every prompt, or an embedding job's inputs
+    # A completion whose prompts are token ids or several (its `inputs`): how many, each with n / prompts
+    # choices; None: its one text prompt, or its messages.
+    prompts: int | None = None
     embeds: bool = False  # an embedding job: its outcome is a vector per input (worker/attempt_outcome.py)
     prompt_logprobs: int | None = None  # top-n alternatives asked for per prompt token
     urgency: Urgency = field(default_factory=Urgency)  # its priority and deadline, for the engine's order
@@ -64,11 +67,18 @@ class Attempt:
         """The attempt a claim just made of `job` (its attempts counter already raised by the claim)."""
         params = _params_of(job)
         embeds = job.kind == EMBEDDING
-        requests = len(job.inputs or []) if embeds else params.n
+        prompts = len(job.inputs) if job.inputs and not embeds else None
+        requests = len(job.inputs or []) if embeds else params.n * (prompts or 1)
         return cls(job.id, job.attempts, job.queue, f"{job.id}#{job.attempts}", job.timeout_s, started,
                    on_done, logprobs=params.logprobs, cache_salt=cache_salt,
                    compiling=params.structured is not None, n=max(requests, 1), embeds=embeds,
-                   prompt_logprobs=params.prompt_logprobs, urgency=urgency_of(job), lora=params.lora)
+                   prompt_logprobs=params.prompt_logprobs, urgency=urgency_of(job), lora=params.lora,
+                   prompts=prompts)
+
+    def choices_per_prompt(self) -> int:
+        """A generation job's n: its requests are n choices of each prompt, choice c of prompt p at
+        p * n + c."""
+        return self.n // (self.prompts or 1)
 
 
 def _params_of(job: Job) -> JobParams:

@@ -1,12 +1,12 @@
 """The attempt submitter: hands a claimed attempt's requests to the engine and routes what comes back.
 
 An attempt in flight (worker/in_flight.py) becomes its engine requests (worker/engine_requests.py: a request
-per choice of a generation job, gathered as worker/choices.py does, or per input of an embedding job, with
-the same gathering), submitted to the EngineHost once its LoRA adapter is loaded. What the engine refuses at
-submit is written as the attempt's failure at once. On the engine thread then: each update's text goes to the
-streamer and its first token to the outcome writer; the attempt's end goes to the outcome writer too, except
-after an engine step that ran out of device memory: the attempt is submitted once more, within the same
-attempt, before its failure is written (worker/transient.py says which errors qualify).
+per choice of each prompt of a generation job, gathered as worker/choices.py does, or per input of an
+embedding job, with the same gathering), submitted to the EngineHost once its LoRA adapter is loaded. What
+the engine refuses at submit is written as the attempt's failure at once. On the engine thread then: each
+update's text goes to the streamer and its first token to the outcome writer; the attempt's end goes to the
+outcome writer too, except after an engine step that ran out of device memory: the attempt is submitted once
+more, within the same attempt, before its failure is written (worker/transient.py says which errors qualify).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ class AttemptSubmitter:
             self._writer.refused(attempt, MODEL_UNAVAILABLE, f"adapter {attempt.lora}: {describe(exc)}")
             return
         try:
-            attempt.engine_input = self._engine_input(job, attempt.n)
+            attempt.engine_input = self._engine_input(job, attempt.choices_per_prompt())
             future = self._to_engine(attempt)
         except ValueError as exc:
             self._writer.refused(attempt, INVALID_REQUEST, str(exc))
@@ -105,8 +105,9 @@ class AttemptSubmitter:
             self._host.cancel(request_id)
 
     def _engine_input(self, job: Job, n: int) -> EngineRequests:
-        """The engine requests of the job: its `n` choices, or an embedding job's inputs. ValueError naming
-        the field for what the engine refuses."""
+        """The engine requests of the job: the `n` choices of each of its prompts (its `inputs`, or its one
+        prompt or messages), or an embedding job's inputs. ValueError naming the field for what the engine
+        refuses."""
         if job.kind == EMBEDDING:
             if not job.inputs:
                 raise ValueError("input: the embedding job has no inputs")
@@ -114,10 +115,12 @@ class AttemptSubmitter:
         params = sampling_params_from_json(job.params or {})
         if job.messages is not None:
             prompt_ids = chat_prompt_ids(self._host.tokenizer, job.messages, job.chat)
-            return generation_requests(prompt_ids, params, n)
+            return generation_requests([prompt_ids], params, n)
+        if job.inputs:
+            return generation_requests(list(job.inputs), params, n)
         if job.prompt is None:
             raise ValueError("prompt: the job has neither a prompt nor messages")
-        return generation_requests(job.prompt, params, n)
+        return generation_requests([job.prompt], params, n)
 
     # --- engine thread -----------------------------------------------------------------------------------
 

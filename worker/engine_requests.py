@@ -1,6 +1,7 @@
-"""What an attempt hands the engine: one request per choice of a generation job (the one prompt, each choice
-with its own sampling: worker/choices.py) or per input of an embedding job (each input with the job's
-pooling). Kept on the attempt, so that a retry after a transient engine error submits the same requests."""
+"""What an attempt hands the engine: one request per choice of a generation job (n choices of each prompt,
+each choice with its own sampling: worker/choices.py) or per input of an embedding job (each input with the
+job's pooling). Kept on the attempt, so that a retry after a transient engine error submits the same
+requests."""
 
 from __future__ import annotations
 
@@ -29,9 +30,11 @@ class EngineRequests:
         return len(self.prompts)
 
 
-def generation_requests(prompt: str | list[int], params: SamplingParams, n: int) -> EngineRequests:
-    """The job's `n` choices of one prompt."""
-    return EngineRequests([prompt] * n, [choice_params(params, index) for index in range(n)])
+def generation_requests(prompts: list[str | list[int]], params: SamplingParams, n: int) -> EngineRequests:
+    """The job's `n` choices of each prompt, choice c of prompt p as request p * n + c: its `index` in the
+    answer (core/protocol/completion_prompts.py). Token ids go to the engine as they are (nothing added)."""
+    pairs = [(prompt, choice_params(params, choice)) for prompt in prompts for choice in range(n)]
+    return EngineRequests([prompt for prompt, _ in pairs], [sampling for _, sampling in pairs])
 
 
 def embedding_requests(inputs: list[str | list[int]], params: PoolingParams) -> EngineRequests:

@@ -1,9 +1,10 @@
 """OpenAI-compatible synchronous routes: /v1/chat/completions and /v1/completions (with `stream`), /v1/models.
 
 Each completion is a job on the `interactive` queue, submitted exactly like POST /v1/jobs (same checks,
-limits and 429s, same tenant) and answered when it ends; `stream: true` answers server-sent events while
-it runs. The completion id is "chatcmpl-<job id>" / "cmpl-<job id>" (also in the X-Conveyor-Job-Id header),
-so the job stays visible under /v1/jobs.
+limits and 429s, same tenant) and answered when it ends; `stream: true` answers server-sent events while it
+runs. A completion's several prompts are that one job (core/protocol/completion_prompts.py says why), its
+choices numbered prompt * n + choice. The completion id is "chatcmpl-<job id>" / "cmpl-<job id>" (also in the
+X-Conveyor-Job-Id header), so the job stays visible under /v1/jobs.
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ async def create_completion(
     """A `text_completion`, or `text_completion` server-sent events with `stream: true`."""
     model = model_of(services, body.model, task="generate", tenant=tenant)
     _check_request(_served(model), body)
-    job = _job_create(model, body, body.max_tokens, prompt=body.prompt_text())
+    job = _job_create(model, body, body.max_tokens, prompt=body.prompt)
     return await _complete(request, services, model, tenant, body, job, chat=False)
 
 
@@ -183,9 +184,11 @@ def _check_request(served: Served, body: OpenAIRequest) -> None:
 
 
 def _job_create(
-    model: ServedModel, body: OpenAIRequest, max_tokens: int | None, *, prompt: str | None = None,
+    model: ServedModel, body: OpenAIRequest, max_tokens: int | None, *,
+    prompt: str | list[str] | list[int] | list[list[int]] | None = None,
     messages: list[dict[str, Any]] | None = None,
 ) -> JobCreate:
+    """The job of the request: `prompt` as sent (JobCreate judges it by the same rules), or the messages."""
     if max_tokens is None:
         max_tokens = COMPLETION_DEFAULT_MAX_TOKENS
     try:
@@ -206,7 +209,7 @@ async def _complete(
     headers = {"X-Conveyor-Job-Id": job.job_id}
     if body.stream:
         usage = StreamUsage(body.include_usage(), body.continuous_usage())
-        echoed = job_body.prompt if body.prompt_view().echo else None
+        echoed = await run_in_threadpool(_echoed, model, job_body) if body.prompt_view().echo else None
         events = _events(request, services, tenant, job, header, job_body, model.tool_parser, usage, echoed)
         return StreamingResponse(events, media_type="text/event-stream",
                                  headers={**headers, "Cache-Control": "no-cache"})
@@ -220,23 +223,24 @@ async def _complete(
 
 async def _events(
     request: Request, services: Services, tenant: str, job: FollowedJob, header: ChunkHeader,
-    job_body: JobCreate, tool_parser: ToolParser, usage: StreamUsage, echoed: str | None = None,
+    job_body: JobCreate, tool_parser: ToolParser, usage: StreamUsage, echoed: list[str] | None = None,
 ) -> AsyncIterator[str]:
-    """Server-sent events: (the echoed prompt,) deltas as the job generates, then the finish (and usage)
-    chunk and [DONE]."""
+    """Server-sent events: (each choice's echoed prompt,) deltas as the job generates, each under its choice's
+    index (prompt * n + choice), then the finish (and usage) chunks and [DONE]."""
     stops = [job_body.stop] if isinstance(job_body.stop, str) else job_body.stop or []
     # The engine cuts a matched stop string off the text: hold back what could be the start of one.
     hold = max((len(s) for s in stops), default=1) - 1
     options = job_body.chat_options(tool_parser)
-    answers = [answer_stream(options, choice_seed(job.job_id, index)) for index in range(job_body.n)]
+    choices = job_body.choice_count()
+    answers = [answer_stream(options, choice_seed(job.job_id, index)) for index in range(choices)]
     outcome = None
     so_far = usage.so_far(job.prompt_tokens, 0)
     try:
-        for index in range(job_body.n):
+        for index in range(choices):
             if header.chat:
                 yield _data(chunk(header, "", role=True, usage_so_far=so_far, index=index))
             if echoed:
-                yield _data(chunk(header, echoed, usage_so_far=so_far, index=index))
+                yield _data(chunk(header, echoed[index // job_body.n], usage_so_far=so_far, index=index))
         async for item in openai_sync.follow(services, job, request.is_disconnected):
             if isinstance(item, JobOutcome):
                 outcome = item
@@ -312,6 +316,14 @@ def _result(outcome: JobOutcome, header: ChunkHeader, shown: PromptView | None =
                             job_id=outcome.job_id, choices=outcome.choices, prompt=outcome.prompt or "",
                             prompt_logprobs=outcome.prompt_logprobs, shown=shown or PromptView(),
                             service_tier=header.service_tier)
+
+
+def _echoed(model: ServedModel, job_body: JobCreate) -> list[str]:
+    """Each prompt as a stream's echo shows it: a text as sent, token ids decoded (as the worker stores
+    them for the answer that is not streamed)."""
+    prompts = job_body.prompts()
+    assert prompts is not None, "echo is a completion's"
+    return [item if isinstance(item, str) else model.tokenizer.decode(item) for item in prompts.items]
 
 
 def _data(payload: dict[str, Any]) -> str:

@@ -43,6 +43,7 @@ from conveyor.api.schemas.fields import (
     TopP,
 )
 from conveyor.api.schemas.scheduling import ScheduleFields
+from conveyor.core.protocol.completion_prompts import PromptField, Prompts, choices_problem
 from conveyor.core.protocol.embedding_request import EmbeddingFields
 from conveyor.core.protocol.job_kinds import EMBEDDING, GENERATION
 from conveyor.core.protocol.job_params import JobParams
@@ -176,17 +177,20 @@ class JobPlacement(ScheduleFields):
 
 
 class JobCreate(ChatFields, JobPlacement):
-    """A generation job: exactly one of `prompt` or `messages`, sampling parameters named as in the engine;
+    """A generation job: exactly one of `prompt` (text, token ids, or several of either, as /v1/completions
+    takes it: core/protocol/completion_prompts.py) or `messages`, sampling parameters named as in the engine;
     chat jobs also take the tool and template fields (ChatFields)."""
 
     model_config = ConfigDict(extra="forbid", json_schema_extra=exactly_one_of("prompt", "messages"))
 
     kind: Literal["generation"] = Field(GENERATION, description="a generation job (the default)")
-    prompt: NonEmptyText | None = Field(None, description="raw text prompt")
+    prompt: PromptField | None = Field(
+        None, description="raw text prompt; or token ids (read as sent: no BOS added), or a list of prompts "
+        "(each a text or token ids), whose n choices each are result.choices, `index` prompt * n + choice")
     messages: list[ChatMessage] | None = Field(
         None, min_length=1, description="chat messages, rendered with the model's chat template"
     )
-    n: ChoiceCount = Field(1, description="choices from the one prompt (result.choices); the prompt is "
+    n: ChoiceCount = Field(1, description="choices from each prompt (result.choices); a prompt is "
                            "computed once, and each choice may write up to max_tokens")
     max_tokens: OutputTokens = 16
     min_tokens: MinTokens = 0
@@ -223,7 +227,10 @@ class JobCreate(ChatFields, JobPlacement):
 
     @model_validator(mode="after")
     def _output_fields(self) -> JobCreate:
+        prompts = self.prompts()
         problem = output_problem(self.max_tokens, self.n, self.prompt_logprobs)
+        if problem is None and prompts is not None:
+            problem = choices_problem(len(prompts.items), self.n)
         if problem is not None:
             raise PydanticCustomError("invalid_output", "{field}: {reason}",
                                       {"field": problem[0], "reason": problem[1]})
@@ -255,6 +262,15 @@ class JobCreate(ChatFields, JobPlacement):
             return "tool_choice", ("required or a named function constrains the output to the call: send no "
                                    "response_format, regex or choice with it")
         return None
+
+    def prompts(self) -> Prompts | None:
+        """Its prompts, each a text or token ids (None: a chat job)."""
+        return Prompts.of(self.prompt) if self.prompt is not None else None
+
+    def choice_count(self) -> int:
+        """Its choices in all: n for each prompt."""
+        prompts = self.prompts()
+        return self.n * (len(prompts.items) if prompts is not None else 1)
 
     def stored_messages(self) -> list[dict[str, Any]] | None:
         return [message.stored() for message in self.messages] if self.messages is not None else None

@@ -44,6 +44,8 @@ def validation_message(errors: Sequence[Any]) -> tuple[str | None, str]:
     named = _LEADING_FIELD.match(message)
     if named and named.group(1).startswith(f"{field}["):  # a validator that names the item: `input[2]: ...`
         return named.group(1), message
+    if named and named.group(1) == field:  # a validator that names its field already: `input: ...`
+        return field, message
     return field, f"{field}: {message}"
 
 

@@ -15,10 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from conveyor.core.protocol.chat_messages import ChatMessageIn, ChatRoles, plain_messages
 from conveyor.core.protocol.chat_options import ChatOptions, ToolParser, chat_options, tool_parser_for
+from conveyor.core.protocol.completion_prompts import PromptField, Prompts, choices_problem
 from conveyor.core.protocol.field_errors import validation_message
 from conveyor.core.protocol.job_params import JobParams
 from conveyor.core.protocol.refusal import Refusal
@@ -130,7 +131,7 @@ class OpenAISampling(BaseModel):
                                             "logprobs on completions, or prompt_logprobs)")
     temperature: OpenAITemperature | None = None
     top_p: TopP | None = None
-    n: ChoiceCount | None = Field(None, description="choices from the one prompt")
+    n: ChoiceCount | None = Field(None, description="choices from each prompt")
     stop: Stop | None = None
     seed: Seed | None = None
     stream: StrictFlag | None = False
@@ -335,12 +336,9 @@ class ChatCompletionCreate(OpenAISampling, ChatFields):
 
 
 class CompletionCreate(OpenAISampling):
-    prompt: (
-        NonEmptyText
-        | Annotated[list[NonEmptyText], Field(min_length=1, max_length=1)]
-        | list[StrictInt]
-        | list[list[StrictInt]]
-    )
+    prompt: PromptField = Field(
+        description="a string, a list of strings, a list of token ids or a list of token-id lists: n choices "
+        "for each prompt, `index` prompt * n + choice; token ids are read as sent (no BOS added)")
     logprobs: Annotated[int, Field(strict=True, ge=0, le=COMPLETIONS_MAX_LOGPROBS)] | None = None
     echo: StrictFlag | None = Field(None, description="the prompt before each choice's text (and, with "
                                     "logprobs, its tokens' logprobs, the first null)")
@@ -348,10 +346,9 @@ class CompletionCreate(OpenAISampling):
     best_of: Count | None = None
 
     def refusal(self) -> Refusal | None:
-        if isinstance(self.prompt, list) and not self.prompt:  # [] matches list[int] as well as list[str]
-            return Refusal("invalid", "prompt", "must not be empty")
-        if isinstance(self.prompt, list) and not all(isinstance(p, str) for p in self.prompt):
-            return Refusal("unsupported", "prompt", "token-id prompts are not supported; send text")
+        too_many = choices_problem(len(self.prompts().items), self.n or 1)
+        if too_many is not None:
+            return Refusal("invalid", *too_many)
         checks = (
             ("logprobs", self.logprobs is not None and bool(self.stream), STREAMED_LOGPROBS),
             ("suffix", bool(self.suffix), "suffix is not supported"),
@@ -380,10 +377,8 @@ class CompletionCreate(OpenAISampling):
         echoed = self.logprobs if self.echo else None
         return PromptView(echo=bool(self.echo), echo_top_n=echoed, vllm_top_n=self.prompt_logprobs)
 
-    def prompt_text(self) -> str:
-        prompt = self.prompt if isinstance(self.prompt, str) else self.prompt[0]
-        assert isinstance(prompt, str), "checked by refusal()"
-        return prompt
+    def prompts(self) -> Prompts:
+        return Prompts.of(self.prompt)
 
 
 OpenAIRequest = ChatCompletionCreate | CompletionCreate

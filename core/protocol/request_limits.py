@@ -5,9 +5,12 @@ with a line error.
 
 Judged in two steps, so that a request too big to run costs no tokenization:
 1. `size_problem`, before tokenizing: the prompt's UTF-8 bytes against max_prompt_tokens x
-   PROMPT_BYTES_PER_TOKEN, max_tokens against the queue's max_output_tokens, min_tokens against max_tokens;
+   PROMPT_BYTES_PER_TOKEN, a token-id prompt's ids against the model's vocabulary, max_tokens against the
+   queue's max_output_tokens, min_tokens against max_tokens;
 2. `tokens_problem`, once the prompt is counted: its tokens against max_prompt_tokens, then prompt +
    max_tokens against the served model's context (core/protocol/model_limits.py).
+A completion with several prompts (core/protocol/completion_prompts.py) is judged prompt by prompt
+(`prompt_sizes`): each is a sequence of its own in the engine, named `prompt[i]` in a refusal.
 The other fields' rules are the request schemas' types (core/protocol/request_fields.py) and the
 structured-output rules (core/protocol/structured_rules.py), which every door's schema shares.
 """
@@ -18,6 +21,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from conveyor.core.protocol.completion_prompts import Prompts
 from conveyor.core.protocol.field_errors import FieldProblem
 from conveyor.core.protocol.request_rules import PROMPT_BYTES_PER_TOKEN, text_problem, utf8_length
 from conveyor.core.settings import QueueSettings
@@ -28,16 +32,18 @@ MAX_IDEMPOTENCY_KEY_CHARS = 255  # the store's column
 @dataclass(frozen=True)
 class RequestLimits:
     """What a request is held to: its queue's limits (None: not limited, as for a batch line parsed without
-    a queue) and the context the workers serve (None: not known)."""
+    a queue), the context the workers serve and the model's vocabulary (None: not known)."""
 
     queue: str | None = None
     max_prompt_tokens: int | None = None
     max_output_tokens: int | None = None
     max_model_len: int | None = None
+    vocab_size: int | None = None
 
     @classmethod
-    def of_queue(cls, name: str, queue: QueueSettings, max_model_len: int | None) -> RequestLimits:
-        return cls(name, queue.max_prompt_tokens, queue.max_output_tokens, max_model_len)
+    def of_queue(cls, name: str, queue: QueueSettings, max_model_len: int | None,
+                 vocab_size: int | None = None) -> RequestLimits:
+        return cls(name, queue.max_prompt_tokens, queue.max_output_tokens, max_model_len, vocab_size)
 
     @property
     def queue_s(self) -> str:
@@ -47,19 +53,20 @@ class RequestLimits:
 
 @dataclass(frozen=True)
 class RequestSize:
-    """What a request asks of its queue and model: a prompt (text, or chat messages whose contents the
-    chat template only adds to) and an output."""
+    """What a request asks of its queue and model: a prompt (text, token ids, or chat messages whose contents
+    the chat template only adds to) and an output."""
 
     prompt: str | None
     messages: list[dict[str, Any]] | None
     max_tokens: int | None  # None: not sent (a batch line then runs the engine's default)
     min_tokens: int = 0
     template_bytes: int = 0  # what the chat template adds beside the messages: tools, its variables
-
+    token_ids: list[int] | None = None  # a prompt sent as token ids: its tokens as they are, nothing added
+    named: str = "prompt"  # what a refusal calls the prompt: `prompt`, or `prompt[i]` of several
 
     @property
     def prompt_field(self) -> str:
-        return "messages" if self.messages is not None else "prompt"
+        return "messages" if self.messages is not None else self.named
 
     @property
     def prompt_bytes(self) -> int:
@@ -73,9 +80,17 @@ def _message_bytes(message: dict[str, Any]) -> int:
     return utf8_length(message.get("content") or "") + arguments
 
 
+def prompt_sizes(prompts: Prompts, max_tokens: int | None, min_tokens: int = 0) -> list[RequestSize]:
+    """A completion's prompts as the rules judge them: one size each, named as it was sent."""
+    return [RequestSize(item if isinstance(item, str) else None, None, max_tokens, min_tokens,
+                        token_ids=item if isinstance(item, list) else None, named=prompts.name(index))
+            for index, item in enumerate(prompts.items)]
+
+
 def size_problem(size: RequestSize, limits: RequestLimits) -> FieldProblem | None:
-    """What is judged before tokenizing: the prompt's bytes, max_tokens, min_tokens."""
-    return prompt_bytes_problem(size, limits) or output_problem(size, limits) or min_tokens_problem(size)
+    """What is judged before tokenizing: the prompt's bytes or token ids, max_tokens, min_tokens."""
+    return (prompt_bytes_problem(size, limits) or vocabulary_problem(size, limits)
+            or output_problem(size, limits) or min_tokens_problem(size))
 
 
 def tokens_problem(size: RequestSize, prompt_tokens: int, limits: RequestLimits) -> FieldProblem | None:
@@ -95,6 +110,18 @@ def prompt_bytes_problem(size: RequestSize, limits: RequestLimits) -> FieldProbl
     message = (f"{field}: {size.prompt_bytes} bytes exceeds {limits.queue_s} limit of {limit} bytes "
                f"(max_prompt_tokens {limits.max_prompt_tokens} x {PROMPT_BYTES_PER_TOKEN} bytes per token)")
     return FieldProblem(field, "prompt_too_long", message, "prompt_too_long", message)
+
+
+def vocabulary_problem(size: RequestSize, limits: RequestLimits) -> FieldProblem | None:
+    """A token-id prompt naming a token the model does not have (the first such, by its place)."""
+    vocab, ids = limits.vocab_size, size.token_ids or []
+    position = next((i for i, token in enumerate(ids) if vocab is not None and token >= vocab), None)
+    if position is None:
+        return None
+    assert vocab is not None
+    field = f"{size.named}[{position}]"
+    message = f"{field}: token id {ids[position]} is not in the model's vocabulary (0 to {vocab - 1})"
+    return FieldProblem(field, "invalid_request", message, "invalid_body", message)
 
 
 def output_problem(size: RequestSize, limits: RequestLimits) -> FieldProblem | None:
@@ -129,8 +156,9 @@ def context_problem(size: RequestSize, prompt_tokens: int, limits: RequestLimits
     context, wanted = limits.max_model_len, size.max_tokens
     if context is None or wanted is None or prompt_tokens + wanted <= context:
         return None
-    message = (f"max_tokens: {prompt_tokens} prompt tokens + max_tokens {wanted} exceeds max_model_len "
-               f"({context})")
+    prompt = "" if size.named == "prompt" else f" ({size.named})"
+    message = (f"max_tokens: {prompt_tokens} prompt tokens{prompt} + max_tokens {wanted} exceeds "
+               f"max_model_len ({context})")
     return FieldProblem("max_tokens", "context_too_long", message, "context_too_long", message)
 
 

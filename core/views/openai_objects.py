@@ -49,8 +49,8 @@ class GenerationResult:
     cached_tokens: int = 0  # prompt tokens served from the engine's prefix cache
     chat: ChatOptions = field(default_factory=ChatOptions)  # how a chat answer is read (its tool calls)
     job_id: str = ""  # names its tool calls (core/views/tool_calls.py)
-    # A job with n > 1: every choice as it stores them {index, text, finish_reason, logprobs, ...}; the
-    # fields above are choice 0's (completion_tokens: all of them).
+    # A job with n > 1, or whose prompts are token ids or several: every choice as it stores them {index,
+    # text, finish_reason, logprobs, prompt, ...}; the fields above are choice 0's (completion_tokens: all).
     choices: list[dict[str, Any]] | None = None
     prompt: str = ""  # the prompt's text (shown with echo)
     prompt_logprobs: list[dict[str, Any]] | None = None  # as the job stores them, when it asked
@@ -60,7 +60,33 @@ class GenerationResult:
     def each_choice(self) -> list[Choice]:
         if not self.choices:
             return [Choice(0, self.text, self.finish_reason, self.logprobs)]
-        return [Choice(c["index"], c["text"], c["finish_reason"], c.get("logprobs")) for c in self.choices]
+        return [Choice(c["index"], c["text"], c["finish_reason"], c.get("logprobs"),
+                       PromptRead.of(c.get("prompt"))) for c in self.choices]
+
+    def choice_prompts(self) -> list[PromptRead]:
+        """The prompt each choice answers, in choice order: its text and, when asked, its tokens' logprobs. A
+        job whose prompts are token ids or several keeps each in the first of its n choices (choice i answers
+        prompt i // n); otherwise every choice answers the job's one `prompt`."""
+        each = self.each_choice()
+        read = [choice.prompt for choice in each if choice.prompt is not None]
+        if not read:
+            return [PromptRead(self.prompt, self.prompt_logprobs)] * len(each)
+        per_prompt = len(each) // len(read)  # n
+        return [read[choice.index // per_prompt] for choice in each]
+
+
+@dataclass(frozen=True)
+class PromptRead:
+    """A prompt as the worker read it and echo shows it: its text (token ids decoded), and per token
+    {token_id, text, logprob, top_logprobs} (the first logprob null) when the job scored it."""
+
+    text: str
+    logprobs: list[dict[str, Any]] | None
+
+    @classmethod
+    def of(cls, stored: dict[str, Any] | None) -> PromptRead | None:
+        """A stored choice's `prompt` ({text, logprobs}) read back; None: the choice keeps none."""
+        return cls(stored["text"], stored.get("logprobs")) if stored is not None else None
 
 
 @dataclass(frozen=True)
@@ -69,6 +95,7 @@ class Choice:
     text: str
     finish_reason: str
     logprobs: list[dict[str, Any]] | None
+    prompt: PromptRead | None = None  # the prompt it answers, kept in the first choice of each prompt
 
 
 def new_id(prefix: str) -> str:
@@ -104,8 +131,9 @@ def _chat_choice(result: GenerationResult, choice: Choice) -> dict[str, Any]:
 
 
 def text_completion(result: GenerationResult, completion_id: str) -> dict[str, Any]:
-    """A `text_completion` object: one choice, or the job's n."""
-    choices = [_text_choice(result, choice) for choice in result.each_choice()]
+    """A `text_completion` object: one choice, or n of each prompt."""
+    choices = [_text_choice(result, choice, prompt)
+               for choice, prompt in zip(result.each_choice(), result.choice_prompts(), strict=True)]
     return {"id": completion_id, "object": "text_completion", "created": result.created,
             "model": result.model, "choices": choices, "usage": usage(result), **_tier(result.service_tier)}
 
@@ -114,21 +142,21 @@ def _tier(service_tier: str | None) -> dict[str, str]:
     return {"service_tier": service_tier} if service_tier is not None else {}
 
 
-def _text_choice(result: GenerationResult, choice: Choice) -> dict[str, Any]:
-    """With echo the prompt comes first, in the text and (with logprobs) in the logprobs."""
+def _text_choice(result: GenerationResult, choice: Choice, prompt: PromptRead) -> dict[str, Any]:
+    """With echo the choice's prompt comes first, in the text and (with logprobs) in the logprobs."""
     shown = result.shown
     text, tokens = choice.text, choice.logprobs
     if shown.echo:
-        text = result.prompt + text
+        text = prompt.text + text
     if shown.echo_top_n is not None and tokens is not None:
         prompt_tokens = [{**entry, "top_logprobs": entry["top_logprobs"][: shown.echo_top_n]}
-                         for entry in result.prompt_logprobs or []]
+                         for entry in prompt.logprobs or []]
         tokens = prompt_tokens + tokens
     body = {"index": choice.index, "text": text,
             "logprobs": _completion_logprobs(tokens) if tokens is not None else None,
             "finish_reason": finish_reason(choice.finish_reason)}
     if shown.vllm_top_n is not None:
-        body["prompt_logprobs"] = _vllm_prompt_logprobs(result.prompt_logprobs or [], shown.vllm_top_n)
+        body["prompt_logprobs"] = _vllm_prompt_logprobs(prompt.logprobs or [], shown.vllm_top_n)
     return body
 
 

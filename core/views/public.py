@@ -75,9 +75,12 @@ class JobChoice(ChoiceFields):
 
 
 class JobResult(ChoiceFields):
-    """The first choice's text, finish_reason, logprobs and tool calls; with n > 1, every choice too."""
+    """The first choice's text, finish_reason, logprobs and tool calls; with n > 1 (or token-id or several
+    prompts), every choice too."""
 
-    choices: list[JobChoice] | None = Field(None, description="every choice, when the job asked for n > 1")
+    choices: list[JobChoice] | None = Field(
+        None, description="every choice, when the job asked for n > 1 or its prompt is token ids or several "
+        "(choice c of prompt p at index p * n + c)")
     prompt_logprobs: list[PromptTokenLogprob] | None = Field(
         None, description="per prompt token, when the job asked for `prompt_logprobs`; else null")
 

@@ -89,7 +89,14 @@ CASES: list[tuple[str, str, dict[str, Any], str | None]] = [
     ("unknown-field", CHAT, {"messages": [USER], "frobnicate": 1}, "frobnicate"),
     ("logit-bias", CHAT, {"messages": [USER], "logit_bias": {"5": 1}}, "logit_bias"),
     ("engine-extras", CHAT, {"messages": [USER], "top_k": 5, "stop_token_ids": [2], "min_tokens": 1}, None),
-    ("token-ids", COMPLETIONS, {"prompt": [1, 2, 3]}, "prompt"),
+    ("token-ids", COMPLETIONS, {"prompt": [1, 2, 3]}, None),
+    ("token-id-lists", COMPLETIONS, {"prompt": [[1, 2], [3]], "n": 2}, None),
+    ("several-texts", COMPLETIONS, {"prompt": ["a", "b"]}, None),
+    ("token-id-not-in-vocabulary", COMPLETIONS, {"prompt": [[1, 2], [3, 100_000]]}, "prompt[1][1]"),
+    ("one-prompt-not-in-vocabulary", COMPLETIONS, {"prompt": [7, 100_000]}, "prompt[1]"),
+    ("texts-and-token-ids", COMPLETIONS, {"prompt": ["a", [1]]}, "prompt[1]"),
+    ("empty-token-ids", COMPLETIONS, {"prompt": [[1], []]}, "prompt[1]"),
+    ("too-many-choices", COMPLETIONS, {"prompt": ["a"] * 129, "n": 16}, "n"),
     ("two-structured", CHAT, {"messages": [USER], "regex": "a+", "choice": ["a"]}, "choice"),
     ("vllm-structured", CHAT, {"messages": [USER], "structured_outputs": {"choice": ["a", "b"]}}, None),
     ("vllm-guided", COMPLETIONS, {"prompt": "hi", "guided_regex": "a+"}, None),
@@ -230,6 +237,9 @@ def _check_accepted(service: Service, name: str, sync_job_id: str, batch_job_id:
     if name == "developer-role":
         for job in (sync_job, batch_job):
             assert job.messages is not None and job.messages[0] == {"role": "system", "content": "be brief"}
+    if name == "token-id-lists":  # token ids or several prompts: the job's inputs, its prompt unset
+        for job in (sync_job, batch_job):
+            assert (job.prompt, job.inputs, job.params["n"]) == (None, [[1, 2], [3]], 2)
 
 
 BAD_BODIES = [  # (raw body, content type, what the message must say)

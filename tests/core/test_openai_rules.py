@@ -9,15 +9,18 @@ from typing import Any
 import pytest
 
 from conveyor.core.protocol.chat_messages import ChatRoles
+from conveyor.core.protocol.completion_prompts import Prompts
 from conveyor.core.protocol.openai_request import (
     CHAT,
     COMPLETIONS,
     ChatCompletionCreate,
+    CompletionCreate,
     Served,
     check_request,
     parse_body,
 )
 from conveyor.core.protocol.refusal import Refusal
+from conveyor.core.protocol.request_limits import RequestLimits, prompt_sizes, size_problem, tokens_problem
 
 USER = {"role": "user", "content": "hi"}
 SERVED = Served(models=("demo-model", "/models/demo-model"), roles=ChatRoles())
@@ -73,7 +76,7 @@ def test_tool_messages_need_a_template_with_a_tool_role() -> None:
         (COMPLETIONS, {"prompt": "x", "n": 17}, "invalid", "n"),
         (CHAT, {"messages": [USER], "presence_penalty": 2.5}, "invalid", "presence_penalty"),
         (COMPLETIONS, {"prompt": "x", "frequency_penalty": -3}, "invalid", "frequency_penalty"),
-        (COMPLETIONS, {"prompt": [1, 2]}, "unsupported", "prompt"),
+        (COMPLETIONS, {"prompt": [[1, 2], "x"]}, "invalid", "prompt[1]"),  # token ids, or text: not both
         (COMPLETIONS, {"prompt": []}, "invalid", "prompt"),  # once a 500 (schemathesis)
         (CHAT, {"messages": [USER], "logit_bias": {"5": 1}}, "unsupported", "logit_bias"),
         (CHAT, {"messages": [USER], "regex": "a", "choice": ["a"]}, "invalid", "choice"),
@@ -122,3 +125,55 @@ def test_job_params_carry_the_penalties_and_only_what_was_sent() -> None:
     }
     text = parse_body(COMPLETIONS, {"prompt": ["once"], "logprobs": 0, "max_tokens": 3})
     assert text.job_params() == {"logprobs": 0} and text.requested_max_tokens() == 3
+
+
+@pytest.mark.parametrize(("prompt", "items", "listed", "stored"), [
+    ("once", ["once"], False, ("once", None)),  # as every release stores a prompt
+    (["once"], ["once"], True, ("once", None)),
+    (["once", "twice"], ["once", "twice"], True, (None, ["once", "twice"])),
+    ([1, 2, 3], [[1, 2, 3]], False, (None, [[1, 2, 3]])),
+    ([[1, 2], [3]], [[1, 2], [3]], True, (None, [[1, 2], [3]])),
+])
+def test_a_completion_takes_every_prompt_shape(prompt: Any, items: list[Any], listed: bool,
+                                              stored: tuple[Any, Any]) -> None:
+    body = parse_body(COMPLETIONS, {"prompt": prompt, "n": 2})
+    check_request(body, SERVED)
+    assert isinstance(body, CompletionCreate)
+    prompts = body.prompts()
+    assert (prompts.items, prompts.listed) == (items, listed)
+    assert (prompts.stored_prompt(), prompts.stored_inputs()) == stored
+    assert body.job_params() == {"n": 2}  # n choices of each prompt
+
+
+@pytest.mark.parametrize(("body", "param", "message"), [
+    ({"prompt": []}, "prompt", "prompt: must not be empty"),  # said once, not "prompt: prompt: ..."
+    ({"prompt": [[1], []]}, "prompt[1]", "prompt[1]: must not be an empty list of token ids"),
+    ({"prompt": [3, -1]}, "prompt[1]", "prompt[1]: token id -1 is out of range (0 to 2147483647)"),
+    ({"prompt": [[3], [2**31]]}, "prompt[1][0]", "prompt[1][0]: token id 2147483648 is out of range"),
+    ({"prompt": [[3], 4]}, "prompt[1]", "prompt[1]: must be a list of token ids, as prompt[0] is"),
+    ({"prompt": [1.5]}, "prompt[0]", "prompt[0]: must be a string, a token id (an integer) or a list"),
+    ({"prompt": ["a"] * 2049}, "prompt", "prompt: 2049 prompts exceed the limit of 2048 per request"),
+    ({"prompt": ["a"] * 129, "n": 16}, "n", "n: 16 choices for each of 129 prompts exceed the limit of 2048"),
+])
+def test_a_bad_prompt_is_refused_naming_the_item(body: dict[str, Any], param: str, message: str) -> None:
+    refusal = _refusal(COMPLETIONS, body)
+    assert (refusal.kind, refusal.param) == ("invalid", param)
+    assert refusal.message.startswith(message)
+
+
+def test_each_prompt_is_held_to_the_vocabulary_and_the_limits_on_its_own() -> None:
+    limits = RequestLimits("interactive", max_prompt_tokens=6, max_model_len=9, vocab_size=100)
+    several = prompt_sizes(Prompts([[1, 2], [3, 100], "text"], listed=True), max_tokens=4)
+    assert [size.named for size in several] == ["prompt[0]", "prompt[1]", "prompt[2]"]
+    assert size_problem(several[0], limits) is None
+    unknown = size_problem(several[1], limits)
+    assert unknown is not None and unknown.field == "prompt[1][1]"
+    assert unknown.message == "prompt[1][1]: token id 100 is not in the model's vocabulary (0 to 99)"
+    [alone] = prompt_sizes(Prompts([[7, 100]]), max_tokens=4)  # one list of ids: its tokens are prompt[j]
+    assert (problem := size_problem(alone, limits)) is not None and problem.field == "prompt[1]"
+    long = tokens_problem(several[2], 7, limits)
+    assert long is not None and long.message.startswith("prompt[2]: 7 tokens exceeds the interactive queue's")
+    context = tokens_problem(several[2], 6, limits)
+    assert context is not None and context.field == "max_tokens"
+    assert context.message == ("max_tokens: 6 prompt tokens (prompt[2]) + max_tokens 4 exceeds max_model_len "
+                               "(9)")

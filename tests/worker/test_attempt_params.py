@@ -14,7 +14,7 @@ from conveyor.worker.attempt import Attempt
 from conveyor.worker.sampling import sampling_params_from_json
 
 
-def _attempt(params: dict[str, Any] | None, kind: str = GENERATION, inputs: list[str] | None = None,
+def _attempt(params: dict[str, Any] | None, kind: str = GENERATION, inputs: list[Any] | None = None,
              ) -> Attempt:
     job = Job(id="job_1", attempts=1, queue="m:interactive", timeout_s=None, params=params, kind=kind,
               inputs=inputs, priority=0, deadline_at=None)
@@ -38,3 +38,11 @@ def test_params_that_cannot_be_read_make_an_attempt_whose_submit_fails() -> None
     assert (attempt.n, attempt.logprobs) == (1, None)
     with pytest.raises(ValueError, match=r"^logprobs: "):
         sampling_params_from_json(unreadable)
+
+
+def test_a_completion_of_several_prompts_runs_n_choices_of_each() -> None:
+    attempt = _attempt({"n": 2, "prompt_logprobs": 1}, GENERATION, [[1, 2], "text", [3]])
+    assert (attempt.n, attempt.prompts, attempt.choices_per_prompt()) == (6, 3, 2)
+    assert len(attempt.request_ids()) == 6 and not attempt.embeds
+    one_text = _attempt({"n": 2})
+    assert (one_text.n, one_text.prompts, one_text.choices_per_prompt()) == (2, None, 2)

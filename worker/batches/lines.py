@@ -1,21 +1,23 @@
 """Parse and validate one batch input line into a `BatchRequest` or a `LineError`.
 
-Two line shapes are accepted: Conveyor's `{"custom_id", "body"}` and OpenAI's
-`{"custom_id", "method": "POST", "url": "/v1/chat/completions" | "/v1/completions" | "/v1/embeddings",
-"body"}` (without a url, the body says which: `messages`, `prompt` or `input`). The body is held to the rules
-of the synchronous routes, defined once in core/protocol/openai_request.py and
-core/protocol/embedding_request.py: the same fields, bounds and refusals (`n` > 1, an unknown `model`, a chat
-role the model's template cannot render, an embeddings line to a model that generates text), each a line error
-naming the field while the rest of the batch runs. An embeddings line's inputs are held to the model's limits
-by core/protocol/embedding_rules.py, as POST /v1/embeddings holds them. Prompt and output lengths are held to
+Two line shapes are accepted: Conveyor's `{"custom_id", "body"}` and OpenAI's `{"custom_id", "method":
+"POST", "url": "/v1/chat/completions" | "/v1/completions" | "/v1/embeddings", "body"}` (without a url, the
+body says which: `messages`, `prompt` or `input`). The body is held to the rules of the synchronous routes,
+defined once in core/protocol/openai_request.py and core/protocol/embedding_request.py: the same fields,
+bounds and refusals (`n` > 1, an unknown `model`, a chat role the model's template cannot render, an
+embeddings line to a model that generates text), each a line error naming the field while the rest of the
+batch runs. A completions line takes `prompt` in every shape /v1/completions takes
+(core/protocol/completion_prompts.py: text, token ids, or several of either), each prompt judged on its own
+and named `prompt[i]` when several were sent. An embeddings line's inputs are held to the model's limits by
+core/protocol/embedding_rules.py, as POST /v1/embeddings holds them. Prompt and output lengths are held to
 the batch queue's limits and the model's context by the request rules every door shares
 (core/protocol/request_limits.py: a prompt is refused by its size before it is tokenized). What only a batch
 adds: `stream` must be false, a line's url must match the batch's endpoint, and the engine checks the
 resulting parameters last.
 
-Nothing about one line can fail the batch: an integer literal longer than MAX_INT_DIGITS is refused before
-it is converted, and any other exception while judging a line (a bug, or a tokenizer or chat template
-failing in a way nobody foresaw) becomes that line's `invalid_line` error, logged with its traceback.
+Nothing about one line can fail the batch: an integer literal longer than MAX_INT_DIGITS is refused before it
+is converted, and any other exception while judging a line (a bug, or a tokenizer or chat template failing in
+a way nobody foresaw) becomes that line's `invalid_line` error, logged with its traceback.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any
 from conveyor.core.model_adapters import with_lora
 from conveyor.core.protocol.chat_options import ChatOptions
 from conveyor.core.protocol.chat_options import job_params as chat_job_params
+from conveyor.core.protocol.completion_prompts import Prompts
 from conveyor.core.protocol.embedding_request import EMBEDDINGS, EmbeddingCreate, parse_embedding_body
 from conveyor.core.protocol.embedding_rules import (
     EmbeddingLimits,
@@ -59,6 +62,7 @@ from conveyor.core.protocol.refusal import Refusal
 from conveyor.core.protocol.request_limits import (
     RequestLimits,
     RequestSize,
+    prompt_sizes,
     size_problem,
     tokenizer_problem,
     tokens_problem,
@@ -85,7 +89,9 @@ class BatchRequest:
     custom_id: str
     endpoint: str  # CHAT, COMPLETIONS or EMBEDDINGS
     messages: list[dict[str, Any]] | None
-    prompt: str | list[int] | None  # text (token ids are refused, as on the synchronous route)
+    # A completions line's one text prompt (its job's `prompt`); token ids only when each of several prompts
+    # is counted as a line of its own (_counted)
+    prompt: str | list[int] | None
     # its job's stored params (core/protocol/job_params.py), only those the line set (an embeddings line's:
     # core/protocol/embedding_request.py job_params)
     params: dict[str, Any]
@@ -97,7 +103,10 @@ class BatchRequest:
     priority: int = 0  # lower first
     deadline_s: float | None = None  # None: the batch's completion window is its deadline
     service_tier: str | None = None  # echoed in its answer; flex takes no default deadline
-    inputs: list[str | list[int]] | None = None  # an embeddings line's: a text or token ids each
+    # An embeddings line's inputs, or a completions line's prompts when they are token ids or several: a text
+    # or token ids each (its job's `inputs`)
+    inputs: list[str | list[int]] | None = None
+    prompts_listed: bool = False  # a completions line's prompt sent as a list: each is named prompt[i]
 
     @property
     def kind(self) -> str:
@@ -105,11 +114,19 @@ class BatchRequest:
         return EMBEDDING if self.endpoint == EMBEDDINGS else GENERATION
 
     def size(self) -> RequestSize:
-        """The lengths the request rules judge."""
+        """The lengths the request rules judge, of a line with one text prompt or messages."""
         prompt = self.prompt if isinstance(self.prompt, str) else None  # token ids: counted exactly anyway
         template_bytes = ChatOptions.from_json(self.chat).template_bytes()
         return RequestSize(prompt, self.messages, self.params.get("max_tokens"),
                            self.params.get("min_tokens", 0), template_bytes)
+
+    def sizes(self) -> list[RequestSize]:
+        """The lengths the request rules judge: each prompt's of a completions line with token ids or several
+        prompts (a sequence each in the engine), else the line's one."""
+        if self.kind == EMBEDDING or self.inputs is None:
+            return [self.size()]
+        prompts = Prompts(list(self.inputs), self.prompts_listed)
+        return prompt_sizes(prompts, self.params.get("max_tokens"), self.params.get("min_tokens", 0))
 
 
 @dataclass(frozen=True)
@@ -167,9 +184,11 @@ class LineLimits:
     # The tokens of an embeddings line's text input as the model reads it (special tokens included).
     count_input: Callable[[str], int] | None = None
     adapters: frozenset[str] = frozenset()  # the LoRA adapters of the model a line may name as `model`
+    vocab_size: int | None = None  # the token ids a completions line's prompt may hold; None: not judged
 
     def request_limits(self) -> RequestLimits:
-        return RequestLimits(self.queue, self.max_prompt_tokens, self.max_output_tokens, self.max_model_len)
+        return RequestLimits(self.queue, self.max_prompt_tokens, self.max_output_tokens, self.max_model_len,
+                             self.vocab_size)
 
 
 LimitsOfModel = Callable[[str | None], LineLimits]  # the limits of the model a line names (None: the default)
@@ -322,17 +341,20 @@ def _validated(number: int, custom_id: str, endpoint: str, body: dict[str, Any],
     if request.stream:
         raise Refusal("invalid", "stream", "must be false in a batch")
     _check_deadline_miss(request.on_deadline_miss)
-    options = ChatOptions()
+    options, prompts = ChatOptions(), None
     if isinstance(request, ChatCompletionCreate):
-        messages, prompt = request.chat_messages(served.roles), None
+        messages = request.chat_messages(served.roles)
         options = request.chat_options(served.tool_parser)  # judged by check_request
     else:
-        messages, prompt = None, request.prompt_text()
+        messages, prompts = None, request.prompts()
     priority = _priority(priorities, request.service_tier, request.priority)
-    return BatchRequest(line=number, custom_id=custom_id, endpoint=endpoint, messages=messages, prompt=prompt,
+    return BatchRequest(line=number, custom_id=custom_id, endpoint=endpoint, messages=messages,
+                        prompt=prompts.stored_prompt() if prompts is not None else None,
                         params=chat_job_params(_job_params(request), options), model=request.model,
                         chat=options.to_json(), shown=request.prompt_view().to_json(), priority=priority,
-                        deadline_s=request.deadline_s, service_tier=request.service_tier)
+                        deadline_s=request.deadline_s, service_tier=request.service_tier,
+                        inputs=prompts.stored_inputs() if prompts is not None else None,
+                        prompts_listed=prompts is not None and prompts.listed)
 
 
 def _validated_embedding(number: int, custom_id: str, body: dict[str, Any], served: Served,
@@ -396,18 +418,31 @@ def _line_code(refusal: Refusal) -> str:
 
 
 def _counted(request: BatchRequest, limits: LineLimits) -> BatchRequest:
-    """The request rules every door shares (core/protocol/request_limits.py), with the prompt's tokens counted
-    between the two steps; the request carries its count."""
-    size, rules = request.size(), limits.request_limits()
-    _reject(size_problem(size, rules))
+    """The request rules every door shares (core/protocol/request_limits.py), with each prompt's tokens
+    counted between the two steps; the request carries their sum."""
+    sizes, rules = request.sizes(), limits.request_limits()
+    for size in sizes:
+        _reject(size_problem(size, rules))
     if limits.count_tokens is None:
         return request
+    total = 0
+    for size in sizes:
+        tokens = _prompt_tokens(request, size, limits.count_tokens)
+        _reject(tokens_problem(size, tokens, rules))
+        total += tokens
+    return replace(request, prompt_tokens=total)
+
+
+def _prompt_tokens(request: BatchRequest, size: RequestSize, count: Callable[[BatchRequest], int]) -> int:
+    """One prompt's tokens: token ids as sent; else what `count` makes of the line (its messages or its text),
+    one of several prompts counted as a line of its own."""
+    if size.token_ids is not None:
+        return len(size.token_ids)
+    one = replace(request, prompt=size.prompt, inputs=None) if request.inputs is not None else request
     try:
-        tokens = limits.count_tokens(request)
+        return count(one)
     except ValueError as error:  # e.g. a chat template that rejects the messages
         raise _rejected(tokenizer_problem(size, error)) from None
-    _reject(tokens_problem(size, tokens, rules))
-    return replace(request, prompt_tokens=tokens)
 
 
 def _counted_inputs(request: BatchRequest, limits: LineLimits) -> BatchRequest:

@@ -278,7 +278,7 @@ class BatchRunner:
             except StopIteration:
                 return lines, new_jobs, True
             parsed = parse_line(number, raw, source.seen, limits)
-            if isinstance(parsed, BatchRequest) and not isinstance(parsed.prompt, list):
+            if isinstance(parsed, BatchRequest):
                 assert parsed.lane is not None, "the runner's limits name each line's lane"
                 if parsed.lane not in paces:
                     paces[parsed.lane] = self._pace(parsed.lane, now)
@@ -328,14 +328,16 @@ class BatchRunner:
         task = model_task(settings.model_folder(), settings.task or "auto")
         adapters = _adapters_of(settings, batch, runtime)
         served = Served.of(settings, template)
-        embedding = EmbeddingLimits.of_model(settings, task, getattr(tokenizer, "vocab_size", None))
+        tokenizer_vocab = getattr(tokenizer, "vocab_size", None)
+        embedding = EmbeddingLimits.of_model(settings, task, tokenizer_vocab)
         count_input = embedding_input_counter(tokenizer, task) if tokenizer is not None else None
         return LineLimits(endpoint=batch.endpoint, max_prompt_tokens=queue.max_prompt_tokens,
                           count_tokens=counter, max_output_tokens=queue.max_output_tokens,
                           served=replace(served, models=(*served.models, *adapters)),
                           max_model_len=_max_model_len(settings), queue=batch.queue,
                           lane=lane_of(model_id, batch.queue), priorities=priorities, task=task,
-                          embedding=embedding, count_input=count_input, adapters=adapters)
+                          embedding=embedding, count_input=count_input, adapters=adapters,
+                          vocab_size=task.vocab_size or tokenizer_vocab)
 
     def _tokenizer_of(self, model_id: str, settings: Settings) -> ChatTokenizer | None:
         """The model's tokenizer: this worker's own, or another served model's read from its folder once."""
@@ -383,7 +385,7 @@ def _new_job(batch: Batch, request: BatchRequest, now: datetime, pace: finish_ti
     batch (fair share's stream), its metadata the line it answers (shown under /v1/jobs, as
     docs/guides/batches.md says), its prompt_tokens are the tokens the line was judged by, and its latest
     start is its deadline less its run time at the queue's pace (core/store/finish_times.py)."""
-    assert not isinstance(request.prompt, list)
+    assert not isinstance(request.prompt, list), "a completions line's token ids are its job's inputs"
     meta = {"batch_id": batch.id, "custom_id": request.custom_id, "line": request.line,
             "endpoint": request.endpoint, "model": request.model}
     if request.shown:  # what the answer shows of the prompt (echo, prompt_logprobs)
@@ -429,10 +431,7 @@ def _window_left_s(batch: Batch, now: datetime) -> float | None:
     return max((batch.expires_at - now).total_seconds(), 1.0)
 
 
-def _failed_line(batch_id: str, parsed: BatchRequest | LineError, seen: CustomIdSet) -> BatchLine:
-    if isinstance(parsed, BatchRequest):  # parsed, but a token-id prompt: jobs hold text or messages
-        parsed = LineError(parsed.line, parsed.custom_id, "invalid_body",
-                           "prompt as token ids is not supported in batches; send text")
+def _failed_line(batch_id: str, parsed: LineError, seen: CustomIdSet) -> BatchLine:
     # The first line with a custom_id owns it (a later one is a duplicate), even when the line is invalid.
     owns_id = parsed.code != "duplicate_custom_id" and parsed.custom_id in seen
     error = {"code": parsed.code, "message": parsed.message, "custom_id": parsed.custom_id}

@@ -56,8 +56,8 @@ def test_conveyor_prompt_line_and_openai_completions_prompt_list() -> None:
                                                                                        "logprobs": 1})
     listed = _parse({"custom_id": "b", "url": COMPLETIONS, "body": {"prompt": ["hello"]}})
     assert isinstance(listed, BatchRequest) and listed.prompt == "hello"
-    tokens = _parse({"custom_id": "c", "body": {"prompt": [1, 2, 3]}})  # refused as /v1/completions does
-    assert isinstance(tokens, LineError) and tokens.message.startswith("prompt: token-id prompts")
+    tokens = _parse({"custom_id": "c", "body": {"prompt": [1, 2, 3]}})  # its job's inputs, as on the route
+    assert isinstance(tokens, BatchRequest) and (tokens.prompt, tokens.inputs) == (None, [[1, 2, 3]])
 
 
 @pytest.mark.parametrize(("line", "code", "fragment"), [

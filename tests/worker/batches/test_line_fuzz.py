@@ -136,9 +136,11 @@ def _jsonl(line: object) -> bytes:
 def _assert_storable(request: BatchRequest) -> None:
     """What the runner stores for the line's job: text without NUL or lone surrogates, finite JSON."""
     assert text_problem(request.custom_id) is None
-    assert isinstance(request.prompt, str) or request.messages is not None
+    assert isinstance(request.prompt, str) or request.messages is not None or request.inputs is not None
     if isinstance(request.prompt, str):
         assert text_problem(request.prompt) is None
+    for item in request.inputs or []:  # a completions line's token-id or several prompts
+        assert text_problem(item) is None if isinstance(item, str) else all(0 <= t < 2**31 for t in item)
     for message in request.messages or []:
         assert text_problem(message["role"]) is None and text_problem(message["content"]) is None
     assert json_problem(request.params) is None
