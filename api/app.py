@@ -15,6 +15,7 @@ from conveyor.api import console
 from conveyor.api.admission import AdmissionGauge
 from conveyor.api.deps import Services
 from conveyor.api.errors import ApiError, install_error_handlers
+from conveyor.api.host_check import HostCheck
 from conveyor.api.metrics import Metrics
 from conveyor.api.middleware import (
     AllowedMethods,
@@ -127,11 +128,15 @@ def create_app(
             app.include_router(console_router)
         app.add_exception_handler(console.SignInRequired, console.to_sign_in)
         app.add_exception_handler(ApiError, console.api_error)  # pages under /console; JSON elsewhere
+    else:
+        app.include_router(console.OFF_ROUTER)
     # add_middleware wraps: the last one added runs first.
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(UploadSizeLimit, max_bytes=settings.files_max_bytes)
     app.add_middleware(MetricsAuth, settings=settings)
     app.add_middleware(AllowedMethods, routes=app.router.routes)
+    assert settings.allowed_hosts is not None, "Settings resolves the default names"
+    app.add_middleware(HostCheck, allowed_hosts=settings.allowed_hosts)  # before anything reads the body
     app.add_middleware(ResponseCounter, metrics=metrics)  # outside the others: 401s, 405s, 413s are counted
     app.add_middleware(UnhandledErrors)  # outermost of ours: an exception anywhere below becomes our 500
     if settings.auth_enabled and settings.metrics_token is None:

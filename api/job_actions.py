@@ -38,7 +38,7 @@ def retry(session: Session, services: Services, tenant: str, job_id: str, now: d
     if found is None:
         raise not_found("job", job_id)
     if found.status in RETRYABLE_STATUSES and not jobs.used_retry_key(found, key):
-        admit_retry(session, services, tenant, found.queue)
+        admit_retry(session, services, tenant, found)
     outcome = jobs.retry(session, found.id, tenant, now, key=key, run_at=run_at)
     job = _retried(outcome, job_id)
     if not outcome.replayed:
@@ -54,6 +54,9 @@ def _retried(outcome: jobs.RetryResult, job_id: str) -> Job:
     if outcome.open_batch_id is not None:
         raise ApiError(409, "not_retryable", f"id: job {job_id} belongs to batch {outcome.open_batch_id}, "
                        "which has not ended; retry it once the batch has", "id")
+    if not outcome.applied and not outcome.replayed and outcome.job.status in RETRYABLE_STATUSES:
+        raise ApiError(409, "not_retryable", f"id: job {job_id} changed while it was being retried (another "
+                       "request retried or cancelled it); send the retry again", "id")
     if not outcome.applied and not outcome.replayed:
         raise ApiError(409, "not_retryable", f"id: job {job_id} is {outcome.job.status}; only a failed, "
                        "cancelled or expired job can be retried", "id")

@@ -21,7 +21,7 @@ from conveyor.api.served_models import ServedModel
 from conveyor.api.webhook_targets import check_job_webhook
 from conveyor.core.lanes import describe_lane, split_lane
 from conveyor.core.lifecycle import QUEUED
-from conveyor.core.model_adapters import with_lora
+from conveyor.core.model_adapters import job_model_id, with_lora
 from conveyor.core.protocol.request_limits import idempotency_key_problem, metadata_problem
 from conveyor.core.protocol.service_tiers import PriorityNotPermitted, takes_default_deadline
 from conveyor.core.settings import QueueSettings, UnknownModelError
@@ -103,20 +103,25 @@ def _submit(
         return _replay(earlier, request_hash), False
 
 
-def admit_retry(session: Session, services: Services, tenant_id: str, lane: str) -> None:
-    """A job about to run again is admitted as a submission is: its queue's room and its tenant's queued
-    limit (a 429 with Retry-After, or a 409 when its model or queue is no longer served)."""
-    model_id, name = split_lane(lane)
+def admit_retry(session: Session, services: Services, tenant_id: str, job: Job) -> None:
+    """A job about to run again is admitted as a new submission of it would be: its model served to its
+    tenant (an adapter loaded for some tenants only is not served to the others) in the job's lane, its
+    queue's room and its tenant's queued limit (a 429 with Retry-After, or a 409 when its model or queue is
+    no longer served to the tenant)."""
+    model_id = job_model_id(job.queue, job.params)
+    name = split_lane(job.queue)[1]
     try:
-        queue = services.models.get(model_id).settings.queue(name)
+        served = services.models.get(model_id, tenant_id)
     except UnknownModelError:
-        queue = None
-    if queue is None:
-        raise ApiError(409, "not_retryable", f"id: the job's queue {describe_lane(lane)} is no longer served",
-                       "id")
-    _admit(session, services, lane, queue)
+        raise ApiError(409, "not_retryable", f"id: the job's model {model_id!r} is no longer served",
+                       "id") from None
+    queue = served.settings.queue(name)
+    if queue is None or served.lane(name) != job.queue:  # an adapter reloaded onto another base model
+        raise ApiError(409, "not_retryable", f"id: the job's queue {describe_lane(job.queue)} is no longer "
+                       "served", "id")
+    _admit(session, services, job.queue, queue)
     quota = tenants.effective_limits(session, tenant_id, TenantLimits.defaults(services.settings))
-    _refuse(admission.queued_refusal(session, services.admission, quota, tenant_id, lane,
+    _refuse(admission.queued_refusal(session, services.admission, quota, tenant_id, job.queue,
                                      services.settings.retry_after_s))
 
 

@@ -32,7 +32,7 @@ from conveyor.core.webhooks.signing import generate_secret
 from conveyor.engine.demo import build_tiny_model
 from tests.support.live_server import SpareRedis
 from tests.support.redis_claim import claimed_database
-from tests.support.service import RecordingPublisher, Service
+from tests.support.service import LOCAL_URL, RecordingPublisher, Service
 
 POSTGRES_SERVER = os.environ.get("CONVEYOR_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REDIS_SERVER = os.environ.get("CONVEYOR_TEST_REDIS", "redis://127.0.0.1:6379")
@@ -287,7 +287,7 @@ def make_service(
         settings = make_settings(database_url=database_url, **overrides)
         publisher = publisher or RecordingPublisher()
         app = create_app(settings, publisher=publisher, tokenizer=prompt_tokenizer)
-        http = TestClient(app)
+        http = TestClient(app, base_url=LOCAL_URL)
         http.__enter__()
         clients.append(http)
         return Service(settings, publisher, http, session_factory)

@@ -8,6 +8,7 @@ from sqlalchemy import func, select
 from conveyor.core.clock import utcnow
 from conveyor.core.store import (
     batches,
+    console_sessions,
     job_tallies,
     jobs,
     keys,
@@ -52,6 +53,7 @@ def _fill_every_table(url: str) -> None:
         outcome_counts.record_webhook_attempt(session, "retry")  # metric_counts
         session.commit()
         lora_adapters.add(session, "left-over", "demo-model", "/nowhere", None, now)
+        console_sessions.open_session(session, None, now)
     db_engine.dispose()
 
 

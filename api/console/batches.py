@@ -50,7 +50,7 @@ def confirm_cancel(request: Request, batch_id: str, viewer: ViewerDep, session: 
 @router.post("/batches/{batch_id}/cancel")
 def cancel(request: Request, batch_id: str, viewer: ViewerDep, session: SessionDep,
            csrf: CsrfField = None) -> Response:
-    check_csrf(request, csrf)
+    check_csrf(viewer, csrf)
     row = _visible_batch(session, viewer, batch_id)
     batches.request_cancel(session, row.id, row.tenant_id, utcnow())
     return RedirectResponse(f"/console/batches/{row.id}", status_code=303)

@@ -82,7 +82,7 @@ def confirm_purge(request: Request, viewer: AdminDep, services: ServicesDep,
 @router.post("/purge")
 def purge(request: Request, viewer: AdminDep, services: ServicesDep, session: SessionDep,
           lane: Annotated[str, Form(max_length=200)], csrf: CsrfField = None) -> Response:
-    check_csrf(request, csrf)
+    check_csrf(viewer, csrf)
     _check_lane(services.settings.lanes(), lane)
     cancelled = queue_purge.purge(session, services, [lane], None)
     return RedirectResponse(f"/console?{urlencode({'purged': cancelled, 'lane': lane})}", status_code=303)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 from typing import Annotated
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import RedirectResponse, Response
@@ -87,10 +87,16 @@ def job_list(request: Request, viewer: ViewerDep, services: ServicesDep, session
     rows = jobs.page(session, shown_tenant, limit=PAGE + 1, status=status, before=_before(cursor_),
                      lanes=lanes, batch_id=batch or None, since=since, metadata=_metadata(meta))
     shown, more = rows[:PAGE], len(rows) > PAGE
+    filters = {"status": status, "tenant": shown_tenant, "lane": lane, "batch": batch, "model": model,
+               "hours": hours, "meta": meta}
+    older = _listing_url({"cursor": cursor.encode(shown[-1]), **filters}) if more else None
     return page(request, "jobs.html", viewer, jobs=[JobPublic.from_row(j) for j in shown],
-                tenants={j.id: j.tenant_id for j in shown}, status=status, tenant=shown_tenant, lane=lane,
-                batch=batch, model=model, hours=hours, meta=meta,
-                statuses=JOB_STATUSES, next_cursor=cursor.encode(shown[-1]) if more else None)
+                tenants={j.id: j.tenant_id for j in shown}, statuses=JOB_STATUSES, older_url=older, **filters)
+
+
+def _listing_url(query: dict[str, str | None]) -> str:
+    """The listing with these filters, each value encoded: a tenant named `a&tenant=b` stays one value."""
+    return f"/console/jobs?{urlencode({name: value for name, value in query.items() if value})}"
 
 
 def _lanes(known: list[str], lane: str | None, model: str | None) -> list[str] | None:
@@ -168,7 +174,7 @@ def confirm_action(request: Request, job_id: str, action: str, viewer: ViewerDep
 @router.post("/jobs/{job_id}/{action}")
 def do_action(request: Request, job_id: str, action: str, viewer: ViewerDep, services: ServicesDep,
               session: SessionDep, csrf: CsrfField = None) -> Response:
-    check_csrf(request, csrf)
+    check_csrf(viewer, csrf)
     job = _visible_job(session, viewer, job_id)
     if action == "cancel":
         job_actions.cancel(session, services, job.tenant_id, job.id)
@@ -193,7 +199,7 @@ def confirm_resend(request: Request, job_id: str, delivery_id: str, viewer: View
 @router.post("/jobs/{job_id}/deliveries/{delivery_id}/resend")
 def resend(request: Request, job_id: str, delivery_id: str, viewer: ViewerDep, session: SessionDep,
            csrf: CsrfField = None) -> Response:
-    check_csrf(request, csrf)
+    check_csrf(viewer, csrf)
     job = _visible_job(session, viewer, job_id)
     webhooks.resend(session, job.tenant_id, _delivery_of(session, job, delivery_id).id, utcnow())
     return RedirectResponse(f"/console/jobs/{job.id}", status_code=303)

@@ -17,6 +17,7 @@ from conveyor.api.console import viewer as viewers
 from conveyor.api.console.viewer import Viewer
 from conveyor.api.deps import ServicesDep, SessionDep
 from conveyor.api.errors import ApiError, error_response
+from conveyor.core.clock import utcnow
 
 templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
 # No caching of what a viewer saw; no script but the console's own file (static/console.js), and no framing
@@ -47,9 +48,12 @@ async def api_error(request: Request, exc: Exception) -> Response:
 
 
 def current_viewer(request: Request, services: ServicesDep, session: SessionDep) -> Viewer:
+    """Who is looking: a key's session (auth on; none sends the browser to sign in), or anyone (auth off),
+    whose first page opens the browser's session."""
+    secret, now = viewers.session_secret(request), utcnow()
     if not services.settings.auth_enabled:
-        return viewers.EVERYONE
-    viewer = viewers.viewer_of_cookie(session, request.cookies.get(viewers.SESSION_COOKIE), viewers.now_s())
+        return viewers.anonymous_viewer(session, secret, now, may_open=request.method in ("GET", "HEAD"))
+    viewer = viewers.signed_in_viewer(session, secret, now)
     if viewer is None:
         raise SignInRequired
     return viewer
@@ -68,11 +72,15 @@ CsrfField = Annotated[str | None, Form(alias="csrf")]
 
 
 def page(request: Request, template: str, viewer: Viewer | None, **context: Any) -> HTMLResponse:
-    """A page with the CSRF token its forms carry (the cookie is set when missing)."""
-    token = viewers.csrf_token(request)
-    response = templates.TemplateResponse(request, template,
-                                          {"viewer": viewer, "csrf": token, **context})
-    viewers.keep_csrf(request, response, token)
+    """A page with the CSRF token its forms carry: the viewer's session's, or before any session (the
+    sign-in form, an error) the sign-in form's own."""
+    sign_in = viewers.sign_in_token(request) if viewer is None else None
+    token = sign_in if viewer is None else viewer.csrf
+    response = templates.TemplateResponse(request, template, {"viewer": viewer, "csrf": token, **context})
+    if sign_in is not None:
+        viewers.keep_sign_in_token(request, response, sign_in)
+    if viewer is not None and viewer.opened is not None:
+        viewers.keep_session(request, response, viewer.opened)
     response.headers.update(PAGE_HEADERS)
     return response
 
@@ -85,10 +93,15 @@ def confirmation(request: Request, viewer: Viewer, question: str, detail: str, a
                 button=button, back_url=back_url, fields=fields)
 
 
-def check_csrf(request: Request, submitted: str | None) -> None:
-    if not viewers.csrf_ok(request, submitted):
-        message = "csrf: the form's token is missing or stale; reload the page"
-        raise ApiError(403, "csrf_failed", message, "csrf")
+def check_csrf(viewer: Viewer, submitted: str | None) -> None:
+    """An action's form must carry its session's token (403 otherwise)."""
+    if not viewers.csrf_ok(viewer.csrf, submitted):
+        raise csrf_failed()
+
+
+def csrf_failed() -> ApiError:
+    message = "csrf: the form's token is missing or stale; reload the page"
+    return ApiError(403, "csrf_failed", message, "csrf")
 
 
 def seconds(value: float | None) -> str:

@@ -15,12 +15,13 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic_core import PydanticCustomError
 
 from conveyor.core.protocol.request_fields import StoredText, StrictFlag
 from conveyor.core.protocol.structured_rules import structured_problem
+from conveyor.core.protocol.tool_bounds import MAX_TOOLS, tools_bound_problem
 
-MAX_TOOLS = 128  # OpenAI's limit
 FUNCTION_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"  # OpenAI's rule for function names
 ToolChoiceMode = Literal["none", "auto", "required"]
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
@@ -59,12 +60,27 @@ class NamedToolChoice(BaseModel):
     function: FunctionName
 
 
-Tools = Annotated[list[Tool], Field(min_length=1, max_length=MAX_TOOLS)]
+def _bounded(tools: object) -> object:
+    """The tools as sent, refused before pydantic builds a Tool when they are too big as a whole."""
+    problem = tools_bound_problem(tools)
+    if problem is not None:
+        raise PydanticCustomError("tools_too_large", problem)
+    return tools
+
+
+# The whole-list bound wraps the list's own validation, so it runs first on every door that takes tools
+# (POST /v1/jobs, /v1/chat/completions, vLLM's routes, batch lines).
+Tools = Annotated[list[Tool], Field(min_length=1, max_length=MAX_TOOLS), BeforeValidator(_bounded)]
 ToolChoice = ToolChoiceMode | NamedToolChoice
 
 
 def tools_problem(tools: list[Tool] | None, choice: ToolChoice | None) -> tuple[str, str] | None:
-    """(field, reason) for tools or a tool_choice that cannot run, else None."""
+    """(field, reason) for tools or a tool_choice that cannot run, else None. The tools as a whole are
+    bounded before any one is judged."""
+    if tools is not None:
+        bound = tools_bound_problem([tool.model_dump(mode="json", exclude_none=True) for tool in tools])
+        if bound is not None:
+            return "tools", bound
     names = [tool.function.name for tool in tools or []]
     for index, tool in enumerate(tools or []):
         if names.index(tool.function.name) != index:

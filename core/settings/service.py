@@ -24,6 +24,7 @@ from pydantic_settings import (
 
 from conveyor.core.lanes import lane_of
 from conveyor.core.retry_policy import Backoff
+from conveyor.core.settings.allowed_hosts import allowed_host_entry, default_allowed_hosts
 from conveyor.core.settings.engine import DEFAULT_MAX_LORAS, EngineSettings
 from conveyor.core.settings.queues import QueueSettings, default_queues, renamed_queue_fields
 from conveyor.core.settings.registry import AdapterSettings, ModelSettings, UnknownModelError, check_lane
@@ -62,6 +63,14 @@ class Settings(EngineSettings, TenantDefaults, BaseSettings):
     auth_enabled: bool | None = Field(
         None, description="API keys required; unset = on unless bound to a loopback address. Off is refused "
         "on a non-loopback bind",
+    )
+    allowed_hosts: Annotated[list[str] | None, NoDecode] = Field(
+        None, description="the host names the service answers to (a request's `Host` header, its port "
+        "aside), comma-separated: names, IP addresses, `*.example.com` (its subdomains) or `*` (any); any "
+        "other `Host` gets 400, so a DNS-rebinding page reaches nothing. Unset = `localhost`, `127.0.0.1`, "
+        "`::1` (and `host`) when bound to loopback, `host` alone when bound to another address, and any "
+        "name when bound to every address (`0.0.0.0`, `::`: auth is on). Behind a proxy or an Ingress, list "
+        "the names clients use (see Security)",
     )
     max_body_bytes: int = Field(1 << 20, ge=1024, description="larger request bodies get 413")
     max_metadata_bytes: int = Field(4096, ge=2, description="largest `metadata` JSON")
@@ -240,6 +249,19 @@ class Settings(EngineSettings, TenantDefaults, BaseSettings):
             return None
         return value
 
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _split_allowed_hosts(cls, value: Any) -> Any:
+        """`a.example.com,localhost` from the environment, a list from a config file; empty: unset."""
+        if isinstance(value, str):
+            value = [name for name in value.split(",") if name.strip()]
+        return value or None
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _normalise_allowed_hosts(cls, names: list[str] | None) -> list[str] | None:
+        return None if names is None else [allowed_host_entry(name) for name in names]
+
     @field_validator("worker_queues", mode="before")
     @classmethod
     def _split_worker_queues(cls, value: Any) -> Any:
@@ -269,6 +291,8 @@ class Settings(EngineSettings, TenantDefaults, BaseSettings):
             self.database_url = f"sqlite:///{(self.data_dir / 'conveyor.db').resolve()}"
         if self.auth_enabled is None:
             self.auth_enabled = not is_loopback(self.host)
+        if self.allowed_hosts is None:
+            self.allowed_hosts = default_allowed_hosts(self.host, is_loopback(self.host))
         if self.docs_enabled is None:
             self.docs_enabled = not self.auth_enabled
         if not self.queues:

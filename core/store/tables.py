@@ -1,8 +1,8 @@
 """Every table of the store, in one place: `Base.metadata` is the schema `migrations/` builds (Alembic).
 
 Tenants and their API keys; jobs; worker registrations; batches and their lines; files; webhook signing
-secrets, subscriptions, deliveries and their attempts. Queries live beside them, one module per subject
-(jobs.py, batches.py, ...). Statuses are in core/lifecycle.py.
+secrets, subscriptions, deliveries and their attempts; the console's sessions. Queries live beside them, one
+module per subject (jobs.py, batches.py, ...). Statuses are in core/lifecycle.py.
 """
 
 from __future__ import annotations
@@ -132,7 +132,9 @@ class Job(Base):
     # (generation), or a vector per input (embedding).
     kind: Mapped[str] = mapped_column(String(16), default=GENERATION, server_default=GENERATION)
     prompt: Mapped[str | None] = mapped_column(Text, nullable=True)
-    # An embedding job's inputs, each a text or a list of token ids; NULL for a generation job.
+    # An embedding job's inputs, each a text or a list of token ids; a completion's prompts, each a text or
+    # token ids, when they are token ids or several (core/protocol/completion_prompts.py; `prompt` is NULL
+    # then); NULL otherwise.
     inputs: Mapped[list[str | list[int]] | None] = mapped_column(JSON, nullable=True)
     messages: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
     params: Mapped[dict[str, Any]] = mapped_column(JSON)  # core/protocol/job_params.py JobParams' stored form
@@ -177,11 +179,14 @@ class Job(Base):
     cached_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)  # from the prefix cache
     # Per generated token when the job asked for logprobs: {token_id, text, logprob, top_logprobs: [...]}.
     logprobs: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
-    # A job that asked for n > 1: every choice {index, text, finish_reason, completion_tokens, logprobs};
-    # result_text, finish_reason and logprobs are choice 0's, completion_tokens their sum.
+    # A job that asked for n > 1, or has `inputs` prompts: every choice {index, text, finish_reason,
+    # completion_tokens, logprobs}, choice c of prompt p at index p * n + c; the first choice of each of its
+    # `inputs` prompts also keeps that prompt as read, `prompt`: {text (token ids decoded), logprobs (as
+    # prompt_logprobs; null when not asked)}. result_text, finish_reason and logprobs are choice 0's,
+    # completion_tokens their sum; prompt_tokens and cached_tokens count every prompt.
     choices: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
     # When the job asked for prompt_logprobs: per prompt token {token_id, text, logprob, top_logprobs}, the
-    # first one's logprob null (nothing precedes it).
+    # first one's logprob null (nothing precedes it); of its first prompt when it has several.
     prompt_logprobs: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
     # A succeeded embedding job's vectors, one per input in order, each its float32 components little-endian
     # and base64-encoded (core/views/embedding_vectors.py); its usage is prompt_tokens.
@@ -417,3 +422,16 @@ class LoraAdapter(Base):
     path: Mapped[str] = mapped_column(String(1024))  # a PEFT folder the workers can read, or s3://...
     tenants: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)  # NULL: every tenant
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class ConsoleSession(Base):
+    """A session of the operator console (core/store/console_sessions.py): opened by a sign-in (auth on) or
+    by the first page (auth off), ended by signing out or by its expiry. Known by a random secret, the
+    cookie's value; the store keeps its SHA-256 only."""
+
+    __tablename__ = "console_sessions"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)  # sha256 hex of the session's secret
+    key_id: Mapped[str | None] = mapped_column(String(40), nullable=True)  # its API key; NULL: auth off
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)

@@ -66,7 +66,8 @@ def load_adapter(name: str, folder: Path, shapes: dict[str, TargetShape], num_la
         raise ValueError(f"LoRA adapter {name!r}: {file} not found (PEFT saves adapter_model.safetensors)")
     weights = _module_weights(name, load_file(str(file)), shapes, num_layers, rank)
     scale = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
-    cast = {key: (a.to(dtype), b.to(dtype)) for key, (a, b) in weights.items()}
+    cast = {key: (_finite(name, key, "A", a.to(dtype)), _finite(name, key, "B", b.to(dtype)))
+            for key, (a, b) in weights.items()}
     return LoRAAdapter(name, rank, scale, cast)
 
 
@@ -114,10 +115,20 @@ def _module_weights(name: str, tensors: dict[str, torch.Tensor], shapes: dict[st
         if target not in shapes or layer >= num_layers:
             raise ValueError(f"LoRA adapter {name!r}: tensor {tensor_name} targets a module the base model "
                              f"does not have (layers 0-{num_layers - 1}; {', '.join(TARGETS)})")
+        if not bool(torch.isfinite(tensor).all()):
+            raise ValueError(f"LoRA adapter {name!r}: tensor {tensor_name} holds NaN or infinite values")
         halves.setdefault((layer, target), {})[half] = tensor
     if not halves:
         raise ValueError(f"LoRA adapter {name!r}: {WEIGHTS_FILE} holds no LoRA weights")
     return {key: _checked_pair(name, key, pair, shapes[key[1]], rank) for key, pair in halves.items()}
+
+
+def _finite(name: str, key: tuple[int, str], half: str, weight: torch.Tensor) -> torch.Tensor:
+    """`weight` cast to the engine's dtype, refused when a finite value overflowed it (1e5 in float16)."""
+    if not bool(torch.isfinite(weight).all()):
+        raise ValueError(f"LoRA adapter {name!r}: layers.{key[0]}.{key[1]}.lora_{half} holds values beyond "
+                         f"the range of {weight.dtype} (the engine's dtype)")
+    return weight
 
 
 def _checked_pair(name: str, key: tuple[int, str], pair: dict[str, torch.Tensor], shape: TargetShape,

@@ -14,7 +14,7 @@ from sqlalchemy import update
 from conveyor.core.clock import utcnow
 from conveyor.core.store import batches, jobs, keys, workers
 from conveyor.core.store.tables import BatchLine, Delivery
-from tests.support.service import Service
+from tests.support.service import LOCAL_URL, Service
 
 XSS = "<script>alert(1)</script>"
 
@@ -31,7 +31,7 @@ def key_of(service: Service, tenant: str, *, admin: bool = False) -> str:
 
 
 def signed_in(service: Service, key: str) -> TestClient:
-    browser = TestClient(service.http.app)
+    browser = TestClient(service.http.app, base_url=LOCAL_URL)
     form = browser.get("/console/sign-in")
     assert form.status_code == 200 and "Sign in" in form.text
     answer = browser.post("/console/sign-in", data={"key": key, "csrf": csrf_of(form.text)},
@@ -56,7 +56,7 @@ def test_the_console_is_off_unless_enabled(service: Service) -> None:
 def test_with_auth_on_a_page_asks_to_sign_in_and_a_bad_key_is_refused(make_service: Callable[..., Service],
                                                                        ) -> None:
     service = make_service(console_enabled=True)
-    anonymous = TestClient(service.http.app)
+    anonymous = TestClient(service.http.app, base_url=LOCAL_URL)
     assert anonymous.get("/console/jobs", follow_redirects=False).headers["location"] == "/console/sign-in"
     form = anonymous.get("/console/sign-in").text
     refused = anonymous.post("/console/sign-in", data={"key": "cvk_wrong", "csrf": csrf_of(form)})
@@ -107,7 +107,8 @@ def test_an_action_needs_its_csrf_token_and_a_session(make_service: Callable[...
 
     assert alice.post(f"/console/jobs/{job_id}/cancel").status_code == 403  # no token
     assert alice.post(f"/console/jobs/{job_id}/cancel", data={"csrf": "forged"}).status_code == 403
-    stranger = TestClient(service.http.app)  # the token without the session: sent to sign in
+    # The token without the session: sent to sign in.
+    stranger = TestClient(service.http.app, base_url=LOCAL_URL)
     answer = stranger.post(f"/console/jobs/{job_id}/cancel", data={"csrf": csrf_of(confirm.text)},
                            follow_redirects=False)
     assert answer.status_code == 303 and answer.headers["location"] == "/console/sign-in"

@@ -19,6 +19,7 @@ from conveyor.api.app import create_app
 from conveyor.api.prompt_tokenizer import PromptTokenizer
 from conveyor.core.settings import Settings
 from tests.support.live_server import free_port
+from tests.support.service import LOCAL_URL
 
 ENGINE = dict(max_num_seqs=8, max_num_batched_tokens=256, num_kv_blocks=192, block_size=16, dtype="float32",
               device="cpu", attention_backend="torch")
@@ -44,7 +45,7 @@ def embedded(
                              **ENGINE)
     runtime = EmbeddedRuntime(settings)
     app = create_app(settings, publisher=runtime.publisher, tokenizer=prompt_tokenizer, runtime=runtime)
-    with TestClient(app) as client:
+    with TestClient(app, base_url=LOCAL_URL) as client:
         yield client
 
 

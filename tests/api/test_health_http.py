@@ -19,7 +19,7 @@ from conveyor.core.store import jobs, workers
 from conveyor.core.store.database import make_db_engine, make_session_factory
 from conveyor.core.store.outcome_counts import JOB_DEADLINES
 from conveyor.core.store.tables import MetricCount
-from tests.support.service import RecordingPublisher, Service
+from tests.support.service import LOCAL_URL, RecordingPublisher, Service
 
 METRICS_TOKEN = "metrics-token-for-these-tests"
 
@@ -177,7 +177,7 @@ def test_store_outage_is_503_in_the_error_shape(make_service: Callable[..., Serv
     svc = make_service()
     broken = make_session_factory(make_db_engine(f"sqlite:///{tmp_path}/missing-dir/none.db"))
     svc.http.app.state.services = replace(svc.http.app.state.services, session_factory=broken)
-    client = TestClient(svc.http.app, raise_server_exceptions=False)
+    client = TestClient(svc.http.app, base_url=LOCAL_URL, raise_server_exceptions=False)
     r = client.post("/v1/jobs", json={"prompt": "x"}, headers={"Authorization": "Bearer cvk_x"})
     assert r.status_code == 503 and r.headers["Retry-After"] == "1"
     assert r.json()["error"]["code"] == "store_unavailable"

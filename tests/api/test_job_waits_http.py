@@ -30,7 +30,7 @@ from conveyor.core.seams.finish_notifications import (
 from conveyor.core.settings import Settings
 from conveyor.core.store import jobs
 from tests.support.live_server import serving
-from tests.support.service import RecordingPublisher, Service, error_of
+from tests.support.service import LOCAL_URL, RecordingPublisher, Service, error_of
 
 NOT_NOTIFIED_S = 30.0  # the fallback read interval in tests that must be answered by a notification
 
@@ -75,7 +75,7 @@ def make_app(
         publisher = RecordingPublisher()
         app = create_app(settings, publisher=publisher, tokenizer=prompt_tokenizer, finished_watch=watch,
                          finished_sink=sink)
-        http = TestClient(app)
+        http = TestClient(app, base_url=LOCAL_URL)
         http.__enter__()
         clients.append(http)
         return Service(settings, publisher, http, session_factory)

@@ -252,3 +252,35 @@ def test_an_adapter_loaded_at_run_time_serves_at_once_and_unloads_once_no_job_us
     with pytest.raises(openai.NotFoundError):
         completion(service.tenant("dave").client(), "late")
     assert admin(service, "/v1/unload_lora_adapter", {"lora_name": "late"}).status_code == 200
+
+
+def test_a_retry_is_refused_once_the_adapter_is_no_longer_the_tenants(service: Service,
+                                                                      adapters: dict[str, Path]) -> None:
+    """A retry is admitted as a new submission is (issue 51, item 7): an adapter reloaded for tenant A alone
+    refuses B's retry as it refuses B's new job. Before, the retry was a 202 and ran on A's adapter."""
+    everyone = {"lora_name": "shared1", "lora_path": str(adapters["support"])}
+    assert admin(service, "/v1/load_lora_adapter", everyone).status_code == 200
+    later = {"model": "shared1", "prompt": PROMPT, "max_tokens": 2, "delay_s": 3600}  # scheduled: never runs
+    owners = {"a": service.tenant("tenant-a"), "b": service.tenant("tenant-b")}
+    old = {}
+    for who, owner in owners.items():
+        created = owner.post("/v1/jobs", later)
+        assert created.status_code == 202, created.text
+        old[who] = created.json()["id"]
+        assert owner.post(f"/v1/jobs/{old[who]}/cancel", {}).json()["status"] == "cancelled"
+    assert admin(service, "/v1/unload_lora_adapter", {"lora_name": "shared1"}).status_code == 200
+    only_a = {**everyone, "tenants": ["tenant-a"]}
+    assert admin(service, "/v1/load_lora_adapter", only_a).status_code == 200
+
+    b = owners["b"]
+    assert b.post("/v1/jobs", {**later, "delay_s": None}).status_code == 404  # a new job: no such model
+    refused = b.post(f"/v1/jobs/{old['b']}/retry", {})
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["error"] == {"code": "not_retryable", "field": "id",
+                                       "message": "id: the job's model 'shared1' is no longer served"}
+    assert b.get(f"/v1/jobs/{old['b']}").json()["status"] == "cancelled"  # nothing changed
+    retried = owners["a"].post(f"/v1/jobs/{old['a']}/retry", {})  # still A's to run
+    assert retried.status_code == 202, retried.text
+    job = owners["a"].get(f"/v1/jobs/{old['a']}?wait=60").json()
+    assert (job["status"], job["model"]) == ("succeeded", "shared1"), job
+    assert admin(service, "/v1/unload_lora_adapter", {"lora_name": "shared1"}).status_code == 200

@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from conveyor.api.app import create_app
 from conveyor.cli.api_server import load_tokenizers
 from conveyor.core.settings import load_settings
+from tests.support.service import LOCAL_URL
 
 ENGINE = {"max_num_seqs": 8, "max_num_batched_tokens": 128, "num_kv_blocks": 64, "block_size": 16,
           "dtype": "float32", "device": "cpu", "attention_backend": "torch"}
@@ -49,7 +50,7 @@ def client(tmp_path: Path, migrated_sqlite_url: str, model_dirs: dict[str, Path]
     runtime = EmbeddedRuntime(settings)
     app = create_app(settings, publisher=runtime.publisher, tokenizer=load_tokenizers(settings),
                      runtime=runtime, session_factory=runtime.sessions)
-    with TestClient(app) as test_client:
+    with TestClient(app, base_url=LOCAL_URL) as test_client:
         yield test_client
 
 

@@ -13,7 +13,7 @@ from conveyor.api.app import create_app
 from conveyor.api.prompt_tokenizer import PromptTokenizer
 from conveyor.core.settings import Settings
 from tests.support.live_server import serving
-from tests.support.service import RecordingPublisher, Service, error_of
+from tests.support.service import LOCAL_URL, RecordingPublisher, Service, error_of
 
 SECRET = "s3cr3t-in-the-exception-message"
 
@@ -67,7 +67,8 @@ def test_a_500_keeps_the_pooled_connection(one_connection: httpx.Client) -> None
 
 
 def test_a_500_is_logged_with_its_traceback(failing_app: FastAPI, caplog: pytest.LogCaptureFixture) -> None:
-    with TestClient(failing_app) as client:  # raise_server_exceptions stays on: nothing reaches it
+    # raise_server_exceptions stays on: nothing reaches it
+    with TestClient(failing_app, base_url=LOCAL_URL) as client:
         r = client.get("/test-only/boom")
     assert r.status_code == 500
     record = next(r for r in caplog.records if r.name == "conveyor.api.middleware")

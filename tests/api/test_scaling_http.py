@@ -17,7 +17,7 @@ from conveyor.core.clock import utcnow
 from conveyor.core.settings import QueueSettings
 from conveyor.core.store import jobs, workers
 from conveyor.core.store.database import make_db_engine, make_session_factory
-from tests.support.service import Service, error_of
+from tests.support.service import LOCAL_URL, Service, error_of
 
 TOKEN = "metrics-token-for-scaling"
 BEARER = {"Authorization": f"Bearer {TOKEN}"}
@@ -82,7 +82,7 @@ def test_refused_before_any_query_and_503_when_the_store_is_down(
     svc = make_service(metrics_token=TOKEN)
     broken = make_session_factory(make_db_engine(f"sqlite:///{tmp_path}/missing-dir/none.db"))
     svc.http.app.state.services = replace(svc.http.app.state.services, session_factory=broken)
-    client = TestClient(svc.http.app, raise_server_exceptions=False)
+    client = TestClient(svc.http.app, base_url=LOCAL_URL, raise_server_exceptions=False)
     _assert_unauthorized(client.get(SCALING_PATH))  # the store is never asked for a refused caller
     r = client.get(SCALING_PATH, headers=BEARER)
     assert r.status_code == 503 and error_of(r)["code"] == "store_unavailable"

@@ -22,6 +22,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from conveyor.api.host_check import host_allowed
 from conveyor.api.routes.scaling import SCALING_PATH
 from conveyor.api.schemas.scaling import QueueScaling
 from conveyor.core.settings import Settings, default_queues
@@ -238,6 +239,21 @@ def test_api_binds_everywhere_with_auth_and_no_gpu(manifests: list[Manifest], mo
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert [p["containerPort"] for p in container["ports"]] == [settings.port]
     assert not any(GPU in str(c.get("resources")) for c in all_containers(api))
+
+
+def test_the_api_answers_the_names_keda_and_the_kubelet_send(manifests: list[Manifest],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The API answers only allowed_hosts (api/host_check.py): KEDA names the Service, a kubelet probe the
+    pod's IP; bound to every address with auth on, the default answers any name (docs: how to list them)."""
+    api = named(manifests, "Deployment", "conveyor-api")
+    for name in [n for n in os.environ if n.startswith("CONVEYOR_")]:
+        monkeypatch.delenv(name)
+    for name, value in container_env(manifests, main_container(api)).items():
+        monkeypatch.setenv(name, value)
+    allowed = Settings().allowed_hosts or []
+    keda = [urlsplit(trigger(so)["metadata"]["url"]).hostname for so in of_kind(manifests, "ScaledObject")]
+    for name in [*keda, "10.42.7.19", "conveyor.example.com"]:
+        assert host_allowed(str(name), allowed), name
 
 
 def test_workers_serve_their_engine_metrics_where_the_annotations_say(

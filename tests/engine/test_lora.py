@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import shutil
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from conveyor.engine import EngineConfig, LLMEngine, SamplingParams
+from conveyor.engine.lora.adapter import TargetShape, load_adapter
 from conveyor.engine.scheduled_chunk import ScheduledChunk
 from tests.support.engine import drain
 from tests.support.lora_adapters import peft_greedy, save_peft_adapter
@@ -209,6 +211,28 @@ def test_bad_adapters_are_refused_naming_what(llama_dir: Path, adapters: dict[st
     with pytest.raises(ValueError, match="lora name must be a non-empty string"):
         engine.add_lora(" ", source)
     assert engine.list_loras() == []
+
+
+def test_adapters_with_nan_or_infinite_weights_are_refused_naming_the_tensor(
+    llama_dir: Path, adapters: dict[str, Path], tmp_path: Path
+) -> None:
+    """Before, they loaded, and their jobs "succeeded" with the tokens of NaN logits."""
+    engine = engine_with(llama_dir, {})
+    source = adapters["qv8"]
+    v_b = "base_model.model.model.layers.1.self_attn.v_proj.lora_B.weight"
+    weights = load_file(source / "adapter_model.safetensors")[v_b]
+    for value, label in ((float("nan"), "nan"), (float("inf"), "inf"), (float("-inf"), "-inf")):
+        poisoned = weights.clone()
+        poisoned[3, 1] = value
+        folder = edited_copy(source, tmp_path / label, tensors={v_b: poisoned})
+        with pytest.raises(ValueError, match=rf"tensor {re.escape(v_b)} holds NaN or infinite values"):
+            engine.add_lora(label, folder)
+    assert engine.list_loras() == []
+    big = edited_copy(source, tmp_path / "big", tensors={v_b: torch.full_like(weights, 1e6)})
+    shapes = {"q_proj": TargetShape(64, 64), "v_proj": TargetShape(64, 32)}
+    with pytest.raises(ValueError, match=r"layers\.1\.v_proj\.lora_B holds values beyond the range of "
+                                         r"torch\.float16"):
+        load_adapter("big", big, shapes, num_layers=2, max_rank=8, dtype=torch.float16)
 
 
 def test_the_offline_llm_and_the_engine_host_serve_adapters(llama_dir: Path, adapters: dict[str, Path],

@@ -32,6 +32,7 @@ from conveyor.core.store.tables import Job
 from conveyor.worker.embedded import EmbeddedRuntime
 from conveyor.worker.services import WorkerServices
 from tests.support.live_server import wait_for
+from tests.support.service import LOCAL_URL
 
 ENGINE = dict(max_num_seqs=8, max_num_batched_tokens=256, num_kv_blocks=256, block_size=16, dtype="float32",
               device="cpu", attention_backend="torch")
@@ -64,12 +65,13 @@ def embedded(
     runtime = EmbeddedRuntime(settings)
     app = create_app(settings, publisher=runtime.publisher, tokenizer=prompt_tokenizer, runtime=runtime,
                      session_factory=runtime.sessions)
-    with TestClient(app) as http:
+    with TestClient(app, base_url=LOCAL_URL) as http:
         clients = {}
         for tenant in "ab":
             with runtime.sessions() as session:
                 key = keys.create_key(session, tenant, utcnow())[1]
-            clients[tenant] = TestClient(http.app, headers={"Authorization": f"Bearer {key}"})
+            clients[tenant] = TestClient(http.app, base_url=LOCAL_URL,
+                                         headers={"Authorization": f"Bearer {key}"})
         try:
             yield Embedded(clients, runtime.sessions, gate.set)
         finally:

@@ -19,6 +19,10 @@ from conveyor.core.store import jobs, keys
 from conveyor.core.store.tables import Job
 from tests.support.live_server import wait_for
 
+# The base URL of in-process test clients: a loopback name, since the app answers only the names in
+# allowed_hosts (the loopback names by default), and TestClient's own `testserver` is none of them.
+LOCAL_URL = "http://localhost"
+
 
 class RecordingPublisher:
     """A JobPublisher (and the reconciler's broker) that keeps what it published; `reachable=False` plays a
@@ -93,7 +97,7 @@ class Service:
         return self.client_with_key(key)
 
     def client_with_key(self, key: str) -> TestClient:
-        c = TestClient(self.http.app)
+        c = TestClient(self.http.app, base_url=LOCAL_URL)
         c.headers["Authorization"] = f"Bearer {key}"
         return c
 
@@ -107,11 +111,11 @@ def embedded_tenants(settings: Settings, tokenizer: PromptTokenizer, sessions: s
 
     runtime = EmbeddedRuntime(settings)
     app = create_app(settings, publisher=runtime.publisher, tokenizer=tokenizer, runtime=runtime)
-    with TestClient(app) as http:
+    with TestClient(app, base_url=LOCAL_URL) as http:
         def client(tenant: str) -> TestClient:
             with sessions() as session:
                 _, key = keys.create_key(session, tenant, utcnow())
-            c = TestClient(http.app)
+            c = TestClient(http.app, base_url=LOCAL_URL)
             c.headers["Authorization"] = f"Bearer {key}"
             return c
 

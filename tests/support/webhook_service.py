@@ -14,6 +14,7 @@ from conveyor.core.clock import utcnow
 from conveyor.core.settings import Settings
 from conveyor.core.store import jobs, keys
 from conveyor.worker.webhooks.sender import WebhookSender
+from tests.support.service import LOCAL_URL
 
 WEBHOOK_TABLES = ("webhook_attempts", "webhook_deliveries", "webhook_subscriptions", "webhook_secrets")
 
@@ -38,7 +39,7 @@ class WebhookService:
     def client(self, tenant: str) -> TestClient:
         with self.sessions() as session:
             _, key = keys.create_key(session, tenant, utcnow())
-        client = TestClient(self.app)
+        client = TestClient(self.app, base_url=LOCAL_URL)
         client.headers["Authorization"] = f"Bearer {key}"
         return client
 

@@ -16,6 +16,7 @@ from conveyor.api.prompt_tokenizer import PromptTokenizer
 from conveyor.core.settings import Settings
 from conveyor.core.store.migrate import upgrade
 from conveyor.worker.embedded import EmbeddedRuntime
+from tests.support.service import LOCAL_URL
 
 
 def test_a_long_poll_is_answered_when_the_embedded_worker_commits_the_job(
@@ -30,7 +31,7 @@ def test_a_long_poll_is_answered_when_the_embedded_worker_commits_the_job(
     app = create_app(settings, publisher=runtime.publisher, tokenizer=prompt_tokenizer, runtime=runtime,
                      token_stream=runtime.token_stream, finished_watch=runtime.finished,
                      finished_sink=runtime.finished)
-    with TestClient(app) as client:
+    with TestClient(app, base_url=LOCAL_URL) as client:
         job = client.post("/v1/jobs", json={"prompt": "hello", "max_tokens": 4, "temperature": 0})
         assert job.status_code == 202, job.text
         started = time.monotonic()

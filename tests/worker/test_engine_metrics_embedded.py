@@ -26,6 +26,7 @@ from tests.support.metrics import (
     run_scenario,
     wait_for,
 )
+from tests.support.service import LOCAL_URL
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +50,7 @@ def served(
     )
     runtime = EmbeddedRuntime(settings)
     app = create_app(settings, publisher=runtime.publisher, tokenizer=prompt_tokenizer, runtime=runtime)
-    with TestClient(app) as client:
+    with TestClient(app, base_url=LOCAL_URL) as client:
         scenario = run_scenario(client)
 
         def scrape() -> Families:

@@ -15,6 +15,7 @@ from standardwebhooks import Webhook
 
 from conveyor.core.settings import Settings
 from conveyor.core.store.database import make_db_engine
+from tests.support.service import LOCAL_URL
 from tests.support.webhook_receiver import Receiver
 from tests.support.webhook_service import WEBHOOK_TABLES
 
@@ -37,7 +38,7 @@ def embedded(database_url: str, make_settings: Callable[..., Settings], demo_mod
     app = create_app(settings, publisher=runtime.publisher, tokenizer=PromptTokenizer(demo_model_dir),
                      runtime=runtime)
     try:
-        with TestClient(app) as client:
+        with TestClient(app, base_url=LOCAL_URL) as client:
             yield client
     finally:
         _empty(database_url)
