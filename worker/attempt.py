@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from conveyor.core.protocol.job_kinds import EMBEDDING
 from conveyor.core.protocol.job_params import JobParams
+from conveyor.core.store.jobs.sequences import sequences_of
 from conveyor.core.store.tables import Job
 from conveyor.engine.outputs import RequestOutput
 from conveyor.engine.sequence import Urgency
@@ -68,10 +69,10 @@ class Attempt:
         params = _params_of(job)
         embeds = job.kind == EMBEDDING
         prompts = len(job.inputs) if job.inputs and not embeds else None
-        requests = len(job.inputs or []) if embeds else params.n * (prompts or 1)
         return cls(job.id, job.attempts, job.queue, f"{job.id}#{job.attempts}", job.timeout_s, started,
                    on_done, logprobs=params.logprobs, cache_salt=cache_salt,
-                   compiling=params.structured is not None, n=max(requests, 1), embeds=embeds,
+                   compiling=params.structured is not None, n=sequences_of(job.kind, params.n, job.inputs),
+                   embeds=embeds,
                    prompt_logprobs=params.prompt_logprobs, urgency=urgency_of(job), lora=params.lora,
                    prompts=prompts)
 

@@ -19,8 +19,9 @@ class TenantDefaults(BaseModel):
     )
     tenant_max_running: int | None = Field(
         None, ge=1,
-        description="running jobs one tenant may have in one queue across every worker, batch lines "
-        "included; unset = no cap beyond fair share",
+        description="running sequences (a job of n choices runs n, an embedding job one per input) one "
+        "tenant may have in one queue across every worker, batch lines included; unset = no cap beyond fair "
+        "share",
     )
     tenant_tokens_per_minute: int | None = Field(
         None, ge=1,

@@ -11,10 +11,11 @@ claims the next jobs of Q in fair order, whichever they are (`claim_fair`):
      (core/store/queued_streams.py), so its cost follows the number of streams, not the backlog. A stream
      is one tenant's own submissions, or one of its batches (the job's batch_id column, which only the
      batch runner sets: a client's metadata never makes a stream).
-  3. The plan (`plan`, pure): job by job, the tenant with the fewest running jobs per unit of weight among
-     those with queued work under their max_running; ties go to the tenant this worker served least recently
-     (so a single free slot goes round-robin), then to the oldest work. Within the tenant, the same rule
-     over its streams (fewest running, least recently served, oldest).
+  3. The plan (`plan`, pure): job by job, the tenant with the fewest running sequences per unit of weight
+     among those with queued work under their max_running (a job of n choices runs n sequences: what it
+     holds of the engine's running set, core/store/jobs/sequences.py); ties go to the tenant this worker
+     served least recently (so a single free slot goes round-robin), then to the oldest work. Within the
+     tenant, the same rule over its streams (fewest running, least recently served, oldest).
   4. Per planned stream, its most urgent queued jobs (priority, then the least slack to a deadline still
      ahead, then arrival: `queued_streams.most_urgent`) are taken `FOR UPDATE SKIP LOCKED` and claimed by
      one conditional UPDATE (`status = 'queued'`) that returns them: a job is still claimed exactly once.
@@ -38,7 +39,8 @@ from sqlalchemy.orm import Session
 
 from conveyor.core.lifecycle import RUNNING
 from conveyor.core.store import queued_streams, webhook_events
-from conveyor.core.store.jobs.claims import claim_ids
+from conveyor.core.store.jobs.claims import claim_ids, unclaim
+from conveyor.core.store.jobs.sequences import sequences_of, sequences_sql, stored_n
 from conveyor.core.store.tables import Job, Tenant
 from conveyor.core.store.tenants import TenantLimits
 
@@ -189,8 +191,10 @@ def _stream_order(stream: Stream, load: StreamLoad, last_served: int) -> tuple[i
 
 def claim_fair(session: Session, queue: str, count: int, worker_id: str, clock: Callable[[], datetime],
                defaults: TenantLimits, state: FairState, *, by_arrival: bool = False) -> list[Job]:
-    """Claims up to `count` queued jobs of `queue` in fair order (module docstring) and commits: queued ->
-    running, attempts + 1, started_at = now, as `jobs.claim_many`. Returns the claimed rows.
+    """Claims queued jobs of `queue` filling up to `count` places in fair order (module docstring) and
+    commits: queued -> running, attempts + 1, started_at = now, as `jobs.claim_many`. A place is an engine
+    sequence: a job of n choices takes n (core/store/jobs/sequences.py), and one wider than all `count` places
+    is claimed alone. Returns the claimed rows.
 
     `now` is read from `clock` once the queue's claim lock is held: a wait for the lock must not age the
     claim, since the reconciler requeues a claim older than dispatch_grace_s that its worker does not hold.
@@ -201,20 +205,26 @@ def claim_fair(session: Session, queue: str, count: int, worker_id: str, clock: 
     now = clock()
     running, running_shares = _running_loads(session, queue, defaults)
     claimed: list[Job] = []
+    places = count
     view, fresh = state.cached_view(), False
     while True:
         if view is None:
             view, fresh = state.keep_view(*_queued_loads(session, queue, now, defaults, count)), True
-        picks = _plan(view, running, running_shares, count - len(claimed), state)
+        picks = _plan(view, running, running_shares, places, state)
         for stream, n in Counter(picks).items():
-            got = _claim_most_urgent(session, queue, stream, n, worker_id, now, by_arrival)
+            if places <= 0:
+                break
+            got = _within_places(session, _claim_most_urgent(session, queue, stream, n, worker_id, now,
+                                                             by_arrival), places, whole_room=not claimed)
             _took(view, stream, len(got), state, short=len(got) < n)
-            running[stream] = running.get(stream, 0) + len(got)
+            taken = sum(_sequences(job) for job in got)
+            running[stream] = running.get(stream, 0) + taken
+            places -= taken
             # NOTE: a tenant claimed here may queue nothing when the queue is read again, yet it runs now:
             # its share must outlive the view it came from.
             running_shares.setdefault(stream.tenant_id, view.shares[stream.tenant_id])
             claimed += got
-        if len(claimed) >= count or fresh:
+        if places <= 0 or fresh:
             break
         view = None  # the reused view came up short: a reused view must never leave claimable jobs behind
     if claimed:  # once per claim, not per stream: its one subscriptions read
@@ -224,6 +234,26 @@ def claim_fair(session: Session, queue: str, count: int, worker_id: str, clock: 
         state.served.note(job.tenant_id)
         state.served.note(Stream(job.tenant_id, job.batch_id))
     return claimed
+
+
+def _sequences(job: Job) -> int:
+    return sequences_of(job.kind, stored_n(job.params), job.inputs)
+
+
+def _within_places(session: Session, got: list[Job], places: int, *, whole_room: bool) -> list[Job]:
+    """The claimed jobs that fit `places` sequences, in order; the rest handed back to the queue in this
+    transaction (a job of many choices takes as many places). A job wider than all of the room still starts
+    when the room is whole (`whole_room`: nothing claimed yet), as worker/queue_room.py lets it."""
+    kept: list[Job] = []
+    for job in got:
+        width = _sequences(job)
+        if width > places and not (whole_room and not kept):
+            break
+        kept.append(job)
+        places -= width
+    if len(kept) < len(got):
+        unclaim(session, [job.id for job in got[len(kept):]])
+    return kept
 
 
 def _plan(view: _QueuedView, running: dict[Stream, int], running_shares: dict[str, Share], count: int,
@@ -244,7 +274,7 @@ def _took(view: _QueuedView, stream: Stream, n: int, state: FairState, *, short:
 
 
 _RUNNING_LOADS = (  # built once, as building it cost more than running it; its parameter: queue
-    select(Job.tenant_id, Job.batch_id, func.count(), Tenant.weight, Tenant.max_running)
+    select(Job.tenant_id, Job.batch_id, func.sum(sequences_sql()), Tenant.weight, Tenant.max_running)
     .join(Tenant, Tenant.id == Job.tenant_id)
     .where(Job.queue == bindparam("queue", type_=Job.queue.type), Job.status == RUNNING)
     .group_by(Job.tenant_id, Job.batch_id, Tenant.weight, Tenant.max_running)
@@ -253,7 +283,8 @@ _RUNNING_LOADS = (  # built once, as building it cost more than running it; its 
 
 def _running_loads(session: Session, queue: str, defaults: TenantLimits,
                    ) -> tuple[dict[Stream, int], dict[str, Share]]:
-    """Running jobs of `queue` per stream (few: what the fleet runs), and each such tenant's share."""
+    """Running sequences of `queue` per stream (jobs are few: what the fleet runs; a job of n choices runs n
+    sequences, core/store/jobs/sequences.py), and each such tenant's share."""
     running: dict[Stream, int] = {}
     shares: dict[str, Share] = {}
     for tenant_id, batch_id, count, weight, max_running in session.execute(_RUNNING_LOADS, {"queue": queue}):

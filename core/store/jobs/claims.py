@@ -58,3 +58,11 @@ _CLAIM_IDS = (  # built once: the claim runs for every job
     .returning(Job)
     .execution_options(synchronize_session=False, populate_existing=True)
 )
+
+
+def unclaim(session: Session, job_ids: list[str]) -> None:
+    """running -> queued again for jobs this transaction just claimed and will not run (they did not fit the
+    claim's places): as if never claimed, not committed."""
+    session.execute(update(Job).where(Job.id.in_(job_ids), Job.status == RUNNING)
+                    .values(status=QUEUED, attempts=Job.attempts - 1, worker_id=None, started_at=None)
+                    .execution_options(synchronize_session=False))

@@ -259,3 +259,31 @@ def test_a_tenant_claimed_out_of_a_reused_view_is_still_planned_when_the_queue_i
     claimed = claim_fair(session, "documents", 2, "w1", at_t0, DEFAULTS, state)
 
     assert [j.tenant_id for j in claimed] == ["b"]
+
+
+def _add_wide(session: Session, tenant: str, n: int, choices: int, at: datetime) -> list[str]:
+    keys.ensure_tenant(session, tenant, T0)
+    session.commit()
+    new = jobs.NewJob(tenant_id=tenant, queue="documents", prompt="p", messages=None,
+                      params={"max_tokens": 1, "n": choices}, meta=None, webhook=None, idempotency_key=None,
+                      request_hash="h", prompt_tokens=1, ttl_s=None, timeout_s=None)
+    return [jobs.add(session, new, at + timedelta(milliseconds=i)).id for i in range(n)]
+
+
+def test_a_claim_counts_sequences_a_job_of_many_choices_takes_as_many_places(session: Session) -> None:
+    """A's jobs of 4 choices each run 4 sequences: a claim of 4 places takes one of them, not four (16
+    sequences), and B, running nothing, then gets the next 4 places before A another job."""
+    wide = _add_wide(session, "a", 3, 4, T0)
+    b_jobs = _add(session, "b", 6, T0 + timedelta(seconds=1))
+    state = FairState(view_s=0.0)
+
+    assert [j.id for j in claim_fair(session, "documents", 4, "w1", at_t0, DEFAULTS, state)] == wide[:1]
+    assert [j.id for j in claim_fair(session, "documents", 4, "w1", at_t0, DEFAULTS, state)] == b_jobs[:4]
+    left = jobs.get(session, wide[1])
+    assert left is not None and (left.status, left.attempts, left.worker_id) == ("queued", 0, None)
+
+
+def test_a_job_wider_than_the_room_is_claimed_alone_when_the_room_is_whole(session: Session) -> None:
+    wide = _add_wide(session, "a", 2, 8, T0)
+    state = FairState(view_s=0.0)
+    assert [j.id for j in claim_fair(session, "documents", 4, "w1", at_t0, DEFAULTS, state)] == wide[:1]
