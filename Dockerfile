@@ -28,6 +28,7 @@ FROM base AS source
 COPY pyproject.toml README.md alembic.ini __init__.py __main__.py ./
 COPY api ./api
 COPY bench ./bench
+COPY checkpoints ./checkpoints
 COPY cli ./cli
 COPY core ./core
 COPY worker ./worker

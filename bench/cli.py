@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import argparse
 import logging
-import shutil
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import torch
 from rich.console import Console
@@ -28,58 +27,8 @@ from conveyor.bench.experiment import (
 )
 from conveyor.bench.workload import LONG, PROFILES, SHORT, Range, WorkloadSpec
 from conveyor.engine.cpu_threads import choose_cpu_threads, hidden_size_of, runs_on_cpu
+from conveyor.engine.model_source import model_folder
 
-# Random-weight models the bench can build for itself: `--model preset:NAME` (Llama-shaped unless `arch`).
-PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": {},  # conveyor.engine.demo.build_tiny_model's defaults (~0.1M parameters)
-    "llama-25m": dict(
-        hidden_size=512,
-        num_hidden_layers=6,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        intermediate_size=1408,
-        vocab_size=8000,
-        max_position_embeddings=2048,
-    ),
-    # 1.10 B parameters: Llama-3.2-1B's layers with a 32k vocabulary, untied; the GPU check's model (bf16).
-    "llama-1b": dict(
-        hidden_size=2048,
-        num_hidden_layers=16,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        intermediate_size=8192,
-        vocab_size=32000,
-        max_position_embeddings=4096,
-    ),
-    "mixtral-tiny": dict(arch="MixtralForCausalLM"),  # the tiny defaults, 4 experts of which 2 per token
-    # A small mixture of experts: llama-25m's attention, and in every layer 8 Mixtral experts of width 704
-    # (half of llama-25m's MLP) of which each token uses 2: 64.8 M parameters, ~22 M active per token.
-    "mixtral-65m": dict(
-        arch="MixtralForCausalLM",
-        hidden_size=512,
-        num_hidden_layers=6,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        intermediate_size=704,
-        num_local_experts=8,
-        num_experts_per_tok=2,
-        vocab_size=8000,
-        max_position_embeddings=2048,
-    ),
-    # The same MoE on a GPU, at the scale the GPU check runs (bf16): ~0.93 B parameters, ~0.31 B active.
-    "mixtral-1b": dict(
-        arch="MixtralForCausalLM",
-        hidden_size=1024,
-        num_hidden_layers=12,
-        num_attention_heads=16,
-        num_key_value_heads=8,
-        intermediate_size=2816,
-        num_local_experts=8,
-        num_experts_per_tok=2,
-        vocab_size=32000,
-        max_position_embeddings=4096,
-    ),
-}
 DESCRIPTION = (
     "Benchmark the engine in-process or a running service: seeded workloads per queue, per-group metrics, "
     "decision sheets for one-parameter changes (--compare/--sweep), and Hugging Face peers (--peer hf)."
@@ -437,22 +386,9 @@ def server_pids(items: list[str]) -> dict[str, int]:
 
 
 def resolve_model(model: str | None, cache: Path) -> str | None:
-    if model is None or not model.startswith("preset:"):
-        return model
-    name = model.removeprefix("preset:")
-    if name not in PRESETS:
-        raise ValueError(f"model: unknown preset {name!r}; known: {sorted(PRESETS)}")
-    path = cache / name
-    if not (path / "config.json").is_file():
-        from conveyor.engine.demo import build_tiny_model
-
-        # Built aside and renamed when complete: a build killed halfway must not look like a model.
-        partial = cache / f".{name}.partial"
-        shutil.rmtree(partial, ignore_errors=True)
-        build_tiny_model(partial, **PRESETS[name])
-        shutil.rmtree(path, ignore_errors=True)
-        partial.rename(path)
-    return str(path)
+    """The local folder of --model (a folder, a GGUF file, a hub id, package:DIST or preset:NAME), converted,
+    downloaded or built into `cache` on first use."""
+    return None if model is None else str(model_folder(model, cache_dir=cache))
 
 
 def _pairs(items: list[str], flag: str, convert: Callable[[str], T]) -> dict[str, T]:

@@ -28,15 +28,8 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-# Random-weight BERT-shaped sentence-transformers folders the bench builds for itself: `--model
-# preset:NAME`. minilm: all-MiniLM-L6-v2's shape (the most downloaded embedding model), mean pooling.
-EMBED_PRESETS: dict[str, dict[str, int]] = {
-    "minilm": dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536,
-                   vocab_size=30522, max_position_embeddings=512),
-    "bert-tiny": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512,
-                      vocab_size=30522, max_position_embeddings=512),
-}
-SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+from conveyor.engine.model_source import model_folder
+
 DEFAULT_BATCH_SIZES = (4, 8, 16, 32, 64)
 FLOOR_ROWS = 1024  # rows of the floor's matmuls: the engine's token-wise chunk (engine/models/bert.py)
 FLOOR_REPEATS = 10  # the best of this many timed matmuls per shape counts
@@ -77,59 +70,6 @@ class SystemRun:
 
 # --- the model and the corpus ---------------------------------------------------------------------------
 
-def resolve_model(opts: EmbedOptions) -> Path:
-    """The folder to load: the one given, or the preset built once into the model cache."""
-    if not opts.model.startswith("preset:"):
-        return Path(opts.model)
-    name = opts.model.removeprefix("preset:")
-    if name not in EMBED_PRESETS:
-        raise ValueError(f"--model preset:{name}: unknown embed preset; known: {sorted(EMBED_PRESETS)}")
-    folder = opts.model_cache / f"embed-{name}"
-    if not (folder / "modules.json").exists():
-        build_bert_st_folder(folder, **EMBED_PRESETS[name])
-    return folder
-
-
-def build_bert_st_folder(path: Path, *, vocab_size: int, seed: int = 0, **shape: int) -> Path:
-    """A random BERT with a WordPiece vocabulary of whole words `w0`, `w1`, ..., saved as a
-    sentence-transformers folder (mean pooling, then Normalize), as `SentenceTransformer.save` lays it out."""
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
-    from transformers import BertConfig, BertModel, BertTokenizerFast
-
-    path.mkdir(parents=True, exist_ok=True)
-    words = [f"w{i}" for i in range(vocab_size - len(SPECIAL_TOKENS))]
-    vocab = {token: i for i, token in enumerate([*SPECIAL_TOKENS, *words])}
-    core = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
-    core.normalizer = normalizers.BertNormalizer(lowercase=True)
-    core.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    core.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]",
-        special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])])
-    BertTokenizerFast(tokenizer_object=core, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
-                      sep_token="[SEP]", mask_token="[MASK]").save_pretrained(path)
-    torch.manual_seed(seed)
-    BertModel(BertConfig(vocab_size=vocab_size, **shape)).save_pretrained(path)
-    _write_st_files(path, hidden_size=shape["hidden_size"], max_seq_length=shape["max_position_embeddings"])
-    return path
-
-
-def _write_st_files(path: Path, *, hidden_size: int, max_seq_length: int) -> None:
-    modules = [
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
-    ]
-    (path / "modules.json").write_text(json.dumps(modules, indent=2))
-    (path / "sentence_bert_config.json").write_text(
-        json.dumps({"max_seq_length": max_seq_length, "do_lower_case": False}))
-    (path / "1_Pooling").mkdir(exist_ok=True)
-    (path / "1_Pooling" / "config.json").write_text(json.dumps({
-        "word_embedding_dimension": hidden_size, "pooling_mode_cls_token": False,
-        "pooling_mode_mean_tokens": True, "pooling_mode_max_tokens": False,
-        "pooling_mode_mean_sqrt_len_tokens": False}))
-    (path / "2_Normalize").mkdir(exist_ok=True)
-
-
 def build_corpus(folder: Path, opts: EmbedOptions) -> tuple[list[str], int]:
     """Seeded texts whose token counts (special tokens included) are spread evenly over
     [min_tokens, max_tokens]: words drawn from the tokenizer's own whole-word vocabulary, one token each.
@@ -153,7 +93,7 @@ def build_corpus(folder: Path, opts: EmbedOptions) -> tuple[list[str], int]:
 
 def run(opts: EmbedOptions, console: Console, out_dir: Path | None) -> dict[str, Any]:
     opts.check()
-    folder = resolve_model(opts)
+    folder = model_folder(opts.model, cache_dir=opts.model_cache)
     texts, total_tokens = build_corpus(folder, opts)
     console.print(f"embed: {len(texts)} inputs of {opts.min_tokens}-{opts.max_tokens} tokens, model "
                   f"{folder}, {torch.get_num_threads()} torch threads", markup=False)

@@ -32,7 +32,7 @@ class Plan:
 
     mode: str  # "gpu": CUDA, bf16, the 1B preset | "cpu": tiny shapes, fp32, through the same code
     out_dir: Path
-    model_cache: Path  # where `--model preset:NAME` folders are built (bench/cli.py PRESETS)
+    model_cache: Path  # where `--model preset:NAME` folders are built (engine/presets.py)
     preset: str  # the model of the engine and service stages
     engine_args: tuple[str, ...]  # `conveyor bench` arguments of the engine stage, beyond model and output
     service_jobs: int

@@ -31,9 +31,10 @@ DATABASE_ERRORS = (("sqlalchemy.exc", "OperationalError"), ("sqlalchemy.exc", "I
 MISSING_TABLE_ERRORS = (("psycopg.errors", "UndefinedTable"),)
 BROKER_ERRORS = (("redis.exceptions", "ConnectionError"), ("redis.exceptions", "TimeoutError"),
                  ("kombu.exceptions", "OperationalError"))
-MODEL_ERRORS = (("conveyor.engine.loader", "ModelFolderError"),)
+MODEL_ERRORS = (("conveyor.checkpoints.sources", "ModelSourceError"),)  # engine/loader's ModelFolderError too
 MODEL_FIX = ("set CONVEYOR_MODEL to a Hugging Face model folder (config.json, *.safetensors, tokenizer "
-             "files), or unset it to use the demo model")
+             "files), a GGUF file, a cached hub id or preset:NAME, or unset it to serve "
+             "SmolLM2-135M-Instruct")
 
 
 class SetupError(Exception):

@@ -16,6 +16,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 from pydantic import ValidationError
 
+from conveyor.checkpoints.sources import PRESET_PREFIX
 from conveyor.cli.errors import ConveyorGroup, debug_enabled, remember_settings
 from conveyor.cli.preflight import check_port
 from conveyor.cli.tenants import tenants_app
@@ -64,18 +65,14 @@ def serve(ctx: typer.Context, host: HostOpt = None, port: PortOpt = None, config
     from conveyor.api.app import create_app
     from conveyor.cli.api_server import load_tokenizers
     from conveyor.core.store.migrate import upgrade
-    from conveyor.engine.loader import check_model_folder
     from conveyor.worker.cold_start import ColdStart
     from conveyor.worker.embedded import EmbeddedRuntime
-    from conveyor.worker.model import resolve_model
 
-    cold_start = ColdStart()  # the imports are done: migrating and the demo model count in the rest
+    cold_start = ColdStart()  # the imports are done: migrating and the models count in the rest
+    for model_settings in settings.served().values():  # before the server starts: its lifespan would print
+        _resolved(model_settings)  # a traceback; a GGUF file converted, a hub id downloaded, a preset built
     log.info(upgrade(settings.database_url, default_model=settings.default_model_id()).describe())
     label = _model_label(settings)
-    if not settings.models:  # the one model, or the demo model (built here when missing)
-        settings = settings.model_copy(update={"model": resolve_model(settings)})
-    for model_settings in settings.served().values():  # before the server starts: its lifespan would print
-        check_model_folder(model_settings.model or "")  # a traceback
     runtime = EmbeddedRuntime(settings, cold_start=cold_start)
     # One db engine for the API and the runtime: one SQLite writer queue for both.
     application = create_app(settings, publisher=runtime.publisher,
@@ -127,13 +124,11 @@ def worker(ctx: typer.Context, config: ConfigOpt = None, model: ModelOpt = None)
     except ValueError as exc:
         _fail(str(exc))
     from conveyor.cli.preflight import check_broker, check_database
-    from conveyor.engine.loader import check_model_folder
     from conveyor.worker.celery_worker import run_worker
     from conveyor.worker.cold_start import ColdStart
 
     cold_start = ColdStart()  # the imports are done; the checks below count in the rest of the cold start
-    if served.model:  # else the demo model, built by the worker when missing
-        check_model_folder(served.model)
+    _resolved(served)
     check_database(settings.database_url)  # both before the engine loads: a set-up error fails in seconds
     check_broker(settings.broker_url or "")
     run_worker(settings, banner=debug_enabled(ctx), cold_start=cold_start)
@@ -404,11 +399,18 @@ def _exit_zero_on_sigterm() -> None:
 
 
 def _model_label(settings: Settings) -> str:
-    """What a start-up line calls the models: each one's id and folder, or the demo model (built by the first
-    worker)."""
+    """What a start-up line calls the models: each one's id and source."""
     if settings.models:
         return ", ".join(f"{model_id} ({spec.path})" for model_id, spec in settings.models.items())
-    return settings.model or f"demo model at {settings.model_folder()}"
+    return f"{settings.served_model_id()} ({settings.model_source()})"
+
+
+def _resolved(settings: Settings) -> None:
+    """The model's folder made whole before anything slow or any port (worker/model.py resolve_model); a
+    source that cannot be read is one line naming it (cli/errors.py)."""
+    from conveyor.worker.model import resolve_model
+
+    resolve_model(settings)
 
 
 def _check_tokenizer_files(settings: Settings) -> None:
@@ -418,16 +420,14 @@ def _check_tokenizer_files(settings: Settings) -> None:
 
 
 def _check_model_tokenizer(settings: Settings) -> None:
-    folder = settings.model_folder()
+    folder = settings.model_folder()  # a hub id's metadata downloaded, a GGUF file's converted
     if (folder / "tokenizer_config.json").is_file() or (folder / "tokenizer.json").is_file():
         return
     setting = "CONVEYOR_MODEL" if not settings.models else f"models.{settings.served_model_id()}.path"
-    if settings.model and not folder.is_dir():
-        _fail(f"model folder {folder} does not exist; fix: set {setting} to the folder the workers load")
-    if settings.model:
-        _fail(f"model: no tokenizer files in {folder} ({setting} must be the folder the workers load)")
-    _fail(f"model: none configured, and the demo model is not built yet at {folder}: set CONVEYOR_MODEL, "
-          "or start `conveyor worker` once (it builds the demo model), then start the API again")
+    if not folder.is_dir() and settings.model_source().startswith(PRESET_PREFIX):
+        _fail(f"model {settings.model_source()}: not built yet at {folder}: start `conveyor worker` once (it "
+              "builds the preset into the shared data_dir), then start the API again")
+    _fail(f"model: no tokenizer files in {folder} ({setting} must be the model the workers load)")
 
 
 def _session(ctx: typer.Context, config: Path | None) -> Any:

@@ -31,7 +31,12 @@ class RequestClassConfig:
 
 @dataclass
 class EngineConfig:
+    # A local Hugging Face folder, a GGUF file, a hub id (owner/name) or preset:NAME (engine/model_source.py)
     model: str
+    revision: str | None = None  # of a hub id: a branch, tag or commit; None: main
+    # Where GGUF files are converted and presets built; None: ~/.cache/conveyor/models. Hub ids go to the
+    # Hugging Face cache (HF_HOME).
+    model_cache_dir: str | None = None
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None  # None: the model's max_position_embeddings

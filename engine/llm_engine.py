@@ -25,6 +25,7 @@ from conveyor.engine.config import EngineConfig
 from conveyor.engine.input_processor import InputProcessor
 from conveyor.engine.lora.manager import LoRAManager
 from conveyor.engine.lora.served import ServedLoRAs
+from conveyor.engine.model_source import with_model_folder
 from conveyor.engine.output_processor import OutputProcessor, add_prompt_logprobs
 from conveyor.engine.outputs import RequestOutput, request_output
 from conveyor.engine.pace import PaceMeter
@@ -61,6 +62,7 @@ class LLMEngine:
         self, config: EngineConfig, *, runner: Runner | None = None, tokenizer: Tokenizer | None = None
     ) -> None:
         if runner is None:
+            config = with_model_folder(config)  # a GGUF file, hub id or preset: its local folder
             runner = make_runner(config)  # heavy: loads the weights
         self.config = config
         self.runner = runner

@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 import torch
 from safetensors import safe_open
 
+from conveyor.checkpoints.sources import ModelSourceError
 from conveyor.engine.models import Model, build_model
 from conveyor.engine.models.checkpoint_names import Part, checkpoint_target, expected_parts, param_slice
 from conveyor.engine.models.llama import LlamaForCausalLM
@@ -61,9 +62,9 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return DTYPES[dtype]
 
 
-class ModelFolderError(FileNotFoundError, ValueError):
-    """The model folder is missing, or lacks a file the engine needs. A ValueError like every bad engine
-    argument, and still the FileNotFoundError that callers of the loader have always caught."""
+class ModelFolderError(ModelSourceError):
+    """The model folder is missing, or lacks a file the engine needs (a ValueError and a FileNotFoundError,
+    as every unreadable model source)."""
 
 
 def check_model_folder(model_dir: str | Path) -> Path:

@@ -242,13 +242,16 @@ def demo_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def make_settings(tmp_path: Path) -> Callable[..., Any]:
-    """Settings for tests: data under tmp_path, auth on, fast reconciler timings; keyword overrides win."""
+def make_settings(tmp_path: Path, demo_model_dir: Path) -> Callable[..., Any]:
+    """Settings for tests: data under tmp_path, the tiny demo model (unless a registry is given), auth on,
+    fast reconciler timings; keyword overrides win."""
     def make(**overrides: Any) -> Settings:
         values: dict[str, Any] = dict(
             data_dir=tmp_path / "data", auth_enabled=True, reconcile_interval_s=0.2, dispatch_grace_s=0.5,
             worker_heartbeat_s=0.2, worker_dead_after_s=2.0, cancel_poll_s=0.1,
         )
+        if not overrides.get("models"):
+            values["model"] = str(demo_model_dir)
         values.update(overrides)
         return Settings(**values)
 

@@ -21,7 +21,8 @@ import tomllib
 from tests.support.live_server import free_port, wait_for
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = ("api", "bench", "cli", "core", "engine", "kernels", "migrations", "worker")  # conveyor.<folder>
+# conveyor.<folder>
+FOLDERS = ("api", "bench", "checkpoints", "cli", "core", "engine", "kernels", "migrations", "worker")
 START_S = 180.0  # a hang guard for a model load on a busy machine
 
 

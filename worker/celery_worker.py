@@ -83,7 +83,7 @@ def startup_summary(settings: Settings, host: EngineHost, worker_id: str) -> lis
                        for name, q in settings.consumed_queues().items())
     return [
         f"worker {worker_id} serves model {settings.served_model_id()}, consuming: {queues}",
-        f"engine: {describe_engine(host, demo=not settings.model)}",
+        f"engine: {describe_engine(host, settings.model_source())}",
         f"broker {masked_url(settings.broker_url or '')}; database {masked_url(settings.database_url)}",
     ]
 

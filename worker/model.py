@@ -10,38 +10,36 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
-import shutil
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from conveyor.core.settings import Settings
+from conveyor.checkpoints.sources import PACKAGE_PREFIX, SourceKind, parse_source
+from conveyor.core.settings import DEFAULT_MODEL, Settings
 from conveyor.engine.block_manager import max_blocks_held, max_chunk_tokens
 from conveyor.engine.config import EngineConfig, RequestClassConfig
 from conveyor.engine.cpu_threads import ThreadChoice, choose_cpu_threads, hidden_size_of, runs_on_cpu
 from conveyor.engine.host import EngineHost
+from conveyor.engine.model_source import model_folder
 
 log = logging.getLogger(__name__)
 
-# EngineConfig fields the service does not take from Settings: the model comes from resolve_model, the request
-# classes from the queues, and the engine's base seed stays its own (jobs carry their own `seed`).
-NOT_FROM_SETTINGS = frozenset({"model", "request_classes", "seed"})
+# EngineConfig fields the service does not take from Settings: the model (and its cache under data_dir) comes
+# from resolve_model, the request classes from the queues, and the engine's base seed stays its own (jobs
+# carry their own `seed`).
+NOT_FROM_SETTINGS = frozenset({"model", "model_cache_dir", "request_classes", "seed"})
 
 
 def resolve_model(settings: Settings) -> str:
-    """settings.model, or (when unset or empty) a tiny random-weight demo model built once under
-    data_dir/demo-model."""
-    if settings.model:
-        return settings.model
-    path = settings.model_folder()
-    if not (path / "config.json").is_file():
-        _build_demo_model(path)
-    log.warning(
-        "NO MODEL CONFIGURED: using the demo model at %s, which has RANDOM WEIGHTS and writes gibberish. "
-        "Set CONVEYOR_MODEL to a Hugging Face model folder for real output.", path,
-    )
-    return str(path)
+    """The local folder of the model the workers load (engine/model_source.py): `model` converted,
+    downloaded or built on first use, or the default model (SmolLM2-135M-Instruct) when none is set."""
+    source = parse_source(settings.model_source())
+    if not settings.model:
+        log.info("no model configured: serving %s from the %s package (set CONVEYOR_MODEL to serve another)",
+                 source.served_name(), DEFAULT_MODEL.removeprefix(PACKAGE_PREFIX))
+    if source.kind is SourceKind.PRESET:
+        log.warning("model %s has RANDOM WEIGHTS and writes gibberish: it is for tests and benchmarks",
+                    source.text)
+    return str(model_folder(source, cache_dir=settings.model_cache_dir(), revision=settings.revision))
 
 
 def engine_fields() -> list[str]:
@@ -71,10 +69,11 @@ def engine_config(settings: Settings, model_path: str,
     return config
 
 
-def describe_engine(host: EngineHost, *, demo: bool) -> str:
-    """The model, the device and dtype, and the KV cache's capacity, for a start-up line."""
+def describe_engine(host: EngineHost, source: str) -> str:
+    """The model (as configured, and its folder), the device and dtype, and the KV cache's capacity, for a
+    start-up line."""
     runner = host.engine.runner
-    model = f"demo model ({host.config.model})" if demo else host.config.model
+    model = source if source == host.config.model else f"{source} ({host.config.model})"
     kv_bytes = sum(t.numel() * t.element_size() for pair in getattr(runner, "kv_caches", []) for t in pair)
     tokens = runner.num_kv_blocks * runner.block_size
     # A windowed model holds only its window's and one chunk's blocks per sequence (engine/block_manager).
@@ -85,22 +84,3 @@ def describe_engine(host: EngineHost, *, demo: bool) -> str:
     return (f"{model} on {runner.device} {dtype}; KV cache {runner.num_kv_blocks} blocks x "
             f"{runner.block_size} = {tokens} tokens, {kv_bytes / 2**20:.1f} MiB, fits {fits} sequences of "
             f"max_model_len={runner.max_model_len}")
-
-
-def _build_demo_model(path: Path) -> None:
-    """Builds in a private folder, then renames it into place: no process ever sees half a model."""
-    from transformers.utils import logging as hf_logging
-
-    from conveyor.engine.demo import build_tiny_model
-
-    staging = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    hf_logging.disable_progress_bar()  # save_pretrained's "Writing model shards" bar, for a 1-shard model
-    try:
-        build_tiny_model(staging)
-    finally:
-        hf_logging.enable_progress_bar()
-    try:
-        staging.rename(path)
-    except OSError:  # another process won the race; its copy is identical (the build is seeded)
-        shutil.rmtree(staging, ignore_errors=True)

@@ -7,7 +7,7 @@ from conveyor.core.settings.queues import QueueSettings, default_queues, renamed
 from conveyor.core.settings.registry import AdapterSettings, ModelSettings, UnknownModelError
 from conveyor.core.settings.service import (
     CONFIG_FILE_ENV,
-    DEMO_MODEL_DIR,
+    DEFAULT_MODEL,
     Settings,
     is_loopback,
     load_settings,
@@ -15,7 +15,7 @@ from conveyor.core.settings.service import (
 from conveyor.core.settings.tenants import TenantDefaults
 
 __all__ = [
-    "CONFIG_FILE_ENV", "DEFAULT_MAX_LORAS", "DEMO_MODEL_DIR", "PER_MODEL_FIELDS", "AdapterSettings",
+    "CONFIG_FILE_ENV", "DEFAULT_MAX_LORAS", "DEFAULT_MODEL", "PER_MODEL_FIELDS", "AdapterSettings",
     "EngineSettings", "ModelSettings", "QueueSettings", "Settings", "TenantDefaults", "UnknownModelError",
     "default_queues", "is_loopback", "load_settings", "renamed_queue_fields",
 ]

@@ -18,6 +18,9 @@ class EngineSettings(BaseModel):
         "auto", description="how tool calls are read from the model's text (tool_choice auto): hermes "
         "(Hermes, Qwen: <tool_call>), llama3_json, mistral ([TOOL_CALLS]); auto: from the chat template's "
         "markers, hermes when it has none")
+    revision: str | None = Field(
+        None, description="of a model given as a Hugging Face hub id: the branch, tag or commit to serve; "
+        "unset = main")
     max_num_seqs: int | None = Field(None, ge=1, description="sequences in one engine step (the running set)")
     max_num_batched_tokens: int | None = Field(
         None, ge=1,

@@ -42,7 +42,9 @@ class ModelSettings(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    path: str = Field(min_length=1, description="local Hugging Face folder (or hub id) of this model")
+    path: str = Field(min_length=1, description="this model: a local Hugging Face folder, a GGUF file, a hub "
+                      "id (owner/name), package:DIST or preset:NAME (see [Model sources](../guides/"
+                      "model-sources.md))")
     queues: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="this model's queue limits where they differ from `queues`")
     adapters: dict[str, AdapterSettings] = Field(

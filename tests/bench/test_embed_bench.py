@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from conveyor.bench.embed import EmbedOptions, build_corpus, resolve_model, run
+from conveyor.bench.embed import EmbedOptions, build_corpus, run
+from conveyor.engine.model_source import model_folder
 
 
 def test_the_engine_and_sentence_transformers_embed_the_corpus_alike(tmp_path: Path) -> None:
@@ -36,7 +37,7 @@ def test_the_engine_and_sentence_transformers_embed_the_corpus_alike(tmp_path: P
 def test_the_corpus_spreads_over_the_token_range(tmp_path: Path) -> None:
     opts = EmbedOptions(model="preset:bert-tiny", model_cache=tmp_path, num_inputs=40, min_tokens=16,
                         max_tokens=48)
-    folder = resolve_model(opts)
+    folder = model_folder(opts.model, cache_dir=opts.model_cache)
     texts, total = build_corpus(folder, opts)
     from transformers import AutoTokenizer
 
@@ -53,5 +54,5 @@ def test_bad_options_are_refused_naming_them(tmp_path: Path, changes: dict[str, 
     opts = EmbedOptions(**{"model": "preset:bert-tiny", "model_cache": tmp_path, **changes})
     with pytest.raises(ValueError, match=message):
         opts.check()
-    with pytest.raises(ValueError, match="unknown embed preset"):
-        resolve_model(EmbedOptions(model="preset:nope", model_cache=tmp_path))
+    with pytest.raises(ValueError, match=r"unknown preset .nope."):
+        model_folder("preset:nope", cache_dir=tmp_path)

@@ -15,10 +15,11 @@ import torch
 
 import tests.support.gpu_check_fakes as fakes
 from conveyor.bench import gpu_check
-from conveyor.bench.cli import PRESETS, build_parser, options
+from conveyor.bench.cli import build_parser, options
 from conveyor.bench.gpu_check import StageOutcome, build_report, run_stages, write_report
 from conveyor.bench.gpu_check_stages import cpu_plan, gpu_plan
 from conveyor.bench.roofline import ModelShape
+from conveyor.engine.presets import PRESETS
 
 # --- arguments ---------------------------------------------------------------------------------------
 

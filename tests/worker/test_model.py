@@ -18,23 +18,28 @@ def choice(threads: int) -> ThreadChoice:
     return ThreadChoice(threads, "fastest", {1: 3.1, 2: 5.4}, 2, 2, None)
 
 
-def test_without_a_model_the_demo_model_is_built_once_and_announced_as_random(
+def test_a_preset_is_built_once_into_the_model_cache_and_announced_as_random(
     make_settings: Callable[..., Any], caplog: pytest.LogCaptureFixture
 ) -> None:
-    settings = make_settings(model=None)
+    settings = make_settings(model="preset:tiny")
     with caplog.at_level(logging.WARNING, logger="conveyor.worker.model"):
         path = resolve_model(settings)
-    assert path == str(settings.data_dir / "demo-model")
-    assert "RANDOM WEIGHTS" in caplog.text
-    config_file = settings.data_dir / "demo-model" / "config.json"
+    assert path == str(settings.data_dir / "models" / "presets" / "tiny")
+    assert "RANDOM WEIGHTS" in caplog.text and settings.served_model_id() == "tiny"
+    config_file = Path(path) / "config.json"
     built_at = config_file.stat().st_mtime_ns
 
     assert resolve_model(settings) == path
     assert config_file.stat().st_mtime_ns == built_at  # reused, not rebuilt
 
 
-def test_a_configured_model_is_used_as_is(make_settings: Callable[..., Any]) -> None:
-    assert resolve_model(make_settings(model="/models/some-model")) == "/models/some-model"
+def test_a_configured_folder_is_used_as_is(make_settings: Callable[..., Any], demo_model_dir: Path) -> None:
+    assert resolve_model(make_settings(model=str(demo_model_dir))) == str(demo_model_dir)
+
+
+def test_a_missing_folder_is_named(make_settings: Callable[..., Any], tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"model folder .*nowhere does not exist"):
+        resolve_model(make_settings(model=str(tmp_path / "nowhere")))
 
 
 def test_each_queue_becomes_an_engine_request_class_with_its_limit_and_priority(
@@ -107,4 +112,4 @@ def test_the_start_line_counts_a_windowed_models_sequences_by_the_blocks_they_ho
     path = tiny_model_dir("MistralForCausalLM", sliding_window=16)
     config = EngineConfig(model=str(path), num_kv_blocks=12, max_model_len=1024, max_num_batched_tokens=64)
     host = SimpleNamespace(engine=SimpleNamespace(runner=ModelRunner(config)), config=config)
-    assert "fits 2 sequences of max_model_len=1024" in describe_engine(host, demo=False)  # type: ignore[arg-type]
+    assert "fits 2 sequences of max_model_len=1024" in describe_engine(host, str(path))  # type: ignore[arg-type]

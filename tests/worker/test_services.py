@@ -4,6 +4,7 @@ Celery worker and the embedded runtime alike."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -68,28 +69,29 @@ def log(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def test_start_loads_the_engine_once_then_starts_every_service_and_stop_runs_in_the_documented_order(
-    log: list[str], make_settings: Callable[..., Any]
+    log: list[str], make_settings: Callable[..., Any], demo_model_dir: Path
 ) -> None:
-    settings = make_settings(model="/models/m", queues={"documents": {"max_running": 3}})
+    settings = make_settings(model=str(demo_model_dir), queues={"documents": {"max_running": 3}})
     services = WorkerServices(settings, sessions=None, broker=RecordingPublisher(),  # type: ignore[arg-type]
                               worker_id="w", tokens=None, republish_requeued=True)
     services.start()
     services.stop(grace_s=0.0)
 
-    started = log[log.index("host.load /models/m"):log.index("batches.start") + 1]
+    started = log[log.index(f"host.load {demo_model_dir}"):log.index("batches.start") + 1]
     assert [entry for entry in started if entry.endswith(".start")] == [
         "heartbeat.start", "runner.start", "reconciler.start", "scheduler.start", "webhooks.start",
         "batches.start"]
     assert [entry for entry in log if entry.endswith((".stop", ".shutdown"))] == [
         "batches.stop", "reconciler.stop", "scheduler.stop", "runner.shutdown", "webhooks.stop",
         "heartbeat.stop", "host.shutdown"]
-    assert log.count("host.load /models/m") == 1
+    assert log.count(f"host.load {demo_model_dir}") == 1
     limits = services.runner.limits  # the per-lane hold: each of the model's queues' max_running
-    assert limits == {"m:interactive": settings.queues["interactive"].max_running, "m:documents": 3}
+    assert limits == {"demo-model:interactive": settings.queues["interactive"].max_running,
+                      "demo-model:documents": 3}
 
 
 def test_a_worker_of_one_pool_takes_and_registers_only_its_queues(
-    log: list[str], make_settings: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+    log: list[str], make_settings: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, demo_model_dir: Path,
 ) -> None:
     registered: list[list[str]] = []
 
@@ -101,12 +103,13 @@ def test_a_worker_of_one_pool_takes_and_registers_only_its_queues(
         def start(self) -> None: ...
 
     monkeypatch.setattr(conveyor.worker.services, "Heartbeat", Heartbeat)
-    settings = make_settings(model="/models/m", broker_url="redis://127.0.0.1:1/0", worker_queues="documents")
+    settings = make_settings(model=str(demo_model_dir), broker_url="redis://127.0.0.1:1/0",
+                             worker_queues="documents")
     services = WorkerServices(settings, sessions=None, broker=RecordingPublisher(),  # type: ignore[arg-type]
                               worker_id="w", tokens=None, republish_requeued=True)
     services.start()
-    assert services.runner.limits == {"m:documents": settings.queues["documents"].max_running}
-    assert registered == [["m:documents"]]
+    assert services.runner.limits == {"demo-model:documents": settings.queues["documents"].max_running}
+    assert registered == [["demo-model:documents"]]
 
 
 def test_the_heartbeat_publishes_the_engines_load_beside_its_pace() -> None:

@@ -19,7 +19,8 @@ def test_worker_logs_its_summary_and_cold_start_not_celerys_banner(
     worker_procs: WorkerProcesses, tmp_path: Path,
 ) -> None:
     proc = worker_procs.start(worker_env(pg_url, redis_url, worker_model_dir, tmp_path))
-    publisher = BrokerPublisher(Settings(database_url=pg_url, broker_url=redis_url))
+    publisher = BrokerPublisher(
+        Settings(database_url=pg_url, broker_url=redis_url, model=str(worker_model_dir)))
     job_id = add_job(sessions, "Hello", "interactive", max_tokens=2)
     assert publish_and_mark(sessions, publisher.publish, [(job_id, lane("interactive"))]) == 1
     assert wait_finished(sessions, [job_id])[0].status == "succeeded"

@@ -342,12 +342,12 @@ class BatchRunner:
     def _tokenizer_of(self, model_id: str, settings: Settings) -> ChatTokenizer | None:
         """The model's tokenizer: this worker's own, or another served model's read from its folder once."""
         if model_id not in self._tokenizers:
-            folder = settings.model_folder()
             try:
+                folder = settings.model_folder()
                 self._tokenizers[model_id] = Tokenizer(folder) if self._counts_tokens else None
             except OSError as exc:  # the folder is not where this worker can read it
                 raise LineRejected("model_unavailable", f"model: this worker cannot read the tokenizer of "
-                                   f"`{model_id}` from {folder} ({exc})") from None
+                                   f"`{model_id}` from {settings.model_source()} ({exc})") from None
         return self._tokenizers[model_id]
 
     def _priorities(self, tenant_id: str) -> PriorityRange:

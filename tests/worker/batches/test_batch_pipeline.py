@@ -259,8 +259,8 @@ from conveyor.core.store.database import make_db_engine, make_session_factory
 from conveyor.worker.batches.runner import BatchRunner
 from conveyor.core.s3 import make_s3_client
 
-database_url, endpoint = sys.argv[1:3]
-settings = Settings(database_url=database_url, s3_endpoint_url=endpoint, s3_region="us-east-1",
+database_url, endpoint, model = sys.argv[1:4]
+settings = Settings(database_url=database_url, model=model, s3_endpoint_url=endpoint, s3_region="us-east-1",
                     worker_dead_after_s=2.0, batch_window_jobs=64)
 sessions = make_session_factory(make_db_engine(database_url))
 
@@ -286,7 +286,8 @@ def test_a_sigkilled_runner_process_is_resumed(runtime: Any, batch_settings: Set
 
     s3.put_object(Bucket=bucket, Key="k.jsonl", Body=b"".join(_line(f"x-{i}") for i in range(300)))
     batch_id = _create(sessions, bucket, "k.jsonl")
-    child = subprocess.Popen([sys.executable, "-c", _DOOMED_RUNNER, pg_url, moto_endpoint])
+    child = subprocess.Popen([sys.executable, "-c", _DOOMED_RUNNER, pg_url, moto_endpoint,
+                              batch_settings.model_source()])
     try:
         wait_for(lambda: _get(sessions, batch_id).read_line > 100, "the child to read 100 lines",
                  timeout_s=DRIVE_S)
