@@ -45,7 +45,8 @@ def test_a_gguf_of_an_unsupported_architecture_is_refused_naming_it(tmp_path: Pa
 
 
 def test_a_gguf_tensor_type_it_cannot_read_is_refused_naming_it_and_the_tensor(tmp_path: Path) -> None:
-    with pytest.raises(ModelSourceError, match=r"type IQ2_XXS \(tensor 'token_embd.weight'\) is not supported"):
+    refused = r"type IQ2_XXS \(tensor 'token_embd.weight'\) is not supported"
+    with pytest.raises(ModelSourceError, match=refused):
         check_gguf(write_gguf(tmp_path / "m.gguf", "llama", "IQ2_XXS"))
     assert check_gguf(write_gguf(tmp_path / "ok.gguf", "llama", "Q4_1")).tensor_types == {"Q4_1": 1}
 
@@ -92,7 +93,8 @@ def test_a_cached_hub_id_serves_with_the_hub_off(tmp_path: Path, demo_model_dir:
               "from conveyor.engine.sampling_params import SamplingParams\n"
               "llm = LLM('acme/tiny-chat', num_threads=1)\n"
               "print(llm.engine.config.model)\n"
-              "print(len(llm.generate(['hello'], SamplingParams(max_tokens=4, temperature=0))[0].token_ids))\n")
+              "out = llm.generate(['hello'], SamplingParams(max_tokens=4, temperature=0))[0]\n"
+              "print(len(out.token_ids))\n")
     done = subprocess.run([sys.executable, "-c", script], env=offline_env(tmp_path / "hf"),
                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr

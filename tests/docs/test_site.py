@@ -1,6 +1,7 @@
 """The documentation site builds with --strict (every page in the navigation, every link and anchor found,
-every README snippet present, the reference pages rendered), and the README stays a short front page whose
-links lead somewhere."""
+every README snippet present, the reference pages rendered), the README stays a short front page whose
+links lead somewhere, and the Embeddings guide's two-model configuration loads and names models this
+checkout has."""
 
 from __future__ import annotations
 
@@ -10,12 +11,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conveyor.checkpoints.sources import parse_source
 from conveyor.core.lifecycle import JOB_TRANSITIONS
+from conveyor.core.settings import load_settings
 from tests.support.doc_pages import RUN_PAGES
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 README = REPO_ROOT / "README.md"
 README_MAX_LINES = 200
+EMBEDDINGS_PAGE = REPO_ROOT / "docs/guides/embeddings.md"
 
 
 def test_the_site_builds_strictly_with_every_reference_page(tmp_path: Path) -> None:
@@ -73,3 +77,25 @@ def test_every_page_with_commands_is_run_or_says_why_not() -> None:
         if name in RUN_PAGES:
             assert not NOT_RUN.search(text), f"{name} is run, yet says it is not"
     assert not unmarked, f"pages with commands nobody runs and no reason given: {unmarked}"
+
+
+def test_the_embeddings_two_model_config_loads_and_both_models_resolve(tmp_path: Path) -> None:
+    """The guide's registry of SmolLM2-135M-Instruct and all-MiniLM-L6-v2, read by the service's own loader:
+    both ids served, the chat model the default, each `package:` source an installed model (no model is
+    loaded)."""
+    blocks = re.findall(r"^```toml\n(.*?)^```$", EMBEDDINGS_PAGE.read_text(), flags=re.MULTILINE | re.DOTALL)
+    packaged = [block for block in blocks if "package:" in block]
+    assert len(packaged) == 1, f"expected one TOML block with package: sources, found {len(packaged)}"
+    config = tmp_path / "two-models.toml"
+    config.write_text(packaged[0])
+    settings = load_settings(config)
+    assert settings.model_ids() == ["SmolLM2-135M-Instruct", "minilm"]
+    paths = {}
+    for model_id in settings.model_ids():
+        source = settings.for_model(model_id).model
+        assert source is not None and source.startswith("package:"), (model_id, source)
+        path = parse_source(source).path
+        assert path is not None and path.exists(), f"{model_id}: {source} is no installed model ({path})"
+        paths[model_id] = path
+    assert paths["SmolLM2-135M-Instruct"].suffix == ".gguf"
+    assert (paths["minilm"] / "modules.json").is_file()  # a sentence-transformers folder
