@@ -1,7 +1,7 @@
 """GGUF files (llama.cpp's format): what the engine reads of them, checked at load, and their config and
 tokenizer written out as a Hugging Face folder by transformers' own GGUF support (the weights: engine/
-gguf_weights.py). One folder per file in the model cache, keyed by the file's path, size and time, so that a
-changed file is converted again."""
+gguf_weights.py). One folder per file in the model cache, keyed by the file's content, so that a changed
+file is converted again."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
 # Tensor types dequantized by the gguf package and checked here; the IQ and ternary types are refused,
 # untried.
 TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+KEY_BYTES = 2**20  # read from each end of a GGUF file for its folder's key
 META_DONE = "conveyor-gguf.json"  # written last into a converted folder's metadata
 
 
@@ -56,10 +57,16 @@ def check_gguf(path: Path) -> GgufSummary:
 
 
 def converted_folder(path: Path, cache_dir: Path) -> Path:
-    """Where `path` is (or will be) converted: <cache>/gguf/<file name>-<key of its path, size and mtime>."""
-    stat = path.stat()
-    key = hashlib.sha256(f"{path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    return cache_dir / "gguf" / f"{path.name.removesuffix(GGUF_SUFFIX)}-{key}"
+    """Where `path` is (or will be) converted: <cache>/gguf/<file name>-<key of its size and its first and
+    last MiB>. The key reads the content, not the path or time: an API and a worker in two images that each
+    installed the same file find the same folder in their shared data_dir."""
+    size = path.stat().st_size
+    digest = hashlib.sha256(str(size).encode())
+    with path.open("rb") as file:
+        digest.update(file.read(KEY_BYTES))
+        file.seek(max(size - KEY_BYTES, 0))
+        digest.update(file.read(KEY_BYTES))
+    return cache_dir / "gguf" / f"{path.name.removesuffix(GGUF_SUFFIX)}-{digest.hexdigest()[:16]}"
 
 
 def gguf_metadata_folder(path: Path, cache_dir: Path) -> Path:
@@ -78,7 +85,12 @@ def gguf_metadata_folder(path: Path, cache_dir: Path) -> Path:
         summary = check_gguf(path)
         staging = folder.with_name(f"{folder.name}.tmp-{os.getpid()}")
         shutil.rmtree(staging, ignore_errors=True)
-        _write_metadata(path, staging)
+        try:
+            _write_metadata(path, staging)
+        except ImportError as exc:  # transformers reads GGUF files only with torch installed
+            raise ModelSourceError(
+                f"model: {path.name} is not converted yet in {cache_dir} and this process cannot convert it "
+                f"({exc}); start a worker on the same data_dir first (it converts it), then this one") from None
         done = {"gguf": path.name, "architecture": summary.architecture, "tensor_types": summary.tensor_types}
         (staging / META_DONE).write_text(json.dumps(done) + "\n")
         shutil.rmtree(folder, ignore_errors=True)
