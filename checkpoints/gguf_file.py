@@ -90,7 +90,8 @@ def gguf_metadata_folder(path: Path, cache_dir: Path) -> Path:
         except ImportError as exc:  # transformers reads GGUF files only with torch installed
             raise ModelSourceError(
                 f"model: {path.name} is not converted yet in {cache_dir} and this process cannot convert it "
-                f"({exc}); start a worker on the same data_dir first (it converts it), then this one") from None
+                f"({exc}); start a worker on the same data_dir first (it converts it), then this one"
+            ) from None
         done = {"gguf": path.name, "architecture": summary.architecture, "tensor_types": summary.tensor_types}
         (staging / META_DONE).write_text(json.dumps(done) + "\n")
         shutil.rmtree(folder, ignore_errors=True)
