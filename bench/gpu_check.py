@@ -103,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--service-model",
         choices=("preset", "demo"),
         default="preset",
-        help="the server's model: the engine stage's (default) or the service's tiny demo model",
+        help="the server's model: the engine stage's (default) or the service's default one (SmolLM2-135M)",
     )
     p.add_argument(
         "--model-cache",

@@ -37,7 +37,7 @@ class Plan:
     engine_args: tuple[str, ...]  # `conveyor bench` arguments of the engine stage, beyond model and output
     service_jobs: int
     service_concurrency: int
-    service_model: str  # "preset": the stage's model in the server | "demo": the server's demo model
+    service_model: str  # "preset": the stage's model in the server | "demo": the server's default model
     kernel_iters: int
     moe_preset: str = "mixtral-tiny"  # the MoE stage's model
     moe_args: tuple[str, ...] = ()  # its `conveyor bench` arguments; () runs the engine stage's
@@ -239,7 +239,7 @@ def service_stage(plan: Plan) -> dict[str, Any]:
     return {
         "ok": not problems,
         "problems": problems,
-        "model": model or "demo model",
+        "model": model or "the default model (SmolLM2-135M-Instruct)",
         "command": " ".join(["conveyor bench", *argv]),
         "report": str(out / "report.json"),
         "service": figures,
