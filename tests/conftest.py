@@ -343,6 +343,17 @@ def smollm2_dir(real_model_cache: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def smollm2_transformers(smollm2_gguf: Path) -> tuple[Any, Any]:
+    """(model, tokenizer): transformers' own copy of SmolLM2 from the GGUF file, in fp32, the reference of
+    the real-model tests. About 30 s to load, so the tests that use it share one xdist group ("smollm2")."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, name = smollm2_gguf.parent, smollm2_gguf.name
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(folder, gguf_file=name)
+
+
+@pytest.fixture(scope="session")
 def minilm_dir() -> Path:
     from conveyor.checkpoints.sources import parse_source
 

@@ -39,7 +39,7 @@ WEATHER: dict[str, Any] = {"type": "function", "function": {
     "name": "get_weather", "description": "The current weather in a city.",
     "parameters": {"type": "object", "required": ["city"], "properties": {"city": {"type": "string"}}}}}
 
-pytestmark = pytest.mark.xdist_group("real-model-embedded")  # the server and the reference, loaded once
+pytestmark = pytest.mark.xdist_group("smollm2")  # transformers' reference loaded once (tests/conftest.py)
 
 
 @dataclass
@@ -80,12 +80,8 @@ def server(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Itera
 
 
 @pytest.fixture(scope="module")
-def reference(smollm2_gguf: Path) -> Reference:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    folder, name = smollm2_gguf.parent, smollm2_gguf.name
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
-    return Reference(model, AutoTokenizer.from_pretrained(folder, gguf_file=name))
+def reference(smollm2_transformers: tuple[Any, Any]) -> Reference:
+    return Reference(*smollm2_transformers)
 
 
 def _chat_ids(reference: Reference, messages: list[dict[str, Any]]) -> list[int]:

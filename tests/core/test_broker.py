@@ -15,11 +15,13 @@ from conveyor.core.settings import Settings
 from conveyor.worker.in_process_queue import InProcessPublisher
 from tests.support.live_server import SpareRedis
 
+DEMO_MODEL = "/models/demo-model"  # lanes demo-model:interactive and demo-model:documents; need not exist
+
 
 def test_broker_publisher_sends_only_the_job_id_to_the_named_queue(spare_redis: SpareRedis) -> None:
     spare_redis.start()  # a private server: queue depths here must not see other test runs' messages
     redis_url = spare_redis.url
-    publisher = BrokerPublisher(Settings(broker_url=redis_url))  # the demo model's lanes
+    publisher = BrokerPublisher(Settings(broker_url=redis_url, model=DEMO_MODEL))
     assert publisher.ping()
 
     publisher.publish("job_a", "demo-model:documents")
@@ -37,7 +39,7 @@ def test_broker_publisher_sends_only_the_job_id_to_the_named_queue(spare_redis: 
 
 
 def test_broker_publisher_raises_while_the_broker_is_down(spare_redis: SpareRedis) -> None:
-    publisher = BrokerPublisher(Settings(broker_url=spare_redis.url))
+    publisher = BrokerPublisher(Settings(broker_url=spare_redis.url, model=DEMO_MODEL))
     assert not publisher.ping()
     with pytest.raises(OperationalError):
         publisher.publish("job_a", "demo-model:interactive")

@@ -14,8 +14,8 @@ import torch
 from conveyor.engine.llm import LLM
 from conveyor.engine.sampling_params import SamplingParams
 
-# One worker loads transformers' copy of the model (about 30 s from the GGUF) for every test of the file.
-pytestmark = pytest.mark.xdist_group("smollm2-engine")
+# One worker loads transformers' copy of the model (about 30 s from the GGUF) for the real-model tests.
+pytestmark = pytest.mark.xdist_group("smollm2")
 
 QUESTIONS = [
     "What is the capital of France? Answer in one sentence.",
@@ -39,19 +39,10 @@ def chat(question: str) -> list[dict[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def hf_model(smollm2_gguf: Path) -> tuple[Any, Any]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    folder, name = smollm2_gguf.parent, smollm2_gguf.name
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
-    return model, AutoTokenizer.from_pretrained(folder, gguf_file=name)
-
-
-@pytest.fixture(scope="module")
-def hf_answers(hf_model: tuple[Any, Any]) -> dict[str, list[int]]:
+def hf_answers(smollm2_transformers: tuple[Any, Any]) -> dict[str, list[int]]:
     """transformers' greedy tokens for each question, up to and including its end-of-turn token (as the
     engine's token_ids)."""
-    model, tokenizer = hf_model
+    model, tokenizer = smollm2_transformers
     answers = {}
     for question in QUESTIONS:
         ids = tokenizer.apply_chat_template(chat(question), add_generation_prompt=True, return_tensors="pt",
@@ -92,11 +83,11 @@ def test_parity_holds_through_chunked_prefill_preemption_and_prefix_cache_hits(
 
 
 def test_the_models_own_chat_template_and_end_of_turn_token(
-    smollm2_dir: Path, hf_model: tuple[Any, Any]
+    smollm2_dir: Path, smollm2_transformers: tuple[Any, Any]
 ) -> None:
     """ChatML from the GGUF's metadata: the prompt renders as transformers renders it, <|im_end|> ends the
     turn (finish_reason stop), and nothing of the template is in the answer."""
-    _, hf_tokenizer = hf_model
+    _, hf_tokenizer = smollm2_transformers
     llm = LLM(str(smollm2_dir))
     messages = chat("Say hello.")
     out = llm.chat([messages], SamplingParams(temperature=0, max_tokens=64))[0]
