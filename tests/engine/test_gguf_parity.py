@@ -1,4 +1,4 @@
-"""GGUF files of each tensor type the gguf package can write, and of the llama, qwen2 and qwen3
+"""GGUF files of each tensor type the engine reads, and of the llama, qwen2 and qwen3
 architectures: the engine, given the file, generates greedily what transformers generates from the same file
 (transformers' own GGUF loading), and the tokenizer read from the file encodes as the original one.
 
@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conveyor.checkpoints.gguf_file import check_gguf
 from conveyor.engine.llm import LLM
 from conveyor.engine.sampling_params import SamplingParams
 from tests.support.gguf_files import write_gguf
@@ -23,6 +24,8 @@ CASES = [
     ("LlamaForCausalLM", "F32"), ("LlamaForCausalLM", "F16"), ("LlamaForCausalLM", "BF16"),
     ("LlamaForCausalLM", "Q8_0"), ("LlamaForCausalLM", "Q4_0"), ("LlamaForCausalLM", "Q4_1"),
     ("LlamaForCausalLM", "Q5_0"), ("LlamaForCausalLM", "Q5_1"),
+    # K-quants (random blocks: the gguf package cannot write them) need rows of whole 256-value blocks.
+    ("LlamaForCausalLM", "Q4_K"), ("LlamaForCausalLM", "Q5_K"), ("LlamaForCausalLM", "Q6_K"),
     ("Qwen2ForCausalLM", "Q8_0"),
     # transformers reads no head_dim from a qwen3 GGUF file and takes Qwen3's 128: so does the tiny model.
     ("Qwen3ForCausalLM", "Q4_1"),
@@ -50,8 +53,10 @@ def test_the_engine_reads_a_gguf_file_as_transformers_does(
 ) -> None:
     from transformers import AutoTokenizer
 
-    folder = tiny_model_dir(arch, **({"head_dim": 128} if arch == "Qwen3ForCausalLM" else {}))
+    shape = {"hidden_size": 256, "intermediate_size": 512} if tensor_type.endswith("_K") else {}
+    folder = tiny_model_dir(arch, **shape, **({"head_dim": 128} if arch == "Qwen3ForCausalLM" else {}))
     gguf = write_gguf(folder, tmp_path / f"tiny-{tensor_type}.gguf", tensor_type)
+    assert check_gguf(gguf).tensor_types[tensor_type] > 0
     prompts, answers = transformers_greedy(gguf)
     assert prompts == [AutoTokenizer.from_pretrained(folder)(p)["input_ids"] for p in PROMPTS]
 

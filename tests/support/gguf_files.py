@@ -1,8 +1,8 @@
 """GGUF files written from a Hugging Face folder with the gguf package's writer, for tests: the metadata and
 tensor names llama.cpp uses (gguf's own name map), q/k rows of llama models permuted to GGML's rotary layout
-(as llama.cpp stores them), 2-D weights in the tensor type asked for and 1-D ones in F32, the byte-level BPE
-tokenizer as a `gpt2` vocabulary with its merges. Enough for transformers and Conveyor to read the same
-file; not a general converter."""
+(as llama.cpp stores them), 2-D weights in the tensor type asked for (K-quants: random blocks) and 1-D
+ones in F32, the byte-level BPE tokenizer as a `gpt2` vocabulary with its merges. Enough for transformers
+and Conveyor to read the same file; not a general converter."""
 
 from __future__ import annotations
 
@@ -14,6 +14,10 @@ import numpy as np
 
 # HF model_type -> gguf architecture name
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+# The gguf package writes no K-quants: their blocks are random bytes instead (seeded), with the fp16 scales of
+# each block (these byte ranges of it, as ggml lays the block out) set to a small finite value.
+K_QUANT_SCALES = {"Q4_K": ((0, 2), (2, 4)), "Q5_K": ((0, 2), (2, 4)), "Q6_K": ((208, 210),)}
+K_SCALE = np.float16(0.001)  # weights within about +-4 (Q6_K: int8 scales x 6-bit values)
 TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_UNUSED = 1, 3, 5
 
 
@@ -37,6 +41,8 @@ def write_gguf(model_dir: Path, out: Path, tensor_type: str = "F32") -> Path:
                 writer.add_tensor(gguf_name, data)
             elif qtype == gguf.GGMLQuantizationType.F16:
                 writer.add_tensor(gguf_name, data.astype(np.float16))
+            elif tensor_type in K_QUANT_SCALES:
+                writer.add_tensor(gguf_name, _random_k_blocks(data.shape, tensor_type), raw_dtype=qtype)
             else:
                 writer.add_tensor(gguf_name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
     writer.write_header_to_file()
@@ -44,6 +50,19 @@ def write_gguf(model_dir: Path, out: Path, tensor_type: str = "F32") -> Path:
     writer.write_tensors_to_file()
     writer.close()
     return out
+
+
+def _random_k_blocks(shape: tuple[int, ...], tensor_type: str) -> np.ndarray:
+    """[rows, bytes of a row] of K-quant blocks; rows must hold whole blocks (256 values)."""
+    import gguf
+
+    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[tensor_type]]
+    rows, cols = shape
+    assert cols % block == 0, f"a {tensor_type} row holds whole blocks of {block}, not {cols} values"
+    raw = np.random.default_rng(cols * rows).integers(0, 256, (rows * cols // block, size), dtype=np.uint8)
+    for start, end in K_QUANT_SCALES[tensor_type]:
+        raw[:, start:end] = np.frombuffer(K_SCALE.tobytes(), dtype=np.uint8)
+    return raw.reshape(rows, cols // block * size)
 
 
 def _write_config(writer: Any, config: dict[str, Any]) -> None:
