@@ -10,12 +10,14 @@
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 
 namespace {
 
 // Rows per work item: a step's few decode rows stay on one thread, a prefill chunk's spread out.
 constexpr int64_t kGrainRows = 64;
+constexpr float kMaxExpArg = 88.f;  // exp(88) = 1.65e38 < FLT_MAX
 
 template <typename scalar_t>
 void rms_norm_rows(const scalar_t* x, int64_t x_stride, const scalar_t* weight, float eps, int64_t rows,
@@ -81,8 +83,10 @@ void silu_and_mul_rows(const scalar_t* gate_up, int64_t gu_stride, int64_t rows,
 #pragma omp simd
       for (int64_t i = 0; i < inner; ++i) {
         const float g = static_cast<float>(gate[i]);
-        // transformers: silu(gate) rounded to the dtype, then the product.
-        const scalar_t activated = static_cast<scalar_t>(g / (1.f + std::exp(-g)));
+        // transformers: silu(gate) rounded to the dtype, then the product. exp's argument is capped below
+        // log(FLT_MAX): under -ffast-math the division becomes a reciprocal estimate refined by a Newton step,
+        // which turns exp(-g) = inf (g < -88.7) into inf * 0 = NaN; capped, silu(g) is g / 1.65e38, about 0.
+        const scalar_t activated = static_cast<scalar_t>(g / (1.f + std::exp(std::min(-g, kMaxExpArg))));
         dst[i] = static_cast<scalar_t>(static_cast<float>(activated) * static_cast<float>(up[i]));
       }
     }

@@ -58,6 +58,17 @@ def test_silu_and_mul_matches_eager(built, dtype, rows) -> None:
     close(silu_and_mul_cpu(gate_up), F.silu(gate) * up)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_and_mul_stays_finite_far_from_zero(built, dtype) -> None:
+    """Gates of -1e4..1e4 (a real model's activations can reach them): exp(-gate) overflows to inf for gates
+    below -88.7, which must give silu = 0, not NaN (it did: a reciprocal estimate of inf, under -ffast-math)."""
+    gate = torch.linspace(-1e4, 1e4, 257).to(dtype)
+    gate_up = torch.cat([gate, torch.full_like(gate, 3.0)]).unsqueeze(0)
+    got = silu_and_mul_cpu(gate_up)
+    assert torch.isfinite(got).all()
+    close(got, F.silu(gate.unsqueeze(0)) * 3.0)
+
+
 def test_the_mlp_gives_the_same_output_fused_or_not(built) -> None:
     settings = LlamaSettings.from_hf({
         "hidden_size": 64, "intermediate_size": 176, "num_attention_heads": 4, "num_hidden_layers": 1,
