@@ -60,8 +60,9 @@ def test_silu_and_mul_matches_eager(built, dtype, rows) -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_silu_and_mul_stays_finite_far_from_zero(built, dtype) -> None:
-    """Gates of -1e4..1e4 (a real model's activations can reach them): exp(-gate) overflows to inf for gates
-    below -88.7, which must give silu = 0, not NaN (it did: a reciprocal estimate of inf, under -ffast-math)."""
+    """Gates of -1e4..1e4 (a real model's activations can reach them): exp(-gate) overflows to inf for
+    gates below -88.7, which must give silu = 0, not NaN (it did: a reciprocal estimate of inf, under
+    -ffast-math)."""
     gate = torch.linspace(-1e4, 1e4, 257).to(dtype)
     gate_up = torch.cat([gate, torch.full_like(gate, 3.0)]).unsqueeze(0)
     got = silu_and_mul_cpu(gate_up)
