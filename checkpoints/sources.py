@@ -68,7 +68,8 @@ def served_name(text: str) -> str:
 
 def parse_source(text: str) -> ModelSource:
     """`preset:NAME`, `package:DIST`, an existing path (a folder or a .gguf file), or else `owner/name` as a
-    hub id. A path that exists nowhere and is no hub id is named as a missing folder."""
+    hub id. A path that exists nowhere and is no hub id is read as a folder: whoever loads it names it
+    missing (engine/loader.py), since a migration job may see a folder name the workers mount."""
     if not text.strip():
         raise ModelSourceError("model: empty; set a folder, a GGUF file, a hub id (owner/name), package:DIST "
                                "or preset:NAME")
