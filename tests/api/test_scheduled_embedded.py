@@ -4,7 +4,6 @@ token stream as the OpenAI routes."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
@@ -18,6 +17,7 @@ from conveyor.api.app import create_app
 from conveyor.api.prompt_tokenizer import PromptTokenizer
 from conveyor.core.settings import Settings
 from tests.support.live_server import serving, wait_for
+from tests.support.sse import job_events
 
 ENGINE = dict(max_num_seqs=8, max_num_batched_tokens=256, num_kv_blocks=192, block_size=16, dtype="float32",
               device="cpu", attention_backend="torch")
@@ -121,20 +121,11 @@ def test_retrying_a_waiting_job_is_409_and_an_unknown_one_404(http: httpx.Client
     assert http.delete(f"/v1/jobs/{waiting['id']}").status_code == 200  # a scheduled job is deletable
 
 
-def _sse(lines: Iterator[str]) -> Iterator[tuple[str, dict[str, Any]]]:
-    kind = ""
-    for line in lines:
-        if line.startswith("event: "):
-            kind = line.removeprefix("event: ")
-        elif line.startswith("data: "):
-            yield kind, json.loads(line.removeprefix("data: "))
-
-
 def test_the_events_stream_delivers_the_text_as_deltas_before_the_final_job(http: httpx.Client) -> None:
     job = submit(http, max_tokens=64, ignore_eos=True, temperature=0, delay_s=1)  # starts after we listen
     with http.stream("GET", f"/v1/jobs/{job['id']}/events") as stream:
         assert stream.status_code == 200
-        events = list(_sse(stream.iter_lines()))
+        events = list(job_events(stream.iter_lines()))
     kinds = [kind for kind, _ in events]
     deltas = [data for kind, data in events if kind == "delta"]
     assert kinds[0] == "job" and kinds[-1] == "job" and events[-1][1]["status"] == "succeeded", kinds

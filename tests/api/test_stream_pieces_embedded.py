@@ -5,7 +5,6 @@ in twenty ended in "the job was restarted and generated a different text"."""
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ from conveyor.api.app import create_app
 from conveyor.api.prompt_tokenizer import PromptTokenizer
 from conveyor.core.settings import Settings
 from tests.support.live_server import serving
+from tests.support.sse import job_events
 
 ENGINE = dict(max_num_seqs=16, max_num_batched_tokens=256, num_kv_blocks=256, block_size=16, dtype="float32",
               device="cpu", attention_backend="torch")
@@ -43,15 +43,6 @@ def url(_migrated_sqlite_file: Path, tmp_path_factory: pytest.TempPathFactory, d
         yield served
 
 
-def _sse(lines: Iterator[str]) -> Iterator[tuple[str, dict[str, Any]]]:
-    kind = ""
-    for line in lines:
-        if line.startswith("event: "):
-            kind = line.removeprefix("event: ")
-        elif line.startswith("data: "):
-            yield kind, json.loads(line.removeprefix("data: "))
-
-
 def test_the_job_events_deltas_join_to_the_result(url: str) -> None:
     with httpx.Client(base_url=url, timeout=WAIT_S) as http:
         for seed in SEEDS:
@@ -59,7 +50,7 @@ def test_the_job_events_deltas_join_to_the_result(url: str) -> None:
                     "delay_s": 0.3}  # starts after the stream listens
             job = http.post("/v1/jobs", json=body).json()
             with http.stream("GET", f"/v1/jobs/{job['id']}/events") as stream:
-                events = list(_sse(stream.iter_lines()))
+                events = list(job_events(stream.iter_lines()))
             text = "".join(data["text"] for kind, data in events if kind == "delta")
             assert text == events[-1][1]["result"]["text"], seed
 
