@@ -322,13 +322,14 @@ def test_queues_show_the_callers_deadline_outcomes_of_the_last_hour(
     service: Service, alice: TestClient, session: Session
 ) -> None:
     bob = service.client("bob")
-    ids = [alice.post("/v1/jobs", json={"prompt": "hi", "deadline_s": 2}).json()["id"] for _ in range(3)]
-    bob.post("/v1/jobs", json={"prompt": "hi", "deadline_s": 2})  # another tenant's: not counted for alice
+    # Deadlines far enough ahead that a loaded machine's submits cannot miss the first one (2 s did, in CI).
+    ids = [alice.post("/v1/jobs", json={"prompt": "hi", "deadline_s": 120}).json()["id"] for _ in range(3)]
+    bob.post("/v1/jobs", json={"prompt": "hi", "deadline_s": 120})  # another tenant's: not counted for alice
     alice.post("/v1/jobs", json={"prompt": "hi"})  # no deadline: not counted
     start = utcnow()
     done = dict(result_text="x", finish_reason="stop", prompt_tokens=1, completion_tokens=1, preemptions=0,
                 first_token_at=None)
-    for job_id, finished in zip(ids[:2], (start, start + timedelta(seconds=60)), strict=True):
+    for job_id, finished in zip(ids[:2], (start, start + timedelta(seconds=300)), strict=True):
         assert jobs.claim(session, job_id, "w1", start) is not None
         assert jobs.complete(session, job_id, 1, now=finished, **done)
     assert alice.post(f"/v1/jobs/{ids[2]}/cancel").status_code == 200
