@@ -1,4 +1,4 @@
-"""GGUF files of each tensor type the engine reads, and of the llama, qwen2 and qwen3
+"""GGUF files of each tensor type the engine reads, and of the llama, qwen2, qwen3 and phi3
 architectures: the engine, given the file, generates greedily what transformers generates from the same file
 (transformers' own GGUF loading), and the tokenizer read from the file encodes as the original one.
 
@@ -26,7 +26,7 @@ CASES = [
     ("LlamaForCausalLM", "Q5_0"), ("LlamaForCausalLM", "Q5_1"),
     # K-quants (random blocks: the gguf package cannot write them) need rows of whole 256-value blocks.
     ("LlamaForCausalLM", "Q4_K"), ("LlamaForCausalLM", "Q5_K"), ("LlamaForCausalLM", "Q6_K"),
-    ("Qwen2ForCausalLM", "Q8_0"),
+    ("Qwen2ForCausalLM", "Q8_0"), ("Phi3ForCausalLM", "Q8_0"),  # Phi-3: fused qkv and gate_up tensors
     # transformers reads no head_dim from a qwen3 GGUF file and takes Qwen3's 128: so does the tiny model.
     ("Qwen3ForCausalLM", "Q4_1"),
 ]

@@ -13,7 +13,9 @@ from typing import Any
 import numpy as np
 
 # HF model_type -> gguf architecture name
-ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+# (Gemma's files would need its norms stored as 1 + w, and a SentencePiece vocabulary: transformers saves a
+# Gemma tokenizer read from a byte-level vocabulary as one that encodes otherwise.)
+ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3"}
 # The gguf package writes no K-quants: their blocks are random bytes instead (seeded), with the fp16 scales of
 # each block (these byte ranges of it, as ggml lays the block out) set to a small finite value.
 K_QUANT_SCALES = {"Q4_K": ((0, 2), (2, 4)), "Q5_K": ((0, 2), (2, 4)), "Q6_K": ((208, 210),)}
@@ -80,6 +82,8 @@ def _write_config(writer: Any, config: dict[str, Any]) -> None:
     writer.add_rope_freq_base(float(config.get("rope_theta") or config["rope_parameters"]["rope_theta"]))
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     writer.add_vocab_size(config["vocab_size"])
+    if config.get("sliding_window"):
+        writer.add_sliding_window(config["sliding_window"])
 
 
 def _write_tokenizer(writer: Any, model_dir: Path, vocab_size: int) -> None:
