@@ -31,7 +31,8 @@ class RequestClassConfig:
 
 @dataclass
 class EngineConfig:
-    # A local Hugging Face folder, a GGUF file, a hub id (owner/name) or preset:NAME (engine/model_source.py)
+    # A local Hugging Face folder, a GGUF file, a hub id (owner/name), package:DIST or preset:NAME
+    # (engine/model_source.py)
     model: str
     revision: str | None = None  # of a hub id: a branch, tag or commit; None: main
     # Where GGUF files are converted and presets built; None: ~/.cache/conveyor/models. Hub ids go to the
