@@ -2,7 +2,8 @@
 
 `csrc/paged_decode_cpu.cpp` (decode attention straight from the paged cache), `csrc/cache_write_cpu.cpp`
 (a step's K/V rows into their slots) and `csrc/fused_cpu.cpp` (RMSNorm, rotate-half RoPE, SwiGLU in one pass
-each) make one extension (`csrc/bindings_cpu.cpp` binds them), compiled with torch's C++ extension builder
+each) and `csrc/quant_linear_cpu.cpp` (int8/int4 weight-only matrix products) make one extension
+(`csrc/bindings_cpu.cpp` binds them), compiled with torch's C++ extension builder
 (the system's C++ compiler and ninja) for the instruction set torch detected on this CPU.
 
 Built ahead of time: `python -m conveyor.kernels.prebuild` (run by `make serve`'s setup and by the worker
@@ -33,7 +34,7 @@ log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = tuple(CSRC / name for name in ("paged_decode_cpu.cpp", "cache_write_cpu.cpp", "fused_cpu.cpp",
-                                          "bindings_cpu.cpp"))
+                                          "quant_linear_cpu.cpp", "bindings_cpu.cpp"))
 # Compiler flags per instruction set torch reports (torch.backends.cpu.get_cpu_capability()). Without AVX2 the
 # portable build measured 2x slower than the gather path, so no kernel is built there. -ffast-math lets the
 # compiler call glibc's vector exp (libmvec); it is a compile flag only, so the process' float mode (which

@@ -9,4 +9,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "RMSNorm of x [T, H] rows");
   m.def("rotate_half_", &rotate_half_, "rotate-half RoPE of x [T, H, D], in place");
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up of gate_up [T, 2I]");
+  m.def("quant_matmul", &quant_matmul, "x [M, K] fp32 @ an int8/int4 weight [N, K]^T, dequantized in registers");
+  m.def("quant_dequantize", &quant_dequantize, "rows [begin, end) of an int8/int4 weight as fp32");
 }

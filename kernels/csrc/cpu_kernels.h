@@ -17,3 +17,9 @@ at::Tensor silu_and_mul(const at::Tensor& gate_up);
 // cache_write_cpu.cpp
 void reshape_and_cache(const at::Tensor& k, const at::Tensor& v, at::Tensor k_cache, at::Tensor v_cache,
                        const at::Tensor& slot_mapping);
+
+// quant_linear_cpu.cpp: weight-only int8/int4 (groups of 32; kernels/quant_reference.py has the layouts)
+at::Tensor quant_matmul(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales,
+                        const c10::optional<at::Tensor>& mins, int64_t bits);
+at::Tensor quant_dequantize(const at::Tensor& q, const at::Tensor& scales, const c10::optional<at::Tensor>& mins,
+                            int64_t bits, int64_t row_begin, int64_t row_end);
