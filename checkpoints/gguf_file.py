@@ -20,6 +20,10 @@ ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
 # Tensor types dequantized by the gguf package and checked here; the IQ and ternary types are refused,
 # untried.
 TENSOR_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+# The engine's weight-only quantization closest to each quantized type (engine/quantization.py): a file runs
+# with the one of its most common type. Q4_0, Q4_1 and Q8_0 are those layouts exactly; the others requantized.
+QUANTIZATION_OF_TYPE = {"Q8_0": "int8", "Q6_K": "int8", "Q5_0": "int8", "Q5_1": "int8", "Q5_K": "int8",
+                        "Q4_0": "int4", "Q4_1": "int4", "Q4_K": "int4"}
 KEY_BYTES = 2**20  # read from each end of a GGUF file for its folder's key
 META_DONE = "conveyor-gguf.json"  # written last into a converted folder's metadata
 
@@ -54,6 +58,19 @@ def check_gguf(path: Path) -> GgufSummary:
                 f"model: {path.name}: GGUF tensor type {tensor.tensor_type.name} (tensor {tensor.name!r}) is "
                 f"not supported; supported: {', '.join(TENSOR_TYPES)}")
     return GgufSummary(architecture, dict(types), str(_field(reader, "general.name") or ""))
+
+
+def gguf_quantization(folder: Path) -> str | None:
+    """The quantization ("int8", "int4" or "none") a folder converted from a GGUF file runs with by default:
+    that of its most common quantized tensor type; None: the folder is not a converted GGUF file."""
+    done = folder / META_DONE
+    if not done.is_file():
+        return None
+    types: dict[str, int] = json.loads(done.read_text())["tensor_types"]
+    quantized = {name: count for name, count in types.items() if name in QUANTIZATION_OF_TYPE}
+    if not quantized:
+        return "none"
+    return QUANTIZATION_OF_TYPE[max(quantized, key=lambda name: quantized[name])]
 
 
 def converted_folder(path: Path, cache_dir: Path) -> Path:

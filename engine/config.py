@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "cpu")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+QUANTIZATIONS = ("auto", "none", "int8", "int4")  # engine/quantization.py
 
 
 SCHEDULING = ("urgency", "arrival")
@@ -49,6 +50,9 @@ class EngineConfig:
     # so the prefills of requests that arrive behind it (a chat message behind a document) keep moving.
     long_prefill_token_threshold: int = 512
     dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
+    # Weight-only quantization, applied at load (engine/quantization.py): "int8", "int4" (groups of 32),
+    # "none" (the dtype above), or "auto": a GGUF file's own (int4 for a Q4 file), else none.
+    quantization: str | None = "auto"  # None: "none"
     device: str = "auto"  # auto: cuda when available, else cpu
     # auto: triton on CUDA; on CPU, cpu (C++ kernels compiled on first use: decode attention and the fused
     # RMSNorm/RoPE/SwiGLU) where they build, else torch (eager PyTorch)
@@ -148,6 +152,10 @@ class EngineConfig:
             _require(self.max_cpu_loras >= self.max_loras, "max_cpu_loras", self.max_cpu_loras,
                      f">= max_loras ({self.max_loras}) or None")
         _require(self.dtype in DTYPES, "dtype", self.dtype, f"one of {DTYPES}")
+        if self.quantization is None:  # what `quantization=none` parses to in the bench's --set and --compare
+            self.quantization = "none"
+        _require(self.quantization in QUANTIZATIONS, "quantization", self.quantization,
+                 f"one of {QUANTIZATIONS}")
         _require(self.task in TASKS, "task", self.task, f"one of {TASKS}")
         _require(self.pooling is None or self.pooling in POOLING_METHODS, "pooling", self.pooling,
                  f"None or one of {POOLING_METHODS}")

@@ -26,7 +26,9 @@ from conveyor.engine.loader import (
 from conveyor.engine.model_runner import prepare_step
 from conveyor.engine.models.bert import BertEncoder
 from conveyor.engine.pooling import PoolingConfig, chunk_rows, embedding_max_len, pooling_config
+from conveyor.engine.quantization import weight_bytes
 from conveyor.engine.scheduled_chunk import RunnerOutput, ScheduledChunk
+from conveyor.kernels.paged_attention import resolve_backend
 
 logger = logging.getLogger("conveyor.engine")
 
@@ -43,9 +45,13 @@ class EncoderRunner:
         self.dtype = resolve_dtype(config.dtype, self.device)
         check_tokenizer_files(config.model)
         started = time.perf_counter()
-        model, self.hf_config, task = load_model(config.model, self.device, self.dtype, "torch", config.task)
+        # Quantized projections use the device's kernels (the C++ ones on CPU), whatever attention uses.
+        model, self.hf_config, task, self.quantization = load_model(
+            config.model, self.device, self.dtype, "torch", config.task, config.quantization,
+            kernels=resolve_backend(config.attention_backend, self.device))
         assert isinstance(model, BertEncoder) and task == "embed", (type(model).__name__, task)
         self.model = model
+        self.weight_bytes: int = weight_bytes(model)
         settings = model.settings
         self.vocab_size: int = settings.vocab_size
         self.embedding_size: int = settings.hidden_size

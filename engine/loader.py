@@ -27,6 +27,7 @@ from conveyor.engine.models import Model, build_model
 from conveyor.engine.models.checkpoint_names import Part, checkpoint_target, expected_parts, param_slice
 from conveyor.engine.models.llama import LlamaForCausalLM
 from conveyor.engine.pooling import resolve_task
+from conveyor.engine.quantization import quantize_model, resolve_quantization, weight_bytes
 
 logger = logging.getLogger("conveyor.engine")
 
@@ -111,13 +112,16 @@ class LoadedModel(NamedTuple):
     model: Model  # every weight loaded, in eval mode
     hf_config: dict[str, Any]  # the raw config.json
     task: str  # "generate" or "embed": what the engine serves with it
+    quantization: str  # "none", "int8" or "int4": how its weights are held
 
 
 def load_model(
     model_dir: str | Path, device: torch.device, dtype: torch.dtype, attention_backend: str,
-    task: str = "generate",
+    task: str = "generate", quantization: str = "none", kernels: str | None = None,
 ) -> LoadedModel:
-    """The model, ready for `task` ("generate", "embed" or "auto": EngineConfig.task)."""
+    """The model, ready for `task` ("generate", "embed" or "auto": EngineConfig.task), its weights quantized
+    as `quantization` says (EngineConfig.quantization; engine/quantization.py), multiplied by the `kernels`
+    backend (kernels/quant_linear.py; None: the attention backend's)."""
     hf_config = read_hf_config(model_dir)
     files = safetensors_files(model_dir)
     with torch.device(device):
@@ -131,10 +135,17 @@ def load_model(
         if task == "embed":
             model.lm_head = None  # an embedding needs no logits: the head's memory is not kept
         load_weights(model, files)
-    logger.info("loaded %s (%s) from %d file(s) to %s: %.1f M parameters, %s on %s",
-                hf_config["architectures"][0], model_dir, len(files), task,
-                sum(p.numel() for p in model.parameters()) / 1e6, dtype, device)
-    return LoadedModel(model.eval(), hf_config, task)
+    parameters = sum(p.numel() for p in model.parameters())
+    method = resolve_quantization(quantization, model_dir)
+    if method != "none":
+        report = quantize_model(model, method, kernels or attention_backend)
+        logger.info("quantized %d projections to %s%s", report.quantized, method,
+                    f" (kept in {dtype}: {report.kept})" if report.kept else "")
+    logger.info("loaded %s (%s) from %d file(s) to %s: %.1f M parameters, %s, weights %.1f MB on %s",
+                hf_config["architectures"][0], model_dir, len(files), task, parameters / 1e6,
+                dtype if method == "none" else f"{method} ({dtype} activations)", weight_bytes(model) / 1e6,
+                device)
+    return LoadedModel(model.eval(), hf_config, task, method)
 
 
 def has_lm_head(hf_config: dict[str, Any]) -> bool:

@@ -36,6 +36,7 @@ from conveyor.engine.models.layer_config import uniform_window
 from conveyor.engine.models.llama import LlamaForCausalLM
 from conveyor.engine.pooling import PoolingConfig, chunk_rows, embedding_max_len, pooling_config
 from conveyor.engine.prompt_logprobs import score_prompt_chunks
+from conveyor.engine.quantization import weight_bytes
 from conveyor.engine.scheduled_chunk import RunnerOutput, ScheduledChunk
 from conveyor.kernels.metadata import AttentionMetadata
 from conveyor.kernels.paged_attention import resolve_backend
@@ -66,11 +67,12 @@ class ModelRunner:
         attention_s = time.perf_counter() - started
         check_tokenizer_files(config.model)
         started = time.perf_counter()
-        model, self.hf_config, self.task = load_model(config.model, self.device, self.dtype,
-                                                      self.attention_backend, config.task)
+        model, self.hf_config, self.task, self.quantization = load_model(
+            config.model, self.device, self.dtype, self.attention_backend, config.task, config.quantization)
         if not isinstance(model, LlamaForCausalLM):
             raise ValueError(f"model: {config.model} is an encoder; LLMEngine runs it with an EncoderRunner")
         self.model = model
+        self.weight_bytes: int = weight_bytes(model)  # as held: quantized tensors at their own size
         weights_s, started = time.perf_counter() - started, time.perf_counter()
         settings = self.model.settings
         self.vocab_size: int = settings.vocab_size
@@ -100,8 +102,8 @@ class ModelRunner:
                                         attention_s=attention_s)
         self.take_expert_load()  # the profiling forward's routing is not a step's
         self.last_forward_seconds: float = 0.0  # model forward + logits of the last step, inputs prepared
-        logger.info("model runner ready: device=%s dtype=%s attention=%s max_model_len=%d", self.device,
-                    self.dtype, self.attention_backend, self.max_model_len)
+        logger.info("model runner ready: device=%s dtype=%s quantization=%s attention=%s max_model_len=%d",
+                    self.device, self.dtype, self.quantization, self.attention_backend, self.max_model_len)
 
     @torch.inference_mode()
     def execute(self, chunks: list[ScheduledChunk]) -> RunnerOutput:

@@ -1,0 +1,123 @@
+"""Weight-only quantization of a loaded decoder: its projections' weights replaced by int8 or int4 groups
+(kernels/quant_reference.py has the layouts), multiplied by the backend's kernel (kernels/quant_linear.py).
+
+`EngineConfig.quantization`:
+- "int8": every projection (attention, MLP, the LM head) and the token embedding int8, scales per 32;
+- "int4": the projections int4 (a scale and an offset per 32); the LM head and the embedding int8, as GGUF
+  files keep them (logits are the most sensitive product: int4 there measured a larger perplexity loss);
+- "none": the model's dtype, as loaded;
+- "auto": a GGUF file's own (engine/gguf_weights.py gguf_quantization: its projections' types), else "none".
+
+Applied after loading (online, from any checkpoint): the fp32 weights are replaced one at a time and freed.
+A GGUF file's Q4_1 and Q8_0 tensors come back exactly (their blocks are these groups); other types are
+requantized. Biases, norms and routers stay in the model's dtype; LoRA adapters add their products to the
+quantized projections' outputs as to any other (engine/lora/batch.py). Projections whose width is not a
+multiple of 32 stay unquantized. Mixture-of-experts layers keep their experts in the model's dtype (only
+attention and the dense layers are quantized).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from conveyor.checkpoints.gguf_file import gguf_quantization
+from conveyor.kernels.quant_linear import quant_linear
+from conveyor.kernels.quant_reference import GROUP_SIZE, QuantizedTensor, dequantize, quantize
+
+PROJECTION_BITS = {"int8": 8, "int4": 4}
+HEAD_BITS = 8  # the LM head and the token embedding, under either method
+
+
+class QuantizedLinear(nn.Module):
+    """F.linear over a quantized weight [N, K] (+ the layer's bias, kept in the model's dtype)."""
+
+    def __init__(self, t: QuantizedTensor, bias: torch.Tensor | None, backend: str) -> None:
+        super().__init__()
+        self.register_buffer("q", t.q)
+        self.register_buffer("scales", t.scales)
+        self.register_buffer("mins", t.mins)
+        self.bits, self.backend = t.bits, backend
+        self.bias = bias
+
+    def tensor(self) -> QuantizedTensor:
+        return QuantizedTensor(self.q, self.scales, self.mins, self.bits)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., K] -> [..., N]
+        return quant_linear(x, self.tensor(), self.bias, self.backend)
+
+
+class QuantizedEmbedding(nn.Module):
+    """Token embedding rows read from a quantized table [V, H]: a tied LM head's own tensors (registered in
+    both modules; counted once, as a tied parameter is)."""
+
+    def __init__(self, t: QuantizedTensor, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.register_buffer("q", t.q)
+        self.register_buffer("scales", t.scales)
+        self.register_buffer("mins", t.mins)
+        self.bits, self.dtype = t.bits, dtype
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, H]
+        rows = QuantizedTensor(self.q, self.scales, self.mins, self.bits).rows(ids)
+        return dequantize(rows).to(self.dtype)
+
+
+@dataclass(frozen=True)
+class QuantizationReport:
+    method: str  # "int8" or "int4"
+    quantized: int  # projections replaced
+    kept: list[str]  # projections left in the model's dtype (width not a multiple of 32)
+
+
+def resolve_quantization(method: str, model_dir: str | Path) -> str:
+    """"auto" -> the quantization of the GGUF file the folder was converted from, else "none"."""
+    if method != "auto":
+        return method
+    return gguf_quantization(Path(model_dir)) or "none"
+
+
+def quantize_model(model: nn.Module, method: str, backend: str) -> QuantizationReport:
+    """Replaces every projection (every `Linear` of engine/models/llama.py: attention, MLP, LM head) and the
+    token embedding of a loaded model by its quantized form, in place. backend: kernels/quant_linear.py's."""
+    from conveyor.engine.models.llama import Embedding, Linear
+
+    bits = PROJECTION_BITS[method]
+    dtype = next(model.parameters()).dtype
+    embeddings = [(name, m) for name, m in model.named_modules() if isinstance(m, Embedding)]
+    tied = {id(m.weight): name for name, m in embeddings}
+    quantized, kept = 0, []
+    heads: dict[str, QuantizedLinear] = {}  # a tied embedding's name -> its LM head's replacement
+    for name, module in list(model.named_modules()):
+        if not isinstance(module, Linear):
+            continue
+        if module.weight.shape[1] % GROUP_SIZE:
+            kept.append(name)
+            continue
+        is_head = name == "lm_head"
+        replacement = QuantizedLinear(quantize(module.weight.detach(), HEAD_BITS if is_head else bits),
+                                      module.bias, backend)
+        if id(module.weight) in tied:
+            heads[tied[id(module.weight)]] = replacement
+        _replace(model, name, replacement)
+        quantized += 1
+    for name, embedding in embeddings:
+        if name.endswith("embed_tokens"):
+            head = heads.get(name)
+            table = head.tensor() if head is not None else quantize(embedding.weight.detach(), HEAD_BITS)
+            _replace(model, name, QuantizedEmbedding(table, dtype))
+    return QuantizationReport(method, quantized, kept)
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of the model's weights as they are held: parameters and quantized buffers, each tensor once."""
+    tensors = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def _replace(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent_name) if parent_name else model, child, module)
