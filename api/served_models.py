@@ -15,6 +15,7 @@ from pathlib import Path
 from sqlalchemy.orm import Session, sessionmaker
 
 from conveyor.api.prompt_tokenizer import PromptTokenizer
+from conveyor.checkpoints.gguf_file import gguf_quantization
 from conveyor.core.lanes import lane_of
 from conveyor.core.protocol.chat_options import ToolParser, tool_parser_for
 from conveyor.core.protocol.embedding_rules import EmbeddingLimits
@@ -33,6 +34,7 @@ class ServedModel:
     lora: str | None = None  # a LoRA adapter's id (= id); None: a base model
     parent: str | None = None  # an adapter's base model
     tenants: frozenset[str] | None = None  # an adapter's permitted tenants; None: every tenant
+    quantization: str = "none"  # how its workers hold the weights: none, int8, int4 (an adapter: its base's)
 
     def serves(self, tenant_id: str | None) -> bool:
         """Whether `tenant_id` may name it (None: not judged, as for the fleet's own calls)."""
@@ -103,7 +105,8 @@ class ServedModels:
             raise ValueError(f"tokenizers: none given for model(s) {', '.join(missing)}")
         self._settings = settings
         self._models = {model_id: ServedModel(model_id, model_settings, tokenizers[model_id],
-                                              _task_of(model_settings))
+                                              _task_of(model_settings),
+                                              quantization=_quantization_of(model_settings))
                         for model_id, model_settings in settings.served().items()}
         self._configured = {adapter.id: adapter for base in list(self._models.values())
                             for adapter in _adapters_of(base)}
@@ -166,13 +169,22 @@ class ServedModels:
         base = self._models[row.model_id]
         tenants = frozenset(row.tenants) if row.tenants is not None else None
         return ServedModel(row.name, base.settings, base.tokenizer, base.task, lora=row.name, parent=base.id,
-                           tenants=tenants)
+                           tenants=tenants, quantization=base.quantization)
 
 
 def _adapters_of(base: ServedModel) -> list[ServedModel]:
     return [ServedModel(name, base.settings, base.tokenizer, base.task, lora=name, parent=base.id,
-                        tenants=frozenset(spec.tenants) if spec.tenants is not None else None)
+                        tenants=frozenset(spec.tenants) if spec.tenants is not None else None,
+                        quantization=base.quantization)
             for name, spec in base.settings.adapters().items()]
+
+
+def _quantization_of(settings: Settings) -> str:
+    """How its workers hold the weights: the `quantization` setting, "auto" (or unset) resolved as the engine
+    resolves it (a GGUF file's own; engine/quantization.py)."""
+    if settings.quantization not in (None, "auto"):
+        return settings.quantization
+    return gguf_quantization(settings.model_folder()) or "none"
 
 
 def _task_of(settings: Settings) -> ModelTask:

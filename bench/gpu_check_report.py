@@ -28,8 +28,8 @@ def report_markdown(report: dict[str, Any]) -> str:
         "",
         stages_table(report["stages"]),
     ]
-    sections = {"kernels": kernel_section, "engine": engine_section, "moe": engine_section,
-                "service": service_section}
+    sections = {"kernels": kernel_section, "quant": quant_section, "engine": engine_section,
+                "moe": engine_section, "service": service_section}
     for name, section in sections.items():
         figures = stages.get(name, {}).get("figures")
         if figures and figures.get("problems") is not None:
@@ -90,6 +90,23 @@ def kernel_section(k: dict[str, Any]) -> str:
             f"{c['sdpa_ms'] / c['triton_ms']:.2f}x",
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def quant_section(q: dict[str, Any]) -> str:
+    lines = [
+        f"## Quantized weights: the Triton int8/int4 matmul ({q['dtype']} activations)",
+        "",
+        "Against the reference (dequantize, then multiply in fp32) and timed against the dense matmul of the "
+        "same weight in the activations' dtype; `vs dense` > 1: the quantized kernel is faster.",
+        "",
+        "| case | max err | ok | quantized ms | dense ms | vs dense |",
+        "|---|---|---|---|---|---|",
+    ]
+    for c in q["cases"]:
+        ok = "yes" if c["ok"] else "**NO**"
+        lines.append(f"| {c['case']} | {c['max_err']:.1e} | {ok} | {fmt(c['ms'])} ({c['timing']}) | "
+                     f"{fmt(c['dense_ms'])} | {c['dense_ms'] / c['ms']:.2f}x |")
     return "\n".join(lines)
 
 

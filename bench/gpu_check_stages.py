@@ -1,6 +1,7 @@
-"""The GPU check's four stages (bench/gpu_check.py runs each in a child process of its own): the kernel
-bench against the device's copy bandwidth, the engine against transformers on a ~1B Llama-shaped model and
-on a Mixtral-shaped mixture of experts, and the service bench against `conveyor serve`.
+"""The GPU check's five stages (bench/gpu_check.py runs each in a child process of its own): the kernel
+bench against the device's copy bandwidth, the int8/int4 Triton matmul against the dense one, the engine
+against transformers on a ~1B Llama-shaped model and on a Mixtral-shaped mixture of experts, and the service
+bench against `conveyor serve`.
 
 Each stage takes the check's `Plan` and returns its figures: a JSON-able dict with `ok` (False when a check
 inside it failed: a kernel disagreeing with its reference, a request not completed) and `problems` (why).
@@ -133,6 +134,45 @@ def copy_bandwidth(device: Any, nbytes: int) -> dict[str, Any]:
     dst = torch.empty_like(src)
     ms, how = time_ms(lambda: dst.copy_(src), device, warmup=2, iters=10)
     return {"bytes": nbytes, "ms": ms, "timing": how, "gbps": 2 * nbytes / ms / 1e6}
+
+
+# --- (a2) weight-only int8/int4 matmuls --------------------------------------------------------------
+
+# (rows of x, output features N, input features K): a decode step of one and of 64 sequences, a prefill chunk
+# through a 1B model's MLP (8192 x 2048); the CPU rehearsal's through the interpreter, small.
+GPU_QUANT_SHAPES = ((1, 8192, 2048), (64, 8192, 2048), (512, 8192, 2048))
+CPU_QUANT_SHAPES = ((1, 64, 64), (19, 70, 64))
+
+
+def quant_stage(plan: Plan) -> dict[str, Any]:
+    """The Triton dequantize-and-multiply kernel (kernels/triton_quant.py) against the reference, int8 and
+    int4, and its time against the dense matmul of the same weight in the activations' dtype."""
+    import torch
+
+    from conveyor.bench.kernels import time_ms
+    from conveyor.kernels.quant_reference import dequantize, quant_linear_ref, quantize
+    from conveyor.kernels.triton_quant import quant_matmul_triton
+
+    device = torch.device(plan.device)
+    gpu = plan.mode == "gpu"
+    dtype, tolerance = (torch.bfloat16, 0.1) if gpu else (torch.float32, 2e-4)
+    cases = []
+    for rows, n, k in GPU_QUANT_SHAPES if gpu else CPU_QUANT_SHAPES:
+        weight = torch.randn(n, k, device=device) * 0.02
+        x = torch.randn(rows, k, device=device).to(dtype)
+        for bits in (8, 4):
+            t = quantize(weight, bits)
+            dense = dequantize(t).to(dtype)
+            error = (quant_matmul_triton(x, t).float() - quant_linear_ref(x.float(), t)).abs().max().item()
+            warmup = 3 if gpu else 0
+            ms, how = time_ms(lambda x=x, t=t: quant_matmul_triton(x, t), device, warmup, plan.kernel_iters)
+            dense_ms, _ = time_ms(lambda x=x, dense=dense: x @ dense.T, device, warmup, plan.kernel_iters)
+            cases.append({"case": f"int{bits} M={rows} N={n} K={k}", "max_err": error,
+                          "ok": error <= tolerance, "ms": ms, "dense_ms": dense_ms, "timing": how})
+    return {"ok": all(c["ok"] for c in cases), "dtype": str(dtype).removeprefix("torch."),
+            "problems": [f"{c['case']}: max error {c['max_err']:.2e}, over tolerance" for c in cases
+                         if not c["ok"]],
+            "cases": cases}
 
 
 # --- (b, c) the engine against transformers, dense and MoE -----------------------------------------

@@ -70,8 +70,8 @@ def engine_config(settings: Settings, model_path: str,
 
 
 def describe_engine(host: EngineHost, source: str) -> str:
-    """The model (as configured, and its folder), the device and dtype, and the KV cache's capacity, for a
-    start-up line."""
+    """The model (as configured, and its folder), the device and dtype, its weights (quantization, bytes as
+    held) and the KV cache's capacity, for a start-up line."""
     runner = host.engine.runner
     model = source if source == host.config.model else f"{source} ({host.config.model})"
     kv_bytes = sum(t.numel() * t.element_size() for pair in getattr(runner, "kv_caches", []) for t in pair)
@@ -81,6 +81,8 @@ def describe_engine(host: EngineHost, source: str) -> str:
     held = max_blocks_held(runner.max_model_len, runner.block_size, window, max_chunk_tokens(host.config))
     fits = runner.num_kv_blocks // held
     dtype = str(getattr(runner, "dtype", "")).removeprefix("torch.")
-    return (f"{model} on {runner.device} {dtype}; KV cache {runner.num_kv_blocks} blocks x "
+    quantization, held = getattr(runner, "quantization", "none"), getattr(runner, "weight_bytes", 0)
+    weights = f"weights {quantization} {held / 2**20:.1f} MiB"
+    return (f"{model} on {runner.device} {dtype}; {weights}; KV cache {runner.num_kv_blocks} blocks x "
             f"{runner.block_size} = {tokens} tokens, {kv_bytes / 2**20:.1f} MiB, fits {fits} sequences of "
             f"max_model_len={runner.max_model_len}")

@@ -134,7 +134,7 @@ def _model_card(model: ServedModel, serving: dict[str, int]) -> ModelCard:
     return ModelCard(id=model.id, created=model.created(), max_model_len=model.max_model_len(),
                      workers=serving.get(model.parent or model.id, 0), task=model.task.task,
                      embedding_size=model.task.embedding_size if model.task.embeds else None,
-                     parent=model.parent)
+                     parent=model.parent, quantization=model.quantization)
 
 
 def model_of(services: Services, model_id: str | None, param: str | None = "model", *,

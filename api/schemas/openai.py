@@ -29,6 +29,9 @@ class ModelCard(BaseModel):
     embedding_size: int | None = Field(None, description="an embedding model's vector size; null otherwise")
     parent: str | None = Field(None, description="a LoRA adapter's base model (vLLM's field); null for a "
                                "base model")
+    quantization: Literal["none", "int8", "int4"] = Field(
+        "none", description="how its workers hold the weights: int8 or int4 (weight-only, groups of 32), or "
+        "none (the model's dtype); an adapter's is its base model's")
 
 
 class ModelList(BaseModel):

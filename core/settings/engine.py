@@ -46,6 +46,15 @@ class EngineSettings(BaseModel):
         None,
         description="`auto` (float32 on CPU, bfloat16 on CUDA), `float32`, `float16`, `bfloat16`",
     )
+    quantization: Literal["auto", "none", "int8", "int4"] | None = Field(
+        None,
+        description="weight-only quantization at load: `int8` (every projection and the embedding, a scale "
+        "per 32 weights), `int4` (projections 4-bit with a scale and offset per 32; LM head and embedding "
+        "int8), "
+        "`none` (the dtype's weights); unset/`auto` = a GGUF file's own (int4 for Q4_0/Q4_1/Q4_K files, int8 "
+        "for Q5-Q8), else none. Decoding reads every weight each step, so fewer bytes decode faster: see "
+        "\"Quantized weights\" in docs/benchmarks/results.md",
+    )
     attention_backend: str | None = Field(
         None,
         description="`auto` (Triton on CUDA; on CPU `cpu` where its C++ kernels build, else `torch`), `cpu`,"

@@ -23,7 +23,8 @@ from conveyor.core.settings import Settings
 from conveyor.core.store.migrate import upgrade
 from tests.support.live_server import new_api_key, serving
 
-# fp32 on CPU (equal to transformers to 1e-4), two sequences at a time, two torch threads: 2 shared cores.
+# fp32 activations on CPU over the file's own int4 weights (equal to transformers to 1e-4), two sequences
+# at a time, two torch threads: 2 shared cores.
 ENGINE = dict(max_num_seqs=2, max_num_batched_tokens=256, num_kv_blocks=64, block_size=16, max_model_len=512,
               dtype="float32", device="cpu", attention_backend="torch", num_threads=2)
 QUESTION = "What is the capital of France? Answer in one sentence."
@@ -157,3 +158,9 @@ def test_prompt_and_answer_logprobs_equal_transformers(server: Server, reference
     assert one.logprobs is not None and one.logprobs.token_logprobs is not None
     assert one.text == reference.tokenizer.decode([best])
     assert one.logprobs.token_logprobs[0] == pytest.approx(expected[-1, best].item(), abs=1e-4)
+
+
+def test_the_model_list_says_the_weights_are_the_gguf_files_int4(server: Server) -> None:
+    """The Q4_1 file runs from its own 4-bit values (engine/quantization.py), and /v1/models says so."""
+    card = server.client().models.retrieve(server.model)
+    assert (card.model_extra or {})["quantization"] == "int4"

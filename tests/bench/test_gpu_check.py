@@ -32,7 +32,7 @@ def test_defaults_and_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
         False,
         "preset",
     )
-    assert gpu_check.parse_stages(args.stages) == ["kernels", "engine", "moe", "service"]
+    assert gpu_check.parse_stages(args.stages) == ["kernels", "quant", "engine", "moe", "service"]
     assert gpu_check.parse_stages("service, kernels") == ["service", "kernels"]
     assert sum(gpu_check.GPU_BUDGETS.values()) <= gpu_check.DEFAULT_BUDGET_S < 600  # under 10 minutes
     budgets = gpu_check.parse_budgets(["engine=30", "service=4.5"], gpu_check.CPU_BUDGETS)
@@ -275,6 +275,8 @@ def test_cpu_rehearsal_runs_every_stage_and_writes_the_report(llama_dir: Path, t
     kernels = stages["kernels"]["figures"]
     assert kernels["copy"]["gbps"] > 0 and len(kernels["cases"]) == 4
     assert all(c["ok"] and c["of_copy"] > 0 for c in kernels["cases"])
+    quant = stages["quant"]["figures"]["cases"]
+    assert len(quant) == 4 and all(c["ok"] and c["ms"] > 0 for c in quant)
     engine = stages["engine"]["figures"]
     assert set(engine["systems"]) == {"engine", "hf-static", "hf-cb"}
     assert len({s["output_tokens"] for s in engine["systems"].values()}) == 1
@@ -285,6 +287,7 @@ def test_cpu_rehearsal_runs_every_stage_and_writes_the_report(llama_dir: Path, t
     for heading in (
         "# GPU check, CPU rehearsal",
         "## Kernels",
+        "## Quantized weights",
         "## Engine against transformers",
         "## Service",
     ):
