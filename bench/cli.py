@@ -26,6 +26,7 @@ from conveyor.bench.experiment import (
     parse_value,
 )
 from conveyor.bench.workload import LONG, PROFILES, SHORT, Range, WorkloadSpec
+from conveyor.checkpoints.sources import SourceKind, parse_source
 from conveyor.engine.cpu_threads import choose_cpu_threads, hidden_size_of, runs_on_cpu
 from conveyor.engine.model_source import model_folder
 
@@ -280,8 +281,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--peer",
         action="append",
         default=[],
-        choices=("hf",),
-        help="also run the same requests through transformers (continuous batching and static)",
+        choices=("hf", "llama.cpp"),
+        help="also run the same requests through transformers (hf: continuous batching and static) or "
+        "llama.cpp (the llama-cpp-python package, on --model's GGUF file, continuous batching over "
+        "max_num_seqs slots)",
     )
 
     p.add_argument(
@@ -359,6 +362,7 @@ def options(args: argparse.Namespace) -> BenchOptions:
         trace=args.trace,
         out_dir=args.out or Path("bench-out") / time.strftime("%Y%m%d-%H%M%S"),
         peers=args.peer,
+        gguf=gguf_file(args.model),
         measure_matmul=not args.no_matmul_bound,
         torch_profile_steps=args.torch_profile,
         progress=not args.no_progress,
@@ -389,6 +393,14 @@ def resolve_model(model: str | None, cache: Path) -> str | None:
     """The local folder of --model (a folder, a GGUF file, a hub id, package:DIST or preset:NAME), converted,
     downloaded or built into `cache` on first use."""
     return None if model is None else str(model_folder(model, cache_dir=cache))
+
+
+def gguf_file(model: str | None) -> Path | None:
+    """The GGUF file --model names (a .gguf path or package:DIST holding one), else None."""
+    if model is None:
+        return None
+    source = parse_source(model)
+    return source.path if source.kind is SourceKind.GGUF else None
 
 
 def _pairs(items: list[str], flag: str, convert: Callable[[str], T]) -> dict[str, T]:

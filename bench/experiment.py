@@ -60,7 +60,8 @@ class BenchOptions:
     spec: WorkloadSpec = field(default_factory=WorkloadSpec)
     trace: str | None = None
     out_dir: Path = Path("bench-out")
-    peers: list[str] = field(default_factory=list)
+    peers: list[str] = field(default_factory=list)  # "hf" (bench/peers.py), "llama.cpp" (llama_cpp_peer.py)
+    gguf: Path | None = None  # the GGUF file --model names, if it names one: what the llama.cpp peer runs
     measure_matmul: bool = True
     torch_profile_steps: int = 0
     progress: bool = True
@@ -99,6 +100,9 @@ class BenchOptions:
             raise ValueError(
                 "structured_share (--structured-share): only the in-process engine, without peers"
             )
+        if "llama.cpp" in self.peers and self.gguf is None:
+            raise ValueError("--peer llama.cpp runs GGUF files: give --model a .gguf file or package:DIST "
+                             "holding one")
         if self.target == "http" and self.peers:
             raise ValueError("peers: --peer runs only with the in-process engine target")
         if self.trace and self.spec.rates:
@@ -462,9 +466,10 @@ def bench(opts: BenchOptions, console: Console) -> dict[str, Any]:
         if opts.peers:
             if peers is None:
                 assert engine is not None
-                peers = HFPeers(opts, requests, engine.block_manager.num_blocks)
-            for name, peer_result in peers.run_round(console).items():
-                rounds.setdefault(name, []).append(peer_result)
+                peers = make_peers(opts, requests, engine.block_manager.num_blocks)
+            for peer in peers:
+                for name, peer_result in peer.run_round(console).items():
+                    rounds.setdefault(name, []).append(peer_result)
     best = {name: max(results, key=output_rate) for name, results in rounds.items()}
     bound = (
         measure_bound(opts, best[opts.target], str(engine.runner.device), engine.runner.dtype)
@@ -535,6 +540,19 @@ def ratios(runs: dict[str, dict[str, Any]]) -> dict[str, float]:
     if peers:
         out["engine / best HF mode"] = tput["engine"] / max(peers)
     return out
+
+
+def make_peers(opts: BenchOptions, requests: list[BenchRequest], kv_blocks: int) -> list[Any]:
+    """The --peer systems, each with `run_round(console) -> {name: RunResult}`."""
+    peers: list[Any] = []
+    if "hf" in opts.peers:
+        peers.append(HFPeers(opts, requests, kv_blocks))
+    if "llama.cpp" in opts.peers:
+        from conveyor.bench.llama_cpp_peer import LlamaCppPeer
+
+        assert opts.gguf is not None and opts.model is not None
+        peers.append(LlamaCppPeer(opts.gguf, opts.model, requests, opts.engine_config()))
+    return peers
 
 
 class HFPeers:

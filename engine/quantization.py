@@ -12,8 +12,8 @@ Applied after loading (online, from any checkpoint): the fp32 weights are replac
 A GGUF file's Q4_1 and Q8_0 tensors come back exactly (their blocks are these groups); other types are
 requantized. Biases, norms and routers stay in the model's dtype; LoRA adapters add their products to the
 quantized projections' outputs as to any other (engine/lora/batch.py). Projections whose width is not a
-multiple of 32 stay unquantized. Mixture-of-experts layers keep their experts in the model's dtype (only
-attention and the dense layers are quantized).
+multiple of 32 stay unquantized. Mixture-of-experts layers quantize their experts (QuantizedExperts); their
+routers and a Qwen2-MoE shared expert stay in the model's dtype.
 """
 
 from __future__ import annotations
@@ -22,9 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from conveyor.checkpoints.gguf_file import gguf_quantization
+from conveyor.kernels.moe_reference import sort_by_expert
 from conveyor.kernels.quant_linear import quant_linear
 from conveyor.kernels.quant_reference import GROUP_SIZE, QuantizedTensor, dequantize, quantize
 
@@ -66,6 +68,33 @@ class QuantizedEmbedding(nn.Module):
         return dequantize(rows).to(self.dtype)
 
 
+class QuantizedExperts(nn.Module):
+    """A mixture-of-experts layer's experts, quantized: kernels/moe_reference.py's grouped computation (the
+    (token, k) pairs sorted by expert, each expert's rows in one product, one weighted scatter back), each
+    product a quantized linear. Routing stays the layer's own (engine/models/moe.py)."""
+
+    def __init__(self, w_gate_up: torch.Tensor, w_down: torch.Tensor, bits: int, backend: str) -> None:
+        super().__init__()  # w_gate_up [E, 2I, H], w_down [E, H, I]
+        self.gate_up = nn.ModuleList(QuantizedLinear(quantize(w, bits), None, backend) for w in w_gate_up)
+        self.down = nn.ModuleList(QuantizedLinear(quantize(w, bits), None, backend) for w in w_down)
+
+    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+        """x [T, H], topk_weights and topk_ids [T, K] -> [T, H] in x's dtype (kernels/moe.py's contract)."""
+        order, counts = sort_by_expert(topk_ids, len(self.down))  # [T*K], [E]
+        tokens = order // topk_ids.shape[1]  # [T*K]: the token of each sorted pair
+        weights = topk_weights.reshape(-1)[order].float()  # [T*K]
+        rows = x.index_select(0, tokens)  # [T*K, H] in expert order
+        expert_out = torch.empty_like(rows)
+        start = 0
+        for expert, count in enumerate(counts.tolist()):
+            if count:
+                gate, up = self.gate_up[expert](rows[start:start + count]).chunk(2, dim=-1)  # [n, I] each
+                expert_out[start:start + count] = self.down[expert](F.silu(gate) * up)
+                start += count
+        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        return out.index_add_(0, tokens, expert_out.float() * weights[:, None]).to(x.dtype)
+
+
 @dataclass(frozen=True)
 class QuantizationReport:
     method: str  # "int8" or "int4"
@@ -84,6 +113,7 @@ def quantize_model(model: nn.Module, method: str, backend: str) -> QuantizationR
     """Replaces every projection (every `Linear` of engine/models/llama.py: attention, MLP, LM head) and the
     token embedding of a loaded model by its quantized form, in place. backend: kernels/quant_linear.py's."""
     from conveyor.engine.models.llama import Embedding, Linear
+    from conveyor.engine.models.moe import SparseMoE
 
     bits = PROJECTION_BITS[method]
     dtype = next(model.parameters()).dtype
@@ -104,6 +134,11 @@ def quantize_model(model: nn.Module, method: str, backend: str) -> QuantizationR
             heads[tied[id(module.weight)]] = replacement
         _replace(model, name, replacement)
         quantized += 1
+    for module in model.modules():
+        if isinstance(module, SparseMoE) and module.experts is None:
+            module.quantize_experts(QuantizedExperts(module.w_gate_up.detach(), module.w_down.detach(), bits,
+                                                     backend))
+            quantized += 1
     for name, embedding in embeddings:
         if name.endswith("embed_tokens"):
             head = heads.get(name)

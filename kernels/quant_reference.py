@@ -59,7 +59,7 @@ def check_quantizable(weight: torch.Tensor) -> None:
 def quantize(weight: torch.Tensor, bits: int) -> QuantizedTensor:
     """weight [N, K], any float dtype -> its int8 (bits=8) or int4 (bits=4) groups."""
     check_quantizable(weight)
-    groups = weight.float().reshape(weight.shape[0], -1, GROUP_SIZE)  # [N, K/G, G]
+    groups = weight.float().contiguous().reshape(weight.shape[0], -1, GROUP_SIZE)  # [N, K/G, G]
     if bits == 8:
         scales = groups.abs().amax(dim=-1) / 127  # [N, K/G]
         q = torch.round(groups / _nonzero(scales)[..., None]).clamp(-127, 127).to(torch.int8)

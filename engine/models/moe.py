@@ -65,6 +65,8 @@ class SparseMoE(nn.Module):
         transposed = backend != "triton"
         self.w_gate_up = expert_weights(e, 2 * i, hidden_size, dtype, transposed)  # [E, 2I, H]
         self.w_down = expert_weights(e, hidden_size, i, dtype, transposed)  # [E, H, I]
+        # Set once the experts are quantized (engine/quantization.py), w_gate_up and w_down then dropped.
+        self.experts: nn.Module | None = None
         self.shared: SharedExpert | None = None
         if s.shared_intermediate_size is not None:
             self.shared = SharedExpert(hidden_size, s.shared_intermediate_size, dtype)
@@ -72,10 +74,19 @@ class SparseMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H]
         weights, ids = self.route(x)  # [T, K] each
         self.load.add(ids)
-        out = fused_moe(x, self.w_gate_up, self.w_down, weights, ids, backend=self.backend)  # [T, H]
+        if self.experts is not None:
+            out = self.experts(x, weights, ids)  # [T, H]
+        else:
+            out = fused_moe(x, self.w_gate_up, self.w_down, weights, ids, backend=self.backend)  # [T, H]
         if self.shared is not None:
             out = out + self.shared(x)
         return out
+
+    def quantize_experts(self, experts: nn.Module) -> None:
+        """Runs the experts through `experts` (called with x, routing weights and ids) from now on; the
+        dense expert weights are freed."""
+        self.experts = experts
+        del self.w_gate_up, self.w_down
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [T, K] fp32, expert ids [T, K] int64): softmax in fp32 over every expert, then top-k."""

@@ -254,8 +254,11 @@ def test_an_moe_model_against_transformers_with_its_expert_load(tiny_model_dir, 
     assert report["runs"]["hf-cb"]["expert_tokens"] is None
 
 
-def test_bad_arguments_are_reported_not_raised(llama_dir: Path, tmp_path: Path) -> None:
+def test_bad_arguments_are_reported_not_raised(llama_dir: Path, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--model", str(llama_dir), "--compare", "no_such_param=3", "--out", str(tmp_path)]) == 2
+    assert main(["--model", str(llama_dir), "--peer", "llama.cpp", "--out", str(tmp_path)]) == 2
+    assert "--peer llama.cpp runs GGUF files" in capsys.readouterr().out
     assert main(["--model", str(llama_dir), "--rate", "batch=2", "--out", str(tmp_path)]) == 2
 
 

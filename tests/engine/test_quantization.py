@@ -2,7 +2,8 @@
 generates from the same weights dequantized (a folder whose projections hold exactly the values the
 quantized ones stand for), through chunked prefill and preemption, on the `cpu` (C++ kernels) and `torch`
 (reference) backends; with prefix-cache hits; its prompt logprobs within 1e-4 of the dequantized model's; the
-weights held in a fraction of the memory, a tied LM head and embedding sharing one table."""
+weights held in a fraction of the memory, a tied LM head and embedding sharing one table; LoRA adapters on
+top of quantized weights as PEFT applies them to the dequantized ones."""
 
 from __future__ import annotations
 
@@ -22,11 +23,14 @@ from conveyor.kernels.quant_reference import dequantize, quantize
 from tests.engine.model_families import FAMILIES
 from tests.engine.test_model_families import hf_reference, make_requests, prefix_requests
 from tests.support.engine import drain, run_staggered
+from tests.support.lora_adapters import peft_greedy, save_peft_adapter
 
-# The projections engine/quantization.py quantizes, by their Hugging Face names: attention and dense MLPs
-# (Phi-3's fused ones too), never an expert's or a shared expert's.
-PROJECTION = re.compile(r"(self_attn\.(q|k|v|o|qkv)_proj|mlp\.(gate|up|down|gate_up)_proj)\.weight$")
+# The projections engine/quantization.py quantizes, by their Hugging Face names: attention, dense MLPs
+# (Phi-3's fused ones too) and experts; not Qwen2-MoE's shared expert.
+PROJECTION = re.compile(r"(self_attn\.(q|k|v|o|qkv)_proj|mlp\.(gate|up|down|gate_up)_proj"
+                        r"|experts\.\d+\.(w1|w2|w3|gate_proj|up_proj|down_proj))\.weight$")
 HEADS = ("embed_tokens.weight", "lm_head.weight")
+ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 # Prompt logprobs of the quantized engine against the same engine on the dequantized folder: only the
 # order of the fp32 sums differs.
 LOGPROB_TOLERANCE = 1e-4
@@ -43,7 +47,7 @@ def dequantized_copy(src: Path, dst: Path, method: str) -> Path:
         tensors = load_file(file)
         for name, tensor in tensors.items():
             bits = HEAD_BITS if name.endswith(HEADS) else PROJECTION_BITS[method]
-            if name.endswith(HEADS) or (PROJECTION.search(name) and "expert" not in name):
+            if name.endswith(HEADS) or PROJECTION.search(name):
                 tensors[name] = dequantize(quantize(tensor, bits)).to(tensor.dtype)
         save_file(tensors, str(file), metadata={"format": "pt"})
     return dst
@@ -139,3 +143,19 @@ def test_an_unknown_quantization_is_refused() -> None:
     with pytest.raises(ValueError, match="quantization must be one of"):
         EngineConfig(model="x", quantization="int3")
     assert EngineConfig(model="x", quantization=None).quantization == "none"
+
+
+def test_lora_adapters_apply_on_top_of_quantized_weights(folders, tmp_path: Path) -> None:
+    """PEFT's greedy tokens with the adapter unmerged on the dequantized base are the reference."""
+    src, dequantized = folders("llama", "int4")
+    adapter = save_peft_adapter(src, tmp_path / "all4", rank=4, alpha=8, targets=ALL_LINEAR, seed=3)
+    prompts = [prompt for _, prompt, _ in make_requests(512)[:4]]
+    expected = peft_greedy(dequantized, adapter, prompts, [12] * len(prompts))
+    engine = LLMEngine(EngineConfig(model=str(src), quantization="int4", max_loras=1, num_kv_blocks=64,
+                                    attention_backend="cpu"))
+    engine.add_lora("all4", adapter)
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"r{i}", prompt, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True),
+                           lora="all4")
+    done = drain(engine)
+    assert [done[f"r{i}"].token_ids for i in range(len(prompts))] == expected

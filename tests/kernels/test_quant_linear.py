@@ -46,6 +46,15 @@ def test_gguf_q8_0_and_q4_1_blocks_come_back_exactly() -> None:
     assert (dequantize(quantize(w4, 4)) - w4).abs().max() <= 1e-6
 
 
+def test_a_weight_laid_out_transposed_quantizes_as_its_contiguous_copy() -> None:
+    """The CPU engine keeps expert weights [E, in, out] in memory, viewed as [E, out, in]."""
+    w = weight(64, 96).T  # [96, 64], strides (1, 96)
+    for bits in (8, 4):
+        t, expected = quantize(w, bits), quantize(w.contiguous(), bits)
+        assert t.q.is_contiguous() and torch.equal(t.q, expected.q)
+        assert torch.equal(dequantize(t), dequantize(expected))
+
+
 def test_a_constant_group_and_a_bad_width() -> None:
     w = torch.full((2, 32), 0.25)
     assert torch.equal(dequantize(quantize(w, 4)), w)
