@@ -368,6 +368,9 @@ def run_target(opts: BenchOptions, requests: list[BenchRequest], console: Consol
             constrained=frozenset(constrained_ids(requests, opts.structured_share)),
             deadlines_s=opts.deadlines_s(),
         )
+    runner = engine.runner
+    held = runner.quantization if runner.quantization != "none" else str(runner.dtype).removeprefix("torch.")
+    result.weights = (runner.weight_bytes, held)
     return result, engine
 
 
@@ -408,6 +411,7 @@ def run_summary(opts: BenchOptions, result: RunResult, bound: Any = None) -> dic
         "preemptions_total": result.preemptions_total,
         "prefix_cache": result.prefix_cache,
         "expert_tokens": result.expert_tokens,
+        "weights": weights_record(result.weights),
         "decode_steps": full_batch_decode_steps(result.samples) if result.target == "engine" else None,
         "structured": structured_figures(result),
         "metrics": metrics,
@@ -420,6 +424,10 @@ def run_summary(opts: BenchOptions, result: RunResult, bound: Any = None) -> dic
             ModelShape.from_config(opts.model), result.records, result.samples, result.duration_s, bound
         )
     return run
+
+
+def weights_record(weights: tuple[int, str] | None) -> dict[str, Any] | None:
+    return None if weights is None else {"bytes": weights[0], "held_as": weights[1]}
 
 
 def run_plots(result: RunResult, out_dir: Path, prefix: str = "") -> list[str]:

@@ -147,7 +147,9 @@ class LlamaCppPeer:
 
     def run_round(self, console: Any) -> dict[str, RunResult]:
         del console
-        return {NAME: self.llama.run(self.requests, self.prompts)}
+        result = self.llama.run(self.requests, self.prompts)
+        result.weights = (self.llama.weight_bytes, "the GGUF file's own types")
+        return {NAME: result}
 
 
 class _Slot:

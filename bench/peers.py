@@ -32,6 +32,12 @@ def load_hf_model(model_path: str, dtype: torch.dtype, device: str) -> Any:
     return AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device).eval()
 
 
+def hf_weights(model: Any) -> tuple[int, str]:
+    """(bytes, dtype) of the transformers model's parameters."""
+    params = list(model.parameters())
+    return sum(p.numel() * p.element_size() for p in params), str(params[0].dtype).removeprefix("torch.")
+
+
 def token_ids(requests: list[BenchRequest], encode: Callable[[str], list[int]]) -> list[list[int]]:
     return [
         list(r.prompt_token_ids) if r.prompt_token_ids is not None else encode(r.prompt or "")
@@ -90,7 +96,8 @@ def run_hf_cb(
         _collect_cb(manager, records, clock, progress)
     end = max((r.finished_time or start) for r in records.values())
     return RunResult(
-        target="hf-cb", records=list(records.values()), samples=[], start_time=start, end_time=end
+        target="hf-cb", records=list(records.values()), samples=[], start_time=start, end_time=end,
+        weights=hf_weights(model),
     )
 
 
@@ -141,6 +148,7 @@ def run_hf_static(
         target="hf-static",
         records=records,
         samples=[],
+        weights=hf_weights(model),
         start_time=start,
         end_time=max(r.finished_time or start for r in records),
         notes=["static batches: no per-request first-token time (TTFT and ITL not measured)"],

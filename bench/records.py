@@ -84,6 +84,8 @@ class RunResult:
     start_time: float
     end_time: float
     preemptions_total: int = 0
+    # The model's weights as the system holds them: bytes, and how ("fp32", "int4", "Q4_1 GGUF", ...).
+    weights: tuple[int, str] | None = None
     notes: list[str] = field(default_factory=list)
     client_cpu_s: float | None = None  # HTTP: the bench's own CPU time (user + system) during the run
     # HTTP: the server's processes during the run: CPU per role (bench/server_cpu.py) and the pinning.

@@ -232,6 +232,8 @@ def run_line(name: str, run: dict[str, Any]) -> str:
         line += f"; prefix cache {prefix_cache_text(run.get('prefix_cache'))}"
     if run.get("expert_tokens"):
         line += f"; {expert_load_text(run['expert_tokens'])}"
+    if run.get("weights"):
+        line += f"; weights {run['weights']['bytes'] / 2**20:.1f} MiB ({run['weights']['held_as']})"
     if run.get("decode_steps"):
         d = run["decode_steps"]
         line += (
