@@ -20,6 +20,8 @@ checks the expert ids' values (it reads the per-expert counts on the host anyway
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 import torch
 import torch.nn.functional as F
 
@@ -36,49 +38,62 @@ def check_fused_moe(
     topk_ids: torch.Tensor,
 ) -> None:
     """Ranks, shapes, dtypes and devices of every argument (metadata only: no device sync)."""
-    _require(x.dim() == 2, "x", f"must be [T, H], got shape {tuple(x.shape)}")
-    _require(x.is_floating_point(), "x", f"must be a floating-point tensor, got {x.dtype}")
+    if x.dim() != 2:
+        _fail("x", f"must be [T, H], got shape {tuple(x.shape)}")
+    if not x.is_floating_point():
+        _fail("x", f"must be a floating-point tensor, got {x.dtype}")
     _check_weights(x, w_gate_up, w_down)
     _check_routing(x, topk_weights, topk_ids)
     for name, t in (("w_gate_up", w_gate_up), ("w_down", w_down), ("topk_weights", topk_weights),
                     ("topk_ids", topk_ids)):
-        _require(t.device == x.device, name, f"is on {t.device} but x is on {x.device}")
+        if t.device != x.device:
+            _fail(name, f"is on {t.device} but x is on {x.device}")
 
 
 def _check_weights(x: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor) -> None:
-    _require(w_gate_up.dim() == 3, "w_gate_up", f"must be [E, 2I, H], got shape {tuple(w_gate_up.shape)}")
-    _require(w_down.dim() == 3, "w_down", f"must be [E, H, I], got shape {tuple(w_down.shape)}")
+    if w_gate_up.dim() != 3:
+        _fail("w_gate_up", f"must be [E, 2I, H], got shape {tuple(w_gate_up.shape)}")
+    if w_down.dim() != 3:
+        _fail("w_down", f"must be [E, H, I], got shape {tuple(w_down.shape)}")
     hidden = x.shape[1]
     num_experts, inter = w_down.shape[0], w_down.shape[2]
-    _require(num_experts > 0 and inter > 0, "w_down", f"must have E > 0 and I > 0, got {tuple(w_down.shape)}")
-    _require(w_gate_up.shape[0] == num_experts, "w_gate_up",
-             f"has {w_gate_up.shape[0]} experts but w_down has {num_experts}")
-    _require(w_gate_up.shape[1] == 2 * inter, "w_gate_up",
-             f"rows ({w_gate_up.shape[1]}) must be 2 * I = {2 * inter} (w_down is [E, H, I={inter}])")
-    _require(w_gate_up.shape[2] == hidden, "w_gate_up",
-             f"hidden size {w_gate_up.shape[2]} differs from x's {hidden}")
-    _require(w_down.shape[1] == hidden, "w_down", f"hidden size {w_down.shape[1]} differs from x's {hidden}")
+    if not (num_experts > 0 and inter > 0):
+        _fail("w_down", f"must have E > 0 and I > 0, got {tuple(w_down.shape)}")
+    if w_gate_up.shape[0] != num_experts:
+        _fail("w_gate_up", f"has {w_gate_up.shape[0]} experts but w_down has {num_experts}")
+    if w_gate_up.shape[1] != 2 * inter:
+        _fail("w_gate_up",
+              f"rows ({w_gate_up.shape[1]}) must be 2 * I = {2 * inter} (w_down is [E, H, I={inter}])")
+    if w_gate_up.shape[2] != hidden:
+        _fail("w_gate_up", f"hidden size {w_gate_up.shape[2]} differs from x's {hidden}")
+    if w_down.shape[1] != hidden:
+        _fail("w_down", f"hidden size {w_down.shape[1]} differs from x's {hidden}")
     for name, w in (("w_gate_up", w_gate_up), ("w_down", w_down)):
-        _require(w.dtype == x.dtype, name, f"dtype {w.dtype} differs from x's {x.dtype}")
+        if w.dtype != x.dtype:
+            _fail(name, f"dtype {w.dtype} differs from x's {x.dtype}")
 
 
 def _check_routing(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> None:
     num_tokens = x.shape[0]
-    _require(topk_weights.dim() == 2 and topk_weights.shape[0] == num_tokens, "topk_weights",
-             f"must be [T, K] with T={num_tokens}, got shape {tuple(topk_weights.shape)}")
-    _require(topk_weights.is_floating_point(), "topk_weights",
-             f"must be floating-point, got {topk_weights.dtype}")
-    _require(topk_ids.shape == topk_weights.shape, "topk_ids",
-             f"shape {tuple(topk_ids.shape)} differs from topk_weights {tuple(topk_weights.shape)}")
-    _require(topk_ids.dtype in INDEX_DTYPES, "topk_ids", f"must be int32 or int64, got {topk_ids.dtype}")
+    if not (topk_weights.dim() == 2 and topk_weights.shape[0] == num_tokens):
+        _fail("topk_weights", f"must be [T, K] with T={num_tokens}, got shape {tuple(topk_weights.shape)}")
+    if not topk_weights.is_floating_point():
+        _fail("topk_weights", f"must be floating-point, got {topk_weights.dtype}")
+    if topk_ids.shape != topk_weights.shape:
+        _fail("topk_ids",
+              f"shape {tuple(topk_ids.shape)} differs from topk_weights {tuple(topk_weights.shape)}")
+    if topk_ids.dtype not in INDEX_DTYPES:
+        _fail("topk_ids", f"must be int32 or int64, got {topk_ids.dtype}")
 
 
 def expert_token_counts(topk_ids: torch.Tensor, num_experts: int) -> torch.Tensor:
     """[E] int64 on the ids' device: how many (token, k) pairs each expert receives (load-balancing stats),
     without a host sync, so a model can add every layer's counts and read them once per step. On CPU an id
     outside [0, num_experts) is a ValueError; on a GPU the ids are trusted (checking them would sync)."""
-    _require(topk_ids.dtype in INDEX_DTYPES, "topk_ids", f"must be int32 or int64, got {topk_ids.dtype}")
-    _require(num_experts > 0, "num_experts", f"must be > 0, got {num_experts}")
+    if topk_ids.dtype not in INDEX_DTYPES:
+        _fail("topk_ids", f"must be int32 or int64, got {topk_ids.dtype}")
+    if num_experts <= 0:
+        _fail("num_experts", f"must be > 0, got {num_experts}")
     if topk_ids.device.type == "cpu":
         _check_expert_ids(topk_ids, num_experts)
     return _count(topk_ids.reshape(-1).long(), num_experts)  # [E]
@@ -145,10 +160,10 @@ def _check_expert_ids(topk_ids: torch.Tensor, num_experts: int) -> None:
     if topk_ids.numel() == 0:
         return
     low, high = (int(v) for v in torch.aminmax(topk_ids))
-    _require(low >= 0 and high < num_experts, "topk_ids",
-             f"values must lie in [0, {num_experts}), got min {low} and max {high}")
+    if not (low >= 0 and high < num_experts):
+        _fail("topk_ids", f"values must lie in [0, {num_experts}), got min {low} and max {high}")
 
 
-def _require(ok: bool, name: str, message: str) -> None:
-    if not ok:
-        raise ValueError(f"{name} {message}")
+def _fail(name: str, message: str) -> NoReturn:
+    """Messages are built only on failure: these checks run for every MoE layer of every step."""
+    raise ValueError(f"{name} {message}")
