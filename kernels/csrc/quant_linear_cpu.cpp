@@ -7,9 +7,10 @@
 //   high one (GGUF's Q4_0/Q4_1 block order), q in [0, 15] (Q4_1 exactly: w = d * q + m).
 //
 // Decoding reads every weight once per step, so its speed is the weights' bytes: a group is dequantized to
-// fp32 in registers once and multiplied into every row of x (a step's few decode rows) before the next group
-// is read. Output rows N are split over torch's intra-op threads. A prefill (many rows of x) is compute-bound
-// instead: `dequantize` expands the weight tile by tile and the caller multiplies with the fp32 GEMM.
+// fp32 in registers once and multiplied into up to eight rows of x (a step's decode rows) before the next
+// group is read. Output rows N are split over torch's intra-op threads. A prefill (many rows of x) is
+// compute-bound instead: `dequantize` expands the weight tile by tile and the caller multiplies with the fp32
+// GEMM (kernels/quant_linear.py says from how many rows).
 #include "cpu_kernels.h"
 
 #include <ATen/Parallel.h>
@@ -21,7 +22,6 @@ namespace {
 
 constexpr int64_t kGroup = 32;
 constexpr int64_t kGrainRows = 16;  // output rows per work item: a 576-wide projection spreads over threads
-constexpr int64_t kRowsAtOnce = 4;  // rows of x multiplied per pass over a weight row (4 accumulators)
 
 // The 32 weights of one group as four vectors of eight floats.
 struct Group {
@@ -104,8 +104,11 @@ void rows_times_weight_row(const QuantWeight& w, const float* x, int64_t m0, int
 void rows_times_weight(const QuantWeight& w, const float* x, int64_t m, int64_t n_begin, int64_t n_end,
                        int64_t n_out, float* out) {
   for (int64_t n = n_begin; n < n_end; ++n) {
+    // Eight rows of x per pass when there are (a group dequantized once for eight; 8 accumulators, 4 weight
+    // vectors and a row of x fill 13 of the 16 vector registers), then four, then one at a time.
     int64_t m0 = 0;
-    for (; m0 + kRowsAtOnce <= m; m0 += kRowsAtOnce) rows_times_weight_row<kRowsAtOnce, 2>(w, x, m0, n, n_out, out);
+    for (; m0 + 8 <= m; m0 += 8) rows_times_weight_row<8, 1>(w, x, m0, n, n_out, out);
+    for (; m0 + 4 <= m; m0 += 4) rows_times_weight_row<4, 2>(w, x, m0, n, n_out, out);
     for (; m0 < m; ++m0) rows_times_weight_row<1, 4>(w, x, m0, n, n_out, out);
   }
 }

@@ -124,6 +124,20 @@ def test_offline_bench_reports_every_metric_and_counts_cancellations(llama_dir: 
     assert "| interactive |" in (out / "report.md").read_text()
 
 
+def test_a_quantization_is_set_and_compared_and_each_run_says_its_weights(tiny_model_dir, tmp_path: Path,
+                                                                        ) -> None:
+    model = tiny_model_dir("LlamaForCausalLM", hidden_size=128, intermediate_size=256)  # widths of 32s
+    out = tmp_path / "quant"
+    run_cli(["--model", str(model), *SMALL, "--out", str(out), "--set", "quantization=int4", "--compare",
+             "quantization=none"])
+    sheet = load(out / "decision.json")
+    assert (sheet["baseline_value"], sheet["candidate_value"]) == ("int4", None)  # None: "none"
+    baseline, candidate = sheet["baseline_run"]["weights"], sheet["candidate_run"]["weights"]
+    assert (baseline["held_as"], candidate["held_as"]) == ("int4", "float32")
+    assert baseline["bytes"] < 0.3 * candidate["bytes"]
+    assert "(int4)" in (out / "decision.md").read_text()
+
+
 def test_compare_writes_a_decision_sheet(llama_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "cmp"
     run_cli(

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conveyor.kernels.cpu_extension import CpuKernels
-from conveyor.kernels.quant_linear import GEMM_FROM_ROWS, quant_linear
+from conveyor.kernels.quant_linear import GEMM_FROM_ROWS_MAX, quant_linear
 from conveyor.kernels.quant_reference import GROUP_SIZE, dequantize, quant_linear_ref, quantize
 from conveyor.kernels.triton_quant import quant_matmul_triton
 
@@ -66,9 +66,9 @@ def test_a_constant_group_and_a_bad_width() -> None:
 
 
 @pytest.mark.parametrize("bits", [8, 4])
-@pytest.mark.parametrize("rows", [1, 3, 4, 7, GEMM_FROM_ROWS, 41])
+@pytest.mark.parametrize("rows", [1, 3, 4, 7, 8, 13, 21, GEMM_FROM_ROWS_MAX + 3])
 def test_the_cpu_kernel_matches_the_reference(built: CpuKernels, bits: int, rows: int) -> None:
-    """Both paths: the register kernel (few rows, in fours and a remainder) and the tiled GEMM (many)."""
+    """Both paths: the register kernel (few rows: in eights, fours and ones) and the tiled GEMM (many)."""
     del built
     t = quantize(weight(70, 96), bits)  # 70 columns: not a multiple of any grain
     x = weight(rows, 96, seed=2)
