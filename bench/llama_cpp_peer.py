@@ -1,8 +1,9 @@
-"""The same requests through llama.cpp (the `llama-cpp-python` package: `pip install llama-cpp-python`, built
-from source by pip in minutes), on the same GGUF file, with continuous batching as `llama-server --parallel N`
-does it: N sequence slots in one context, every step one `llama_decode` of a batch holding each running
-sequence's next token and prompt chunks of the ones still prefilling, a finished sequence's slot cleared and
-given to the next request. Greedy with EOS ignored (argmax of each sequence's logits), as the engine's run.
+"""The same requests through llama.cpp (the `llama-cpp-python` package: `pip install 'conveyor[llama-cpp]'`,
+built from source by pip in minutes), on the same GGUF file, with continuous batching as
+`llama-server --parallel N` does it: N sequence slots in one context, every step one `llama_decode` of a
+batch holding each running sequence's next token and prompt chunks of the ones still prefilling, a finished
+sequence's slot cleared and given to the next request. Greedy with EOS ignored (argmax of each sequence's
+logits), as the engine's run.
 
 `--peer llama.cpp`: the model must be a GGUF file (or package:DIST holding one); llama.cpp runs its own
 quantized kernels on it with the bench's thread count.
@@ -42,7 +43,7 @@ class LlamaCpp:
             import llama_cpp
         except ImportError as exc:
             raise ValueError(f"--peer {NAME} needs the llama-cpp-python package (pip install "
-                             "llama-cpp-python; it builds llama.cpp from source in a few minutes)") from exc
+                             "'conveyor[llama-cpp]': pip builds llama.cpp from source, minutes)") from exc
         self.lib: Any = llama_cpp
         llama_cpp.llama_backend_init()
         self.model = llama_cpp.llama_model_load_from_file(str(path).encode(),

@@ -1,12 +1,14 @@
-"""Weight-only quantization of a loaded decoder: its projections' weights replaced by int8 or int4 groups
+"""Weight-only quantization of a loaded model: its projections' weights replaced by int8 or int4 groups
 (kernels/quant_reference.py has the layouts), multiplied by the backend's kernel (kernels/quant_linear.py).
 
 `EngineConfig.quantization`:
-- "int8": every projection (attention, MLP, the LM head) and the token embedding int8, scales per 32;
-- "int4": the projections int4 (a scale and an offset per 32); the LM head and the embedding int8, as GGUF
-  files keep them (logits are the most sensitive product: int4 there measured a larger perplexity loss);
+- "int8": every projection (attention, MLP, experts, the LM head) and the token embedding int8, a scale per
+  32 weights;
+- "int4": the projections int4 (a scale and an offset per 32); the LM head and the embedding int8, as 4-bit
+  GGUF files usually keep them (SmolLM2's Q4_1 file: its embedding, tied to the head, is Q8_0);
 - "none": the model's dtype, as loaded;
-- "auto": a GGUF file's own (engine/gguf_weights.py gguf_quantization: its projections' types), else "none".
+- "auto": a GGUF file's own (checkpoints/gguf_file.py gguf_quantization: its most common tensor type), else
+  "none".
 
 Applied after loading (online, from any checkpoint): the fp32 weights are replaced one at a time and freed.
 A GGUF file's Q4_1 and Q8_0 tensors come back exactly (their blocks are these groups); other types are
@@ -98,8 +100,8 @@ class QuantizedExperts(nn.Module):
 @dataclass(frozen=True)
 class QuantizationReport:
     method: str  # "int8" or "int4"
-    quantized: int  # projections replaced
-    kept: list[str]  # projections left in the model's dtype (width not a multiple of 32)
+    quantized: int  # projections (and MoE layers' experts) replaced
+    kept: list[str]  # those left in the model's dtype (an input width not a multiple of 32)
 
 
 def resolve_quantization(method: str, model_dir: str | Path) -> str:
@@ -134,11 +136,15 @@ def quantize_model(model: nn.Module, method: str, backend: str) -> QuantizationR
             heads[tied[id(module.weight)]] = replacement
         _replace(model, name, replacement)
         quantized += 1
-    for module in model.modules():
-        if isinstance(module, SparseMoE) and module.experts is None:
-            module.quantize_experts(QuantizedExperts(module.w_gate_up.detach(), module.w_down.detach(), bits,
-                                                     backend))
-            quantized += 1
+    for name, module in list(model.named_modules()):
+        if not isinstance(module, SparseMoE) or module.experts is not None:
+            continue
+        if module.w_gate_up.shape[2] % GROUP_SIZE or module.w_down.shape[2] % GROUP_SIZE:
+            kept.append(f"{name} experts")
+            continue
+        module.quantize_experts(QuantizedExperts(module.w_gate_up.detach(), module.w_down.detach(), bits,
+                                                 backend))
+        quantized += 1
     for name, embedding in embeddings:
         if name.endswith("embed_tokens"):
             head = heads.get(name)

@@ -182,7 +182,10 @@ class SelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, layout: PackedLayout, qkv: torch.Tensor, out: torch.Tensor) -> None:
         """x [T, H] -> out [T, H] (the heads' outputs side by side); qkv [T, 3H] is scratch space."""
-        torch.addmm(self.qkv.bias, x, self.qkv.weight.t(), out=qkv)
+        if isinstance(self.qkv, Linear):
+            torch.addmm(self.qkv.bias, x, self.qkv.weight.t(), out=qkv)
+        else:  # quantized (engine/quantization.py): its own product
+            qkv.copy_(self.qkv(x))
         # [T, 3, Hn, D] -> [3, 1, Hn, T, D]: views, no copy
         q, k, v = qkv.view(-1, 3, self.num_heads, self.head_dim).permute(1, 2, 0, 3)[:, None].unbind(0)
         heads = out.view(-1, self.num_heads, self.head_dim)  # [T, Hn, D]
