@@ -20,7 +20,7 @@ from conveyor.kernels.quant_reference import QuantizedTensor, quant_linear_ref
 
 QUANT_BACKENDS = ("cpu", "triton", "torch")
 # Rows of x per torch thread from which the CPU path expands the weight and uses the fp32 GEMM, and the most
-# it takes: measured on SmolLM2's projections (576 x 960 to 3072 x 576), the register kernel is 1.3-2.2x the
+# it takes: measured on SmolLM2's projections (576 x 960 to 3072 x 576), the register kernel is 1.0-2.2x the
 # fp32 GEMM at 8-16 rows and 0.7-0.8x at 32 on one thread, where expanding then the GEMM is 1.0-1.1x; on two
 # threads the register kernel still wins at 32 rows (1.1-1.7x) and 64 (0.8-1.0x against 0.7-0.8x), since
 # it splits output rows over the threads evenly and the expansion does not.
