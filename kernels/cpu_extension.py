@@ -94,6 +94,15 @@ def cpu_kernels() -> CpuKernels:
     return kernels
 
 
+def require_cpu_kernels(what: str) -> ModuleType:
+    """The extension's module, for `what` (the ops that need it); a RuntimeError saying why it is missing."""
+    kernels = cpu_kernels()
+    if kernels.module is None:
+        raise RuntimeError(f"{what} need the C++ CPU kernels, which could not be built here "
+                           f"({kernels.detail})")
+    return kernels.module
+
+
 def plan_build(isa: str, sources: tuple[Path, ...] = SOURCES, build_root: Path | None = None) -> KernelBuild:
     """Where the build of `sources` for `isa` lives: under `build_root`, else torch's extensions folder."""
     name = f"conveyor_cpu_kernels_{isa.lower()}_{_inputs_hash(isa, sources)}"

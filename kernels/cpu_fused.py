@@ -10,7 +10,7 @@ from types import ModuleType
 
 import torch
 
-from conveyor.kernels.cpu_extension import cpu_kernels
+from conveyor.kernels.cpu_extension import require_cpu_kernels
 
 
 def rms_norm_cpu(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:  # [T, H] -> [T, H]
@@ -28,8 +28,4 @@ def silu_and_mul_cpu(gate_up: torch.Tensor) -> torch.Tensor:  # [T, 2I] = [gate 
 
 
 def _module() -> ModuleType:
-    module = cpu_kernels().module
-    if module is None:
-        raise RuntimeError(f"the fused CPU ops need the C++ CPU kernels, which could not be built here "
-                           f"({cpu_kernels().detail})")
-    return module
+    return require_cpu_kernels("the fused CPU ops")

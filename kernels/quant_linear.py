@@ -15,7 +15,7 @@ from types import ModuleType
 
 import torch
 
-from conveyor.kernels.cpu_extension import cpu_kernels
+from conveyor.kernels.cpu_extension import require_cpu_kernels
 from conveyor.kernels.quant_reference import QuantizedTensor, quant_linear_ref
 
 QUANT_BACKENDS = ("cpu", "triton", "torch")
@@ -63,8 +63,4 @@ def _cpu(x: torch.Tensor, t: QuantizedTensor) -> torch.Tensor:  # [M, K] fp32 ->
 
 
 def _module() -> ModuleType:
-    module = cpu_kernels().module
-    if module is None:
-        raise RuntimeError(f"the quantized CPU kernels need the C++ CPU kernels, which could not be built "
-                           f"here ({cpu_kernels().detail})")
-    return module
+    return require_cpu_kernels("the quantized CPU matmuls")
