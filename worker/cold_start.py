@@ -56,13 +56,16 @@ class ColdStart:
         """Logs the engine-ready line, with its phases; returns the seconds since process start."""
         self.engine_ready_s = self.since_start()
         imports_s = self.imports_done - self.started
-        timings = getattr(host.engine.runner, "load_timings", None)  # a test double runner has none
+        runner = host.engine.runner
+        timings = getattr(runner, "load_timings", None)  # a test double runner has none
         if isinstance(timings, LoadTimings):
             rest_s = (self.engine_ready_s - imports_s - timings.attention_s - timings.weights_s
                       - timings.kv_cache_s)
+            held_bytes = getattr(runner, "weight_bytes", 0)
+            held = f"{getattr(runner, 'quantization', 'none')}, {held_bytes / 2**20:.1f} MiB"
             log.info("cold start: engine ready %.1f s after process start (imports %.1f s, attention kernel "
-                     "%.2f s, weights %.2f s, KV cache %.2f s, the rest %.1f s)", self.engine_ready_s,
-                     imports_s, timings.attention_s, timings.weights_s, timings.kv_cache_s, rest_s)
+                     "%.2f s, weights %.2f s (%s), KV cache %.2f s, the rest %.1f s)", self.engine_ready_s,
+                     imports_s, timings.attention_s, timings.weights_s, held, timings.kv_cache_s, rest_s)
         else:
             log.info("cold start: engine ready %.1f s after process start (imports %.1f s)",
                      self.engine_ready_s, imports_s)

@@ -15,10 +15,15 @@ import torch
 
 from conveyor.checkpoints.gguf_file import check_gguf
 from conveyor.engine.llm import LLM
+from conveyor.engine.quantization import resolve_quantization
 from conveyor.engine.sampling_params import SamplingParams
 from tests.support.gguf_files import write_gguf
 
 PROMPTS = ["The queue holds jobs", "A block table maps", "Every pause is counted"]
+# What the engine holds each file's weights as by default (quantization "auto"): the file's own layout.
+DEFAULT_QUANTIZATION = {"F32": "none", "F16": "none", "BF16": "none", "Q8_0": "int8", "Q4_0": "int4",
+                        "Q4_1": "int4", "Q5_0": "int8", "Q5_1": "int8", "Q4_K": "int4", "Q5_K": "int8",
+                        "Q6_K": "int8"}
 MAX_TOKENS = 8
 CASES = [
     ("LlamaForCausalLM", "F32"), ("LlamaForCausalLM", "F16"), ("LlamaForCausalLM", "BF16"),
@@ -60,8 +65,11 @@ def test_the_engine_reads_a_gguf_file_as_transformers_does(
     prompts, answers = transformers_greedy(gguf)
     assert prompts == [AutoTokenizer.from_pretrained(folder)(p)["input_ids"] for p in PROMPTS]
 
-    llm = LLM(str(gguf), model_cache_dir=str(tmp_path / "cache"))
+    # The conversion is what is compared: the dequantized weights, as transformers holds them. By default the
+    # engine requantizes them as the file was (tests/engine/test_real_model.py: SmolLM2's file, int4).
+    llm = LLM(str(gguf), model_cache_dir=str(tmp_path / "cache"), quantization="none")
     outputs = llm.generate(PROMPTS, SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True))
     assert [o.prompt_token_ids for o in outputs] == prompts
     assert [o.token_ids for o in outputs] == answers
     assert llm.engine.runner.hf_config["architectures"] == [arch]
+    assert resolve_quantization("auto", llm.engine.config.model) == DEFAULT_QUANTIZATION[tensor_type]

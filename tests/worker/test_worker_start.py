@@ -3,6 +3,7 @@ cold-start lines, and a SIGTERM that ends it with status 0 and no traceback."""
 
 from __future__ import annotations
 
+import re
 import signal
 from pathlib import Path
 
@@ -35,5 +36,7 @@ def test_worker_logs_its_summary_and_cold_start_not_celerys_banner(
     assert "KV cache 1024 blocks x 16 = 16384 tokens" in log and "on cpu float32" in log
     assert f"broker {redis_url}" in log
     assert "cold start: engine ready" in log and "(imports " in log and "cold start: first token" in log
+    # The demo model's weights: random fp32, not quantized, in the start line and the cold-start line.
+    assert "; weights none " in log and re.search(r"weights [0-9.]+ s \(none, [0-9.]+ MiB\)", log)
     assert "[tasks]" not in log and "conveyor.control" not in log  # Celery's banner
     assert "SecurityWarning" not in log and "Traceback" not in log and "alembic" not in log
