@@ -64,11 +64,6 @@ class LlamaCpp:
     def weight_bytes(self) -> int:
         return int(self.lib.llama_model_size(self.model))
 
-    def close(self) -> None:
-        self.lib.llama_batch_free(self.batch)
-        self.lib.llama_free(self.ctx)
-        self.lib.llama_model_free(self.model)
-
     def run(self, requests: list[BenchRequest], prompts: list[list[int]],
             progress: ProgressFn | None = None) -> RunResult:
         progress = progress or (lambda n: None)

@@ -44,9 +44,6 @@ class FakeLlamaCpp(ModuleType):
     def llama_vocab_n_tokens(self, vocab: Any) -> int: return VOCAB
     def llama_model_size(self, model: Any) -> int: return 1234
     def llama_get_memory(self, ctx: Any) -> Any: return object()
-    def llama_batch_free(self, batch: Any) -> None: ...
-    def llama_free(self, ctx: Any) -> None: ...
-    def llama_model_free(self, model: Any) -> None: ...
 
     def llama_memory_seq_rm(self, memory: Any, seq: int, p0: int, p1: int) -> None:
         assert (p0, p1) == (-1, -1)
