@@ -28,6 +28,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from conveyor.checkpoints.gguf_file import gguf_quantization
+from conveyor.engine.models.llama import Embedding, Linear
+from conveyor.engine.models.moe import SparseMoE
 from conveyor.kernels.moe_reference import sort_by_expert
 from conveyor.kernels.quant_linear import quant_linear
 from conveyor.kernels.quant_reference import GROUP_SIZE, QuantizedTensor, dequantize, quantize
@@ -114,9 +116,6 @@ def resolve_quantization(method: str, model_dir: str | Path) -> str:
 def quantize_model(model: nn.Module, method: str, backend: str) -> QuantizationReport:
     """Replaces every projection (every `Linear` of engine/models/llama.py: attention, MLP, LM head) and the
     token embedding of a loaded model by its quantized form, in place. backend: kernels/quant_linear.py's."""
-    from conveyor.engine.models.llama import Embedding, Linear
-    from conveyor.engine.models.moe import SparseMoE
-
     bits = PROJECTION_BITS[method]
     dtype = next(model.parameters()).dtype
     embeddings = [(name, m) for name, m in model.named_modules() if isinstance(m, Embedding)]
