@@ -175,6 +175,14 @@ class BlockManager:
             raise RuntimeError(f"out of KV blocks: {seq.request_id} needs {n}, {self.num_free_blocks} free")
         seq.block_table.extend(self._take_free_block() for _ in range(n))
 
+    def trim(self, seq: Sequence) -> None:
+        """Releases seq's blocks past those its tokens fill: blocks taken for drafts that were rejected.
+        They were taken fresh for the step and hold no computed token, so none is registered."""
+        keep = self.blocks_for_tokens(seq.num_tokens)
+        assert seq.num_registered_blocks <= keep, (seq.request_id, seq.num_registered_blocks, keep)
+        while len(seq.block_table) > keep:
+            self._release(seq.block_table.pop(), seq.request_id)
+
     def cache_computed_blocks(self, seq: Sequence) -> None:
         """Registers seq's full blocks up to num_computed_tokens in the prefix cache.
 

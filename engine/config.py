@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+from conveyor.engine.speculation.config import SpeculativeConfig, speculative_config
 
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "cpu")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -95,6 +98,9 @@ class EngineConfig:
     max_loras: int = 0
     max_lora_rank: int = 64
     max_cpu_loras: int | None = None
+    # Speculative decoding (engine/speculation/): "ngram" or "suffix" with their defaults, a dict of
+    # SpeculativeConfig fields, or None / "none": off.
+    speculative: SpeculativeConfig | str | dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self.request_classes = [
@@ -157,6 +163,7 @@ class EngineConfig:
         _require(self.quantization in QUANTIZATIONS, "quantization", self.quantization,
                  f"one of {QUANTIZATIONS}")
         _require(self.task in TASKS, "task", self.task, f"one of {TASKS}")
+        self.speculative = speculative_config(self.speculative)
         _require(self.pooling is None or self.pooling in POOLING_METHODS, "pooling", self.pooling,
                  f"None or one of {POOLING_METHODS}")
         _require(self.normalize_embeddings is None or isinstance(self.normalize_embeddings, bool),

@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import torch
+
 from conveyor.engine.block_manager import BlockManager
 from conveyor.engine.config import EngineConfig
 from conveyor.engine.input_processor import InputProcessor
@@ -38,6 +40,13 @@ from conveyor.engine.sampling_params import SamplingParams
 from conveyor.engine.scheduled_chunk import RunnerOutput, ScheduledChunk
 from conveyor.engine.scheduler import Scheduler, SchedulerOutput
 from conveyor.engine.sequence import Sequence, Urgency
+from conveyor.engine.speculation.draft_row import draft_rows
+from conveyor.engine.speculation.verification import (
+    accepted_runs,
+    generator_states,
+    rewind_generator,
+    settle,
+)
 from conveyor.engine.stats import EngineTotals, StepStats, stats_dict
 from conveyor.engine.step_isolation import (
     Failures,
@@ -72,6 +81,8 @@ class LLMEngine:
         self.vocab_size = runner.vocab_size
         self.pooling: PoolingConfig | None = getattr(runner, "pooling", None)
         self.task = "embed" if self.pooling is not None else "generate"
+        if self.task == "embed" and config.speculative is not None:
+            raise ValueError("speculative: an embedding engine generates no tokens to draft; leave it None")
         self.embedding_size: int | None = getattr(runner, "embedding_size", None)  # None: generates text
         is_encoder = bool(getattr(runner, "is_encoder", False))
         # The window every layer of the model attends within (None: some layer attends globally): blocks
@@ -192,6 +203,8 @@ class LLMEngine:
                                            expert_tokens)
         self.totals.add_step(self.last_step)
         self.pace_meter.observe(self.last_step)
+        if self.scheduler.speculator is not None and sched.chunks:
+            self.scheduler.speculator.observe_step(sched.num_tokens, self.last_step.step_seconds)
         return outputs
 
     def _run(self, sched: SchedulerOutput) -> list[RequestOutput]:
@@ -203,19 +216,37 @@ class LLMEngine:
         return outputs + self._fail(failures)
 
     def _generate(self, sched: SchedulerOutput) -> tuple[list[RequestOutput], Failures]:
-        """forward -> prompt logprobs -> sample -> grammars -> tokens appended, stop checks."""
+        """forward -> prompt logprobs -> sample -> drafts verified -> grammars -> tokens appended, stop
+        checks -> speculating requests settled on the tokens they kept."""
         logits, seqs, prompt_logprobs, failures = forward_isolated(
             self._execute, sched, self.vocab_size, self.runner.device
         )
         self._cache_computed_blocks(sched, failures)
         add_prompt_logprobs(prompt_logprobs)
-        sampled, seqs, sampling_failures = sample_isolated(
-            lambda part_logits, part: self.sampler(part_logits, part, self.eos_token_ids), logits, seqs
+        generators = generator_states(seqs)
+        sampled, rows, sampling_failures = sample_isolated(
+            lambda part_logits, part: self.sampler(part_logits, part, self.eos_token_ids), logits,
+            draft_rows(seqs),
         )
-        sampling_failures |= advance_grammars(seqs, sampled.token_ids)
-        outputs = self.output_processor.append_tokens(seqs, sampled, sampling_failures)
+        kept, runs, logprobs = accepted_runs(rows, sampled, set(sampling_failures))
+        sampling_failures |= advance_grammars(kept, runs)
+        outputs = self.output_processor.append_tokens(kept, runs, logprobs, sampling_failures)
+        self._settle_drafts(kept, runs, generators, sampling_failures)
         outputs += self.output_processor.finish_scored_prompts(sched, failures)
         return outputs, failures | sampling_failures
+
+    def _settle_drafts(self, seqs: list[Sequence], runs: list[list[int]],
+                       generators: dict[Sequence, torch.Tensor], failures: Failures) -> None:
+        """Speculating requests: seeded generators wound back to the rows kept, drafts recorded, the state
+        of those still running set back to the tokens they kept (engine/speculation/verification.py)."""
+        speculator = self.scheduler.speculator
+        for seq, run in zip(seqs, runs, strict=True):
+            if not seq.draft_token_ids or seq in failures:
+                continue
+            assert speculator is not None, "drafts without a speculator"
+            if seq in generators:
+                rewind_generator(seq, generators[seq], len(run), self.vocab_size, self.runner.device)
+            settle(seq, len(run), speculator, self.block_manager)
 
     def _embed(self, sched: SchedulerOutput, pooling: PoolingConfig) -> tuple[list[RequestOutput], Failures]:
         """An embedding engine's step: each chunk's pooling row joins its sequence's, and the requests whose
@@ -294,5 +325,7 @@ class LLMEngine:
             totals=self.totals,
             prefix_cache_blocks=cache.num_cached_blocks if cache is not None else None,
         )
-        return {**snapshot, "pace": self.pace_meter.pace.to_json()}
+        speculator = self.scheduler.speculator
+        return {**snapshot, "pace": self.pace_meter.pace.to_json(),
+                "speculation": speculator.stats() if speculator is not None else None}
 

@@ -161,6 +161,7 @@ class ModelRunner:
         # Triton kernel), so check the cheap invariants on every step.
         for c in chunks:
             assert c.token_ids and c.seq_len <= self.max_model_len, (len(c.token_ids), c.seq_len)
+            assert c.num_draft_tokens < len(c.token_ids) and (c.sample or not c.num_draft_tokens), c
             assert c.seq_len <= len(c.block_table) * self.block_size, "block table too short for the chunk"
             assert len(c.prompt_targets) <= len(c.token_ids), "more prompt targets than positions"
         assert max(max(c.block_table) for c in chunks) < self.num_kv_blocks, "block id out of range"
@@ -229,9 +230,20 @@ def prepare_step(chunks: list[ScheduledChunk], block_size: int, device: torch.de
         input_ids=input_ids.to(device, non_blocking=True),
         positions=positions.to(device, non_blocking=True),
         meta=meta,
-        sample_indices=(query_start_loc[1:] - 1)[sample].to(device, non_blocking=True),  # [N]
+        sample_indices=_sample_indices(chunks, query_start_loc, sample).to(device, non_blocking=True),  # [N]
         seq_of_token=seq_of_token.to(device, non_blocking=True),
     )
+
+
+def _sample_indices(chunks: list[ScheduledChunk], query_start_loc: torch.Tensor, sample: torch.Tensor
+                    ) -> torch.Tensor:
+    """[N] int64: the token rows whose logits are returned: the last one of each sampling chunk, or with
+    drafts its last 1 + num_draft_tokens (row j scores the token after the chunk's first j drafts)."""
+    if not any(c.num_draft_tokens for c in chunks):
+        return (query_start_loc[1:] - 1)[sample]
+    ends = query_start_loc[1:].tolist()
+    return torch.tensor([end - c.num_logits_rows + j for c, end in zip(chunks, ends, strict=True)
+                         for j in range(c.num_logits_rows)], dtype=torch.int64)
 
 
 def profiling_chunks(num_tokens: int, max_num_seqs: int, max_model_len: int, block_size: int

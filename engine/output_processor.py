@@ -1,7 +1,7 @@
 """Output processing after a step: what the step's results do to their sequences, and the RequestOutputs that
 report them.
 
-A sampled token is appended (with its logprobs and its text) and the stop rules checked
+Each sampled token is appended (with its logprobs and its text) and the stop rules checked
 (engine/stop_rules.py); a chunk's prompt logprobs join its sequence's. A request that is done (stopped,
 scored its prompt, embedded its input) finishes in the scheduler, which frees its blocks: the engine calls
 these only after the step's computed blocks are in the prefix cache. The engine's totals count each token
@@ -13,9 +13,9 @@ from __future__ import annotations
 import time
 
 from conveyor.engine.outputs import FinishReason, RequestOutput, request_output
-from conveyor.engine.sampler import SamplerOutput
 from conveyor.engine.scheduler import Scheduler, SchedulerOutput
 from conveyor.engine.sequence import Sequence
+from conveyor.engine.speculation.verification import TokenLogprobs
 from conveyor.engine.stats import EngineTotals
 from conveyor.engine.step_isolation import Failures, PromptLogprobs
 from conveyor.engine.stop_rules import stop_reason, truncate_at_stop_string
@@ -27,15 +27,22 @@ class OutputProcessor:
         self._totals = totals
         self._eos_token_ids = eos_token_ids
 
-    def append_tokens(self, seqs: list[Sequence], sampled: SamplerOutput, failures: Failures
-                      ) -> list[RequestOutput]:
-        """Appends its sampled token to each sequence not in `failures`; an output for each."""
+    def append_tokens(self, seqs: list[Sequence], runs: list[list[int]], logprobs: list[list[TokenLogprobs]],
+                      failures: Failures) -> list[RequestOutput]:
+        """Appends its tokens (one, or with speculation its accepted drafts and the token after them) to each
+        sequence not in `failures`, stopping where a stop rule ends it; an output for each."""
         now = time.time()
         outputs = []
-        for seq, token, logprobs in zip(seqs, sampled.token_ids, sampled.logprobs, strict=True):
-            if seq not in failures:
-                self._append_token(seq, token, logprobs, now)
-                outputs.append(request_output(seq, num_new_tokens=1))
+        for seq, run, run_logprobs in zip(seqs, runs, logprobs, strict=True):
+            if seq in failures:
+                continue
+            appended = 0
+            for token, token_logprobs in zip(run, run_logprobs, strict=True):
+                self._append_token(seq, token, token_logprobs, now)
+                appended += 1
+                if seq.is_finished:
+                    break
+            outputs.append(request_output(seq, num_new_tokens=appended))
         return outputs
 
     def finish_scored_prompts(self, sched: SchedulerOutput, failures: Failures) -> list[RequestOutput]:

@@ -45,6 +45,9 @@ class RequestOutput:
     # output; None for generation requests. prompt_token_ids are then the tokens embedded (after truncate).
     embedding: list[float] | None = None
     lora: str | None = None  # the LoRA adapter it ran with; None: the base model
+    # Speculation: draft tokens proposed for it so far, and those accepted (part of token_ids).
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
 
     @property
     def finished(self) -> bool:
@@ -68,4 +71,6 @@ def request_output(seq: Sequence, num_new_tokens: int, embedding: list[float] | 
         num_cached_tokens=seq.num_cached_tokens or 0,
         embedding=embedding,
         lora=seq.lora,
+        num_draft_tokens=seq.num_draft_tokens,
+        num_accepted_tokens=seq.num_accepted_tokens,
     )

@@ -6,6 +6,9 @@ tokens only); greedy rows take the argmax; the other rows get temperature, top-k
 exponential race (argmax p / E with E ~ Exp(1)), which samples exactly from p. A seeded row draws its noise
 from its own generator with a shape fixed per row ([V]), so its tokens do not depend on what else is in the
 batch.
+
+A row is a sequence, or one row of a speculating sequence (engine/speculation/draft_row.py: the sequence as
+if some of its drafts were accepted), sampled alike.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from conveyor.engine.sequence import Sequence
+from conveyor.engine.speculation.draft_row import SamplingRow
 from conveyor.engine.structured_output.mask import apply_grammar_masks
 
 
@@ -33,7 +36,7 @@ class Sampler:
         return torch.Generator(self.device).manual_seed(seed)
 
     def __call__(
-        self, logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: frozenset[int]
+        self, logits: torch.Tensor, seqs: list[SamplingRow], eos_token_ids: frozenset[int]
     ) -> SamplerOutput:
         assert logits.dim() == 2 and logits.shape[0] == len(seqs), f"{tuple(logits.shape)}, {len(seqs)} seqs"
         logits = logits.float()  # [B, V]
@@ -50,7 +53,7 @@ class Sampler:
         token_list = tokens.tolist()
         return SamplerOutput(token_list, _gather_logprobs(raw_logprobs, token_list, seqs))
 
-    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    def _sample(self, logits: torch.Tensor, seqs: list[SamplingRow]) -> torch.Tensor:
         temperature = torch.tensor([s.params.temperature for s in seqs], device=logits.device)
         logits = logits / temperature[:, None]  # [n, V]
         logits = _apply_top_k_top_p(logits, seqs)
@@ -58,7 +61,7 @@ class Sampler:
         probs = logits.softmax(dim=-1)  # [n, V]
         return (probs / self._exponential_noise(probs, seqs)).argmax(dim=-1)
 
-    def _exponential_noise(self, probs: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    def _exponential_noise(self, probs: torch.Tensor, seqs: list[SamplingRow]) -> torch.Tensor:
         noise = torch.empty_like(probs)  # [n, V]
         unseeded = [i for i, s in enumerate(seqs) if s.generator is None]
         if unseeded:
@@ -72,11 +75,11 @@ class Sampler:
         return noise
 
 
-def _wants_logprobs(seqs: list[Sequence]) -> bool:
+def _wants_logprobs(seqs: list[SamplingRow]) -> bool:
     return any(s.params.logprobs is not None for s in seqs)
 
 
-def _apply_repetition_penalty(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+def _apply_repetition_penalty(logits: torch.Tensor, seqs: list[SamplingRow]) -> torch.Tensor:
     """As in transformers: seen tokens' logits are divided by the penalty if positive, else multiplied."""
     rows = [i for i, s in enumerate(seqs) if s.params.repetition_penalty != 1.0]
     if not rows:
@@ -99,7 +102,7 @@ def _apply_repetition_penalty(logits: torch.Tensor, seqs: list[Sequence]) -> tor
     return logits
 
 
-def _apply_presence_frequency_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+def _apply_presence_frequency_penalties(logits: torch.Tensor, seqs: list[SamplingRow]) -> torch.Tensor:
     """As in OpenAI, over output tokens only: logits[t] -= frequency_penalty * count(t) + presence_penalty *
     (count(t) > 0). Rows with neither penalty are left as they are; a batch without any costs nothing."""
     rows = [i for i, s in enumerate(seqs) if s.params.presence_penalty or s.params.frequency_penalty]
@@ -129,7 +132,7 @@ def _output_token_counts(outputs: list[list[int]], vocab: int, device: torch.dev
 
 
 def _mask_until_min_tokens(
-    logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: frozenset[int]
+    logits: torch.Tensor, seqs: list[SamplingRow], eos_token_ids: frozenset[int]
 ) -> torch.Tensor:
     rows: list[int] = []
     cols: list[int] = []
@@ -147,7 +150,7 @@ def _mask_until_min_tokens(
     return logits
 
 
-def _apply_top_k_top_p(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+def _apply_top_k_top_p(logits: torch.Tensor, seqs: list[SamplingRow]) -> torch.Tensor:
     vocab = logits.shape[1]
     top_k = [s.params.top_k if s.params.top_k > 0 else vocab for s in seqs]
     top_p = [s.params.top_p if s.params.top_p < 1.0 else 2.0 for s in seqs]  # 2.0: off, immune to rounding
@@ -165,7 +168,7 @@ def _apply_top_k_top_p(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tens
     return torch.empty_like(logits).scatter_(1, order, sorted_logits)
 
 
-def _apply_min_p(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+def _apply_min_p(logits: torch.Tensor, seqs: list[SamplingRow]) -> torch.Tensor:
     min_p = [s.params.min_p for s in seqs]
     if not any(min_p):
         return logits
@@ -175,7 +178,7 @@ def _apply_min_p(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
 
 
 def _gather_logprobs(
-    logprobs: torch.Tensor | None, tokens: list[int], seqs: list[Sequence]
+    logprobs: torch.Tensor | None, tokens: list[int], seqs: list[SamplingRow]
 ) -> list[dict[int, float] | None]:
     if logprobs is None:
         return [None] * len(seqs)

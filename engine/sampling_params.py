@@ -54,6 +54,7 @@ class SamplingParams:
     structured: StructuredOutput | None = None  # grammar-constrained output (JSON Schema, regex, choice)
     skip_special_tokens: bool = True  # leave special tokens (EOS, chat markers) out of the text, as vLLM
     include_stop_str_in_output: bool = False  # keep a matched stop string at the end of the text
+    speculate: bool = True  # False: never draft for this request, even when the engine speculates
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -112,7 +113,7 @@ class SamplingParams:
         ids = self.stop_token_ids
         _check(isinstance(ids, list) and all(_int_in(t, 0, MAX_INT32) for t in ids), "stop_token_ids", ids,
                f"a list of token ids in [0, {MAX_INT32}]")
-        for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
+        for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output", "speculate"):
             _check(isinstance(getattr(self, name), bool), name, getattr(self, name), "a bool")
         _check(self.structured is None or isinstance(self.structured, StructuredOutput), "structured",
                self.structured, "None or a StructuredOutput")

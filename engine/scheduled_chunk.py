@@ -21,6 +21,13 @@ class ScheduledChunk:
     prompt_logprobs: int | None = None
     prompt_targets: list[int] = field(default_factory=list)
     lora: str | None = None  # the key of its LoRA adapter (engine/lora/manager.py); None: the base model
+    # Speculation: how many of token_ids, at the end, are drafts after the sequence's last token. A sampling
+    # chunk gets one logits row per draft plus one: its last 1 + num_draft_tokens positions.
+    num_draft_tokens: int = 0
+
+    @property
+    def num_logits_rows(self) -> int:
+        return 1 + self.num_draft_tokens if self.sample else 0
 
     @property
     def seq_len(self) -> int:
@@ -47,7 +54,7 @@ class ChunkPromptLogprobs:
 
 @dataclass(frozen=True)
 class RunnerOutput:
-    logits: torch.Tensor  # [number of chunks with sample=True, V] fp32, in chunk order
+    logits: torch.Tensor  # [sum of the chunks' num_logits_rows, V] fp32, in chunk order
     prompt_logprobs: list[ChunkPromptLogprobs | None]  # one per chunk: None where it asked for none
     # An embedding runner's: one fp32 row per chunk [S, H], on the CPU, what pooling needs of the chunk's
     # hidden states (engine/pooling.py chunk_rows). None from a generation runner.

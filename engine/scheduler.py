@@ -15,6 +15,12 @@ whatever is still there. Blocks computed by a step are registered by LLMEngine o
 request that still collects prompt logprobs takes no hits (every prompt position must be computed to be
 scored), but its computed blocks are registered for others all the same.
 
+Speculation (EngineConfig.speculative): once every running request has its token or chunk, the requests
+that decode get drafts after their last token (engine/speculation/speculator.py) from the budget left, in
+the same order, before waiting requests are admitted. A draft takes only free blocks (nothing is preempted
+for a guess) and is not counted as computed: the engine counts the accepted ones after verification and
+releases the blocks of the rest (engine/speculation/verification.py).
+
 Pooling requests (embeddings) are prompts that generate nothing: scheduled like any prefill, finished by
 LLMEngine once their input is computed. One whose pooling reads every position (mean, cls) takes no hits,
 like a request collecting prompt logprobs. An encoder's requests cannot be chunked (`chunked=False`): each
@@ -26,15 +32,18 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from conveyor.engine.block_manager import BlockManager
 from conveyor.engine.config import EngineConfig
 from conveyor.engine.outputs import FinishReason
 from conveyor.engine.prefix_cache import block_hashes
 from conveyor.engine.prompt_logprobs import chunk_prompt_targets, reset_prompt_logprobs
+from conveyor.engine.sampling_params import SamplingParams
 from conveyor.engine.scheduled_chunk import ScheduledChunk
 from conveyor.engine.sequence import Sequence, SequenceStatus
+from conveyor.engine.speculation.config import SpeculativeConfig
+from conveyor.engine.speculation.speculator import Speculator
 from conveyor.engine.waiting_queue import WaitingQueue
 
 
@@ -45,6 +54,7 @@ class SchedulerOutput:
     preempted: list[Sequence] = field(default_factory=list)
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
+    num_draft_tokens: int = 0  # speculation: drafts after decode tokens, verified by this step
     # Prefix cache lookups of the requests admitted this step: tokens looked up, and found cached.
     num_lookup_tokens: int = 0
     num_cached_tokens: int = 0
@@ -53,7 +63,7 @@ class SchedulerOutput:
 
     @property
     def num_tokens(self) -> int:
-        return self.num_prefill_tokens + self.num_decode_tokens
+        return self.num_prefill_tokens + self.num_decode_tokens + self.num_draft_tokens
 
     def sampling_seqs(self) -> list[Sequence]:
         """The sequences that get logits this step, in chunk order (the runner's logits rows)."""
@@ -77,6 +87,9 @@ class Scheduler:
         self.num_preemptions = 0
         self._running_per_class: Counter[str] = Counter()
         self._unfinished: dict[str, Sequence] = {}
+        spec = config.speculative
+        assert spec is None or isinstance(spec, SpeculativeConfig), spec  # EngineConfig parsed it
+        self.speculator = Speculator(spec) if spec is not None and chunked else None
 
     # --- requests in and out -------------------------------------------------------------------------
 
@@ -110,6 +123,8 @@ class Scheduler:
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         seq.matcher = None  # releases the grammar state
+        if self.speculator is not None:
+            self.speculator.on_finish(seq)
         seq.metrics.finished_time = time.time()
 
     def has_unfinished(self) -> bool:
@@ -131,7 +146,10 @@ class Scheduler:
         now = time.time()
         self.running.sort(key=lambda s: s.order_key(now))
         budget = self._schedule_running(out, self.max_num_batched_tokens)
-        # NOTE: after a preemption memory is short; admitting new work would only evict it again.
+        # NOTE: after a preemption memory is short: no blocks for guesses, and no admissions (below).
+        if self.speculator is not None and not out.preempted:
+            budget = self._schedule_drafts(out, budget, self.speculator)
+        # Admitting new work would only evict it again.
         if not out.preempted:
             self._schedule_waiting(out, budget, now)
         return out
@@ -163,6 +181,37 @@ class Scheduler:
                 return False
         self.block_manager.append_slots(seq, n)
         return True
+
+    def _schedule_drafts(self, out: SchedulerOutput, budget: int, speculator: Speculator) -> int:
+        """Adds drafts to the decode chunks, in order, while budget and free blocks last; returns the
+        budget left."""
+        decoding = [i for i, (seq, chunk) in enumerate(zip(out.seqs, out.chunks, strict=True))
+                    if _is_decode(seq, chunk)]
+        if not decoding or budget <= 0:
+            return budget
+        seqs = [out.seqs[i] for i in decoding]
+        proposals = speculator.propose(seqs, [self._draft_limit(seq) for seq in seqs], out.num_tokens)
+        for i, seq, drafts in zip(decoding, seqs, proposals, strict=True):
+            drafts = drafts[:budget]
+            if not drafts or not self.block_manager.can_append(seq, len(drafts)):
+                continue
+            assert not seq.draft_token_ids, f"{seq.request_id} has unverified drafts"
+            self.block_manager.append_slots(seq, len(drafts))
+            chunk = out.chunks[i]
+            out.chunks[i] = replace(chunk, token_ids=chunk.token_ids + drafts,
+                                    block_table=list(seq.block_table), num_draft_tokens=len(drafts))
+            seq.draft_token_ids = drafts
+            out.num_draft_tokens += len(drafts)
+            budget -= len(drafts)
+        return budget
+
+    def _draft_limit(self, seq: Sequence) -> int:
+        """The most drafts seq can use: output it may still generate after this step's token, room in the
+        context, and a chunk within long_prefill_token_threshold (which sizes a sliding window's blocks)."""
+        limit = min(seq.max_tokens - seq.num_output_tokens - 1, self.max_model_len - seq.num_tokens)
+        if self.long_prefill_token_threshold > 0:
+            limit = min(limit, self.long_prefill_token_threshold - 1)
+        return limit
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int, now: float) -> None:
         bm = self.block_manager
@@ -284,3 +333,9 @@ class Scheduler:
     def _remove_running(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self._running_per_class[seq.request_class] -= 1
+
+
+def _is_decode(seq: Sequence, chunk: ScheduledChunk) -> bool:
+    """The chunk is the sequence's one newest token, and the sequence generates (it can be drafted for)."""
+    return (chunk.sample and len(chunk.token_ids) == 1 and seq.num_output_tokens > 0
+            and isinstance(seq.params, SamplingParams))

@@ -17,6 +17,7 @@ from conveyor.engine.sampling_params import SamplingParams
 if TYPE_CHECKING:
     import xgrammar
 
+    from conveyor.engine.speculation.speculator import DraftState
     from conveyor.engine.tokenizer import IncrementalDetokenizer
 
 
@@ -118,6 +119,13 @@ class Sequence:
     # (mean: every position; cls: the first), so its whole input must be computed.
     pooled: torch.Tensor | None = None
     pools_every_token: bool = False
+    # Speculation (engine/speculation/): its proposer (made at its first decode step, dropped when it
+    # finishes), the drafts scheduled after its last token in the running step (verified and cleared by the
+    # same step), and over its life the draft tokens proposed and those accepted.
+    drafting: DraftState | None = None
+    draft_token_ids: list[int] = field(default_factory=list)
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
 
     @property
     def pooling(self) -> PoolingParams | None:

@@ -14,6 +14,7 @@ class StepStats:
     num_seqs: int = 0
     prefill_tokens: int = 0  # tokens computed, so cached ones are not in it
     decode_tokens: int = 0
+    draft_tokens: int = 0  # speculation: drafts verified after decode tokens
     preemptions: int = 0
     step_seconds: float = 0.0
     forward_seconds: float = 0.0
@@ -34,6 +35,7 @@ class StepStats:
             num_seqs=len(sched.seqs),
             prefill_tokens=sched.num_prefill_tokens,
             decode_tokens=sched.num_decode_tokens,
+            draft_tokens=sched.num_draft_tokens,
             preemptions=len(sched.preempted),
             step_seconds=step_seconds,
             forward_seconds=forward_seconds,

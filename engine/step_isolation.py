@@ -16,13 +16,14 @@ from conveyor.engine.sampler import SamplerOutput
 from conveyor.engine.scheduled_chunk import ChunkPromptLogprobs, RunnerOutput, ScheduledChunk
 from conveyor.engine.scheduler import SchedulerOutput
 from conveyor.engine.sequence import Sequence
+from conveyor.engine.speculation.draft_row import SamplingRow, owner
 
 T = TypeVar("T")
 X = TypeVar("X")
 Failures = dict[Sequence, Exception]  # requests that failed alone, with what they raised
 PromptLogprobs = dict[Sequence, ChunkPromptLogprobs]  # the prompt logprobs each sequence's chunk computed
 Execute = Callable[[list[ScheduledChunk]], RunnerOutput]  # chunks -> their logits and prompt logprobs
-Sample = Callable[[torch.Tensor, list[Sequence]], SamplerOutput]  # (logits [B, V], B seqs) -> B tokens
+Sample = Callable[[torch.Tensor, list[SamplingRow]], SamplerOutput]  # (logits [B, V], B rows) -> B tokens
 
 
 class StepError(RuntimeError):
@@ -49,9 +50,10 @@ def forward_isolated(
 
 
 def sample_isolated(
-    sample: Sample, logits: torch.Tensor, seqs: list[Sequence]
-) -> tuple[SamplerOutput, list[Sequence], Failures]:
-    """One token per surviving sequence, those sequences, and the failures."""
+    sample: Sample, logits: torch.Tensor, seqs: list[SamplingRow]
+) -> tuple[SamplerOutput, list[SamplingRow], Failures]:
+    """One token per surviving row (a sequence, or a speculating sequence's row), those rows, and the
+    sequences whose rows failed."""
     sampled = attempt(lambda s: sample(logits, s), seqs)
     if isinstance(sampled, Exception):
         return _isolate_sampling(sample, logits, seqs, sampled)
@@ -88,8 +90,8 @@ def _by_sequence(seqs: list[Sequence], per_chunk: list[ChunkPromptLogprobs | Non
 
 
 def _isolate_sampling(
-    sample: Sample, logits: torch.Tensor, seqs: list[Sequence], exc: Exception
-) -> tuple[SamplerOutput, list[Sequence], Failures]:
+    sample: Sample, logits: torch.Tensor, seqs: list[SamplingRow], exc: Exception
+) -> tuple[SamplerOutput, list[SamplingRow], Failures]:
     """Samples the failed batch again in halves, down to single rows, keeping every part that succeeds.
 
     A row's token does not depend on the other rows (a seeded row draws its own noise, shaped [V]), so
@@ -105,7 +107,7 @@ def _isolate_sampling(
     kept = [seqs[r] for rows, _ in parts for r in rows]
     tokens = [t for _, out in parts for t in out.token_ids]
     logprobs = [lp for _, out in parts for lp in out.logprobs]
-    return SamplerOutput(tokens, logprobs), kept, {seqs[r]: e for r, e in failed.items()}
+    return SamplerOutput(tokens, logprobs), kept, {owner(seqs[r]): e for r, e in failed.items()}
 
 
 def isolate_failures(
@@ -141,11 +143,13 @@ def attempt(run: Callable[[list[X]], T], items: list[X]) -> T | Exception:
         return exc
 
 
-def advance_grammars(seqs: list[Sequence], tokens: list[int]) -> Failures:
-    """Feeds each constrained request its sampled token; one the grammar rejects (the mask should make that
+def advance_grammars(seqs: list[Sequence], runs: list[list[int]]) -> Failures:
+    """Feeds each constrained request its sampled tokens; one the grammar rejects (the mask should make that
     impossible) fails that request alone."""
     failures: Failures = {}
-    for seq, token in zip(seqs, tokens, strict=True):
-        if seq.matcher is not None and not seq.matcher.accept_token(token):
-            failures[seq] = RuntimeError(f"the grammar rejected sampled token {token}")
+    for seq, run in zip(seqs, runs, strict=True):
+        matcher = seq.matcher
+        rejected = next((t for t in run if matcher is not None and not matcher.accept_token(t)), None)
+        if rejected is not None:
+            failures[seq] = RuntimeError(f"the grammar rejected sampled token {rejected}")
     return failures

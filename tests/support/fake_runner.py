@@ -49,8 +49,9 @@ class FakeRunner:
             self._check_table(chunk)
             for i, token in enumerate(chunk.token_ids):
                 self._write(chunk.block_table, chunk.start_pos + i, token)
-            if chunk.sample:
-                history = [self._read(chunk.block_table, p) for p in range(chunk.seq_len)]
+            # One row per sampled position: the last, or with drafts the last 1 + num_draft_tokens.
+            for end in range(chunk.seq_len - chunk.num_logits_rows + 1, chunk.seq_len + 1):
+                history = [self._read(chunk.block_table, p) for p in range(end)]
                 row = torch.zeros(self.vocab_size)
                 row[next_token(history, self.vocab_size)] = 20.0
                 rows.append(row)
