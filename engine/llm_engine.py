@@ -44,6 +44,7 @@ from conveyor.engine.speculation.draft_row import draft_rows
 from conveyor.engine.speculation.verification import (
     accepted_runs,
     generator_states,
+    record_drafts,
     rewind_generator,
     settle,
 )
@@ -230,6 +231,8 @@ class LLMEngine:
         )
         kept, runs, logprobs = accepted_runs(rows, sampled, set(sampling_failures))
         sampling_failures |= advance_grammars(kept, runs)
+        if self.scheduler.speculator is not None:
+            record_drafts(kept, runs, self.scheduler.speculator)
         outputs = self.output_processor.append_tokens(kept, runs, logprobs, sampling_failures)
         self._settle_drafts(kept, runs, generators, sampling_failures)
         outputs += self.output_processor.finish_scored_prompts(sched, failures)
@@ -237,16 +240,14 @@ class LLMEngine:
 
     def _settle_drafts(self, seqs: list[Sequence], runs: list[list[int]],
                        generators: dict[Sequence, torch.Tensor], failures: Failures) -> None:
-        """Speculating requests: seeded generators wound back to the rows kept, drafts recorded, the state
-        of those still running set back to the tokens they kept (engine/speculation/verification.py)."""
-        speculator = self.scheduler.speculator
+        """Speculating requests: seeded generators wound back to the rows kept, the state of those still
+        running set back to the tokens they kept (engine/speculation/verification.py)."""
         for seq, run in zip(seqs, runs, strict=True):
             if not seq.draft_token_ids or seq in failures:
                 continue
-            assert speculator is not None, "drafts without a speculator"
             if seq in generators:
                 rewind_generator(seq, generators[seq], len(run), self.vocab_size, self.runner.device)
-            settle(seq, len(run), speculator, self.block_manager)
+            settle(seq, self.block_manager)
 
     def _embed(self, sched: SchedulerOutput, pooling: PoolingConfig) -> tuple[list[RequestOutput], Failures]:
         """An embedding engine's step: each chunk's pooling row joins its sequence's, and the requests whose

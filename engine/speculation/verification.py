@@ -69,12 +69,18 @@ def rewind_generator(seq: Sequence, state: torch.Tensor, num_rows: int, vocab_si
         torch.empty(vocab_size, device=device).exponential_(generator=seq.generator)
 
 
-def settle(seq: Sequence, num_kept: int, speculator: Speculator, block_manager: BlockManager) -> None:
-    """After its tokens were appended: records the draft's acceptance, and for a request still running,
-    counts the kept drafts as computed (their K/V was written by the step) and releases the blocks past its
-    tokens; the blocks those drafts completed join the prefix cache."""
-    num_drafts = len(seq.draft_token_ids)
-    speculator.record(seq, num_drafts, num_kept - 1)
+def record_drafts(seqs: list[Sequence], runs: list[list[int]], speculator: Speculator) -> None:
+    """Each speculating request's verified draft: its run kept len(run) - 1 drafts (before its outputs are
+    made, so they count this step)."""
+    for seq, run in zip(seqs, runs, strict=True):
+        if seq.draft_token_ids:
+            speculator.record(seq, len(seq.draft_token_ids), len(run) - 1)
+
+
+def settle(seq: Sequence, block_manager: BlockManager) -> None:
+    """After its tokens were appended, a request that speculated and is still running counts its kept drafts
+    as computed (the step wrote their K/V) and releases the blocks past its tokens; the blocks those drafts
+    completed join the prefix cache."""
     seq.draft_token_ids = []
     if seq.is_finished:
         return

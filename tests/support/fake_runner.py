@@ -53,10 +53,14 @@ class FakeRunner:
             for end in range(chunk.seq_len - chunk.num_logits_rows + 1, chunk.seq_len + 1):
                 history = [self._read(chunk.block_table, p) for p in range(end)]
                 row = torch.zeros(self.vocab_size)
-                row[next_token(history, self.vocab_size)] = 20.0
+                row[self.next_token(history)] = 20.0
                 rows.append(row)
         logits = torch.stack(rows) if rows else torch.zeros(0, self.vocab_size)
         return RunnerOutput(logits, [None] * len(chunks))
+
+    def next_token(self, history: list[int]) -> int:
+        """The token the 'model' predicts after `history` (what it reads back from its cache)."""
+        return next_token(history, self.vocab_size)
 
     def _check_table(self, chunk: ScheduledChunk) -> None:
         needed = -(-chunk.seq_len // self.block_size)
