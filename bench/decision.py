@@ -4,8 +4,8 @@ A condition is `GROUP.METRIC OP RHS`:
 - GROUP: a group of the workload (`interactive`, `documents`, a trace's own) or `all`;
 - METRIC: any scalar of the per-group metrics (`completed`, `failed`, `deadline_attainment`,
   `output_tokens_per_s`, `total_tokens_per_s`, `preemptions`, `peak_kv_usage`, `kv_waste`, `peak_running`,
-  ...) or a latency percentile written `LATENCY_pNN` with NN in 50, 90, 95, 99 (`ttft_p95`, `e2e_p99`,
-  `queue_time_p50`, `itl_p90`);
+  `drafted_tokens`, `accepted_tokens`, `acceptance_rate`, ...) or a latency percentile written
+  `LATENCY_pNN` with NN in 50, 90, 95, 99 (`ttft_p95`, `e2e_p99`, `queue_time_p50`, `itl_p90`);
 - OP: `<=`, `>=`, `<`, `>`, `==`;
 - RHS: a number, `baseline` (the same figure in the baseline run), or `baseline*FACTOR`
   (e.g. `all.output_tokens_per_s>=baseline*1.1`).

@@ -27,6 +27,7 @@ from conveyor.bench.server_cpu import CpuWindow
 from conveyor.bench.service import service_figures
 from conveyor.bench.structured import STRUCTURED_SHARE, check_share, constrained_ids, structured_figures
 from conveyor.bench.workload import (
+    TEXT_PROFILES,
     BenchRequest,
     Group,
     WorkloadSpec,
@@ -34,6 +35,7 @@ from conveyor.bench.workload import (
     check_known_groups,
     generate,
     load_trace,
+    respects_eos,
     save_trace,
     trace_groups,
 )
@@ -66,7 +68,9 @@ class BenchOptions:
     torch_profile_steps: int = 0
     progress: bool = True
     timeout_s: float | None = None
-    respect_eos: bool = False
+    # Stop at EOS; None: the profile's default (workload.respects_eos: the text profiles do, the others and
+    # traces do not), filled in at creation.
+    respect_eos: bool | None = None
     poll_s: float = 0.2
     wait_s: float = 30.0  # the long poll's wait (GET /v1/jobs/{id}?wait=S); 0: plain polls every poll_s
     concurrency: int | None = None  # service profile: jobs in flight at once (closed loop)
@@ -105,6 +109,11 @@ class BenchOptions:
                              "holding one")
         if self.target == "http" and self.peers:
             raise ValueError("peers: --peer runs only with the in-process engine target")
+        if self.respect_eos is None:
+            self.respect_eos = not self.trace and respects_eos(self.spec.profile)
+        if self.respect_eos and self.peers:
+            raise ValueError("peers: the peers ignore EOS (every request does its max_tokens), so they "
+                             "would not do the engine's work when it stops at EOS; pass --no-respect-eos")
         if self.trace and self.spec.rates:
             raise ValueError("rates (--rate): a trace gives its own arrival times (arrival_s)")
         self.groups = trace_groups(self.trace) if self.trace else self.spec.groups()
@@ -213,6 +222,17 @@ def with_param(opts: BenchOptions, param: str, value: str) -> BenchOptions:
     return changed
 
 
+def compare_arms(opts: BenchOptions, param: str, values: str) -> tuple[BenchOptions, list[str]]:
+    """`--compare PARAM=V`: the options as they are against V. `--compare PARAM=BASE,V1,V2,...`: BASE is
+    the baseline's value and each further one a candidate against it (e.g. speculative=none,ngram,suffix)."""
+    items = values.split(",")
+    if not all(items):
+        raise ValueError(f"--compare: expected PARAM=VALUE or PARAM=BASELINE,VALUE,..., got {param}={values}")
+    if len(items) == 1:
+        return opts, items
+    return with_param(opts, param, items[0]), items[1:]
+
+
 def current_value(opts: BenchOptions, param: str) -> Any:
     group, dot, name = param.partition(".")
     if dot and name in ("max_running", "priority"):
@@ -220,7 +240,9 @@ def current_value(opts: BenchOptions, param: str) -> Any:
         return getattr(cls, name)
     if param == STRUCTURED_SHARE:
         return opts.structured_share
-    return getattr(opts.engine_config(), param)
+    value = getattr(opts.engine_config(), param)
+    # A field the config turns into a dataclass (speculative: SpeculativeConfig) is recorded as its fields.
+    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
 
 
 def parse_value(text: str) -> Any:
@@ -245,6 +267,8 @@ def build_workload(opts: BenchOptions) -> tuple[list[BenchRequest], str]:
         return generate(opts.spec, [], 0), service_description(opts)
     if opts.spec.profile == "shared-prefix" and not opts.trace:
         return _shared_prefix_workload(opts)
+    if opts.spec.profile in TEXT_PROFILES and not opts.trace:
+        return _text_workload(opts)
     vocab = vocab_ids(opts.model) if opts.model else []
     if opts.trace:
         return load_trace(opts.trace, vocab, opts.spec.seed), f"trace {opts.trace}"
@@ -278,6 +302,40 @@ def _shared_prefix_workload(opts: BenchOptions) -> tuple[list[BenchRequest], str
         + (f"; {opts.load_plan.describe()}" if opts.load_plan else "")
     )
     return generate(s, vocab, model_max_len(opts)), desc
+
+
+def _text_workload(opts: BenchOptions) -> tuple[list[BenchRequest], str]:
+    """The quoting or chat profile: real text in the chat template of --model's tokenizer."""
+    from conveyor.bench.chat_format import ChatFormat
+    from conveyor.bench.text_workload import text_requests
+
+    if not opts.model:
+        raise ValueError(f"model: the {opts.spec.profile} profile renders prompts with --model's tokenizer")
+    fmt = ChatFormat.from_model(opts.model)
+    return text_requests(opts.spec, fmt, model_max_len(opts)), _text_description(opts, fmt.has_template)
+
+
+def _text_description(opts: BenchOptions, has_template: bool) -> str:
+    from conveyor.bench.text_workload import DOCUMENT_TOKENS
+
+    s = opts.spec
+    group = s.long_group if s.profile == "quoting" else s.short_group
+    rate = s.rates.get(group, 0.0)
+    arrivals = f"Poisson {rate:.4g}/s" if rate > 0 else "all at t=0"
+    sizes = ", ".join(f"{k} {r}" for k, r in DOCUMENT_TOKENS.items())
+    what = (
+        f"tasks quoting their input (invoice, rewrite and summary in turn, document tokens "
+        f"{s.long_prompt or sizes})"
+        if s.profile == "quoting"
+        else "open questions copying nothing"
+    )
+    return (
+        f"profile {s.profile}, seed {s.seed}, arrivals {arrivals}, {group}: {what}, max_tokens "
+        f"{s.output_range(group)}, "
+        + ("in the model's chat template" if has_template else "plain text (no chat template)")
+        + (f", cancel share {s.cancel_share}" if s.cancel_share else "")
+        + (f"; {opts.load_plan.describe()}" if opts.load_plan else "")
+    )
 
 
 def service_description(opts: BenchOptions) -> str:
@@ -414,6 +472,7 @@ def run_summary(opts: BenchOptions, result: RunResult, bound: Any = None) -> dic
         "weights": weights_record(result.weights),
         "decode_steps": full_batch_decode_steps(result.samples) if result.target == "engine" else None,
         "structured": structured_figures(result),
+        "speculation": result.speculation,
         "metrics": metrics,
         "notes": result.notes,
     }
@@ -534,6 +593,8 @@ def workload_record(
         "all_at_once": all_at_once(requests),
         "trace_sha256": trace_sha,
         "load": opts.load_plan.record() if opts.load_plan else None,
+        # Stopped at EOS: each answer is as long as the model made it, max_tokens only a cap.
+        "respect_eos": opts.respect_eos,
     }
 
 

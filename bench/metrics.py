@@ -10,6 +10,8 @@
 - Tokens/s count completed requests only (cancelled work is not useful), over the run's wall time.
 - KV waste = (allocated slots - stored tokens) / allocated slots, summed over every step (so it is weighted by
   how long and how much memory was held); `kv_waste_peak` is the worst single step.
+- Speculative decoding: drafted and accepted tokens summed over every request of the group, whatever its end,
+  and acceptance rate = accepted / drafted (None when nothing was drafted); bench/speculation.py.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from conveyor.bench.records import RequestRecord, RunResult, StepSample
+from conveyor.bench.speculation import group_figures
 
 PERCENTILES = (50, 90, 95, 99)
 LATENCIES = ("queue_time", "ttft", "itl", "e2e")
@@ -64,6 +67,7 @@ def _group_metrics(
     m["output_tokens_per_s"] = output_tokens / result.duration_s
     m["total_tokens_per_s"] = (output_tokens + prompt_tokens) / result.duration_s
     m["preemptions"] = sum(r.num_preemptions for r in records)
+    m.update(group_figures(records))
     m.update(_memory_metrics(result.samples, group))
     return m
 

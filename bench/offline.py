@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from conveyor.bench.records import RequestRecord, RunResult, StepSample
+from conveyor.bench.speculation import engine_totals, output_counts, speculation_delta
 from conveyor.bench.structured import BENCH_SCHEMA
 from conveyor.bench.workload import BenchRequest
 from conveyor.engine.llm_engine import LLMEngine, StepError
@@ -79,6 +80,7 @@ class _OfflineRun:
         preemptions_before = self.engine.scheduler.num_preemptions
         cache_before = prefix_cache_counts(self.engine)
         experts_before = list(self.engine.totals.expert_tokens)
+        speculation_before = engine_totals(self.engine)
         while self.pending or self.engine.has_unfinished_requests():
             if timeout_s is not None and time.time() - self.start > timeout_s:
                 self._give_up(timeout_s)
@@ -99,6 +101,7 @@ class _OfflineRun:
             notes=self.notes,
             prefix_cache=prefix_cache_delta(cache_before, prefix_cache_counts(self.engine)),
             expert_tokens=expert_tokens_delta(experts_before, self.engine.totals.expert_tokens),
+            speculation=speculation_delta(speculation_before, engine_totals(self.engine)),
         )
 
     def _inject_due(self) -> None:
@@ -156,6 +159,7 @@ class _OfflineRun:
         record.first_scheduled_time = m.first_scheduled_time
         record.first_token_time = m.first_token_time
         record.num_preemptions = m.num_preemptions
+        record.drafted_tokens, record.accepted_tokens = output_counts(out)
         if out.finished:
             record.finished_time = m.finished_time or time.time()
             record.status = (

@@ -33,6 +33,10 @@ class RequestRecord:
     submit_status: int | None = None  # the answer's HTTP status; >= 400 is a refusal
     error_code: str | None = None
     constrained: bool = False  # its output was constrained to the bench's JSON Schema (--structured-share)
+    # Speculative decoding (in-process engine): the tokens proposed for it and how many of them were
+    # accepted, as its last output counted them; 0 with speculation off and for targets that cannot tell.
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
 
     @property
     def refused(self) -> bool:
@@ -95,6 +99,9 @@ class RunResult:
     # In-process engine on a mixture of experts: tokens routed to each expert during the run (all MoE
     # layers summed); None for a dense model.
     expert_tokens: list[int] | None = None
+    # In-process engine with speculation on: its own totals during the run (bench/speculation.py
+    # `speculation_delta`); None with speculation off or an engine that does not report it.
+    speculation: dict[str, Any] | None = None
 
     @property
     def duration_s(self) -> float:

@@ -54,6 +54,48 @@ def metrics_markdown(summary: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def speculation_markdown(summary: dict[str, dict[str, Any]]) -> str:
+    """Per group: tokens drafted, tokens accepted, acceptance rate ("-" when nothing was drafted)."""
+    lines = ["| group | drafted tokens | accepted tokens | acceptance |", "|---|---|---|---|"]
+    for g, m in summary.items():
+        rate = m.get("acceptance_rate")
+        cells = [str(m.get("drafted_tokens", 0)), str(m.get("accepted_tokens", 0)),
+                 "-" if rate is None else fmt(rate, share=True)]
+        lines.append(f"| {g} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def shows_speculation(*runs: dict[str, Any]) -> bool:
+    """Whether any of these runs had speculation on (the engine says so) or drafted a token."""
+    return any(
+        run.get("speculation") or any(m.get("drafted_tokens") for m in run.get("metrics", {}).values())
+        for run in runs
+    )
+
+
+def speculation_section(summary: dict[str, dict[str, Any]]) -> list[str]:
+    return ["", "Speculative decoding (tokens proposed for the requests, and accepted by verification):", "",
+            speculation_markdown(summary)]
+
+
+def speculation_text(spec: dict[str, Any]) -> str:
+    """The engine's own speculation totals over a run, in words."""
+    rate = spec.get("acceptance_rate")
+    return (
+        f"speculation {spec.get('method')}: {spec['accepted_tokens']} of {spec['drafted_tokens']} drafted "
+        f"tokens accepted ({'-' if rate is None else fmt(rate, share=True)})"
+    )
+
+
+def eos_text(respect_eos: bool | None) -> str:
+    """How the run's requests end, for the input set ("" for a record from before it was kept)."""
+    if respect_eos is None:
+        return ""
+    if respect_eos:
+        return "Requests stop at EOS: each answer is as long as the model made it, max_tokens only caps it."
+    return "EOS ignored: every request generates exactly its max_tokens."
+
+
 SERVICE_COLUMNS = (
     "run",
     "ok/sub",
@@ -241,6 +283,8 @@ def run_line(name: str, run: dict[str, Any]) -> str:
         )
     if run.get("structured"):
         line += f"; {structured_line(run['structured'])}"
+    if run.get("speculation"):
+        line += f"; {speculation_text(run['speculation'])}"
     return line
 
 
@@ -267,7 +311,8 @@ def report_markdown(report: dict[str, Any]) -> str:
     parts = [f"# Conveyor bench: {report['title']}", ""]
     w = report["workload"]
     parts += [
-        f"Input set: {w['description']} ({w['num_requests']} requests, trace sha256 `{w['trace_sha256']}`).",
+        f"Input set: {w['description']} ({w['num_requests']} requests, trace sha256 `{w['trace_sha256']}`). "
+        f"{eos_text(w.get('respect_eos'))}".rstrip(),
         "",
     ]
     for name, run in report["runs"].items():
@@ -284,7 +329,9 @@ def report_markdown(report: dict[str, Any]) -> str:
             "",
             metrics_markdown(run["metrics"]),
         ]
-        if run.get("decode_steps") or run.get("structured"):
+        if shows_speculation(run):
+            parts += speculation_section(run["metrics"])
+        if run.get("decode_steps") or run.get("structured") or run.get("speculation"):
             parts += ["", run_line(name, run) + "."]
         if run.get("service"):
             parts += ["", "Service figures (latencies in ms):", "", service_markdown(run["service"])]
@@ -317,7 +364,7 @@ def decision_markdown(sheet: dict[str, Any]) -> str:
         f"- **Changed parameter**: `{sheet['parameter']}`: {sheet['baseline_value']} -> "
         f"{sheet['candidate_value']} (nothing else changed)",
         f"- **Input set**: {inputs['description']} ({inputs['num_requests']} requests, "
-        f"trace sha256 `{inputs['trace_sha256']}`)",
+        f"trace sha256 `{inputs['trace_sha256']}`). {eos_text(inputs.get('respect_eos'))}".rstrip(),
         "- **Approval condition** (all must hold): "
         + "; ".join(f"`{c['condition']}`" for c in sheet["decision"]["checks"]),
         f"- **Result**: {verdict}",
@@ -331,10 +378,15 @@ def decision_markdown(sheet: dict[str, Any]) -> str:
             f"{'yes' if c['passed'] else 'no'}{' (' + c['note'] + ')' if c['note'] else ''} |"
         )
     base_run, cand_run = sheet["baseline_run"], sheet["candidate_run"]
+    # Both runs' speculation tables, or neither: a baseline without it shows what it is compared with.
+    speculation = shows_speculation({**base_run, "metrics": sheet["baseline"]},
+                                    {**cand_run, "metrics": sheet["candidate"]})
     parts += ["", f"- {wall_time_ratio(base_run, cand_run)}"]
-    parts += ["", f"## Baseline ({sheet['parameter']} = {sheet['baseline_value']})", ""]
-    parts += [run_line("baseline", base_run), "", metrics_markdown(sheet["baseline"]), ""]
-    parts += [f"## Candidate ({sheet['parameter']} = {sheet['candidate_value']})", ""]
-    parts += [run_line("candidate", cand_run), "", metrics_markdown(sheet["candidate"]), ""]
+    for name, run, summary in (("baseline", base_run, sheet["baseline"]),
+                               ("candidate", cand_run, sheet["candidate"])):
+        parts += ["", f"## {name.capitalize()} ({sheet['parameter']} = {sheet[f'{name}_value']})", ""]
+        parts += [run_line(name, run), "", metrics_markdown(summary)]
+        parts += speculation_section(summary) if speculation else []
+    parts.append("")
     parts += ["## Inventory", "", inventory_markdown(sheet["inventory"]), ""]
     return "\n".join(parts)

@@ -1,5 +1,5 @@
-"""Seeded workloads: the `short`, `long`, `mixed`, `shared-prefix` and `service` profiles, and replay of a
-JSONL trace.
+"""Seeded workloads: the `short`, `long`, `mixed`, `deadlines`, `shared-prefix`, `service`, `quoting` and
+`chat` profiles, and replay of a JSONL trace.
 
 A workload is a list of requests, each with an arrival offset (seconds from the start of the run), a group
 (the engine request class / service queue it goes to), a prompt (token ids, or text for a trace that gives
@@ -16,6 +16,12 @@ same token ids for all, like a batch's common instructions) followed by its own 
 The `service` profile measures the service rather than the engine: many one-token jobs with short prompts of
 plain words (no tokenizer needed), sent to the short group. They arrive at fixed intervals (`submit_rate`,
 open loop) or all at t=0, for the HTTP target to send a fixed number at a time (closed loop).
+
+The `quoting` and `chat` profiles are real text for a real chat model, formatted with its chat template
+(bench/text_workload.py): `quoting` sends the long group documents whose answers copy spans of their input
+(bench/copy_prompts.py), what speculative decoding drafts from; `chat` sends the short group open questions
+whose answers copy nothing (bench/chat_prompts.py). A real model ends these answers itself, so their
+requests respect EOS unless the run says otherwise (`respects_eos`), and `max_tokens` only caps them.
 """
 
 from __future__ import annotations
@@ -31,7 +37,8 @@ from pathlib import Path
 from conveyor.bench.metrics import ALL
 from conveyor.bench.prompt_text import word_prompt
 
-PROFILES = ("short", "long", "mixed", "deadlines", "shared-prefix", "service")
+TEXT_PROFILES = ("quoting", "chat")  # prompts of real text in the model's chat template
+PROFILES = ("short", "long", "mixed", "deadlines", "shared-prefix", "service", *TEXT_PROFILES)
 
 
 @dataclass(frozen=True)
@@ -75,7 +82,7 @@ class BenchRequest:
     arrival_s: float  # offset from the start of the run
     max_tokens: int
     prompt_token_ids: list[int] | None = None
-    prompt: str | None = None  # text prompts come only from traces
+    prompt: str | None = None  # text prompts come from traces and the text profiles
     cancel_after_tokens: int | None = None  # cancel once this many tokens were generated; None = never
 
     def __post_init__(self) -> None:
@@ -110,6 +117,19 @@ class Range:
 
 
 SERVICE_PROMPT_WORDS = Range(6, 12)  # short, so the service's own overhead dominates each job
+# Output ranges when the spec gives none: (short group, long group). The text profiles' answers end at EOS,
+# so their max_tokens (for the one group each has) is a cap above a usual answer rather than a length.
+OTHER_OUTPUTS = (Range(16, 64), Range(64, 256))
+DEFAULT_OUTPUTS = {
+    "chat": (Range(128, 128), OTHER_OUTPUTS[1]),
+    "quoting": (OTHER_OUTPUTS[0], Range(256, 256)),
+}
+
+
+def respects_eos(profile: str) -> bool:
+    """Whether a profile's requests stop at EOS unless told otherwise: only the text profiles' (a real
+    model's answers end by themselves; the other profiles' prompts are random tokens)."""
+    return profile in TEXT_PROFILES
 
 
 @dataclass
@@ -117,8 +137,9 @@ class WorkloadSpec:
     """Everything that determines a generated workload (recorded in every report as the input set).
 
     `rates` are Poisson arrival rates in requests/s per group; a missing or 0 rate means the group arrives
-    all at once at t=0. `long_prompt` defaults to (context/4 .. context - long_output.hi). Short requests
-    go to the group `short_group`, long ones to `long_group`.
+    all at once at t=0. `long_prompt` defaults to (context/4 .. context - long_output.hi); in `quoting`, to
+    each task kind's own document size. Short requests go to the group `short_group`, long ones to
+    `long_group`. The output ranges default to the profile's (DEFAULT_OUTPUTS), filled in at creation.
     """
 
     profile: str = "mixed"
@@ -128,9 +149,9 @@ class WorkloadSpec:
     rates: dict[str, float] = field(default_factory=dict)
     cancel_share: float = 0.0
     short_prompt: Range = field(default_factory=lambda: Range(16, 96))
-    short_output: Range = field(default_factory=lambda: Range(16, 64))
+    short_output: Range | None = None  # None: the profile's default
     long_prompt: Range | None = None
-    long_output: Range = field(default_factory=lambda: Range(64, 256))
+    long_output: Range | None = None  # None: the profile's default
     short_group: str = SHORT.name
     long_group: str = LONG.name
     submit_rate: float | None = None  # service only: submissions/s at fixed intervals (open loop)
@@ -142,6 +163,9 @@ class WorkloadSpec:
     def __post_init__(self) -> None:
         if self.profile not in PROFILES:
             raise ValueError(f"profile must be one of {PROFILES}, got {self.profile!r}")
+        short, long = DEFAULT_OUTPUTS.get(self.profile, OTHER_OUTPUTS)
+        self.short_output = self.short_output or short
+        self.long_output = self.long_output or long
         self._check_service()
         self._check_shared_prefix()
         if self.num_requests < 1:
@@ -187,9 +211,14 @@ class WorkloadSpec:
         # two kinds of job in one queue would be).
         same = [replace(short, priority=0), replace(long, priority=0)]
         by_profile = {"short": [short], "long": [long], "mixed": [short, long], "deadlines": same,
-                      "shared-prefix": [short],
-                      "service": [short]}
+                      "shared-prefix": [short], "service": [short], "quoting": [long], "chat": [short]}
         return by_profile[self.profile]
+
+    def output_range(self, group: str) -> Range:
+        """The output range of `group`'s requests (the short group's, else the long group's)."""
+        out = self.short_output if group == self.short_group else self.long_output
+        assert out is not None, "filled in by __post_init__"
+        return out
 
     def describe(self) -> dict[str, object]:
         d = asdict(self)
@@ -203,6 +232,9 @@ def generate(spec: WorkloadSpec, vocab_ids: Sequence[int], max_model_len: int) -
     """Draws the requests of `spec`; prompt token ids are drawn from `vocab_ids` (no special tokens)."""
     if spec.profile == "service":
         return service_requests(spec)
+    if spec.profile in TEXT_PROFILES:
+        raise ValueError(f"profile {spec.profile}: its text prompts need the model's tokenizer; "
+                         "bench/text_workload.py text_requests makes them")
     if not vocab_ids:
         raise ValueError("vocab_ids: need at least one token id to synthesise prompts")
     rng = random.Random(spec.seed)
@@ -291,10 +323,10 @@ def _groups(spec: WorkloadSpec, rng: random.Random) -> list[str]:
 
 def _lengths(spec: WorkloadSpec, group: str, rng: random.Random, max_model_len: int) -> tuple[int, int]:
     """(prompt length, max_tokens), clipped so prompt + output fits the model's context."""
+    output_range = spec.output_range(group)
     if group == spec.short_group:
-        prompt_range, output_range = spec.short_prompt, spec.short_output
+        prompt_range = spec.short_prompt
     else:
-        output_range = spec.long_output
         prompt_range = spec.long_prompt or Range(
             max(1, max_model_len // 4), max(max_model_len // 4, max_model_len - output_range.hi)
         )
