@@ -65,13 +65,15 @@ class JobOutcome:
     prompt: str | None = None  # a completion's one text prompt (echo shows it)
     prompt_logprobs: list[dict[str, Any]] | None = None  # as the job stores them
     embeddings: list[str] | None = None  # an embedding job's vectors (core/views/embedding_vectors.py)
+    draft_tokens: int = 0  # tokens speculative decoding drafted for it
+    accepted_draft_tokens: int = 0  # of those, the ones the model accepted
 
     @classmethod
     def of(cls, job: Job) -> JobOutcome:
         return cls(job.id, job.status, job.result_text, job.finish_reason, job.prompt_tokens or 0,
                    job.completion_tokens or 0, job.error_code, job.error_message, job.logprobs,
                    job.cached_tokens or 0, job.chat, job.choices, job.prompt, job.prompt_logprobs,
-                   job.embeddings)
+                   job.embeddings, job.draft_tokens or 0, job.accepted_draft_tokens or 0)
 
 
 class _SubscribeThenDispatch:

@@ -109,6 +109,7 @@ def requeue(bench: Bench, job_ids: list[str]) -> None:
         session.execute(update(Job).where(Job.id.in_(job_ids)).values(
             status=QUEUED, attempts=0, preemptions=0, started_at=None, first_token_at=None, finished_at=None,
             worker_id=None, result_text=None, finish_reason=None, completion_tokens=None, cached_tokens=None,
+            draft_tokens=None, accepted_draft_tokens=None,
             error_code=None, error_message=None, updated_at=Job.created_at))
         session.commit()
 

@@ -90,6 +90,8 @@ def _completion(attempt: Attempt, outputs: list[RequestOutput], tokenizer: Token
         preemptions=sum(out.metrics.num_preemptions for out in outputs),
         first_token_at=to_datetime(min(_first_token_times(outputs), default=None)),
         logprobs=choices[0]["logprobs"], cached_tokens=sum(out.num_cached_tokens for out in firsts),
+        draft_tokens=sum(out.num_draft_tokens for out in outputs),
+        accepted_draft_tokens=sum(out.num_accepted_tokens for out in outputs),
         choices=choices if len(choices) > 1 or attempt.prompts is not None else None,
         prompt_logprobs=prompt_logprobs,
     )

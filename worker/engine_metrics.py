@@ -5,8 +5,9 @@ token:
 - per finished request (EngineHost.on_request_finished, on the engine thread): the latency histograms from
   RequestOutput.metrics, token and preemption counters;
 - per step (EngineHost.on_step_end): the step's duration and tokens, two histogram observations;
-- per scrape (a collector): running and waiting requests, KV cache use and the prefix cache, read from the
-  host's stats snapshot (copied once per step), and the cold-start figures.
+- per scrape (a collector): running and waiting requests, KV cache use, the prefix cache and speculative
+  decoding's drafted and accepted tokens, read from the host's stats snapshot (copied once per step), and the
+  cold-start figures.
 
 One registry per WorkerMetrics (never prometheus_client's global one). A worker is one process, so no
 multiprocess mode is needed: `conveyor worker` serves the registry on worker_metrics_port, and the embedded
@@ -224,6 +225,7 @@ def _engine_families(stats: dict[str, Any]) -> Iterator[Metric]:
         PREFIX + "kv_cache_blocks", "KV cache blocks in all", value=stats["kv_blocks_total"]
     )
     yield from _prefix_cache_families(stats["prefix_cache"])
+    yield from _speculation_families(stats["speculation"])
     yield _expert_family(stats["totals"]["expert_tokens"])
 
 
@@ -234,6 +236,22 @@ def _expert_family(expert_tokens: list[int]) -> Metric:
     for expert, tokens in enumerate(expert_tokens):
         family.add_metric([str(expert)], tokens)
     return family
+
+
+def _speculation_families(speculation: dict[str, Any] | None) -> Iterator[Metric]:
+    """Tokens drafted and accepted since the engine started, per method and queue (the acceptance rate is the
+    ratio of their rates); an engine that does not speculate exports the families with no series."""
+    labels = ["method", "queue"]
+    drafted = CounterMetricFamily(PREFIX + "spec_decode_num_draft_tokens",
+                                  "Tokens proposed by speculative decoding", labels=labels)
+    accepted = CounterMetricFamily(PREFIX + "spec_decode_num_accepted_tokens",
+                                   "Proposed tokens the model accepted", labels=labels)
+    if speculation is not None:
+        for queue, counts in sorted(speculation["per_class"].items()):
+            drafted.add_metric([speculation["method"], queue], counts["drafted_tokens"])
+            accepted.add_metric([speculation["method"], queue], counts["accepted_tokens"])
+    yield drafted
+    yield accepted
 
 
 def _prefix_cache_families(cache: dict[str, Any]) -> Iterator[Metric]:

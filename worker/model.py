@@ -20,6 +20,7 @@ from conveyor.engine.config import EngineConfig, RequestClassConfig
 from conveyor.engine.cpu_threads import ThreadChoice, choose_cpu_threads, hidden_size_of, runs_on_cpu
 from conveyor.engine.host import EngineHost
 from conveyor.engine.model_source import model_folder
+from conveyor.engine.speculation.config import speculative_config
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,7 @@ def engine_config(settings: Settings, model_path: str,
 
 def describe_engine(host: EngineHost, source: str) -> str:
     """The model (as configured, and its folder), the device and dtype, its weights (quantization, bytes as
-    held) and the KV cache's capacity, for a start-up line."""
+    held), speculation and the KV cache's capacity, for a start-up line."""
     runner = host.engine.runner
     model = source if source == host.config.model else f"{source} ({host.config.model})"
     kv_bytes = sum(t.numel() * t.element_size() for pair in getattr(runner, "kv_caches", []) for t in pair)
@@ -83,6 +84,15 @@ def describe_engine(host: EngineHost, source: str) -> str:
     dtype = str(getattr(runner, "dtype", "")).removeprefix("torch.")
     quantization, held = getattr(runner, "quantization", "none"), getattr(runner, "weight_bytes", 0)
     weights = f"weights {quantization} {held / 2**20:.1f} MiB"
-    return (f"{model} on {runner.device} {dtype}; {weights}; KV cache {runner.num_kv_blocks} blocks x "
+    return (f"{model} on {runner.device} {dtype}; {weights}; {describe_speculation(host.config)}; "
+            f"KV cache {runner.num_kv_blocks} blocks x "
             f"{runner.block_size} = {tokens} tokens, {kv_bytes / 2**20:.1f} MiB, fits {fits} sequences of "
             f"max_model_len={runner.max_model_len}")
+
+
+def describe_speculation(config: EngineConfig) -> str:
+    """`speculative off`, or its method and most drafts per request per step."""
+    speculation = speculative_config(config.speculative)
+    if speculation is None:
+        return "speculative off"
+    return f"speculative {speculation.method} (up to {speculation.num_tokens} drafts per step)"

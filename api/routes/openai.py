@@ -134,7 +134,8 @@ def _model_card(model: ServedModel, serving: dict[str, int]) -> ModelCard:
     return ModelCard(id=model.id, created=model.created(), max_model_len=model.max_model_len(),
                      workers=serving.get(model.parent or model.id, 0), task=model.task.task,
                      embedding_size=model.task.embedding_size if model.task.embeds else None,
-                     parent=model.parent, quantization=model.quantization)
+                     parent=model.parent, quantization=model.quantization,
+                     speculative=model.settings.speculation_method())
 
 
 def model_of(services: Services, model_id: str | None, param: str | None = "model", *,
@@ -312,7 +313,9 @@ def _result(outcome: JobOutcome, header: ChunkHeader, shown: PromptView | None =
     return GenerationResult(text=outcome.text or "", finish_reason=outcome.finish_reason or "stop",
                             prompt_tokens=outcome.prompt_tokens, completion_tokens=outcome.completion_tokens,
                             model=header.model, created=header.created, logprobs=outcome.logprobs,
-                            cached_tokens=outcome.cached_tokens, chat=ChatOptions.from_json(outcome.chat),
+                            cached_tokens=outcome.cached_tokens, draft_tokens=outcome.draft_tokens,
+                            accepted_draft_tokens=outcome.accepted_draft_tokens,
+                            chat=ChatOptions.from_json(outcome.chat),
                             job_id=outcome.job_id, choices=outcome.choices, prompt=outcome.prompt or "",
                             prompt_logprobs=outcome.prompt_logprobs, shown=shown or PromptView(),
                             service_tier=header.service_tier)

@@ -63,7 +63,7 @@ from conveyor.core.webhooks.ssrf import url_problem
 MAX_RETRIES = 10
 # Stored only when they differ from their defaults: a job without them keeps the params shape it always had.
 STORED_WHEN_SET = {"n": 1, "prompt_logprobs": None, "presence_penalty": 0.0, "frequency_penalty": 0.0,
-                   "skip_special_tokens": True, "include_stop_str_in_output": False}
+                   "skip_special_tokens": True, "include_stop_str_in_output": False, "speculate": True}
 
 
 def exactly_one_of(first: str, second: str) -> dict[str, Any]:
@@ -205,6 +205,9 @@ class JobCreate(ChatFields, JobPlacement):
     skip_special_tokens: StrictFlag = Field(True, description="leave special tokens out of the text (vLLM's)")
     include_stop_str_in_output: StrictFlag = Field(
         False, description="keep a matched stop string at the end of the text (vLLM's)")
+    speculate: StrictFlag = Field(
+        True, description="let the model's speculative decoding draft tokens for this job, where its model "
+        "speculates (the `speculative` setting; the output is the same either way); false: none")
     repetition_penalty: RepetitionPenalty = 1.0
     presence_penalty: OpenAIPenalty = Field(0.0, description="as OpenAI: minus this for a generated token")
     frequency_penalty: OpenAIPenalty = Field(

@@ -32,6 +32,9 @@ class ModelCard(BaseModel):
     quantization: Literal["none", "int8", "int4"] = Field(
         "none", description="how its workers hold the weights: int8 or int4 (weight-only, groups of 32), or "
         "none (the model's dtype); an adapter's is its base model's")
+    speculative: str | None = Field(
+        None, description="the speculative decoding method its workers run (ngram or suffix: the "
+        "`speculative` setting); null: off. An adapter's is its base model's")
 
 
 class ModelList(BaseModel):

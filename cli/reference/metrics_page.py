@@ -38,9 +38,10 @@ class _IdleEngine:
 
     def stats(self) -> dict[str, object]:
         queues = {name: 0 for name in default_queues()}
-        return stats_dict(running=queues, waiting=queues, kv_blocks_used=0, kv_blocks_total=1, block_size=16,
+        idle = stats_dict(running=queues, waiting=queues, kv_blocks_used=0, kv_blocks_total=1, block_size=16,
                           preemptions_total=0, last_step=StepStats(), totals=EngineTotals(),
                           prefix_cache_blocks=0)
+        return {**idle, "speculation": None}  # LLMEngine.stats() adds it: None when not speculating
 
 
 def exported_metrics() -> list[ExportedMetric]:

@@ -85,6 +85,7 @@ class JobParams(BaseModel):
     structured: StoredStructured | None = None
     skip_special_tokens: StrictFlag = True
     include_stop_str_in_output: StrictFlag = False
+    speculate: StrictFlag = True  # False: no drafts for this job, where its model speculates
     # Not the engine's sampling: each choice is a request of its own (worker/choices.py), the adapter is the
     # engine request's, and an embedding job's fields make its PoolingParams and the answer's format.
     n: ChoiceCount = 1

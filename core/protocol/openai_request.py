@@ -157,6 +157,9 @@ class OpenAISampling(BaseModel):
         None, description="vLLM's: each prompt token's logprob and this many alternatives (not with stream)")
     skip_special_tokens: StrictFlag | None = None
     include_stop_str_in_output: StrictFlag | None = None
+    speculate: StrictFlag | None = Field(
+        None, description="false: no speculative drafts for this request (default true, where its model "
+        "speculates)")
     response_format: dict[str, Any] | None = Field(
         None, description='{"type": "json_schema", "json_schema": {"name", "schema"}}, json_object or text'
     )

@@ -6,11 +6,36 @@ max_model_len too (prompt + max_tokens must fit)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, BeforeValidator, Field
 
 DEFAULT_MAX_LORAS = 4  # LoRA slots of a model with adapters when max_loras is unset
+# The engine's speculation methods (engine/speculation/config.py METHODS; tests/core/test_settings.py holds
+# them equal): named here so that a misspelt method is refused where the settings are read, in the API too,
+# which never imports the engine.
+SPECULATION_METHODS = ("ngram", "suffix")
+SPECULATION_OFF = "none"
+
+
+def _speculative_form(value: object) -> object:
+    """The setting's form: off, a method, or an object of the engine's SpeculativeConfig fields with its
+    method. The other fields' values are the engine's to judge (its EngineConfig, when a worker starts)."""
+    methods = ", ".join(SPECULATION_METHODS)
+    if value is None or value in (SPECULATION_OFF, *SPECULATION_METHODS):
+        return value
+    if isinstance(value, dict):
+        method = value.get("method")
+        if method in SPECULATION_METHODS and all(isinstance(key, str) for key in value):
+            return value
+        raise ValueError(f"an object of speculative fields needs `method`: one of {methods}, got {method!r}")
+    raise ValueError(f"must be {SPECULATION_OFF}, one of {methods}, or an object of speculative fields with "
+                     f"a method (e.g. {{\"method\": \"suffix\", \"num_tokens\": 6}}), got {value!r}")
+
+
+# Off, a method with the engine's defaults, or {"method": ..., field: value, ...}; the engine's EngineConfig
+# takes each of these forms as they are.
+Speculative = Annotated[str | dict[str, Any] | None, BeforeValidator(_speculative_form)]
 
 
 class EngineSettings(BaseModel):
@@ -54,6 +79,17 @@ class EngineSettings(BaseModel):
         "`none` (the dtype's weights); unset/`auto` = a GGUF file's own (int4 for Q4_0/Q4_1/Q4_K files, int8 "
         "for Q5-Q8), else none. Decoding reads every weight each step, so fewer bytes decode faster: see "
         "\"Quantized weights\" in docs/benchmarks/results.md",
+    )
+    speculative: Speculative = Field(
+        None,
+        description="speculative decoding: each step the model also verifies a few drafted next tokens per "
+        "request, so one step can emit several; the output is the same as without it (greedy and sampled "
+        "alike). `ngram` (drafts copied from the request's own earlier tokens, prompt and output: fits "
+        "summaries, extraction, code edits), `suffix` (drafts from a suffix structure of its tokens with "
+        "frequencies), each with the engine's defaults, or a JSON object of the engine's SpeculativeConfig "
+        "fields with its method (`{\"method\": \"suffix\", \"num_tokens\": 6}`; the worker checks the "
+        "values when it starts, naming a bad field); `none` or unset = off. A job may turn it off for "
+        "itself (`speculate: false`); its drafted and accepted tokens are in its usage and in /metrics",
     )
     attention_backend: str | None = Field(
         None,
@@ -114,6 +150,12 @@ class EngineSettings(BaseModel):
                                       "have (the slots are sized by it); unset = 64")
     max_cpu_loras: int | None = Field(
         None, ge=1, description="LoRA adapters kept read in host memory; unset = max_loras")
+
+    def speculation_method(self) -> str | None:
+        """The speculation method its workers run (the `speculative` setting's); None: off."""
+        given = self.speculative
+        method = given.get("method") if isinstance(given, dict) else given
+        return None if method in (None, SPECULATION_OFF) else str(method)
 
 
 PER_MODEL_FIELDS = tuple(EngineSettings.model_fields)

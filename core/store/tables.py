@@ -177,6 +177,10 @@ class Job(Base):
     prompt_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
     completion_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
     cached_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)  # from the prefix cache
+    # Speculative decoding: tokens drafted for the job's choices, and those of them the model accepted (0 when
+    # its model does not speculate; NULL for a job finished before 0023 or not succeeded).
+    draft_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    accepted_draft_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
     # Per generated token when the job asked for logprobs: {token_id, text, logprob, top_logprobs: [...]}.
     logprobs: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
     # A job that asked for n > 1, or has `inputs` prompts: every choice {index, text, finish_reason,

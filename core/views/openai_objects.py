@@ -47,6 +47,8 @@ class GenerationResult:
     # As a job stores them, per generated token {token_id, text, logprob, top_logprobs}; None = not asked
     logprobs: list[dict[str, Any]] | None = None
     cached_tokens: int = 0  # prompt tokens served from the engine's prefix cache
+    draft_tokens: int = 0  # tokens speculative decoding drafted, over every choice
+    accepted_draft_tokens: int = 0  # of those, the ones the model accepted
     chat: ChatOptions = field(default_factory=ChatOptions)  # how a chat answer is read (its tool calls)
     job_id: str = ""  # names its tool calls (core/views/tool_calls.py)
     # A job with n > 1, or whose prompts are token ids or several: every choice as it stores them {index,
@@ -104,10 +106,18 @@ def new_id(prefix: str) -> str:
 
 
 def usage(result: GenerationResult) -> dict[str, Any]:
-    """OpenAI's usage object; prompt tokens found in the prefix cache under prompt_tokens_details."""
-    return {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
-            "total_tokens": result.prompt_tokens + result.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": result.cached_tokens}}
+    """OpenAI's usage object; prompt tokens found in the prefix cache under prompt_tokens_details and, when
+    speculative decoding drafted tokens, the drafts under the names OpenAI gives a predicted output's tokens
+    (completion_tokens stays the answer's own tokens: accepted drafts are among them, rejected ones not)."""
+    prompt, completion = result.prompt_tokens, result.completion_tokens
+    body: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion,
+                            "total_tokens": prompt + completion,
+                            "prompt_tokens_details": {"cached_tokens": result.cached_tokens}}
+    if result.draft_tokens:
+        accepted = result.accepted_draft_tokens
+        body["completion_tokens_details"] = {"accepted_prediction_tokens": accepted,
+                                             "rejected_prediction_tokens": result.draft_tokens - accepted}
+    return body
 
 
 def chat_completion(result: GenerationResult, completion_id: str) -> dict[str, Any]:

@@ -104,6 +104,12 @@ class JobUsage(BaseModel):
     cached_tokens: int | None = Field(
         None, description="prompt tokens whose KV the engine found in its prefix cache (not computed again)"
     )
+    draft_tokens: int | None = Field(
+        None, description="tokens speculative decoding drafted for it, every choice together (0: none, as "
+        "when its model does not speculate or it asked `speculate: false`); null: not succeeded, or "
+        "finished before this was counted")
+    accepted_draft_tokens: int | None = Field(
+        None, description="of draft_tokens, those the model accepted: each saved a step of its own")
 
 
 class JobError(BaseModel):
@@ -175,7 +181,8 @@ class JobPublic(BaseModel):
             id=job.id, status=job.status, kind=job.kind or GENERATION, model=model_id,  # type: ignore[arg-type]
             queue=queue, result=_result(job, model_id),
             usage=JobUsage(prompt_tokens=job.prompt_tokens, completion_tokens=job.completion_tokens,
-                           cached_tokens=job.cached_tokens),
+                           cached_tokens=job.cached_tokens, draft_tokens=job.draft_tokens,
+                           accepted_draft_tokens=job.accepted_draft_tokens),
             error=error, created_at=job.created_at, started_at=job.started_at,
             first_token_at=job.first_token_at, finished_at=job.finished_at, expires_at=job.expires_at,
             priority=job.priority, service_tier=job.service_tier, deadline_at=job.deadline_at,

@@ -64,7 +64,8 @@ def test_submit_run_complete_read_back(
     assert done["status"] == "succeeded"
     assert done["result"] == {"text": "hi there", "finish_reason": "length", "logprobs": None,
                               "tool_calls": None, "choices": None, "prompt_logprobs": None}
-    assert done["usage"] == {"prompt_tokens": 5, "completion_tokens": 8, "cached_tokens": 0}
+    assert done["usage"] == {"prompt_tokens": 5, "completion_tokens": 8, "cached_tokens": 0,
+                             "draft_tokens": 0, "accepted_draft_tokens": 0}
     assert (done["queue_time_s"], done["time_to_first_token_s"], done["end_to_end_s"]) == (1.0, 1.5, 3.0)
     assert done["attempts"] == 1 and done["preemptions"] == 2 and done["metadata"] == {"doc": [1, "a"]}
 

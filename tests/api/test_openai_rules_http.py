@@ -108,6 +108,8 @@ CASES: list[tuple[str, str, dict[str, Any], str | None]] = [
      {"messages": [USER], "skip_special_tokens": False, "include_stop_str_in_output": True}, None),
     ("vllm-text-not-bool", COMPLETIONS, {"prompt": "hi", "include_stop_str_in_output": "yes"},
      "include_stop_str_in_output"),
+    ("speculate-off", CHAT, {"messages": [USER], "speculate": False}, None),
+    ("speculate-not-bool", COMPLETIONS, {"prompt": "hi", "speculate": "no"}, "speculate"),
     ("continuous-usage", CHAT, {"messages": [USER], "stream_options": {"continuous_usage_stats": True}},
      "stream_options"),
     (

@@ -32,6 +32,8 @@ def submit(client: TestClient, **body: object) -> tuple[int, dict[str, object]]:
     ({"prompt": "x", "timeout": -5}, "timeout"),
     ({"prompt": "x", "webhook": "not a url"}, "webhook"),
     ({"prompt": "x", "max_token": 5}, "max_token"),  # unknown fields are typos, not ignored
+    ({"prompt": "x", "speculate": "no"}, "speculate"),
+    ({"prompt": "x", "speculate": 1}, "speculate"),
     ({"prompt": ""}, "prompt"),
     ({"messages": []}, "messages"),
     ({"messages": [{"role": "user"}]}, "messages[0].content"),

@@ -52,6 +52,7 @@ NON_DEFAULT: dict[str, tuple[Any, Any]] = {
     "structured": ({"regex": "[0-9]+"}, StructuredOutput(regex="[0-9]+")),
     "skip_special_tokens": (False, False),
     "include_stop_str_in_output": (True, True),
+    "speculate": (False, False),
 }
 SCHEMA = {"type": "object"}
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -161,6 +162,24 @@ def test_the_writers_store_the_shapes_they_stored() -> None:
     request = parse_line(1, json.dumps(line).encode(), CustomIdSet(), adapter)
     assert isinstance(request, BatchRequest)
     assert request.params == PREVIOUS_ROWS["batch line for an adapter"][0]
+
+
+def test_speculate_is_stored_only_when_a_writer_turns_it_off() -> None:
+    """Each door stores `speculate: false` as sent and leaves the default out (rows keep their shape); the
+    worker maps it onto the engine's SamplingParams.speculate."""
+    job = JobCreate.model_validate({"prompt": "Summarize.", "speculate": False}).sampling_params()
+    assert job["speculate"] is False
+    default = JobCreate.model_validate({"prompt": "Summarize.", "speculate": True}).sampling_params()
+    assert "speculate" not in default
+    chat = _openai_chat_job({"speculate": False}, "hermes")
+    assert chat["speculate"] is False and sampling_params_from_json(chat).speculate is False
+    line = {"custom_id": "q1", "url": CHAT, "body": {"messages": [{"role": "user", "content": "hi"}],
+                                                     "speculate": False}}
+    request = parse_line(1, json.dumps(line).encode(), CustomIdSet(), LineLimits())
+    assert isinstance(request, BatchRequest) and request.params["speculate"] is False
+    assert sampling_params_from_json(PLAIN_JOB).speculate is True, "a row without it speculates"
+    with pytest.raises(ValidationError, match="speculate"):
+        JobParams.written({"speculate": "no"})
 
 
 def _openai_chat_job(sent: dict[str, Any], parser: str) -> dict[str, Any]:

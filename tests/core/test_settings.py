@@ -189,3 +189,41 @@ def test_the_retry_backoff_is_set_and_its_first_wait_may_not_pass_its_cap() -> N
         Settings(retry_backoff_s=10, retry_backoff_max_s=5)
     with pytest.raises(ValidationError, match="max_retries"):
         Settings(queues={"interactive": {"max_retries": 11}})
+
+
+def test_speculative_is_off_a_method_or_an_object_of_the_engines_fields(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert Settings().speculative is None and Settings().speculation_method() is None
+    assert Settings(speculative="none").speculation_method() is None
+    assert Settings(speculative="ngram").speculation_method() == "ngram"
+    monkeypatch.setenv("CONVEYOR_SPECULATIVE", '{"method": "suffix", "num_tokens": 6}')
+    from_env = Settings()
+    assert from_env.speculative == {"method": "suffix", "num_tokens": 6}
+    assert from_env.speculation_method() == "suffix"
+    monkeypatch.setenv("CONVEYOR_SPECULATIVE", "ngram")
+    assert Settings().speculative == "ngram"
+    monkeypatch.delenv("CONVEYOR_SPECULATIVE")
+    config = tmp_path / "conveyor.toml"
+    config.write_text('speculative = "ngram"\n[models.chat]\npath = "/c"\n[models.e5]\npath = "/e5"\n'
+                      'speculative = "none"\n[models.code]\npath = "/code"\n'
+                      'speculative = { method = "suffix", num_tokens = 4 }\n')
+    served = load_settings(config).served()
+    assert {model_id: s.speculation_method() for model_id, s in served.items()} == {
+        "chat": "ngram", "e5": None, "code": "suffix"}
+    assert served["code"].speculative == {"method": "suffix", "num_tokens": 4}
+
+
+@pytest.mark.parametrize("given", ["medusa", 3, True, ["ngram"], {"num_tokens": 4}, {"method": "eagle"}])
+def test_a_speculative_setting_of_no_known_method_is_refused_naming_it(given: object) -> None:
+    with pytest.raises(ValidationError, match=r"speculative\n.*(ngram, suffix)"):
+        Settings(speculative=given)
+    with pytest.raises(ValidationError, match=r"models\.a\n.*speculative: .*(ngram, suffix)"):
+        Settings(models={"a": {"path": "/a", "speculative": given}})
+
+
+def test_the_speculation_methods_are_the_engines() -> None:
+    from conveyor.core.settings.engine import SPECULATION_METHODS
+    from conveyor.engine.speculation.config import METHODS
+
+    assert SPECULATION_METHODS == METHODS

@@ -141,6 +141,8 @@ def test_dashboard_covers_what_the_issue_asks() -> None:
         "conveyor_queue_oldest_age_seconds",
         "conveyor:kv_cache_usage_perc",
         "conveyor:num_preemptions_total",
+        "conveyor:spec_decode_num_accepted_tokens_total",
+        "conveyor:spec_decode_num_draft_tokens_total",
         "conveyor_webhook_deliveries_total",
     ):
         assert needed in text, needed

@@ -113,3 +113,23 @@ def test_the_start_line_counts_a_windowed_models_sequences_by_the_blocks_they_ho
     config = EngineConfig(model=str(path), num_kv_blocks=12, max_model_len=1024, max_num_batched_tokens=64)
     host = SimpleNamespace(engine=SimpleNamespace(runner=ModelRunner(config)), config=config)
     assert "fits 2 sequences of max_model_len=1024" in describe_engine(host, str(path))  # type: ignore[arg-type]
+
+
+def test_the_speculative_setting_reaches_the_engine_and_a_bad_field_stops_the_start(
+    make_settings: Callable[..., Any]
+) -> None:
+    """The form is judged with the settings; the fields' values by the engine, when the worker derives its
+    EngineConfig (before any weight is loaded), naming the field."""
+    from conveyor.engine.speculation.config import SpeculativeConfig
+    from conveyor.worker.model import describe_speculation
+
+    given = make_settings(speculative={"method": "suffix", "num_tokens": 6}, num_threads=1)
+    config = engine_config(given, "/models/m")
+    assert config.speculative == SpeculativeConfig(method="suffix", num_tokens=6)
+    assert describe_speculation(config) == "speculative suffix (up to 6 drafts per step)"
+    off = engine_config(make_settings(speculative="none", num_threads=1), "/models/m")
+    assert off.speculative is None and describe_speculation(off) == "speculative off"
+    with pytest.raises(ValueError, match=r"speculative\.num_tokens must be"):
+        engine_config(make_settings(speculative={"method": "ngram", "num_tokens": 99}, num_threads=1), "/m")
+    with pytest.raises(ValueError, match=r"unknown field\(s\) \['tokens'\]"):
+        engine_config(make_settings(speculative={"method": "ngram", "tokens": 4}, num_threads=1), "/m")

@@ -38,5 +38,6 @@ def test_worker_logs_its_summary_and_cold_start_not_celerys_banner(
     assert "cold start: engine ready" in log and "(imports " in log and "cold start: first token" in log
     # The demo model's weights: random fp32, not quantized, in the start line and the cold-start line.
     assert "; weights none " in log and re.search(r"weights [0-9.]+ s \(none, [0-9.]+ MiB\)", log)
+    assert "; speculative off; " in log  # the `speculative` setting, unset
     assert "[tasks]" not in log and "conveyor.control" not in log  # Celery's banner
     assert "SecurityWarning" not in log and "Traceback" not in log and "alembic" not in log

@@ -40,6 +40,8 @@ class Completion:
     first_token_at: datetime | None
     logprobs: list[dict[str, Any]] | None = None
     cached_tokens: int = 0  # prompt tokens the engine found in its prefix cache
+    draft_tokens: int = 0  # tokens speculative decoding proposed, over every choice
+    accepted_draft_tokens: int = 0  # of those, the ones the model accepted
     choices: list[dict[str, Any]] | None = None  # every choice of a job that asked for n > 1
     prompt_logprobs: list[dict[str, Any]] | None = None  # per prompt token, when the job asked for them
     # an embedding job's vectors, in order (core/views/embedding_vectors.py)
@@ -134,7 +136,8 @@ _FIRST_TOKEN = update(_JOBS).where(*_RUNNING_ATTEMPT, _JOBS.c.first_token_at.is_
     updated_at=bindparam("b_at", type_=_JOBS.c.updated_at.type))
 
 
-_COMPLETION_FIELDS = ("result_text", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens")
+_COMPLETION_FIELDS = ("result_text", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens",
+                      "draft_tokens", "accepted_draft_tokens")
 
 
 _COMPLETION_JSON = ("logprobs", "choices", "prompt_logprobs", "embeddings")
@@ -212,10 +215,13 @@ def complete(
     now: datetime,
     logprobs: list[dict[str, Any]] | None = None,
     cached_tokens: int = 0,
+    draft_tokens: int = 0,
+    accepted_draft_tokens: int = 0,
 ) -> bool:
     """running -> succeeded, only for the attempt that is running."""
     outcome = Completion(job_id, attempt, result_text, finish_reason, prompt_tokens, completion_tokens,
-                         preemptions, first_token_at, logprobs, cached_tokens)
+                         preemptions, first_token_at, logprobs, cached_tokens, draft_tokens,
+                         accepted_draft_tokens)
     return bool(record_step(session, [], [outcome], now))
 
 

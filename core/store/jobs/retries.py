@@ -29,9 +29,10 @@ class RetryResult:
     open_batch_id: str | None = None
 
 
-_RESULT_FIELDS = ("result_text", "finish_reason", "completion_tokens", "cached_tokens", "logprobs", "choices",
-                  "prompt_logprobs", "embeddings", "error_code", "error_message", "started_at",
-                  "first_token_at", "finished_at", "worker_id", "dispatched_at", "predicted_finish_at")
+_RESULT_FIELDS = ("result_text", "finish_reason", "completion_tokens", "cached_tokens", "draft_tokens",
+                  "accepted_draft_tokens", "logprobs", "choices", "prompt_logprobs", "embeddings",
+                  "error_code", "error_message", "started_at", "first_token_at", "finished_at", "worker_id",
+                  "dispatched_at", "predicted_finish_at")
 
 
 def retry(session: Session, job_id: str, tenant_id: str, now: datetime, *, key: str | None = None,

@@ -28,7 +28,7 @@ def test_upgrade_head_matches_the_models(fresh_url: str) -> None:
     head = ScriptDirectory.from_config(alembic_config(fresh_url)).get_current_head()  # one linear history
     with db_engine.connect() as conn:
         current = MigrationContext.configure(conn).get_current_revision()
-        assert current == head == "0022_console_sessions"
+        assert current == head == "0023_job_draft_tokens"
         assert {"tenants", "api_keys", "jobs", "workers"} <= set(inspect(conn).get_table_names())
         assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
         assert conn.execute(text("SELECT id FROM tenants")).scalars().all() == ["default"]
@@ -47,6 +47,29 @@ def test_existing_tenants_keep_their_own_cache_partition_and_the_namespace_downg
     command.downgrade(alembic_config(fresh_url), "0008_metric_counts")
     with db_engine.connect() as conn:
         assert "cache_namespace" not in {c["name"] for c in inspect(conn).get_columns("tenants")}
+    db_engine.dispose()
+
+
+def test_jobs_finished_before_get_no_draft_figures_and_the_columns_downgrade(fresh_url: str) -> None:
+    """Speculative decoding's usage columns: NULL for the jobs stored before (no figure, as cached_tokens had
+    none before 0006), gone again after a downgrade, the jobs kept."""
+    upgrade(fresh_url, "0022_console_sessions")
+    db_engine = make_db_engine(fresh_url)
+    with db_engine.begin() as conn:
+        conn.execute(text(
+            "INSERT INTO jobs (id, tenant_id, queue, status, params, request_hash, created_at, updated_at,"
+            " attempts, preemptions, completion_tokens, cached_tokens) VALUES ('job_old', 'default',"
+            " 'demo:interactive', 'succeeded', '{}', 'h', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP, 1, 0, 8, 0)"))
+    upgrade(fresh_url)
+    with db_engine.begin() as conn:
+        row = conn.execute(text("SELECT draft_tokens, accepted_draft_tokens FROM jobs")).one()
+        assert tuple(row) == (None, None)
+        conn.execute(text("UPDATE jobs SET draft_tokens = 12, accepted_draft_tokens = 9"))
+    command.downgrade(alembic_config(fresh_url), "0022_console_sessions")
+    with db_engine.connect() as conn:
+        columns = {c["name"] for c in inspect(conn).get_columns("jobs")}
+        assert not {"draft_tokens", "accepted_draft_tokens"} & columns and "cached_tokens" in columns
+        assert conn.execute(text("SELECT completion_tokens FROM jobs")).scalar_one() == 8
     db_engine.dispose()
 
 

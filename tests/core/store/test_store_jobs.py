@@ -322,6 +322,18 @@ def test_record_step_makes_a_job_final_once_when_reported_twice_in_two_forms_or_
     assert jobs.get(session, cancelled).status == "cancelled"  # type: ignore[union-attr]
 
 
+def test_record_step_stores_each_completions_drafted_and_accepted_tokens(session: Session) -> None:
+    """Speculative decoding's usage, written by the one statement of the step's completions, row by row."""
+    drafted, plain = add_job(session), add_job(session)
+    assert len(jobs.claim_many(session, [drafted, plain], "w1", T0)) == 2
+    speculated = jobs.Completion(drafted, 1, "out", "stop", prompt_tokens=2, completion_tokens=3,
+                                 preemptions=0, first_token_at=None, draft_tokens=12, accepted_draft_tokens=9)
+    assert sorted(jobs.record_step(session, [], [speculated, done(plain, 1)], T1)) == sorted([drafted, plain])
+    rows = {job_id: jobs.get(session, job_id) for job_id in (drafted, plain)}
+    assert {job_id: (row.draft_tokens, row.accepted_draft_tokens) for job_id, row in rows.items() if row} == {
+        drafted: (12, 9), plain: (0, 0)}
+
+
 def test_record_step_records_first_tokens_only_for_the_running_attempt(session: Session) -> None:
     fresh, already, finished, both = (add_job(session) for _ in range(4))
     assert len(jobs.claim_many(session, [fresh, already, finished, both], "w1", T0)) == 4
