@@ -111,6 +111,15 @@ def test_step_cost_is_unknown_until_measured_and_again_once_stale() -> None:
     assert cost.seconds(8) is None and cost.seconds(64) == pytest.approx(0.05)
 
 
+def test_step_cost_interpolates_between_measured_sizes_so_a_few_drafts_cost_their_share() -> None:
+    cost = StepCost()
+    cost.observe(32, 0.320)
+    cost.observe(64, 0.640)  # compute-bound: 10 ms a token
+    assert cost.seconds(34) == pytest.approx(0.340)  # the bucket of 32, and its share of the slope
+    assert cost.seconds(68) == pytest.approx(0.680)  # past the last size (its bucket), along the last segment
+    assert cost.seconds(24) is None  # its own bucket was never measured
+
+
 def decoding(n: int, tokens: list[int]):
     seqs = []
     for i in range(n):
