@@ -1,4 +1,4 @@
-"""The scheduler's side of speculation: each decoding request's drafts for the step, capped so the step's
+"""The scheduler's side of speculation: each decoding request's drafts for the step, cut so the step's
 expected output tokens per second is highest.
 
 A request drafts while it allows it (SamplingParams.speculate) and its acceptance has not stayed low
@@ -6,13 +6,13 @@ A request drafts while it allows it (SamplingParams.speculate) and its acceptanc
 two, after a rejection it shrinks to what was accepted plus one. A constrained request's draft is cut at the
 first token its grammar refuses.
 
-With `dynamic`, the drafts are then capped per request (as proposed, 4, 2, 1 or none) by the measured cost
-of a step (step_cost.py): a cap is worth its expected tokens over the seconds a step of that many tokens
-takes. A step size not measured lately is run to measure it. Expected tokens: one per decoding request, plus
-for a draft of L tokens a + a^2 + ... + a^L, with a its request's chance that a drafted token is accepted
-once those before it were. That chance is learnt per request (starting from the method's overall one) from
-every verified draft, and from drafts the policy withheld: their first token is judged against the token
-the request then got, so a request whose drafts are withheld keeps being judged, for free.
+With `dynamic`, the drafts are then cut by the measured cost of a step (step_cost.py). The j-th token of a
+request's draft is kept with chance a^j, a its request's chance that a drafted token is accepted once those
+before it were; the step keeps the D most likely draft tokens (each request a prefix of its draft), D chosen
+so the expected tokens (one per decoding request, plus those chances) over the seconds a step of that many
+tokens takes is highest. A step size not measured lately is run to measure it. A request's chance is learnt
+(starting from the method's overall one) from every verified draft, and from drafts the policy withheld:
+their first token is judged against the token the request then got, so it keeps being judged, for free.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ if TYPE_CHECKING:
 
 PRIOR_WEIGHT = 8  # a request's acceptance chance starts as this many judged tokens at the overall chance
 PRIOR_CHANCE = 0.5  # the overall chance before any drafted token was judged
-CAPS = (None, 4, 2, 1)  # per-request draft caps weighed by the dynamic policy (None: as proposed)
 
 
 class Drafter(Protocol):
@@ -180,32 +179,34 @@ class Speculator:
 
     def _cap_by_cost(self, seqs: list[Sequence], drafts: list[list[int]], base_tokens: int
                      ) -> list[list[int]]:
+        """The drafts cut to the most likely draft tokens, as many as make the step's expected tokens per
+        second highest (a size not measured lately is run instead, to measure it)."""
         base_seconds = self.cost.seconds(base_tokens)
         if base_seconds is None:
             return [[] for _ in drafts]  # measure the step without drafts first
         prior = self.evidence.chance(PRIOR_CHANCE)
         chances = [seq.drafting.evidence.chance(prior) if seq.drafting is not None else 0.0 for seq in seqs]
-        best, best_rate = [[] for _ in drafts], len(seqs) / base_seconds
-        for cap in CAPS:
-            capped = [d[:cap] for d in drafts]
-            num_drafts = sum(len(d) for d in capped)
-            seconds = self.cost.seconds(base_tokens + num_drafts)
+        # Each draft token with the chance it is kept (its request's chance to the power of its place);
+        # a request's tokens stay in their order, so every request keeps a prefix of its draft.
+        tokens = sorted(((a ** (j + 1), i) for i, (a, d) in enumerate(zip(chances, drafts, strict=True))
+                         for j in range(len(d))), key=lambda t: -t[0])
+        best, best_rate, expected = 0, len(seqs) / base_seconds, float(len(seqs))
+        for count, (chance, _) in enumerate(tokens, start=1):
+            expected += chance
+            seconds = self.cost.seconds(base_tokens + count)
             if seconds is None:
-                return capped  # measure this step size
-            expected = len(seqs) + sum(_expected_accepted(a, len(d)) for a, d in zip(chances, capped,
-                                                                                       strict=True))
+                best = count  # measure this step size
+                break
             if expected / seconds > best_rate:
-                best, best_rate = capped, expected / seconds
-        return best
+                best, best_rate = count, expected / seconds
+        kept = [0] * len(drafts)
+        for _, i in tokens[:best]:
+            kept[i] += 1
+        return [d[:k] for d, k in zip(drafts, kept, strict=True)]
 
     def _total(self) -> DraftCounts:
         return DraftCounts(sum(c.drafted for c in self.counts.values()),
                            sum(c.accepted for c in self.counts.values()))
-
-
-def _expected_accepted(chance: float, length: int) -> float:
-    """Expected accepted tokens of a draft of `length`, each accepted with `chance` once those before were."""
-    return sum(chance**i for i in range(1, length + 1))
 
 
 def cut_by_grammar(matcher: xgrammar.GrammarMatcher, drafts: list[int]) -> list[int]:

@@ -136,22 +136,33 @@ def test_the_policy_measures_then_drafts_while_steps_are_weight_bound_and_stops_
     seqs = decoding(2, repeating)
     assert spec.propose(seqs, [8, 8], base_tokens=2) == [[], []]  # the plain step is not measured yet
     spec.observe_step(2, 0.010)
-    assert [len(d) for d in spec.propose(seqs, [8, 8], base_tokens=2)] == [4, 4]  # measure the drafts
-    spec.observe_step(10, 0.011)  # nearly free: bound by reading the weights
-    assert [len(d) for d in spec.propose(seqs, [8, 8], base_tokens=2)] == [2, 2]  # the next size to measure
-    for tokens in (6, 4):
-        spec.observe_step(tokens, 0.0105)
+    assert [len(d) for d in spec.propose(seqs, [8, 8], base_tokens=2)] == [1, 0]  # measure one draft more
+    for tokens in range(3, 11):
+        spec.observe_step(tokens, 0.010 + 0.0001 * tokens)  # nearly free: bound by reading the weights
     assert [len(d) for d in spec.propose(seqs, [8, 8], base_tokens=2)] == [4, 4]
 
     bound = Speculator(SpeculativeConfig(method="ngram", num_tokens=4))
-    for tokens in (2, 4, 6, 10):  # every step size measured, each token costing the same
+    for tokens in range(2, 11):  # every step size measured, each token costing the same
         bound.observe_step(tokens, 0.005 * tokens)
     assert bound.propose(decoding(2, repeating), [8, 8], base_tokens=2) == [[], []]
 
 
+def test_a_request_whose_drafts_are_usually_right_gets_the_longer_draft() -> None:
+    spec = Speculator(SpeculativeConfig(method="ngram", num_tokens=4))
+    for tokens in range(2, 11):
+        spec.observe_step(tokens, 0.010 + 0.002 * tokens)  # each draft token costs a fifth of a plain step
+    right, wrong = decoding(2, [5, 6, 7, 8] * 4)
+    # Before any evidence both have the overall chance (one half): a draft token each pays, a second not.
+    assert [len(d) for d in spec.propose([right, wrong], [8, 8], base_tokens=2)] == [1, 1]
+    assert right.drafting is not None and wrong.drafting is not None
+    right.drafting.evidence.add(judged=100, accepted=95)
+    wrong.drafting.evidence.add(judged=100, accepted=20)
+    assert [len(d) for d in spec.propose([right, wrong], [8, 8], base_tokens=2)] == [4, 0]
+
+
 def test_withheld_drafts_are_judged_by_the_token_the_request_then_got() -> None:
     spec = Speculator(SpeculativeConfig(method="ngram", num_tokens=4))
-    for tokens in (1, 2, 3, 5):
+    for tokens in range(1, 6):
         spec.observe_step(tokens, 0.005 * tokens)  # compute-bound: drafts are withheld
     seq = decoding(1, [5, 6, 7, 8] * 3)[0]
     assert spec.propose([seq], [8], 1) == [[]]
