@@ -72,11 +72,11 @@ def plan_paged_attention_ref(
     k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]: only its shape and device are read
     meta: AttentionMetadata,  # its block_tables, seq_lens, query_start_loc and bounds; not its plan
     num_heads: int,
-    include_decodes: bool = True,
+    skip_query_len: int = 0,
     *,
     window: int | None = None,
 ) -> AttentionPlan:
-    """`include_decodes` False: sequences with one query token are left out (another kernel attends them).
+    """Sequences with at most `skip_query_len` query tokens are left out (another kernel attends them).
     `window`: the sliding window of the layers the plan serves (None: none); it serves that window only."""
     check_window_softcap(window, None)
     # The per-sequence metadata is tiny: plain lists make the grouping and index building cheap.
@@ -89,7 +89,7 @@ def plan_paged_attention_ref(
     groups = tuple(
         _plan_group(group, starts, query_lens, seq_len_list, key_offsets, meta.block_tables,
                     k_cache.shape[:2], window)
-        for group in _group_sequences(query_lens, spans, row_elements, num_heads, include_decodes)
+        for group in _group_sequences(query_lens, spans, row_elements, num_heads, skip_query_len)
     )
     most_blocks = max((g.blocks.shape[0] for g in groups), default=0)
     scratch = k_cache.new_empty(2, most_blocks, k_cache.shape[1] * row_elements)
@@ -168,11 +168,11 @@ def _key_offsets(
 
 
 def _group_sequences(
-    query_lens: list[int], seq_lens: list[int], row_elements: int, num_heads: int, include_decodes: bool
+    query_lens: list[int], seq_lens: list[int], row_elements: int, num_heads: int, skip_query_len: int = 0
 ) -> list[list[int]]:
     """Sequence ids in groups: decodes apart from prefills, by context length, each padded group bounded.
     `seq_lens`: the keys each sequence gathers (its whole context, or its span from its window's block)."""
-    smallest = 1 if include_decodes else 2
+    smallest = skip_query_len + 1
     order = sorted((s for s in range(len(query_lens)) if query_lens[s] >= smallest),
                    key=lambda s: (query_lens[s] > 1, seq_lens[s]))
     groups: list[list[int]] = []

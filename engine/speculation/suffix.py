@@ -1,8 +1,8 @@
 """The suffix proposer: a trie of every span of up to max_depth tokens of the request's prompt and output,
-each node counting how often its span occurs. The longest recent context found in the trie proposes the
-continuation seen most often after it, token by token, while the estimated probability of the whole draft
-(each step's count / its parent's, multiplied) stays at least min_token_prob (SuffixDecoding's idea, on a
-depth-bounded trie instead of a suffix tree).
+each node counting how often its span occurs (and keeping its most frequent child). The longest recent
+context found in the trie with a continuation proposes the continuation seen most often after it, token by
+token, while the estimated probability of the whole draft (each step's count / its parent's, multiplied)
+stays at least min_token_prob (SuffixDecoding's idea, on a depth-bounded trie instead of a suffix tree).
 
 Optionally (SpeculativeConfig.tenant_history) a request also drafts from a trie of recent finished outputs
 for the same cache salt and prompt head (TenantHistory): repeated jobs of one tenant tend to answer alike.
@@ -22,12 +22,25 @@ MAX_HISTORY_KEYS = 1024  # (salt, prompt head) histories kept, least recently us
 
 
 class _Node:
-    __slots__ = ("children", "count", "depth")
+    __slots__ = ("best", "best_token", "children", "count", "depth", "total")
 
     def __init__(self, depth: int) -> None:
         self.children: dict[int, _Node] = {}
-        self.count = 0
+        self.count = 0  # occurrences of its span
+        self.total = 0  # occurrences of its span followed by a token: its children's counts summed
+        self.best: _Node | None = None  # its most frequent child (kept as counts grow: a draft is O(length))
+        self.best_token = -1
         self.depth = depth
+
+    def count_child(self, token: int) -> _Node:
+        child = self.children.get(token)
+        if child is None:
+            child = self.children[token] = _Node(self.depth + 1)
+        child.count += 1
+        self.total += 1
+        if self.best is None or child.count > self.best.count:
+            self.best, self.best_token = child, token
+        return child
 
 
 class SuffixTrie:
@@ -43,10 +56,7 @@ class SuffixTrie:
         for token in tokens:
             grown = []
             for node in [self.root, *self._open]:
-                child = node.children.get(token)
-                if child is None:
-                    child = node.children[token] = _Node(node.depth + 1)
-                child.count += 1
+                child = node.count_child(token)
                 if child.depth < self.max_depth:
                     grown.append(child)
             self._open = grown
@@ -56,17 +66,18 @@ class SuffixTrie:
         self._open = []
 
     def draft(self, context: list[int], max_tokens: int, min_prob: float) -> tuple[list[int], float]:
-        """The best draft after `context` (its last tokens matched, longest first) and its score: the
-        expected number of its tokens accepted, each counted with the probability of the draft up to it."""
-        best: tuple[list[int], float] = ([], 0.0)
-        for length in range(min(len(context), self.max_depth - 1), 0, -1):
+        """The draft after the longest of `context`'s suffixes that has one, and its score: the expected
+        number of its tokens accepted, each counted with the probability of the draft up to it. A longer
+        match is better evidence (trying every length for the best score cost more than it won), but a match
+        leaves only max_depth minus its length for the draft: it is at most max_depth - max_tokens long."""
+        longest = min(len(context), max(self.max_depth - max_tokens, 1))
+        for length in range(longest, 0, -1):
             node = self._find(context[-length:])
-            if node is None or not node.children:
-                continue
-            candidate = _follow(node, max_tokens, min_prob)
-            if candidate[1] > best[1]:
-                best = candidate
-        return best
+            if node is not None and node.children:
+                candidate = _follow(node, max_tokens, min_prob)
+                if candidate[0]:
+                    return candidate
+        return [], 0.0
 
     def _find(self, span: list[int]) -> _Node | None:
         node: _Node | None = self.root
@@ -81,15 +92,13 @@ def _follow(node: _Node, max_tokens: int, min_prob: float) -> tuple[list[int], f
     """The most frequent path below node, while its probability stays at least min_prob."""
     draft: list[int] = []
     prob, score = 1.0, 0.0
-    while len(draft) < max_tokens and node.children:
-        total = sum(child.count for child in node.children.values())
-        token, child = max(node.children.items(), key=lambda item: item[1].count)
-        prob *= child.count / total
+    while len(draft) < max_tokens and node.best is not None:
+        prob *= node.best.count / node.total
         if prob < min_prob:
             break
-        draft.append(token)
+        draft.append(node.best_token)
         score += prob
-        node = child
+        node = node.best
     return draft, score
 
 

@@ -58,13 +58,16 @@ def test_strided_queries_and_a_given_out(built, paged_batch) -> None:
     torch.testing.assert_close(out, paged_attention(*batch.args(), backend="torch"))
 
 
-def test_the_plan_sends_decodes_to_the_kernel_and_the_rest_to_the_reference(built, paged_batch) -> None:
-    batch = paged_batch([1, 5, 1, 0], [30, 5, 7, 3])
+def test_the_plan_sends_short_queries_to_the_kernel_row_by_row_and_the_rest_to_the_reference(
+    built, paged_batch
+) -> None:
+    batch = paged_batch([1, 5, 1, 0, 20], [30, 5, 7, 3, 40])
     plan = plan_paged_attention(batch.k_cache, batch.meta(), batch.q.shape[1], backend="cpu")
     assert isinstance(plan, CpuAttentionPlan)
-    assert plan.decode_rows.tolist() == [0, 6]  # rows of sequences 0 and 2 in q
-    assert plan.decode_seq_lens.tolist() == [30, 7]
-    assert [g.num_seqs for g in plan.rest.groups] == [1]  # the prefill chunk alone
+    # Sequence 1's five queries (a token and four drafts) are rows 1..5 of q, each seeing the keys up to it.
+    assert plan.decode_rows.tolist() == [0, 1, 2, 3, 4, 5, 6]
+    assert plan.decode_seq_lens.tolist() == [30, 1, 2, 3, 4, 5, 7]
+    assert [g.num_seqs for g in plan.rest.groups] == [1]  # the 20-token chunk alone
     one_plan = paged_attention(*batch.args(plan), backend="cpu")
     torch.testing.assert_close(one_plan, paged_attention(*batch.args(), backend="torch"))
 

@@ -62,13 +62,13 @@ def test_reference_matches_naive_oracle(paged_batch, tolerance, monkeypatch, cas
 def test_sequences_grouped_by_kind_then_context_length(monkeypatch) -> None:
     query_lens, seq_lens = [1, 7, 1, 0, 1, 3], [90, 7, 10, 5, 40, 30]
     shape = {"row_elements": 8, "num_heads": 2}
-    groups = reference._group_sequences(query_lens, seq_lens, **shape, include_decodes=True)
+    groups = reference._group_sequences(query_lens, seq_lens, **shape, skip_query_len=0)
     assert groups == [[2, 4, 0], [1, 5]]  # decodes first, each kind by context length; query length 0 dropped
-    prefills = reference._group_sequences(query_lens, seq_lens, **shape, include_decodes=False)
+    prefills = reference._group_sequences(query_lens, seq_lens, **shape, skip_query_len=1)
     assert prefills == [[1, 5]]  # the cpu backend's C++ kernel takes the decodes
     # Padded cost per sequence: longest context x (2 * 8 + 2 * 2 * longest query) elements.
     monkeypatch.setattr(reference, "GROUP_BUDGET_ELEMENTS", 2000)
-    groups = reference._group_sequences(query_lens, seq_lens, **shape, include_decodes=True)
+    groups = reference._group_sequences(query_lens, seq_lens, **shape, skip_query_len=0)
     assert groups == [[2, 4], [0], [1], [5]]
 
 
