@@ -1,10 +1,12 @@
 """`make gpu-check` / `python -m conveyor.bench.gpu_check`: the GPU check in one command, under 10 minutes on
-a CUDA machine. Five stages, each in a child process of its own with its own time budget, inside a total
+a CUDA machine. Six stages, each in a child process of its own with its own time budget, inside a total
 budget:
 
 - kernels: bench/kernels.py's paged-attention cases, with achieved bandwidth against a measured device copy;
 - quant: the Triton int8/int4 dequantize-and-multiply kernel against its reference, timed against the dense
   matmul (bench/gpu_check_stages.py quant_stage);
+- speculation: SmolLM2-135M-Instruct answers the bench's `quoting` prompts with suffix drafts and without,
+  greedy and seeded: the tokens must be equal; acceptance and the speed-up recorded;
 - engine: `conveyor bench --peer hf` on the ~1.1B-parameter `llama-1b` preset in bf16 (the engine against
   transformers' continuous batching and static batches);
 - moe: the same on the `mixtral-1b` preset (8 experts, 2 per token: the fused Triton MoE kernel against
@@ -47,15 +49,18 @@ from conveyor.bench.gpu_check_stages import (
     moe_stage,
     quant_stage,
     service_stage,
+    speculation_stage,
 )
 
 StageFn = Callable[[Plan], dict[str, Any]]
-STAGES: dict[str, StageFn] = {"kernels": kernel_stage, "quant": quant_stage, "engine": engine_stage,
-                              "moe": moe_stage, "service": service_stage}
+STAGES: dict[str, StageFn] = {"kernels": kernel_stage, "quant": quant_stage, "speculation": speculation_stage,
+                              "engine": engine_stage, "moe": moe_stage, "service": service_stage}
 DEFAULT_BUDGET_S = 540.0  # the whole run: 9 minutes, inside the 10 the check promises
 # Each stage's own limit (seconds); the total budget clips the later ones.
-GPU_BUDGETS = {"kernels": 80.0, "quant": 40.0, "engine": 190.0, "moe": 110.0, "service": 120.0}
-CPU_BUDGETS = {"kernels": 60.0, "quant": 30.0, "engine": 120.0, "moe": 90.0, "service": 90.0}
+GPU_BUDGETS = {"kernels": 80.0, "quant": 40.0, "speculation": 60.0, "engine": 160.0, "moe": 95.0,
+               "service": 105.0}
+CPU_BUDGETS = {"kernels": 60.0, "quant": 30.0, "speculation": 60.0, "engine": 120.0, "moe": 90.0,
+               "service": 90.0}
 MIN_STAGE_S = 5.0  # a stage that would get less than this of the total budget is skipped
 STOP_GRACE_S = 10.0  # after SIGTERM, before SIGKILL: time for a stage to stop the server it started
 CPU_TORCH = (

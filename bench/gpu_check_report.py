@@ -28,8 +28,8 @@ def report_markdown(report: dict[str, Any]) -> str:
         "",
         stages_table(report["stages"]),
     ]
-    sections = {"kernels": kernel_section, "quant": quant_section, "engine": engine_section,
-                "moe": engine_section, "service": service_section}
+    sections = {"kernels": kernel_section, "quant": quant_section, "speculation": speculation_section,
+                "engine": engine_section, "moe": engine_section, "service": service_section}
     for name, section in sections.items():
         figures = stages.get(name, {}).get("figures")
         if figures and figures.get("problems") is not None:
@@ -107,6 +107,24 @@ def quant_section(q: dict[str, Any]) -> str:
         ok = "yes" if c["ok"] else "**NO**"
         lines.append(f"| {c['case']} | {c['max_err']:.1e} | {ok} | {fmt(c['ms'])} ({c['timing']}) | "
                      f"{fmt(c['dense_ms'])} | {c['dense_ms'] / c['ms']:.2f}x |")
+    return "\n".join(lines)
+
+
+def speculation_section(s: dict[str, Any]) -> str:
+    lines = [
+        f"## Speculative decoding: `{s['model']}`, {s['requests']} requests, suffix drafts against none",
+        "",
+        "The bench's `quoting` prompts, each answered greedily and by a seeded sample (fp32); every answer's "
+        f"tokens must be equal with and without drafts: {'they are' if s['ok'] else '**they are NOT**'}.",
+        "",
+        "| run | output tokens | seconds | tokens/s | drafted | accepted |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in ("plain", "suffix"):
+        r = s[name]
+        lines.append(f"| {name} | {r['output_tokens']} | {r['seconds']:.2f} | {r['tokens_per_s']:.1f} | "
+                     f"{r['drafted_tokens']} | {r['accepted_tokens']} |")
+    lines += ["", f"Speed-up (tokens/s, suffix / plain): {s['speedup']:.2f}x."]
     return "\n".join(lines)
 
 

