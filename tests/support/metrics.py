@@ -9,11 +9,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from conveyor.core.protocol.service_tiers import goodput_tier
+
+if TYPE_CHECKING:
+    from conveyor.engine.llm_engine import LLMEngine
 
 METRICS_PAGE = Path(__file__).resolve().parents[2] / "docs/operations/metrics.md"
 FINAL = ("succeeded", "failed", "cancelled", "expired")
@@ -218,3 +221,19 @@ def check_engine_counts(families: Families, scenario: Scenario) -> None:
     assert value(families, "conveyor:iteration_tokens_total_count") > 0
     assert value(families, "conveyor:engine_step_duration_seconds_count") > 0
     assert value(families, "conveyor:cold_start_seconds", phase="engine_ready") > 0
+
+
+class StatsHost:
+    """What WorkerMetrics reads of an EngineHost: its stats snapshot (the callbacks are not needed here)."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+
+    def stats(self) -> dict[str, Any]:
+        return self.engine.stats()
+
+    def on_request_finished(self, callback: Callable[..., None]) -> None:
+        del callback
+
+    def on_step_end(self, callback: Callable[[], None]) -> None:
+        del callback

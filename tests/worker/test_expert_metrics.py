@@ -13,23 +13,7 @@ from conveyor.engine.config import EngineConfig
 from conveyor.engine.llm_engine import LLMEngine
 from conveyor.worker.engine_metrics import WorkerMetrics
 from tests.support.engine import run_staggered
-from tests.support.metrics import parse, value
-
-
-class StatsHost:
-    """What WorkerMetrics reads of an EngineHost: its stats snapshot (the callbacks are not needed here)."""
-
-    def __init__(self, engine: LLMEngine) -> None:
-        self.engine = engine
-
-    def stats(self) -> dict[str, Any]:
-        return self.engine.stats()
-
-    def on_request_finished(self, callback: Callable[..., None]) -> None:
-        del callback
-
-    def on_step_end(self, callback: Callable[[], None]) -> None:
-        del callback
+from tests.support.metrics import StatsHost, parse, value
 
 
 def scrape(engine: LLMEngine) -> dict[str, Any]:

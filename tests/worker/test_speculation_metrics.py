@@ -5,7 +5,6 @@ with no series."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,28 +15,12 @@ from conveyor.engine.llm_engine import LLMEngine
 from conveyor.engine.sampling_params import SamplingParams
 from conveyor.worker.engine_metrics import WorkerMetrics
 from tests.support.engine import drain
-from tests.support.metrics import Families, parse, value
+from tests.support.metrics import Families, StatsHost, parse, value
 
 CLASSES = [RequestClassConfig("interactive", max_running=4, priority=0),
            RequestClassConfig("documents", max_running=4, priority=1)]
 REPEATED = [5, 6, 7, 8] * 8  # n-grams the request's own history repeats: the ngram method drafts from them
 NAMES = ("conveyor:spec_decode_num_draft_tokens", "conveyor:spec_decode_num_accepted_tokens")
-
-
-class StatsHost:
-    """What WorkerMetrics reads of an EngineHost: its stats snapshot (the callbacks are not needed here)."""
-
-    def __init__(self, engine: LLMEngine) -> None:
-        self.engine = engine
-
-    def stats(self) -> dict[str, Any]:
-        return self.engine.stats()
-
-    def on_request_finished(self, callback: Callable[..., None]) -> None:
-        del callback
-
-    def on_step_end(self, callback: Callable[[], None]) -> None:
-        del callback
 
 
 def scrape(engine: LLMEngine) -> Families:
