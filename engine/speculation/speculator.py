@@ -181,7 +181,8 @@ class Speculator:
                      ) -> list[list[int]]:
         """The drafts cut to the most likely draft tokens, as many as make the step's expected tokens per
         second highest (a size not measured lately is run instead, to measure it)."""
-        base_seconds = self.cost.seconds(base_tokens)
+        curve = self.cost.curve()
+        base_seconds = curve.seconds(base_tokens)
         if base_seconds is None:
             return [[] for _ in drafts]  # measure the step without drafts first
         prior = self.evidence.chance(PRIOR_CHANCE)
@@ -193,7 +194,7 @@ class Speculator:
         best, best_rate, expected = 0, len(seqs) / base_seconds, float(len(seqs))
         for count, (chance, _) in enumerate(tokens, start=1):
             expected += chance
-            seconds = self.cost.seconds(base_tokens + count)
+            seconds = curve.seconds(base_tokens + count)
             if seconds is None:
                 best = count  # measure this step size
                 break

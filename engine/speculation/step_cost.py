@@ -49,14 +49,26 @@ class StepCost:
 
     def seconds(self, num_tokens: int) -> float | None:
         """The expected seconds of a step of num_tokens tokens; None while its bucket is unknown."""
-        bucket = self._buckets.get(bucket_of(num_tokens))
-        if bucket is None or self._stale(bucket):
-            return None
-        points = sorted((b.tokens, b.seconds) for b in self._buckets.values() if not self._stale(b))
-        return _interpolate(points, num_tokens)
+        return self.curve().seconds(num_tokens)
+
+    def curve(self) -> CostCurve:
+        """The measured sizes as they are now, to ask many sizes of (a step's policy does)."""
+        fresh = {key: b for key, b in self._buckets.items() if not self._stale(b)}
+        return CostCurve(set(fresh), sorted((b.tokens, b.seconds) for b in fresh.values()))
 
     def _stale(self, bucket: _Bucket) -> bool:
         return self._steps - bucket.last_step > STALE_AFTER_STEPS
+
+
+@dataclass(frozen=True)
+class CostCurve:
+    known: set[int]  # the buckets measured lately
+    points: list[tuple[float, float]]  # their (average tokens, average seconds), by tokens
+
+    def seconds(self, num_tokens: int) -> float | None:
+        if bucket_of(num_tokens) not in self.known:
+            return None
+        return _interpolate(self.points, num_tokens)
 
 
 def bucket_of(num_tokens: int) -> int:
