@@ -14,11 +14,13 @@ the warm-up may draft), which name the method and count per request class.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from conveyor.bench.records import RequestRecord
-from conveyor.engine.llm_engine import LLMEngine
-from conveyor.engine.outputs import RequestOutput
+
+if TYPE_CHECKING:  # the report imports this module: no torch for it
+    from conveyor.engine.llm_engine import LLMEngine
+    from conveyor.engine.outputs import RequestOutput
 
 COUNTS = ("drafted_tokens", "accepted_tokens")
 
