@@ -10,7 +10,9 @@ With `dynamic`, the drafts are then cut by the measured cost of a step (step_cos
 request's draft is kept with chance a^j, a its request's chance that a drafted token is accepted once those
 before it were; the step keeps the D most likely draft tokens (each request a prefix of its draft), D chosen
 so the expected tokens (one per decoding request, plus those chances) over the seconds a step of that many
-tokens takes is highest. A step size not measured lately is run to measure it. A request's chance is learnt
+tokens takes is highest. A step size not measured lately is run to measure it. When even one draft token per
+request at the overall chance would not pay (a large batch: the step is compute-bound), nothing is proposed.
+A request's chance is learnt
 (starting from the method's overall one) from every verified draft, and from drafts the policy withheld:
 their first token is judged against the token the request then got, so it keeps being judged, for free.
 """
@@ -93,6 +95,8 @@ class Speculator:
     def propose(self, seqs: list[Sequence], limits: list[int], base_tokens: int) -> list[list[int]]:
         """Drafts for each decoding request (at most limits[i] for seqs[i]; [] for none), given a step that
         computes base_tokens tokens without them."""
+        if self.config.dynamic and not self._could_pay(len(seqs), base_tokens):
+            return [[] for _ in seqs]  # compute-bound: not even worth the proposers' time
         drafts = [self._draft(seq, limit) for seq, limit in zip(seqs, limits, strict=True)]
         if not self.config.dynamic or not any(drafts):
             return drafts
@@ -176,6 +180,15 @@ class Speculator:
             return NgramDrafter(c.min_ngram, c.max_ngram)
         history = self.history.trie_for(seq) if self.history is not None else None
         return SuffixDrafter(c.max_depth, c.min_token_prob, history)
+
+    def _could_pay(self, num_seqs: int, base_tokens: int) -> bool:
+        """Whether one draft token per request, each kept with the overall chance, would raise the step's
+        tokens per second (True while either step size is unmeasured)."""
+        curve = self.cost.curve()
+        base, drafted = curve.seconds(base_tokens), curve.seconds(base_tokens + num_seqs)
+        if base is None or drafted is None:
+            return True
+        return num_seqs * (1 + self.evidence.chance(PRIOR_CHANCE)) / drafted > num_seqs / base
 
     def _cap_by_cost(self, seqs: list[Sequence], drafts: list[list[int]], base_tokens: int
                      ) -> list[list[int]]:

@@ -144,7 +144,9 @@ def test_the_policy_measures_then_drafts_while_steps_are_weight_bound_and_stops_
     bound = Speculator(SpeculativeConfig(method="ngram", num_tokens=4))
     for tokens in range(2, 11):  # every step size measured, each token costing the same
         bound.observe_step(tokens, 0.005 * tokens)
-    assert bound.propose(decoding(2, repeating), [8, 8], base_tokens=2) == [[], []]
+    seqs = decoding(2, repeating)
+    assert bound.propose(seqs, [8, 8], base_tokens=2) == [[], []]
+    assert all(seq.drafting is None for seq in seqs)  # not even proposed: the proposers' time is saved
 
 
 def test_a_request_whose_drafts_are_usually_right_gets_the_longer_draft() -> None:
@@ -163,13 +165,16 @@ def test_a_request_whose_drafts_are_usually_right_gets_the_longer_draft() -> Non
 def test_withheld_drafts_are_judged_by_the_token_the_request_then_got() -> None:
     spec = Speculator(SpeculativeConfig(method="ngram", num_tokens=4))
     for tokens in range(1, 6):
-        spec.observe_step(tokens, 0.005 * tokens)  # compute-bound: drafts are withheld
+        spec.observe_step(tokens, 0.010 + 0.004 * tokens)  # a draft token pays if kept half the time
     seq = decoding(1, [5, 6, 7, 8] * 3)[0]
+    assert spec.propose([seq], [8], 1) != [[]]
+    assert seq.drafting is not None
+    seq.drafting.evidence.add(judged=100, accepted=5)  # this request's drafts are nearly always wrong
     assert spec.propose([seq], [8], 1) == [[]]
-    assert seq.drafting is not None and seq.drafting.withheld == (seq.num_tokens, 6)
+    assert seq.drafting.withheld == (seq.num_tokens, 6)
     seq.output_token_ids.append(6)  # what plain decoding gave: the draft's first token was right
     spec.propose([seq], [8], 1)
-    assert (seq.drafting.evidence.judged, seq.drafting.evidence.accepted) == (1, 1)
+    assert (seq.drafting.evidence.judged, seq.drafting.evidence.accepted) == (101, 6)
 
 
 def test_a_request_that_opts_out_or_keeps_missing_gets_no_drafts() -> None:
