@@ -12,7 +12,7 @@ import pytest
 
 from conveyor.bench.cli import main
 from conveyor.bench.decision import Condition
-from conveyor.bench.experiment import ENGINE_FIELDS, BenchOptions, compare_arms, parse_value, with_param
+from conveyor.bench.experiment import BenchOptions, compare_arms, parse_value, with_param
 from conveyor.bench.inventory import inventory
 from conveyor.bench.metrics import summarize
 from conveyor.bench.offline import run_engine
@@ -141,7 +141,6 @@ def test_compare_takes_a_baseline_value_then_candidates(llama_dir: Path) -> None
     assert with_param(opts, "quantization", "none").engine["quantization"] is None
 
 
-@pytest.mark.skipif("speculative" not in ENGINE_FIELDS, reason="EngineConfig has no speculative field yet")
 def test_compare_speculative_none_then_each_method(llama_dir: Path) -> None:
     opts = BenchOptions(model=str(llama_dir), spec=WorkloadSpec(profile="quoting"))
     base, candidates = compare_arms(opts, "speculative", "none,ngram,suffix")
