@@ -42,17 +42,6 @@ class Drafter(Protocol):
 
 
 @dataclass
-class DraftState:
-    """One request's proposer and how long its next draft may be."""
-
-    drafter: Drafter
-    max_drafts: int
-    stopped: bool = False  # its acceptance stayed below min_acceptance_rate
-    evidence: Evidence = field(default_factory=lambda: Evidence())
-    withheld: tuple[int, int] | None = None  # (position, token): the first of a draft the policy withheld
-
-
-@dataclass
 class Evidence:
     """Drafted tokens judged (each with all drafts before it accepted), and those accepted."""
 
@@ -65,6 +54,17 @@ class Evidence:
 
     def chance(self, prior: float) -> float:
         return (self.accepted + PRIOR_WEIGHT * prior) / (self.judged + PRIOR_WEIGHT)
+
+
+@dataclass
+class DraftState:
+    """One request's proposer and how long its next draft may be."""
+
+    drafter: Drafter
+    max_drafts: int
+    stopped: bool = False  # its acceptance stayed below min_acceptance_rate
+    evidence: Evidence = field(default_factory=Evidence)
+    withheld: tuple[int, int] | None = None  # (position, token): the first of a draft the policy withheld
 
 
 @dataclass
