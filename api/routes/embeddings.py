@@ -13,9 +13,9 @@ from pydantic import ValidationError
 
 from conveyor.api import openai_sync
 from conveyor.api.auth import WaitingTenant
+from conveyor.api.chat_jobs import QUEUE, model_of
 from conveyor.api.deps import ServicesDep
 from conveyor.api.openai_errors import OpenAIRoute, from_validation_error
-from conveyor.api.routes.openai import QUEUE, model_of
 from conveyor.api.schemas.errors import openai_error_responses
 from conveyor.api.schemas.jobs import EmbeddingJobCreate
 from conveyor.api.served_models import ServedModel

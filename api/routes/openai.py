@@ -13,18 +13,24 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from conveyor.api import openai_sync
 from conveyor.api.auth import WaitingTenant
+from conveyor.api.chat_jobs import (
+    default_chat_max_tokens,
+    generation_result,
+    job_create,
+    model_of,
+    served_of,
+)
 from conveyor.api.deps import Services, ServicesDep
-from conveyor.api.openai_errors import OpenAIError, OpenAIRoute, from_refusal, from_validation_error
+from conveyor.api.openai_errors import OpenAIError, OpenAIRoute, from_refusal
 from conveyor.api.openai_sync import ClientGoneError, FollowedJob, JobOutcome
 from conveyor.api.schemas.errors import openai_error_responses, sse_schema
 from conveyor.api.schemas.jobs import JobCreate
@@ -37,19 +43,13 @@ from conveyor.api.schemas.openai import (
 )
 from conveyor.api.served_models import ServedModel
 from conveyor.core.clock import utcnow
-from conveyor.core.protocol.chat_options import ChatOptions, ToolParser
-from conveyor.core.protocol.embedding_rules import task_problem
-from conveyor.core.protocol.model_task import Task
+from conveyor.core.protocol.chat_options import ToolParser
 from conveyor.core.protocol.openai_request import Served, check_request
 from conveyor.core.protocol.refusal import Refusal
-from conveyor.core.protocol.request_limits import RequestLimits, RequestSize, prompt_bytes_problem
 from conveyor.core.seams.token_stream import TokenStream
-from conveyor.core.settings import UnknownModelError
 from conveyor.core.store import workers
 from conveyor.core.views.openai_objects import (
     ChunkHeader,
-    GenerationResult,
-    PromptView,
     chunk,
     delta_chunk,
     finish_reason,
@@ -73,8 +73,6 @@ COMPLETION_RESPONSES = {
                       "text/event-stream": {"schema": sse_schema("a chunk as JSON, or [DONE]")}}},
     **openai_error_responses(400, 401, 403, 404, 409, 413, 429, 504),
 }
-QUEUE = "interactive"
-COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat: as many as fit
 DONE = "data: [DONE]\n\n"
 log = logging.getLogger(__name__)
 
@@ -85,7 +83,7 @@ async def create_chat_completion(
 ) -> Response:
     """A `chat.completion`, or `chat.completion.chunk` server-sent events with `stream: true`."""
     model = model_of(services, body.model, task="generate", tenant=tenant)
-    served = _served(model)
+    served = served_of(model)
     _check_request(served, body)
     try:
         messages = body.chat_messages(served.roles)
@@ -94,8 +92,8 @@ async def create_chat_completion(
     max_tokens = body.requested_max_tokens()
     if max_tokens is None:
         options = body.chat_options(model.tool_parser)
-        max_tokens = await run_in_threadpool(_default_chat_max_tokens, model, messages, options)
-    job = _job_create(model, body, max_tokens, messages=messages)
+        max_tokens = await run_in_threadpool(default_chat_max_tokens, model, messages, options)
+    job = job_create(model, body, max_tokens, messages=messages)
     return await _complete(request, services, model, tenant, body, job, chat=True)
 
 
@@ -105,8 +103,8 @@ async def create_completion(
 ) -> Response:
     """A `text_completion`, or `text_completion` server-sent events with `stream: true`."""
     model = model_of(services, body.model, task="generate", tenant=tenant)
-    _check_request(_served(model), body)
-    job = _job_create(model, body, body.max_tokens, prompt=body.prompt)
+    _check_request(served_of(model), body)
+    job = job_create(model, body, body.max_tokens, prompt=body.prompt)
     return await _complete(request, services, model, tenant, body, job, chat=False)
 
 
@@ -138,43 +136,6 @@ def _model_card(model: ServedModel, serving: dict[str, int]) -> ModelCard:
                      speculative=model.settings.speculation_method())
 
 
-def model_of(services: Services, model_id: str | None, param: str | None = "model", *,
-             task: Task | None = None, tenant: str | None = None) -> ServedModel:
-    """The served model a request names (none: the default); 404 for one not served (or an adapter the
-    tenant may not use), and with `task`, 400 for one that serves the other kind of request, saying what it
-    serves."""
-    try:
-        model = services.models.get(model_id, tenant)
-    except UnknownModelError as exc:
-        message = str(exc) if param else "The" + str(exc).removeprefix("model: the")  # no field to name
-        raise OpenAIError(404, message, code="model_not_found", param=param) from None
-    problem = task_problem(model.id, model.task, task) if task is not None else None
-    if problem is not None:
-        raise OpenAIError(400, problem.message, code=problem.code, param=problem.field)
-    return model
-
-
-def _default_chat_max_tokens(model: ServedModel, messages: list[dict[str, Any]], options: ChatOptions) -> int:
-    """OpenAI's chat default is "as many as fit": the queue's cap, within the served max_model_len."""
-    queue = model.settings.queue(QUEUE)
-    assert queue is not None, "the interactive queue is always configured"
-    max_model_len = model.max_model_len()
-    limits = RequestLimits.of_queue(QUEUE, queue, max_model_len)
-    size = RequestSize(None, messages, None, template_bytes=options.template_bytes())
-    if max_model_len is None or prompt_bytes_problem(size, limits) is not None:
-        return queue.max_output_tokens  # too long to count: submit() refuses it without tokenizing
-    try:
-        prompt_tokens = model.tokenizer.count_messages(messages, options)
-    except ValueError:  # no chat template: submit() refuses the request with the reason
-        return queue.max_output_tokens
-    return max(1, min(queue.max_output_tokens, max_model_len - prompt_tokens))
-
-
-def _served(model: ServedModel) -> Served:
-    served = Served.of(model.settings, model.tokenizer.chat_template)
-    return served if model.lora is None else replace(served, models=(model.id, *served.models))
-
-
 def _check_request(served: Served, body: OpenAIRequest) -> None:
     """The rules batch lines follow too (core/protocol/openai_request.py): 404 for a model this server does
     not serve, 400 for a parameter Conveyor cannot honour."""
@@ -182,21 +143,6 @@ def _check_request(served: Served, body: OpenAIRequest) -> None:
         check_request(body, served)
     except Refusal as refusal:
         raise from_refusal(refusal) from None
-
-
-def _job_create(
-    model: ServedModel, body: OpenAIRequest, max_tokens: int | None, *,
-    prompt: str | list[str] | list[int] | list[list[int]] | None = None,
-    messages: list[dict[str, Any]] | None = None,
-) -> JobCreate:
-    """The job of the request: `prompt` as sent (JobCreate judges it by the same rules), or the messages."""
-    if max_tokens is None:
-        max_tokens = COMPLETION_DEFAULT_MAX_TOKENS
-    try:
-        return JobCreate.model_validate(dict(prompt=prompt, messages=messages, model=model.id, queue=QUEUE,
-                                             max_tokens=max_tokens, **body.job_params()))
-    except ValidationError as exc:
-        raise from_validation_error(exc.errors()) from exc
 
 
 async def _complete(
@@ -217,7 +163,8 @@ async def _complete(
     outcome = await openai_sync.wait_outcome(services, tenant, job, request.is_disconnected)
     if outcome is None:
         return Response(status_code=499)  # nobody is listening; logged by the server only
-    result = _result(outcome, header, body.prompt_view())
+    result = generation_result(outcome, header.model, header.created, service_tier=header.service_tier,
+                               shown=body.prompt_view())
     completion = (chat_body if chat else text_body)(result, header.completion_id)
     return JSONResponse(completion, headers=headers)
 
@@ -248,7 +195,8 @@ async def _events(
                 continue
             so_far = usage.so_far(job.prompt_tokens, item.tokens)
             answer = answers[item.index] if item.index < len(answers) else None
-            for delta in answer.update(item.text[: len(item.text) - hold]) if answer is not None else []:
+            sendable = item.text[: max(0, len(item.text) - hold)]
+            for delta in answer.update(sendable) if answer is not None else []:
                 yield _data(_delta_chunk(header, delta, None, so_far, item.index))
     except ClientGoneError:
         return
@@ -280,7 +228,7 @@ def _closing_events(outcome: JobOutcome | None, header: ChunkHeader,
     """Per choice, what its stream still lacks and its finish chunk; then the usage chunk and [DONE]."""
     assert outcome is not None, "follow() ends with the outcome"
     try:
-        result = _result(outcome, header)
+        result = generation_result(outcome, header.model, header.created, service_tier=header.service_tier)
         closed = [(choice, *answers[choice.index].close(choice.text)) for choice in result.each_choice()]
     except StreamDivergedError as exc:
         return [_data(OpenAIError(500, str(exc), code="stream_diverged").body()), DONE]
@@ -304,21 +252,6 @@ def _delta_chunk(header: ChunkHeader, delta: dict[str, Any], finish: str | None,
     if header.chat:
         return delta_chunk(header, delta, finish, usage_so_far=so_far, index=index)
     return chunk(header, delta["content"], finish, usage_so_far=so_far, index=index)
-
-
-def _result(outcome: JobOutcome, header: ChunkHeader, shown: PromptView | None = None) -> GenerationResult:
-    """The succeeded job's result; any other end becomes the matching OpenAI error."""
-    if outcome.status != "succeeded":
-        raise openai_sync.outcome_error(outcome)
-    return GenerationResult(text=outcome.text or "", finish_reason=outcome.finish_reason or "stop",
-                            prompt_tokens=outcome.prompt_tokens, completion_tokens=outcome.completion_tokens,
-                            model=header.model, created=header.created, logprobs=outcome.logprobs,
-                            cached_tokens=outcome.cached_tokens, draft_tokens=outcome.draft_tokens,
-                            accepted_draft_tokens=outcome.accepted_draft_tokens,
-                            chat=ChatOptions.from_json(outcome.chat),
-                            job_id=outcome.job_id, choices=outcome.choices, prompt=outcome.prompt or "",
-                            prompt_logprobs=outcome.prompt_logprobs, shown=shown or PromptView(),
-                            service_tier=header.service_tier)
 
 
 def _echoed(model: ServedModel, job_body: JobCreate) -> list[str]:

@@ -16,9 +16,9 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from conveyor.api.auth import WaitingTenant
+from conveyor.api.chat_jobs import model_of
 from conveyor.api.deps import ServicesDep
 from conveyor.api.openai_errors import OpenAIError, OpenAIRoute, from_refusal
-from conveyor.api.routes.openai import model_of
 from conveyor.api.schemas.errors import openai_error_responses
 from conveyor.api.schemas.vllm import (
     Detokenize,
