@@ -17,17 +17,22 @@ class PromptTokenizer:
     Thread-safe: routes run in a thread pool and fast tokenizers must not be used concurrently.
     """
 
-    def __init__(self, model_path: str | Path) -> None:
+    def __init__(self, model_path: str | Path, chat_template: str | None = None) -> None:
+        """`chat_template`: a template's text rendering chats in place of the model's own (its settings'
+        chat_template_text(): the one the workers render with); None: the model's own."""
         from transformers import AutoTokenizer
 
         self._tok: Any = AutoTokenizer.from_pretrained(str(model_path))
+        if chat_template is not None:
+            self._tok.chat_template = chat_template
         # The model's own context length (config.json): what submit judges prompt + max_tokens against.
         self.context_length: int | None = model_context_length(Path(model_path))
         self._lock = threading.Lock()
 
     @property
     def chat_template(self) -> object:
-        """The model's chat template source (None without one); read for the roles it names."""
+        """The chat template's source (the model's own or the chat_template setting's; None without one): read
+        for the roles it names and the tool parser its markers point to."""
         return self._tok.chat_template
 
     @property

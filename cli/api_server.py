@@ -42,11 +42,11 @@ def build_api_app(settings: Settings) -> tuple[Any, list[Any]]:
 
 
 def load_tokenizers(settings: Settings) -> dict[str, Any]:
-    """Each served model's tokenizer (api/prompt_tokenizer.py), by id: the API judges each request with its
-    own model's."""
+    """Each served model's tokenizer (api/prompt_tokenizer.py), by id, with its chat_template setting's
+    template: the API judges each request with its own model's, rendered as its workers render it."""
     from conveyor.api.prompt_tokenizer import PromptTokenizer
 
-    return {model_id: PromptTokenizer(model_settings.model_folder())
+    return {model_id: PromptTokenizer(model_settings.model_folder(), model_settings.chat_template_text())
             for model_id, model_settings in settings.served().items()}
 
 

@@ -39,6 +39,9 @@ class EngineConfig:
     # (engine/model_source.py)
     model: str
     revision: str | None = None  # of a hub id: a branch, tag or commit; None: main
+    # The chat template's text (Jinja) that renders chat prompts in place of the model folder's own (as
+    # vLLM's --chat-template); None: the folder's. The service resolves its setting to this text.
+    chat_template: str | None = None
     # Where GGUF files are converted and presets built; None: ~/.cache/conveyor/models. Hub ids go to the
     # Hugging Face cache (HF_HOME).
     model_cache_dir: str | None = None

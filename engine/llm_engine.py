@@ -76,7 +76,7 @@ class LLMEngine:
             runner = make_runner(config)  # heavy: loads the weights
         self.config = config
         self.runner = runner
-        self.tokenizer = tokenizer if tokenizer is not None else Tokenizer(config.model)
+        self.tokenizer = tokenizer if tokenizer is not None else Tokenizer(config.model, config.chat_template)
         # For an embedding engine: the longest input it embeds; for a generation engine: prompt + output.
         self.max_model_len = runner.max_model_len
         self.vocab_size = runner.vocab_size

@@ -13,9 +13,12 @@ from transformers import AutoTokenizer
 class Tokenizer:
     """Thread-safe: the service encodes in caller threads while the engine thread decodes."""
 
-    def __init__(self, model_path: str | Path) -> None:
+    def __init__(self, model_path: str | Path, chat_template: str | None = None) -> None:
+        """`chat_template`: a template's text rendering chats in place of the folder's own (None: its own)."""
         path = Path(model_path)
         self._tok = AutoTokenizer.from_pretrained(str(path))
+        if chat_template is not None:
+            self._tok.chat_template = chat_template
         self._lock = threading.Lock()
         self.eos_token_ids: frozenset[int] = frozenset(_eos_ids(self._tok.eos_token_id, path))
 
@@ -43,7 +46,7 @@ class Tokenizer:
     def apply_chat_template(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **template_kwargs: Any
     ) -> list[int]:
-        """Renders with the model's own chat template; the template already holds any BOS.
+        """Renders with the chat template (the model's own, or the one given); it already holds any BOS.
         `template_kwargs` go to the template as well (tools, continue_final_message, its own variables).
 
         Template failures (bad roles, a template's raise_exception) become ValueError naming `messages`.

@@ -93,11 +93,13 @@ def test_the_wheel_holds_conveyor_alone(wheel: Path) -> None:
     assert top_level.split() == ["conveyor"]
     assert {name.split("/")[0] for name in names} == {"conveyor", wheel.name.split("-py3")[0] + ".dist-info"}
     assert not [name for name in names if name.startswith(("conveyor/tests/", "conveyor/docs/"))]
-    # What runs from files rather than imports: the migrations, the console's pages, the C++ kernels' sources.
+    # What runs from files rather than imports: the migrations, the console's pages, the C++ kernels' sources,
+    # the shipped chat templates.
     assert "conveyor/migrations/script.py.mako" in names
     assert any(name.startswith("conveyor/migrations/versions/0001_") for name in names)
     assert "conveyor/api/console/templates/base.html" in names
     assert "conveyor/kernels/csrc/cpu_kernels.h" in names
+    assert "conveyor/checkpoints/chat_templates/chatml-tools.jinja" in names
     assert "conveyor/__main__.py" in names and "conveyor/kernels/__init__.py" not in names
 
 

@@ -58,6 +58,8 @@ def engine_config(settings: Settings, model_path: str,
         if value is not None:
             given[name] = value
     given["max_loras"] = settings.lora_slots()  # unset: as many as the model's adapters, within a cap
+    if settings.chat_template is not None:  # the setting names a template (a file, a shipped name): its text
+        given["chat_template"] = settings.chat_template_text()
     classes = [RequestClassConfig(name=name, max_running=queue.max_running, priority=queue.priority)
                for name, queue in settings.queues.items()]
     config = EngineConfig(model=model_path, request_classes=classes, **given)

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, Field
+
+from conveyor.checkpoints.chat_template import resolve_chat_template
 
 DEFAULT_MAX_LORAS = 4  # LoRA slots of a model with adapters when max_loras is unset
 # The engine's speculation methods (engine/speculation/config.py METHODS; tests/core/test_settings.py holds
@@ -33,6 +35,18 @@ def _speculative_form(value: object) -> object:
                      f"a method (e.g. {{\"method\": \"suffix\", \"num_tokens\": 6}}), got {value!r}")
 
 
+def _chat_template_form(value: str | None) -> str | None:
+    """The value as given, once it resolves to a template that compiles (checkpoints/chat_template.py): a
+    bad one is refused where the settings are read, naming the setting, rather than at a worker's start."""
+    if value is not None:
+        resolve_chat_template(value)
+    return value
+
+
+# A path to a Jinja file, the template's own text, or a shipped template's name; None: the model's own.
+ChatTemplate = Annotated[str | None, AfterValidator(_chat_template_form)]
+
+
 # Off, a method with the engine's defaults, or {"method": ..., field: value, ...}; the engine's EngineConfig
 # takes each of these forms as they are.
 Speculative = Annotated[str | dict[str, Any] | None, BeforeValidator(_speculative_form)]
@@ -43,6 +57,15 @@ class EngineSettings(BaseModel):
         "auto", description="how tool calls are read from the model's text (tool_choice auto): hermes "
         "(Hermes, Qwen: <tool_call>), llama3_json, mistral ([TOOL_CALLS]); auto: from the chat template's "
         "markers, hermes when it has none")
+    chat_template: ChatTemplate = Field(
+        None, description="the chat template that renders this model's messages in place of its own (as "
+        "vLLM's --chat-template): the template itself (text holding `{{` or `{%`), the name of one "
+        "Conveyor ships, or the path of a Jinja file. Shipped: `chatml-tools`, ChatML that renders tools, "
+        "the assistant's tool calls and the tool results in the Hermes form (`<tool_call>`), for a "
+        "ChatML model whose own template has none (SmolLM2: its tool messages are refused, 400, without "
+        "it). The API (token counts, the roles it accepts, the tool parser) and the workers both render "
+        "with it. A missing file, an unknown name or a template that does not compile is refused at "
+        "start; unset = the model's own")
     revision: str | None = Field(
         None, description="of a model given as a Hugging Face hub id: the branch, tag or commit to serve; "
         "unset = main")
@@ -150,6 +173,15 @@ class EngineSettings(BaseModel):
                                       "have (the slots are sized by it); unset = 64")
     max_cpu_loras: int | None = Field(
         None, ge=1, description="LoRA adapters kept read in host memory; unset = max_loras")
+
+    def chat_template_text(self) -> str | None:
+        """The chat_template setting's template text (checkpoints/chat_template.py); None: the model's own."""
+        if self.chat_template is None:
+            return None
+        try:
+            return resolve_chat_template(self.chat_template)
+        except ValueError as exc:  # a file gone since the settings were read
+            raise ValueError(f"chat_template: {exc}") from None
 
     def speculation_method(self) -> str | None:
         """The speculation method its workers run (the `speculative` setting's); None: off."""

@@ -344,7 +344,8 @@ class BatchRunner:
         if model_id not in self._tokenizers:
             try:
                 folder = settings.model_folder()
-                self._tokenizers[model_id] = Tokenizer(folder) if self._counts_tokens else None
+                self._tokenizers[model_id] = (Tokenizer(folder, settings.chat_template_text())
+                                              if self._counts_tokens else None)
             except OSError as exc:  # the folder is not where this worker can read it
                 raise LineRejected("model_unavailable", f"model: this worker cannot read the tokenizer of "
                                    f"`{model_id}` from {settings.model_source()} ({exc})") from None
