@@ -27,12 +27,14 @@ from conveyor.api.middleware import (
 from conveyor.api.openapi_doc import install_truthful_openapi
 from conveyor.api.prompt_tokenizer import PromptTokenizer
 from conveyor.api.routes import (
+    anthropic,
     batches,
     embeddings,
     files,
     health,
     jobs,
     lora,
+    message_batches,
     openai,
     queues,
     scaling,
@@ -121,7 +123,8 @@ def create_app(
     install_truthful_openapi(app)
     app.state.token_stream = token_stream  # running jobs' text for streamed completions; None: store polls
     for router in (jobs.router, queues.router, health.router, webhooks.router, openai.router,
-                   embeddings.router, files.router, batches.router, scaling.router, vllm.router, lora.router):
+                   anthropic.router, embeddings.router, files.router, batches.router, scaling.router,
+                   vllm.router, lora.router, message_batches.router):
         app.include_router(router)
     if settings.console_enabled:
         for console_router in console.ROUTERS:
@@ -131,7 +134,8 @@ def create_app(
     else:
         app.include_router(console.OFF_ROUTER)
     # add_middleware wraps: the last one added runs first.
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes,
+                       larger=message_batches.body_caps(settings))
     app.add_middleware(UploadSizeLimit, max_bytes=settings.files_max_bytes)
     app.add_middleware(MetricsAuth, settings=settings)
     app.add_middleware(AllowedMethods, routes=app.router.routes)

@@ -1,13 +1,14 @@
-"""Bearer API keys, each bound to a tenant. With auth off (loopback only) requests are the default tenant."""
+"""API keys, each bound to a tenant: `Authorization: Bearer`, and on the Anthropic routes `x-api-key` too.
+With auth off (loopback only) requests are the default tenant."""
 
 from __future__ import annotations
 
 import hmac
 from typing import Annotated
 
-from fastapi import Depends
+from fastapi import Depends, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import SecretStr
 
 from conveyor.api.deps import Services, ServicesDep
@@ -17,6 +18,19 @@ from conveyor.core.store import keys
 from conveyor.core.store.tables import DEFAULT_TENANT
 
 bearer_scheme = HTTPBearer(auto_error=False, description="Authorization: Bearer <API key>")
+
+
+class SentAPIKeyHeader(APIKeyHeader):
+    """The header's value as sent: None only when it is absent (APIKeyHeader reads an empty one as absent,
+    which would let a request with an empty `x-api-key` pass on its other header's key)."""
+
+    async def __call__(self, request: Request) -> str | None:
+        return request.headers.get(self.model.name)
+
+
+# Anthropic's SDK sends its key as `x-api-key`; the Anthropic routes take either header.
+api_key_scheme = SentAPIKeyHeader(name="x-api-key", scheme_name="APIKeyHeader", auto_error=False,
+                                  description="x-api-key: <API key>")
 
 
 async def current_tenant(
@@ -30,6 +44,25 @@ async def current_tenant(
     if credentials is None or not credentials.credentials:
         raise _unauthorized("Authorization: a Bearer API key is required")
     return await run_in_threadpool(tenant_of_key, services, credentials.credentials)
+
+
+async def anthropic_tenant(
+    services: ServicesDep, api_key: Annotated[str | None, Depends(api_key_scheme)],
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)],
+) -> str:
+    """The caller's tenant on the Anthropic routes: the key of `x-api-key` (what Anthropic's SDK sends) when
+    that header is sent, else of `Authorization: Bearer`; looked up as current_tenant looks it up."""
+    if not services.settings.auth_enabled:
+        return DEFAULT_TENANT
+    key = api_key if api_key is not None else credentials.credentials if credentials is not None else None
+    if not key:
+        raise _unauthorized("x-api-key: an API key is required (x-api-key, or Authorization: Bearer)")
+    try:
+        return await run_in_threadpool(tenant_of_key, services, key)
+    except ApiError as exc:  # the header the key came in is the one to name
+        if api_key and exc.status == 401:
+            raise _unauthorized("x-api-key: the API key is invalid or revoked") from None
+        raise
 
 
 def tenant_of_key(services: Services, plaintext: str) -> str:
@@ -46,6 +79,7 @@ def _unauthorized(message: str) -> ApiError:
 
 CurrentTenant = Annotated[str, Depends(current_tenant)]
 WaitingTenant = CurrentTenant  # it holds no database session while the request waits
+AnthropicTenant = Annotated[str, Depends(anthropic_tenant)]  # holds none either
 
 
 def metrics_authorized(settings: Settings, authorization: str | None) -> bool:

@@ -4,7 +4,7 @@ OPTIONS and 405, and unhandled exceptions turned into 500s that keep the connect
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.responses import Response
@@ -24,19 +24,24 @@ HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 
 
 class BodySizeLimit:
-    """Refuses bodies over `max_bytes`: by Content-Length up front, and by the bytes actually received."""
+    """Refuses bodies over `max_bytes`, or over their route's own cap in `larger` ((method, path) -> bytes: a
+    Message Batch's body holds all its requests): by Content-Length up front, and by the bytes actually
+    received."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, larger: Mapping[tuple[str, str], int] | None = None,
+                 ) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.larger = dict(larger or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or is_upload(scope):  # uploads stream, capped by api/uploads.py
             await self.app(scope, receive, send)
             return
+        max_bytes = self.larger.get((scope["method"], scope["path"]), self.max_bytes)
         declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._too_large(scope, receive, send)
+        if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+            await self._too_large(max_bytes, scope, receive, send)
             return
         chunks: list[bytes] = []
         size = 0
@@ -46,17 +51,16 @@ class BodySizeLimit:
                 break
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
-            if size > self.max_bytes:
-                await self._too_large(scope, receive, send)
+            if size > max_bytes:
+                await self._too_large(max_bytes, scope, receive, send)
                 return
             if not message.get("more_body", False):
                 break
         await self.app(scope, _replay(b"".join(chunks), receive), send)
 
-    async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
-        response = error_response(
-            413, "body_too_large", f"body: request body exceeds {self.max_bytes} bytes", "body"
-        )
+    async def _too_large(self, max_bytes: int, scope: Scope, receive: Receive, send: Send) -> None:
+        message = f"body: request body exceeds {max_bytes} bytes"
+        response = error_response(413, "body_too_large", message, "body")
         await response(scope, receive, send)
 
 

@@ -39,6 +39,8 @@ OPEN_BATCH_STATUSES = (VALIDATING, IN_PROGRESS, FINALIZING, CANCELLING)  # a run
 STOP_FAILED, STOP_EXPIRED = "failed", "expired"
 
 LINE_QUEUED, LINE_SUCCEEDED, LINE_FAILED, LINE_CANCELLED = "queued", "succeeded", "failed", "cancelled"
+# The error codes of the lines a batch never finished: cut short by a cancel, or by the end of its window.
+LINE_CANCELLED_CODE, LINE_EXPIRED_CODE = "batch_cancelled", "batch_expired"
 LINE_OUTCOME = {SUCCEEDED: LINE_SUCCEEDED, FAILED: LINE_FAILED, EXPIRED: LINE_FAILED,
                 CANCELLED: LINE_CANCELLED}
 

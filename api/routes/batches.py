@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from conveyor.api.auth import CurrentTenant
 from conveyor.api.batch_locations import check_batch_location
+from conveyor.api.batch_queues import check_batch_queue
 from conveyor.api.deps import ServicesDep, SessionDep
 from conveyor.api.errors import ApiError, can_be_stored_id, lookup_id, not_found
 from conveyor.api.schemas.batches import BatchCreate, BatchList, BatchPublic
@@ -19,8 +20,9 @@ from conveyor.api.schemas.errors import error_responses
 from conveyor.api.schemas.jobs import webhook_json
 from conveyor.api.webhook_targets import check_job_webhook
 from conveyor.core.clock import utcnow
-from conveyor.core.lifecycle import BATCH_CANCELLED, CANCELLING, OPEN_BATCH_STATUSES
-from conveyor.core.store import batches, blobs, files
+from conveyor.core.lifecycle import BATCH_CANCELLED, CANCELLING
+from conveyor.core.store import batches, files
+from conveyor.core.store.batch_deletion import delete_ended_batch
 from conveyor.core.store.tables import Batch
 from conveyor.core.views.public import batch_public
 
@@ -31,10 +33,7 @@ router = APIRouter(prefix="/v1/batches", tags=["batches"])
 def create_batch(body: BatchCreate, session: SessionDep, services: ServicesDep, tenant: CurrentTenant,
                  ) -> BatchPublic:
     """Accepted batches start `validating`; a worker's batch runner takes them up within a round."""
-    known = sorted({name for model in services.models for name in model.settings.queues})
-    if body.queue not in known:  # a queue of any model: each line runs in its own model's queue of that name
-        message = f"queue: unknown queue {body.queue!r}; known queues: {', '.join(known)}"
-        raise ApiError(422, "unknown_queue", message, "queue")
+    check_batch_queue(services, body.queue)
     _check_metadata(body, services.settings.max_metadata_bytes)
     check_batch_location(body.input, services.settings.batch_s3_allowlist, "input")
     check_batch_location(body.output, services.settings.batch_s3_allowlist, "output")
@@ -98,20 +97,12 @@ def delete_batch(batch_id: str, session: SessionDep, services: ServicesDep, tena
     """Deletes an ended batch (completed, failed, expired or cancelled): its lines, its jobs, its output
     and error files (the stored bytes too) and its webhook deliveries. Results written to an S3 `output`
     stay: they are the client's. An open batch is refused (409): cancel it and wait for it to end."""
-    lookup_id("batch", batch_id)
-    urls: list[str] = []
-    while True:  # a chunk of lines per transaction: a million-line batch never holds one huge transaction
-        step = batches.delete_step(session, batch_id, tenant, services.settings.purge_chunk_rows)
-        if step.status is None:
-            raise not_found("batch", batch_id)
-        if step.status in OPEN_BATCH_STATUSES:
-            message = f"id: batch {batch_id} is {step.status}; cancel it and delete it once it has ended"
-            raise ApiError(409, "not_deletable", message, "id")
-        urls += step.blob_urls
-        if step.done:
-            break
-    for url in urls:
-        blobs.delete(services.settings, url)
+    outcome = delete_ended_batch(session, services.settings, lookup_id("batch", batch_id), tenant)
+    if not outcome.found:
+        raise not_found("batch", batch_id)
+    if outcome.open_status is not None:
+        message = f"id: batch {batch_id} is {outcome.open_status}; cancel it and delete it once it has ended"
+        raise ApiError(409, "not_deletable", message, "id")
     return Deleted(id=batch_id, object="batch")
 
 

@@ -114,6 +114,10 @@ class JobParams(BaseModel):
         """The JSON the row holds: the fields its writer set, and only those."""
         return self.model_dump(mode="json", exclude_unset=True)
 
+    def stop_strings(self) -> list[str]:
+        """`stop` as a list, whichever form it was stored in."""
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
 
 NON_SAMPLING_FIELDS = frozenset({"n", "lora", "encoding_format", "dimensions", "truncate"})
 SAMPLING_FIELDS = frozenset(JobParams.model_fields) - NON_SAMPLING_FIELDS  # SamplingParams' fields

@@ -125,6 +125,11 @@ OpenAITemperature = Annotated[
     float, Field(strict=True, ge=0.0, le=OPENAI_MAX_TEMPERATURE, allow_inf_nan=False),
     AfterValidator(_temperature), _GREEDY_OR_WARM,
 ]
+ANTHROPIC_MAX_TEMPERATURE = 1.0  # Anthropic's range (its Messages API)
+AnthropicTemperature = Annotated[
+    float, Field(strict=True, ge=0.0, le=ANTHROPIC_MAX_TEMPERATURE, allow_inf_nan=False),
+    AfterValidator(_temperature), _GREEDY_OR_WARM,
+]
 TopP = Annotated[float, Field(strict=True, gt=0.0, le=1.0, allow_inf_nan=False)]
 MinP = Annotated[float, Field(strict=True, ge=0.0, le=1.0, allow_inf_nan=False)]
 RepetitionPenalty = Annotated[
@@ -133,7 +138,8 @@ RepetitionPenalty = Annotated[
 OpenAIPenalty = Annotated[
     float, Field(strict=True, ge=MIN_OPENAI_PENALTY, le=MAX_OPENAI_PENALTY, allow_inf_nan=False)
 ]
-Stop = NonEmptyText | Annotated[list[NonEmptyText], Field(max_length=MAX_STOP_STRINGS)]
+StopStrings = Annotated[list[NonEmptyText], Field(max_length=MAX_STOP_STRINGS)]
+Stop = NonEmptyText | StopStrings
 StopTokenIds = Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)]
 # The chat roles any request may use; core/protocol/openai_request.py says which of them a chat template must
 # name. Storable first: a role that is not text (a lone surrogate) is told so, not "should be 'system'...".

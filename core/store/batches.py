@@ -42,7 +42,7 @@ from conveyor.core.lifecycle import (
 )
 from conveyor.core.store import files, jobs, webhooks
 from conveyor.core.store.final_status_effects import record_finished
-from conveyor.core.store.paging import page_after_id
+from conveyor.core.store.paging import page_after_id, page_before_id
 from conveyor.core.store.tables import Batch, BatchLine, Job
 
 
@@ -63,16 +63,18 @@ def new_batch_id() -> str:
 def create(session: Session, *, tenant_id: str, input_url: str, output_url: str | None, queue: str,
            now: datetime, input_file_id: str | None = None, endpoint: str | None = None,
            completion_window_s: float = 86400.0, webhook: dict[str, Any] | None = None,
-           meta: dict[str, Any] | None = None, run_at: datetime | None = None) -> Batch:
+           meta: dict[str, Any] | None = None, run_at: datetime | None = None,
+           request_count: int | None = None) -> Batch:
     """Inserts a validating batch and commits; a runner picks it up on its next round, or once `run_at` is
-    reached (its runner's next_attempt_at), its completion window then counting from run_at."""
+    reached (its runner's next_attempt_at), its completion window then counting from run_at. `request_count`:
+    the lines of its input, when the caller wrote them (a Message Batch)."""
     since = run_at if run_at is not None and run_at > now else now
     batch = Batch(
         id=new_batch_id(), tenant_id=tenant_id, endpoint=endpoint, input_url=input_url,
         input_file_id=input_file_id, output_url=output_url, queue=queue,
         completion_window=f"{round(completion_window_s / 3600)}h", webhook=webhook, meta=meta,
-        status=VALIDATING, total=0, completed=0, failed=0, cancelled=0, prompt_tokens=0, completion_tokens=0,
-        read_line=1, read_offset=0, read_done=False, created_at=now,
+        status=VALIDATING, total=0, request_count=request_count, completed=0, failed=0, cancelled=0,
+        prompt_tokens=0, completion_tokens=0, read_line=1, read_offset=0, read_done=False, created_at=now,
         expires_at=since + timedelta(seconds=completion_window_s), updated_at=now,
         run_at=since if since > now else None, next_attempt_at=since if since > now else None,
     )
@@ -88,9 +90,16 @@ def get(session: Session, batch_id: str, tenant_id: str | None = None) -> Batch 
     return session.execute(query).scalar_one_or_none()
 
 
-def page(session: Session, tenant_id: str, *, limit: int, after: str | None = None) -> list[Batch]:
-    """Newest first; `after` is the last batch id of the previous page (an unknown id gives an empty page)."""
+def page(session: Session, tenant_id: str, *, limit: int, after: str | None = None, before: str | None = None,
+         endpoint: str | None = None) -> list[Batch]:
+    """Newest first; `after` is the last batch id of the previous page, `before` the first of the next one
+    (the page just newer than it); an unknown id gives an empty page. `endpoint`: only the batches of that
+    endpoint (the Message Batches list)."""
     query = select(Batch).where(Batch.tenant_id == tenant_id)
+    if endpoint is not None:
+        query = query.where(Batch.endpoint == endpoint)
+    if before is not None:
+        return page_before_id(session, query, Batch, tenant_id, limit=limit, before=before)
     return page_after_id(session, query, Batch, tenant_id, limit=limit, after=after)
 
 

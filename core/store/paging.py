@@ -27,9 +27,28 @@ def page_after_id(session: Session, query: Select[Any], model: Any, tenant_id: s
     id the tenant does not have gives an empty page."""
     before = None
     if after is not None:
-        owned = select(model).where(model.id == after, model.tenant_id == tenant_id)
-        last = session.execute(owned).scalar_one_or_none()
-        if last is None:
+        before = _position(session, model, tenant_id, after)
+        if before is None:
             return []
-        before = (last.created_at, last.id)
     return list(session.execute(newest_first(query, model, limit=limit, before=before)).scalars())
+
+
+def page_before_id(session: Session, query: Select[Any], model: Any, tenant_id: str, *, limit: int,
+                   before: str) -> list[Any]:
+    """The `limit` rows of `query` just newer than the tenant's row with id `before` (Anthropic's `before_id`:
+    the page before it in a newest-first list), newest first; an id the tenant does not have gives an empty
+    page."""
+    position = _position(session, model, tenant_id, before)
+    if position is None:
+        return []
+    created_at, row_id = position
+    newer = or_(model.created_at > created_at, and_(model.created_at == created_at, model.id > row_id))
+    nearest = query.where(newer).order_by(model.created_at.asc(), model.id.asc()).limit(limit)
+    return list(session.execute(nearest).scalars())[::-1]
+
+
+def _position(session: Session, model: Any, tenant_id: str, row_id: str) -> tuple[datetime, str] | None:
+    """The (created_at, id) of the tenant's row `row_id`, where a page starts from; None if it has none."""
+    owned = select(model).where(model.id == row_id, model.tenant_id == tenant_id)
+    row = session.execute(owned).scalar_one_or_none()
+    return None if row is None else (row.created_at, row.id)

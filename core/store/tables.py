@@ -241,6 +241,9 @@ class Batch(Base):
     status: Mapped[str] = mapped_column(String(16))
     stop_reason: Mapped[str | None] = mapped_column(String(16), nullable=True)
     total: Mapped[int] = mapped_column(Integer, default=0)  # lines read so far (all, once finished)
+    # The requests it was created with, when known then (a Message Batch's body lists them); None: counted in
+    # `total` as the input is read.
+    request_count: Mapped[int | None] = mapped_column(Integer, nullable=True)
     completed: Mapped[int] = mapped_column(Integer, default=0)
     failed: Mapped[int] = mapped_column(Integer, default=0)  # invalid lines and failed jobs
     cancelled: Mapped[int] = mapped_column(Integer, default=0)

@@ -145,6 +145,24 @@ def _full(c: TestClient, _: Service) -> Any:
     return c.post("/v1/jobs", json={"prompt": "x", "queue": "documents"})
 
 
+def _message_batch(c: TestClient) -> str:
+    """A message batch that stays in progress: the service has no worker."""
+    created = c.post("/v1/messages/batches", json={"requests": [{"custom_id": "a", "params": {}}]})
+    assert created.status_code == 200, created.text
+    return str(created.json()["id"])
+
+
+MESSAGE_BATCH = "/v1/messages/batches/{message_batch_id}"
+MESSAGE_BATCH_ANSWERS: list[tuple[str, str, Call, int]] = [
+    ("post", "/v1/messages/batches", lambda c, _: c.post("/v1/messages/batches", json={"requests": []}), 400),
+    ("get", "/v1/messages/batches", lambda c, _: c.get("/v1/messages/batches?limit=0"), 400),
+    ("get", MESSAGE_BATCH, lambda c, _: c.get("/v1/messages/batches/msgbatch_nope"), 404),
+    ("post", MESSAGE_BATCH + "/cancel", lambda c, _: c.post("/v1/messages/batches/batch_nope/cancel"), 404),
+    ("delete", MESSAGE_BATCH, lambda c, _: c.delete(f"/v1/messages/batches/{_message_batch(c)}"), 400),
+    ("get", MESSAGE_BATCH + "/results",
+     lambda c, _: c.get(f"/v1/messages/batches/{_message_batch(c)}/results"), 400),
+    ("get", MESSAGE_BATCH + "/results", lambda c, _: c.get("/v1/messages/batches/msgbatch_x/results"), 404),
+]
 ANSWERS: list[tuple[str, str, Call, int]] = [  # (method, path template, request, status it answers)
     ("post", "/v1/jobs", lambda c, _: c.post("/v1/jobs", json={"prompt": 1}), 422),
     ("post", "/v1/jobs", _replayed, 200),
@@ -169,6 +187,16 @@ ANSWERS: list[tuple[str, str, Call, int]] = [  # (method, path template, request
     ("post", "/v1/completions",
      lambda c, _: c.post("/v1/completions", json={"model": "m", "prompt": "x" * 3000}), 413),
     ("get", "/v1/models/{model_id}", lambda c, _: c.get("/v1/models/nope"), 404),
+    ("post", "/v1/messages", lambda c, _: c.post("/v1/messages", json={"model": "m", "messages": CHAT}), 400),
+    ("post", "/v1/messages",
+     lambda c, _: c.post("/v1/messages", json={"model": "nope", "messages": CHAT, "max_tokens": 4}), 404),
+    ("post", "/v1/messages",
+     lambda c, _: c.post("/v1/messages", json={"model": "demo-model", "messages": CHAT, "max_tokens": 65536}),
+     400),
+    ("post", "/v1/messages/count_tokens",
+     lambda c, _: c.post("/v1/messages/count_tokens", json={"model": "m", "messages": [{"role": "tool"}]}),
+     400),
+    *MESSAGE_BATCH_ANSWERS,
 ]
 
 
@@ -183,7 +211,9 @@ def test_each_answer_is_declared_with_its_shape(make_service: Callable[..., Serv
 
 def test_unauthenticated_answers_are_declared(service: Service, spec: dict[str, Any]) -> None:
     for method, path, url in (("get", "/v1/jobs", "/v1/jobs"), ("get", "/v1/models", "/v1/models"),
-                              ("get", "/v1/batches/{batch_id}", "/v1/batches/b")):
+                              ("get", "/v1/batches/{batch_id}", "/v1/batches/b"),
+                              ("post", "/v1/messages", "/v1/messages"),
+                              ("get", "/v1/messages/batches", "/v1/messages/batches")):
         r = service.http.request(method.upper(), url)
         assert r.status_code == 401, r.text
         _assert_declared(spec, method, path, r)

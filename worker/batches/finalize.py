@@ -8,6 +8,9 @@ Two output kinds, chosen per batch:
 - OpenAI-style batches (no `output`; the input was an uploaded file): as OpenAI does, the output file holds
   only the successful lines and the error file the others; both become files (`output_file_id`,
   `error_file_id`, purpose `batch_output`), registered only when they have lines.
+Each line is rendered as the batch's endpoint answers: OpenAI's batch lines, or for a Message Batch (endpoint
+/v1/messages) Anthropic's results lines (core/views/message_batch_objects.py), whose results file is the
+output file followed by the error file.
 The batch's final status, its files and its `batch.*` webhook event commit in one transaction. A storage
 error while writing (S3 refusing, credentials missing, a full disk) is raised as OutputWriteError naming the
 location and the cause, for the runner's backoff and, in the end, the batch's error; `close_failed` closes a
@@ -34,11 +37,14 @@ from conveyor.core.lifecycle import (
     BATCH_FAILED,
     COMPLETED,
     LINE_CANCELLED,
+    LINE_CANCELLED_CODE,
+    LINE_EXPIRED_CODE,
     LINE_SUCCEEDED,
     STOP_EXPIRED,
     STOP_FAILED,
 )
 from conveyor.core.model_adapters import job_model_id
+from conveyor.core.protocol.anthropic_request import MESSAGES
 from conveyor.core.protocol.chat_options import ChatOptions
 from conveyor.core.protocol.embedding_request import EMBEDDINGS
 from conveyor.core.protocol.job_params import JobParams
@@ -46,7 +52,9 @@ from conveyor.core.s3 import parse_s3_object_url, parse_s3_prefix_url
 from conveyor.core.settings import Settings
 from conveyor.core.store import batches, blobs, files, webhook_events
 from conveyor.core.store.tables import Batch, BatchLine, File, Job
+from conveyor.core.views.anthropic_objects import message_id, message_object
 from conveyor.core.views.embedding_objects import embedding_list
+from conveyor.core.views.message_batch_objects import succeeded_line, unsucceeded_line
 from conveyor.core.views.openai_objects import (
     GenerationResult,
     PromptView,
@@ -208,14 +216,15 @@ class BatchFinalizer:
         written = 0
         with self._sessions() as session:
             for row, job in batches.lines_in_order(session, batch.id):
-                yield self._line(row, job, outcome)
+                yield self._line(batch, row, job, outcome)
                 written += 1
                 if written % RENEW_EVERY_LINES == 0:
                     self._renew(batch.id)
         if not batch.read_done:
             yield from self._unread(batch, outcome)
 
-    def _line(self, row: BatchLine, job: Job | None, outcome: _Outcome) -> tuple[bool, dict[str, Any]]:
+    def _line(self, batch: Batch, row: BatchLine, job: Job | None, outcome: _Outcome,
+              ) -> tuple[bool, dict[str, Any]]:
         manifest = outcome.manifest
         manifest.total += 1
         meta = (job.meta if job is not None else None) or {}
@@ -224,12 +233,11 @@ class BatchFinalizer:
             manifest.record_completed(job.prompt_tokens or 0, job.completion_tokens or 0)
             return True, self._result_line(str(custom_id), job, meta)
         code, message = _error_of(row, job)
-        if code == "batch_cancelled":
+        if code == LINE_CANCELLED_CODE:
             manifest.record_cancelled()
         else:
             manifest.record_failed()
-        return False, batch_error_line(custom_id, line=row.line, code=code, message=message,
-                                       line_id=new_id("batch_req_"))
+        return False, _error_line(batch, custom_id, row.line, code, message, refused=row.error is not None)
 
     def _result_line(self, custom_id: str, job: Job, meta: dict[str, Any]) -> dict[str, Any]:
         model = meta.get("model") or job_model_id(job.queue, job.params)
@@ -251,6 +259,9 @@ class BatchFinalizer:
                                   prompt_logprobs=job.prompt_logprobs,
                                   shown=PromptView.from_json(meta.get("shown")),
                                   service_tier=meta.get("service_tier"))
+        if meta.get("endpoint") == MESSAGES:  # its id is its job's, as POST /v1/messages gives it
+            stop_sequences = JobParams.from_stored(job.params).stop_strings()  # cut off the text's end
+            return succeeded_line(custom_id, message_object(result, message_id(job.id), stop_sequences))
         if meta.get("endpoint", CHAT) == CHAT:
             body = chat_completion(result, new_id("chatcmpl-"))
         else:
@@ -259,9 +270,9 @@ class BatchFinalizer:
 
     def _unread(self, batch: Batch, outcome: _Outcome) -> Iterator[tuple[bool, dict[str, Any]]]:
         """Lines the reading never reached: each becomes a cancelled (or expired) error line."""
-        code = "batch_expired" if batch.stop_reason == STOP_EXPIRED else "batch_cancelled"
-        message = {"batch_expired": "the batch expired before this line ran",
-                   "batch_cancelled": "the batch was cancelled before this line ran"}[code]
+        code = LINE_EXPIRED_CODE if batch.stop_reason == STOP_EXPIRED else LINE_CANCELLED_CODE
+        message = {LINE_EXPIRED_CODE: "the batch expired before this line ran",
+                   LINE_CANCELLED_CODE: "the batch was cancelled before this line ran"}[code]
         if batch.stop_reason == STOP_FAILED:
             return  # the input could not be read
         start = ReadPosition(batch.read_line, batch.read_offset)
@@ -273,8 +284,7 @@ class BatchFinalizer:
                     outcome.unread += 1
                     outcome.manifest.total += 1
                     outcome.manifest.record_cancelled()
-                    yield False, batch_error_line(_custom_id_of(raw), line=number, code=code, message=message,
-                                                  line_id=new_id("batch_req_"))
+                    yield False, _error_line(batch, _custom_id_of(raw), number, code, message, refused=False)
         except (OSError, ClientError, BotoCoreError) as exc:  # the input is gone: list what was read
             log.warning("batch %s: lines never read cannot be listed (%s)", batch.id, type(exc).__name__)
 
@@ -310,11 +320,20 @@ class BatchFinalizer:
         return status
 
 
+def _error_line(batch: Batch, custom_id: str | None, line: int, code: str, message: str, *, refused: bool,
+                ) -> dict[str, Any]:
+    """The output line of a line that did not succeed, as the batch's endpoint renders it; `refused`: the
+    request rules refused it (else it was cut short, or failed while it ran)."""
+    if batch.endpoint == MESSAGES:
+        return unsucceeded_line(batch, custom_id, code, message, refused=refused)
+    return batch_error_line(custom_id, line=line, code=code, message=message, line_id=new_id("batch_req_"))
+
+
 def _error_of(row: BatchLine, job: Job | None) -> tuple[str, str]:
     if row.error is not None:
         return str(row.error["code"]), str(row.error["message"])
     if row.status == LINE_CANCELLED or job is None or job.status in ("scheduled", "queued", "running"):
-        return "batch_cancelled", "the batch was cancelled before this line finished"
+        return LINE_CANCELLED_CODE, "the batch was cancelled before this line finished"
     return job.error_code or "failed", job.error_message or "the request failed"
 
 

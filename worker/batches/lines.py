@@ -2,7 +2,10 @@
 
 Two line shapes are accepted: Conveyor's `{"custom_id", "body"}` and OpenAI's `{"custom_id", "method":
 "POST", "url": "/v1/chat/completions" | "/v1/completions" | "/v1/embeddings", "body"}` (without a url, the
-body says which: `messages`, `prompt` or `input`). The body is held to the rules of the synchronous routes,
+body says which: `messages`, `prompt` or `input`). A Message Batch's lines (written by POST
+/v1/messages/batches, the only batches of endpoint /v1/messages) take url "/v1/messages" and a Messages body:
+it is read by Anthropic's rules (core/protocol/anthropic_request.py) into the chat request it asks for, which
+is then judged exactly as a chat line. The body is held to the rules of the synchronous routes,
 defined once in core/protocol/openai_request.py and core/protocol/embedding_request.py: the same fields,
 bounds and refusals (`n` > 1, an unknown `model`, a chat role the model's template cannot render, an
 embeddings line to a model that generates text), each a line error naming the field while the rest of the
@@ -29,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from conveyor.core.model_adapters import with_lora
+from conveyor.core.protocol.anthropic_request import MESSAGES, parse_message_body
 from conveyor.core.protocol.chat_options import ChatOptions
 from conveyor.core.protocol.chat_options import job_params as chat_job_params
 from conveyor.core.protocol.completion_prompts import Prompts
@@ -75,7 +79,7 @@ from conveyor.worker.sampling import sampling_params_from_json
 
 log = logging.getLogger(__name__)
 
-ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS)
+ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES)
 MAX_CUSTOM_ID_CHARS = 512
 
 _LINE_FIELDS = {"custom_id", "body", "method", "url"}
@@ -294,7 +298,10 @@ def _request(number: int, custom_id: str, line: dict[str, Any], limits: LineLimi
     try:
         if endpoint == EMBEDDINGS:
             return _validated_embedding(number, custom_id, body, limits.served, limits.priorities)
-        return _validated(number, custom_id, endpoint, body, limits.served, limits.priorities)
+        if endpoint == MESSAGES:
+            return _validated_message(number, custom_id, body, limits.served, limits.priorities)
+        request = parse_body(endpoint, body)
+        return _validated(number, custom_id, endpoint, request, limits.served, limits.priorities)
     except Refusal as refusal:
         raise LineRejected(_line_code(refusal), refusal.message) from None
 
@@ -305,6 +312,11 @@ def _endpoint(url: object, body: dict[str, Any], batch_endpoint: str | None) -> 
     if url is not None and batch_endpoint is not None and url != batch_endpoint:
         raise LineRejected("invalid_url", f"url {url!r} differs from the batch endpoint {batch_endpoint!r}")
     endpoint = str(url or batch_endpoint or _endpoint_of_body(body))
+    if endpoint == MESSAGES:  # its body is judged by the Messages rules, `messages` included
+        if batch_endpoint != MESSAGES:
+            raise LineRejected("invalid_url", f"url {MESSAGES!r} is read in a Message Batch only (POST "
+                               f"{MESSAGES}/batches)")
+        return endpoint
     if endpoint == EMBEDDINGS:
         if "input" not in body:
             raise LineRejected("invalid_body", f"{EMBEDDINGS} needs input in the body")
@@ -333,10 +345,21 @@ def _check_task(endpoint: str, limits: LineLimits) -> None:
     _reject(task_problem(model_id, limits.task, "embed" if endpoint == EMBEDDINGS else "generate"))
 
 
-def _validated(number: int, custom_id: str, endpoint: str, body: dict[str, Any], served: Served,
+def _validated_message(number: int, custom_id: str, body: dict[str, Any], served: Served,
+                       priorities: PriorityRange) -> BatchRequest:
+    """A Messages body read by Anthropic's rules into the chat request it asks for (as POST /v1/messages
+    reads it), then judged as a chat line; a refusal names the field as the Messages body wrote it."""
+    message = parse_message_body(body)
+    request = message.chat_request()  # its refusals already name the Messages body's fields
+    try:
+        return _validated(number, custom_id, MESSAGES, request, served, priorities)
+    except Refusal as refusal:
+        raise message.anthropic_refusal(refusal) from None
+
+
+def _validated(number: int, custom_id: str, endpoint: str, request: OpenAIRequest, served: Served,
                priorities: PriorityRange) -> BatchRequest:
     """The synchronous route's rules (core/protocol/openai_request.py), then what only a batch adds."""
-    request = parse_body(endpoint, body)
     check_request(request, served)
     if request.stream:
         raise Refusal("invalid", "stream", "must be false in a batch")

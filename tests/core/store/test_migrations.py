@@ -28,7 +28,7 @@ def test_upgrade_head_matches_the_models(fresh_url: str) -> None:
     head = ScriptDirectory.from_config(alembic_config(fresh_url)).get_current_head()  # one linear history
     with db_engine.connect() as conn:
         current = MigrationContext.configure(conn).get_current_revision()
-        assert current == head == "0023_job_draft_tokens"
+        assert current == head == "0024_batch_request_count"
         assert {"tenants", "api_keys", "jobs", "workers"} <= set(inspect(conn).get_table_names())
         assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
         assert conn.execute(text("SELECT id FROM tenants")).scalars().all() == ["default"]
@@ -70,6 +70,29 @@ def test_jobs_finished_before_get_no_draft_figures_and_the_columns_downgrade(fre
         columns = {c["name"] for c in inspect(conn).get_columns("jobs")}
         assert not {"draft_tokens", "accepted_draft_tokens"} & columns and "cached_tokens" in columns
         assert conn.execute(text("SELECT completion_tokens FROM jobs")).scalar_one() == 8
+    db_engine.dispose()
+
+
+def test_batches_stored_before_know_no_request_count_and_the_column_downgrades(fresh_url: str) -> None:
+    """batches.request_count (0024): NULL for the batches stored before (they count their lines as they read
+    them), gone again after a downgrade, the batches kept."""
+    upgrade(fresh_url, "0023_job_draft_tokens")
+    db_engine = make_db_engine(fresh_url)
+    with db_engine.begin() as conn:
+        conn.execute(text(
+            "INSERT INTO batches (id, tenant_id, input_url, queue, completion_window, status, total,"
+            " completed, failed, cancelled, prompt_tokens, completion_tokens, read_line, read_offset,"
+            " read_done, created_at, updated_at) VALUES ('batch_1', 'default', 's3://b/in.jsonl',"
+            " 'documents', '24h', 'in_progress', 3, 1, 0, 0, 0, 0, 4, 30, false, CURRENT_TIMESTAMP,"
+            " CURRENT_TIMESTAMP)"))
+    upgrade(fresh_url)
+    with db_engine.begin() as conn:
+        assert tuple(conn.execute(text("SELECT total, request_count FROM batches")).one()) == (3, None)
+        conn.execute(text("UPDATE batches SET request_count = 3"))
+    command.downgrade(alembic_config(fresh_url), "0023_job_draft_tokens")
+    with db_engine.connect() as conn:
+        assert "request_count" not in {c["name"] for c in inspect(conn).get_columns("batches")}
+        assert conn.execute(text("SELECT total FROM batches")).scalar_one() == 3
     db_engine.dispose()
 
 

@@ -120,6 +120,27 @@ def test_another_tenant_cannot_see_or_cancel(session: Session) -> None:
     assert batches.get(session, batch.id, "alice").status == "validating"  # type: ignore[union-attr]
 
 
+def test_pages_after_and_before_a_batch_of_one_endpoint(session: Session) -> None:
+    """Newest first (created_at, then id); `after` the page past a batch, `before` the page just newer than
+    it, nearest first dropped last; only the tenant's batches of the endpoint asked for."""
+    now = utcnow()
+    made = [batches.create(session, tenant_id="alice", input_url="s3://bucket-a/in.jsonl", output_url=None,
+                           queue="documents", endpoint="/v1/messages", now=now + timedelta(seconds=i // 2))
+            for i in range(5)]  # two pairs created at the same instant: the id orders them
+    batches.create(session, tenant_id="alice", input_url="s3://bucket-a/in.jsonl", output_url=None,
+                   queue="documents", endpoint="/v1/chat/completions", now=now + timedelta(seconds=9))
+    newest = [b.id for b in sorted(made, key=lambda b: (b.created_at, b.id), reverse=True)]
+
+    def ids(**cursor: str) -> list[str]:
+        page = batches.page(session, "alice", limit=2, endpoint="/v1/messages", **cursor)
+        return [b.id for b in page]
+
+    assert ids() == newest[:2] and ids(after=newest[1]) == newest[2:4] and ids(after=newest[3]) == newest[4:]
+    assert ids(before=newest[4]) == newest[2:4] and ids(before=newest[1]) == newest[:1]
+    assert ids(before=newest[0]) == [] and ids(after="batch_unknown") == ids(before="batch_unknown") == []
+    assert len(batches.page(session, "alice", limit=10)) == 6 and batches.page(session, "bob", limit=10) == []
+
+
 @pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
 def test_a_batch_cancel_locks_its_jobs_in_id_order(session: Session,
                                                    session_factory: sessionmaker[Session]) -> None:
