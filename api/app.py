@@ -37,6 +37,7 @@ from conveyor.api.routes import (
     message_batches,
     openai,
     queues,
+    responses,
     scaling,
     vllm,
     webhooks,
@@ -124,7 +125,7 @@ def create_app(
     app.state.token_stream = token_stream  # running jobs' text for streamed completions; None: store polls
     for router in (jobs.router, queues.router, health.router, webhooks.router, openai.router,
                    anthropic.router, embeddings.router, files.router, batches.router, scaling.router,
-                   vllm.router, lora.router, message_batches.router):
+                   vllm.router, lora.router, responses.router, message_batches.router):
         app.include_router(router)
     if settings.console_enabled:
         for console_router in console.ROUTERS:

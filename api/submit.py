@@ -32,15 +32,16 @@ from conveyor.core.store.tenants import TenantLimits
 
 def submit(
     session: Session, services: Services, tenant_id: str, body: AnyJobCreate, idempotency_key: str | None,
-    now: datetime,
+    now: datetime, *, responses_request: dict[str, Any] | None = None,
 ) -> tuple[Job, bool]:
-    """Returns (job, created); created is False when an Idempotency-Key replays an earlier submission."""
+    """Returns (job, created); created is False when an Idempotency-Key replays an earlier submission.
+    `responses_request`: what a POST /v1/responses said beyond the job's fields, kept with the job."""
     served = _served_model(services, body, tenant_id)
     queue = _queue(services, served, body.queue)
     try:
         request = job_request(body, served, queue)
         job, created = _submit(session, services, served, tenant_id, body, request, queue, idempotency_key,
-                               now)
+                               now, responses_request)
     except ApiError as exc:
         label = body.queue if body.queue in served.settings.queues else "unknown"
         services.metrics.jobs_rejected.labels(served.id, label, exc.code).inc()
@@ -57,6 +58,7 @@ def submit(
 def _submit(
     session: Session, services: Services, served: ServedModel, tenant_id: str, body: AnyJobCreate,
     request: JobRequest, queue: QueueSettings, idempotency_key: str | None, now: datetime,
+    responses_request: dict[str, Any] | None,
 ) -> tuple[Job, bool]:
     lane = served.lane(body.queue)
     request.check()
@@ -91,7 +93,8 @@ def _submit(
         ttl_s=body.ttl if body.ttl is not None else queue.default_ttl_s, timeout_s=body.timeout,
         priority=_priority(body, quota), deadline_s=deadline_s, predicted_finish_at=forecast.finish_at,
         start_by=forecast.start_by, service_tier=body.service_tier, run_at=run_at,
-        max_retries=body.max_retries if body.max_retries is not None else queue.max_retries, **fields,
+        max_retries=body.max_retries if body.max_retries is not None else queue.max_retries,
+        responses_request=responses_request, **fields,
     )
     try:
         return jobs.add(session, new, now), True

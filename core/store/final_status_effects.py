@@ -18,7 +18,8 @@ from conveyor.core.store.tables import Job
 # What the effects read of each finished job, in one query for all of them.
 FINISHED_COLUMNS = (Job.id, Job.tenant_id, Job.webhook, Job.batch_id, Job.queue, Job.created_at,
                     Job.started_at, Job.first_token_at, Job.finished_at, Job.error_code, Job.deadline_at,
-                    Job.service_tier, Job.preemptions, Job.run_at)
+                    Job.service_tier, Job.preemptions, Job.run_at, Job.finish_reason,
+                    Job.responses_request.is_not(None).label("is_response"))
 
 
 def record_finished(session: Session, job_ids: list[str], status: str, now: datetime) -> None:

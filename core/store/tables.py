@@ -192,6 +192,10 @@ class Job(Base):
     # When the job asked for prompt_logprobs: per prompt token {token_id, text, logprob, top_logprobs}, the
     # first one's logprob null (nothing precedes it); of its first prompt when it has several.
     prompt_logprobs: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
+    # A job submitted through POST /v1/responses: what that request said beyond the job's own fields
+    # (core/protocol/responses_request.py ResponseCreate.stored()); SQL NULL (not JSON null: none_as_null) for
+    # every other job, so that "is it a response" is a cheap IS NOT NULL.
+    responses_request: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
     # A succeeded embedding job's vectors, one per input in order, each its float32 components little-endian
     # and base64-encoded (core/views/embedding_vectors.py); its usage is prompt_tokens.
     embeddings: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)

@@ -15,27 +15,45 @@ from typing import Any
 from sqlalchemy import Row, select
 from sqlalchemy.orm import Session
 
+from conveyor.core.lifecycle import CANCELLED, SUCCEEDED
 from conveyor.core.store import webhooks
 from conveyor.core.store.tables import Job, Subscription
 from conveyor.core.views.public import JobPublic
+from conveyor.core.views.response_objects import response_object
 from conveyor.core.webhooks.events import JOB_STARTED, build_event, matches
 
 JOB_STATUS_EVENTS = {s: f"job.{s}" for s in ("succeeded", "failed", "cancelled", "expired")}
 
 
 def enqueue_job_events(session: Session, finished: Sequence[Row[Any]], status: str, now: datetime) -> None:
-    """One event per job of `finished` (rows with id, tenant_id and webhook); the group's tenants'
-    subscriptions are read once, in one query."""
-    event_type = JOB_STATUS_EVENTS[status]
+    """One event per job of `finished` (rows with id, tenant_id, webhook, finish_reason and is_response);
+    the group's tenants' subscriptions are read once, in one query. A response's job sends its response's
+    event (`response.completed`, ...: the response object), any other job `job.<status>` (the job)."""
     subscribed = webhooks.enabled_subscriptions_of(session, {row.tenant_id for row in finished})
+    event_types = {row.id: _event_type(row, status) for row in finished}
     to_send = {row.id: targets for row in finished
-               if (targets := _targets(subscribed.get(row.tenant_id, []), event_type, row.webhook))}
+               if (targets := _targets(subscribed.get(row.tenant_id, []), event_types[row.id], row.webhook))}
     if not to_send:
         return
     query = select(Job).where(Job.id.in_(list(to_send))).execution_options(populate_existing=True)
     for job in session.execute(query).scalars():  # the event is the job as its GET shows it, frozen now
-        event = build_event(event_type, JobPublic.from_row(job).model_dump(mode="json"), now)
+        event = build_event(event_types[job.id], _shown(job), now)
         _add_deliveries(session, to_send[job.id], event, "job", job.id, job.tenant_id, now)
+
+
+def _shown(job: Job) -> dict[str, Any]:
+    """The job as its GET shows it: its response's, or the job's own."""
+    if job.responses_request is not None:
+        return response_object(job)
+    return JobPublic.from_row(job).model_dump(mode="json")
+
+
+def _event_type(row: Row[Any], status: str) -> str:
+    if not row.is_response:
+        return JOB_STATUS_EVENTS[status]
+    if status == SUCCEEDED:
+        return "response.incomplete" if row.finish_reason == "length" else "response.completed"
+    return "response.cancelled" if status == CANCELLED else "response.failed"
 
 
 def enqueue_started_events(session: Session, claimed: Sequence[Job], now: datetime) -> None:

@@ -187,12 +187,17 @@ def _vllm_prompt_logprobs(entries: list[dict[str, Any]], top_n: int) -> list[dic
 
 
 def _chat_logprobs(tokens: list[dict[str, Any]]) -> dict[str, Any]:
-    """Chat's shape: {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}."""
+    """Chat's shape: {"content": token_logprobs(tokens), "refusal": None}."""
+    return {"content": token_logprobs(tokens), "refusal": None}
+
+
+def token_logprobs(tokens: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per generated token {token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}: chat's and the
+    Responses API's shape of the tokens a job stores."""
     def one(entry: dict[str, Any]) -> dict[str, Any]:
         return {"token": entry["text"], "logprob": entry["logprob"], "bytes": list(entry["text"].encode())}
 
-    content = [{**one(t), "top_logprobs": [one(alt) for alt in t["top_logprobs"]]} for t in tokens]
-    return {"content": content, "refusal": None}
+    return [{**one(t), "top_logprobs": [one(alt) for alt in t["top_logprobs"]]} for t in tokens]
 
 
 def _completion_logprobs(tokens: list[dict[str, Any]]) -> dict[str, Any]:

@@ -14,7 +14,9 @@ from typing import Any
 JOB_STARTED = "job.started"
 JOB_EVENTS = ("job.succeeded", "job.failed", "job.cancelled", "job.expired", JOB_STARTED)
 BATCH_EVENTS = ("batch.completed", "batch.failed", "batch.cancelled", "batch.expired")
-EVENT_TYPES: tuple[str, ...] = JOB_EVENTS + BATCH_EVENTS
+# A job submitted through POST /v1/responses ends with OpenAI's event of its response instead of job.*.
+RESPONSE_EVENTS = ("response.completed", "response.incomplete", "response.failed", "response.cancelled")
+EVENT_TYPES: tuple[str, ...] = JOB_EVENTS + BATCH_EVENTS + RESPONSE_EVENTS
 OPT_IN_EVENTS = (JOB_STARTED,)  # sent only where a filter names them exactly
 
 

@@ -122,3 +122,30 @@ def _transformers_ids(folder: Path, messages: list[dict[str, Any]]) -> list[int]
     text = tokenizer.apply_chat_template(plain, tools=[WEATHER], tokenize=False, add_generation_prompt=True,
                                          chat_template=resolve_chat_template("chatml-tools"))
     return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def test_an_openai_agents_agent_runs_to_completion_over_the_responses_api(server: Server) -> None:
+    """The `openai-agents` package in its default mode (the Responses API): its first turn is a required
+    call of its one function tool, which it runs; the next turn (tool_choice reset to auto, the call and its
+    output sent back as items) answers with text, which ends the run."""
+    from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+
+    set_tracing_disabled(True)  # traces would go to OpenAI's platform
+    asked: list[str] = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """The current weather in a city."""
+        asked.append(city)
+        return RESULT
+
+    client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key=server.key, max_retries=0)
+    agent = Agent(name="weather", instructions="You answer questions about the weather.", tools=[get_weather],
+                  model=OpenAIResponsesModel(model=server.model, openai_client=client),
+                  model_settings=ModelSettings(tool_choice="required", temperature=0, max_tokens=48))
+    result = Runner.run_sync(agent, QUESTION["content"], max_turns=3)
+    assert [city.lower() for city in asked] == ["paris"]
+    answer = result.final_output
+    assert isinstance(answer, str) and "sunny" in answer.lower(), answer
+    assert [item.type for item in result.new_items][:2] == ["tool_call_item", "tool_call_output_item"]
+    assert all(raw.response_id.startswith("resp_") for raw in result.raw_responses)

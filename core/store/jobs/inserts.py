@@ -46,6 +46,7 @@ class NewJob:
     inputs: list[str | list[int]] | None = None
     run_at: datetime | None = None  # due then (status scheduled until); None: queued at once
     max_retries: int | None = None  # automatic retries of retryable failures (core/retry_policy.py)
+    responses_request: dict[str, Any] | None = None  # a Responses API request's own fields (tables.py)
 
 
 def new_job_id() -> str:
@@ -98,5 +99,5 @@ def _queued_row(new: NewJob, now: datetime) -> dict[str, Any]:
         preemptions=0, prompt_tokens=new.prompt_tokens, batch_id=new.batch_id, chat=new.chat,
         priority=new.priority, deadline_at=deadline_at, predicted_finish_at=new.predicted_finish_at,
         start_by=new.start_by if new.start_by is not None else deadline_at, service_tier=new.service_tier,
-        kind=new.kind, inputs=new.inputs,
+        kind=new.kind, inputs=new.inputs, responses_request=new.responses_request,
     )

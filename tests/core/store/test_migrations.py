@@ -28,7 +28,7 @@ def test_upgrade_head_matches_the_models(fresh_url: str) -> None:
     head = ScriptDirectory.from_config(alembic_config(fresh_url)).get_current_head()  # one linear history
     with db_engine.connect() as conn:
         current = MigrationContext.configure(conn).get_current_revision()
-        assert current == head == "0024_batch_request_count"
+        assert current == head == "0025_job_responses_request"
         assert {"tenants", "api_keys", "jobs", "workers"} <= set(inspect(conn).get_table_names())
         assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
         assert conn.execute(text("SELECT id FROM tenants")).scalars().all() == ["default"]
@@ -70,6 +70,27 @@ def test_jobs_finished_before_get_no_draft_figures_and_the_columns_downgrade(fre
         columns = {c["name"] for c in inspect(conn).get_columns("jobs")}
         assert not {"draft_tokens", "accepted_draft_tokens"} & columns and "cached_tokens" in columns
         assert conn.execute(text("SELECT completion_tokens FROM jobs")).scalar_one() == 8
+    db_engine.dispose()
+
+
+def test_jobs_stored_before_are_no_responses_and_the_column_downgrades(fresh_url: str) -> None:
+    """jobs.responses_request (0025): SQL NULL for the jobs stored before (none was a response), gone again
+    after a downgrade, the jobs kept."""
+    upgrade(fresh_url, "0024_batch_request_count")
+    db_engine = make_db_engine(fresh_url)
+    with db_engine.begin() as conn:
+        conn.execute(text(
+            "INSERT INTO jobs (id, tenant_id, queue, status, params, request_hash, created_at, updated_at,"
+            " attempts, preemptions) VALUES ('job_old', 'default', 'demo:interactive', 'succeeded', '{}',"
+            " 'h', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP, 1, 0)"))
+    upgrade(fresh_url)
+    with db_engine.begin() as conn:
+        unanswered = text("SELECT count(*) FROM jobs WHERE responses_request IS NULL")
+        assert conn.execute(unanswered).scalar_one() == 1
+    command.downgrade(alembic_config(fresh_url), "0024_batch_request_count")
+    with db_engine.connect() as conn:
+        assert "responses_request" not in {c["name"] for c in inspect(conn).get_columns("jobs")}
+        assert conn.execute(text("SELECT id FROM jobs")).scalar_one() == "job_old"
     db_engine.dispose()
 
 

@@ -7,9 +7,11 @@ import pytest
 from conveyor.core.webhooks.events import EVENT_TYPES, build_event, encode_event, matches, validate_filter
 
 
-def test_event_types_are_the_documented_nine() -> None:
+def test_event_types_are_the_documented_thirteen() -> None:
     assert set(EVENT_TYPES) == {"job.succeeded", "job.failed", "job.cancelled", "job.expired", "job.started",
-                                "batch.completed", "batch.failed", "batch.cancelled", "batch.expired"}
+                                "batch.completed", "batch.failed", "batch.cancelled", "batch.expired",
+                                "response.completed", "response.incomplete", "response.failed",
+                                "response.cancelled"}
 
 
 @pytest.mark.parametrize(("patterns", "event_type", "wanted"), [
@@ -25,6 +27,8 @@ def test_event_types_are_the_documented_nine() -> None:
     (["job.*"], "job.started", False),
     (["job.started"], "job.started", True),
     (["*"], "batch.expired", True),
+    (["response.*"], "response.incomplete", True),
+    (["job.*"], "response.completed", False),
 ])
 def test_subscription_filter(patterns: list[str], event_type: str, wanted: bool) -> None:
     assert matches(patterns, event_type) is wanted
