@@ -145,6 +145,9 @@ class ToolUseBlock(BaseModel):
     name: FunctionName
     input: StoredJsonObject
     cache_control: CacheControl | None = None
+    # What the SDK's own ToolUseBlock holds besides, so an answer's content sent back as it came is taken.
+    caller: dict[str, Any] | None = Field(None, description="accepted and ignored: who made the call")
+    toolset_name: StoredText | None = Field(None, description="accepted and ignored")
 
 
 TextBlocks = list[Annotated[TextBlock, _supported(TEXT_BLOCKS)]]

@@ -43,10 +43,11 @@ class MessageItem(BaseModel):
     content: StoredText | list[ContentPart]
     id: StoredText | None = Field(None, description="an earlier output item's id; kept")
     status: StoredText | None = Field(None, description="an earlier output item's status; ignored")
+    phase: StoredText | None = Field(None, description="an earlier output item's phase; ignored")
 
 
 class FunctionCallItem(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     type: Literal["function_call"]
     call_id: StoredText
@@ -54,6 +55,11 @@ class FunctionCallItem(BaseModel):
     arguments: StoredText
     id: StoredText | None = None
     status: StoredText | None = None
+    # What OpenAI's SDK dumps of an earlier answer's call besides: accepted and ignored, so that the output
+    # items sent back as they came are taken.
+    caller: dict[str, Any] | None = None
+    namespace: StoredText | None = None
+    is_async: bool | None = Field(None, alias="async")
 
 
 class FunctionCallOutputItem(BaseModel):

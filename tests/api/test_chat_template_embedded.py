@@ -149,3 +149,24 @@ def test_an_openai_agents_agent_runs_to_completion_over_the_responses_api(server
     assert isinstance(answer, str) and "sunny" in answer.lower(), answer
     assert [item.type for item in result.new_items][:2] == ["tool_call_item", "tool_call_output_item"]
     assert all(raw.response_id.startswith("resp_") for raw in result.raw_responses)
+
+
+def test_an_anthropic_tool_round_trip_is_answered_with_text(server: Server) -> None:
+    """The same loop through Anthropic's Messages API and its SDK: a `tool_use` block forced by tool_choice
+    `tool`, its `tool_result` sent back, then a text answer that reads the result."""
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=server.url, api_key=server.key, max_retries=0)
+    tool = {"name": "get_weather", "description": WEATHER["function"]["description"],
+            "input_schema": WEATHER["function"]["parameters"]}
+    question = {"role": "user", "content": QUESTION["content"]}
+    asked = client.messages.create(model=server.model, max_tokens=32, messages=[question], tools=[tool],
+                                   tool_choice={"type": "tool", "name": "get_weather"},
+                                   extra_body={"temperature": 0})
+    [use] = asked.content
+    assert asked.stop_reason == "tool_use" and use.type == "tool_use" and "paris" in use.input["city"].lower()
+    answer = client.messages.create(model=server.model, max_tokens=24, tools=[tool],
+                                    extra_body={"temperature": 0}, messages=[
+        question, {"role": "assistant", "content": [use.model_dump()]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": RESULT}]}])
+    assert answer.stop_reason == "end_turn" and "sunny" in answer.content[0].text.lower(), answer

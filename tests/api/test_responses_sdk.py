@@ -149,12 +149,17 @@ def test_a_required_function_tool_returns_a_call_that_validates(embedded: Server
     [call] = response.output
     assert call.type == "function_call" and call.name == "get_weather" and call.call_id.startswith("call_")
     jsonschema.validate(json.loads(call.arguments), WEATHER["parameters"])
-    answered = client.responses.create(  # the call and its output sent back as items
-        model=embedded.model, previous_response_id=response.id, tools=[WEATHER], **GREEDY,
-        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "Sunny, 21 C"}])
+    output = {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny, 21 C"}
+    answered = client.responses.create(  # the call's output after the earlier turn
+        model=embedded.model, previous_response_id=response.id, tools=[WEATHER], **GREEDY, input=[output])
     messages = embedded.job(answered.id.removeprefix("resp_")).messages
     assert messages[1]["tool_calls"][0]["id"] == call.call_id
     assert messages[2] == {"role": "tool", "tool_call_id": call.call_id, "content": "Sunny, 21 C"}
+    resent = client.responses.create(  # the same history sent whole: the SDK's output items as they came
+        model=embedded.model, tools=[WEATHER], **GREEDY, input=[
+            {"role": "user", "content": "Weather in Oslo?"}, *response.output,
+            output])
+    assert embedded.job(resent.id.removeprefix("resp_")).messages == messages
 
 
 def test_a_named_function_streams_its_arguments(embedded: Server) -> None:  # noqa: F811
