@@ -39,9 +39,9 @@ def serve(app, **_options):
     report["serving"] = heavy()
 uvicorn.run = serve
 build_tokenizer = prompt_tokenizer.PromptTokenizer.__init__
-def before_tokenizer(self, path):
+def before_tokenizer(self, *given):
     report["before_tokenizer"] = heavy()
-    build_tokenizer(self, path)
+    build_tokenizer(self, *given)
 prompt_tokenizer.PromptTokenizer.__init__ = before_tokenizer
 from conveyor.cli.main import app
 report["cli_imported"] = heavy()
