@@ -111,10 +111,11 @@ class Generated:
 
 async def start(
     services: Services, stream: TokenStream | None, tenant: str, body: AnyJobCreate, *,
-    responses_request: dict[str, Any] | None = None,
+    responses_request: dict[str, Any] | None = None, idempotency_key: str | None = None,
 ) -> FollowedJob:
     """Submits (same checks, limits and 429s as POST /v1/jobs) with the token subscription in place
-    (`responses_request`: kept with a job submitted through POST /v1/responses)."""
+    (`responses_request`: kept with a job submitted through POST /v1/responses; an `idempotency_key`
+    replay follows the job it created, from the store)."""
     publisher = None
     if stream is not None:
         publisher = _SubscribeThenDispatch(services.dispatcher, stream, asyncio.get_running_loop())
@@ -122,7 +123,7 @@ async def start(
 
     def insert() -> tuple[str, int]:
         with services.session_factory() as session:
-            job, _ = submit(session, submitting, tenant, body, None, utcnow(),
+            job, _ = submit(session, submitting, tenant, body, idempotency_key, utcnow(),
                             responses_request=responses_request)
             return job.id, job.prompt_tokens or 0
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
@@ -48,20 +48,24 @@ OBJECT = {"description": "the `response` object",
 
 @router.post("", response_model=None,
              responses={200: RESPONSE, **openai_error_responses(400, 401, 403, 404, 409, 413, 429, 504)})
-async def create_response(body: ResponseCreate, request: Request, services: ServicesDep,
-                          tenant: WaitingTenant) -> Response:
+async def create_response(
+    body: ResponseCreate, request: Request, services: ServicesDep, tenant: WaitingTenant,
+    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
+) -> Response:
     """A `response`: `queued` at once with `background: true`, else once its job has ended; server-sent
-    events with `stream: true`."""
+    events with `stream: true`. Sent again with the same Idempotency-Key and body, the response it created
+    (its job is not submitted twice); with another body, a 409."""
     model = model_of(services, body.model, task="generate", tenant=tenant)
     history: list[dict[str, Any]] = []
     if body.previous_response_id is not None:
         history = await run_in_threadpool(earlier_conversation, services, tenant, body.previous_response_id)
     job = await run_in_threadpool(job_body, model, body, history)
     if body.background and not body.stream:
-        created = await run_in_threadpool(_submit, services, tenant, job, body.stored())
+        created = await run_in_threadpool(_submit, services, tenant, job, body.stored(), idempotency_key)
         return JSONResponse(created, headers=_job_header(created["id"]))
     stream: TokenStream | None = getattr(request.app.state, "token_stream", None)
-    followed = await openai_sync.start(services, stream, tenant, job, responses_request=body.stored())
+    followed = await openai_sync.start(services, stream, tenant, job, responses_request=body.stored(),
+                                       idempotency_key=idempotency_key)
     headers = _job_header(response_id(followed.job_id))
     if body.stream:
         options = job.chat_options(model.tool_parser)
@@ -143,10 +147,11 @@ def list_input_items(
                          "has_more": start + limit < len(items)})
 
 
-def _submit(services: Services, tenant: str, job: JobCreate, stored: dict[str, Any]) -> dict[str, Any]:
+def _submit(services: Services, tenant: str, job: JobCreate, stored: dict[str, Any],
+            idempotency_key: str | None) -> dict[str, Any]:
     with services.session_factory() as session:
-        row, _ = submit(session, services, tenant, job, None, utcnow(), responses_request=stored)
-    return response_object(row)
+        row, _ = submit(session, services, tenant, job, idempotency_key, utcnow(), responses_request=stored)
+        return response_object(row)
 
 
 async def _answered(services: Services, tenant: str, followed: FollowedJob, request: Request, *, store: bool,

@@ -72,6 +72,21 @@ def test_background_responses_are_queued_then_polled(embedded: Server) -> None: 
     assert jobs.json()["status"] == "succeeded"
 
 
+def test_an_idempotency_key_creates_one_response(embedded: Server) -> None:  # noqa: F811
+    client = embedded.client()
+    key = {"Idempotency-Key": "resp-once-1"}
+    first = client.responses.create(model=embedded.model, input="Once", background=True, extra_headers=key,
+                                    **GREEDY)
+    again = client.responses.create(model=embedded.model, input="Once", background=True, extra_headers=key,
+                                    **GREEDY)
+    assert again.id == first.id
+    with pytest.raises(openai.ConflictError, match="Idempotency-Key"):
+        client.responses.create(model=embedded.model, input="Twice", background=True, extra_headers=key,
+                                **GREEDY)
+    answered = client.responses.create(model=embedded.model, input="Once", extra_headers=key, **GREEDY)
+    assert answered.id == first.id and answered.status == "incomplete"  # the same job, followed to its end
+
+
 def test_streamed_events_come_in_order_and_resume(embedded: Server) -> None:  # noqa: F811
     client = embedded.client()
     events = list(client.responses.create(model=embedded.model, input="Hi", stream=True, background=True,
