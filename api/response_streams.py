@@ -94,8 +94,7 @@ async def resumed(services: Services, tenant: str, job: FollowedJob, shown: Stre
         return
     finally:
         await openai_sync.finish(services, job, tenant, cancel=False)
-    opened = await run_in_threadpool(_response, services, tenant, job.job_id, "queued")
-    final = await run_in_threadpool(_response, services, tenant, job.job_id, None)
+    opened, final = await run_in_threadpool(_opened_and_final, services, tenant, job.job_id)
     yield _sse(replayed(job.job_id, opened, final), shown.starting_after)
 
 
@@ -108,6 +107,14 @@ def _response(services: Services, tenant: str, job_id: str, status: str | None) 
         return response_object(job, status=status)
 
     return with_response(services, tenant, response_id(job_id), shown)
+
+
+def _opened_and_final(services: Services, tenant: str, job_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """An ended background response as it was created (queued) and as it ended, from one read."""
+    def both(job: Job) -> tuple[dict[str, Any], dict[str, Any]]:
+        return response_object(job, status="queued"), response_object(job)
+
+    return with_response(services, tenant, response_id(job_id), both)
 
 
 def _sse(events: list[dict[str, Any]], starting_after: int | None) -> str:

@@ -99,18 +99,20 @@ async def get_response(
              responses={200: OBJECT, **openai_error_responses(400, 401, 404, 409)})
 def cancel_response(response_id: str, services: ServicesDep, tenant: WaitingTenant) -> JSONResponse:
     """Cancels a background response that is queued or in progress; it ends `cancelled`."""
-    def cancelled(job: Job) -> dict[str, Any]:
-        if not (job.responses_request or {}).get("background"):
-            raise OpenAIError(400, f"id: response {response_id} was not created with background true; only "
-                              "background responses can be cancelled", param="id")
-        with services.session_factory() as session:
-            try:
-                return response_object(cancel(session, services, tenant, job.id))
-            except ApiError as exc:
-                raise OpenAIError(exc.status, f"id: response {response_id} has already ended",
-                                  code=exc.code, param="id") from None
+    def background(job: Job) -> bool:
+        return bool((job.responses_request or {}).get("background"))
 
-    return JSONResponse(with_response(services, tenant, response_id, cancelled))
+    if not with_response(services, tenant, response_id, background):
+        raise OpenAIError(400, f"id: response {response_id} was not created with background true; only "
+                          "background responses can be cancelled", param="id")
+    job_id = job_id_of(response_id)
+    assert job_id is not None, "with_response found the response"
+    with services.session_factory() as session:  # the read's session is closed: one session at a time
+        try:
+            return JSONResponse(response_object(cancel(session, services, tenant, job_id)))
+        except ApiError as exc:
+            raise OpenAIError(exc.status, f"id: response {response_id} has already ended",
+                              code=exc.code, param="id") from None
 
 
 @router.delete("/{response_id}", response_model=None,

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from conveyor.core.protocol.field_errors import validation_message
 from conveyor.core.protocol.openai_request import ChatCompletionCreate, Served, check_request
@@ -134,6 +134,7 @@ class ResponseCreate(BaseModel):
     safety_identifier: StoredText | None = Field(None, description="accepted and ignored")
     prompt_cache_key: StoredText | None = Field(None, description="accepted and ignored: prefixes are "
                                                 "cached for the tenant by themselves")
+    _items: list[InputItem] | None = PrivateAttr(None)
 
     def refusal(self) -> Refusal | None:
         """A field this server does not run, or values that contradict each other."""
@@ -156,7 +157,10 @@ class ResponseCreate(BaseModel):
         return next((Refusal("unsupported", name, reason) for name, bad, reason in checks if bad), None)
 
     def items(self) -> list[InputItem]:
-        return input_items(self.input)
+        """The input as items, parsed once (the chat request and the stored form both read them)."""
+        if self._items is None:
+            self._items = input_items(self.input)
+        return self._items
 
     def placement(self) -> dict[str, Any]:
         """Where the job runs and how it is kept, as sent (the jobs API judges them)."""
