@@ -48,6 +48,7 @@ from conveyor.core.seams.dispatch import DispatchRelay, JobPublisher
 from conveyor.core.seams.finish_notifications import FinishedSink, FinishedWatch
 from conveyor.core.seams.token_stream import TokenStream
 from conveyor.core.settings import Settings
+from conveyor.core.store.auth_listener import listener_for
 from conveyor.core.store.database import make_db_engine, make_session_factory
 
 log = logging.getLogger(__name__)
@@ -96,13 +97,19 @@ def create_app(
     services = Services(settings, session_factory, publisher, models, metrics,
                         AdmissionGauge(), dispatcher, finished=finished_sink, finished_watch=finished_watch)
 
+    auth_listener = listener_for(session_factory.kw["bind"], services.auth_cache)  # None: SQLite, or off
+
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        if auth_listener is not None:
+            auth_listener.start()
         if runtime is not None:
             runtime.start()
         try:
             yield
         finally:
+            if auth_listener is not None:
+                auth_listener.stop()
             dispatcher.stop()  # what was accepted is published before the embedded worker stops
             if runtime is not None:
                 runtime.stop()

@@ -1,5 +1,10 @@
 """API keys, each bound to a tenant: `Authorization: Bearer`, and on the Anthropic routes `x-api-key` too.
-With auth off (loopback only) requests are the default tenant."""
+With auth off (loopback only) requests are the default tenant.
+
+A key is looked up through the process's AuthCache (core/store/auth_cache.py): a key cached is answered on
+the event loop, with no thread-pool hand-off and no query; a key not cached is read in the thread pool, and
+cached if active. A revoked key is refused by every process within `auth_cache_s`, and at once where the
+store announces revocations (PostgreSQL, core/store/auth_listener.py)."""
 
 from __future__ import annotations
 
@@ -36,14 +41,14 @@ api_key_scheme = SentAPIKeyHeader(name="x-api-key", scheme_name="APIKeyHeader", 
 async def current_tenant(
     services: ServicesDep, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)]
 ) -> str:
-    """The caller's tenant. Async, so that with auth off a request takes no thread-pool hand-off for it;
-    with auth on, the key is looked up in the thread pool on a session of its own, closed at once (so a
-    request that then waits, a long poll or a stream, holds no database connection)."""
+    """The caller's tenant. Async, so that with auth off, or a cached key, a request takes no thread-pool
+    hand-off for it; a key not cached is looked up in the thread pool on a session of its own, closed at
+    once (so a request that then waits, a long poll or a stream, holds no database connection)."""
     if not services.settings.auth_enabled:
         return DEFAULT_TENANT
     if credentials is None or not credentials.credentials:
         raise _unauthorized("Authorization: a Bearer API key is required")
-    return await run_in_threadpool(tenant_of_key, services, credentials.credentials)
+    return await _tenant_of(services, credentials.credentials)
 
 
 async def anthropic_tenant(
@@ -58,19 +63,27 @@ async def anthropic_tenant(
     if not key:
         raise _unauthorized("x-api-key: an API key is required (x-api-key, or Authorization: Bearer)")
     try:
-        return await run_in_threadpool(tenant_of_key, services, key)
+        return await _tenant_of(services, key)
     except ApiError as exc:  # the header the key came in is the one to name
         if api_key and exc.status == 401:
             raise _unauthorized("x-api-key: the API key is invalid or revoked") from None
         raise
 
 
+async def _tenant_of(services: Services, plaintext: str) -> str:
+    grant = services.auth_cache.cached_grant(keys.hash_key(plaintext))
+    if grant is not None:
+        return grant.tenant
+    return await run_in_threadpool(tenant_of_key, services, plaintext)
+
+
 def tenant_of_key(services: Services, plaintext: str) -> str:
+    """The key's tenant, through the cache (read from the store when not cached); 401 unless active."""
     with services.session_factory() as session:
-        tenant = keys.tenant_for_key(session, plaintext)
-    if tenant is None:
+        grant = services.auth_cache.grant(session, keys.hash_key(plaintext))
+    if grant is None:
         raise _unauthorized("Authorization: the API key is invalid or revoked")
-    return tenant
+    return grant.tenant
 
 
 def _unauthorized(message: str) -> ApiError:

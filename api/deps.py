@@ -17,6 +17,7 @@ from conveyor.api.served_models import ServedModels
 from conveyor.core.seams.dispatch import Dispatcher, JobPublisher
 from conveyor.core.seams.finish_notifications import FinishedSink, FinishedWatch
 from conveyor.core.settings import Settings
+from conveyor.core.store.auth_cache import AuthCache
 from conveyor.core.store.finish_times import QueueRates
 
 
@@ -35,9 +36,11 @@ class Services:
     finished_watch: FinishedWatch | None = None  # wakes long polls and event streams; None: they poll
     queue_rates: QueueRates = field(default_factory=QueueRates)  # deadline forecasts without a sum per submit
     job_reads: JobReads = field(init=False)  # reads of single jobs asked for together share one query
+    auth_cache: AuthCache = field(init=False)  # API keys and tenant limits, for at most auth_cache_s
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "job_reads", JobReads(self.session_factory))  # frozen: set once, here
+        object.__setattr__(self, "auth_cache", AuthCache.for_settings(self.settings))
 
 
 def services_of(request: Request) -> Services:

@@ -25,7 +25,7 @@ from conveyor.core.model_adapters import job_model_id, with_lora
 from conveyor.core.protocol.request_limits import idempotency_key_problem, metadata_problem
 from conveyor.core.protocol.service_tiers import PriorityNotPermitted, takes_default_deadline
 from conveyor.core.settings import QueueSettings, UnknownModelError
-from conveyor.core.store import finish_times, jobs, tenants
+from conveyor.core.store import finish_times, jobs
 from conveyor.core.store.tables import Job
 from conveyor.core.store.tenants import TenantLimits
 
@@ -71,7 +71,7 @@ def _submit(
         if earlier is not None:
             return _replay(earlier, request_hash), False
     _admit(session, services, lane, queue)  # before tokenizing: an overloaded queue costs no CPU
-    quota = tenants.effective_limits(session, tenant_id, TenantLimits.defaults(services.settings))
+    quota = services.auth_cache.limits(session, tenant_id)
     _refuse(admission.queued_refusal(session, services.admission, quota, tenant_id, lane,
                                      services.settings.retry_after_s))
     prompt_tokens = request.count_prompt_tokens()
@@ -123,7 +123,7 @@ def admit_retry(session: Session, services: Services, tenant_id: str, job: Job) 
         raise ApiError(409, "not_retryable", f"id: the job's queue {describe_lane(job.queue)} is no longer "
                        "served", "id")
     _admit(session, services, job.queue, queue)
-    quota = tenants.effective_limits(session, tenant_id, TenantLimits.defaults(services.settings))
+    quota = services.auth_cache.limits(session, tenant_id)
     _refuse(admission.queued_refusal(session, services.admission, quota, tenant_id, job.queue,
                                      services.settings.retry_after_s))
 

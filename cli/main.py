@@ -162,7 +162,8 @@ def keys_create(ctx: typer.Context, tenant: Annotated[str, typer.Option(help="te
 
 @keys_app.command("revoke")
 def keys_revoke(ctx: typer.Context, key_id: str, config: ConfigOpt = None) -> None:
-    """Revokes a key by id; requests with it get 401 from then on."""
+    """Revokes a key by id; requests with it get 401 from then on (every API process drops it from its cache
+    at once on PostgreSQL, within auth_cache_s otherwise)."""
     from conveyor.core.clock import utcnow
     from conveyor.core.store import keys
 

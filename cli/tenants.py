@@ -5,7 +5,9 @@ A tenant's value of a limit overrides the setting of the same name (`tenant_weig
 `tenant_max_priority`); `--reset NAME` gives the setting back.
 `--cache-namespace NAME` puts the tenant's jobs in a prefix-cache partition shared with the other tenants
 given NAME (by default a tenant's is its own); `--reset cache_namespace` makes it its own again.
-The API and the workers read the store on every submit and claim, so a change applies at once.
+The workers read the store at every claim; the API processes cache a tenant's limits for at most
+`auth_cache_s`, and on PostgreSQL drop them as the change commits (core/store/auth_notices.py): a change
+applies at once there, within auth_cache_s on SQLite.
 """
 
 from __future__ import annotations

@@ -249,6 +249,7 @@ def make_settings(tmp_path: Path, demo_model_dir: Path) -> Callable[..., Any]:
         values: dict[str, Any] = dict(
             data_dir=tmp_path / "data", auth_enabled=True, reconcile_interval_s=0.2, dispatch_grace_s=0.5,
             worker_heartbeat_s=0.2, worker_dead_after_s=2.0, cancel_poll_s=0.1,
+            auth_cache_s=0.0,  # off: tests revoke keys or change limits, then look at once (its tests set it)
         )
         if not overrides.get("models"):
             values["model"] = str(demo_model_dir)

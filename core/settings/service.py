@@ -85,6 +85,13 @@ class Settings(EngineSettings, TenantDefaults, BaseSettings):
         description="secret bearer token for `GET /metrics`; unset = `/metrics` is open with auth off and "
         "answers 401 with auth on (see below)",
     )
+    auth_cache_s: float = Field(
+        1.0, ge=0, le=3600, allow_inf_nan=False,
+        description="seconds an API process may answer from its own cache of API keys and tenant limits "
+        "before reading the store again: a revoked key or a changed limit applies in every process at once "
+        "on PostgreSQL (LISTEN/NOTIFY), and within this bound otherwise (SQLite; a change made straight in "
+        "the database). 0 = no cache",
+    )
     admin_token: SecretStr | None = Field(
         None,
         description="secret bearer token for the admin routes (`POST /v1/load_lora_adapter`, "

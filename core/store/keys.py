@@ -1,14 +1,19 @@
-"""Tenants and API keys. A key is shown once at creation; only its sha256 and a display prefix are stored."""
+"""Tenants and API keys. A key is shown once at creation; only its sha256 and a display prefix are stored.
+
+A revocation is announced to every API process with its commit (core/store/auth_notices.py), so that none
+goes on answering the key from its cache (core/store/auth_cache.py)."""
 
 from __future__ import annotations
 
 import hashlib
 import secrets
+from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from conveyor.core.store import auth_notices
 from conveyor.core.store.tables import ApiKey, Tenant
 
 KEY_PREFIX = "cvk_"
@@ -44,11 +49,23 @@ def create_key(session: Session, tenant_id: str, now: datetime, *, admin: bool =
     return row, plaintext
 
 
+@dataclass(frozen=True)
+class KeyGrant:
+    """What an active key lets its bearer be."""
+
+    tenant: str
+    admin: bool  # also sees totals across tenants
+
+
 def revoke_key(session: Session, key_id: str, now: datetime) -> bool:
-    statement = update(ApiKey).where(ApiKey.id == key_id, ApiKey.revoked_at.is_(None)).values(revoked_at=now)
-    applied: bool = session.execute(statement).rowcount == 1  # type: ignore[attr-defined]
+    """Revokes an active key and commits; False when there is no such active key."""
+    statement = (update(ApiKey).where(ApiKey.id == key_id, ApiKey.revoked_at.is_(None))
+                 .values(revoked_at=now).returning(ApiKey.key_hash))
+    key_hash = session.execute(statement).scalar_one_or_none()
+    if key_hash is not None:
+        auth_notices.send(session, auth_notices.key_revoked(key_hash))
     session.commit()
-    return applied
+    return key_hash is not None
 
 
 def list_keys(session: Session) -> list[ApiKey]:
@@ -57,13 +74,19 @@ def list_keys(session: Session) -> list[ApiKey]:
 
 def tenant_for_key(session: Session, plaintext: str) -> str | None:
     """The tenant of an active key, or None for unknown and revoked keys."""
-    active = ApiKey.revoked_at.is_(None)
-    query = select(ApiKey.tenant_id).where(ApiKey.key_hash == hash_key(plaintext), active)
-    return session.execute(query).scalar_one_or_none()
+    grant = grant_of_hash(session, hash_key(plaintext))
+    return grant.tenant if grant is not None else None
+
+
+def grant_of_hash(session: Session, key_hash: str) -> KeyGrant | None:
+    """The grant of the active key of this hash (hash_key), or None for unknown and revoked keys."""
+    query = select(ApiKey.tenant_id, ApiKey.is_admin).where(ApiKey.key_hash == key_hash,
+                                                             ApiKey.revoked_at.is_(None))
+    row = session.execute(query).first()
+    return KeyGrant(row.tenant_id, bool(row.is_admin)) if row is not None else None
 
 
 def is_admin_key(session: Session, plaintext: str) -> bool:
     """Whether an active key is an admin key (False for unknown and revoked keys)."""
-    active = ApiKey.revoked_at.is_(None)
-    query = select(ApiKey.is_admin).where(ApiKey.key_hash == hash_key(plaintext), active)
-    return bool(session.execute(query).scalar_one_or_none())
+    grant = grant_of_hash(session, hash_key(plaintext))
+    return grant is not None and grant.admin

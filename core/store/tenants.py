@@ -6,6 +6,9 @@ And each tenant's prefix-cache partition: every job is submitted to the engine w
 (`cache_salt`), so a cache hit (its `cached_tokens`, its shorter time to first token) never tells one tenant
 what another asked. By default the salt is the tenant's own; tenants that trust each other (say, to share an
 operator's long system prompt) are given the same `cache_namespace`, and share cached prefixes only then.
+
+The API reads a tenant's limits through its per-process cache (core/store/auth_cache.py); a change is
+announced with its commit (core/store/auth_notices.py), so that every API process drops its copy at once.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from conveyor.core.lifecycle import QUEUED
 from conveyor.core.protocol.request_fields import MAX_PRIORITY
 from conveyor.core.protocol.service_tiers import PriorityRange
 from conveyor.core.settings import Settings
-from conveyor.core.store import jobs
+from conveyor.core.store import auth_notices, jobs
 from conveyor.core.store.keys import ensure_tenant
 from conveyor.core.store.tables import Job, Tenant
 
@@ -110,6 +113,7 @@ def set_overrides(session: Session, tenant_id: str, changes: dict[str, Any], now
         session.rollback()
         raise ValueError(f"min_priority: {tenant.min_priority} is above max_priority {tenant.max_priority}")
     _redispatch_queued(session, tenant_id)
+    auth_notices.send(session, auth_notices.limits_changed(tenant_id))
     session.commit()
     return tenant
 
