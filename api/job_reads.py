@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from conveyor.core.store import jobs
+from conveyor.core.store.jobs.records import records
 from conveyor.core.views.public import JobPublic
 
 MAX_IN_FLIGHT = 2
@@ -80,7 +80,7 @@ class JobReads:
 
     def _read_many(self, job_ids: list[str]) -> dict[str, Owned]:
         with self._sessions() as session:
-            rows = jobs.get_many(session, job_ids)
+            rows = records(session, job_ids)
             return {job.id: (job.tenant_id, JobPublic.from_row(job)) for job in rows}
 
 

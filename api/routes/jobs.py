@@ -13,6 +13,7 @@ from fastapi.responses import StreamingResponse
 from conveyor.api import cursor, job_actions, job_waits
 from conveyor.api.auth import CurrentTenant, WaitingTenant
 from conveyor.api.deps import Services, ServicesDep, SessionDep
+from conveyor.api.direct_route import direct_route
 from conveyor.api.errors import ApiError, can_be_stored_id, lookup_id, not_found, raise_problem
 from conveyor.api.job_waits import EVENTS_MAX_S, KEEPALIVE_S, MAX_WAIT_S
 from conveyor.api.model_responses import model_response
@@ -64,8 +65,8 @@ def _json_errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
             for status, declared in error_responses(*statuses).items()}
 
 
-@router.post("", status_code=202, response_model=JobPublic,
-             responses={**REPLAYED, **error_responses(401, 403, 404, 409, 413, 422, 429)})
+@direct_route(router, "", methods=["POST"], status_code=202, response_model=JobPublic,
+              responses={**REPLAYED, **error_responses(401, 403, 404, 409, 413, 422, 429)})
 def create_job(
     body: JobSubmission,
     session: SessionDep,
@@ -79,7 +80,8 @@ def create_job(
     return model_response(JobPublic.from_row(job), 202 if created else 200)
 
 
-@router.get("/{job_id}", response_model=JobPublic, responses=error_responses(401, 404, 422))
+@direct_route(router, "/{job_id}", methods=["GET"], response_model=JobPublic,
+              responses=error_responses(401, 404, 422))
 async def get_job(
     job_id: str, request: Request, services: ServicesDep, tenant: WaitingTenant, wait: Wait = None
 ) -> Response:

@@ -17,6 +17,7 @@ from conveyor.core.model_adapters import job_model_id
 from conveyor.core.protocol.chat_options import ChatOptions
 from conveyor.core.protocol.job_kinds import GENERATION, JobKind
 from conveyor.core.protocol.job_params import JobParams
+from conveyor.core.store.jobs.records import JobRecord
 from conveyor.core.store.outcome_counts import due_since
 from conveyor.core.store.tables import Batch, Job
 from conveyor.core.views.embedding_objects import EmbeddingList, embedding_list
@@ -66,7 +67,7 @@ class JobChoice(ChoiceFields):
     index: int
 
     @classmethod
-    def of(cls, job: Job, index: int, text: str, finish_reason: str | None,
+    def of(cls, job: Job | JobRecord, index: int, text: str, finish_reason: str | None,
            logprobs: list[dict[str, Any]] | None) -> JobChoice:
         read = read_output(text, ChatOptions.from_json(job.chat), choice_seed(job.id, index))
         tokens = [GeneratedTokenLogprob.model_validate(e) for e in logprobs] if logprobs is not None else None
@@ -85,7 +86,7 @@ class JobResult(ChoiceFields):
         None, description="per prompt token, when the job asked for `prompt_logprobs`; else null")
 
     @classmethod
-    def of(cls, job: Job) -> JobResult:
+    def of(cls, job: Job | JobRecord) -> JobResult:
         assert job.result_text is not None
         first = JobChoice.of(job, 0, job.result_text, job.finish_reason, job.logprobs)
         choices = None
@@ -172,7 +173,7 @@ class JobPublic(BaseModel):
         "was retried, then the current one once final")
 
     @classmethod
-    def from_row(cls, job: Job) -> JobPublic:
+    def from_row(cls, job: Job | JobRecord) -> JobPublic:
         error = JobError(code=job.error_code, message=job.error_message) if job.error_code else None
         queue = split_lane(job.queue)[1]
         model_id = job_model_id(job.queue, job.params)
@@ -195,7 +196,7 @@ class JobPublic(BaseModel):
         )
 
 
-def _history(job: Job) -> list[AttemptRecord]:
+def _history(job: Job | JobRecord) -> list[AttemptRecord]:
     """The kept outcomes, then the current one when final; a job never retried shows only its own."""
     kept = [AttemptRecord.model_validate(entry) for entry in job.history or []]
     if job.status in TERMINAL_STATUSES:
@@ -205,7 +206,7 @@ def _history(job: Job) -> list[AttemptRecord]:
     return kept
 
 
-def _result(job: Job, model_id: str) -> JobResult | EmbeddingList | None:
+def _result(job: Job | JobRecord, model_id: str) -> JobResult | EmbeddingList | None:
     if job.embeddings is not None:
         encoding_format = JobParams.from_stored(job.params).encoding_format  # read by the worker that ran it
         body = embedding_list(job.embeddings, encoding_format, model_id, job.prompt_tokens or 0)

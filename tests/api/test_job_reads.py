@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from conveyor.api import job_reads
 from conveyor.api.job_reads import JobReads
 from conveyor.core.clock import utcnow
-from conveyor.core.store import jobs, keys
+from conveyor.core.store import keys
 from tests.support.worker import add_job
 
 
@@ -83,7 +83,7 @@ def test_a_failed_query_fails_each_of_its_reads_and_a_cancelled_read_leaves_the_
         return await asyncio.gather(*asked, return_exceptions=True)
 
     with monkeypatch.context() as patch:
-        patch.setattr(jobs, "get_many", unreachable)
+        patch.setattr(job_reads, "records", unreachable)
         assert all(isinstance(outcome, OperationalError) for outcome in asyncio.run(while_down()))
 
     async def one_cancelled() -> list[Any]:
