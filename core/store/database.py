@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -20,6 +22,7 @@ SQLITE_POOL_SIZE = 48
 # 10 more closed again after each use) an API under load reconnected for a third of its submits.
 POSTGRES_POOL_SIZE = 16
 POSTGRES_NAME_MAX = 63
+PING_IDLE_S = 1.0  # a pooled PostgreSQL connection idle this long is pinged before use
 _WRITES = ("INSERT", "UPDATE", "DELETE", "REPLACE")
 
 
@@ -35,8 +38,9 @@ def make_db_engine(url: str, *, session_name: str | None = None, **kwargs: Any) 
             kwargs["connect_args"] = {**kwargs.get("connect_args", {}),
                                       "application_name": postgres_session_name(session_name)}
         kwargs = {"pool_size": POSTGRES_POOL_SIZE, "max_overflow": POSTGRES_POOL_SIZE, **kwargs}
-        db_engine = create_engine(parsed, pool_pre_ping=True, **kwargs)
+        db_engine = create_engine(parsed, **kwargs)
         event.listen(db_engine, "connect", _postgres_settings)
+        _ping_when_idle(db_engine)
         return db_engine
     if parsed.database not in (None, "", ":memory:"):  # a file: a QueuePool
         kwargs = {"pool_size": SQLITE_POOL_SIZE, "max_overflow": SQLITE_POOL_SIZE, **kwargs}
@@ -65,6 +69,33 @@ def _postgres_settings(dbapi_connection: Any, _record: Any) -> None:
     rollback undoes it; through a pooler that drops session settings, only JIT comes back."""
     dbapi_connection.execute("SET jit = off")
     dbapi_connection.commit()
+
+
+def _ping_when_idle(db_engine: Engine) -> None:
+    """Pings a pooled PostgreSQL connection before use only when it sat idle for PING_IDLE_S or more: one
+    that died while idle (a database restart, a proxy's idle timeout) is replaced before use, as
+    `pool_pre_ping` would replace it, but a connection given back a moment ago is not pinged again. (Pinging
+    at every checkout was a round trip per transaction: with a submit, a read or a claim each one short
+    transaction, a large share of the API's and the worker's time on PostgreSQL.) A connection that died
+    within PING_IDLE_S fails its statement instead; the pool is then invalidated, as on any disconnect."""
+    dialect = db_engine.dialect
+
+    def checked_in(_dbapi_connection: Any, record: Any) -> None:
+        record.info["idle_since"] = time.monotonic()
+
+    def checked_out(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        idle_since = record.info.pop("idle_since", None)
+        if idle_since is None or time.monotonic() - idle_since < PING_IDLE_S:  # fresh, or just used
+            return
+        try:
+            dialect.do_ping(dbapi_connection)
+        except dialect.loaded_dbapi.Error as exc:
+            if dialect.is_disconnect(exc, dbapi_connection, None):
+                raise DisconnectionError(str(exc)) from exc  # the pool reconnects and checks out again
+            raise
+
+    event.listen(db_engine, "checkin", checked_in)
+    event.listen(db_engine, "checkout", checked_out)
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
