@@ -1,17 +1,23 @@
 """Admission control without a COUNT per submit: queued-job counts, estimated per API process; and the
-tenant's quotas (its queued jobs per queue, its tokens per minute).
+tenant's quotas (its queued and scheduled jobs per queue, its tokens per minute).
 
-The estimate of a queue's queued jobs (and of one tenant's queued jobs in it) is the last COUNT plus the
-jobs this process admitted since. It is re-counted when it is older than REFRESH_S, and whenever it says
-the queue is full, so a queue that drained is never refused on a stale number. What it can miss are other
-API processes' admissions since the last count: with R replicas each admitting at most A jobs per
-REFRESH_S, a queue overshoots `max_queued` by at most about (R - 1) x A (docs/getting-started/
-postgres-redis.md, "Admission control").
+The estimate of a queue's queued jobs (and of one tenant's queued jobs in it) is the last count plus the
+jobs this process admitted since, so most submits read nothing. It is counted again when it is older than
+REFRESH_S, and whenever it says the queue is full, so a queue that drained is never refused on a stale
+number. A count reads the job tallies (core/store/job_tallies.py: the (queue, tenant, status) rows the
+triggers on jobs keep, and the deltas not folded yet), never the rows: its cost follows the tenants and the
+unfolded deltas, whatever the backlog or `max_queued`. It is exact as of its snapshot, as a COUNT was: it
+sees every committed job, and the submit's own transaction's. What the estimate can miss are other API
+processes' admissions since the last count: with R replicas each admitting at most A jobs per REFRESH_S, a
+queue overshoots `max_queued` by at most about (R - 1) x A, plus the submits in flight at that moment
+(docs/getting-started/postgres-redis.md, "Admission control").
 Jobs leaving the queue are not subtracted between counts, so the estimate errs towards "full", and a full
-verdict is always re-counted.
+verdict is always counted again.
 
-Tokens per minute are read from the store at each submit of a tenant that has the limit
-(core/store/token_usage.py): one indexed range sum, so every API process sees every other's jobs.
+A tenant's scheduled jobs in a lane are read from the tallies at each submit that schedules one (no
+estimate: the read is a few rows). Tokens per minute are read from the store at each submit of a tenant that
+has the limit (core/store/token_usage.py): one indexed range sum, so every API process sees every other's
+jobs.
 """
 
 from __future__ import annotations
@@ -59,7 +65,7 @@ class AdmissionGauge:
 
     def has_room(self, session: Session, queue: str, max_queued: int, tenant_id: str | None = None) -> bool:
         """Whether one more job fits under `max_queued` (in the queue; with `tenant_id`, that tenant's jobs
-        in it); counts the rows only when the estimate is stale or says no."""
+        in it); reads the tallies only when the estimate is stale or says no."""
         key = (queue, tenant_id)
         with self._lock:
             estimate = self._estimates.get(key)
@@ -67,7 +73,7 @@ class AdmissionGauge:
             if fresh and estimate is not None and estimate.queued < max_queued:
                 return True
         counted_at = self._clock()
-        queued = jobs.count_queued(session, queue, tenant_id, up_to=max_queued)
+        queued = jobs.count_queued(session, queue, tenant_id)
         with self._lock:
             self._estimates[key] = _Estimate(queued, counted_at)
         return queued < max_queued
@@ -95,7 +101,7 @@ def scheduled_refusal(session: Session, limit: int, tenant_id: str, lane: str, r
                       ) -> Refusal | None:
     """The tenant already has `limit` jobs (its max_queued, else its queue's) scheduled in `lane`: scheduled
     jobs are not in the queue's depth, yet a tenant may not park an unbounded backlog for later."""
-    if jobs.count_scheduled_in(session, lane, tenant_id, up_to=limit) < limit:
+    if jobs.count_scheduled_in(session, lane, tenant_id) < limit:
         return None
     message = (f"run_at: tenant {tenant_id} has {limit} jobs scheduled in the {describe_lane(lane)}, as many "
                "as it may queue; retry once some are due")

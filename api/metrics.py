@@ -22,7 +22,7 @@ from conveyor.core.clock import utcnow
 from conveyor.core.lanes import split_lane
 from conveyor.core.metric_buckets import LATENCY_BUCKETS_S
 from conveyor.core.settings import Settings
-from conveyor.core.store import job_tallies, jobs, outcome_counts, workers
+from conveyor.core.store import job_tallies, outcome_counts, workers
 from conveyor.core.store.tables import MetricCount
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,6 @@ class StoreCollector(Collector):
         try:
             with self._session_factory() as session:
                 counts = job_tallies.queue_counts(session, utcnow(), may_fold=True)
-                scheduled = jobs.count_scheduled(session)
                 outcomes = outcome_counts.all_counts(session)
                 consumers = workers.live_workers_per_queue(
                     session, now=utcnow(), dead_after_s=self._settings.worker_dead_after_s)
@@ -73,7 +72,7 @@ class StoreCollector(Collector):
             log.warning("metrics: store unavailable: %s", exc)
             return
         yield from self._queue_gauges(counts, consumers)
-        yield self._scheduled_gauge(scheduled)
+        yield self._scheduled_gauge({lane: c.scheduled for lane, c in counts.items()})
         yield from _finished_counters(outcome_counts.series_of(outcomes, outcome_counts.JOBS_FINISHED))
         yield from outcome_families(outcomes)
 

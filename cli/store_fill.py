@@ -44,7 +44,7 @@ _TENANT = f"'{TENANT_PREFIX}' || lpad((i % :tenants)::text, 3, '0')"
 _BATCH = "'batch_bench_' || lpad((i % :tenants)::text, 3, '0')"
 
 _RESET = text("TRUNCATE jobs, batch_lines, batches, metric_counts, workers, webhook_deliveries, "
-              "webhook_attempts, job_tallies, job_tally_deltas")  # TRUNCATE fires no row trigger
+              "webhook_attempts, job_tallies, job_tally_deltas, broker_republish")  # fires no row trigger
 
 _TENANTS = text(f"""
 INSERT INTO tenants (id, created_at)

@@ -22,16 +22,24 @@ from conveyor.api.routes.queues import GOODPUT_WINDOW
 from conveyor.cli.store_fill import WORKER_ID
 from conveyor.cli.store_plans import Statement, captured_statements
 from conveyor.core.clock import utcnow
-from conveyor.core.lanes import queue_of
 from conveyor.core.lifecycle import QUEUED, RUNNING
 from conveyor.core.protocol.job_params import JobParams
 from conveyor.core.seams.dispatch import publish_and_mark
 from conveyor.core.settings import Settings
-from conveyor.core.store import finish_times, job_tallies, jobs, outcome_counts, tenants, token_usage, workers
+from conveyor.core.store import (
+    finish_times,
+    job_tallies,
+    jobs,
+    outcome_counts,
+    republish_walk,
+    tenants,
+    token_usage,
+    workers,
+)
 from conveyor.core.store.fair_share import FairState, claim_fair
-from conveyor.core.store.tables import Job
+from conveyor.core.store.tables import BrokerRepublish, Job
 from conveyor.core.store.tenants import TenantLimits
-from conveyor.worker.reconciler import Reconciler
+from conveyor.worker.reconciler import REDISPATCH_BATCH, Reconciler
 
 RETENTION_DAYS = 30  # the purge's retention: longer than the history, so a purge round deletes nothing
 CLAIM = 16  # jobs per claim, per step's writes, per dispatch group: a worker's usual batch
@@ -53,11 +61,6 @@ class Bench:
     running: list[str]  # jobs the bench worker runs
     idempotent: tuple[str, str]  # (tenant, Idempotency-Key) of a stored job
     memo: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def max_queued(self) -> int:
-        """The bench queue's max_queued: what admission counts up to (api/admission.py)."""
-        return self.settings.queues[queue_of(self.queue)].max_queued
 
     @property
     def defaults(self) -> TenantLimits:
@@ -243,6 +246,30 @@ class QuietBroker:
         return False
 
 
+def _begin_walk(bench: Bench) -> None:
+    """The broker lost its queues: a walk of the bench's lane begins (core/store/republish_walk.py)."""
+    with bench.sessions() as session:
+        republish_walk.begin(session, utcnow(), [bench.queue])
+
+
+def _republish_batch(bench: Bench, _prepared: Any) -> object:
+    """One batch of a broker restart's republish, as a reconciler walks it (worker/reconciler.py): the walk's
+    row locked, REDISPATCH_BATCH queued jobs read after its cursor, published (here: to nowhere), the cursor
+    moved past them. No job row is written."""
+    with bench.sessions() as session:
+        walk = republish_walk.take(session)
+        assert walk is not None, "_begin_walk began one"
+        batch = republish_walk.next_batch(session, walk, REDISPATCH_BATCH)  # fewer at the smallest scales
+        return republish_walk.advance(session, walk, batch, False, [bench.queue])
+
+
+def _end_walk(bench: Bench, _prepared: Any, _result: Any) -> None:
+    """No walk left under way: the reconciler rounds timed later must find none."""
+    with bench.sessions() as session:
+        session.execute(delete(BrokerRepublish))
+        session.commit()
+
+
 def _reconciler(bench: Bench) -> Reconciler:
     """A fresh reconciler, the bench worker's heartbeat renewed first (its running jobs are not orphans)."""
     _heartbeat(bench, None)
@@ -281,15 +308,21 @@ def _add(bench: Bench, _prepared: Any) -> str:
 
 
 def _count_queued(bench: Bench, _prepared: Any) -> object:
-    """As admission counts (api/admission.py): up to the queue's max_queued, the most it needs to know."""
+    """As admission counts (api/admission.py): from the job tallies, whatever the queue's max_queued."""
     with bench.sessions() as session:
-        return jobs.count_queued(session, bench.queue, up_to=bench.max_queued)
+        return jobs.count_queued(session, bench.queue)
 
 
 def _count_queued_tenant(bench: Bench, _prepared: Any) -> object:
-    """A tenant quota's count, up to the same bound (a tenant's max_queued is at most its queue's)."""
+    """A tenant quota's count, from the tallies too."""
     with bench.sessions() as session:
-        return jobs.count_queued(session, bench.queue, bench.tenant, up_to=bench.max_queued)
+        return jobs.count_queued(session, bench.queue, bench.tenant)
+
+
+def _count_scheduled_in(bench: Bench, _prepared: Any) -> object:
+    """A submit with run_at: the tenant's scheduled jobs in the lane (api/admission.py scheduled_refusal)."""
+    with bench.sessions() as session:
+        return jobs.count_scheduled_in(session, bench.queue, bench.tenant)
 
 
 def _effective_limits(bench: Bench, _prepared: Any) -> object:
@@ -370,6 +403,11 @@ def _queue_loads(bench: Bench, _prepared: Any) -> object:
         return job_tallies.tallies(session)
 
 
+def _per_tenant(bench: Bench, _prepared: Any) -> object:
+    with bench.sessions() as session:
+        return job_tallies.per_tenant(session)
+
+
 def _outcome_counts(bench: Bench, _prepared: Any) -> object:
     with bench.sessions() as session:
         return outcome_counts.all_counts(session)
@@ -394,8 +432,11 @@ OPERATIONS = (
     Operation("reconciler round (run_once)", WORKER_ROUND, _reconcile, prepare=_reconciler),
     Operation("retention purge (nothing due)", WORKER_ROUND, _purge, prepare=_reconciler),
     Operation("scheduler round (nothing due)", WORKER_ROUND, _scheduler_round),
-    Operation("count_queued(queue, up to max_queued) (admission)", SUBMIT, _count_queued),
-    Operation("count_queued(queue, tenant, up to max_queued) (quota)", SUBMIT, _count_queued_tenant),
+    Operation(f"republish after a broker restart: a batch of {REDISPATCH_BATCH}", WORKER_ROUND,
+              _republish_batch, prepare=_begin_walk, undo=_end_walk),
+    Operation("count_queued(queue) (admission, tallies)", SUBMIT, _count_queued),
+    Operation("count_queued(queue, tenant) (quota, tallies)", SUBMIT, _count_queued_tenant),
+    Operation("count_scheduled_in(lane, tenant) (run_at quota)", SUBMIT, _count_scheduled_in),
     Operation("effective_limits (tenant row)", SUBMIT, _effective_limits),
     Operation("tokens_used (tokens per minute)", SUBMIT, _tokens_used),
     Operation("finish_times.forecast (deadline submit)", SUBMIT, _forecast),
@@ -409,6 +450,7 @@ OPERATIONS = (
     Operation("/v1/queues counts (queue_counts, one tenant)", API_READ, _queue_counts_tenant),
     Operation("/v1/queues goodput (deadline_counts, 1 h)", API_READ, _deadline_counts),
     Operation("/v1/scaling (tallies)", API_READ, _queue_loads),
+    Operation("console tenants' counts (per_tenant)", API_READ, _per_tenant),
     Operation("/metrics finished counts (all_counts)", API_READ, _outcome_counts),
     Operation("/metrics scrape (StoreCollector.collect)", API_READ, _scrape),
 )

@@ -13,9 +13,15 @@ Every worker process (and the embedded runtime) runs this loop every reconcile_i
      broker was down, or steps 2-3 just requeued them) are published and marked dispatched;
   5. lost messages are published again, oldest first:
      - after the broker lost its queues (Redis restarted without its data; `lost_messages()` says so once,
-       to one reconciler in the fleet), every queued job dispatched before now, however busy the queue is;
+       to one reconciler in the fleet), every queued job dispatched before then, however busy the queue is.
+       That reconciler records a walk in the store (core/store/republish_walk.py); every reconciler then
+       takes part, one at a time, a batch of REDISPATCH_BATCH jobs per transaction from a cursor kept in one
+       row, and at most REPUBLISH_ROUND_S of them per round (the other rules wait for none of it). No job
+       row is written: a walk of 100,000 jobs is 100 index range reads and 100 one-row updates. A walker
+       that dies leaves the walk to the others, from its cursor;
      - a queue the broker reports empty while the store still has jobs of it queued, dispatched a while
-       ago (REDISPATCH_FACTOR x dispatch_grace_s): their messages went missing some other way.
+       ago (REDISPATCH_FACTOR x dispatch_grace_s): their messages went missing some other way (each is
+       marked dispatched again, so the next round moves on).
 Every purge_interval_s it also runs the retention purge (core/store/retention.py) and prunes the rows of
 long-dead workers.
 Every change is a conditional UPDATE, so reconcilers may run concurrently; a job published twice is claimed
@@ -35,15 +41,16 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from conveyor.core.background import BackgroundLoop
 from conveyor.core.clock import utcnow
-from conveyor.core.seams.dispatch import publish_and_mark
+from conveyor.core.seams.dispatch import publish_and_mark, publish_in_order
 from conveyor.core.seams.finish_notifications import FinishedSink
 from conveyor.core.settings import Settings
-from conveyor.core.store import job_tallies, jobs, retention, workers
+from conveyor.core.store import job_tallies, jobs, republish_walk, retention, workers
 
 log = logging.getLogger(__name__)
 
 REDISPATCH_FACTOR = 10  # a dispatched job still queued this many grace periods later, in an empty queue
-REDISPATCH_BATCH = 1000
+REDISPATCH_BATCH = 1000  # jobs read and published per transaction of a republish
+REPUBLISH_ROUND_S = 5.0  # a round's republish after a broker restart stops after the batch that passes it
 
 HeldAttempts = Callable[[], set[tuple[str, int]]]  # (job id, attempt) this worker's runner holds
 ClaimsSince = Callable[[], datetime | None]  # when the oldest claim on its way to the runner began
@@ -102,7 +109,7 @@ class Reconciler:
         self._dead_after_s = settings.worker_dead_after_s
         self._settings = settings
         self._next_purge = time.monotonic()  # the first round purges; then every purge_interval_s
-        self._lost_before: datetime | None = None  # the broker lost its queues; not all republished yet
+        self._lost_at: datetime | None = None  # the broker lost its queues then; no walk in the store yet
         self._loop = BackgroundLoop.every("reconciler", self._interval_s, self._round, on_error=self._failed)
 
     def start(self) -> None:
@@ -190,31 +197,53 @@ class Reconciler:
         return unheld
 
     def _redispatch_lost(self, now: datetime) -> int:
-        if self._lost_before is None and self._broker.lost_messages():
-            self._lost_before = now
-        if self._lost_before is not None:
-            return self._redispatch_all(self._lost_before)
+        if self._broker.lost_messages():  # said once: kept here until the store has the walk
+            self._lost_at = utcnow()  # after the answer: whatever the broker lost was published before it
+        if self._lost_at is not None:
+            with self._sessions() as session:
+                generation = republish_walk.begin(session, self._lost_at, self._queues)
+            log.warning("the broker lost its queues (walk %d): publishing every queued job dispatched before "
+                        "%s again", generation, self._lost_at.isoformat())
+            self._lost_at = None
+        republished = self._republish(time.monotonic() + REPUBLISH_ROUND_S)
+        if republished is not None:
+            return republished
         return self._redispatch_in_empty_queues(now - REDISPATCH_FACTOR * self._grace)
 
-    def _redispatch_all(self, dispatched_before: datetime) -> int:
-        """Every queued job dispatched before the broker lost its queues, oldest first, in batches (each
-        batch is marked dispatched now, so the next query moves on). Resumed next round if the broker or
-        the store fails half way."""
+    def _republish(self, stop_at: float) -> int | None:
+        """Walks the broker restart's republish on, a batch per transaction, until it ends, the broker fails
+        or `stop_at` (time.monotonic()) has passed; returns how many jobs went out. None: no walk is under
+        way, or another reconciler holds it now."""
         total = 0
-        for queue in self._queues:
-            while True:
-                with self._sessions() as session:
-                    lost = jobs.dispatched_but_queued(session, queue, dispatched_before, REDISPATCH_BATCH)
-                sent = publish_and_mark(self._sessions, self._broker.publish, lost) if lost else 0
-                total += sent
-                if sent < len(lost):
-                    log.warning("the broker lost its queues: %d job(s) published again so far", total)
-                    return total
-                if sent < REDISPATCH_BATCH:
-                    break
-        log.warning("the broker lost its queues: published %d queued job(s) again", total)
-        self._lost_before = None
-        return total
+        while True:
+            with self._sessions() as session:
+                walk = republish_walk.take(session)
+                if walk is None:
+                    return total or None
+                sent, complete, walk_now = self._republish_batch(session, walk)
+            total += sent
+            if not complete:
+                log.warning("the broker lost its queues: %d job(s) published again so far",
+                            walk.published + sent)
+                return total
+            if walk_now is None:
+                log.warning("the broker lost its queues: %d queued job(s) published again, all of them",
+                            walk.published + sent)
+                return total
+            if sent and time.monotonic() >= stop_at:  # a lane found empty costs one index probe: go on
+                return total
+
+    def _republish_batch(self, session: Session, walk: republish_walk.Walk,
+                         ) -> tuple[int, bool, republish_walk.Walk | None]:
+        """One batch of the walk, in the transaction that holds its row: (jobs published, whether all of the
+        batch went out, the walk as it now stands: None once it ended). A lane this release does not serve
+        is passed over: there is nowhere to publish its jobs."""
+        served = walk.lane in self._queues
+        batch = republish_walk.next_batch(session, walk, REDISPATCH_BATCH) if served else []
+        sent = publish_in_order(self._broker.publish, [(lost.job_id, walk.lane) for lost in batch])
+        lane_done = sent == len(batch) < REDISPATCH_BATCH
+        walk_now = republish_walk.advance(session, walk, batch[:sent], lane_done, self._queues)
+        return sent, sent == len(batch), walk_now
 
     def _redispatch_in_empty_queues(self, dispatched_before: datetime) -> int:
         total = 0

@@ -9,7 +9,6 @@ from urllib.parse import urlencode
 
 from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import RedirectResponse, Response
-from sqlalchemy.orm import Session
 
 from conveyor.api import queue_purge
 from conveyor.api.console.pages import AdminDep, CsrfField, check_csrf, confirmation, page
@@ -56,17 +55,17 @@ def _engine_figures(rates: dict[str, Any] | None) -> str:
 @router.get("/tenants")
 def tenant_list(request: Request, viewer: AdminDep, services: ServicesDep, session: SessionDep) -> Response:
     now, defaults = utcnow(), TenantLimits.defaults(services.settings)
+    counts = job_tallies.per_tenant(session)  # one read of the tallies for every tenant shown
     rows = [{"id": tenant.id, "limits": tenants.effective_limits(session, tenant.id, defaults),
-             "counts": _counts(session, tenant.id, now),
+             "counts": _counts(counts.get(tenant.id, job_tallies.QueueTally())),
              "tokens_last_minute": token_usage.tokens_used(session, tenant.id, now)}
             for tenant in tenants.list_tenants(session)[:TENANTS_SHOWN]]
     return page(request, "tenants.html", viewer, tenants=rows)
 
 
-def _counts(session: Session, tenant_id: str, now: Any) -> tuple[int, int]:
-    """(queued, running) of the tenant across every queue."""
-    counts = job_tallies.queue_counts(session, now, tenant_id).values()
-    return sum(c.queued for c in counts), sum(c.running for c in counts)
+def _counts(tally: job_tallies.QueueTally) -> tuple[int, int]:
+    """(queued, running) of a tenant across every queue."""
+    return tally.queued, tally.running
 
 
 @router.get("/purge")

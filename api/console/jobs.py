@@ -36,7 +36,6 @@ def overview(request: Request, viewer: ViewerDep, services: ServicesDep, session
              purged_lane: Annotated[str | None, Query(alias="lane", max_length=200)] = None) -> Response:
     now = utcnow()
     counts = job_tallies.queue_counts(session, now, viewer.tenant, may_fold=True)
-    scheduled = jobs.count_scheduled(session, viewer.tenant)
     deadlines = jobs.deadline_counts(session, now - GOODPUT_WINDOW, viewer.tenant)
     dead_after_s = services.settings.worker_dead_after_s
     live = workers.live_workers_per_queue(session, now=now, dead_after_s=dead_after_s)
@@ -47,7 +46,7 @@ def overview(request: Request, viewer: ViewerDep, services: ServicesDep, session
         oldest_s = (now - c.oldest_queued_at).total_seconds() if c.oldest_queued_at else None
         per_minute = jobs.succeeded_per_minute(session, lane, now, SPARK_MINUTES, viewer.tenant)
         rows.append({"model": model, "queue": queue, "lane": lane, "queued": c.queued, "running": c.running,
-                     "scheduled": scheduled.get(lane, 0), "workers": live.get(lane, 0), "oldest_s": oldest_s,
+                     "scheduled": c.scheduled, "workers": live.get(lane, 0), "oldest_s": oldest_s,
                      "on_time": _on_time_share(deadlines.get(lane, {})), "per_minute": per_minute})
     return page(request, "overview.html", viewer, queues=rows, failures=_failures(session, viewer, now),
                 purged=purged, purged_lane=purged_lane)

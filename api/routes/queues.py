@@ -45,7 +45,6 @@ def list_queues(session: SessionDep, services: ServicesDep, caller: CurrentTenan
     counted = None if admin and tenant_ is None else tenant  # None: every tenant's jobs
     now = utcnow()
     counts = job_tallies.queue_counts(session, now, counted, may_fold=True)
-    scheduled = jobs.count_scheduled(session, counted)
     consumers = workers.live_workers_per_queue(session, now=now,
                                                dead_after_s=services.settings.worker_dead_after_s)
     own = tenants.effective_limits(session, tenant, TenantLimits.defaults(services.settings))
@@ -60,7 +59,7 @@ def list_queues(session: SessionDep, services: ServicesDep, caller: CurrentTenan
             by_tier = {tier: DeadlineCounts(**n) for tier, n in sorted(deadlines.get(lane, {}).items())}
             data.append(QueuePublic(
                 name=name, model=model.id, queued=c.queued, running=c.running,
-                scheduled=scheduled.get(lane, 0), oldest_queued_age_s=age,
+                scheduled=c.scheduled, oldest_queued_age_s=age,
                 workers=consumers.get(lane, 0), limits=clamp_queue_limits(limits, model.max_model_len()),
                 tenant_limits=own_limits, deadlines_last_hour=total(by_tier.values()),
                 deadlines_last_hour_by_tier=by_tier))

@@ -9,7 +9,10 @@ passed in, so the API never imports the worker.
 
 The API hands its committed jobs to a `DispatchRelay`: one thread that publishes whatever has gathered and
 marks the whole group dispatched in one UPDATE, so a submit's request does one transaction (its insert)
-and never waits on the broker.
+and never waits on the broker. The mark stays per job: it is what tells a published job from one whose
+publisher died between its commit and its publish, which nothing else records. After the broker lost its
+queues, the reconciler publishes the queued jobs again with `publish_in_order` and marks nothing: its walk
+keeps its place in one row (core/store/republish_walk.py).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from __future__ import annotations
 import logging
 import queue as stdlib_queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from sqlalchemy.orm import Session, sessionmaker
@@ -55,19 +58,25 @@ def publish_and_mark(
     many went out. They are marked with the time publishing began, never later than the message reached
     the broker: a broker found empty after that time (the reconciler's lost-messages rule) counts them."""
     publishing_since = utcnow()
-    sent: list[str] = []
-    for job_id, queue in pending:
+    sent = publish_in_order(publish, pending)
+    if sent:
+        with sessions() as session:
+            jobs.mark_dispatched(session, [job_id for job_id, _ in pending[:sent]], publishing_since)
+    return sent
+
+
+def publish_in_order(publish: Publish, pending: Sequence[tuple[str, str]]) -> int:
+    """Publishes (job_id, queue) pairs in order, stopping at the first failure (logged); returns how many
+    went out (the first ones). Marks nothing: a broker restart's republish (core/store/republish_walk.py)
+    keeps its place in one row instead."""
+    for sent, (job_id, queue) in enumerate(pending):
         try:
             publish(job_id, queue)
         except Exception as exc:
             log.warning("publish of %s to %s failed (%s: %s); the reconciler will retry",
                         job_id, queue, type(exc).__name__, exc)
-            break
-        sent.append(job_id)
-    if sent:
-        with sessions() as session:
-            jobs.mark_dispatched(session, sent, publishing_since)
-    return len(sent)
+            return sent
+    return len(pending)
 
 
 class DispatchRelay:

@@ -395,8 +395,8 @@ class MetricCount(Base):
 
 
 class JobTally(Base):
-    """A queue's and tenant's jobs in one status (queued or running) and the output they may still write
-    (max_tokens x n), as of the last fold of job_tally_deltas (core/store/job_tallies.py)."""
+    """A queue's and tenant's jobs in one status (scheduled, queued or running) and the output they may still
+    write (max_tokens x n), as of the last fold of job_tally_deltas (core/store/job_tallies.py)."""
 
     __tablename__ = "job_tallies"
 
@@ -408,8 +408,8 @@ class JobTally(Base):
 
 
 class JobTallyDelta(Base):
-    """One job entering (+1) or leaving (-1) a tallied status, written by the triggers on jobs (migration
-    0016) in the transaction that moved it."""
+    """One job entering (+1) or leaving (-1) a tallied status, written by the triggers on jobs (migrations
+    0016 and 0026) in the transaction that moved it."""
 
     __tablename__ = "job_tally_deltas"
 
@@ -420,6 +420,25 @@ class JobTallyDelta(Base):
     status: Mapped[str] = mapped_column(String(16))
     jobs: Mapped[int] = mapped_column(BigInteger)
     output_bound: Mapped[int] = mapped_column(BigInteger)
+
+
+class BrokerRepublish(Base):
+    """The walk that publishes every queued job again after the broker lost its queues (core/store/
+    republish_walk.py): one row (id 1), absent until the first walk."""
+
+    __tablename__ = "broker_republish"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    generation: Mapped[int] = mapped_column(BigInteger)  # walks begun: one per loss of the broker's queues
+    # Messages published before this may be lost: the jobs dispatched before it are walked. NULL: no walk
+    # under way.
+    lost_before: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    lane: Mapped[str | None] = mapped_column(String(64), nullable=True)  # the lane being walked
+    # The last job published again in `lane`, by ix_jobs_dispatched_queued's key; NULL: none yet.
+    after_dispatched_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    after_created_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    after_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    published: Mapped[int] = mapped_column(BigInteger)  # jobs published again in this generation so far
 
 
 class LoraAdapter(Base):

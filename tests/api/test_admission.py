@@ -1,16 +1,23 @@
-"""AdmissionGauge: a queue's queued count is estimated (last COUNT plus this process's admissions) and
-re-counted only when the estimate is older than refresh_s or says the queue is full. A fake clock drives
-time; rows inserted behind the gauge's back show when it counts and when it does not."""
+"""AdmissionGauge: a queue's queued count is estimated (last count plus this process's admissions) and
+counted again only when the estimate is older than refresh_s or says the queue is full; a count reads the
+job tallies, never the rows. A fake clock drives time; rows inserted behind the gauge's back show when it
+counts and when it does not."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
+from typing import Any
 
+from sqlalchemy import event
 from sqlalchemy.orm import Session
 
-from conveyor.api.admission import AdmissionGauge
-from conveyor.core.store import jobs
-from conveyor.core.store.tables import DEFAULT_TENANT
+from conveyor.api.admission import AdmissionGauge, queued_refusal, scheduled_refusal
+from conveyor.core.store import jobs, keys
+from conveyor.core.store.tables import DEFAULT_TENANT, JobTallyDelta
+from conveyor.core.store.tenants import TenantLimits
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=timezone.utc)
 REFRESH_S = 0.5
@@ -24,12 +31,30 @@ class FakeClock:
         return self.now
 
 
-def queue_jobs(session: Session, n: int, queue: str = "interactive") -> list[str]:
+def queue_jobs(session: Session, n: int, queue: str = "interactive", tenant: str = DEFAULT_TENANT,
+               run_at: datetime | None = None) -> list[str]:
     new = jobs.NewJob(
-        tenant_id=DEFAULT_TENANT, queue=queue, prompt="hello", messages=None, params={}, meta=None,
+        tenant_id=tenant, queue=queue, prompt="hello", messages=None, params={}, meta=None,
         webhook=None, idempotency_key=None, request_hash="h", prompt_tokens=1, ttl_s=None, timeout_s=None,
+        run_at=run_at,
     )
     return [jobs.add(session, new, T0).id for _ in range(n)]
+
+
+@contextmanager
+def statements(session: Session) -> Iterator[list[str]]:
+    """The SQL the session sends meanwhile."""
+    sent: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        sent.append(statement)
+
+    bind = session.get_bind()
+    event.listen(bind, "before_cursor_execute", record)
+    try:
+        yield sent
+    finally:
+        event.remove(bind, "before_cursor_execute", record)
 
 
 def test_first_use_counts_only_that_queues_queued_jobs(session: Session) -> None:
@@ -78,3 +103,40 @@ def test_after_refresh_s_it_counts_again(session: Session) -> None:
     assert gauge.has_room(session, "interactive", 3)  # still the estimate
     clock.now += REFRESH_S * 0.2
     assert not gauge.has_room(session, "interactive", 3)
+
+
+def test_a_count_reads_the_tallies_not_the_rows_whatever_max_queued(session: Session) -> None:
+    """At a max_queued of 1,000,000 a count read up to the limit in rows; the tallies answer in a few rows:
+    a backlog the tallies hold (written straight into them here, with no job rows) is what it refuses on."""
+    queue_jobs(session, 1)
+    session.add(JobTallyDelta(queue="interactive", tenant_id=DEFAULT_TENANT, status="queued", jobs=999_998,
+                              output_bound=0))
+    session.commit()
+    gauge = AdmissionGauge(REFRESH_S, FakeClock())
+    with statements(session) as first:
+        assert gauge.has_room(session, "interactive", 1_000_000)  # 999,999
+    queue_jobs(session, 1)
+    with statements(session) as second:
+        assert not gauge.has_room(session, "interactive", 1_000_000, DEFAULT_TENANT)  # 1,000,000
+    for sent in (first, second):
+        assert len(sent) == 1 and "job_tallies" in sent[0], sent
+        assert not re.search(r"\b(FROM|JOIN) jobs\b", sent[0]), sent
+
+
+def test_a_tenant_is_refused_at_its_own_max_queued_and_max_scheduled_others_are_not(session: Session) -> None:
+    keys.ensure_tenant(session, "alice", T0)
+    keys.ensure_tenant(session, "bob", T0)
+    session.commit()
+    queue_jobs(session, 2, tenant="alice")
+    queue_jobs(session, 1, tenant="bob")
+    queue_jobs(session, 2, tenant="alice", run_at=T0.replace(year=2030))  # scheduled: not in the depth
+    gauge = AdmissionGauge(REFRESH_S, FakeClock())
+    limits = TenantLimits(max_queued=2)
+    refusal = queued_refusal(session, gauge, limits, "alice", "interactive", 7)
+    assert refusal is not None and (refusal.code, refusal.retry_after_s) == ("tenant_queue_full", 7)
+    assert queued_refusal(session, gauge, limits, "bob", "interactive", 7) is None
+    assert gauge.has_room(session, "interactive", 4)  # 3 queued in the queue: the scheduled ones apart
+    refusal = scheduled_refusal(session, 2, "alice", "interactive", 7)
+    assert refusal is not None and refusal.code == "tenant_schedule_full"
+    assert scheduled_refusal(session, 3, "alice", "interactive", 7) is None
+    assert scheduled_refusal(session, 1, "bob", "interactive", 7) is None

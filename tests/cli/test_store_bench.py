@@ -46,8 +46,15 @@ def test_it_times_and_explains_every_operation_and_drops_its_database(
         timing = operation["timings"]["200:1000"]
         assert len(timing["runs_ms"]) == 2 and timing["median_ms"] >= 0, operation
         assert "200:1000" in operation["seq_scans"], operation["name"]  # --explain: every operation's plans
-    counted = next(o for o in report["operations"] if o["name"].startswith("count_queued"))
-    assert any(entry["reads"] for entry in counted["seq_scans"]["200:1000"]), "--explain names jobs' reads"
+    got = next(o for o in report["operations"] if o["name"].startswith("get job"))
+    assert any(entry["reads"] for entry in got["seq_scans"]["200:1000"]), "--explain names jobs' reads"
+    for name in ("count_queued", "count_scheduled_in", "republish"):  # the tallies; the walk's index range
+        explained = [o for o in report["operations"] if o["name"].startswith(name)]
+        assert explained, name
+        for operation in explained:
+            reads = [read for entry in operation["seq_scans"]["200:1000"] for read in entry["reads"]]
+            assert all("Index" in read for read in reads), (operation["name"], reads)
+            assert bool(reads) == (name == "republish"), (operation["name"], reads)
     # With a history five times the backlog, no per-job or per-round path reads the jobs table sequentially
     # (before migration 0014: the /metrics totals, the goodput counts and the forecast's rate did).
     seq_scanned = {o["name"]: [e["scans"] for e in o["seq_scans"]["200:1000"] if e["scans"]]

@@ -8,11 +8,12 @@ HTTP through the shared `conveyor api`, injects the fault, and ends with the cen
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime, timezone
 
 import httpx
 import pytest
 
+from conveyor.core.store import republish_walk
+from conveyor.core.store.tables import BrokerRepublish
 from tests.support.fault_stack import LONG_OUTPUT_TOKENS, Stack
 from tests.support.fault_store import SETTLE_S, WAIT_S, wait_until
 from tests.support.faults import check_exactly_once, describe, wait_generating
@@ -44,32 +45,31 @@ def test_redis_killed_and_restarted_empty_lost_jobs_republished_under_traffic(
 
     wait_until(lambda: len(backlog()) >= BACKLOG, f"{BACKLOG} jobs to wait in the broker", WAIT_S)
     lost = backlog()
-    restarted_at = datetime.now(timezone.utc)
+    walks_before = _republish_walk(stack)
     redis_restart_empty(down_s=0.5)
 
-    # The store tells what the broker cannot: a job is marked dispatched when its message was published
-    # (core/dispatch.publish_and_mark), so a lost job is back in the broker once marked after the restart;
-    # reading Redis instead raced the worker, which takes and holds messages as they come.
-    def not_republished() -> list[str]:
-        rows = stack.store.jobs(lost)
-        return [job_id for job_id, row in rows.items()
-                if row.status == "queued" and (row.dispatched_at is None or row.dispatched_at < restarted_at)]
+    # The store tells what the broker cannot: the reconciler republishes with a walk whose row counts what it
+    # published again (core/store/republish_walk.py); every lost job is still queued (the blocker holds the
+    # queue's one slot), so the walk that ends must have published all of them, and more (the jobs published
+    # between the restart and its detection). Reading Redis instead raced the worker, which takes and holds
+    # messages as they come.
+    def walked() -> BrokerRepublish | None:
+        row = _republish_walk(stack)
+        ended = row is not None and row.lost_before is None and row.generation > _generation(walks_before)
+        return row if ended else None
 
     try:
-        wait_until(lambda: not not_republished(), f"the {len(lost)} jobs lost with Redis to be published "
+        wait_until(lambda: walked() is not None, f"the {len(lost)} jobs lost with Redis to be published "
                    "again while new traffic keeps arriving", REPUBLISH_WINDOW_S, poll_s=0.5)
     except AssertionError as exc:
-        missing = not_republished()
-        raise AssertionError(
-            f"{exc}: {len(missing)} of {len(lost)} jobs whose messages died with Redis are still queued and "
-            f"were not published again (e.g. {missing[:3]}); blocker: {describe(stack.store.job(blocker))}",
-        ) from None
-    rows = stack.store.jobs(lost)
-    last_republish = max(row.dispatched_at for row in rows.values() if row.dispatched_at is not None)
+        raise AssertionError(f"{exc}: the walk stands at {describe_walk(_republish_walk(stack))}; blocker: "
+                             f"{describe(stack.store.job(blocker))}") from None
+    walk = walked()
+    assert walk is not None and walk.published >= len(lost), describe_walk(walk)
     blocker_row = stack.store.job(blocker)
-    assert blocker_row.finished_at is None or last_republish < blocker_row.finished_at, (
+    assert blocker_row.finished_at is None, (
         "the lost jobs were published again only once the blocker had ended and the queue could drain, not "
-        f"while new traffic kept it busy: last republished at {last_republish}, {describe(blocker_row)}")
+        f"while new traffic kept it busy: {describe(blocker_row)}")
 
     httpx.post(f"{stack.api_url}/v1/jobs/{blocker}/cancel", timeout=10)
     wait_until(lambda: stack.store.job(blocker).finished_at is not None, "the blocker to end", WAIT_S)
@@ -126,3 +126,19 @@ def test_api_sigkilled_between_submits_no_accepted_job_lost_or_duplicated(stack:
     assert lost_answers > 0, "the kill should have hit submissions in flight (connection errors, retried)"
     # One job per Idempotency-Key (no duplicate from a retried submit), none lost, each run once.
     check_exactly_once(stack.store, traffic.accepted(), within_s=SETTLE_S, max_attempts=1, stack=stack)
+
+
+def _republish_walk(stack: Stack) -> BrokerRepublish | None:
+    with stack.store.sessions() as session:
+        return session.get(BrokerRepublish, republish_walk.ROW_ID)
+
+
+def _generation(walk: BrokerRepublish | None) -> int:
+    return walk.generation if walk is not None else 0
+
+
+def describe_walk(walk: BrokerRepublish | None) -> str:
+    if walk is None:
+        return "no walk begun"
+    return (f"walk {walk.generation}: {walk.published} published, lane {walk.lane}, lost before "
+            f"{walk.lost_before}")

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from conveyor.core.lifecycle import QUEUED, SUCCEEDED, TERMINAL_STATUSES
 from conveyor.core.protocol.service_tiers import goodput_tier
-from conveyor.core.store import outcome_counts
+from conveyor.core.store import job_tallies, outcome_counts
 from conveyor.core.store.jobs.transitions import status_is
 from conveyor.core.store.paging import newest_first
 from conveyor.core.store.tables import Job
@@ -68,17 +68,11 @@ def page(
     return list(session.execute(newest_first(query, Job, limit=limit, before=before)).scalars())
 
 
-def count_queued(session: Session, queue: str, tenant_id: str | None = None, *, up_to: int | None = None,
-                 ) -> int:
-    """The queue's queued jobs; with `tenant_id`, that tenant's only. With `up_to`, counted only up to it
-    (an admission check asks whether a limit is reached: its cost is bounded by the limit, not the
-    backlog)."""
-    rows = select(literal_column("1")).where(Job.queue == queue, status_is(QUEUED))
-    if tenant_id is not None:
-        rows = rows.where(Job.tenant_id == tenant_id)
-    if up_to is not None:
-        rows = rows.limit(up_to)
-    return int(session.execute(select(func.count()).select_from(rows.subquery())).scalar_one())
+def count_queued(session: Session, queue: str, tenant_id: str | None = None) -> int:
+    """The queue's queued jobs; with `tenant_id`, that tenant's only. Read from the job tallies
+    (core/store/job_tallies.py), never counted from the rows: its cost follows the tenants and the deltas not
+    folded yet, not the backlog."""
+    return job_tallies.count(session, queue, QUEUED, tenant_id)
 
 
 def succeeded_per_minute(session: Session, lane: str, now: datetime, minutes: int,

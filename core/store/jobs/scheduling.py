@@ -1,13 +1,15 @@
-"""Scheduled jobs: promoted to queued when due, the next due time, and their counts."""
+"""Scheduled jobs: promoted to queued when due, the next due time, and their counts (from the job tallies,
+core/store/job_tallies.py: `scheduled` is tallied since migration 0026)."""
 
 from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import func, literal_column, select, update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from conveyor.core.lifecycle import QUEUED, SCHEDULED
+from conveyor.core.store import job_tallies
 from conveyor.core.store.jobs.transitions import status_is, unlocked
 from conveyor.core.store.tables import Job
 
@@ -43,17 +45,14 @@ def next_due(session: Session) -> datetime | None:
     return session.execute(query).scalar_one_or_none()
 
 
-def count_scheduled_in(session: Session, lane: str, tenant_id: str, *, up_to: int) -> int:
-    """The tenant's scheduled jobs in `lane`, counted up to `up_to` (an admission check: bounded cost)."""
-    rows = select(literal_column("1")).where(status_is(SCHEDULED), Job.queue == lane,
-                                             Job.tenant_id == tenant_id).limit(up_to)
-    return int(session.execute(select(func.count()).select_from(rows.subquery())).scalar_one())
+def count_scheduled_in(session: Session, lane: str, tenant_id: str) -> int:
+    """The tenant's scheduled jobs in `lane`, read from the job tallies (an admission check: its cost follows
+    the tenants and the deltas not folded yet, not the jobs scheduled)."""
+    return job_tallies.count(session, lane, SCHEDULED, tenant_id)
 
 
 def count_scheduled(session: Session, tenant_id: str | None = None) -> dict[str, int]:
-    """Scheduled jobs per lane (not tallied: they join their queue's depth once due); with `tenant_id`,
-    that tenant's only."""
-    query = select(Job.queue, func.count()).where(status_is(SCHEDULED)).group_by(Job.queue)
-    if tenant_id is not None:
-        query = query.where(Job.tenant_id == tenant_id)
-    return {queue: int(n) for queue, n in session.execute(query)}
+    """Scheduled jobs per lane (apart from the depth: they join their queue once due), read from the job
+    tallies; with `tenant_id`, that tenant's only."""
+    return {queue: tally.scheduled for queue, tally in job_tallies.tallies(session, tenant_id).items()
+            if tally.scheduled}

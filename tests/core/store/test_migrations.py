@@ -28,7 +28,7 @@ def test_upgrade_head_matches_the_models(fresh_url: str) -> None:
     head = ScriptDirectory.from_config(alembic_config(fresh_url)).get_current_head()  # one linear history
     with db_engine.connect() as conn:
         current = MigrationContext.configure(conn).get_current_revision()
-        assert current == head == "0025_job_responses_request"
+        assert current == head == "0026_tally_scheduled_republish"
         assert {"tenants", "api_keys", "jobs", "workers"} <= set(inspect(conn).get_table_names())
         assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
         assert conn.execute(text("SELECT id FROM tenants")).scalars().all() == ["default"]
@@ -238,4 +238,38 @@ def test_stored_jobs_are_generation_jobs_and_a_downgrade_drops_the_embedding_one
         assert conn.execute(text("SELECT id FROM jobs")).scalars().all() == ["j_text"]
         assert conn.execute(text("SELECT count(*) FROM webhook_deliveries")).scalar_one() == 0
         assert not {"kind", "inputs", "embeddings"} & {c["name"] for c in inspect(conn).get_columns("jobs")}
+    db_engine.dispose()
+
+
+def test_the_tallies_count_scheduled_jobs_from_0026_and_no_more_after_its_downgrade(fresh_url: str) -> None:
+    """Migration 0026: the tally triggers count `scheduled` too, from the jobs scheduled at the upgrade on;
+    the walk's row table comes and goes; a downgrade drops the scheduled tallies and counts as 0016 did."""
+    upgrade(fresh_url, "0025_job_responses_request")
+    db_engine = make_db_engine(fresh_url)
+    job = ("INSERT INTO jobs (id, tenant_id, queue, status, params, request_hash, created_at, updated_at,"
+           " attempts, preemptions, priority) VALUES (:id, 'default', 'm:documents', :status, :params, 'h',"
+           " CURRENT_TIMESTAMP, CURRENT_TIMESTAMP, 0, 0, 0)")
+    with db_engine.begin() as conn:
+        for job_id, status, params in (("j1", "scheduled", '{"max_tokens": 10}'), ("j2", "scheduled", "{}"),
+                                       ("j3", "queued", "{}"), ("j4", "succeeded", "{}")):
+            conn.execute(text(job), {"id": job_id, "status": status, "params": params})
+    upgrade(fresh_url)
+    sessions = make_session_factory(db_engine)
+    with sessions() as session:
+        assert job_tallies.tallies(session) == {"m:documents": job_tallies.QueueTally(1, 0, 16, scheduled=2)}
+        session.execute(update(Job).where(Job.id == "j1").values(status="queued"))  # the triggers run
+        session.execute(text(job), {"id": "j5", "status": "scheduled", "params": "{}"})
+        session.commit()
+        assert job_tallies.tallies(session) == {"m:documents": job_tallies.QueueTally(2, 0, 26, scheduled=2)}
+    with db_engine.connect() as conn:
+        assert "broker_republish" in inspect(conn).get_table_names()
+    command.downgrade(alembic_config(fresh_url), "0025_job_responses_request")
+    with sessions() as session:
+        assert job_tallies.tallies(session) == {"m:documents": job_tallies.QueueTally(2, 0, 26)}
+        session.execute(update(Job).where(Job.id == "j2").values(status="queued"))  # counted: now queued
+        session.execute(text(job), {"id": "j6", "status": "scheduled", "params": "{}"})  # not counted
+        session.commit()
+        assert job_tallies.tallies(session) == {"m:documents": job_tallies.QueueTally(3, 0, 42)}
+    with db_engine.connect() as conn:
+        assert "broker_republish" not in inspect(conn).get_table_names()
     db_engine.dispose()

@@ -8,10 +8,11 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from conveyor.core.retry_policy import MODEL_UNAVAILABLE, OUT_OF_MEMORY, Backoff
-from conveyor.core.store import job_tallies, jobs, webhooks
+from conveyor.core.store import job_tallies, jobs, keys, webhooks
 from conveyor.core.store.database import make_db_engine, make_session_factory
 from conveyor.core.store.jobs import retries
 from conveyor.core.store.tables import DEFAULT_TENANT, Delivery, Job
@@ -193,3 +194,47 @@ def test_a_retry_that_read_the_job_before_another_retry_and_cancel_keeps_every_o
         history = [entry["status"] for entry in job(first, job_id).history or []]
     db_engine.dispose()
     assert history == (["cancelled", "cancelled"] if result.applied else ["cancelled"])
+
+
+def _scheduled_rows(session: Session, tenant: str | None = None) -> dict[str, int]:
+    """What the scheduled counts should say: a count of the jobs table."""
+    query = select(Job.queue, func.count()).where(Job.status == "scheduled").group_by(Job.queue)
+    if tenant is not None:
+        query = query.where(Job.tenant_id == tenant)
+    return {queue: int(n) for queue, n in session.execute(query)}
+
+
+def test_scheduled_counts_follow_schedule_promote_cancel_and_backoff_from_the_tallies(
+    session: Session,
+) -> None:
+    """count_scheduled and count_scheduled_in read the tallies (migration 0026): right after every move into
+    and out of `scheduled`, before and after a fold, and apart from the depth, the load and the output
+    bound."""
+    keys.ensure_tenant(session, "bob", T0)
+    soon, later, cancelled = (add(session, run_at=at(s)) for s in (10, 20, 30))
+    add(session, run_at=at(40), tenant="bob")
+    backoff = add(session, max_retries=1)
+
+    def check(default: int, bob: int) -> None:
+        assert jobs.count_scheduled(session) == _scheduled_rows(session)
+        assert jobs.count_scheduled(session, "bob") == _scheduled_rows(session, "bob")
+        assert jobs.count_scheduled_in(session, "interactive", DEFAULT_TENANT) == default
+        assert jobs.count_scheduled_in(session, "interactive", "bob") == bob
+
+    check(3, 1)
+    assert jobs.promote_due(session, at(10)) == [(soon, "interactive")]
+    check(2, 1)
+    assert jobs.cancel(session, cancelled, DEFAULT_TENANT, T0) is not None
+    check(1, 1)
+    assert jobs.claim(session, backoff, "w1", at(11)) is not None
+    assert _fail_step(session, backoff, 1, OUT_OF_MEMORY, at(12)) == []  # running -> scheduled
+    check(2, 1)
+    job_tallies.fold(session)
+    check(2, 1)
+    tally = job_tallies.tallies(session)["interactive"]
+    assert (tally.scheduled, tally.queued, tally.running, tally.load) == (3, 1, 0, 1)
+    assert tally.output_bound == 4  # the queued job's max_tokens only
+    assert job_tallies.queue_counts(session, T0)["interactive"].scheduled == 3
+    assert job_tallies.per_tenant(session)["bob"] == job_tallies.QueueTally(scheduled=1)
+    assert jobs.promote_due(session, at(3600)) and jobs.count_scheduled(session) == {}
+    assert job(session, later).status == "queued"
