@@ -3,8 +3,9 @@ tenant's quotas (its queued and scheduled jobs per queue, its tokens per minute)
 
 The estimate of a queue's queued jobs (and of one tenant's queued jobs in it) is the last count plus the
 jobs this process admitted since, so most submits read nothing. It is counted again when it is older than
-REFRESH_S, and whenever it says the queue is full, so a queue that drained is never refused on a stale
-number. A count reads the job tallies (core/store/job_tallies.py: the (queue, tenant, status) rows the
+REFRESH_S (by one submit, while the others answer from the estimate: under load every submit in flight
+found it stale at once), and whenever it says the queue is full, so a queue that drained is never refused on
+a stale number. A count reads the job tallies (core/store/job_tallies.py: the (queue, tenant, status) rows the
 triggers on jobs keep, and the deltas not folded yet), never the rows: its cost follows the tenants and the
 unfolded deltas, whatever the backlog or `max_queued`. It is exact as of its snapshot, as a COUNT was: it
 sees every committed job, and the submit's own transaction's. What the estimate can miss are other API
@@ -44,6 +45,7 @@ _Key = tuple[str, str | None]  # (queue, tenant or None for every tenant)
 class _Estimate:
     queued: int
     counted_at: float
+    counting: bool = False  # a submit is counting it again (the others answer from it meanwhile)
 
 
 @dataclass(frozen=True)
@@ -69,11 +71,16 @@ class AdmissionGauge:
         key = (queue, tenant_id)
         with self._lock:
             estimate = self._estimates.get(key)
-            fresh = estimate is not None and self._clock() - estimate.counted_at < self._refresh_s
-            if fresh and estimate is not None and estimate.queued < max_queued:
-                return True
+            if estimate is not None and estimate.queued < max_queued:
+                if estimate.counting or self._clock() - estimate.counted_at < self._refresh_s:
+                    return True  # fresh, or being counted again by another submit: one count at a time
+                estimate.counting = True
         counted_at = self._clock()
-        queued = jobs.count_queued(session, queue, tenant_id)
+        try:
+            queued = jobs.count_queued(session, queue, tenant_id)
+        finally:
+            if estimate is not None:
+                estimate.counting = False  # a failed count leaves the estimate stale, to be counted next
         with self._lock:
             self._estimates[key] = _Estimate(queued, counted_at)
         return queued < max_queued

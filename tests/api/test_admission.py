@@ -6,11 +6,13 @@ counts and when it does not."""
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any
 
+import pytest
 from sqlalchemy import event
 from sqlalchemy.orm import Session
 
@@ -103,6 +105,34 @@ def test_after_refresh_s_it_counts_again(session: Session) -> None:
     assert gauge.has_room(session, "interactive", 3)  # still the estimate
     clock.now += REFRESH_S * 0.2
     assert not gauge.has_room(session, "interactive", 3)
+
+
+def test_a_stale_estimate_is_counted_by_one_submit_while_the_others_answer_from_it(
+    session: Session, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = FakeClock()
+    gauge = AdmissionGauge(REFRESH_S, clock)
+    assert gauge.has_room(session, "interactive", 3)  # counted: 0
+    clock.now += REFRESH_S * 2
+    counting, release = threading.Event(), threading.Event()
+    counted: list[str] = []
+
+    def slow_count(*_args: Any) -> int:
+        counted.append("count")
+        counting.set()
+        assert release.wait(10), "the test never released the count"
+        return 3
+
+    monkeypatch.setattr(jobs, "count_queued", slow_count)
+    first = threading.Thread(target=lambda: gauge.has_room(session, "interactive", 3))
+    first.start()
+    assert counting.wait(10)
+    assert gauge.has_room(session, "interactive", 3)  # stale, but being counted: answered from it
+    release.set()
+    first.join(10)
+    assert counted == ["count"]
+    assert not gauge.has_room(session, "interactive", 3)  # the count (3) is in: full, and counted again
+    assert counted == ["count", "count"]
 
 
 def test_a_count_reads_the_tallies_not_the_rows_whatever_max_queued(session: Session) -> None:
