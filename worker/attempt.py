@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from conveyor.core.protocol.job_kinds import EMBEDDING
 from conveyor.core.protocol.job_params import JobParams
+from conveyor.core.store.jobs.claims import ClaimedJob
 from conveyor.core.store.jobs.sequences import sequences_of
 from conveyor.core.store.tables import Job
 from conveyor.engine.outputs import RequestOutput
@@ -58,15 +59,17 @@ class Attempt:
     prompt_logprobs: int | None = None  # top-n alternatives asked for per prompt token
     urgency: Urgency = field(default_factory=Urgency)  # its priority and deadline, for the engine's order
     lora: str | None = None  # the LoRA adapter it runs with (core/model_adapters.py); None: the base model
+    params: JobParams = field(default_factory=JobParams)  # its job's, read once (the defaults if unreadable)
+    params_error: str | None = None  # why its job's params could not be read: its submit fails with it
 
     def request_ids(self) -> list[str]:
         """Its requests in the engine: one per choice, or per input of an embedding job."""
         return choice_request_ids(self.request_id, self.n)
 
     @classmethod
-    def of(cls, job: Job, on_done: OnDone, cache_salt: str, started: float) -> Attempt:
+    def of(cls, job: Job | ClaimedJob, on_done: OnDone, cache_salt: str, started: float) -> Attempt:
         """The attempt a claim just made of `job` (its attempts counter already raised by the claim)."""
-        params = _params_of(job)
+        params, params_error = _params_of(job)
         embeds = job.kind == EMBEDDING
         prompts = len(job.inputs) if job.inputs and not embeds else None
         return cls(job.id, job.attempts, job.queue, f"{job.id}#{job.attempts}", job.timeout_s, started,
@@ -74,7 +77,7 @@ class Attempt:
                    compiling=params.structured is not None, n=sequences_of(job.kind, params.n, job.inputs),
                    embeds=embeds,
                    prompt_logprobs=params.prompt_logprobs, urgency=urgency_of(job), lora=params.lora,
-                   prompts=prompts)
+                   prompts=prompts, params=params, params_error=params_error)
 
     def choices_per_prompt(self) -> int:
         """A generation job's n: its requests are n choices of each prompt, choice c of prompt p at
@@ -82,17 +85,17 @@ class Attempt:
         return self.n // (self.prompts or 1)
 
 
-def _params_of(job: Job) -> JobParams:
-    """The job's params, or the defaults for a row they cannot be read from: an attempt is made of every
-    claimed job at once, and such a job's submit (worker/attempt_submitter.py) then fails it alone, as an
-    invalid request naming the field (worker/sampling.py)."""
+def _params_of(job: Job | ClaimedJob) -> tuple[JobParams, str | None]:
+    """The job's params, or the defaults and why for a row they cannot be read from: an attempt is made of
+    every claimed job at once, and such a job's submit (worker/attempt_submitter.py) then fails it alone, as
+    an invalid request naming the field."""
     try:
-        return JobParams.from_stored(job.params)
-    except ValueError:
-        return JobParams()
+        return JobParams.from_stored(job.params), None
+    except ValueError as exc:
+        return JobParams(), str(exc)
 
 
-def urgency_of(job: Job) -> Urgency:
+def urgency_of(job: Job | ClaimedJob) -> Urgency:
     """The job's priority and deadline as the engine orders by them (a wall-clock deadline, time.time())."""
     deadline = job.deadline_at.timestamp() if job.deadline_at is not None else None
     return Urgency(priority=job.priority or 0, deadline=deadline)

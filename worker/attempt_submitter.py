@@ -18,7 +18,9 @@ from functools import partial
 
 from conveyor.core.lanes import queue_of
 from conveyor.core.protocol.job_kinds import EMBEDDING
+from conveyor.core.protocol.job_params import JobParams
 from conveyor.core.retry_policy import MODEL_UNAVAILABLE
+from conveyor.core.store.jobs.claims import ClaimedJob
 from conveyor.core.store.tables import Job
 from conveyor.engine.host import EngineHost
 from conveyor.engine.outputs import RequestOutput
@@ -31,11 +33,11 @@ from conveyor.worker.engine_requests import (
     EngineRequests,
     embedding_requests,
     generation_requests,
-    pooling_params_from_json,
+    pooling_params,
 )
 from conveyor.worker.in_flight import InFlight
 from conveyor.worker.outcome_writer import OutcomeWriter
-from conveyor.worker.sampling import sampling_params_from_json
+from conveyor.worker.sampling import sampling_params
 from conveyor.worker.streamer import JobStreamer
 from conveyor.worker.transient import is_transient
 
@@ -55,7 +57,7 @@ class AttemptSubmitter:
         self._adapters = adapters
         self._stopping = stopping
 
-    def submit(self, job: Job, attempt: Attempt) -> None:
+    def submit(self, job: Job | ClaimedJob, attempt: Attempt) -> None:
         """Submits the attempt (in flight already) made of `job`; a refusal is written as its failure."""
         try:
             if attempt.lora is not None and self._adapters is not None:
@@ -68,7 +70,7 @@ class AttemptSubmitter:
             self._writer.refused(attempt, MODEL_UNAVAILABLE, f"adapter {attempt.lora}: {describe(exc)}")
             return
         try:
-            attempt.engine_input = self._engine_input(job, attempt.choices_per_prompt())
+            attempt.engine_input = self._engine_input(job, attempt)
             future = self._to_engine(attempt)
         except ValueError as exc:
             self._writer.refused(attempt, INVALID_REQUEST, str(exc))
@@ -104,15 +106,15 @@ class AttemptSubmitter:
         for request_id in request_ids:
             self._host.cancel(request_id)
 
-    def _engine_input(self, job: Job, n: int) -> EngineRequests:
-        """The engine requests of the job: the `n` choices of each of its prompts (its `inputs`, or its one
-        prompt or messages), or an embedding job's inputs. ValueError naming the field for what the engine
-        refuses."""
+    def _engine_input(self, job: Job | ClaimedJob, attempt: Attempt) -> EngineRequests:
+        """The engine requests of the job: the n choices of each of its prompts (its `inputs`, or its one
+        prompt or messages), or an embedding job's inputs, by the params the attempt read. ValueError naming
+        the field for what the engine refuses."""
         if job.kind == EMBEDDING:
             if not job.inputs:
                 raise ValueError("input: the embedding job has no inputs")
-            return embedding_requests(job.inputs, pooling_params_from_json(job.params or {}))
-        params = sampling_params_from_json(job.params or {})
+            return embedding_requests(job.inputs, pooling_params(_read_params(attempt)))
+        params, n = sampling_params(_read_params(attempt)), attempt.choices_per_prompt()
         if job.messages is not None:
             prompt_ids = chat_prompt_ids(self._host.tokenizer, job.messages, job.chat)
             return generation_requests([prompt_ids], params, n)
@@ -157,3 +159,10 @@ class AttemptSubmitter:
             return False
         retry.add_done_callback(lambda f: self._ended(attempt, f))
         return True
+
+
+def _read_params(attempt: Attempt) -> JobParams:
+    """The params the attempt read of its job; ValueError naming the field when they could not be read."""
+    if attempt.params_error is not None:
+        raise ValueError(attempt.params_error)
+    return attempt.params

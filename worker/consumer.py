@@ -18,7 +18,10 @@ claims the next jobs of the queue in fair order, whichever they are; a message t
 claim (every queued job is another's, already running, or of a tenant at its max_running) is acked at once.
 So that a tenant held at its cap is not left without messages, each job that ends here is followed by a
 pull: a claim with no message, when the queue has room and no held message would take it. A job started by
-a pull leaves its own message in the broker, where it later wakes a claim of whatever is next (or nothing).
+a pull leaves its own message in the broker with nothing to do: every queued job still has a message of its
+own that no claim has used (a claim uses one message per job it starts, a pull none), so this worker
+remembers the jobs it pulled, and a message naming one of them is acked at once, without a claim (a
+message it does not recognise, its job pulled by another worker or forgotten, claims as usual).
 
 Celery instantiates its steps itself, with the worker's options as keyword arguments: the worker is built
 with `app.Worker(..., **worker_options(JobFeed(runner, ...)))` and JobConsumerStep reads its feed there.
@@ -47,6 +50,7 @@ log = logging.getLogger(__name__)
 
 STORE_ERROR_BACKOFF_S = 1.0
 PULL_MAX = 64  # jobs one pull claims at most
+PULLED_MEMORY = 4096  # jobs started by pulls whose messages this worker waits for (the oldest are forgotten)
 OPTION = "conveyor_jobs"  # the worker option (app.Worker(**{OPTION: JobFeed(...)})) Celery hands the step
 
 
@@ -84,6 +88,7 @@ class JobConsumerStep(bootsteps.ConsumerStep):
         self._held: dict[str, deque[Message]] = {name: deque() for name in self._limits}
         self._hub: Any = None
         self._channels: set[Any] = set()  # the open channels: only their messages can be acked
+        self._pulled: dict[str, None] = {}  # jobs started by pulls, oldest first: their messages are spare
 
     # --- Celery's calls ----------------------------------------------------------------------------------
 
@@ -137,8 +142,21 @@ class JobConsumerStep(bootsteps.ConsumerStep):
             log.error("dropping a message from unexpected queue %r", queue)
             message.ack()
             return
+        if self._spare(message):
+            self._ack(message)
+            return
         self._held[queue].append(message)
         self._start_held(queue)
+
+    def _spare(self, message: Message) -> bool:
+        """Whether the message names a job a pull started here (it is then forgotten: a second message of
+        the same job claims as usual)."""
+        body = message.payload
+        job_id = body.get("job_id") if isinstance(body, dict) else None
+        if not isinstance(job_id, str) or job_id not in self._pulled:
+            return False
+        del self._pulled[job_id]
+        return True
 
     def _start_held(self, queue: str) -> None:
         """Starts held messages while the queue is under its limit, claimed together: at once, normally
@@ -156,7 +174,7 @@ class JobConsumerStep(bootsteps.ConsumerStep):
         if not tokens:
             return
         try:
-            started = self._runner.run_next(_queue_of(tokens[0]), [self._acker(m) for m in tokens])
+            started = len(self._runner.run_next(_queue_of(tokens[0]), [self._acker(m) for m in tokens]))
         except RunnerStoppedError:
             _requeue(tokens)
             return
@@ -175,11 +193,19 @@ class JobConsumerStep(bootsteps.ConsumerStep):
         if room <= 0 or self._held[queue]:
             return
         try:
-            self._runner.run_next(queue, [self._puller(queue) for _ in range(min(room, PULL_MAX))])
+            started = self._runner.run_next(queue, [self._puller(queue) for _ in range(min(room, PULL_MAX))])
         except RunnerStoppedError:
             return
         except Exception as exc:  # the store is likely down; the next message or ended job tries again
             log.warning("pull of %s failed (%s: %s)", queue, type(exc).__name__, exc)
+            return
+        self._remember_pulled(started)
+
+    def _remember_pulled(self, job_ids: list[str]) -> None:
+        for job_id in job_ids:
+            self._pulled[job_id] = None
+        while len(self._pulled) > PULLED_MEMORY:
+            del self._pulled[next(iter(self._pulled))]
 
     # --- jobs ended: acks, on the consumer's event loop --------------------------------------------------
 

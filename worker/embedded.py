@@ -145,7 +145,7 @@ class EmbeddedRuntime:
             _take_waiting(wakeups, sys.maxsize)  # the claim below sees every job they announced
             wanted = min(runner.room(lane), CLAIM_MAX)
             try:
-                started = runner.run_next(lane, [room_freed] * wanted)
+                started = len(runner.run_next(lane, [room_freed] * wanted))
             except RunnerStoppedError:
                 return
             except Exception:

@@ -18,6 +18,7 @@ server adds it to its own /metrics. Either way every sample carries the `model` 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -137,25 +138,51 @@ class RequestMetrics:
             [*REQUEST_LABELS, "finished_reason"],
             registry=registry,
         )
+        self._series: dict[tuple[str, str], _RequestSeries] = {}
 
     def observe(self, queue: str, out: RequestOutput) -> None:
         labels = (queue, out.lora or "")
+        series = self._series.get(labels) or self._series_of(labels)
         m = out.metrics
         end = m.finished_time if m.finished_time is not None else m.arrival_time
-        self.e2e.labels(*labels).observe(end - m.arrival_time)
+        series.e2e.observe(end - m.arrival_time)
         if m.first_scheduled_time is not None:
-            self.queue_time.labels(*labels).observe(m.first_scheduled_time - m.arrival_time)
+            series.queue_time.observe(m.first_scheduled_time - m.arrival_time)
         if m.first_token_time is not None:
-            self.ttft.labels(*labels).observe(m.first_token_time - m.arrival_time)
-            self.decode.labels(*labels).observe(end - m.first_token_time)
+            series.ttft.observe(m.first_token_time - m.arrival_time)
+            series.decode.observe(end - m.first_token_time)
             if m.first_scheduled_time is not None:
-                self.prefill.labels(*labels).observe(m.first_token_time - m.first_scheduled_time)
+                series.prefill.observe(m.first_token_time - m.first_scheduled_time)
             if len(out.token_ids) > 1:
-                self.itl.labels(*labels).observe((end - m.first_token_time) / (len(out.token_ids) - 1))
-        self.prompt_tokens.labels(*labels).inc(len(out.prompt_token_ids))
-        self.generation_tokens.labels(*labels).inc(len(out.token_ids))
-        self.preemptions.labels(*labels).inc(m.num_preemptions)
+                series.itl.observe((end - m.first_token_time) / (len(out.token_ids) - 1))
+        series.prompt_tokens.inc(len(out.prompt_token_ids))
+        series.generation_tokens.inc(len(out.token_ids))
+        series.preemptions.inc(m.num_preemptions)
         self.finished.labels(*labels, out.finish_reason or "abort").inc()
+
+    def _series_of(self, labels: tuple[str, str]) -> _RequestSeries:
+        """The labelled series of one (queue, lora), looked up once: `labels()` costs more than an
+        observation, and a request makes nine. Only the engine thread observes: no race to guard."""
+        series = _RequestSeries(*(metric.labels(*labels) for metric in (
+            self.e2e, self.queue_time, self.ttft, self.prefill, self.decode, self.itl, self.prompt_tokens,
+            self.generation_tokens, self.preemptions)))
+        self._series[labels] = series
+        return series
+
+
+@dataclass(frozen=True)
+class _RequestSeries:
+    """RequestMetrics' series of one (queue, lora) label pair (the finish counter has a third label)."""
+
+    e2e: Histogram
+    queue_time: Histogram
+    ttft: Histogram
+    prefill: Histogram
+    decode: Histogram
+    itl: Histogram
+    prompt_tokens: Counter
+    generation_tokens: Counter
+    preemptions: Counter
 
 
 class StepMetrics:

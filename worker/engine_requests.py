@@ -46,5 +46,9 @@ def pooling_params_from_json(stored: dict[str, Any]) -> PoolingParams:
     """An embedding job's stored params (core/protocol/job_params.py, as core/protocol/embedding_request.py
     job_params writes them) -> the engine's PoolingParams; ValueError naming the field for a value the
     engine refuses. The model's own normalisation applies."""
-    params = JobParams.from_stored(stored)
+    return pooling_params(JobParams.from_stored(stored))
+
+
+def pooling_params(params: JobParams) -> PoolingParams:
+    """`pooling_params_from_json` of params already read (an attempt reads its job's once)."""
     return PoolingParams(dimensions=params.dimensions, truncate=params.truncate)

@@ -31,6 +31,8 @@ from conveyor.core.seams.finish_notifications import FinishedSink
 from conveyor.core.seams.token_stream import TokenSink
 from conveyor.core.store import fair_share, jobs, tenants
 from conveyor.core.store.fair_share import FairState
+from conveyor.core.store.held_sessions import HeldSessions
+from conveyor.core.store.jobs.claims import ClaimedJob
 from conveyor.core.store.tables import Job
 from conveyor.core.store.tenants import TenantLimits
 from conveyor.engine.host import EngineHost
@@ -63,12 +65,15 @@ class JobRunner:
         self.host = host
         self.worker_id = worker_id
         self._sessions = sessions
+        # Claims (by the consumer or a feeder) and outcome groups (by the writer) come one after another:
+        # each thread keeps its connection between them (core/store/held_sessions.py).
+        self._held = HeldSessions(sessions)
         self._streamer = JobStreamer(tokens) if tokens is not None else None  # text deltas to the API
         self._tenant_defaults = tenant_defaults or TenantLimits()  # weights and max_running, fair claims
         self._in_flight = InFlight()
         self.queue_room = QueueRoom(limits or {}, self._in_flight)
         self._fair = {name: FairState() for name in self.limits}  # per queue: whom it served, what waits
-        self._writer = OutcomeWriter(sessions, host.tokenizer, self._release, finished=finished,
+        self._writer = OutcomeWriter(self._held, host.tokenizer, self._release, finished=finished,
                                      backoff=backoff or Backoff())
         self._watcher = AttemptWatcher(host, sessions, worker_id, self._in_flight, poll_s=cancel_poll_s)
         self._stopping = threading.Event()  # no more claims; set first thing at shutdown
@@ -103,7 +108,7 @@ class JobRunner:
         """
         self._check_not_stopping()
         with self._in_flight.claiming():
-            with self._sessions() as session:
+            with self._held() as session:
                 claimed = jobs.claim_many(session, [job_id for job_id, _ in requests], self.worker_id,
                                           utcnow())
                 salts = tenants.cache_salts(session, [job.tenant_id for job in claimed])
@@ -119,29 +124,29 @@ class JobRunner:
             self._start_all(to_start, salts)
         return started
 
-    def run_next(self, queue: str, on_dones: list[OnDone]) -> int:
+    def run_next(self, queue: str, on_dones: list[OnDone]) -> list[str]:
         """Claims up to len(on_dones) jobs of `queue` in fair order (core/store/fair_share.py: whichever
-        jobs are next, not named ones) and starts them, the i-th with on_dones[i]. Returns how many started:
-        on_dones beyond that are never called.
+        jobs are next, not named ones) and starts them, the i-th with on_dones[i]. Returns the ids of those
+        that started, in that order: on_dones beyond them are never called.
 
         Raises RunnerStoppedError once shutdown has begun, and store errors as they come.
         """
         self._check_not_stopping()
         state = self._fair.setdefault(queue, FairState())
         with self._in_flight.claiming():
-            with self._sessions() as session:
+            with self._held() as session:
                 claimed = fair_share.claim_fair(session, queue, len(on_dones), self.worker_id, utcnow,
                                                 self._tenant_defaults, state,
                                                 by_arrival=self.host.config.scheduling == "arrival")
-                salts = tenants.cache_salts(session, [job.tenant_id for job in claimed])
+            salts = {job.tenant_id: tenants.cache_salt(job.tenant_id, job.cache_namespace) for job in claimed}
             self._start_all(list(zip(claimed, on_dones, strict=False)), salts)
-        return len(claimed)
+        return [job.id for job in claimed]
 
     def _check_not_stopping(self) -> None:
         if self._stopping.is_set():
             raise RunnerStoppedError("the runner is shutting down")
 
-    def _start_all(self, claimed: list[tuple[Job, OnDone]], salts: dict[str, str]) -> None:
+    def _start_all(self, claimed: list[tuple[Job | ClaimedJob, OnDone]], salts: dict[str, str]) -> None:
         """Puts every claimed attempt in flight first, then submits them one by one (a submit compiles
         nothing: a new schema compiles on the engine host's compile thread), since the reconciler requeues a
         claim its worker does not hold once it is older than dispatch_grace_s. `salts`: each tenant's
@@ -217,6 +222,7 @@ class JobRunner:
         if tick is not None:
             tick()
         self._watcher.join()
+        self._held.release()
         if publish is not None and requeued:
             publish_and_mark(self._sessions, publish, requeued)
         return [job_id for job_id, _ in requeued]

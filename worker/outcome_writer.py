@@ -19,7 +19,6 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy.exc import OperationalError
-from sqlalchemy.orm import Session, sessionmaker
 from tenacity import Retrying, retry_if_exception_type, wait_exponential
 
 from conveyor.core.background import BackgroundLoop
@@ -27,6 +26,7 @@ from conveyor.core.clock import utcnow
 from conveyor.core.retry_policy import Backoff
 from conveyor.core.seams.finish_notifications import FinishedSink
 from conveyor.core.store import jobs
+from conveyor.core.store.held_sessions import SessionFactory
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.worker.attempt import ENGINE_ERROR, Attempt, EngineFuture
 from conveyor.worker.attempt_outcome import Ended, describe, outcome
@@ -53,7 +53,7 @@ _Item = _FirstToken | Ended | str
 
 
 class OutcomeWriter:
-    def __init__(self, sessions: sessionmaker[Session], tokenizer: Tokenizer, release: Release, *,
+    def __init__(self, sessions: SessionFactory, tokenizer: Tokenizer, release: Release, *,
                  finished: FinishedSink | None = None, backoff: Backoff = Backoff()) -> None:
         """`finished` is told which jobs each group made final (long polls wake); `backoff`: the wait before
         a retryable failure's next attempt (core/retry_policy.py)."""

@@ -14,7 +14,11 @@ from conveyor.engine.structured_output.constraint import StructuredOutput
 def sampling_params_from_json(stored: dict[str, Any]) -> SamplingParams:
     """ValueError naming the field for anything the engine would refuse, or a value no writer stores. Keys
     this release does not know are ignored (JobParams.from_stored); `n` and the adapter are not sampling."""
-    params = JobParams.from_stored(stored)
+    return sampling_params(JobParams.from_stored(stored))
+
+
+def sampling_params(params: JobParams) -> SamplingParams:
+    """`sampling_params_from_json` of params already read (an attempt reads its job's once)."""
     fields = {name: getattr(params, name) for name in SAMPLING_FIELDS - {"structured"}}
     return SamplingParams(**fields, structured=_structured_output(params.structured))
 

@@ -20,6 +20,7 @@ from conveyor.core.seams.token_stream import TokenEvent, channel
 
 log = logging.getLogger(__name__)
 UNHEARD_PROBE_S = 1.0  # a job nobody listened to: how long before its deltas are tried again
+PUBLISH_BATCH = 256  # events sent in one round trip at most
 
 
 class _Subscriber:
@@ -76,9 +77,10 @@ class InProcessTokenStream:
 
 
 class RedisTokenSink:
-    """Celery mode: PUBLISH on the job's channel from a background thread. A job whose delta reached no
-    subscriber gets no deltas for UNHEARD_PROBE_S, then one more try (someone may have opened its event stream
-    since: GET /v1/jobs/{id}/events); its end marker is always sent."""
+    """Celery mode: PUBLISH on the job's channel from a background thread, whatever has gathered in one
+    round trip (a pipeline). A job whose delta reached no subscriber gets no deltas for UNHEARD_PROBE_S, then
+    one more try (someone may have opened its event stream since: GET /v1/jobs/{id}/events); its end marker
+    is always sent."""
 
     def __init__(self, url: str, clock: Callable[[], float] = time.monotonic) -> None:
         import redis
@@ -106,17 +108,42 @@ class RedisTokenSink:
         self._client.close()
 
     def _run(self) -> None:
-        while (item := self._outbox.get()) is not None:
+        stopping = False
+        while not stopping:
+            batch, stopping = self._gather(self._outbox.get())
+            if batch:
+                self._send(batch)
+
+    def _gather(self, first: tuple[str, TokenEvent] | None) -> tuple[list[tuple[str, TokenEvent]], bool]:
+        """`first` and what is already queued behind it, without the deltas of jobs nobody hears; and
+        whether the stop marker came."""
+        batch: list[tuple[str, TokenEvent]] = []
+        item = first
+        while item is not None:
             job_id, event = item
-            if not event.end and not self.listening(job_id):
-                continue
+            if event.end or self.listening(job_id):
+                batch.append(item)
+            if len(batch) >= PUBLISH_BATCH:
+                return batch, False
             try:
-                receivers = self._client.publish(channel(job_id), event.encode())
-            except Exception as exc:  # the API falls back to the store; no more tries for this job's deltas
-                log.debug("token publish for %s failed: %s", job_id, exc)
-                receivers = 0
-            with self._lock:
-                if event.end or receivers:
+                item = self._outbox.get_nowait()
+            except stdlib_queue.Empty:
+                return batch, False
+        return batch, True
+
+    def _send(self, batch: list[tuple[str, TokenEvent]]) -> None:
+        try:
+            pipeline = self._client.pipeline(transaction=False)
+            for job_id, event in batch:
+                pipeline.publish(channel(job_id), event.encode())
+            receivers = pipeline.execute()
+        except Exception as exc:  # the API falls back to the store; no more tries for these jobs' deltas
+            log.debug("token publish of %d event(s) failed: %s", len(batch), exc)
+            receivers = [0] * len(batch)
+        retry_at = self._clock() + UNHEARD_PROBE_S
+        with self._lock:
+            for (job_id, event), heard in zip(batch, receivers, strict=True):
+                if event.end or heard:
                     self._unheard.pop(job_id, None)
                 else:
-                    self._unheard[job_id] = self._clock() + UNHEARD_PROBE_S
+                    self._unheard[job_id] = retry_at

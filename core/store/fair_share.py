@@ -17,8 +17,9 @@ claims the next jobs of Q in fair order, whichever they are (`claim_fair`):
      served least recently (so a single free slot goes round-robin), then to the oldest work. Within the
      tenant, the same rule over its streams (fewest running, least recently served, oldest).
   4. Per planned stream, its most urgent queued jobs (priority, then the least slack to a deadline still
-     ahead, then arrival: `queued_streams.most_urgent`) are taken `FOR UPDATE SKIP LOCKED` and claimed by
-     one conditional UPDATE (`status = 'queued'`) that returns them: a job is still claimed exactly once.
+     ahead, then arrival: `queued_streams.urgent_ids`) are taken `FOR UPDATE SKIP LOCKED` and claimed by
+     one conditional UPDATE (`status = 'queued'`) that reads them first and returns them: one statement,
+     and a job is still claimed exactly once.
 A tenant that arrives while another holds every slot gets the next slots that free up (within one job's
 time, plus up to QUEUED_VIEW_S before a worker's reused view sees it), until its running jobs per weight
 catch up.
@@ -26,6 +27,7 @@ catch up.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 import zlib
@@ -33,13 +35,14 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import bindparam, func, select, text
+from sqlalchemy import Select, Update, bindparam, func, select, text
 from sqlalchemy.orm import Session
 
 from conveyor.core.lifecycle import RUNNING
 from conveyor.core.store import queued_streams, webhook_events
-from conveyor.core.store.jobs.claims import claim_ids, unclaim
+from conveyor.core.store.jobs.claims import ClaimedJob, claim_params, claim_statement, claimed_rows, unclaim
 from conveyor.core.store.jobs.sequences import sequences_of, sequences_sql, stored_n
 from conveyor.core.store.tables import Job, Tenant
 from conveyor.core.store.tenants import TenantLimits
@@ -190,11 +193,12 @@ def _stream_order(stream: Stream, load: StreamLoad, last_served: int) -> tuple[i
 
 
 def claim_fair(session: Session, queue: str, count: int, worker_id: str, clock: Callable[[], datetime],
-               defaults: TenantLimits, state: FairState, *, by_arrival: bool = False) -> list[Job]:
+               defaults: TenantLimits, state: FairState, *, by_arrival: bool = False) -> list[ClaimedJob]:
     """Claims queued jobs of `queue` filling up to `count` places in fair order (module docstring) and
     commits: queued -> running, attempts + 1, started_at = now, as `jobs.claim_many`. A place is an engine
     sequence: a job of n choices takes n (core/store/jobs/sequences.py), and one wider than all `count` places
-    is claimed alone. Returns the claimed rows.
+    is claimed alone. Returns the claimed rows (plain rows, with each tenant's cache namespace:
+    core/store/jobs/claims.py ClaimedJob).
 
     `now` is read from `clock` once the queue's claim lock is held: a wait for the lock must not age the
     claim, since the reconciler requeues a claim older than dispatch_grace_s that its worker does not hold.
@@ -204,7 +208,8 @@ def claim_fair(session: Session, queue: str, count: int, worker_id: str, clock: 
     _lock_queue(session, queue)
     now = clock()
     running, running_shares = _running_loads(session, queue, defaults)
-    claimed: list[Job] = []
+    claimed: list[ClaimedJob] = []
+    subscribed: set[str] = set()  # claimed tenants with an enabled webhook subscription
     places = count
     view, fresh = state.cached_view(), False
     while True:
@@ -214,8 +219,9 @@ def claim_fair(session: Session, queue: str, count: int, worker_id: str, clock: 
         for stream, n in Counter(picks).items():
             if places <= 0:
                 break
-            got = _within_places(session, _claim_most_urgent(session, queue, stream, n, worker_id, now,
-                                                             by_arrival), places, whole_room=not claimed)
+            rows = _claim_most_urgent(session, queue, stream, n, worker_id, now, by_arrival)
+            subscribed.update(job.tenant_id for job in rows if job.subscribed)
+            got = _within_places(session, rows, places, whole_room=not claimed)
             _took(view, stream, len(got), state, short=len(got) < n)
             taken = sum(_sequences(job) for job in got)
             running[stream] = running.get(stream, 0) + taken
@@ -227,8 +233,8 @@ def claim_fair(session: Session, queue: str, count: int, worker_id: str, clock: 
         if places <= 0 or fresh:
             break
         view = None  # the reused view came up short: a reused view must never leave claimable jobs behind
-    if claimed:  # once per claim, not per stream: its one subscriptions read
-        webhook_events.enqueue_started_events(session, claimed, now)
+    if claimed:  # once per claim, not per stream: its one subscriptions read, if any tenant has some
+        webhook_events.enqueue_started_events(session, claimed, now, subscribed)
     session.commit()
     for job in claimed:
         state.served.note(job.tenant_id)
@@ -236,15 +242,16 @@ def claim_fair(session: Session, queue: str, count: int, worker_id: str, clock: 
     return claimed
 
 
-def _sequences(job: Job) -> int:
+def _sequences(job: ClaimedJob) -> int:
     return sequences_of(job.kind, stored_n(job.params), job.inputs)
 
 
-def _within_places(session: Session, got: list[Job], places: int, *, whole_room: bool) -> list[Job]:
+def _within_places(session: Session, got: list[ClaimedJob], places: int, *, whole_room: bool,
+                   ) -> list[ClaimedJob]:
     """The claimed jobs that fit `places` sequences, in order; the rest handed back to the queue in this
     transaction (a job of many choices takes as many places). A job wider than all of the room still starts
     when the room is whole (`whole_room`: nothing claimed yet), as worker/queue_room.py lets it."""
-    kept: list[Job] = []
+    kept: list[ClaimedJob] = []
     for job in got:
         width = _sequences(job)
         if width > places and not (whole_room and not kept):
@@ -287,7 +294,8 @@ def _running_loads(session: Session, queue: str, defaults: TenantLimits,
     sequences, core/store/jobs/sequences.py), and each such tenant's share."""
     running: dict[Stream, int] = {}
     shares: dict[str, Share] = {}
-    for tenant_id, batch_id, count, weight, max_running in session.execute(_RUNNING_LOADS, {"queue": queue}):
+    rows = session.connection().execute(_RUNNING_LOADS, {"queue": queue})  # plain rows: no ORM layer
+    for tenant_id, batch_id, count, weight, max_running in rows:
         running[Stream(tenant_id, batch_id)] = int(count)
         shares[tenant_id] = _share(weight, max_running, defaults)
     return running, shares
@@ -298,13 +306,26 @@ def _queued_loads(session: Session, queue: str, now: datetime, defaults: TenantL
     """Claimable jobs of `queue` per stream (counted up to the cap) with the oldest's creation, and each
     such tenant's share."""
     cap = max(count, STREAM_COUNT_CAP)
-    loads = {Stream(s.tenant_id, s.batch_id): StreamLoad(s.queued, 0, s.oldest_queued_at, s.queued >= cap)
-             for s in queued_streams.stream_loads(session, queue, now, cap)}
-    tenant_ids = sorted({stream.tenant_id for stream in loads})
-    rows = session.execute(select(Tenant.id, Tenant.weight, Tenant.max_running).where(
-        Tenant.id.in_(tenant_ids))) if tenant_ids else []
-    shares = {tenant_id: _share(weight, max_running, defaults) for tenant_id, weight, max_running in rows}
+    loads: dict[Stream, StreamLoad] = {}
+    shares: dict[str, Share] = {}
+    params = queued_streams.stream_loads_params(queue, now, cap)
+    rows = session.connection().execute(_queued_with_shares(), params)
+    for tenant_id, batch_id, queued, oldest, weight, max_running in rows:
+        if queued:
+            loads[Stream(tenant_id, batch_id)] = StreamLoad(int(queued), 0, oldest, queued >= cap)
+            shares[tenant_id] = _share(weight, max_running, defaults)
     return loads, shares
+
+
+@functools.cache
+def _queued_with_shares() -> Select[Any]:
+    """queued_streams.stream_loads' statement with each stream's tenant's weight and max_running, built
+    once: one statement, not a second read of the tenants."""
+    loads = queued_streams.stream_loads_statement(False).subquery("queued_loads")
+    # One index probe per stream and column (the streams are few; a join may read the whole tenants table).
+    weight, max_running = (select(column).where(Tenant.id == loads.c.tenant_id).scalar_subquery()
+                           for column in (Tenant.weight, Tenant.max_running))
+    return select(*loads.c, weight, max_running)
 
 
 def _share(weight: float | None, max_running: int | None, defaults: TenantLimits) -> Share:
@@ -313,16 +334,23 @@ def _share(weight: float | None, max_running: int | None, defaults: TenantLimits
 
 
 def _claim_most_urgent(session: Session, queue: str, stream: Stream, n: int, worker_id: str, now: datetime,
-                       by_arrival: bool) -> list[Job]:
-    """The stream's n most urgent claimable jobs (queued_streams.most_urgent), claimed."""
-    ids = queued_streams.most_urgent(session, queue, stream.tenant_id, stream.batch_id, n, now,
-                                     by_arrival=by_arrival)
-    if not ids:
-        return []
-    # NOTE: two statements, not `UPDATE ... WHERE id IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)`:
-    # PostgreSQL may run such a subquery again per row, each time skipping the rows just locked, and so
-    # update more than n.
-    return sorted(claim_ids(session, ids, worker_id, now), key=lambda job: (job.created_at, job.id))
+                       by_arrival: bool) -> list[ClaimedJob]:
+    """The stream's n most urgent claimable jobs (queued_streams.urgent_ids), claimed, oldest first."""
+    params = {**queued_streams.urgent_params(queue, stream.tenant_id, stream.batch_id, n, now),
+              **claim_params(worker_id, now)}
+    rows = claimed_rows(session, _claim_urgent(stream.batch_id is not None, by_arrival), params)
+    return sorted(rows, key=lambda job: (job.created_at, job.id))
+
+
+@functools.cache
+def _claim_urgent(of_batch: bool, by_arrival: bool) -> Update:
+    """The claim of a stream's n most urgent jobs, built once.
+
+    NOTE: the ids come from a MATERIALIZED CTE, read once: a plain `WHERE id IN (SELECT ... LIMIT n FOR
+    UPDATE SKIP LOCKED)` may be run again by PostgreSQL per row, each time skipping the rows just locked, and
+    so update more than n."""
+    chosen = queued_streams.urgent_ids(of_batch, by_arrival).cte("urgent_ids").prefix_with("MATERIALIZED")
+    return claim_statement(Job.id.in_(select(chosen.c.id)))
 
 
 def _lock_queue(session: Session, queue: str) -> None:
@@ -330,7 +358,12 @@ def _lock_queue(session: Session, queue: str) -> None:
     if session.get_bind().dialect.name != "postgresql":
         return
     key = zlib.crc32(queue.encode()) - (1 << 31)  # the second key is an int4
-    # A claimer frozen mid-transaction (SIGSTOP, a paused VM) would hold the queue's lock, and so stall the
-    # whole fleet's claims of it, until it woke up; the server ends such a session after this long idle.
-    session.execute(text(f"SET LOCAL idle_in_transaction_session_timeout = {CLAIM_IDLE_TIMEOUT_MS}"))
-    session.execute(select(func.pg_advisory_xact_lock(CLAIM_LOCK_SPACE, key)))
+    params = {"idle_ms": str(CLAIM_IDLE_TIMEOUT_MS), "space": CLAIM_LOCK_SPACE, "key": key}
+    session.execute(_LOCK_QUEUE, params)
+
+
+# A claimer frozen mid-transaction (SIGSTOP, a paused VM) would hold the queue's lock, and so stall the whole
+# fleet's claims of it, until it woke up; the server ends such a session after CLAIM_IDLE_TIMEOUT_MS idle in
+# its transaction (set_config(..., true): for this transaction only, as SET LOCAL). One round trip for both.
+_LOCK_QUEUE = text("SELECT set_config('idle_in_transaction_session_timeout', :idle_ms, true),"
+                   " pg_advisory_xact_lock(:space, :key)")

@@ -24,12 +24,13 @@ Series (`metric` column; histograms keep one non-cumulative row per bucket, `lab
 from __future__ import annotations
 
 import bisect
+import functools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Row, and_, case, func, select
+from sqlalchemy import ColumnElement, Insert, Row, and_, case, func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -170,17 +171,21 @@ def _upsert(session: Session, increments: dict[Key, Increment]) -> None:
     CPU than the database spent on all of them)."""
     if not increments:
         return
-    insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
+    rows = [{"metric": metric, "queue": queue, "status": status, "label": label, "count": inc.count,
+             "total": inc.total} for (metric, queue, status, label), inc in sorted(increments.items())]
+    session.connection().execute(_upsert_statement(session.get_bind().dialect.name), rows)
+
+
+@functools.cache
+def _upsert_statement(dialect: str) -> Insert:
+    """The upsert of one row's increments, built once per dialect (building it cost more than running it)."""
+    statement = (pg_insert if dialect == "postgresql" else sqlite_insert)(MetricCount.__table__)
     table = MetricCount.__table__
-    statement = insert(table)
-    statement = statement.on_conflict_do_update(
+    return statement.on_conflict_do_update(
         index_elements=["metric", "queue", "status", "label"],
         set_={"count": table.c.count + statement.excluded.count,
               "total": table.c.total + statement.excluded.total},
     )
-    rows = [{"metric": metric, "queue": queue, "status": status, "label": label, "count": inc.count,
-             "total": inc.total} for (metric, queue, status, label), inc in sorted(increments.items())]
-    session.execute(statement, rows)
 
 
 def series_of(rows: Iterable[MetricCount], metric: str) -> list[MetricCount]:

@@ -3,9 +3,10 @@ backlog's size (issue 32): what a fair claim reads under its queue's lock.
 
 - `stream_loads`: each stream's queued jobs (counted up to a cap) and its oldest, found by a skip scan of
   ix_jobs_queued: one index probe per tenant and per batch, then a bounded count per stream.
-- `most_urgent`: a stream's next jobs in urgency order, merged from two index-ordered reads of at most n
-  rows each (ix_jobs_queued_slack for the jobs with a deadline ahead, ix_jobs_queued_urgency for the first
-  by arrival), locked `FOR UPDATE SKIP LOCKED`, instead of sorting the stream's whole backlog.
+- `most_urgent` (`urgent_ids`): a stream's next jobs in urgency order, merged from two index-ordered reads of
+  at most n rows each (ix_jobs_queued_slack for the jobs with a deadline ahead, ix_jobs_queued_urgency for
+  the first by arrival), locked `FOR UPDATE SKIP LOCKED`, instead of sorting the stream's whole backlog; a
+  fair claim takes them in the same statement that reads them.
 """
 
 from __future__ import annotations
@@ -21,11 +22,13 @@ from sqlalchemy import (
     Integer,
     Select,
     bindparam,
+    case,
     func,
     literal,
     null,
     or_,
     select,
+    union,
     union_all,
 )
 from sqlalchemy.orm import Session
@@ -34,12 +37,14 @@ from conveyor.core.lifecycle import QUEUED
 from conveyor.core.store.jobs.transitions import status_is
 from conveyor.core.store.tables import Job
 
-# The statements' parameters, bound by name at each execution.
-_QUEUE = bindparam("queue", type_=Job.queue.type)
-_TENANT = bindparam("tenant_id", type_=Job.tenant_id.type)
-_BATCH = bindparam("batch_id", type_=Job.batch_id.type)
+# The statements' parameters, bound by name at each execution (not named as columns are: a claim's UPDATE
+# reserves those names).
+_QUEUE = bindparam("of_queue", type_=Job.queue.type)
+_TENANT = bindparam("of_tenant", type_=Job.tenant_id.type)
+_BATCH = bindparam("of_batch", type_=Job.batch_id.type)
 _NOW = bindparam("now", type_=Job.expires_at.type)
 _CAP = bindparam("cap", type_=Integer)
+_N = bindparam("n", type_=Integer)
 _NOT_EXPIRED = or_(Job.expires_at.is_(None), Job.expires_at > _NOW)
 
 
@@ -56,16 +61,22 @@ def stream_loads(session: Session, queue: str, now: datetime, cap: int, tenant_i
     """The streams of `queue` with claimable jobs (queued, not past their ttl): each one's count, up to
     `cap`, and its oldest job's creation; with `tenant_id`, that tenant's streams only. Expired jobs the
     reconciler has not swept yet are skipped."""
-    params = {"queue": queue, "now": now, "cap": cap, "tenant_id": tenant_id}
-    rows = session.execute(_stream_loads(tenant_id is not None), params)
+    params = stream_loads_params(queue, now, cap, tenant_id)
+    rows = session.connection().execute(stream_loads_statement(tenant_id is not None), params)  # no ORM layer
     return [QueuedStream(tenant_id, batch_id, int(count), oldest)
             for tenant_id, batch_id, count, oldest in rows if count]
 
 
+def stream_loads_params(queue: str, now: datetime, cap: int, tenant_id: str | None = None,
+                        ) -> dict[str, object]:
+    return {"of_queue": queue, "now": now, "cap": cap, "of_tenant": tenant_id}
+
+
 @functools.cache
-def _stream_loads(one_tenant: bool) -> CompoundSelect[Any]:
-    """stream_loads' statement, built once (its parameters: queue, now, cap, tenant_id): building it cost
-    more than running it."""
+def stream_loads_statement(one_tenant: bool) -> CompoundSelect[Any]:
+    """stream_loads' statement, built once (its parameters: `stream_loads_params`; its rows: tenant_id,
+    batch_id, queued, oldest, a stream with nothing claimable counting 0): building it cost more than
+    running it. A fair claim reads its tenants' shares in the same statement (core/store/fair_share.py)."""
     queued = (Job.queue == _QUEUE, status_is(QUEUED))
     tenants = (select(_TENANT.label("tenant_id")).cte("queued_tenants") if one_tenant
                else _distinct_tenants(queued))
@@ -121,9 +132,24 @@ def _distinct_batches(queued: tuple[ColumnElement[bool], ...], tenants: Any) -> 
 
 def most_urgent(session: Session, queue: str, tenant_id: str, batch_id: str | None, n: int, now: datetime,
                 *, by_arrival: bool = False) -> list[str]:
-    """The ids of the stream's n most urgent claimable jobs, locked `FOR UPDATE SKIP LOCKED` (a row another
-    transaction is changing, a cancel, is passed over). Up to 2n rows are locked until the caller's
-    transaction ends; the caller claims the first n.
+    """The ids of the stream's n most urgent claimable jobs, most urgent first, locked `FOR UPDATE SKIP
+    LOCKED` (a row another transaction is changing, a cancel, is passed over): `urgent_ids`' read."""
+    params = urgent_params(queue, tenant_id, batch_id, n, now)
+    return list(session.connection().execute(urgent_ids(batch_id is not None, by_arrival), params).scalars())
+
+
+def urgent_params(queue: str, tenant_id: str, batch_id: str | None, n: int, now: datetime,
+                  ) -> dict[str, object]:
+    """`urgent_ids`' parameters for the stream (tenant_id, batch_id) of `queue`."""
+    return {"of_queue": queue, "of_tenant": tenant_id, "of_batch": batch_id, "n": n, "now": now}
+
+
+@functools.cache
+def urgent_ids(of_batch: bool, by_arrival: bool) -> Select[tuple[str]]:
+    """The ids of a stream's n most urgent claimable jobs, most urgent first (its parameters:
+    `urgent_params`): built once, and read as it is (`most_urgent`) or inside the claim that
+    takes them (core/store/fair_share.py). Up to 2n rows are locked `FOR UPDATE SKIP LOCKED` until the
+    transaction ends; the first n are the stream's.
 
     Urgency: priority (lower first), then, while its deadline is ahead, its latest start (`start_by`: the
     deadline minus its predicted run time, least slack first; set whenever the deadline is, by jobs.add and
@@ -131,26 +157,13 @@ def most_urgent(session: Session, queue: str, tenant_id: str, batch_id: str | No
     without one (engine/sequence.py Urgency orders the engine's admission the same way). `by_arrival`:
     oldest first, priority and deadline ignored.
 
-    One statement of two index-ordered reads of n rows each, merged here:
+    Two index-ordered reads of n rows each, merged and ranked in the same statement:
     - the jobs whose deadline is ahead, by (priority, start_by) (ix_jobs_queued_slack);
     - the stream's first n jobs by (priority, arrival), whatever their deadline (ix_jobs_queued_urgency).
       The jobs that rank by arrival (no deadline, or one passed) and belong in the n are all among them: any
       such job after those n ranks behind each of them (a lower priority, a deadline ahead at its priority,
       or an earlier arrival). Filtering this read to such jobs instead would walk past every job with a
       deadline ahead: the whole stream, when all have one."""
-    params = {"queue": queue, "tenant_id": tenant_id, "batch_id": batch_id, "n": n, "now": now}
-    statement = _most_urgent(batch_id is not None, by_arrival)
-    if by_arrival:
-        return list(session.execute(statement, params).scalars())
-    rows = {row.id: row for row in session.execute(statement, params)}
-    ranked = sorted(rows.values(), key=lambda row: _urgency(row.priority, row.deadline_at, row.start_by,
-                                                            row.created_at, row.id, now))
-    return [row.id for row in ranked[:n]]
-
-
-@functools.cache
-def _most_urgent(of_batch: bool, by_arrival: bool) -> Select[Any] | CompoundSelect[Any]:
-    """most_urgent's statement, built once (its parameters: queue, tenant_id, batch_id, n, now)."""
     of_stream = Job.batch_id == _BATCH if of_batch else Job.batch_id.is_(None)
     claimable = (Job.queue == _QUEUE, status_is(QUEUED), Job.tenant_id == _TENANT, of_stream, _NOT_EXPIRED)
     # Each read is ordered by the batch first (one value in the stream): PostgreSQL takes `batch_id IS NULL`
@@ -164,16 +177,17 @@ def _most_urgent(of_batch: bool, by_arrival: bool) -> Select[Any] | CompoundSele
     # FOR UPDATE is refused in a UNION's branches, not in a materialized CTE (read once, locks taken once).
     reads = [_locked(read).cte(name).prefix_with("MATERIALIZED")
              for name, read in (("urgent_ahead", ahead), ("urgent_first", first))]
-    return union_all(*(select(read) for read in reads))
+    both = union(*(select(read) for read in reads)).subquery("urgent")  # a row read twice counts once
+    return select(both.c.id).order_by(*_urgency(both.c)).limit(_N)
 
 
-def _urgency(priority: int, deadline_at: datetime | None, start_by: datetime | None, created_at: datetime,
-             job_id: str, now: datetime) -> tuple[int, bool, datetime, datetime, str]:
-    """most_urgent's order: within a priority, a deadline ahead first (by its latest start), then arrival."""
-    if deadline_at is not None and deadline_at > now:
-        return priority, False, start_by or deadline_at, created_at, job_id
-    return priority, True, now, created_at, job_id
+def _urgency(row: Any) -> tuple[ColumnElement[Any], ...]:
+    """`urgent_ids`' order over the merged reads' columns: within a priority, a deadline ahead first (by its
+    latest start), then arrival."""
+    ahead = row.deadline_at > _NOW
+    latest_start = case((ahead, func.coalesce(row.start_by, row.deadline_at)))  # NULL for the others
+    return row.priority, case((ahead, 0), else_=1), latest_start, row.created_at, row.id
 
 
 def _locked(query: Select[Any]) -> Select[Any]:
-    return query.limit(bindparam("n", type_=Integer)).with_for_update(skip_locked=True)
+    return query.limit(_N).with_for_update(skip_locked=True)

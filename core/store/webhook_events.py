@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Row, select
-from sqlalchemy.orm import Session
+from sqlalchemy import Row, exists, literal_column, select
+from sqlalchemy.orm import Session, aliased
 
 from conveyor.core.lifecycle import CANCELLED, SUCCEEDED
 from conveyor.core.store import webhooks
@@ -24,12 +24,22 @@ from conveyor.core.webhooks.events import JOB_STARTED, build_event, matches
 
 JOB_STATUS_EVENTS = {s: f"job.{s}" for s in ("succeeded", "failed", "cancelled", "expired")}
 
+_TENANT_SUBSCRIPTIONS = aliased(Subscription, name="tenant_subscriptions")
+# Whether a job's tenant has an enabled subscription: a column of any statement on `jobs` (a read, a claim's
+# RETURNING), so that the subscriptions themselves are read only for the tenants that have some. The jobs
+# table is named by hand: SQLite writes a RETURNING clause's columns unqualified, and an unqualified
+# tenant_id inside the subquery would be the subscription's own.
+TENANT_SUBSCRIBED = exists().where(_TENANT_SUBSCRIPTIONS.tenant_id == literal_column("jobs.tenant_id"),
+                                   _TENANT_SUBSCRIPTIONS.enabled.is_(True)).label("subscribed")
+
 
 def enqueue_job_events(session: Session, finished: Sequence[Row[Any]], status: str, now: datetime) -> None:
-    """One event per job of `finished` (rows with id, tenant_id, webhook, finish_reason and is_response);
-    the group's tenants' subscriptions are read once, in one query. A response's job sends its response's
-    event (`response.completed`, ...: the response object), any other job `job.<status>` (the job)."""
-    subscribed = webhooks.enabled_subscriptions_of(session, {row.tenant_id for row in finished})
+    """One event per job of `finished` (rows with id, tenant_id, webhook, finish_reason, is_response and
+    subscribed: TENANT_SUBSCRIBED); the subscriptions of the group's tenants that have some are read once,
+    in one query. A response's job sends its response's event (`response.completed`, ...: the response
+    object), any other job `job.<status>` (the job)."""
+    subscribed = webhooks.enabled_subscriptions_of(session, {row.tenant_id for row in finished
+                                                             if row.subscribed})
     event_types = {row.id: _event_type(row, status) for row in finished}
     to_send = {row.id: targets for row in finished
                if (targets := _targets(subscribed.get(row.tenant_id, []), event_types[row.id], row.webhook))}
@@ -56,16 +66,25 @@ def _event_type(row: Row[Any], status: str) -> str:
     return "response.cancelled" if status == CANCELLED else "response.failed"
 
 
-def enqueue_started_events(session: Session, claimed: Sequence[Job], now: datetime) -> None:
+def enqueue_started_events(session: Session, claimed: Sequence[Job | Row[Any]], now: datetime,
+                           subscribed_tenants: set[str] | None = None) -> None:
     """`job.started` for each claimed job with a target that asked for it (core/webhooks/events.py: opt-in),
-    in the claim's transaction: one query for the claimed tenants' subscriptions, and nothing more unless a
-    target wants the event."""
-    subscribed = webhooks.enabled_subscriptions_of(session, {job.tenant_id for job in claimed})
-    for job in claimed:
-        targets = _targets(subscribed.get(job.tenant_id, []), JOB_STARTED, job.webhook)
-        if targets:
-            event = build_event(JOB_STARTED, JobPublic.from_row(job).model_dump(mode="json"), now)
-            _add_deliveries(session, targets, event, "job", job.id, job.tenant_id, now)
+    in the claim's transaction: one query for the claimed tenants' subscriptions (only those of
+    `subscribed_tenants`, when the claim read which have some: TENANT_SUBSCRIBED), and nothing more unless a
+    target wants the event. `claimed`: rows with id, tenant_id and webhook (a claim's rows hold only some
+    columns: the jobs with a target are read whole)."""
+    tenants = {job.tenant_id for job in claimed} if subscribed_tenants is None else subscribed_tenants
+    subscribed = webhooks.enabled_subscriptions_of(session, tenants)
+    to_send = {job.id: targets for job in claimed
+               if (targets := _targets(subscribed.get(job.tenant_id, []), JOB_STARTED, job.webhook))}
+    if not to_send:
+        return
+    query = select(Job).where(Job.id.in_(list(to_send))).execution_options(populate_existing=True)
+    shown = {job.id: job for job in session.execute(query).scalars()}
+    for job_id, targets in to_send.items():
+        job = shown[job_id]
+        event = build_event(JOB_STARTED, JobPublic.from_row(job).model_dump(mode="json"), now)
+        _add_deliveries(session, targets, event, "job", job.id, job.tenant_id, now)
 
 
 def enqueue_batch_event(session: Session, batch_public: dict[str, Any], event_type: str, tenant_id: str,

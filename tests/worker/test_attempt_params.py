@@ -36,6 +36,8 @@ def test_params_that_cannot_be_read_make_an_attempt_whose_submit_fails() -> None
     unreadable = {"n": 3, "logprobs": "all"}
     attempt = _attempt(unreadable)
     assert (attempt.n, attempt.logprobs) == (1, None)
+    assert attempt.params_error is not None and attempt.params_error.startswith("logprobs: ")  # its submit's
+    assert _attempt({"max_tokens": 4}).params_error is None
     with pytest.raises(ValueError, match=r"^logprobs: "):
         sampling_params_from_json(unreadable)
 

@@ -1,5 +1,6 @@
 """The job consumer step: held messages start together (one fair claim of as many jobs) when their queue has
-room, and those the claim found nothing for are acked; a job that ends is followed by a pull; across a
+room, and those the claim found nothing for are acked; a job that ends is followed by a pull, and the
+messages of the jobs a pull started are acked without a claim; across a
 broker reconnect, a message of a closed channel is never acked (kombu raises on it), and closing the old
 channels after a connection loss raises nothing, though Celery has already dropped the connection its own
 close would need."""
@@ -43,19 +44,18 @@ class Runner:
     def __init__(self) -> None:
         self.limits = {"interactive": 2}
         self.free = 0  # jobs that may start now
-        self.claimable = 1  # queued jobs a claim finds
+        self.claimable = ["job_x"]  # the queued jobs a claim finds, in fair order
         self.claims: list[int] = []  # jobs asked for, per claim
         self.on_dones: list[Any] = []
 
     def room(self, queue: str) -> int:
         return self.free
 
-    def run_next(self, queue: str, on_dones: list[Any]) -> int:
+    def run_next(self, queue: str, on_dones: list[Any]) -> list[str]:
         self.claims.append(len(on_dones))
-        started = min(len(on_dones), self.claimable)
-        self.claimable -= started
-        self.free -= started
-        self.on_dones += on_dones[:started]
+        started, self.claimable = self.claimable[:len(on_dones)], self.claimable[len(on_dones):]
+        self.free -= len(started)
+        self.on_dones += on_dones[:len(started)]
         return started
 
 
@@ -88,7 +88,7 @@ def test_held_messages_start_together_when_room_opens_and_those_without_a_job_ar
     assert runner.claims == [2]  # as many as fit, in one claim
     assert messages[1].acked and not messages[0].acked  # the claim found one job: the other is acked
     runner.on_dones[0]()  # that job ends: its message is acked, and the last held one claims
-    runner.claimable = 1
+    runner.claimable = ["job_y"]
     step._flush_acks()
     assert messages[0].acked and runner.claims[-1] == 1 and not messages[2].acked
 
@@ -103,7 +103,7 @@ def test_a_job_that_ends_with_no_message_held_is_followed_by_a_pull() -> None:
     step._on_message(message.payload, message)
     assert runner.claims == [1] and not message.acked
 
-    runner.claimable, runner.free = 1, 1  # a job of a tenant that was at its max_running may now start
+    runner.claimable, runner.free = ["job_y"], 1  # a tenant that was at its max_running may now start one
     runner.on_dones[0]()
     step._flush_acks()
 
@@ -112,6 +112,29 @@ def test_a_job_that_ends_with_no_message_held_is_followed_by_a_pull() -> None:
     runner.on_dones[1]()  # the pulled job ends: another pull (finding nothing now)
     step._flush_acks()
     assert runner.claims == [1, 1, 1]
+
+
+def test_the_message_of_a_job_a_pull_started_is_acked_without_a_claim() -> None:
+    runner = Runner()
+    step = _step(runner)
+    channel = Channel()
+    step._channels = {channel}
+    first = Message(channel, "job_x")
+    runner.free = 1
+    step._on_message(first.payload, first)  # claims job_x
+    runner.claimable, runner.free = ["job_y", "job_z"], 2
+    runner.on_dones[0]()
+    step._flush_acks()  # job_x ended: the pull starts job_y and job_z, whose messages are still queued
+    assert runner.claims == [1, 2]
+
+    spare = Message(channel, "job_y")
+    step._on_message(spare.payload, spare)
+    assert spare.acked and runner.claims == [1, 2]  # no claim: job_y started without its message
+
+    again = Message(channel, "job_y")  # a second message of the same job (a republish) claims as usual
+    runner.free = 1
+    step._on_message(again.payload, again)
+    assert runner.claims == [1, 2, 1] and again.acked  # nothing left to claim for it
 
 
 def test_acks_of_a_closed_channel_are_skipped_and_the_open_channel_is_acked(

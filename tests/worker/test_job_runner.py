@@ -116,7 +116,7 @@ def test_a_cached_prefix_is_shared_within_a_tenant_or_a_namespace_and_never_acro
         assert runner.run(job_id, done)
         done.wait()
     done = Done()
-    assert runner.run_next(lane("interactive"), [done]) == 1, "the fair claim salts its jobs too"
+    assert len(runner.run_next(lane("interactive"), [done])) == 1, "the fair claim salts its jobs too"
     done.wait()
     b, a, b_again, team_1, team_2 = (get_job(sessions, job_id).cached_tokens for job_id in ids)
     assert (b, a, team_1) == (0, 0, 0), "another tenant's blocks are not hits, nor are unsalted ones"

@@ -7,8 +7,10 @@ import asyncio
 import socket
 import threading
 
+import pytest
+
 from conveyor.api.token_subscriptions import RedisTokenStream
-from conveyor.core.seams.token_stream import TokenEvent
+from conveyor.core.seams.token_stream import TokenEvent, channel
 from conveyor.engine.outputs import RequestMetrics, RequestOutput
 from conveyor.worker.streamer import STREAM_EVERY_S, STREAM_EVERY_TOKENS, JobStreamer
 from conveyor.worker.token_sinks import UNHEARD_PROBE_S, InProcessTokenStream, RedisTokenSink
@@ -133,3 +135,49 @@ def test_redis_sink_with_redis_down_gives_up_on_a_job_after_one_try() -> None:
         sink.publish("job_1", TokenEvent(1, text))
     sink.close()
     assert not sink.listening("job_1")
+
+
+class HeldPipelines:
+    """A Redis client whose pipelines record what they send; the first one's round trip waits for `go`, so
+    that the events published meanwhile gather behind it."""
+
+    def __init__(self) -> None:
+        self.sent: list[list[str]] = []
+        self.waiting = threading.Event()  # the first round trip has begun
+        self.go = threading.Event()
+
+    def pipeline(self, transaction: bool = True) -> HeldPipelines.Pipeline:
+        assert not transaction, "PUBLISHes need no MULTI/EXEC"
+        return HeldPipelines.Pipeline(self)
+
+    def close(self) -> None: ...
+
+    class Pipeline:
+        def __init__(self, client: HeldPipelines) -> None:
+            self._client = client
+            self._channels: list[str] = []
+
+        def publish(self, channel: str, _message: str) -> None:
+            self._channels.append(channel)
+
+        def execute(self) -> list[int]:
+            if not self._client.sent:
+                self._client.waiting.set()
+                assert self._client.go.wait(30)
+            self._client.sent.append(self._channels)
+            return [1] * len(self._channels)
+
+
+def test_redis_sink_sends_what_gathered_meanwhile_in_one_round_trip(monkeypatch: pytest.MonkeyPatch) -> None:
+    client = HeldPipelines()
+    monkeypatch.setattr("redis.Redis.from_url", lambda *args, **kwargs: client)
+    sink = RedisTokenSink("redis://unused")
+    try:
+        sink.publish("job_1", TokenEvent(1, "a"))
+        assert client.waiting.wait(30)
+        for job_id in ("job_2", "job_3", "job_1"):
+            sink.publish(job_id, TokenEvent(1, end=True))
+        client.go.set()
+    finally:
+        sink.close()
+    assert client.sent == [[channel("job_1")], [channel("job_2"), channel("job_3"), channel("job_1")]]

@@ -75,8 +75,8 @@ def record_step(session: Session, first_tokens: list[FirstToken], outcomes: list
     written = {(outcome.job_id, outcome.attempt) for outcome in outcomes if isinstance(outcome, Completion)}
     firsts = sorted(first for first in first_tokens if (first.job_id, first.attempt) not in written)
     if firsts:  # a completion writes its own first token (the earlier of the two)
-        session.execute(_FIRST_TOKEN, [{"b_id": first.job_id, "b_attempt": first.attempt, "b_at": first.at}
-                                       for first in firsts])
+        session.connection().execute(_FIRST_TOKEN, [{"b_id": first.job_id, "b_attempt": first.attempt,
+                                                    "b_at": first.at} for first in firsts])
     finished: dict[str, list[str]] = {}
     for (status, statement), rows in _outcome_writes(outcomes, now).items():
         made_final = {job_id for job_ids in finished.values() for job_id in job_ids}
@@ -185,13 +185,13 @@ def _applied(session: Session, statement: Update, rows: list[dict[str, Any]], st
              ) -> list[str]:
     """Runs `statement` for every row; returns the ids of the rows it changed."""
     job_ids = [row["b_id"] for row in rows]
-    if session.execute(statement, rows).rowcount == len(rows):  # type: ignore[attr-defined]
+    if session.connection().execute(statement, rows).rowcount == len(rows):
         return job_ids
     # Some job moved on first (cancelled, or its attempt ended elsewhere). This transaction holds the rows it
     # wrote until its commit, so the ones it wrote are those with this status at exactly this time.
     query = select(_JOBS.c.id).where(_JOBS.c.id.in_(job_ids), _JOBS.c.status == status,
                                      _JOBS.c.finished_at == now)
-    return list(session.execute(query).scalars())
+    return list(session.connection().execute(query).scalars())
 
 
 def record_first_token(session: Session, job_id: str, attempt: int, at: datetime) -> bool:

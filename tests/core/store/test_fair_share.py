@@ -8,9 +8,10 @@ import threading
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from sqlalchemy import event
 from sqlalchemy.orm import Session
 
-from conveyor.core.store import batches, jobs, keys, tenants
+from conveyor.core.store import batches, jobs, keys, tenants, webhooks
 from conveyor.core.store.database import make_db_engine, make_session_factory
 from conveyor.core.store.fair_share import FairState, ServedOrder, Share, Stream, StreamLoad, claim_fair, plan
 from conveyor.core.store.tables import Job
@@ -133,7 +134,9 @@ def test_a_job_whose_metadata_names_a_batch_is_one_of_its_tenants_own_submission
     assert [job.id for job in claimed] == own  # one stream: oldest first, no turn for "batch" x
     assert all(job.batch_id is None for job in claimed)
     later = claim_fair(session, "documents", 3, "w1", at_t0, DEFAULTS, FairState(view_s=0.0))
-    assert [job.id for job in later] == claims_a_batch and later[0].meta == {"batch_id": "x"}
+    assert [job.id for job in later] == claims_a_batch and all(job.batch_id is None for job in later)
+    stored = jobs.get(session, later[0].id)
+    assert stored is not None and stored.meta == {"batch_id": "x"}
 
 
 def test_a_real_batch_of_the_tenant_takes_turns_with_its_own_submissions(session: Session) -> None:
@@ -287,3 +290,33 @@ def test_a_job_wider_than_the_room_is_claimed_alone_when_the_room_is_whole(sessi
     wide = _add_wide(session, "a", 2, 8, T0)
     state = FairState(view_s=0.0)
     assert [j.id for j in claim_fair(session, "documents", 4, "w1", at_t0, DEFAULTS, state)] == wide[:1]
+
+
+def test_a_claim_returns_each_tenants_cache_namespace_and_reads_subscriptions_only_where_there_are_some(
+    session: Session,
+) -> None:
+    [a_job], b_jobs = _add(session, "a", 1, T0), _add(session, "b", 2, T0 + timedelta(seconds=1))
+    webhooks.create_subscription(session, "a", "https://a.example/hook", ["job.started"], None, T0)
+    tenants.set_overrides(session, "b", {"cache_namespace": "shared"}, T0)
+    seen: list[str] = []
+
+    def record(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        seen.append(statement)
+
+    def subscription_reads() -> int:
+        return sum(statement.lstrip().startswith("SELECT webhook_subscriptions.") for statement in seen)
+
+    event.listen(session.get_bind(), "before_cursor_execute", record)
+    try:
+        claimed = claim_fair(session, "documents", 2, "w1", at_t0, DEFAULTS, FairState(view_s=0.0))
+        assert {job.id: (job.cache_namespace, job.subscribed) for job in claimed} == {
+            a_job: (None, True), b_jobs[0]: ("shared", False)}
+        assert subscription_reads() == 1  # a's, for its job.started
+        seen.clear()
+        assert [job.id for job in claim_fair(session, "documents", 1, "w1", at_t0, DEFAULTS,
+                                             FairState(view_s=0.0))] == b_jobs[1:]
+        assert subscription_reads() == 0  # b has none: nothing to read
+    finally:
+        event.remove(session.get_bind(), "before_cursor_execute", record)
+    assert [d.event_type for d in webhooks.for_subject(session, "a", "job", a_job)] == ["job.started"]
+    assert webhooks.for_subject(session, "b", "job", b_jobs[0]) == []

@@ -374,7 +374,28 @@ def test_a_group_gets_one_delivery_per_matching_enabled_subscription_of_its_tena
         (d2, every, DEFAULT_TENANT, "job.succeeded"), (d2, succeeded, DEFAULT_TENANT, "job.succeeded"),
         (a1, acme, "acme", "job.succeeded"),
     ])
-    assert sum("FROM webhook_subscriptions" in s for s in seen) == 1  # every tenant's, read once
+    assert sum(_reads_subscriptions(s) for s in seen) == 1  # every tenant's, read once
+
+
+def _reads_subscriptions(statement: str) -> bool:
+    """A read of the subscriptions themselves (not the probe for a tenant's, inside another statement)."""
+    return statement.lstrip().startswith("SELECT webhook_subscriptions.")
+
+
+def test_a_group_of_tenants_without_subscriptions_reads_none_claiming_or_finishing(session: Session) -> None:
+    keys.ensure_tenant(session, "acme", T0)
+    session.commit()
+    webhooks.create_subscription(session, "acme", "https://acme.example/started", ["job.started"], None, T0)
+    plain, acme = add_job(session), add_job(session, tenant="acme")
+    with statements(session) as seen:
+        assert [job.id for job in jobs.claim_many(session, [plain], "w1", T0)] == [plain]
+        assert jobs.record_step(session, [], [done(plain, 1)], T1) == [plain]
+    assert not any(_reads_subscriptions(s) for s in seen)  # the default tenant has none: nothing to read
+
+    with statements(session) as seen:
+        assert [job.id for job in jobs.claim_many(session, [acme], "w1", T0)] == [acme]
+    assert sum(_reads_subscriptions(s) for s in seen) == 1
+    assert events_of(session, acme, "acme") == ["job.started"]
 
 
 def _frozen_peer_holds(sessions: sessionmaker[Session], job_id: str) -> Session:
