@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, case, delete, func, or_, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy import Integer, Row, bindparam, case, delete, func, or_, select, update
+from sqlalchemy.orm import Bundle, Session
 
 from conveyor.core.lifecycle import (
     BATCH_CANCELLED,
@@ -177,38 +177,48 @@ def cancel_active_jobs(session: Session, batch_id: str, now: datetime) -> list[s
 # --- the runner's lease -----------------------------------------------------------------------------
 
 
-def _free_and_due(owner: str, now: datetime) -> ColumnElement[bool]:
-    """The lease is free, expired or already ours, and no backoff holds the batch back."""
-    free = or_(Batch.lease_owner.is_(None), Batch.lease_expires_at < now, Batch.lease_owner == owner)
-    due = or_(Batch.next_attempt_at.is_(None), Batch.next_attempt_at <= now)
-    return free & due
+# Statements built once, with bound parameters; Core statements on the tables where no ORM object is wanted:
+# a runner runs them several times a second, and building one cost more than running it.
+_BATCHES, _LINES = Batch.__table__, BatchLine.__table__
+_BATCH_ID = bindparam("b_batch_id", type_=Batch.id.type)
+_OWNER = bindparam("b_owner", type_=Batch.lease_owner.type)
+_NOW = bindparam("b_now", type_=Batch.updated_at.type)
+# The lease is free, expired or already ours, and no backoff holds the batch back.
+_FREE_AND_DUE = (or_(Batch.lease_owner.is_(None), Batch.lease_expires_at < _NOW, Batch.lease_owner == _OWNER)
+                 & or_(Batch.next_attempt_at.is_(None), Batch.next_attempt_at <= _NOW))
+_CLAIMABLE = (select(_BATCHES.c.id).where(_BATCHES.c.status.in_(OPEN_BATCH_STATUSES), _FREE_AND_DUE)
+              .order_by(_BATCHES.c.created_at).limit(bindparam("b_limit", type_=Integer)))
+_STARTING = Batch.status == VALIDATING
+_TAKE_LEASE = (
+    update(Batch)
+    .where(Batch.id == _BATCH_ID, Batch.status.in_(OPEN_BATCH_STATUSES), _FREE_AND_DUE)
+    .values(lease_owner=_OWNER, lease_expires_at=bindparam("b_expires", type_=Batch.lease_expires_at.type),
+            updated_at=_NOW, status=case((_STARTING, IN_PROGRESS), else_=Batch.status),
+            in_progress_at=case((_STARTING, _NOW), else_=Batch.in_progress_at))
+    .returning(Batch)
+    .execution_options(synchronize_session=False)
+)
 
 
 def claimable(session: Session, owner: str, now: datetime, limit: int) -> list[str]:
     """Open batches whose lease is free, expired or already ours and that are not backing off, oldest first
     (so batches waiting out a backoff never crowd out the others)."""
-    query = (select(Batch.id).where(Batch.status.in_(OPEN_BATCH_STATUSES), _free_and_due(owner, now))
-             .order_by(Batch.created_at).limit(limit))
-    return list(session.execute(query).scalars())
+    return list(session.execute(_CLAIMABLE, {"b_owner": owner, "b_now": now, "b_limit": limit}).scalars())
+
+
+def lease(session: Session, batch_id: str, owner: str, now: datetime, lease_s: float) -> Batch | None:
+    """Takes or renews the lease (free, expired, or ours; not backing off), validating -> in_progress on
+    first take, in one UPDATE; the batch as it is now, or None when the lease is not ours. Commits."""
+    params = {"b_batch_id": batch_id, "b_owner": owner, "b_now": now,
+              "b_expires": now + timedelta(seconds=lease_s)}
+    batch = session.execute(_TAKE_LEASE, params).scalar_one_or_none()
+    session.commit()
+    return batch
 
 
 def take_lease(session: Session, batch_id: str, owner: str, now: datetime, lease_s: float) -> bool:
-    """Takes or renews the lease (free, expired, or ours; not backing off); validating -> in_progress on
-    first take."""
-    result = session.execute(
-        update(Batch).where(Batch.id == batch_id, Batch.status.in_(OPEN_BATCH_STATUSES),
-                            _free_and_due(owner, now))
-        .values(lease_owner=owner, lease_expires_at=now + timedelta(seconds=lease_s), updated_at=now)
-        .execution_options(synchronize_session=False)
-    )
-    taken: bool = result.rowcount == 1  # type: ignore[attr-defined]
-    if taken:
-        session.execute(
-            update(Batch).where(Batch.id == batch_id, Batch.status == VALIDATING)
-            .values(status=IN_PROGRESS, in_progress_at=now).execution_options(synchronize_session=False)
-        )
-    session.commit()
-    return taken
+    """`lease`, for callers that only need to know it is theirs."""
+    return lease(session, batch_id, owner, now, lease_s) is not None
 
 
 def release_lease(session: Session, batch_id: str, owner: str) -> None:
@@ -273,11 +283,13 @@ def give_up(session: Session, batch_id: str, owner: str, errors: list[dict[str, 
 # --- reading the input ------------------------------------------------------------------------------
 
 
+_ACTIVE_LINES = (select(func.count()).select_from(_LINES)
+                 .where(_LINES.c.batch_id == _BATCH_ID, _LINES.c.status == LINE_QUEUED))
+
+
 def active_lines(session: Session, batch_id: str) -> int:
-    query = select(func.count()).select_from(BatchLine).where(
-        BatchLine.batch_id == batch_id, BatchLine.status == LINE_QUEUED
-    )
-    return int(session.execute(query).scalar_one())
+    """The batch's lines queued or running (their job not final yet)."""
+    return int(session.execute(_ACTIVE_LINES, {"b_batch_id": batch_id}).scalar_one())
 
 
 def seen_custom_ids(session: Session, batch_id: str) -> set[str]:
@@ -286,26 +298,51 @@ def seen_custom_ids(session: Session, batch_id: str) -> set[str]:
     return {custom_id for (custom_id,) in session.execute(query)}
 
 
+def queued_line(batch_id: str, line: int, custom_id: str, job_id: str) -> dict[str, Any]:
+    """The batch_lines row of a valid line, its job queued (for commit_chunk)."""
+    return {"batch_id": batch_id, "line": line, "custom_id": custom_id, "status": LINE_QUEUED,
+            "job_id": job_id}
+
+
+def failed_line(batch_id: str, line: int, custom_id: str | None, error: dict[str, Any]) -> dict[str, Any]:
+    """The batch_lines row of an invalid line (for commit_chunk): failed with `error`, no job."""
+    return {"batch_id": batch_id, "line": line, "custom_id": custom_id, "status": LINE_FAILED, "error": error}
+
+
 def commit_chunk(session: Session, batch_id: str, owner: str, position: ChunkPosition,
-                 lines: list[BatchLine], new_jobs: list[Job], now: datetime) -> bool:
-    """Inserts the chunk's lines and jobs and advances the read position, all or nothing. False (rolled
+                 lines: list[dict[str, Any]], new_jobs: list[dict[str, Any]], now: datetime) -> bool:
+    """Inserts the chunk's lines (rows of queued_line / failed_line) and jobs (rows of jobs.build_row) and
+    advances the read position, all or nothing: one UPDATE and an executemany per kind of row. False (rolled
     back) when the lease is no longer ours, the batch stopped running, or another runner got here first."""
-    invalid = sum(1 for line in lines if line.status == LINE_FAILED)
-    result = session.execute(
-        update(Batch).where(Batch.id == batch_id, Batch.lease_owner == owner, Batch.status == IN_PROGRESS,
-                            Batch.read_line == position.start_line)
-        .values(read_line=position.next_line, read_offset=position.next_offset, read_done=position.done,
-                total=Batch.total + len(lines), failed=Batch.failed + invalid, updated_at=now)
-        .execution_options(synchronize_session=False)
-    )
+    failed = [line for line in lines if line["status"] == LINE_FAILED]
+    queued = [line for line in lines if line["status"] != LINE_FAILED]
+    result = session.execute(_ADVANCE_READING, {
+        "b_batch_id": batch_id, "b_owner": owner, "b_start_line": position.start_line,
+        "b_next_line": position.next_line, "b_next_offset": position.next_offset, "b_done": position.done,
+        "b_lines": len(lines), "b_failed": len(failed), "b_now": now})
     if result.rowcount != 1:  # type: ignore[attr-defined]
         session.rollback()
         return False
-    session.add_all(new_jobs)
-    session.flush()  # jobs before the lines that name them
-    session.add_all(lines)
+    jobs.insert_rows(session, new_jobs)  # before the lines that name them
+    # Two statements: an executemany takes one set of columns, and a queued line's error stays SQL NULL.
+    for rows in (queued, failed):
+        if rows:
+            session.execute(_INSERT_LINE, rows)
     session.commit()
     return True
+
+
+_ADVANCE_READING = (
+    update(_BATCHES)
+    .where(_BATCHES.c.id == _BATCH_ID, _BATCHES.c.lease_owner == _OWNER, _BATCHES.c.status == IN_PROGRESS,
+           _BATCHES.c.read_line == bindparam("b_start_line", type_=Integer))
+    .values(read_line=bindparam("b_next_line", type_=Integer),
+            read_offset=bindparam("b_next_offset", type_=_BATCHES.c.read_offset.type),
+            read_done=bindparam("b_done", type_=_BATCHES.c.read_done.type),
+            total=_BATCHES.c.total + bindparam("b_lines", type_=Integer),
+            failed=_BATCHES.c.failed + bindparam("b_failed", type_=Integer), updated_at=_NOW)
+)
+_INSERT_LINE = _LINES.insert()
 
 
 # --- finishing --------------------------------------------------------------------------------------
@@ -339,16 +376,25 @@ def start_finalizing(session: Session, batch_id: str, owner: str, now: datetime)
     return result.rowcount == 1  # type: ignore[attr-defined,no-any-return]
 
 
+# What an output line is written from: the line's columns, and its job's but for the request (messages,
+# inputs: possibly large, and already answered), read as plain rows: no ORM object per line.
+_LINE_FIELDS = Bundle("line", BatchLine.line, BatchLine.custom_id, BatchLine.status, BatchLine.error)
+_JOB_FIELDS = Bundle(
+    "job", Job.id, Job.status, Job.queue, Job.params, Job.meta, Job.chat, Job.prompt, Job.result_text,
+    Job.finish_reason, Job.prompt_tokens, Job.completion_tokens, Job.cached_tokens, Job.draft_tokens,
+    Job.accepted_draft_tokens, Job.logprobs, Job.choices, Job.prompt_logprobs, Job.embeddings,
+    Job.error_code, Job.error_message, Job.finished_at)
+_LINES_IN_ORDER = (select(_LINE_FIELDS, _JOB_FIELDS).outerjoin(Job, Job.id == BatchLine.job_id)
+                   .where(BatchLine.batch_id == _BATCH_ID).order_by(BatchLine.line))
+
+
 def lines_in_order(session: Session, batch_id: str, yield_per: int = 500,
-                   ) -> Iterator[tuple[BatchLine, Job | None]]:
-    """Every line of the batch by line number, with its job; streamed, never all in memory."""
-    query = (
-        select(BatchLine, Job).outerjoin(Job, Job.id == BatchLine.job_id)
-        .where(BatchLine.batch_id == batch_id).order_by(BatchLine.line)
-        .execution_options(yield_per=yield_per)
-    )
-    for line, job in session.execute(query):  # noqa: UP028 (rows, unpacked into plain tuples)
-        yield line, job
+                   ) -> Iterator[tuple[Row[Any], Row[Any] | None]]:
+    """Every line of the batch by line number, with its job (None for an invalid line), as rows with the
+    attributes of BatchLine and Job that outputs are written from; streamed, never all in memory."""
+    rows = session.execute(_LINES_IN_ORDER.execution_options(yield_per=yield_per), {"b_batch_id": batch_id})
+    for line, job in rows:
+        yield line, job if job.id is not None else None
 
 
 def final_status(batch: Batch) -> str:

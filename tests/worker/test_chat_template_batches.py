@@ -12,12 +12,12 @@ from typing import Any
 from conveyor.api.prompt_tokenizer import PromptTokenizer
 from conveyor.checkpoints.chat_template import resolve_chat_template
 from conveyor.core.protocol.chat_options import ChatOptions
+from conveyor.core.protocol.service_tiers import PriorityRange
 from conveyor.core.settings import Settings
-from conveyor.core.store.database import make_db_engine, make_session_factory
 from conveyor.core.store.tables import Batch
 from conveyor.engine.tokenizer import Tokenizer
 from conveyor.worker.batches.lines import BatchRequest, CustomIdSet, LineError, parse_line
-from conveyor.worker.batches.runner import BatchRunner
+from conveyor.worker.batches.model_limits import ModelLimits
 
 WEATHER: dict[str, Any] = {"type": "function", "function": {
     "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
@@ -37,10 +37,9 @@ def test_a_line_for_a_model_with_chatml_tools_is_judged_and_counted_with_it(
     settings = Settings(database_url=migrated_sqlite_url, models={
         "own": {"path": str(demo_model_dir)}, "bare": {"path": str(demo_model_dir), "chat_template": BARE},
         "tools": {"path": str(demo_model_dir), "chat_template": "chatml-tools"}})
-    sessions = make_session_factory(make_db_engine(migrated_sqlite_url))
-    runner = BatchRunner(sessions, settings.for_model("own"), lambda job_id, lane: None, "runner-own",
-                         tokenizer=Tokenizer(demo_model_dir), s3=None)
-    limits = runner._limits(Batch(id="batch_1", tenant_id="default", endpoint=None, queue="documents"))
+    of_own = ModelLimits(settings.for_model("own"), Tokenizer(demo_model_dir))
+    batch = Batch(id="batch_1", tenant_id="default", endpoint=None, queue="documents")
+    limits = of_own.of_chunk(batch, PriorityRange(), {})
     seen = CustomIdSet()
 
     def parsed(custom_id: str, model: str) -> BatchRequest | LineError:

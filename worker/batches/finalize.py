@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
+from sqlalchemy import Row
 from sqlalchemy.orm import Session, sessionmaker
 
 from conveyor.core.clock import utcnow
@@ -51,7 +52,7 @@ from conveyor.core.protocol.job_params import JobParams
 from conveyor.core.s3 import parse_s3_object_url, parse_s3_prefix_url
 from conveyor.core.settings import Settings
 from conveyor.core.store import batches, blobs, files, webhook_events
-from conveyor.core.store.tables import Batch, BatchLine, File, Job
+from conveyor.core.store.tables import Batch, File
 from conveyor.core.views.anthropic_objects import message_id, message_object
 from conveyor.core.views.embedding_objects import embedding_list
 from conveyor.core.views.message_batch_objects import succeeded_line, unsucceeded_line
@@ -223,7 +224,7 @@ class BatchFinalizer:
         if not batch.read_done:
             yield from self._unread(batch, outcome)
 
-    def _line(self, batch: Batch, row: BatchLine, job: Job | None, outcome: _Outcome,
+    def _line(self, batch: Batch, row: Row[Any], job: Row[Any] | None, outcome: _Outcome,
               ) -> tuple[bool, dict[str, Any]]:
         manifest = outcome.manifest
         manifest.total += 1
@@ -239,7 +240,7 @@ class BatchFinalizer:
             manifest.record_failed()
         return False, _error_line(batch, custom_id, row.line, code, message, refused=row.error is not None)
 
-    def _result_line(self, custom_id: str, job: Job, meta: dict[str, Any]) -> dict[str, Any]:
+    def _result_line(self, custom_id: str, job: Row[Any], meta: dict[str, Any]) -> dict[str, Any]:
         model = meta.get("model") or job_model_id(job.queue, job.params)
         if meta.get("endpoint") == EMBEDDINGS:
             assert job.embeddings is not None, "a succeeded embedding job holds its vectors"
@@ -329,7 +330,7 @@ def _error_line(batch: Batch, custom_id: str | None, line: int, code: str, messa
     return batch_error_line(custom_id, line=line, code=code, message=message, line_id=new_id("batch_req_"))
 
 
-def _error_of(row: BatchLine, job: Job | None) -> tuple[str, str]:
+def _error_of(row: Row[Any], job: Row[Any] | None) -> tuple[str, str]:
     if row.error is not None:
         return str(row.error["code"]), str(row.error["message"])
     if row.status == LINE_CANCELLED or job is None or job.status in ("scheduled", "queued", "running"):

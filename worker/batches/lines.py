@@ -25,6 +25,7 @@ a way nobody foresaw) becomes that line's `invalid_line` error, logged with its 
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Callable
@@ -81,6 +82,7 @@ log = logging.getLogger(__name__)
 
 ENDPOINTS = (CHAT, COMPLETIONS, EMBEDDINGS, MESSAGES)
 MAX_CUSTOM_ID_CHARS = 512
+ENGINE_CHECKS_KEPT = 1024  # distinct params whose engine check is remembered
 
 _LINE_FIELDS = {"custom_id", "body", "method", "url"}
 # A refusal naming these is invalid_body, any other invalid_parameter.
@@ -210,12 +212,12 @@ def parse_line(number: int, raw: RawLine, seen: CustomIdSet, limits: LineLimits 
             raise LineRejected("duplicate_custom_id", f"custom_id {custom_id!r} appears more than once")
         chosen = _limits_of_line(line, limits)
         request = _request(number, custom_id, line, chosen)
-        count = _counted_inputs if request.kind == EMBEDDING else _counted
-        request = count(request, chosen)
+        tokens = (_counted_inputs if request.kind == EMBEDDING else _counted)(request, chosen)
+        params = request.params
         if request.model in chosen.adapters:  # run by the base model's workers, with the adapter
-            request = replace(request, params=with_lora(request.params, request.model))
-        _check_engine_params(request)
-        return replace(request, lane=chosen.lane)
+            params = with_lora(params, request.model)
+        _check_engine_params(request.kind, params)
+        return replace(request, params=params, prompt_tokens=tokens, lane=chosen.lane)
     except LineRejected as error:
         return LineError(number, custom_id, error.code, str(error))
     except Exception as error:  # a line must never fail its batch, whatever judging it raised
@@ -418,18 +420,29 @@ def _job_params(request: OpenAIRequest) -> dict[str, Any]:
     max_tokens = request.requested_max_tokens()
     if max_tokens is not None:
         params["max_tokens"] = max_tokens
-    return JobParams.written(params)
+    return params  # in their stored form once chat_options' job_params has added its own (JobParams.written)
 
 
-def _check_engine_params(request: BatchRequest) -> None:
+def _check_engine_params(kind: str, params: dict[str, Any]) -> None:
     """Last, the engine's own rules over the params the job will run with."""
+    problem = _engine_refusal(kind, json.dumps(params, sort_keys=True, separators=(",", ":")))
+    if problem is not None:
+        raise LineRejected("invalid_parameter", problem)
+
+
+@functools.lru_cache(maxsize=ENGINE_CHECKS_KEPT)
+def _engine_refusal(kind: str, params_json: str) -> str | None:
+    """What the engine refuses in these stored params (as canonical JSON: the key of a pure function's
+    results, since the lines of a batch mostly share their params), or None."""
+    params = json.loads(params_json)
     try:
-        if request.kind == EMBEDDING:
-            pooling_params_from_json(request.params)
+        if kind == EMBEDDING:
+            pooling_params_from_json(params)
         else:
-            sampling_params_from_json(request.params)
+            sampling_params_from_json(params)
     except ValueError as error:
-        raise LineRejected("invalid_parameter", str(error)) from None
+        return str(error)
+    return None
 
 
 def _line_code(refusal: Refusal) -> str:
@@ -440,20 +453,20 @@ def _line_code(refusal: Refusal) -> str:
     return "invalid_body" if refusal.param is None or root in _BODY_PARAMS else "invalid_parameter"
 
 
-def _counted(request: BatchRequest, limits: LineLimits) -> BatchRequest:
+def _counted(request: BatchRequest, limits: LineLimits) -> int:
     """The request rules every door shares (core/protocol/request_limits.py), with each prompt's tokens
-    counted between the two steps; the request carries their sum."""
+    counted between the two steps; their sum (the request's own count when no tokenizer counts them)."""
     sizes, rules = request.sizes(), limits.request_limits()
     for size in sizes:
         _reject(size_problem(size, rules))
     if limits.count_tokens is None:
-        return request
+        return request.prompt_tokens
     total = 0
     for size in sizes:
         tokens = _prompt_tokens(request, size, limits.count_tokens)
         _reject(tokens_problem(size, tokens, rules))
         total += tokens
-    return replace(request, prompt_tokens=total)
+    return total
 
 
 def _prompt_tokens(request: BatchRequest, size: RequestSize, count: Callable[[BatchRequest], int]) -> int:
@@ -468,22 +481,22 @@ def _prompt_tokens(request: BatchRequest, size: RequestSize, count: Callable[[Ba
         raise _rejected(tokenizer_problem(size, error)) from None
 
 
-def _counted_inputs(request: BatchRequest, limits: LineLimits) -> BatchRequest:
+def _counted_inputs(request: BatchRequest, limits: LineLimits) -> int:
     """An embeddings line's inputs judged as POST /v1/embeddings judges them
-    (core/protocol/embedding_rules.py): before tokenizing, then each text input's tokens; the request carries
-    the tokens its job will embed."""
+    (core/protocol/embedding_rules.py): before tokenizing, then each text input's tokens; the tokens its job
+    will embed (the request's own count when not judged)."""
     assert request.inputs is not None
     rules = limits.embedding
     if rules is None:
-        return request
+        return request.prompt_tokens
     params = JobParams.from_stored(request.params)
     truncate, dimensions = params.truncate, params.dimensions
     _reject(inputs_problem(request.inputs, dimensions, truncate, rules))
     if limits.count_input is None:
-        return request
+        return request.prompt_tokens
     lengths = input_lengths(request.inputs, limits.count_input)
     _reject(lengths_problem(lengths, truncate, rules))
-    return replace(request, prompt_tokens=embedded_tokens(lengths, truncate, rules))
+    return embedded_tokens(lengths, truncate, rules)
 
 
 def _reject(problem: FieldProblem | None) -> None:

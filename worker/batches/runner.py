@@ -5,7 +5,9 @@ worker's batches pass to another runner) and, per batch, does one step:
 - in_progress, input not finished: read and parse up to CHUNK_LINES lines from the saved read position, and
   commit them as one chunk (lines, a queued job per valid line, the new position), keeping at most
   batch_window_jobs of the batch's jobs queued or running; then publish the new jobs (the reconciler
-  re-publishes any whose publish failed);
+  re-publishes any whose publish failed). A chunk is read once the window has room for half of it
+  (worker/batches/pacing.py: a chunk's fixed costs are shared by many lines), the wait until then timed by
+  the pace the batch's lines end at;
 - input finished and no line queued or running: finalizing;
 - finalizing or cancelling: write the outputs and close the batch (worker/batches/finalize.py).
 A runner that resumes a batch reopens the input at the committed position (one ranged GET on S3) and rebuilds
@@ -24,7 +26,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass, replace
+import time
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -37,35 +40,28 @@ from conveyor.core.lifecycle import (
     CANCELLING,
     FINALIZING,
     IN_PROGRESS,
-    LINE_FAILED,
-    LINE_QUEUED,
     STOP_EXPIRED,
     STOP_FAILED,
 )
-from conveyor.core.protocol.embedding_rules import EmbeddingLimits
-from conveyor.core.protocol.job_params import JobParams
-from conveyor.core.protocol.model_limits import model_context_length, served_max_model_len
-from conveyor.core.protocol.model_task import model_task
-from conveyor.core.protocol.openai_request import Served
-from conveyor.core.protocol.service_tiers import PriorityRange, takes_default_deadline
+from conveyor.core.protocol.job_params import DEFAULT_MAX_TOKENS
+from conveyor.core.protocol.service_tiers import takes_default_deadline
 from conveyor.core.s3 import make_s3_client
 from conveyor.core.seams.dispatch import Publish, publish_and_mark
 from conveyor.core.settings import Settings
 from conveyor.core.store import batches, finish_times, jobs, lora_adapters, tenants
-from conveyor.core.store.tables import Batch, BatchLine, Job
+from conveyor.core.store.tables import Batch
 from conveyor.core.store.tenants import TenantLimits
-from conveyor.engine.tokenizer import Tokenizer
 from conveyor.worker.batches.finalize import BatchFinalizer, OutputWriteError, describe_error
 from conveyor.worker.batches.lines import (
     BatchRequest,
     CustomIdSet,
     LimitsOfModel,
     LineError,
-    LineLimits,
-    LineRejected,
     parse_line,
 )
-from conveyor.worker.batches.prompt_length import ChatTokenizer, embedding_input_counter, prompt_token_counter
+from conveyor.worker.batches.model_limits import ModelLimits
+from conveyor.worker.batches.pacing import RefillPace
+from conveyor.worker.batches.prompt_length import ChatTokenizer
 from conveyor.worker.batches.reader import LineStream, ReadPosition
 from conveyor.worker.batches.source import open_input
 
@@ -74,7 +70,10 @@ log = logging.getLogger(__name__)
 CHUNK_LINES = 500  # lines committed per transaction at most
 MAX_BATCHES = 8  # batches one runner drives at once
 STOP_WAIT_S = 10.0  # how long stop() waits for a round in progress
-IDLE_S = 0.25  # the pause after a round that moved nothing (a full window refills at most this late)
+IDLE_S = 0.25  # the pause after a round that moved nothing (but see PACED_WAIT_INTERVALS)
+# A round whose batches all wait for room at a known pace pauses until the first of them should have it, at
+# most this many intervals: a new batch, a cancel or an expiry is then seen that much later (1 s by default).
+PACED_WAIT_INTERVALS = 4
 
 
 @dataclass(frozen=True)
@@ -100,6 +99,12 @@ class _OpenInput:
     next_line: int  # the stream's position as committed; a mismatch means another runner moved it
 
 
+@dataclass
+class _ChunkContext:
+    limits: LimitsOfModel
+    paces: dict[str, finish_times.Pace | None]  # by lane: the default model's read with the limits
+
+
 class BatchRunner:
     def __init__(self, sessions: sessionmaker[Session], settings: Settings, publish: Publish, owner: str, *,
                  tokenizer: ChatTokenizer | None, s3: Any, chunk_lines: int = CHUNK_LINES,
@@ -109,11 +114,13 @@ class BatchRunner:
         self.owner = owner
         self._sessions, self._settings, self._publish = sessions, settings, publish
         self._s3, self._chunk_lines = s3, chunk_lines
-        self._tokenizers: dict[str, ChatTokenizer | None] = {settings.served_model_id(): tokenizer}
-        self._counts_tokens = tokenizer is not None
+        self._limits = ModelLimits(settings, tokenizer)
         self._backoff = backoff or BatchBackoff()
         self._interval_s = min(settings.reconcile_interval_s, IDLE_S) if interval_s is None else interval_s
         self._finalizer = BatchFinalizer(sessions, settings, owner, s3)
+        self._refill = RefillPace(settings.batch_window_jobs, chunk_lines)
+        self._pause_s = self._interval_s  # after this round, if it moved nothing
+        self._waits: dict[str, float] = {}  # this round's batches waiting for room: how long
         self._inputs: dict[str, _OpenInput] = {}
         self._loop = BackgroundLoop("batch-runner", self._run_rounds)
 
@@ -127,22 +134,28 @@ class BatchRunner:
         self._close_inputs()
 
     def run_once(self) -> bool:
-        """One round over the batches this runner can hold; True when any of them moved."""
+        """One round over the batches this runner can hold; True when any of them wants its next round at once
+        (it moved and can move again now), else the pause until the next one is set."""
         with self._sessions() as session:
             ids = batches.claimable(session, self.owner, utcnow(), MAX_BATCHES)
+        self._waits = {}
         moved = False
+        lease_s = self._settings.worker_dead_after_s
         for batch_id in ids:
             with self._sessions() as session:
-                if not batches.take_lease(session, batch_id, self.owner, utcnow(),
-                                          self._settings.worker_dead_after_s):
-                    self._drop_input(batch_id)
-                    continue
-            moved = self._round(batch_id) or moved
+                batch = batches.lease(session, batch_id, self.owner, utcnow(), lease_s)
+            if batch is None:
+                self._drop_input(batch_id)
+                continue
+            moved = self._round(batch) or moved
+        self._pause_s = min((self._waits.get(batch_id, self._interval_s) for batch_id in ids),
+                            default=self._interval_s)
         return moved
 
-    def _round(self, batch_id: str) -> bool:
+    def _round(self, batch: Batch) -> bool:
+        batch_id = batch.id
         try:
-            return self._step(batch_id)
+            return self._step(batch)
         except Exception as exc:  # one batch's trouble (S3, store) must not stall the others: it backs off
             self._drop_input(batch_id)
             try:
@@ -152,7 +165,8 @@ class BatchRunner:
             return False
 
     def _run_rounds(self, stop: threading.Event) -> None:
-        """Round after round while batches move; a pause of interval_s after a round that moved none."""
+        """Round after round while batches move; a pause after a round that moved none: interval_s, or less
+        when a batch's window will have room for a chunk sooner."""
         while not stop.is_set():
             try:
                 moved = self.run_once()
@@ -160,22 +174,20 @@ class BatchRunner:
                 log.exception("batch runner round failed")
                 moved = False
             if not moved:
-                stop.wait(self._interval_s)
+                stop.wait(self._pause_s)
 
     # --- one batch --------------------------------------------------------------------------------
 
-    def _step(self, batch_id: str) -> bool:
-        with self._sessions() as session:
-            batch = batches.get(session, batch_id)
-            if batch is None:
-                return False
-            if batch.status == CANCELLING:
-                batches.cancel_active_jobs(session, batch_id, utcnow())  # jobs added while cancel ran
+    def _step(self, batch: Batch) -> bool:
+        """`batch` as its lease was taken, this round."""
+        if batch.status == CANCELLING:
+            with self._sessions() as session:
+                batches.cancel_active_jobs(session, batch.id, utcnow())  # jobs added while cancel ran
                 session.commit()
         moved = self._advance(batch)
         if batch.failure_count:  # this round went through: the failures before it no longer count
             with self._sessions() as session:
-                batches.clear_failures(session, batch_id)
+                batches.clear_failures(session, batch.id)
         return moved
 
     def _advance(self, batch: Batch) -> bool:
@@ -239,12 +251,14 @@ class BatchRunner:
 
     def _read_chunk(self, batch: Batch, now: datetime) -> bool:
         with self._sessions() as session:
-            room = self._settings.batch_window_jobs - batches.active_lines(session, batch.id)
-        if room <= 0:
+            active = batches.active_lines(session, batch.id)
+            context = self._context(session, batch, now) if self._refill.ready(active) else None
+        if context is None:
+            self._wait_for_room(batch.id, active)
             return False
         try:
             source = self._input(batch)
-            lines, new_jobs, done = self._parse_chunk(batch, source, room, now)
+            lines, new_jobs, done = self._parse_chunk(batch, source, self._refill.room(active), now, context)
         except Exception as exc:  # the input is gone, unreadable, or changed under us
             log.warning("batch %s: input %s could not be read: %s", batch.id, batch.input_url, exc)
             message = f"the input could not be read: {type(exc).__name__}"
@@ -260,18 +274,36 @@ class BatchRunner:
             self._drop_input(batch.id)
             return False
         source.next_line = position.next_line
+        self._refill.read(batch.id, active, len(new_jobs), time.monotonic())
         if done:
             self._drop_input(batch.id)
-        publish_and_mark(self._sessions, self._publish, [(job.id, job.queue) for job in new_jobs])
-        return True
+        publish_and_mark(self._sessions, self._publish, [(job["id"], job["queue"]) for job in new_jobs])
+        if done or self._refill.ready(active + len(new_jobs)):
+            return True  # on to finalizing, or room for more already
+        self._wait_for_room(batch.id, active + len(new_jobs))
+        return False
 
-    def _parse_chunk(self, batch: Batch, source: _OpenInput, room: int, now: datetime,
-                     ) -> tuple[list[BatchLine], list[Job], bool]:
+    def _wait_for_room(self, batch_id: str, active: int) -> None:
+        """The next round comes no later than when the batch's window should have room for a chunk."""
+        self._waits[batch_id] = self._refill.wait_s(batch_id, active, time.monotonic(), self._interval_s,
+                                                    PACED_WAIT_INTERVALS * self._interval_s)
+
+    def _context(self, session: Session, batch: Batch, now: datetime) -> _ChunkContext:
+        """What a chunk's lines are judged and scheduled by, read in the session of its window check: the
+        tenant's priorities, the adapters loaded at run time, the pace of the batch's own lane."""
+        defaults = TenantLimits.defaults(self._settings)
+        priorities = tenants.effective_limits(session, batch.tenant_id, defaults).priorities
+        runtime = {row.name: (row.model_id, row.tenants) for row in lora_adapters.all_adapters(session)}
+        lane = lane_of(self._settings.model_id_of(None), batch.queue)  # where most lines go
+        pace = finish_times.queue_pace(session, lane, now, self._settings.worker_dead_after_s)
+        return _ChunkContext(self._limits.of_chunk(batch, priorities, runtime), {lane: pace})
+
+    def _parse_chunk(self, batch: Batch, source: _OpenInput, room: int, now: datetime, context: _ChunkContext,
+                     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], bool]:
         """Up to `room` valid lines (and the invalid ones among them), at most chunk_lines in all."""
-        limits = self._limits(batch)
-        paces: dict[str, finish_times.Pace | None] = {}
-        lines: list[BatchLine] = []
-        new_jobs: list[Job] = []
+        limits, paces = context.limits, context.paces
+        lines: list[dict[str, Any]] = []  # batches.queued_line / failed_line rows
+        new_jobs: list[dict[str, Any]] = []  # jobs.build_row rows
         while len(new_jobs) < room and len(lines) < self._chunk_lines:
             try:
                 number, raw = next(source.stream)
@@ -284,8 +316,7 @@ class BatchRunner:
                     paces[parsed.lane] = self._pace(parsed.lane, now)
                 job = _new_job(batch, parsed, now, paces[parsed.lane])
                 new_jobs.append(job)
-                lines.append(BatchLine(batch_id=batch.id, line=number, custom_id=parsed.custom_id,
-                                       status=LINE_QUEUED, job_id=job.id))
+                lines.append(batches.queued_line(batch.id, number, parsed.custom_id, job["id"]))
             else:
                 lines.append(_failed_line(batch.id, parsed, source.seen))
         return lines, new_jobs, False
@@ -293,68 +324,6 @@ class BatchRunner:
     def _pace(self, lane: str, now: datetime) -> finish_times.Pace | None:
         with self._sessions() as session:
             return finish_times.queue_pace(session, lane, now, self._settings.worker_dead_after_s)
-
-    def _limits(self, batch: Batch) -> LimitsOfModel:
-        """The limits of each line by the model it names, made once per model and chunk."""
-        priorities = self._priorities(batch.tenant_id)
-        made: dict[str, LineLimits] = {}
-        with self._sessions() as session:  # the adapters loaded at run time, as of this chunk
-            runtime = {row.name: (row.model_id, row.tenants) for row in lora_adapters.all_adapters(session)}
-
-        def of_model(asked: str | None) -> LineLimits:
-            # UnknownModelError: the line's model_not_found
-            model_id = runtime[asked][0] if asked in runtime else self._settings.model_id_of(asked)
-            if model_id not in made:
-                made[model_id] = self._model_limits(batch, model_id, priorities, runtime)
-            limits = made[model_id]
-            is_adapter = asked in runtime or (asked is not None and self._settings.adapter_base(asked))
-            if is_adapter and asked not in limits.adapters:
-                raise self._settings.unknown_model(str(asked))  # an adapter this tenant may not use
-            return limits
-
-        return of_model
-
-    def _model_limits(self, batch: Batch, model_id: str, priorities: PriorityRange,
-                      runtime: dict[str, tuple[str, list[str] | None]]) -> LineLimits:
-        settings = self._settings.for_model(model_id)
-        queue = settings.queue(batch.queue)
-        if queue is None:
-            raise LineRejected("unknown_queue", f"model: the model `{model_id}` has no {batch.queue} queue, "
-                               "the batch's")
-        tokenizer = self._tokenizer_of(model_id, settings)
-        counter = prompt_token_counter(tokenizer) if tokenizer is not None else None
-        # The engine tokenizer's template decides the chat roles, as the API's does for its routes.
-        template = getattr(tokenizer, "chat_template", None)
-        task = model_task(settings.model_folder(), settings.task or "auto")
-        adapters = _adapters_of(settings, batch, runtime)
-        served = Served.of(settings, template)
-        tokenizer_vocab = getattr(tokenizer, "vocab_size", None)
-        embedding = EmbeddingLimits.of_model(settings, task, tokenizer_vocab)
-        count_input = embedding_input_counter(tokenizer, task) if tokenizer is not None else None
-        return LineLimits(endpoint=batch.endpoint, max_prompt_tokens=queue.max_prompt_tokens,
-                          count_tokens=counter, max_output_tokens=queue.max_output_tokens,
-                          served=replace(served, models=(*served.models, *adapters)),
-                          max_model_len=_max_model_len(settings), queue=batch.queue,
-                          lane=lane_of(model_id, batch.queue), priorities=priorities, task=task,
-                          embedding=embedding, count_input=count_input, adapters=adapters,
-                          vocab_size=task.vocab_size or tokenizer_vocab)
-
-    def _tokenizer_of(self, model_id: str, settings: Settings) -> ChatTokenizer | None:
-        """The model's tokenizer: this worker's own, or another served model's read from its folder once."""
-        if model_id not in self._tokenizers:
-            try:
-                folder = settings.model_folder()
-                self._tokenizers[model_id] = (Tokenizer(folder, settings.chat_template_text())
-                                              if self._counts_tokens else None)
-            except OSError as exc:  # the folder is not where this worker can read it
-                raise LineRejected("model_unavailable", f"model: this worker cannot read the tokenizer of "
-                                   f"`{model_id}` from {settings.model_source()} ({exc})") from None
-        return self._tokenizers[model_id]
-
-    def _priorities(self, tenant_id: str) -> PriorityRange:
-        with self._sessions() as session:
-            limits = tenants.effective_limits(session, tenant_id, TenantLimits.defaults(self._settings))
-        return limits.priorities
 
     # --- open inputs ------------------------------------------------------------------------------
 
@@ -372,6 +341,7 @@ class BatchRunner:
         return opened
 
     def _drop_input(self, batch_id: str) -> None:
+        self._refill.forget(batch_id)
         opened = self._inputs.pop(batch_id, None)
         if opened is not None:
             opened.stream.close()
@@ -381,9 +351,10 @@ class BatchRunner:
             self._drop_input(batch_id)
 
 
-def _new_job(batch: Batch, request: BatchRequest, now: datetime, pace: finish_times.Pace | None) -> Job:
-    """The queued job of one valid line, built by the store's own constructor: its batch_id column names the
-    batch (fair share's stream), its metadata the line it answers (shown under /v1/jobs, as
+def _new_job(batch: Batch, request: BatchRequest, now: datetime, pace: finish_times.Pace | None,
+             ) -> dict[str, Any]:
+    """The queued job row of one valid line, built by the store's own constructor: its batch_id column names
+    the batch (fair share's stream), its metadata the line it answers (shown under /v1/jobs, as
     docs/guides/batches.md says), its prompt_tokens are the tokens the line was judged by, and its latest
     start is its deadline less its run time at the queue's pace (core/store/finish_times.py)."""
     assert not isinstance(request.prompt, list), "a completions line's token ids are its job's inputs"
@@ -406,14 +377,14 @@ def _new_job(batch: Batch, request: BatchRequest, now: datetime, pace: finish_ti
                       chat=request.chat, priority=request.priority, deadline_s=deadline_s,
                       start_by=_start_by(request, deadline_s, now, pace), service_tier=request.service_tier,
                       kind=request.kind, inputs=request.inputs)
-    return jobs.build(new, now)
+    return jobs.build_row(new, now)
 
 
 def _start_by(request: BatchRequest, deadline_s: float | None, now: datetime, pace: finish_times.Pace | None,
               ) -> datetime | None:
     if deadline_s is None:
         return None
-    max_tokens = JobParams.from_stored(request.params).max_tokens
+    max_tokens = request.params.get("max_tokens", DEFAULT_MAX_TOKENS)  # stored params: already judged
     run_s = pace.run_s(request.prompt_tokens, max_tokens) if pace is not None else None
     return finish_times.latest_start(now, deadline_s, run_s)
 
@@ -432,28 +403,11 @@ def _window_left_s(batch: Batch, now: datetime) -> float | None:
     return max((batch.expires_at - now).total_seconds(), 1.0)
 
 
-def _failed_line(batch_id: str, parsed: LineError, seen: CustomIdSet) -> BatchLine:
+def _failed_line(batch_id: str, parsed: LineError, seen: CustomIdSet) -> dict[str, Any]:
     # The first line with a custom_id owns it (a later one is a duplicate), even when the line is invalid.
     owns_id = parsed.code != "duplicate_custom_id" and parsed.custom_id in seen
     error = {"code": parsed.code, "message": parsed.message, "custom_id": parsed.custom_id}
-    return BatchLine(batch_id=batch_id, line=parsed.line, custom_id=parsed.custom_id if owns_id else None,
-                     status=LINE_FAILED, error=error)
-
-
-def _adapters_of(settings: Settings, batch: Batch, runtime: dict[str, tuple[str, list[str] | None]],
-                 ) -> frozenset[str]:
-    """The LoRA adapters of the model (`settings` its own) that the batch's tenant may name: the
-    configuration's and those loaded at run time (`runtime`: name -> (model id, tenants))."""
-    specs = [(name, spec.tenants) for name, spec in settings.adapters().items()]
-    specs += [(name, tenants) for name, (model_id, tenants) in runtime.items()
-              if model_id == settings.served_model_id()]
-    return frozenset(name for name, tenants in specs if tenants is None or batch.tenant_id in tenants)
-
-
-def _max_model_len(settings: Settings) -> int | None:
-    """What the model's engine serves (the configured max_model_len within the model's), read from its
-    config.json: a line whose prompt + max_tokens exceed it is a line error, as at the sync routes."""
-    return served_max_model_len(settings.max_model_len, model_context_length(settings.model_folder()))
+    return batches.failed_line(batch_id, parsed.line, parsed.custom_id if owns_id else None, error)
 
 
 def _give_up_error(error: Exception, failures: int | None) -> dict[str, Any]:

@@ -27,7 +27,15 @@ from conveyor.core.store.jobs.dispatch_marks import (
     queued,
     undispatched,
 )
-from conveyor.core.store.jobs.inserts import NewJob, add, build, new_job_id, request_hash
+from conveyor.core.store.jobs.inserts import (
+    NewJob,
+    add,
+    build,
+    build_row,
+    insert_rows,
+    new_job_id,
+    request_hash,
+)
 from conveyor.core.store.jobs.outcomes import (
     Completion,
     Failure,
@@ -73,11 +81,11 @@ from conveyor.core.store.jobs.transitions import lock_in_id_order, status_is
 __all__ = [
     "DELETABLE_STATUSES", "EXPIRE_BATCH", "PROMOTE_BATCH", "AttemptState", "Completion", "DeadlineCounts",
     "Failure", "FirstToken", "JobDeletion", "NewJob", "Outcome", "RetryResult", "add", "adopt_bare_queued",
-    "attempt_states", "build", "by_idempotency_key", "cancel", "cancel_queued", "claim", "claim_ids",
-    "claim_many", "complete", "count_queued", "count_scheduled", "count_scheduled_in", "deadline_counts",
-    "delete_finished", "delete_rows", "dispatched_but_queued", "expire_overdue", "fail", "fail_lost",
-    "failures_since", "get", "get_many", "lock_in_id_order", "mark_dispatched", "new_job_id", "next_due",
-    "open_batch_of", "output_bound", "page", "promote_due", "queued", "record_first_token", "record_step",
-    "request_hash", "requeue_orphans", "requeue_unheld", "retry", "status_is", "succeeded_per_minute",
-    "undispatched", "used_retry_key",
+    "attempt_states", "build", "build_row", "by_idempotency_key", "cancel", "cancel_queued", "claim",
+    "claim_ids", "claim_many", "complete", "count_queued", "count_scheduled", "count_scheduled_in",
+    "deadline_counts", "delete_finished", "delete_rows", "dispatched_but_queued", "expire_overdue", "fail",
+    "fail_lost", "failures_since", "get", "get_many", "insert_rows", "lock_in_id_order", "mark_dispatched",
+    "new_job_id", "next_due", "open_batch_of", "output_bound", "page", "promote_due", "queued",
+    "record_first_token", "record_step", "request_hash", "requeue_orphans", "requeue_unheld", "retry",
+    "status_is", "succeeded_per_minute", "undispatched", "used_retry_key",
 ]

@@ -7,13 +7,13 @@ import threading
 import time
 from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from sqlalchemy import delete, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from conveyor.core.clock import utcnow
-from conveyor.core.lifecycle import LINE_FAILED, LINE_QUEUED, QUEUED
 from conveyor.core.store import batches, jobs
 from conveyor.core.store.batches import ChunkPosition
 from conveyor.core.store.tables import Batch, BatchLine, Job
@@ -35,38 +35,38 @@ def _batch(session: Session, tenant: str = "default") -> Batch:
                           output_url="s3://bucket-a/out/", queue="documents", now=utcnow())
 
 
-def _job(batch: Batch, line: int) -> Job:
-    now = utcnow()
-    meta = {"batch_id": batch.id, "line": line}
-    return Job(id=jobs.new_job_id(), tenant_id=batch.tenant_id, queue="documents", status=QUEUED, prompt="hi",
-               messages=None, params={"max_tokens": 1}, meta=meta, webhook=None, idempotency_key=None,
-               request_hash="batch", created_at=now, updated_at=now, attempts=0, preemptions=0,
-               prompt_tokens=0, batch_id=batch.id)
+def _job(batch: Batch, line: int) -> dict[str, Any]:
+    new = jobs.NewJob(tenant_id=batch.tenant_id, queue="documents", prompt="hi", messages=None,
+                      params={"max_tokens": 1}, meta={"batch_id": batch.id, "line": line}, webhook=None,
+                      idempotency_key=None, request_hash="batch", prompt_tokens=0, ttl_s=None, timeout_s=None,
+                      batch_id=batch.id)
+    return jobs.build_row(new, utcnow())
 
 
 def _chunk(session: Session, batch: Batch, owner: str, start: int, n_jobs: int,
-           bad_line: bool = False) -> list[Job]:
+           bad_line: bool = False) -> list[str]:
+    """Commits a chunk of `n_jobs` valid lines (and one invalid line after them); their jobs' ids."""
     new_jobs = [_job(batch, start + i) for i in range(n_jobs)]
-    lines = [BatchLine(batch_id=batch.id, line=start + i, custom_id=f"c-{start + i}", status=LINE_QUEUED,
-                       job_id=job.id) for i, job in enumerate(new_jobs)]
+    lines = [batches.queued_line(batch.id, start + i, f"c-{start + i}", job["id"])
+             for i, job in enumerate(new_jobs)]
     if bad_line:
-        lines.append(BatchLine(batch_id=batch.id, line=start + n_jobs, custom_id=None, status=LINE_FAILED,
-                               error={"code": "invalid_json", "message": "x", "custom_id": None}))
+        error = {"code": "invalid_json", "message": "x", "custom_id": None}
+        lines.append(batches.failed_line(batch.id, start + n_jobs, None, error))
     end = start + len(lines)
     position = ChunkPosition(start_line=start, next_line=end, next_offset=end * 10, done=False)
     assert batches.commit_chunk(session, batch.id, owner, position, lines, new_jobs, utcnow())
-    return new_jobs
+    return [job["id"] for job in new_jobs]
 
 
-def _run(session: Session, job: Job, *, ok: bool) -> None:
-    claimed = jobs.claim(session, job.id, "w1", utcnow())
+def _run(session: Session, job_id: str, *, ok: bool) -> None:
+    claimed = jobs.claim(session, job_id, "w1", utcnow())
     assert claimed is not None
     if ok:
-        assert jobs.complete(session, job.id, claimed.attempts, result_text="x", finish_reason="length",
+        assert jobs.complete(session, job_id, claimed.attempts, result_text="x", finish_reason="length",
                              prompt_tokens=5, completion_tokens=1, preemptions=0, first_token_at=None,
                              now=utcnow())
     else:
-        assert jobs.fail(session, job.id, claimed.attempts, code="engine_error", message="boom", now=utcnow())
+        assert jobs.fail(session, job_id, claimed.attempts, code="engine_error", message="boom", now=utcnow())
 
 
 def test_outcomes_count_once_and_cancel_counts_the_rest(session: Session) -> None:
@@ -76,7 +76,7 @@ def test_outcomes_count_once_and_cancel_counts_the_rest(session: Session) -> Non
 
     _run(session, first, ok=True)
     _run(session, second, ok=False)
-    late = jobs.complete(session, first.id, 1, result_text="again", finish_reason="stop", prompt_tokens=5,
+    late = jobs.complete(session, first, 1, result_text="again", finish_reason="stop", prompt_tokens=5,
                          completion_tokens=1, preemptions=0, first_token_at=None, now=utcnow())
     assert late is False  # a duplicate report changes nothing and counts nothing
     assert batches.active_lines(session, batch.id) == 1
@@ -87,7 +87,7 @@ def test_outcomes_count_once_and_cancel_counts_the_rest(session: Session) -> Non
     assert row is not None
     assert (row.total, row.completed, row.failed, row.cancelled) == (4, 1, 2, 1)
     assert (row.prompt_tokens, row.completion_tokens) == (5, 1)
-    assert jobs.get(session, third.id).status == "cancelled"  # type: ignore[union-attr]
+    assert jobs.get(session, third).status == "cancelled"  # type: ignore[union-attr]
     assert batches.active_lines(session, batch.id) == 0
     assert [line.line for line, _ in batches.lines_in_order(session, batch.id)] == [1, 2, 3, 4]
 
@@ -150,8 +150,8 @@ def test_a_batch_cancel_locks_its_jobs_in_id_order(session: Session,
     batch = _batch(session)
     assert batches.take_lease(session, batch.id, "runner-1", utcnow(), 30.0)
     chunk = _chunk(session, batch, "runner-1", 1, 20)
-    by_id = sorted(job.id for job in chunk)
-    in_line_order = [job.id for job in chunk]
+    by_id = sorted(chunk)
+    in_line_order = list(chunk)
     held = next(job_id for job_id in by_id[5:] if in_line_order.index(job_id) != by_id.index(job_id))
     holder = session_factory()
     holder.execute(select(Job.id).where(Job.id == held).with_for_update())

@@ -153,18 +153,17 @@ def test_each_line_is_judged_and_queued_by_the_model_it_names(
 ) -> None:
     """A worker of model `a` reading a batch: a line naming `a` (or none) goes to a's lane, one naming `b`
     whose tokenizer this worker cannot read fails alone, an unknown model is model_not_found."""
+    from conveyor.core.protocol.service_tiers import PriorityRange
     from conveyor.core.settings import Settings
-    from conveyor.core.store.database import make_db_engine, make_session_factory
     from conveyor.core.store.tables import Batch
     from conveyor.engine.tokenizer import Tokenizer
-    from conveyor.worker.batches.runner import BatchRunner
+    from conveyor.worker.batches.model_limits import ModelLimits
 
     settings = Settings(database_url=migrated_sqlite_url, models={
         "a": {"path": str(demo_model_dir)}, "b": {"path": str(tmp_path / "not-mounted-here")}})
-    sessions = make_session_factory(make_db_engine(migrated_sqlite_url))
-    runner = BatchRunner(sessions, settings.for_model("a"), lambda job_id, lane: None, "runner-a",
-                         tokenizer=Tokenizer(demo_model_dir), s3=None)
-    limits = runner._limits(Batch(id="batch_1", tenant_id="default", endpoint=None, queue="documents"))
+    batch = Batch(id="batch_1", tenant_id="default", endpoint=None, queue="documents")
+    of_a = ModelLimits(settings.for_model("a"), Tokenizer(demo_model_dir))
+    limits = of_a.of_chunk(batch, PriorityRange(), {})
     seen = CustomIdSet()
 
     def parsed(custom_id: str, model: str | None) -> BatchRequest | LineError:
