@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, TypeVar
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, HTTPException, Request, Response
 from fastapi._compat import ModelField
 from fastapi.dependencies.utils import request_body_to_args, request_params_to_args
 from fastapi.exceptions import RequestValidationError
@@ -191,3 +191,5 @@ def _parsed(raw: bytes) -> Any:
         error = {"type": "json_invalid", "loc": ("body", exc.pos), "msg": "JSON decode error", "input": {},
                  "ctx": {"error": exc.msg}}
         raise RequestValidationError([error], body=exc.doc) from exc
+    except (ValueError, RecursionError) as exc:  # over the digit limit, too deep, not UTF-8: as FastAPI
+        raise HTTPException(status_code=400, detail="There was an error parsing the body") from exc

@@ -14,6 +14,7 @@ from conveyor.core.store import (
     keys,
     lora_adapters,
     outcome_counts,
+    republish_walk,
     webhooks,
     workers,
 )
@@ -54,6 +55,7 @@ def _fill_every_table(url: str) -> None:
         session.commit()
         lora_adapters.add(session, "left-over", "demo-model", "/nowhere", None, now)
         console_sessions.open_session(session, None, now)
+        republish_walk.begin(session, now, ["documents"])  # broker_republish
     db_engine.dispose()
 
 

@@ -67,6 +67,9 @@ POSTS: list[dict[str, Any]] = [
     {"json": {"prompt": "hi"}, "params": {"wait": "inf"}},
     {"json": {"prompt": "hi"}, "params": {"wait": "soon"}},
     {"json": {"prompt": "hi"}, "params": {"other": "1"}},
+    {"content": b'{"prompt": "hi", "max_tokens": ' + b"9" * 5000 + b"}", "headers": JSON},
+    {"content": b'{"prompt": "\xff\xfe"}', "headers": JSON},
+    {"content": b"[" * 100_000, "headers": JSON},
 ]
 GETS: list[dict[str, Any]] = [{}, {"params": {"wait": "3"}}, {"params": {"wait": "-1"}},
                               {"params": {"x": "y"}}]
