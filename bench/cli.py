@@ -168,7 +168,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="service profile, open loop: R submissions/s at fixed intervals, whatever is in flight",
     )
     wl.add_argument(
-        "--trace", help="replay a JSONL trace instead of a profile; its `group` fields name its groups"
+        "--trace",
+        help="replay a JSONL trace instead of a profile: hand-written, or exported from the service (its "
+        "header line recorded, each job at its recorded length, embedding jobs skipped); its `group` fields "
+        "name its groups",
+    )
+    wl.add_argument(
+        "--trace-model",
+        metavar="ID",
+        default=None,
+        help="replay this model's jobs of a trace (needed when the trace holds jobs of several models)",
     )
     wl.add_argument("-n", "--num-requests", type=int, default=64)
     wl.add_argument("--seed", type=int, default=0)
@@ -188,7 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="offer X times the capacity (X > 0, e.g. 1.5 or 0.5): first measure the engine's completed "
         "requests/s on this workload submitted at once, with the first run's settings, then give each group "
         "Poisson arrivals at its share of X times that; --rate values are then weights, one > 0 for every "
-        "group (default: the profile's mix); in-process profiles only",
+        "group (default: the profile's mix); a profile in-process only. With --trace: X times the recorded "
+        "pace, every arrival_s divided by X (no capacity measured; any target)",
     )
     wl.add_argument(
         "--short-group",
@@ -385,6 +395,7 @@ def options(args: argparse.Namespace) -> BenchOptions:
         deadlines=_pairs(args.deadline, "deadline", float),
         spec=spec,
         trace=args.trace,
+        trace_model=args.trace_model,
         out_dir=args.out or Path("bench-out") / time.strftime("%Y%m%d-%H%M%S"),
         peers=args.peer,
         gguf=gguf_file(args.model),

@@ -17,7 +17,15 @@ from conveyor.bench.affinity import CpuSplit, pinned, split_cpus, usable_cpus
 from conveyor.bench.console import progress_bar, refusal_lines, server_lines, service_table, summary_table
 from conveyor.bench.decision import Condition, decide, default_conditions, default_hypothesis
 from conveyor.bench.inventory import inventory
-from conveyor.bench.load import LoadPlan, burst, check_load, mix_weights, scaled_rates
+from conveyor.bench.load import (
+    LoadPlan,
+    burst,
+    check_load,
+    mix_weights,
+    scale_arrivals,
+    scaled_rates,
+    trace_load_record,
+)
 from conveyor.bench.metrics import count_check, full_batch_decode_steps, summarize
 from conveyor.bench.prompt_text import token_decoder
 from conveyor.bench.records import RunResult
@@ -26,6 +34,8 @@ from conveyor.bench.roofline import ModelShape, efficiency, matmul_bound
 from conveyor.bench.server_cpu import CpuWindow
 from conveyor.bench.service import service_figures
 from conveyor.bench.structured import STRUCTURED_SHARE, check_share, constrained_ids, structured_figures
+from conveyor.bench.trace_chat import MessageRenderer
+from conveyor.bench.trace_replay import trace_groups, trace_lines, trace_requests
 from conveyor.bench.workload import (
     TEXT_PROFILES,
     BenchRequest,
@@ -34,10 +44,8 @@ from conveyor.bench.workload import (
     all_at_once,
     check_known_groups,
     generate,
-    load_trace,
     respects_eos,
     save_trace,
-    trace_groups,
 )
 from conveyor.engine.config import EngineConfig, RequestClassConfig
 from conveyor.engine.cpu_threads import ThreadChoice
@@ -61,6 +69,7 @@ class BenchOptions:
     deadlines: dict[str, float] = field(default_factory=dict)
     spec: WorkloadSpec = field(default_factory=WorkloadSpec)
     trace: str | None = None
+    trace_model: str | None = None  # the model whose jobs a trace of several models replays (--trace-model)
     out_dir: Path = Path("bench-out")
     peers: list[str] = field(default_factory=list)  # "hf" (bench/peers.py), "llama.cpp" (llama_cpp_peer.py)
     gguf: Path | None = None  # the GGUF file --model names, if it names one: what the llama.cpp peer runs
@@ -79,6 +88,7 @@ class BenchOptions:
     thread_choice: ThreadChoice | None = None  # how the CPU thread count was measured (bench/cli.py)
     # --load: arrivals at this multiple of the measured capacity; the spec's rates are weights until
     # apply_load measures the capacity, records it in load_plan and puts the derived rates in their place.
+    # With a trace: its arrival offsets divided by it (no capacity measured, no load_plan).
     load: float | None = None
     load_plan: LoadPlan | None = None
     # HTTP target: the server's processes to measure (role -> pid, bench/server_cpu.py), and the CPUs the
@@ -116,7 +126,9 @@ class BenchOptions:
                              "would not do the engine's work when it stops at EOS; pass --no-respect-eos")
         if self.trace and self.spec.rates:
             raise ValueError("rates (--rate): a trace gives its own arrival times (arrival_s)")
-        self.groups = trace_groups(self.trace) if self.trace else self.spec.groups()
+        if self.trace_model is not None and not self.trace:
+            raise ValueError("trace_model (--trace-model): picks a model's jobs from a trace; give --trace")
+        self.groups = trace_groups(self.trace, self.trace_model) if self.trace else self.spec.groups()
         check_known_groups(self.deadlines, self.groups, "deadlines (--deadline)")
         check_known_groups(self.max_running, self.groups, "max_running (--max-running)")
         check_known_groups(self.priority, self.groups, "priority (--priority)")
@@ -271,7 +283,7 @@ def build_workload(opts: BenchOptions) -> tuple[list[BenchRequest], str]:
         return _text_workload(opts)
     vocab = vocab_ids(opts.model) if opts.model else []
     if opts.trace:
-        return load_trace(opts.trace, vocab, opts.spec.seed), f"trace {opts.trace}"
+        return _trace_workload(opts, vocab)
     if not vocab:
         raise ValueError("model: synthesised prompts need --model (its tokenizer supplies the token ids)")
     s = opts.spec
@@ -285,6 +297,18 @@ def build_workload(opts: BenchOptions) -> tuple[list[BenchRequest], str]:
         + (f"; {opts.load_plan.describe()}" if opts.load_plan else "")
     )
     return generate(s, vocab, model_max_len(opts)), desc
+
+
+def _trace_workload(opts: BenchOptions, vocab: list[int]) -> tuple[list[BenchRequest], str]:
+    """The trace's requests (its model's, less embedding jobs), their arrivals divided by --load if given."""
+    assert opts.trace is not None
+    trace = trace_lines(opts.trace, opts.trace_model)
+    requests = trace_requests(trace, vocab, opts.spec.seed, MessageRenderer(opts.model))
+    description = trace.describe()
+    if opts.load is not None:
+        requests = scale_arrivals(requests, opts.load)
+        description += f"; arrivals at {opts.load:g}x the recorded pace (arrival_s / {opts.load:g}, --load)"
+    return requests, description
 
 
 def _shared_prefix_workload(opts: BenchOptions) -> tuple[list[BenchRequest], str]:
@@ -375,8 +399,9 @@ def _config(model: str | None) -> dict[str, Any]:
 
 def apply_load(opts: BenchOptions, console: Console) -> LoadPlan | None:
     """With --load: measures the capacity on the workload's own requests, submitted at once to an engine
-    with opts' settings, and sets each group's rate to its share of load x capacity (bench/load.py)."""
-    if opts.load is None or opts.load_plan is not None:
+    with opts' settings, and sets each group's rate to its share of load x capacity (bench/load.py). A
+    trace needs no capacity: build_workload divides its arrival times by the load."""
+    if opts.load is None or opts.load_plan is not None or opts.trace:
         return opts.load_plan
     weights = mix_weights(opts.spec)
     opts.spec.rates = {g: w for g, w in weights.items() if w > 0}  # 1 request/s in all
@@ -585,17 +610,26 @@ def output_rate(result: RunResult) -> float:
 def workload_record(
     opts: BenchOptions, requests: list[BenchRequest], description: str, trace_sha: str
 ) -> dict[str, Any]:
-    return {
+    record: dict[str, Any] = {
         "description": description,
         "spec": None if opts.trace else opts.spec.describe(),
         "trace": opts.trace,
         "num_requests": len(requests),
         "all_at_once": all_at_once(requests),
         "trace_sha256": trace_sha,
-        "load": opts.load_plan.record() if opts.load_plan else None,
+        "load": _load_record(opts, requests),
         # Stopped at EOS: each answer is as long as the model made it, max_tokens only a cap.
         "respect_eos": opts.respect_eos,
     }
+    if opts.trace:  # an exported trace's header (version, exported_at, since, until, jobs), what was skipped
+        record.update(trace_lines(opts.trace, opts.trace_model).record())
+    return record
+
+
+def _load_record(opts: BenchOptions, requests: list[BenchRequest]) -> dict[str, Any] | None:
+    if opts.load_plan is not None:
+        return opts.load_plan.record()
+    return trace_load_record(opts.load, requests) if opts.trace and opts.load is not None else None
 
 
 def ratios(runs: dict[str, dict[str, Any]]) -> dict[str, float]:

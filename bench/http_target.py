@@ -9,7 +9,8 @@ The workload is sent in one of two ways:
 Each accepted job is then awaited with the long poll GET /v1/jobs/{id}?wait=S (the service answers as soon
 as the job is final, or after S seconds with its current state); a service that ignores `wait` answers at
 once, and is then asked again every `poll_s`. Requests go out on small pools of connections created for the
-run (bench/http_lanes.py), bodies encoded beforehand. A request with `cancel_after_tokens` is
+run (bench/http_lanes.py), bodies encoded beforehand; a request's own `priority` and `deadline_s` (an
+exported trace's) go in its body, else the queue's defaults apply. A request with `cancel_after_tokens` is
 instead polled without `wait` until a poll sees it running, then cancelled (POST /v1/jobs/{id}/cancel):
 mid-flight. Latencies come from the job's own timestamps (created, started, first token, finished), so
 waiting does not blur them; the submit itself is timed on the client. A refusal keeps its HTTP status, error
@@ -87,7 +88,14 @@ class _Job:
 
 
 def _record(req: BenchRequest) -> RequestRecord:
-    return RequestRecord(req.request_id, req.group, arrival_time=0.0, max_tokens=req.max_tokens)
+    return RequestRecord(
+        req.request_id,
+        req.group,
+        arrival_time=0.0,
+        max_tokens=req.max_tokens,
+        deadline_s=req.deadline_s,
+        priority=req.priority,
+    )
 
 
 def _body(req: BenchRequest, decode: Callable[[list[int]], str] | None, respect_eos: bool) -> bytes:
@@ -104,6 +112,11 @@ def _body(req: BenchRequest, decode: Callable[[list[int]], str] | None, respect_
         "ignore_eos": not respect_eos,
         "metadata": {"bench_request_id": req.request_id},
     }
+    # A request's own urgency, named as the jobs API names it; without it the queue's defaults apply.
+    if req.priority is not None:
+        body["priority"] = req.priority
+    if req.deadline_s is not None:
+        body["deadline_s"] = req.deadline_s
     return json.dumps(body).encode()
 
 

@@ -10,6 +10,9 @@ arm of `--compare` / `--sweep` runs the same arrivals (same seed).
 
 Scaling every group's rate by one factor divides every arrival time by it and changes no other draw, so
 the calibration burst holds exactly the prompts and lengths of the measured runs.
+
+A trace has its own arrival times, so with a trace `--load X` needs no calibration: every arrival offset is
+divided by X (X > 1 compresses the recorded traffic, X < 1 spreads it), in-process or over HTTP alike.
 """
 
 from __future__ import annotations
@@ -55,13 +58,14 @@ class LoadPlan:
 
 
 def check_load(load: float | None, spec: WorkloadSpec, target: str, trace: str | None) -> None:
-    """The multiple must be a finite number > 0, for a profile run in-process; `--rate` then gives weights."""
+    """The multiple must be a finite number > 0; a profile's is of the capacity measured in-process (`--rate`
+    then gives weights), a trace's divides its arrival times (any target)."""
     if load is None:
         return
     if not math.isfinite(load) or load <= 0:
-        raise ValueError(f"{FLAG}: need a multiple of the capacity > 0 (e.g. 1.5 or 0.5), got {load}")
+        raise ValueError(f"{FLAG}: need a multiple > 0 (e.g. 1.5 or 0.5), got {load}")
     if trace:
-        raise ValueError(f"{FLAG}: a trace gives its own arrival times (arrival_s); --load needs a profile")
+        return
     if target != "engine":
         raise ValueError(f"{FLAG}: the capacity is measured in-process; it needs --target engine")
     mix_weights(spec)
@@ -116,3 +120,19 @@ def scaled_rates(capacity_rps: float, load: float, weights: Mapping[str, float])
 def burst(requests: Sequence[BenchRequest]) -> list[BenchRequest]:
     """The same requests, all arriving at t=0: the calibration run."""
     return [replace(r, arrival_s=0.0) for r in requests]
+
+
+def scale_arrivals(requests: Sequence[BenchRequest], load: float) -> list[BenchRequest]:
+    """A trace at `load` times its recorded pace: every arrival offset divided by it."""
+    assert math.isfinite(load) and load > 0, "checked by check_load"
+    return [replace(r, arrival_s=round(r.arrival_s / load, 6)) for r in requests]
+
+
+def trace_load_record(load: float, requests: Sequence[BenchRequest]) -> dict[str, Any]:
+    """What a report says of `--load` on a trace (a profile's: LoadPlan.record()): no capacity measured."""
+    return {
+        "load": load,
+        "arrivals": f"the trace's arrival_s divided by {load:g}",
+        "capacity_rps": None,
+        "arrival_span_s": max((r.arrival_s for r in requests), default=0.0),
+    }

@@ -6,7 +6,13 @@
 - Latency percentiles (queue time, TTFT, inter-token latency, end-to-end) cover completed requests only and
   are measured from the client's arrival time (run start + arrival offset), not from when the target saw it.
   Inter-token latency is each request's mean gap after the first token; percentiles are over requests.
-- Deadline attainment = completed within the group's deadline / (submitted - cancelled).
+- A request's deadline is its own (`deadline_s`, as an exported trace's job had it) when it has one, else
+  its group's; it is measured from the request's arrival.
+- Deadline attainment = completed within their deadline / (submitted - cancelled), over the requests that
+  have a deadline (None when none has).
+- `on_time` = completed requests within their deadline, a completed request without any deadline counting
+  as on time; `goodput_rps` = on_time / the run's wall time: completed useful responses per second, the
+  figure the tuner's objective reads (metrics["all"]["goodput_rps"]).
 - Tokens/s count completed requests only (cancelled work is not useful), over the run's wall time.
 - KV waste = (allocated slots - stored tokens) / allocated slots, summed over every step (so it is weighted by
   how long and how much memory was held); `kv_waste_peak` is the worst single step.
@@ -38,19 +44,18 @@ def percentiles(values: Iterable[float | None]) -> dict[str, float | None]:
 
 
 def summarize(result: RunResult, deadlines: dict[str, float]) -> dict[str, dict[str, Any]]:
-    """{group: metrics} for every group present, plus "all"."""
+    """{group: metrics} for every group present, plus "all". `deadlines`: per group, the deadline of its
+    requests that have none of their own."""
     groups = sorted({r.group for r in result.records})
     out = {
-        g: _group_metrics(result, g, [r for r in result.records if r.group == g], deadlines.get(g))
-        for g in groups
+        g: _group_metrics(result, g, [r for r in result.records if r.group == g], deadlines) for g in groups
     }
-    out[ALL] = _group_metrics(result, None, result.records, None)
-    out[ALL]["deadline_attainment"] = _overall_attainment(result.records, deadlines)
+    out[ALL] = _group_metrics(result, None, result.records, deadlines)
     return out
 
 
 def _group_metrics(
-    result: RunResult, group: str | None, records: list[RequestRecord], deadline: float | None
+    result: RunResult, group: str | None, records: list[RequestRecord], deadlines: dict[str, float]
 ) -> dict[str, Any]:
     done = [r for r in records if r.status == "completed"]
     counts = {s: sum(r.status == s for r in records) for s in ("completed", "cancelled", "failed")}
@@ -58,8 +63,10 @@ def _group_metrics(
     m: dict[str, Any] = {"submitted": len(records), **counts}
     for name in LATENCIES:
         m[f"{name}_s"] = percentiles(getattr(r, name) for r in done)
-    m["deadline_s"] = deadline
-    m["deadline_attainment"] = _attainment(records, deadline)
+    m["deadline_s"] = deadlines.get(group) if group is not None else None
+    m["deadline_attainment"] = _attainment(records, deadlines)
+    m["on_time"] = sum(_on_time(r, _deadline(r, deadlines)) for r in done)
+    m["goodput_rps"] = m["on_time"] / result.duration_s
     output_tokens = sum(r.output_tokens for r in done)
     prompt_tokens = sum(r.prompt_tokens for r in done)
     m["output_tokens"] = output_tokens
@@ -73,8 +80,8 @@ def _group_metrics(
 
 
 def request_metrics(result: RunResult, records: list[RequestRecord]) -> dict[str, Any]:
-    """Any subset of a run's requests counted as a group is (no deadline; KV figures of the whole run)."""
-    return _group_metrics(result, None, records, None)
+    """Any subset of a run's requests counted as a group is (their own deadlines only; whole-run KV)."""
+    return _group_metrics(result, None, records, {})
 
 
 def full_batch_decode_steps(samples: list[StepSample]) -> dict[str, Any] | None:
@@ -88,20 +95,25 @@ def full_batch_decode_steps(samples: list[StepSample]) -> dict[str, Any] | None:
     return {"batch": batch, "steps": len(times), "mean_s": float(np.mean(times)), **percentiles(times)}
 
 
-def _attainment(records: list[RequestRecord], deadline: float | None) -> float | None:
-    eligible = [r for r in records if r.status != "cancelled"]
-    if deadline is None or not eligible:
-        return None
-    met = sum(r.status == "completed" and r.e2e is not None and r.e2e <= deadline for r in eligible)
-    return met / len(eligible)
+def _deadline(record: RequestRecord, deadlines: dict[str, float]) -> float | None:
+    """The request's own deadline, else its group's (None: it has none)."""
+    return record.deadline_s if record.deadline_s is not None else deadlines.get(record.group)
 
 
-def _overall_attainment(records: list[RequestRecord], deadlines: dict[str, float]) -> float | None:
-    eligible = [r for r in records if r.status != "cancelled" and r.group in deadlines]
+def _on_time(record: RequestRecord, deadline: float | None) -> bool:
+    """Completed within its deadline (any completion, without one)."""
+    if record.status != "completed":
+        return False
+    return deadline is None or (record.e2e is not None and record.e2e <= deadline)
+
+
+def _attainment(records: list[RequestRecord], deadlines: dict[str, float]) -> float | None:
+    """Completed within their deadline / those not cancelled, over the requests that have a deadline."""
+    judged = [(r, _deadline(r, deadlines)) for r in records if r.status != "cancelled"]
+    eligible = [(r, d) for r, d in judged if d is not None]
     if not eligible:
         return None
-    met = sum(r.status == "completed" and r.e2e is not None and r.e2e <= deadlines[r.group] for r in eligible)
-    return met / len(eligible)
+    return sum(_on_time(r, d) for r, d in eligible) / len(eligible)
 
 
 def _memory_metrics(samples: list[StepSample], group: str | None) -> dict[str, Any]:

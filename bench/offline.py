@@ -3,7 +3,8 @@
 Requests are injected at their arrival offsets on the wall clock (between steps: a request due during a
 step is added right after it, and its latency still counts from its due time). After every step the bench
 reads the scheduler and block manager directly, so running counts, KV usage and KV waste are exact.
-Cancellation: a request with `cancel_after_tokens` is aborted once it has that many output tokens.
+Cancellation: a request with `cancel_after_tokens` is aborted once it has that many output tokens. A request
+carries its priority and deadline (its own, else its group's) into the engine as the worker does a job's.
 """
 
 from __future__ import annotations
@@ -115,6 +116,8 @@ class _OfflineRun:
                 max_tokens=req.max_tokens,
                 cancel_requested=False,
                 constrained=req.request_id in self.constrained,
+                deadline_s=req.deadline_s,
+                priority=req.priority,
             )
             self.records[req.request_id] = record
             prompt: str | list[int] = (
@@ -133,9 +136,12 @@ class _OfflineRun:
                 record.finished_time = time.time()
                 self.progress(1)
 
-    def _urgency(self, req: BenchRequest, arrival_time: float) -> Urgency | None:
-        deadline_s = self.deadlines_s.get(req.group)
-        return Urgency(deadline=arrival_time + deadline_s) if deadline_s is not None else None
+    def _urgency(self, req: BenchRequest, arrival_time: float) -> Urgency:
+        """The request's priority and deadline, as the worker gives a job's (worker/attempt.py): its own
+        deadline, else its group's (none: ordered by class priority and arrival)."""
+        deadline_s = req.deadline_s if req.deadline_s is not None else self.deadlines_s.get(req.group)
+        deadline = None if deadline_s is None else arrival_time + deadline_s
+        return Urgency(priority=req.priority or 0, deadline=deadline)
 
     def _structured(self, req: BenchRequest) -> StructuredOutput | None:
         return self.schema if req.request_id in self.constrained else None
@@ -211,6 +217,8 @@ class _OfflineRun:
                 arrival_time=self.start + req.arrival_s,
                 max_tokens=req.max_tokens,
                 error="not submitted before the timeout",
+                deadline_s=req.deadline_s,
+                priority=req.priority,
             )
         for rid, record in self.records.items():
             if record.finished_time is None:

@@ -189,4 +189,6 @@ def _record(req: BenchRequest, prompt_tokens: int) -> RequestRecord:
         arrival_time=0.0,
         max_tokens=req.max_tokens,
         prompt_tokens=prompt_tokens,
+        deadline_s=req.deadline_s,  # a trace's own deadline counts for the peers' attainment too
+        priority=req.priority,
     )

@@ -37,6 +37,10 @@ class RequestRecord:
     # accepted, as its last output counted them; 0 with speculation off and for targets that cannot tell.
     drafted_tokens: int = 0
     accepted_tokens: int = 0
+    # The request's own deadline (seconds after its arrival) and priority, as the workload gave them (an
+    # exported trace's jobs); None: its group's. Deadline attainment uses its own when it has one.
+    deadline_s: float | None = None
+    priority: int | None = None
 
     @property
     def refused(self) -> bool:

@@ -1,5 +1,5 @@
 """Seeded workloads: the `short`, `long`, `mixed`, `deadlines`, `shared-prefix`, `service`, `quoting` and
-`chat` profiles, and replay of a JSONL trace.
+`chat` profiles; a trace's requests are read by bench/trace_replay.py.
 
 A workload is a list of requests, each with an arrival offset (seconds from the start of the run), a group
 (the engine request class / service queue it goes to), a prompt (token ids, or text for a trace that gives
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import random
 import re
 from collections.abc import Mapping, Sequence
@@ -84,6 +85,10 @@ class BenchRequest:
     prompt_token_ids: list[int] | None = None
     prompt: str | None = None  # text prompts come from traces and the text profiles
     cancel_after_tokens: int | None = None  # cancel once this many tokens were generated; None = never
+    # Its own deadline (seconds after its arrival) and priority (lower first), as an exported job had them;
+    # None: its group's.
+    deadline_s: float | None = None
+    priority: int | None = None
 
     def __post_init__(self) -> None:
         if (self.prompt_token_ids is None) == (self.prompt is None):
@@ -92,6 +97,8 @@ class BenchRequest:
             raise ValueError(f"request {self.request_id}: max_tokens must be >= 1, got {self.max_tokens}")
         if self.arrival_s < 0:
             raise ValueError(f"request {self.request_id}: arrival_s must be >= 0, got {self.arrival_s}")
+        if self.deadline_s is not None and not (math.isfinite(self.deadline_s) and self.deadline_s > 0):
+            raise ValueError(f"request {self.request_id}: deadline_s must be > 0, got {self.deadline_s}")
 
 
 @dataclass(frozen=True)
@@ -333,77 +340,6 @@ def _lengths(spec: WorkloadSpec, group: str, rng: random.Random, max_model_len: 
     max_tokens = min(output_range.draw(rng), max_model_len - 1)
     prompt_len = min(prompt_range.draw(rng), max_model_len - max_tokens)
     return prompt_len, max_tokens
-
-
-# --- traces ------------------------------------------------------------------------------------------
-
-
-def load_trace(path: str | Path, vocab_ids: Sequence[int], seed: int = 0) -> list[BenchRequest]:
-    """One JSON object per line: `arrival_s`, `group` (any group name), `max_tokens`, and `prompt` (text),
-    `prompt_token_ids` or `prompt_tokens` (a length: ids are synthesised, seeded); optional `request_id`,
-    `cancel_after_tokens`.
-    """
-    rng = random.Random(seed)
-    requests = []
-    for n, obj in _trace_lines(path):
-        try:
-            requests.append(_trace_request(obj, n, rng, vocab_ids))
-        except (KeyError, TypeError) as exc:
-            raise ValueError(f"trace {path} line {n}: {exc!r}") from exc
-    return sorted(requests, key=lambda r: (r.arrival_s, r.request_id))
-
-
-def trace_groups(path: str | Path) -> list[Group]:
-    """The groups a trace uses, in order of first appearance. `interactive` and `documents` keep their
-    standard deadline and priority; any other group starts with no deadline and priority 0."""
-    standard = {g.name: g for g in (SHORT, LONG)}
-    names: list[str] = []
-    for n, obj in _trace_lines(path):
-        name = check_group_name(obj.get("group"), f"trace {path} line {n}: group")
-        if name not in names:
-            names.append(name)
-    return [standard.get(name, Group(name)) for name in names]
-
-
-def _trace_lines(path: str | Path) -> list[tuple[int, dict[str, object]]]:
-    """(line number, object) of every non-blank line."""
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise ValueError(f"trace: cannot read {path}: {exc}") from exc
-    lines = []
-    for n, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"trace {path} line {n}: {exc!r}") from exc
-        if not isinstance(obj, dict):
-            raise ValueError(f"trace {path} line {n}: expected a JSON object, got {line[:80]!r}")
-        lines.append((n, obj))
-    if not lines:
-        raise ValueError(f"trace {path}: no requests")
-    return lines
-
-
-def _trace_request(
-    obj: dict[str, object], n: int, rng: random.Random, vocab_ids: Sequence[int]
-) -> BenchRequest:
-    group = check_group_name(obj.get("group"), f"trace line {n}: group")
-    ids = obj.get("prompt_token_ids")
-    if ids is None and "prompt_tokens" in obj:
-        ids = [rng.choice(vocab_ids) for _ in range(int(obj["prompt_tokens"]))]  # type: ignore[arg-type]
-    cancel = obj.get("cancel_after_tokens")
-    return BenchRequest(
-        request_id=str(obj.get("request_id", f"trace-{n:05d}")),
-        group=group,
-        arrival_s=float(obj.get("arrival_s", 0.0)),  # type: ignore[arg-type]
-        max_tokens=int(obj["max_tokens"]),  # type: ignore[arg-type]
-        prompt_token_ids=None if ids is None else [int(t) for t in ids],  # type: ignore[union-attr]
-        prompt=None if ids is not None else str(obj["prompt"]),
-        cancel_after_tokens=None if cancel is None else int(cancel),  # type: ignore[arg-type]
-    )
 
 
 def save_trace(requests: Sequence[BenchRequest], path: str | Path) -> str:

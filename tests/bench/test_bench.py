@@ -15,7 +15,8 @@ from conveyor.bench.cli import main
 from conveyor.bench.decision import Condition, decide
 from conveyor.bench.metrics import LATENCIES, PERCENTILES, summarize
 from conveyor.bench.records import RequestRecord, RunResult, StepSample
-from conveyor.bench.workload import Range, WorkloadSpec, generate, load_trace
+from conveyor.bench.trace_replay import load_trace
+from conveyor.bench.workload import Range, WorkloadSpec, generate
 from conveyor.kernels.paged_attention import resolve_backend
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -104,11 +104,13 @@ def test_bad_load_arguments_are_refused(tmp_path: Path, argv: list[str], match: 
         parse(tmp_path, "--profile", "deadlines", *argv)
 
 
-def test_load_is_refused_with_a_trace(tmp_path: Path) -> None:
+def test_a_trace_takes_a_load_without_calibration_but_not_a_bad_one(tmp_path: Path) -> None:
+    """A trace's --load divides its recorded arrivals (tests/bench/test_trace_replay.py); it must be > 0."""
     trace = tmp_path / "t.jsonl"
     trace.write_text(json.dumps({"group": "batch", "prompt": "x", "max_tokens": 2}) + "\n")
-    with pytest.raises(ValueError, match=r"--load.*trace"):
-        parse(tmp_path, "--trace", str(trace), "--load", "1.5")
+    assert parse(tmp_path, "--trace", str(trace), "--load", "1.5").load == 1.5
+    with pytest.raises(ValueError, match=r"--load.*> 0"):
+        parse(tmp_path, "--trace", str(trace), "--load", "0")
 
 
 def test_a_bad_load_is_reported_before_any_run(
