@@ -39,6 +39,7 @@ from conveyor.api.routes import (
     queues,
     responses,
     scaling,
+    traces,
     vllm,
     webhooks,
 )
@@ -132,7 +133,7 @@ def create_app(
     app.state.token_stream = token_stream  # running jobs' text for streamed completions; None: store polls
     for router in (jobs.router, queues.router, health.router, webhooks.router, openai.router,
                    anthropic.router, embeddings.router, files.router, batches.router, scaling.router,
-                   vllm.router, lora.router, responses.router, message_batches.router):
+                   vllm.router, lora.router, responses.router, message_batches.router, traces.router):
         app.include_router(router)
     if settings.console_enabled:
         for console_router in console.ROUTERS:

@@ -86,6 +86,37 @@ def tenant_of_key(services: Services, plaintext: str) -> str:
     return grant.tenant
 
 
+async def admin_caller(
+    services: ServicesDep, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)]
+) -> None:
+    """Lets an admin through: anybody with auth off; with auth on, the admin token or an admin API key
+    (`conveyor keys create --admin`). A tenant's key is refused 403; no key, or an unknown or revoked one,
+    401. Looked up as current_tenant looks a key up (the cache, else the thread pool)."""
+    settings = services.settings
+    if not settings.auth_enabled:
+        return
+    if credentials is None or not credentials.credentials:
+        raise _unauthorized("Authorization: a Bearer admin API key (or the admin token) is required")
+    if admin_authorized(settings, f"Bearer {credentials.credentials}"):
+        return
+    grant = services.auth_cache.cached_grant(keys.hash_key(credentials.credentials))
+    if grant is None:
+        grant = await run_in_threadpool(_grant_of_key, services, credentials.credentials)
+    if not grant.admin:
+        raise ApiError(403, "admin_required", "Authorization: this route needs an admin API key (`conveyor "
+                       "keys create --tenant ops --admin`) or the admin token; a tenant's key is not enough",
+                       "Authorization")
+
+
+def _grant_of_key(services: Services, plaintext: str) -> keys.KeyGrant:
+    """The key's grant, through the cache (read from the store when not cached); 401 unless active."""
+    with services.session_factory() as session:
+        grant = services.auth_cache.grant(session, keys.hash_key(plaintext))
+    if grant is None:
+        raise _unauthorized("Authorization: the API key is invalid or revoked")
+    return grant
+
+
 def _unauthorized(message: str) -> ApiError:
     return ApiError(401, "unauthorized", message, "Authorization", {"WWW-Authenticate": "Bearer"})
 
@@ -93,6 +124,7 @@ def _unauthorized(message: str) -> ApiError:
 CurrentTenant = Annotated[str, Depends(current_tenant)]
 WaitingTenant = CurrentTenant  # it holds no database session while the request waits
 AnthropicTenant = Annotated[str, Depends(anthropic_tenant)]  # holds none either
+AdminCaller = Depends(admin_caller)  # a route's `dependencies=[AdminCaller]`: it runs before any query
 
 
 def metrics_authorized(settings: Settings, authorization: str | None) -> bool:

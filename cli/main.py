@@ -18,8 +18,10 @@ from pydantic import ValidationError
 
 from conveyor.checkpoints.sources import PRESET_PREFIX
 from conveyor.cli.errors import ConveyorGroup, debug_enabled, remember_settings
+from conveyor.cli.http_options import DEFAULT_URL, KeyOpt, UrlOpt
 from conveyor.cli.preflight import check_port
 from conveyor.cli.tenants import tenants_app
+from conveyor.cli.trace import trace_app
 from conveyor.core.log_setup import configure_logging, masked_url
 from conveyor.core.settings import Settings, load_settings
 
@@ -29,6 +31,7 @@ app = typer.Typer(cls=ConveyorGroup, no_args_is_help=True,
 keys_app = typer.Typer(no_args_is_help=True, help="Create, revoke and list API keys.")
 app.add_typer(keys_app, name="keys")
 app.add_typer(tenants_app, name="tenants")
+app.add_typer(trace_app, name="trace")
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", help="TOML settings (or CONVEYOR_CONFIG_FILE)")]
 HostOpt = Annotated[str | None, typer.Option(help="bind address (default 127.0.0.1)")]
@@ -37,12 +40,9 @@ ModelOpt = Annotated[str | None, typer.Option(
     "--model", help="the served model this worker runs (CONVEYOR_WORKER_MODEL; needed with several)")]
 WorkersOpt = Annotated[int | None, typer.Option(
     help="processes serving HTTP on the port (default: the api_workers setting, 1)")]
-UrlOpt = Annotated[str, typer.Option("--url", envvar="CONVEYOR_URL", help="API base URL")]
-KeyOpt = Annotated[str | None, typer.Option("--api-key", envvar="CONVEYOR_API_KEY", help="Bearer API key")]
 RunAtOpt = Annotated[str | None, typer.Option(help="RFC 3339 time (with offset): not started before it")]
 DelayOpt = Annotated[float | None, typer.Option("--delay", help="seconds from now: not started before")]
 DEBUG_HELP = "show full tracebacks, and the start-up logs of alembic and Celery"
-DEFAULT_URL = "http://127.0.0.1:8000"
 log = logging.getLogger("conveyor")
 
 
@@ -306,6 +306,15 @@ PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
 def bench(ctx: typer.Context) -> None:
     """Benchmark the engine or a running service (`conveyor bench --help` lists its options)."""
     from conveyor.bench.cli import main
+
+    raise typer.Exit(main(list(ctx.args)))
+
+
+@app.command(context_settings=PASSTHROUGH, add_help_option=False)
+def tune(ctx: typer.Context) -> None:
+    """Pick engine and queue limits from a trace of your traffic, one change at a time (`conveyor tune
+    --help` lists its options)."""
+    from conveyor.cli.tune import main
 
     raise typer.Exit(main(list(ctx.args)))
 

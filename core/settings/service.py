@@ -95,7 +95,14 @@ class Settings(EngineSettings, TenantDefaults, BaseSettings):
     admin_token: SecretStr | None = Field(
         None,
         description="secret bearer token for the admin routes (`POST /v1/load_lora_adapter`, "
-        "`/v1/unload_lora_adapter`); unset = they are open with auth off and answer 401 with auth on",
+        "`/v1/unload_lora_adapter`, `GET /v1/admin/trace`); unset = they are open with auth off and answer "
+        "401 with auth on (the trace export also takes an admin API key)",
+    )
+    trace_hash_key: SecretStr | None = Field(
+        None,
+        description="secret key of the tenant hashes in exported traces (`conveyor trace export`, "
+        "HMAC-SHA256): set, a tenant hashes alike in every export, so traces compare tenant by tenant; "
+        "unset = a random key per export, so hashes compare only within one trace",
     )
     console_enabled: bool = Field(
         False, description="serve the operator console at /console (auth off: open, as the API is; auth on: "
@@ -252,7 +259,7 @@ class Settings(EngineSettings, TenantDefaults, BaseSettings):
                 raise ValueError(f"entries must be `bucket` or `bucket/prefix`, got {entry!r}")
         return normalised
 
-    @field_validator("metrics_token", "admin_token", mode="before")
+    @field_validator("metrics_token", "admin_token", "trace_hash_key", mode="before")
     @classmethod
     def _empty_token_is_unset(cls, value: Any) -> Any:
         """CONVEYOR_METRICS_TOKEN= (or CONVEYOR_ADMIN_TOKEN=: set but empty, as templated deployments often

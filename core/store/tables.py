@@ -119,6 +119,7 @@ class Job(Base):
     __table_args__ = (
         UniqueConstraint("tenant_id", "idempotency_key", name="uq_jobs_tenant_idempotency_key"),
         Index("ix_jobs_tenant_created", "tenant_id", "created_at", "id"),
+        Index("ix_jobs_created", "created_at", "id"),  # trace exports page by it (core/store/trace_rows.py)
         Index("ix_jobs_status_queue", "status", "queue"),
         *(Index(name, *columns, postgresql_where=text(where), sqlite_where=text(where))
           for name, (columns, where) in PARTIAL_INDEXES.items()),

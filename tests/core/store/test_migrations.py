@@ -28,7 +28,7 @@ def test_upgrade_head_matches_the_models(fresh_url: str) -> None:
     head = ScriptDirectory.from_config(alembic_config(fresh_url)).get_current_head()  # one linear history
     with db_engine.connect() as conn:
         current = MigrationContext.configure(conn).get_current_revision()
-        assert current == head == "0026_tally_scheduled_republish"
+        assert current == head == "0027_jobs_created_index"
         assert {"tenants", "api_keys", "jobs", "workers"} <= set(inspect(conn).get_table_names())
         assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
         assert conn.execute(text("SELECT id FROM tenants")).scalars().all() == ["default"]
