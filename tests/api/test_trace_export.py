@@ -22,6 +22,7 @@ from conveyor.api.prompt_tokenizer import PromptTokenizer
 from conveyor.cli.main import app as cli
 from conveyor.core.clock import utcnow
 from conveyor.core.settings import Settings
+from conveyor.core.settings.service import load_settings
 from conveyor.core.store import keys
 from conveyor.core.store.database import make_db_engine, make_session_factory
 from tests.support.live_server import WAIT_S, serving
@@ -190,3 +191,30 @@ def test_the_route_streams_ndjson_with_the_header_first(service: Service) -> Non
 def keys_of(service: Service, tenant: str, admin: bool = False) -> str:
     with service.session_factory() as session:
         return keys.create_key(session, tenant, utcnow(), admin=admin)[1]
+
+
+def test_conveyor_tune_on_the_exported_mix_writes_a_sheet_per_change_and_a_snippet_serve_loads(
+    embedded: Embedded, tmp_path: Path,
+) -> None:
+    """The issue's loop end to end: traffic -> export -> tune (two parameters of two values each)."""
+    run_mix(embedded)
+    trace, out = tmp_path / "trace.jsonl", tmp_path / "tune"
+    assert export(embedded.url, embedded.keys["ops"], trace).exit_code == 0
+    result = runner.invoke(cli, ["tune", "--trace", str(trace), "--out", str(out), "--repeats", "2",
+                                 "--param", "max_num_seqs=2,4", "--param", "queues.documents.max_running=1,2",
+                                 "--no-progress"])
+    assert result.exit_code == 0, result.output
+
+    report = json.loads((out / "tune-report.json").read_text())
+    assert report["baseline"]["configuration"] == {"max_num_seqs": 8, "queues.documents.max_running": 4}
+    changes = sorted((step["parameter"], step["to"]) for step in report["steps"])
+    assert changes == [("max_num_seqs", 2), ("max_num_seqs", 4), ("queues.documents.max_running", 1),
+                       ("queues.documents.max_running", 2)]
+    assert len(list((out / "sheets").glob("*.md"))) == 4  # one decision sheet per change
+    recommended = report["recommended"]["configuration"]
+    assert "## Recommended settings" in (out / "tune-report.md").read_text()
+    loaded = load_settings(out / "settings.toml")  # what `conveyor serve --config` reads
+    seqs_changed = "max_num_seqs" in report["changes"]  # an unchanged setting is left out of the snippet
+    assert loaded.max_num_seqs == (recommended["max_num_seqs"] if seqs_changed else None)
+    assert loaded.queues["documents"].max_running == recommended["queues.documents.max_running"]
+    assert set(loaded.queues) >= {"interactive", "documents"}
