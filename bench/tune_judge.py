@@ -120,6 +120,8 @@ def _shares(group: str, summaries: list[dict[str, Any]]) -> list[float]:
 def _reason(approved: bool, gain: float, noise: float, share_checks: list[dict[str, Any]]) -> str:
     if approved:
         return f"gain {gain:.4g} beyond the noise {noise:.4g}, every deadline group kept its on-time share"
+    if gain < -noise:
+        return f"worse: {-gain:.4g} lower, beyond the noise {noise:.4g}"
     if gain <= noise:
         return f"gain {gain:.4g} within the noise {noise:.4g}"
     broken = [c["condition"].split(" ", 1)[0] for c in share_checks if not c["passed"]]

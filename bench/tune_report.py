@@ -164,7 +164,7 @@ def report_markdown(doc: dict[str, Any], snippet: str) -> str:
         f"# Tuning on {doc['trace']}: {doc['objective']}",
         "",
         f"- **Input set**: {inputs['description']} ({inputs['num_requests']} requests, trace sha256 "
-        f"`{inputs['trace_sha256']}`, load {fmt(doc['input_set'].get('load'))}); model {doc['model']}"
+        f"`{inputs['trace_sha256']}`); model {doc['model']}"
         + (f" (the trace's {doc['trace_model']})" if doc["trace_model"] else ""),
         f"- **Baseline**: {doc['baseline_from']}.",
         f"- **Objective**: {doc['objective']}: {doc['objective_text']}.",
