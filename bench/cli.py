@@ -455,14 +455,9 @@ def _pairs(items: list[str], flag: str, convert: Callable[[str], T]) -> dict[str
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    # After parsing, so --help works without the extra; before any work, so a missing extra is one line
-    # now rather than a traceback once the runs are done.
-    if not plots.available():
-        print(MISSING_EXTRA, file=sys.stderr)
+    console = run_console()
+    if console is None:
         return 2
-    # Wide enough for the summary table when the output is a file or a pipe.
-    console = Console() if sys.stdout.isatty() else Console(width=180)
-    logging.basicConfig(level=logging.WARNING)
     threads_before = torch.get_num_threads()
     try:
         if args.profile == EMBED_PROFILE:
@@ -489,6 +484,18 @@ def main(argv: list[str] | None = None) -> int:
     finally:  # torch's thread count is process-wide: a caller in the same process gets its own back
         torch.set_num_threads(threads_before)
     return 0
+
+
+def run_console() -> Console | None:
+    """The console of a command that runs the bench (`conveyor bench`, `conveyor tune`), or None once it has
+    said that the bench extra is missing. Called after parsing, so --help works without the extra; before
+    any work, so a missing extra is one line now rather than a traceback once the runs are done."""
+    if not plots.available():
+        print(MISSING_EXTRA, file=sys.stderr)
+        return None
+    logging.basicConfig(level=logging.WARNING)
+    # Wide enough for the summary table when the output is a file or a pipe.
+    return Console() if sys.stdout.isatty() else Console(width=180)
 
 
 def lora_bench(args: argparse.Namespace, console: Console) -> int:

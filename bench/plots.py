@@ -53,7 +53,7 @@ def latency_cdf(result: RunResult, path: Path) -> Path:
             ax.legend(loc="lower right")
         else:
             ax.text(0.5, 0.5, "not measured by this target", ha="center", transform=ax.transAxes)
-    return _save(plt, fig, path)
+    return save_figure(plt, fig, path)
 
 
 def timeline(result: RunResult, path: Path) -> Path:
@@ -82,7 +82,7 @@ def timeline(result: RunResult, path: Path) -> Path:
     axes[0].legend(loc="upper right")
     axes[2].set_xlabel("seconds since start")
     axes[0].set_title(f"engine state over time ({result.target})")
-    return _save(plt, fig, path)
+    return save_figure(plt, fig, path)
 
 
 def sweep_plot(param: str, values: list[str], summaries: list[dict[str, dict[str, Any]]], path: Path) -> Path:
@@ -104,10 +104,10 @@ def sweep_plot(param: str, values: list[str], summaries: list[dict[str, dict[str
     for ax in axes:
         ax.set_xlabel(param)
         ax.grid(alpha=0.3)
-    return _save(plt, fig, path)
+    return save_figure(plt, fig, path)
 
 
-def _save(plt: Any, fig: Any, path: Path) -> Path:
+def save_figure(plt: Any, fig: Any, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

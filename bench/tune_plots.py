@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from conveyor.bench.metrics import ALL
+from conveyor.bench.plots import save_figure
 from conveyor.bench.tune_judge import ON_TIME
 
 
@@ -31,7 +32,7 @@ def objective_plot(labels: list[str], configs: list[dict[str, Any]], path: Path)
     ax.set_xlabel("configuration (see the report's table)")
     ax.set_ylabel("objective (mean; bar: min..max over runs)")
     ax.grid(alpha=0.3)
-    return _save(plt, fig, path)
+    return save_figure(plt, fig, path)
 
 
 def on_time_plot(labels: list[str], configs: list[dict[str, Any]], path: Path) -> Path:
@@ -51,12 +52,4 @@ def on_time_plot(labels: list[str], configs: list[dict[str, Any]], path: Path) -
         ax.legend()
     else:
         ax.text(0.5, 0.5, "no group has a deadline", ha="center", transform=ax.transAxes)
-    return _save(plt, fig, path)
-
-
-def _save(plt: Any, fig: Any, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(plt, fig, path)

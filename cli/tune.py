@@ -5,16 +5,13 @@ cli/ because that check reads the service's settings (core), which the bench may
 from __future__ import annotations
 
 import argparse
-import logging
-import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 from rich.console import Console
 
-from conveyor.bench import plots
-from conveyor.bench.cli import DEFAULT_MODEL_CACHE, MISSING_EXTRA, apply_threads, resolve_model
+from conveyor.bench.cli import DEFAULT_MODEL_CACHE, apply_threads, resolve_model, run_console
 from conveyor.bench.experiment import BenchOptions
 from conveyor.bench.trace_replay import read_trace_header
 from conveyor.bench.tune import TuneOptions, tune
@@ -117,11 +114,9 @@ def check_snippet(path: Path, params: list[TuneParam], changes: dict[str, dict[s
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if not plots.available():
-        print(MISSING_EXTRA, file=sys.stderr)
+    console = run_console()
+    if console is None:
         return 2
-    console = Console() if sys.stdout.isatty() else Console(width=180)
-    logging.basicConfig(level=logging.WARNING)
     threads_before = torch.get_num_threads()
     try:
         bench_opts, tune_opts = options(args, console)
