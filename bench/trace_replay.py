@@ -22,9 +22,45 @@ TRACE_FORMAT = 1  # the exported trace format this bench reads (its header's "co
 HEADER_KEY = "conveyor_trace"  # the key that marks an exported trace's header line
 HEADER_FIELDS = ("version", "exported_at", "since", "until", "jobs")  # what a report records of a header
 EMBEDDING = "embedding"  # an exported job's kind that the generation bench does not replay
+PREFIX_BLOCK_TOKENS = 16  # an exported trace's block of prefix_blocks when its header does not say
 # The statuses whose output_tokens is the length the job needed: it ended by itself (a hand-written line has
 # no status). A failed, expired, queued or running job's count says when it stopped, not what it asked for.
 ENDED_BY_ITSELF = (None, "succeeded")
+
+
+class SharedBlocks:
+    """The token ids replayed for each hash of `prefix_blocks` (an exported line's prompt as a chain of
+    hashes, one per full block of `block_tokens` ids): drawn from the vocabulary the first time a hash is
+    seen, the same ids every later time, so lines that shared a prefix in production share it here."""
+
+    def __init__(self, block_tokens: int) -> None:
+        if block_tokens < 1:
+            raise ValueError(f"prefix_block_tokens: need >= 1 tokens a block, got {block_tokens}")
+        self.block_tokens = block_tokens
+        self._ids: dict[str, list[int]] = {}
+
+    @classmethod
+    def of_header(cls, header: dict[str, Any] | None) -> SharedBlocks:
+        return cls(int((header or {}).get("prefix_block_tokens") or PREFIX_BLOCK_TOKENS))
+
+    def prompt(
+        self, hashes: list[Any], length: int, rng: random.Random, vocab_ids: Sequence[int]
+    ) -> list[int]:
+        """`length` ids: each hash's block, then fresh ids for the tail past the last full block."""
+        shared = len(hashes) * self.block_tokens
+        if shared > length:
+            raise ValueError(
+                f"prefix_blocks: {len(hashes)} blocks of {self.block_tokens} tokens exceed "
+                f"prompt_tokens {length}"
+            )
+        ids: list[int] = []
+        for digest in hashes:
+            if not isinstance(digest, str):
+                raise ValueError(f"prefix_blocks: expected hashes (text), got {digest!r}")
+            if digest not in self._ids:
+                self._ids[digest] = [rng.choice(vocab_ids) for _ in range(self.block_tokens)]
+            ids.extend(self._ids[digest])
+        return ids + [rng.choice(vocab_ids) for _ in range(length - shared)]
 
 
 @dataclass(frozen=True)
@@ -130,14 +166,16 @@ def trace_requests(
     `prompt_token_ids` or `prompt_tokens` (a length: ids are synthesised, seeded); optional `request_id`,
     `cancel_after_tokens`, `deadline_s`, `priority`. Exported lines (docs/benchmarks/index.md) add `n` (that
     many requests `ID#0`, `ID#1`, ... at the same arrival), `output_tokens` and `status` (the length
-    replayed: `_trace_lengths`), `messages` (rendered by `chat`, the model's chat template). A recorded text
-    wins over `prompt_tokens`. An exported trace's first replayed job arrives at 0.
+    replayed: `_trace_lengths`), `messages` (rendered by `chat`, the model's chat template), `prefix_blocks`
+    (the synthesised ids share the blocks their hashes share: SharedBlocks). A recorded text wins over
+    `prompt_tokens`. An exported trace's first replayed job arrives at 0.
     """
     rng = random.Random(seed)
+    blocks = SharedBlocks.of_header(trace.header)
     requests = []
     for n, obj in trace.lines:
         try:
-            requests.extend(_trace_requests(obj, n, rng, vocab_ids, chat))
+            requests.extend(_trace_requests(obj, n, rng, vocab_ids, chat, blocks))
         except (KeyError, TypeError, ValueError) as exc:
             detail = str(exc) if isinstance(exc, ValueError) else repr(exc)
             raise ValueError(f"trace {trace.path} line {n}: {detail}") from exc
@@ -195,7 +233,12 @@ def _checked_header(obj: dict[str, Any], path: str | Path) -> dict[str, Any]:
 
 
 def _trace_requests(
-    obj: dict[str, Any], n: int, rng: random.Random, vocab_ids: Sequence[int], chat: ChatRenderer | None
+    obj: dict[str, Any],
+    n: int,
+    rng: random.Random,
+    vocab_ids: Sequence[int],
+    chat: ChatRenderer | None,
+    blocks: SharedBlocks,
 ) -> list[BenchRequest]:
     """One line's requests: one, or `n` choices of the same prompt."""
     group = check_group_name(obj.get("group"), f"trace line {n}: group")
@@ -203,7 +246,7 @@ def _trace_requests(
     if choices < 1:
         raise ValueError(f"n: need >= 1 choices, got {choices}")
     max_tokens, cancel = _trace_lengths(obj, choices)
-    ids, text = _prompt(obj, rng, vocab_ids, chat)
+    ids, text = _prompt(obj, rng, vocab_ids, chat, blocks)
     deadline, priority = obj.get("deadline_s"), obj.get("priority")
     request = BenchRequest(
         request_id=str(obj.get("request_id") or f"trace-{n:05d}"),
@@ -239,9 +282,14 @@ def _trace_lengths(obj: dict[str, Any], choices: int) -> tuple[int, int | None]:
 
 
 def _prompt(
-    obj: dict[str, Any], rng: random.Random, vocab_ids: Sequence[int], chat: ChatRenderer | None
+    obj: dict[str, Any],
+    rng: random.Random,
+    vocab_ids: Sequence[int],
+    chat: ChatRenderer | None,
+    blocks: SharedBlocks,
 ) -> tuple[list[int] | None, str | None]:
-    """(token ids, text): the recorded ids or text when the line has them, else `prompt_tokens` ids drawn."""
+    """(token ids, text): the recorded ids or text when the line has them, else `prompt_tokens` ids drawn
+    (after the shared blocks of its `prefix_blocks`, when it has some)."""
     if obj.get("prompt_token_ids") is not None:
         return [int(t) for t in obj["prompt_token_ids"]], None
     if obj.get("prompt") is not None:
@@ -255,5 +303,8 @@ def _prompt(
     if obj.get("prompt_tokens") is not None:
         if not vocab_ids:
             raise ValueError("prompt_tokens: synthesised prompts need --model (its tokenizer's token ids)")
-        return [rng.choice(vocab_ids) for _ in range(int(obj["prompt_tokens"]))], None
+        hashes = obj.get("prefix_blocks") or []
+        if not isinstance(hashes, list):
+            raise ValueError(f"prefix_blocks: expected a list of hashes, got {type(hashes).__name__}")
+        return blocks.prompt(hashes, int(obj["prompt_tokens"]), rng, vocab_ids), None
     raise ValueError("no prompt: give prompt, prompt_token_ids, messages or prompt_tokens")

@@ -13,6 +13,9 @@ The format (one JSON object per line; bench/ reads it without importing this):
 
 Tenants are named only by a keyed hash (HMAC-SHA256, 16 hex digits): with `trace_hash_key` set, the same
 tenant hashes alike in every export; without it each export draws a key, so hashes compare only within it.
+A generation job's prompt is kept, without its text, as `prefix_blocks`: a chain of hashes under the same key,
+one per full block of `prefix_block_tokens` (the header's) token ids (core/trace_prefixes.py), so a replay can
+share prefixes as production did.
 """
 
 from __future__ import annotations
@@ -36,33 +39,48 @@ from conveyor.core.protocol.job_params import JobParams
 from conveyor.core.settings import Settings
 from conveyor.core.settings.engine import PER_MODEL_FIELDS, EngineSettings
 from conveyor.core.store.trace_rows import TraceRow, TraceWindow
+from conveyor.core.trace_prefixes import HASH_HEX_DIGITS, PREFIX_BLOCK_TOKENS, PromptIds, block_hashes
 from conveyor.core.views.tool_calls import read_output
 
 TRACE_VERSION = 1
 PACKAGE = "conveyor"
-HASH_HEX_DIGITS = 16
 HASH_METHOD = "hmac-sha256"
 QUEUE_FIELDS = ("max_running", "priority", "max_queued", "default_deadline_s")  # what a replay needs to know
 
 
 @dataclass(frozen=True)
 class TraceExport:
-    """What one export reads and how it names tenants."""
+    """What one export reads and how it names tenants and hashes prompts."""
 
     window: TraceWindow
     with_text: bool
     hash_key: bytes
     key_configured: bool  # trace_hash_key set: hashes compare across exports
+    prompt_ids: PromptIds | None = None  # each job's prompt ids, for its prefix_blocks; None: all null
 
     @classmethod
-    def of(cls, settings: Settings, window: TraceWindow, with_text: bool) -> TraceExport:
+    def of(cls, settings: Settings, window: TraceWindow, with_text: bool,
+           prompt_ids: PromptIds | None = None) -> TraceExport:
         configured = settings.trace_hash_key
         if configured is not None:
-            return cls(window, with_text, configured.get_secret_value().encode(), key_configured=True)
-        return cls(window, with_text, secrets.token_bytes(32), key_configured=False)
+            key, key_configured = configured.get_secret_value().encode(), True
+        else:
+            key, key_configured = secrets.token_bytes(32), False
+        return cls(window, with_text, key, key_configured, prompt_ids)
+
+    @property
+    def reads_prompts(self) -> bool:
+        """Whether its rows need the prompt columns (core/store/trace_rows.py TEXT_COLUMNS): to write them,
+        or to hash them (then read, never written)."""
+        return self.with_text or self.prompt_ids is not None
 
     def tenant_hash(self, tenant: str) -> str:
         return hmac.new(self.hash_key, tenant.encode(), hashlib.sha256).hexdigest()[:HASH_HEX_DIGITS]
+
+    def prefix_blocks(self, row: TraceRow) -> list[str] | None:
+        """Its prompt's block hashes (core/trace_prefixes.py); None when no prompt ids are known for it."""
+        ids = None if self.prompt_ids is None else self.prompt_ids(row)
+        return None if ids is None else block_hashes(ids, self.hash_key)
 
 
 def write_lines(rows: Iterable[TraceRow], export: TraceExport, out: IO[bytes]) -> int:
@@ -118,6 +136,7 @@ def trace_line(row: TraceRow, arrival: datetime, origin: datetime, export: Trace
         "tenant": export.tenant_hash(row.tenant_id), "batch": row.batch_id is not None,
         "queue_s": _seconds(arrival, row.started_at), "ttft_s": _seconds(arrival, row.first_token_at),
         "e2e_s": _seconds(arrival, row.finished_at), "preemptions": row.preemptions or 0,
+        "prefix_blocks": export.prefix_blocks(row),
     }
     if export.with_text:
         line.update(_texts(row, kind))
@@ -153,7 +172,7 @@ def trace_header(settings: Settings, export: TraceExport, jobs: int, exported_at
         "since": window.since.isoformat(), "until": window.until.isoformat(),
         "filters": {"model": window.model, "queue": window.queue, "tenant": tenant},
         "with_text": export.with_text, "jobs": jobs,
-        "tenant_hash": {"method": HASH_METHOD, "key": key},
+        "tenant_hash": {"method": HASH_METHOD, "key": key}, "prefix_block_tokens": PREFIX_BLOCK_TOKENS,
         "inventory": inventory(settings),
     }
 

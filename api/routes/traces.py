@@ -4,7 +4,9 @@ one JSON line per job, shapes only; with `with_text=true` the prompts and output
 
 Only an admin may export (api/auth.py admin_caller): a trace holds every tenant's traffic, and names tenants
 only by keyed hash. The lines are written to a spooled file as the store is read, in chunks, and streamed
-once all are read: the header, first, counts them.
+once all are read: the header, first, counts them. Each job's prompt is tokenized by its model's tokenizer
+(the one submit counts with) and hashed into prefix_blocks (core/trace_prefixes.py); its text is not written
+unless asked for.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from conveyor.core.lanes import LANE_SEPARATOR
 from conveyor.core.protocol.request_rules import text_problem
 from conveyor.core.settings import Settings
 from conveyor.core.store.trace_rows import TraceWindow, trace_rows
+from conveyor.core.trace_prefixes import prompt_ids_by_model
 from conveyor.core.trace_window import window_bounds
 from conveyor.core.traces import TraceExport, header_line, trace_header, write_lines
 
@@ -63,10 +66,12 @@ def export_trace(services: ServicesDep, since: SinceQuery, until: UntilQuery = N
     trace; an admin API key or the admin token (or auth off) only."""
     settings = services.settings
     window = _window(settings, since, until, model, queue, tenant)
-    export = TraceExport.of(settings, window, with_text)
+    tokenizers = {model.id: model.tokenizer for model in services.models}  # base models: their lanes' ids
+    export = TraceExport.of(settings, window, with_text, prompt_ids_by_model(tokenizers))
     spool: IO[bytes] = tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES)  # noqa: SIM115 (closed by _chunks)
     try:
-        jobs = write_lines(trace_rows(services.session_factory, window, with_text=with_text), export, spool)
+        rows = trace_rows(services.session_factory, window, with_text=export.reads_prompts)
+        jobs = write_lines(rows, export, spool)
     except BaseException:
         spool.close()
         raise

@@ -7,7 +7,9 @@ read as well: they were submitted in the window.
 
 Paged by keyset on (created_at, id) ascending, `chunk` rows per query, so the memory an export takes does
 not grow with the store; each chunk is read in a short transaction of its own (nothing is held between
-chunks). The text columns (prompt, messages, inputs) are read only when the export asks for text.
+chunks). The text columns (prompt, messages, inputs) are read only when the export needs them
+(`with_text`): to write them, or, without text, to hash prompts into prefix_blocks (core/traces.py
+TraceExport.reads_prompts), which reads them and never writes them.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 GET /v1/admin/trace -> the CLI's file): a known mix of jobs comes back as exactly those jobs' shapes (token
 lengths, max_tokens, n, groups, deadlines, output tokens) and no text; with --with-text, the texts. Only an
 admin may export: a tenant's key is refused (403, no file), no key is 401, and tenants appear only as keyed
-hashes. Bad windows and filters name their field."""
+hashes. Bad windows and filters name their field. Prompts that share a long prefix share the leading hashes of
+their prefix_blocks, with no text in the trace."""
 
 from __future__ import annotations
 
@@ -186,6 +187,32 @@ def test_the_route_streams_ndjson_with_the_header_first(service: Service) -> Non
     header, line = (json.loads(text) for text in r.text.splitlines())
     assert header["jobs"] == 1 and (line["request_id"], line["status"]) == (job_id, "queued")
     assert service.http.get("/v1/admin/trace", params={"since": "1h"}).status_code == 401
+
+
+MANUAL = "Section 4 of the conveyor manual: belts run at most two metres a second, guards stay closed. " * 4
+
+
+def test_prompts_sharing_a_prefix_share_their_leading_block_hashes_and_no_text(
+    service: Service, prompt_tokenizer: PromptTokenizer,
+) -> None:
+    questions = ["How fast may the belt run when it carries the heaviest crates of the whole warehouse?",
+                 "Which of the guards must stay closed while the belt is being cleaned by the night shift?"]
+    prompts = [MANUAL + question for question in questions]  # each question longer than a block
+    alice = service.client("alice")
+    for prompt in prompts:  # queued (no worker): its prompt is stored all the same
+        assert alice.post("/v1/jobs", json={"prompt": prompt, "max_tokens": 2}).status_code == 202
+    admin = service.client_with_key(keys_of(service, "ops", admin=True))
+    r = admin.get("/v1/admin/trace", params={"since": "1h"})
+    assert r.status_code == 200, r.text
+    header, *lines = (json.loads(text) for text in r.text.splitlines())
+    assert header["prefix_block_tokens"] == 16 and header["with_text"] is False
+    first, second = (line["prefix_blocks"] for line in lines)
+    ids = [prompt_tokenizer.encode_prompt(prompt) for prompt in prompts]  # as submit counts them
+    shared = next(i for i, (x, y) in enumerate(zip(*ids, strict=False)) if x != y) // 16
+    assert shared >= 3 and [len(first), len(second)] == [len(i) // 16 for i in ids]
+    assert first[:shared] == second[:shared] and first[shared] != second[shared]
+    assert [line["prompt_tokens"] for line in lines] == [len(i) for i in ids]
+    assert "conveyor manual" not in r.text and not {"prompt", "output"} & {*lines[0], *lines[1]}
 
 
 def keys_of(service: Service, tenant: str, admin: bool = False) -> str:

@@ -1,11 +1,13 @@
 """Replaying a trace exported from the service (the header line, then one job a line): the header skipped and
 recorded, each job at its recorded length, `n` choices as `n` requests, embedding jobs and other models' jobs
 skipped and counted, per-request deadlines and priorities carried to the target and into the on-time counts,
-`--load X` dividing the arrival times, chat messages rendered with the model's chat template."""
+`--load X` dividing the arrival times, chat messages rendered with the model's chat template; shapes-only
+lines share the prompt blocks their `prefix_blocks` share, so the engine's prefix cache hits as it did."""
 
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 from typing import Any
 
@@ -194,6 +196,47 @@ def test_on_time_uses_each_requests_own_deadline_else_its_groups() -> None:
     assert metrics["all"]["deadline_attainment"] == pytest.approx(2 / 3)  # i-fast, i-own-miss, b-own-hit
 
 
+# --- prefix sharing in shapes-only lines ----------------------------------------------------------------
+
+
+def test_lines_sharing_prefix_blocks_share_leading_ids_and_keep_their_own_tails(tmp_path: Path) -> None:
+    jobs = [
+        job("a", 0.0, prompt_tokens=40, prefix_blocks=["h1", "h2"]),
+        job("b", 0.1, prompt_tokens=50, prefix_blocks=["h1", "h2", "h3"]),
+        job("c", 0.2, prompt_tokens=32, prefix_blocks=["h1", "other"]),
+        job("short", 0.3, prompt_tokens=9, prefix_blocks=[]),  # no full block
+        job("text", 0.4, prompt_tokens=40, prefix_blocks=["h1", "h2"], prompt="recorded text wins"),
+    ]
+    got = by_id(load_trace(write_trace(tmp_path / "t.jsonl", jobs), VOCAB))
+    ids = {rid: got[rid].prompt_token_ids or [] for rid in ("a", "b", "c", "short")}
+    assert {rid: len(i) for rid, i in ids.items()} == {"a": 40, "b": 50, "c": 32, "short": 9}
+    assert ids["a"][:32] == ids["b"][:32] and ids["a"][:16] == ids["c"][:16]
+    assert ids["a"][16:32] != ids["c"][16:32]  # another second block
+    assert ids["a"][32:] != ids["b"][32:40]  # each its own tail
+    assert (got["text"].prompt, got["text"].prompt_token_ids) == ("recorded text wins", None)
+
+
+def test_the_header_names_the_block_size_and_blocks_must_fit_the_prompt(tmp_path: Path) -> None:
+    eights = write_trace(tmp_path / "eights.jsonl", [job("a", 0.0, prompt_tokens=20, prefix_blocks=["h"]),
+                                                     job("b", 0.1, prompt_tokens=20, prefix_blocks=["h"])],
+                         header={**HEADER, "prefix_block_tokens": 8})
+    a, b = (r.prompt_token_ids or [] for r in load_trace(eights, VOCAB))
+    assert (len(a), len(b)) == (20, 20) and a[:8] == b[:8] and a[8:] != b[8:]
+    too_many = [job("a", 0.0, prompt_tokens=20, prefix_blocks=["h", "i"])]
+    too_many_trace = write_trace(tmp_path / "bad.jsonl", too_many)
+    with pytest.raises(ValueError, match=r"line 2: prefix_blocks: 2 blocks of 16 tokens exceed"):
+        load_trace(too_many_trace, VOCAB)
+
+
+def test_hand_written_lines_draw_the_same_prompts_as_before(tmp_path: Path) -> None:
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text('{"arrival_s": 0, "group": "interactive", "max_tokens": 2, "prompt_tokens": 12}\n'
+                     '{"arrival_s": 1, "group": "interactive", "max_tokens": 2, "prompt_tokens": 5}\n')
+    rng = random.Random(7)
+    drawn = [[rng.choice(VOCAB) for _ in range(length)] for length in (12, 5)]
+    assert [r.prompt_token_ids for r in load_trace(plain, VOCAB, seed=7)] == drawn
+
+
 # --- end to end -----------------------------------------------------------------------------------------
 
 
@@ -231,6 +274,23 @@ def test_an_exported_trace_replays_in_process(llama_dir: Path, tmp_path: Path) -
     assert rows["cancelled"]["status"] == "cancelled" and rows["cancelled"]["output_tokens"] < 200
     assert (rows["tight"]["deadline_s"], rows["tight"]["priority"]) == (1e-6, -1)
     assert rows["b#0"]["prompt_tokens"] == 30 and rows["text"]["prompt_tokens"] > 0
+
+
+def test_shared_prefix_blocks_hit_the_engines_prefix_cache(llama_dir: Path, tmp_path: Path) -> None:
+    """One job at a time (max_num_seqs 1): each later job finds the blocks of the earlier ones cached only
+    when its line says it shares them."""
+    shared = [job(f"q{i}", 0.01 * i, prompt_tokens=40, output_tokens=2, prefix_blocks=["manual", "excerpt"])
+              for i in range(3)]
+    unshared = [{k: v for k, v in line.items() if k != "prefix_blocks"} for line in shared]
+    cache: dict[str, dict[str, Any]] = {}
+    for name, jobs in (("shared", shared), ("unshared", unshared)):
+        trace, out = write_trace(tmp_path / f"{name}.jsonl", jobs), tmp_path / name
+        argv = ["--model", str(llama_dir), "--trace", str(trace), "--set", "max_num_seqs=1", *QUICK]
+        assert main([*argv, "--out", str(out)]) == 0
+        cache[name] = json.loads((out / "report.json").read_text())["runs"]["engine"]["prefix_cache"]
+    assert cache["shared"]["hit_tokens"] > 0 and cache["shared"]["hit_rate"] > 0
+    assert cache["shared"]["hit_tokens"] <= 2 * 32  # at most the shared blocks, for the two later jobs
+    assert cache["unshared"]["hit_tokens"] == 0 and cache["unshared"]["hit_rate"] == 0
 
 
 def test_the_engine_gets_each_requests_priority_and_deadline(

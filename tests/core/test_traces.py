@@ -1,6 +1,7 @@
 """Trace lines and headers (core/traces.py) from stored jobs, and the export window (core/trace_window.py):
 each field of a line from its row (token lengths, deadline, flags, timings), arrival order with a scheduled
-job, tenants only as keyed hashes, text only when asked, the header's inventory and filters."""
+job, tenants only as keyed hashes, text only when asked, the header's inventory and filters; prompts as
+chains of block hashes (prefix_blocks) from the model's tokenizer, no text."""
 
 from __future__ import annotations
 
@@ -15,11 +16,14 @@ import pytest
 from pydantic import SecretStr
 from sqlalchemy.orm import Session, sessionmaker
 
+from conveyor.api.prompt_tokenizer import PromptTokenizer
+from conveyor.core.protocol.chat_options import ChatOptions
 from conveyor.core.protocol.job_kinds import EMBEDDING
 from conveyor.core.settings import Settings
 from conveyor.core.store import batches, jobs, keys
 from conveyor.core.store.database import make_db_engine, make_session_factory
 from conveyor.core.store.trace_rows import TraceWindow, trace_rows
+from conveyor.core.trace_prefixes import PREFIX_BLOCK_TOKENS, block_hashes, prompt_ids_by_model
 from conveyor.core.trace_window import parse_time, window_bounds
 from conveyor.core.traces import TraceExport, trace_header, write_lines
 
@@ -55,14 +59,17 @@ def finish(session: Session, job_id: str, started: datetime, text: str, completi
 
 def export_lines(sessions: sessionmaker[Session], export: TraceExport) -> list[dict[str, Any]]:
     out = io.BytesIO()
-    count = write_lines(trace_rows(sessions, export.window, with_text=export.with_text), export, out)
+    count = write_lines(trace_rows(sessions, export.window, with_text=export.reads_prompts), export, out)
     lines = [json.loads(line) for line in out.getvalue().decode().splitlines()]
     assert count == len(lines)
     return lines
 
 
-def per_export(window: TraceWindow = WINDOW, with_text: bool = False) -> TraceExport:
-    return TraceExport(window, with_text, b"k" * 32, key_configured=False)
+def per_export(window: TraceWindow = WINDOW, with_text: bool = False, key: bytes = b"k" * 32,
+               tokenizer: PromptTokenizer | None = None) -> TraceExport:
+    """An export with a fixed key; with `tokenizer`, model m's prompts are hashed into prefix_blocks."""
+    prompt_ids = None if tokenizer is None else prompt_ids_by_model({"m": tokenizer})
+    return TraceExport(window, with_text, key, key_configured=False, prompt_ids=prompt_ids)
 
 
 def test_a_line_holds_each_shape_and_flag_of_its_job(sessions: sessionmaker[Session]) -> None:
@@ -83,7 +90,7 @@ def test_a_line_holds_each_shape_and_flag_of_its_job(sessions: sessionmaker[Sess
         "status": "succeeded", "prompt_tokens": 5, "max_tokens": 32, "output_tokens": 17, "n": 2,
         "deadline_s": 30.0, "priority": -1, "tier": "flex", "structured": False, "tools": True,
         "tool_call": True, "adapter": "support", "tenant": first["tenant"], "batch": True, "queue_s": 1.0,
-        "ttft_s": 1.5, "e2e_s": 3.0, "preemptions": 1}
+        "ttft_s": 1.5, "e2e_s": 3.0, "preemptions": 1, "prefix_blocks": None}  # no tokenizer given
     assert HEX16.match(first["tenant"]) and "acme" not in first["tenant"]
     assert (second["request_id"], second["arrival_s"], second["structured"], second["tools"]) == (
         structured, 1.5, True, False)
@@ -126,6 +133,55 @@ def test_text_only_when_asked(sessions: sessionmaker[Session]) -> None:
                      {"inputs": ["a"], "output": None}]
 
 
+def test_prompts_sharing_40_tokens_share_their_first_two_blocks(sessions: sessionmaker[Session],
+                                                                 prompt_tokenizer: PromptTokenizer) -> None:
+    common = list(range(100, 140))  # 40 tokens: blocks 1 and 2 whole, block 3 only in part
+    with sessions() as session:
+        first = add(session, T0, prompt=None, inputs=[[*common, *range(200, 220)]], prompt_tokens=60)
+        second = add(session, T0 + timedelta(seconds=1), prompt=None, inputs=[[*common, *range(300, 316)]],
+                     prompt_tokens=56)
+    exported = export_lines(sessions, per_export(tokenizer=prompt_tokenizer))
+    lines = {line["request_id"]: line for line in exported}
+    a, b = lines[first]["prefix_blocks"], lines[second]["prefix_blocks"]
+    assert (len(a), len(b)) == (60 // PREFIX_BLOCK_TOKENS, 56 // PREFIX_BLOCK_TOKENS) == (3, 3)
+    assert a[:2] == b[:2] and a[2] != b[2]  # 32 <= 40 < 48
+    assert all(HEX16.match(digest) for digest in a + b) and len(set(a)) == 3
+    assert not {"prompt", "messages", "inputs", "output"} & {*lines[first], *lines[second]}  # read, unwritten
+
+
+def test_blocks_come_from_the_prompt_as_the_model_sees_it(sessions: sessionmaker[Session],
+                                                          prompt_tokenizer: PromptTokenizer) -> None:
+    """A text prompt as the tokenizer encodes it at submit; a chat rendered with the model's template and the
+    job's stored chat options; an embedding job has none."""
+    text = "A manual excerpt about conveyor belts, repeated. " * 8
+    messages = [{"role": "system", "content": text}, {"role": "user", "content": "How fast may it run?"}]
+    chat = {"add_generation_prompt": False}
+    with sessions() as session:
+        add(session, T0, prompt=text)
+        add(session, T0 + timedelta(seconds=1), prompt=None, messages=messages, chat=chat)
+        add(session, T0 + timedelta(seconds=2), prompt=None, kind=EMBEDDING, inputs=[text], params={})
+    export = per_export(tokenizer=prompt_tokenizer)
+    prompt_line, chat_line, embedding_line = export_lines(sessions, export)
+    text_ids = prompt_tokenizer.encode_prompt(text)
+    rendered = prompt_tokenizer.encode_chat(messages, ChatOptions.from_json(chat))
+    assert len(text_ids) >= 4 * PREFIX_BLOCK_TOKENS and len(rendered) > len(text_ids)
+    assert prompt_line["prefix_blocks"] == block_hashes(text_ids, export.hash_key)
+    assert chat_line["prefix_blocks"] == block_hashes(rendered, export.hash_key)
+    assert len(chat_line["prefix_blocks"]) == len(rendered) // PREFIX_BLOCK_TOKENS
+    assert chat_line["prefix_blocks"][0] != prompt_line["prefix_blocks"][0]  # the template's own tokens first
+    assert embedding_line["prefix_blocks"] is None
+
+
+def test_block_hashes_differ_under_another_key(sessions: sessionmaker[Session],
+                                               prompt_tokenizer: PromptTokenizer) -> None:
+    with sessions() as session:
+        add(session, T0, prompt=None, inputs=[list(range(100, 148))], prompt_tokens=48)
+    (one,) = export_lines(sessions, per_export(tokenizer=prompt_tokenizer))
+    (other,) = export_lines(sessions, per_export(key=b"o" * 32, tokenizer=prompt_tokenizer))
+    assert len(one["prefix_blocks"]) == len(other["prefix_blocks"]) == 3
+    assert not set(one["prefix_blocks"]) & set(other["prefix_blocks"])
+
+
 def test_tenants_hash_alike_only_under_a_configured_key(make_settings: Callable[..., Settings]) -> None:
     configured = make_settings(trace_hash_key=SecretStr("stable"))
     a, b = (TraceExport.of(configured, WINDOW, False) for _ in range(2))
@@ -146,6 +202,7 @@ def test_the_header_records_window_filters_and_inventory(make_settings: Callable
     assert header["filters"] == {"model": None, "queue": "interactive", "tenant": export.tenant_hash("acme")}
     assert header["with_text"] is True and header["tenant_hash"] == {"method": "hmac-sha256",
                                                                      "key": "per-export"}
+    assert header["prefix_block_tokens"] == PREFIX_BLOCK_TOKENS == 16
     (model_id, model), = header["inventory"]["models"].items()
     assert model_id == "demo-model" and model["source"] == settings.model
     assert model["engine"] == {"max_num_seqs": 16, "max_num_batched_tokens": 2048}
