@@ -117,6 +117,8 @@ def _body(req: BenchRequest, decode: Callable[[list[int]], str] | None, respect_
         body["priority"] = req.priority
     if req.deadline_s is not None:
         body["deadline_s"] = req.deadline_s
+    if req.model is not None:
+        body["model"] = req.model
     return json.dumps(body).encode()
 
 

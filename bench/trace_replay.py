@@ -258,6 +258,7 @@ def _trace_requests(
         cancel_after_tokens=cancel,
         deadline_s=None if deadline is None else float(deadline),
         priority=None if priority is None else int(priority),
+        model=None if obj.get("model") is None else str(obj["model"]),
     )
     if choices == 1:
         return [request]

@@ -89,6 +89,9 @@ class BenchRequest:
     # None: its group's.
     deadline_s: float | None = None
     priority: int | None = None
+    # The served model an exported job ran on: over HTTP it is asked for by name (a service of several
+    # models would otherwise run it on its default one); the in-process engine is one model.
+    model: str | None = None
 
     def __post_init__(self) -> None:
         if (self.prompt_token_ids is None) == (self.prompt is None):

@@ -125,8 +125,8 @@ def test_embedding_jobs_and_other_models_are_skipped_and_counted(tmp_path: Path)
     assert lines.record()["trace_header"] == {**{k: HEADER[k] for k in recorded}, "jobs": 4}
     got = load_trace(trace, VOCAB, model="tiny")
     # The first job replayed arrives at 0: no idle lead-in where the skipped jobs were.
-    assert [(r.request_id, r.arrival_s, r.deadline_s, r.priority) for r in got] == [
-        ("a", 0.0, 2.5, 3), ("b", 0.5, None, 0)
+    assert [(r.request_id, r.arrival_s, r.deadline_s, r.priority, r.model) for r in got] == [
+        ("a", 0.0, 2.5, 3, "tiny"), ("b", 0.5, None, 0, "tiny")
     ]
 
 
@@ -316,7 +316,7 @@ def test_the_engine_gets_each_requests_priority_and_deadline(
     assert urgencies["plain"].deadline == pytest.approx(arrival["plain"] + 10.0)  # its group's
 
 
-def test_the_http_target_sends_each_jobs_priority_and_deadline() -> None:
+def test_the_http_target_sends_each_jobs_priority_deadline_and_model() -> None:
     bodies: list[dict[str, Any]] = []
 
     def keep(body: dict[str, Any]) -> None:
@@ -324,12 +324,14 @@ def test_the_http_target_sends_each_jobs_priority_and_deadline() -> None:
 
     fake = FakeService(refuse=keep)  # accepts every job, keeping its body
     requests = [
-        BenchRequest("urgent", "interactive", 0.0, 1, prompt="hi", deadline_s=2.5, priority=-3),
+        BenchRequest("urgent", "interactive", 0.0, 1, prompt="hi", deadline_s=2.5, priority=-3,
+                     model="small"),
         BenchRequest("plain", "interactive", 0.0, 1, prompt="hi"),
     ]
     result = run_http("http://service", requests, transport=fake.transport())
     assert all(r.status == "completed" for r in result.records)
     sent = {b["metadata"]["bench_request_id"]: b for b in bodies}
-    assert (sent["urgent"]["priority"], sent["urgent"]["deadline_s"]) == (-3, 2.5)
-    assert "priority" not in sent["plain"] and "deadline_s" not in sent["plain"]  # the queue's defaults
+    urgent = sent["urgent"]
+    assert (urgent["priority"], urgent["deadline_s"], urgent["model"]) == (-3, 2.5, "small")
+    assert not {"priority", "deadline_s", "model"} & set(sent["plain"])  # the queue's and service's defaults
     assert {r.request_id: r.deadline_s for r in result.records} == {"urgent": 2.5, "plain": None}
