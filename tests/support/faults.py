@@ -29,7 +29,8 @@ class Outcome:
 def describe(job: Job) -> str:
     return (f"{job.id} status={job.status} attempts={job.attempts} worker={job.worker_id} "
             f"error={job.error_code}:{(job.error_message or '')[:160]!r} dispatched_at={job.dispatched_at} "
-            f"created_at={job.created_at} started_at={job.started_at} finished_at={job.finished_at}")
+            f"created_at={job.created_at} started_at={job.started_at} first_token_at={job.first_token_at} "
+            f"finished_at={job.finished_at}")
 
 
 def wait_final(store: Store, job_ids: Iterable[str], timeout_s: float, what: str = "") -> dict[str, Job]:
@@ -64,7 +65,8 @@ def wait_generating(store: Store, job_ids: Iterable[str], timeout_s: float = WAI
     def generating() -> bool:
         rows = store.jobs(ids)
         ended = [describe(j) for j in rows.values() if j.status not in ("queued", "running")]
-        assert not ended, f"jobs ended before they could be caught running: {ended}"
+        others = [describe(j) for j in rows.values() if j.status in ("queued", "running")]
+        assert not ended, f"jobs ended before they could be caught running: {ended}; the others: {others}"
         return len(rows) == len(ids) and all(j.status == "running" and j.first_token_at
                                              for j in rows.values())
 
